@@ -1,0 +1,71 @@
+"""The ``tcircuits`` command line.
+
+Subcommands live beside the code they drive. ``derive`` and ``expand`` are defined in
+:mod:`derivations.commands`; other packages add theirs through the entry-point group
+``tcircuits.commands`` (each entry is a function ``register(subparsers)`` that adds one
+subparser and sets ``func``), so this module never imports them. Every error the
+library raises is a :class:`tensoralg.errors.TensorAlgError`; the CLI prints its message
+and exits with status 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import entry_points
+
+from tensoralg.errors import TensorAlgError
+
+from derivations import commands
+
+DESCRIPTION = """\
+Symbolic derivations for "A Mathematical Framework for Transformer Circuits"
+(Elhage et al., 2021), checked numerically against real torch models.
+
+Notation: a transformer acts on the residual stream x (one column per position) as
+  T = (Id ⊗ W_U) · Π_l (Id + Σ_h A^h ⊗ W_OV^h) · (Id ⊗ W_E),
+where A^h ⊗ W means "mix positions with the attention pattern A^h, and transform each
+position's vector with W" — numerically (A ⊗ W)·x = A x Wᵀ for x with one row per
+position. The mixed-product rule (A⊗B)(C⊗D) = (AC)⊗(BD) expands T into paths: the
+direct path, individual heads and virtual heads. Layers and heads are 0-indexed
+(L0H3 = layer 0, head 3), as in TransformerLens; the paper's H_1 is our layer 0.
+"""
+
+EPILOG = """\
+examples:
+  tcircuits derive --list
+  tcircuits derive two-layer-logits --layers 2 --heads 2 --format markdown
+  tcircuits expand "(Id + A^{h1} ⊗ W_OV^{h1}) (Id ⊗ W_E)"
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tcircuits",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    commands.register(subparsers)
+    for entry in sorted(entry_points(group="tcircuits.commands"), key=lambda e: e.name):
+        entry.load()(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TensorAlgError as error:
+        print(f"tcircuits {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tcircuits: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""One exception hierarchy for the algebra. Messages quote the bad input and what was expected."""
+
+
+class TensorAlgError(Exception):
+    """Base class of every error raised by tcircuits."""
+
+
+class ShapeMismatch(TensorAlgError, ValueError):
+    """Two shapes that must agree do not; the message names both."""
+
+
+class SlotMismatch(TensorAlgError, ValueError):
+    """Terms with different numbers of tensor slots were combined."""
+
+
+class UnknownAtom(TensorAlgError, KeyError):
+    """A name that is not a known atom; the message lists the known ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ParseError(TensorAlgError, ValueError):
+    """Malformed expression text. ``position`` is the 0-based offset of the problem."""
+
+    def __init__(self, message: str, text: str, position: int):
+        self.text = text
+        self.position = position
+        pointer = " " * position + "^"
+        super().__init__(f"{message} at position {position}:\n  {text}\n  {pointer}")
+
+
+class InvalidOrder(TensorAlgError, ValueError):
+    """A truncation order that is not an integer >= 0."""
+
+
+class EmptySum(TensorAlgError, ValueError):
+    """An operation that needs at least one term was given none."""
+
+
+class BindingError(TensorAlgError, ValueError):
+    """Numeric bindings that are missing or do not fit the atoms' shapes."""
