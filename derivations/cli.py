@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     commands.register(subparsers)
     for entry in sorted(entry_points(group="tcircuits.commands"), key=lambda e: e.name):
-        entry.load()(subparsers)
+        try:
+            register = entry.load()
+        except (ImportError, AttributeError) as error:  # a broken plugin must not take the others down
+            print(f"tcircuits: warning: command {entry.name!r} is unavailable: {error}", file=sys.stderr)
+            continue
+        register(subparsers)
     return parser
 
 
