@@ -1,0 +1,109 @@
+"""Hook points: named places in a forward pass where activations can be read or replaced.
+
+A :class:`HookPoint` is an identity module. Hook functions follow TransformerLens'
+convention: ``fn(tensor, hook)`` returns a new tensor, or ``None`` to keep the value.
+``hook`` is a :class:`HookName`, a ``str`` (the module path, e.g.
+``"blocks.0.attn.hook_pattern"``) that also answers ``hook.name`` like TL's ``HookPoint``.
+
+>>> import torch
+>>> point = HookPoint()
+>>> point.name = HookName("blocks.0.hook_resid_pre")
+>>> point.add_hook(lambda x, hook: x * 2)
+>>> point(torch.ones(2)).tolist()
+[2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Iterable, Union
+
+import torch
+from torch import Tensor, nn
+
+from numeric_check.errors import HookError
+
+HookFn = Callable[[Tensor, "HookName"], Union[Tensor, None]]
+NameFilter = Union[str, Callable[[str], bool]]
+
+
+class HookName(str):
+    """A hook point's name; ``.name`` returns it too, so TL-style hooks (``hook.name``) work."""
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
+class HookPoint(nn.Module):
+    """Identity on its input, except that registered hook functions may replace the value.
+
+    Hooks run in the order they were added; each sees the previous one's output.
+    A replacement must keep the shape: otherwise :class:`HookError` names the hook point.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = HookName("")
+        self._hooks: list[HookFn] = []
+
+    def add_hook(self, fn: HookFn) -> None:
+        self._hooks.append(fn)
+
+    def remove_hooks(self) -> None:
+        self._hooks.clear()
+
+    def forward(self, x: Tensor) -> Tensor:
+        for fn in self._hooks:
+            out = fn(x, self.name)
+            if out is None:
+                continue
+            if not isinstance(out, Tensor) or out.shape != x.shape:
+                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise HookError(
+                    f"hook on {self.name!s} returned {got}; expected None or a tensor of shape "
+                    f"{tuple(x.shape)}"
+                )
+            x = out
+        return x
+
+    def extra_repr(self) -> str:
+        return f"{self.name!s}, {len(self._hooks)} hooks" if self._hooks else str(self.name)
+
+
+def name_hook_points(module: nn.Module) -> dict[str, HookPoint]:
+    """Give every :class:`HookPoint` under ``module`` its module path as name; return them by name."""
+    points = {}
+    for path, sub in module.named_modules():
+        if isinstance(sub, HookPoint):
+            sub.name = HookName(path)
+            points[path] = sub
+    return points
+
+
+def select_hook_points(points: dict[str, HookPoint], name: NameFilter) -> list[HookPoint]:
+    """The hook points matching ``name``: an exact name, or a predicate on names.
+
+    An unknown exact name raises :class:`HookError` with the closest valid names.
+    """
+    if callable(name):
+        return [point for key, point in points.items() if name(key)]
+    if not isinstance(name, str):
+        raise HookError(f"a hook must be given a name (str) or a predicate on names, got {name!r}")
+    if name not in points:
+        close = difflib.get_close_matches(name, list(points), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see model.hook_names"
+        raise HookError(f"no hook point named {name!r}{hint}")
+    return [points[name]]
+
+
+def names_filter_to_predicate(names_filter: None | str | Iterable[str] | Callable[[str], bool]) -> Callable[[str], bool]:
+    """``None`` (every name), a name, a list of names, or a predicate -> a predicate."""
+    if names_filter is None:
+        return lambda name: True
+    if callable(names_filter):
+        return names_filter
+    if isinstance(names_filter, str):
+        return lambda name: name == names_filter
+    wanted = set(names_filter)
+    return lambda name: name in wanted

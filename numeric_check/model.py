@@ -1,0 +1,531 @@
+"""The reference transformer: weights in the paper's convention, a plain forward pass with hook points.
+
+Shapes (paper convention, DESIGN.md): ``W_E [d_model, d_vocab]``, ``W_pos [d_model, n_ctx]``,
+``W_U [d_vocab, d_model]``, per layer ``W_Q, W_K, W_V [n_heads, d_head, d_model]`` and
+``W_O [n_heads, d_model, d_head]``. Activations have one row per position:
+``[batch, pos, d_model]``; a weight ``W`` acts as ``x @ W.T``.
+
+The forward pass (every named tensor passes through a :class:`~numeric_check.hooks.HookPoint`):
+
+- ``x_0 = W_E t (+ W_pos)``; hooks ``hook_embed``, ``hook_pos_embed``.
+- Per block ``l``: ``hook_resid_pre``; a parameter-free layer norm ``ln1`` (centre, then
+  divide by ``ln1.hook_scale = sqrt(mean(centred²) + eps)``); queries and keys read
+  ``ln1(x) + pos_embed`` for ``qk_only`` positions (as TransformerLens' shortformer does:
+  the positional embedding is added *after* the layer norm), ``ln1(x)`` otherwise;
+  values read ``ln1(x)``. Attention hooks ``attn.hook_q/k/v [b,p,h,d_head]``,
+  ``attn.hook_attn_scores [b,h,q,k]`` (causal, masked entries ``-inf``),
+  ``attn.hook_pattern``, ``attn.hook_z``, ``attn.hook_result [b,p,h,d_model]`` (no
+  ``b_O``); ``hook_attn_out = Σ_h result + b_O``; ``hook_resid_mid``; then, with MLPs,
+  ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``, ``hook_mlp_out``; ``hook_resid_post``.
+- ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``.
+
+The layer-norm scale and the attention pattern used downstream are the hooks' outputs,
+so a hook that replaces them freezes them (the paper's path-isolation procedure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from derivations.architecture import Architecture
+from derivations.errors import ArchitectureError
+from numeric_check.errors import ConfigError, DeviceError, ModelInputError, WeightError
+from numeric_check.hooks import (
+    HookFn,
+    HookPoint,
+    NameFilter,
+    name_hook_points,
+    names_filter_to_predicate,
+    select_hook_points,
+)
+
+ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,  # exact (erf) GELU
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
+    "relu": F.relu,
+}
+
+
+def resolve_device(device: str | torch.device | None = None, *, prefer_cuda: bool = False) -> torch.device:
+    """A usable ``torch.device``; ``None`` means CPU (or CUDA when present, if ``prefer_cuda``).
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cuda" if prefer_cuda and torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise DeviceError(f"unknown device {device!r}; expected e.g. 'cpu', 'cuda' or 'cuda:0'") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"device {str(device)!r} requested but CUDA is not available here; use 'cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device type {device.type!r} is not supported; expected 'cpu' or 'cuda'")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A floating-point ``torch.dtype`` from a dtype or its name (``"float64"``).
+
+    >>> resolve_dtype("float64")
+    torch.float64
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise DeviceError(
+            f"dtype {dtype!r} cannot hold weights; expected a floating dtype "
+            "(torch.float64, torch.float32, torch.float16, torch.bfloat16)"
+        )
+    return dtype
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of a :class:`CircuitModel`; validated on construction.
+
+    >>> cfg = ModelConfig(Architecture(1, 2, mlp=True), d_model=8, d_head=4, d_vocab=10, n_ctx=5)
+    >>> cfg.d_mlp
+    32
+    >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
+    True
+    """
+
+    arch: Architecture
+    d_model: int
+    d_head: int
+    d_vocab: int
+    n_ctx: int
+    d_mlp: int | None = None
+    act_fn: str = "gelu"
+    ln_eps: float = 1e-5
+    attn_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arch, Architecture):
+            raise ConfigError(f"arch must be a derivations.Architecture, got {self.arch!r}")
+        for name in ("d_model", "d_head", "d_vocab", "n_ctx"):
+            _check_int(name, getattr(self, name))
+        if self.arch.mlp:
+            if self.d_mlp is None:
+                object.__setattr__(self, "d_mlp", 4 * self.d_model)
+            _check_int("d_mlp", self.d_mlp)
+        elif self.d_mlp is not None:
+            raise ConfigError(f"d_mlp={self.d_mlp!r} given but the architecture has no MLPs; leave it None")
+        if self.act_fn not in ACT_FNS:
+            raise ConfigError(f"unknown act_fn {self.act_fn!r}; expected one of {', '.join(map(repr, ACT_FNS))}")
+        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float)) or not (
+            math.isfinite(self.ln_eps) and self.ln_eps >= 0
+        ):
+            raise ConfigError(f"ln_eps must be a finite number >= 0, got {self.ln_eps!r}")
+        if self.attn_scale is not None and (
+            isinstance(self.attn_scale, bool)
+            or not isinstance(self.attn_scale, (int, float))
+            or not (math.isfinite(self.attn_scale) and self.attn_scale > 0)
+        ):
+            raise ConfigError(f"attn_scale must be None or a finite number > 0, got {self.attn_scale!r}")
+        object.__setattr__(self, "ln_eps", float(self.ln_eps))
+
+    @property
+    def scale(self) -> float:
+        """The divisor of ``q·k``: ``attn_scale``, or ``sqrt(d_head)`` when that is None."""
+        return math.sqrt(self.d_head) if self.attn_scale is None else float(self.attn_scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; :meth:`from_dict` inverts it."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+        arch = asdict(self.arch)
+        arch.pop("heads_per_layer")
+        arch["n_heads"] = arch["n_heads"] if isinstance(arch["n_heads"], int) else list(arch["n_heads"])
+        return {"arch": arch, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        """Rebuild a config from :meth:`to_dict` output; unknown or missing keys are errors."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a model config must be a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config keys {unknown}; expected some of {sorted(known)}")
+        arch = data.get("arch")
+        if not isinstance(arch, dict):
+            raise ConfigError(f"model config needs 'arch' as a dict of Architecture fields, got {arch!r}")
+        try:
+            arch = Architecture(**{**arch, "n_heads": _heads_from_json(arch.get("n_heads"))})
+            return cls(**{**data, "arch": arch})
+        except TypeError as err:  # a missing or unexpected field
+            raise ConfigError(f"bad model config {data!r}: {err}") from None
+        except ArchitectureError as err:
+            raise ConfigError(f"bad architecture in model config: {err}") from None
+
+
+def _heads_from_json(n_heads: Any) -> Any:
+    return tuple(n_heads) if isinstance(n_heads, list) else n_heads
+
+
+class LayerNorm(nn.Module):
+    """Parameter-free layer norm: centre, then divide by ``hook_scale = sqrt(mean(x²) + eps)``."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return x / scale
+
+
+def _param(*shape: int, **factory: Any) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(*shape, **factory))
+
+
+def _optional_param(present: bool, *shape: int, **factory: Any) -> nn.Parameter | None:
+    return _param(*shape, **factory) if present else None
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention in the paper's weight convention."""
+
+    def __init__(self, n_heads: int, cfg: ModelConfig, **factory: Any):
+        super().__init__()
+        self.n_heads, self.scale = n_heads, cfg.scale
+        h, e, d, bias = n_heads, cfg.d_head, cfg.d_model, cfg.arch.biases
+        self.W_Q, self.W_K, self.W_V = (_param(h, e, d, **factory) for _ in range(3))
+        self.W_O = _param(h, d, e, **factory)
+        self.b_Q, self.b_K, self.b_V = (_optional_param(bias, h, e, **factory) for _ in range(3))
+        self.b_O = _optional_param(bias, d, **factory)
+        for name in ("q", "k", "v", "attn_scores", "pattern", "z", "result"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        out = torch.einsum("bpd,hed->bphe", x, W)  # [batch, pos, n_heads, d_head]
+        return out if b is None else out + b
+
+    def forward(self, qk_in: Tensor, v_in: Tensor) -> Tensor:
+        q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
+        k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
+        v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
+        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale  # [batch, n_heads, q, k]
+        n_pos = scores.shape[-1]
+        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
+        scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(-1))
+        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
+        result = self.hook_result(torch.einsum("bqhe,hde->bqhd", z, self.W_O))  # [batch, pos, n_heads, d_model]
+        out = result.sum(-2)
+        return out if self.b_O is None else out + self.b_O
+
+
+class MLP(nn.Module):
+    """``W_out act(W_in x + b_in) + b_out``, with hooks before and after the activation."""
+
+    def __init__(self, cfg: ModelConfig, **factory: Any):
+        super().__init__()
+        m, d, bias = cfg.d_mlp, cfg.d_model, cfg.arch.biases
+        self.act_fn = ACT_FNS[cfg.act_fn]
+        self.W_in, self.W_out = _param(m, d, **factory), _param(d, m, **factory)
+        self.b_in, self.b_out = _optional_param(bias, m, **factory), _optional_param(bias, d, **factory)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: Tensor) -> Tensor:
+        pre = x @ self.W_in.T
+        pre = self.hook_pre(pre if self.b_in is None else pre + self.b_in)
+        out = self.hook_post(self.act_fn(pre)) @ self.W_out.T
+        return out if self.b_out is None else out + self.b_out
+
+
+class Block(nn.Module):
+    """One residual block: attention, then (optionally) an MLP, each reading a layer norm."""
+
+    def __init__(self, n_heads: int, cfg: ModelConfig, **factory: Any):
+        super().__init__()
+        norm = (lambda: LayerNorm(cfg.ln_eps)) if cfg.arch.layer_norm else nn.Identity
+        # registered in forward order, so hook_names lists them that way
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.ln1 = norm()
+        self.attn = Attention(n_heads, cfg, **factory)
+        self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.ln2 = norm() if cfg.arch.mlp else None
+        self.mlp = MLP(cfg, **factory) if cfg.arch.mlp else None
+        self.hook_mlp_out = HookPoint() if cfg.arch.mlp else None
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre: Tensor, qk_pos: Tensor | None = None) -> Tensor:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        normed = self.ln1(resid_pre)
+        qk_in = normed if qk_pos is None else normed + qk_pos
+        resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(self.attn(qk_in, normed)))
+        if self.mlp is None:
+            return self.hook_resid_post(resid_mid)
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        return self.hook_resid_post(resid_mid + mlp_out)
+
+
+class CircuitModel(nn.Module):
+    """A transformer for any :class:`~derivations.architecture.Architecture`, paper-convention weights.
+
+    ``CircuitModel(cfg)`` has zero weights; :meth:`random` draws them from a seed.
+
+    >>> arch = Architecture(2, 2, positional="standard", layer_norm=True)
+    >>> model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
+    >>> model(torch.tensor([[1, 2, 3]])).shape
+    torch.Size([1, 3, 10])
+    >>> logits, cache = model.run_with_cache(torch.tensor([1, 2, 3]))
+    >>> cache["blocks.1.attn.hook_pattern"].shape
+    torch.Size([1, 2, 3, 3])
+    """
+
+    def __init__(self, cfg: ModelConfig, dtype: str | torch.dtype = torch.float32, device: str | torch.device | None = None):
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise ConfigError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        arch = cfg.arch
+        factory = {"dtype": resolve_dtype(dtype), "device": resolve_device(device)}
+        self.W_E = _param(cfg.d_model, cfg.d_vocab, **factory)
+        self.W_pos = _optional_param(arch.positional != "none", cfg.d_model, cfg.n_ctx, **factory)
+        self.W_U = _param(cfg.d_vocab, cfg.d_model, **factory)
+        self.b_U = _optional_param(arch.biases, cfg.d_vocab, **factory)
+        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(Block(n, cfg, **factory) for n in arch.heads_per_layer)
+        self.ln_final = LayerNorm(cfg.ln_eps) if arch.layer_norm else nn.Identity()
+        self._hook_points = name_hook_points(self)
+
+    # --- properties ---------------------------------------------------------------------
+    @property
+    def arch(self) -> Architecture:
+        return self.cfg.arch
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.W_E.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_E.device
+
+    @property
+    def hook_names(self) -> list[str]:
+        """Every hook point name, in forward order."""
+        return list(self._hook_points)
+
+    def __repr__(self) -> str:
+        cfg = self.cfg
+        mlp = f", d_mlp={cfg.d_mlp}, act_fn={cfg.act_fn!r}" if cfg.arch.mlp else ""
+        scale = "" if cfg.attn_scale is None else f", attn_scale={cfg.attn_scale}"
+        return (
+            f"CircuitModel({cfg.arch.describe()}; d_model={cfg.d_model}, d_head={cfg.d_head}, "
+            f"d_vocab={cfg.d_vocab}, n_ctx={cfg.n_ctx}{mlp}{scale}, dtype={self.dtype}, device={self.device})"
+        )
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def random(
+        cls,
+        arch: Architecture,
+        *,
+        d_model: int,
+        d_head: int,
+        d_vocab: int,
+        n_ctx: int,
+        d_mlp: int | None = None,
+        act_fn: str = "gelu",
+        seed: int = 0,
+        dtype: str | torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        init_std: float | None = None,
+    ) -> "CircuitModel":
+        """A model with seeded random weights (drawn in float64 on CPU, so equal across devices).
+
+        Weights are ``N(0, 1/fan_in)`` (embeddings ``N(0, 1)``), or ``N(0, init_std²)`` when
+        given; biases are small and non-zero. With layer norm, every weight that writes to
+        the residual stream is centred over ``d_model``, so the stream is mean-zero and each
+        layer norm is exactly a per-position scale.
+
+        >>> a = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=1)
+        >>> b = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=1)
+        >>> torch.equal(a.W_E, b.W_E)
+        True
+        """
+        cfg = ModelConfig(arch, d_model=d_model, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx, d_mlp=d_mlp, act_fn=act_fn)
+        if init_std is not None and not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
+            raise ConfigError(f"init_std must be None or a finite number > 0, got {init_std!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an int, got {seed!r}")
+        model = cls(cfg, dtype=torch.float64, device="cpu")
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(_random_init(name, param, gen, init_std))
+            if arch.layer_norm:
+                model._centre_writing_weights()
+        return model.to(device=resolve_device(device), dtype=resolve_dtype(dtype))
+
+    @torch.no_grad()
+    def _centre_writing_weights(self) -> None:
+        """Subtract the mean over ``d_model`` from every weight and bias that writes to the residual stream."""
+        writers = [(self.W_E, 0), (self.W_pos, 0)]
+        for block in self.blocks:
+            writers += [(block.attn.W_O, 1), (block.attn.b_O, 0)]
+            if block.mlp is not None:
+                writers += [(block.mlp.W_out, 0), (block.mlp.b_out, 0)]
+        for tensor, axis in writers:
+            if tensor is not None:
+                tensor.sub_(tensor.mean(axis, keepdim=True))
+
+    # --- weights ------------------------------------------------------------------------
+    def folded_b_O(self, layer: int) -> Tensor:
+        """``b_O + Σ_h W_O^h b_V^h`` [d_model]: value biases move into ``b_O`` since pattern rows sum to 1.
+
+        Zeros when the model has no biases.
+        """
+        self.arch.check_head(layer, 0)
+        attn = self.blocks[layer].attn
+        if attn.b_O is None:
+            return torch.zeros(self.cfg.d_model, dtype=self.dtype, device=self.device)
+        return attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.b_V)
+
+    def check_finite(self) -> None:
+        """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries."""
+        for name, param in self.named_parameters():
+            bad = ~torch.isfinite(param)
+            if bad.any():
+                first = tuple(int(i) for i in bad.nonzero()[0])
+                n_nan, n_inf = int(torch.isnan(param).sum()), int(torch.isinf(param).sum())
+                raise WeightError(
+                    f"parameter {name} {tuple(param.shape)} has {n_nan} NaN and {n_inf} Inf entries "
+                    f"(first at index {first}); weights must be finite"
+                )
+
+    # --- forward ------------------------------------------------------------------------
+    def check_tokens(self, tokens: Tensor | Iterable) -> Tensor:
+        """Validated tokens as a LongTensor on the model's device (shape unchanged).
+
+        Raises :class:`ModelInputError` for a non-integer dtype, ``ndim`` other than 1 or 2,
+        no positions or more than ``n_ctx``, or an id outside ``[0, d_vocab)``.
+        """
+        if not isinstance(tokens, Tensor):
+            try:
+                tokens = torch.as_tensor(tokens)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise ModelInputError(f"tokens must be a tensor of integer ids, got {type(tokens).__name__}") from err
+        if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+            raise ModelInputError(f"tokens must have an integer dtype, got {tokens.dtype}")
+        if tokens.ndim not in (1, 2):
+            raise ModelInputError(f"tokens must have shape [pos] or [batch, pos], got shape {tuple(tokens.shape)}")
+        n_pos, n_ctx, d_vocab = tokens.shape[-1], self.cfg.n_ctx, self.cfg.d_vocab
+        if not 1 <= n_pos <= n_ctx:
+            raise ModelInputError(f"sequence of {n_pos} tokens does not fit n_ctx={n_ctx}: give 1 to {n_ctx} positions")
+        if tokens.numel() == 0:
+            raise ModelInputError(f"tokens must hold at least one sequence, got shape {tuple(tokens.shape)}")
+        bad = (tokens < 0) | (tokens >= d_vocab)
+        if bad.any():
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            raise ModelInputError(
+                f"token id {int(tokens[index])} at index {index} is out of range: ids must be in [0, {d_vocab}) (d_vocab={d_vocab})"
+            )
+        return tokens.to(device=self.device, dtype=torch.long)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits ``[batch, pos, d_vocab]`` for tokens ``[batch, pos]`` or ``[pos]`` (batch 1)."""
+        tokens = self.check_tokens(tokens)
+        tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]
+        n_batch, n_pos = tokens.shape
+        x = self.hook_embed(self.W_E.T[tokens])  # [batch, pos, d_model]
+        pos = None
+        if self.W_pos is not None:
+            pos = self.hook_pos_embed(self.W_pos[:, :n_pos].T.expand(n_batch, n_pos, -1))  # [batch, pos, d_model]
+        if self.arch.positional == "standard":
+            x = x + pos
+        qk_pos = pos if self.arch.positional == "qk_only" else None
+        for block in self.blocks:
+            x = block(x, qk_pos)
+        logits = self.ln_final(x) @ self.W_U.T  # [batch, pos, d_vocab]
+        return logits if self.b_U is None else logits + self.b_U
+
+    # --- hooks --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[NameFilter, HookFn]]) -> Iterator["CircuitModel"]:
+        """Context manager: hooks added on entry, all removed on exit (even on error)."""
+        try:
+            for name, fn in fwd_hooks:
+                for point in select_hook_points(self._hook_points, name):
+                    point.add_hook(fn)
+            yield self
+        finally:
+            self.reset_hooks()
+
+    def reset_hooks(self) -> None:
+        """Remove every hook function from every hook point."""
+        for point in self._hook_points.values():
+            point.remove_hooks()
+
+    def run_with_hooks(self, tokens: Tensor, fwd_hooks: Iterable[tuple[NameFilter, HookFn]] = ()) -> Tensor:
+        """Logits with hooks applied: ``fwd_hooks`` is a list of ``(name or predicate, fn)``.
+
+        ``fn(tensor, hook)`` returns a replacement tensor or ``None`` (keep the value), as in
+        TransformerLens; ``hook`` is the hook point's name (a ``str`` with ``.name``).
+        """
+        with self.hooks(fwd_hooks):
+            return self(tokens)
+
+    def run_with_cache(self, tokens: Tensor, names_filter: None | str | Iterable[str] | Callable[[str], bool] = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Logits and a dict of detached activations, by hook name (all, or those ``names_filter`` picks)."""
+        if isinstance(names_filter, str):
+            select_hook_points(self._hook_points, names_filter)  # unknown names are errors
+        elif names_filter is not None and not callable(names_filter):
+            names_filter = list(names_filter)
+            for name in names_filter:
+                select_hook_points(self._hook_points, name)
+        keep = names_filter_to_predicate(names_filter)
+        cache: dict[str, Tensor] = {}
+
+        def save(x: Tensor, hook: str) -> None:
+            cache[str(hook)] = x.detach()
+
+        logits = self.run_with_hooks(tokens, [(name, save) for name in self._hook_points if keep(name)])
+        return logits, cache
+
+    # --- checkpoints --------------------------------------------------------------------
+    def save(self, path: Any) -> None:
+        """Save as a safetensors checkpoint; see :func:`numeric_check.checkpoint.save_checkpoint`."""
+        from numeric_check.checkpoint import save_checkpoint  # checkpoint imports this module
+
+        save_checkpoint(self, path)
+
+    @classmethod
+    def load(cls, path: Any, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> "CircuitModel":
+        """Load a checkpoint; see :func:`numeric_check.checkpoint.load_checkpoint`."""
+        from numeric_check.checkpoint import load_checkpoint  # checkpoint imports this module
+
+        return load_checkpoint(path, device=device, dtype=dtype)
+
+
+def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float | None) -> Tensor:
+    """Seeded draw for one parameter: weights N(0, 1/fan_in), embeddings N(0, 1), biases N(0, 0.1²)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf.startswith("b_"):
+        std = 0.1 if init_std is None else 0.1 * init_std
+    elif leaf in ("W_E", "W_pos"):
+        std = 1.0 if init_std is None else init_std
+    elif leaf == "W_O":  # [n_heads, d_model, d_head]: fan-in is n_heads * d_head
+        std = init_std or 1 / math.sqrt(param.shape[0] * param.shape[2])
+    else:  # [out, in]
+        std = init_std or 1 / math.sqrt(param.shape[-1])
+    return torch.randn(param.shape, generator=gen, dtype=torch.float64) * std
