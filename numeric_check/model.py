@@ -302,7 +302,8 @@ class CircuitModel(nn.Module):
         self.W_pos = _optional_param(arch.positional != "none", cfg.d_model, cfg.n_ctx, **factory)
         self.W_U = _param(cfg.d_vocab, cfg.d_model, **factory)
         self.b_U = _optional_param(arch.biases, cfg.d_vocab, **factory)
-        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()  # [batch, pos, d_model]
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos_embed = HookPoint() if self.W_pos is not None else None  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(n, cfg, **factory) for n in arch.heads_per_layer)
         self.ln_final = LayerNorm(cfg.ln_eps) if arch.layer_norm else nn.Identity()
         self._hook_points = name_hook_points(self)

@@ -1,0 +1,246 @@
+"""CircuitModel: shapes, hooks, freezing, token validation, random init, folding, dtypes."""
+
+import math
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.errors import ConfigError, DeviceError, HookError, ModelInputError, WeightError
+from numeric_check.model import CircuitModel, ModelConfig, resolve_device, resolve_dtype
+
+torch.set_num_threads(1)
+
+DIMS = dict(d_model=12, d_head=5, d_vocab=17, n_ctx=7)
+FULL = Architecture(2, (2, 3), positional="standard", layer_norm=True, biases=True, mlp=True)
+ARCHS = [
+    Architecture(0, 1),
+    Architecture(1, 1),
+    Architecture(2, 3, positional="standard"),
+    Architecture(2, (1, 2), positional="qk_only", layer_norm=True, biases=True),
+    Architecture(1, 2, positional="qk_only", mlp=True),
+    FULL,
+]
+
+
+def make(arch=FULL, seed=0, dtype=torch.float64, **kw):
+    return CircuitModel.random(arch, **{**DIMS, **kw}, seed=seed, dtype=dtype)
+
+
+def tokens(batch=3, pos=7, seed=1):
+    return torch.randint(0, DIMS["d_vocab"], (batch, pos), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.describe())
+def test_forward_shapes_and_cache(arch):
+    model = make(arch)
+    logits, cache = model.run_with_cache(tokens())
+    assert logits.shape == (3, 7, DIMS["d_vocab"])
+    assert torch.isfinite(logits).all()
+    assert set(cache) == set(model.hook_names)
+    assert torch.equal(model(tokens()), logits)
+    assert model(tokens()[0]).shape == (1, 7, DIMS["d_vocab"])
+    for layer, n_heads in enumerate(arch.heads_per_layer):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        assert pattern.shape == (3, n_heads, 7, 7)
+        assert torch.allclose(pattern.sum(-1), torch.ones((), dtype=pattern.dtype))
+        assert (pattern.triu(1) == 0).all()
+        assert cache[f"blocks.{layer}.attn.hook_result"].shape == (3, 7, n_heads, DIMS["d_model"])
+        assert cache[f"blocks.{layer}.attn.hook_q"].shape == (3, 7, n_heads, DIMS["d_head"])
+
+
+def test_hook_names_follow_the_architecture():
+    names = make(FULL).hook_names
+    for name in ["hook_embed", "hook_pos_embed", "blocks.1.ln1.hook_scale", "blocks.0.attn.hook_attn_scores",
+                 "blocks.1.mlp.hook_pre", "blocks.1.hook_mlp_out", "blocks.0.hook_resid_mid", "ln_final.hook_scale"]:
+        assert name in names
+    bare = make(Architecture(1, 1)).hook_names
+    assert "hook_pos_embed" not in bare and "ln_final.hook_scale" not in bare
+    assert "blocks.0.hook_resid_post" in bare and "blocks.0.hook_mlp_out" not in bare
+
+
+def test_attn_scores_masked_with_minus_inf():
+    _, cache = make().run_with_cache(tokens(), names_filter="blocks.0.attn.hook_attn_scores")
+    scores = cache["blocks.0.attn.hook_attn_scores"]
+    assert list(cache) == ["blocks.0.attn.hook_attn_scores"]
+    upper = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    assert torch.isneginf(scores[..., upper]).all() and torch.isfinite(scores[..., ~upper]).all()
+
+
+def test_run_with_hooks_modifies_and_cleans_up():
+    model, toks = make(), tokens()
+    clean = model(toks)
+    zero_head = lambda x, hook: x * 0
+    ablated = model.run_with_hooks(toks, [("blocks.0.attn.hook_pattern", zero_head)])
+    assert not torch.allclose(ablated, clean)
+    assert torch.equal(model(toks), clean)  # removed afterwards
+    with pytest.raises(RuntimeError):
+        model.run_with_hooks(toks, [("hook_embed", lambda x, hook: (_ for _ in ()).throw(RuntimeError("boom")))])
+    assert torch.equal(model(toks), clean)  # removed even on error
+    seen = []
+    model.run_with_hooks(toks, [(lambda name: name.endswith("hook_scale"), lambda x, hook: seen.append(hook.name))])
+    assert seen == ["blocks.0.ln1.hook_scale", "blocks.0.ln2.hook_scale", "blocks.1.ln1.hook_scale",
+                    "blocks.1.ln2.hook_scale", "ln_final.hook_scale"]
+
+
+def test_hook_errors_are_clear():
+    model = make()
+    with pytest.raises(HookError, match=r"no hook point named 'blocks.0.attn.hook_patern'; did you mean blocks.0.attn.hook_pattern"):
+        model.run_with_hooks(tokens(), [("blocks.0.attn.hook_patern", lambda x, hook: None)])
+    with pytest.raises(HookError, match=r"hook on blocks.0.attn.hook_z returned \(2,\); expected None or a tensor of shape \(3, 7, 2, 5\)"):
+        model.run_with_hooks(tokens(), [("blocks.0.attn.hook_z", lambda x, hook: torch.zeros(2))])
+
+
+def test_freezing_scales_and_patterns_reproduces_logits():
+    model, toks, other = make(), tokens(seed=1), tokens(seed=2)
+    frozen_names = [n for n in model.hook_names if n.endswith(("hook_scale", "hook_pattern"))]
+    logits, cache = model.run_with_cache(toks, names_filter=frozen_names)
+    freeze = [(name, lambda x, hook: cache[hook]) for name in frozen_names]
+    assert torch.allclose(model.run_with_hooks(toks, freeze), logits, rtol=0, atol=1e-12)
+    # frozen values really are used: a different input with the frozen values differs from its own run
+    assert not torch.allclose(model.run_with_hooks(other, freeze), model(other))
+
+
+def test_frozen_ln_scale_makes_logits_linear_in_the_residual():
+    """With every scale frozen and no MLP, doubling W_E and W_pos and b's is a linear map; check one."""
+    arch = Architecture(1, 2, positional="standard", layer_norm=True)
+    model, toks = make(arch), tokens()
+    names = [n for n in model.hook_names if n.endswith(("hook_scale", "hook_pattern"))]
+    _, cache = model.run_with_cache(toks, names_filter=names)
+    freeze = [(name, lambda x, hook: cache[hook]) for name in names]
+    base = model.run_with_hooks(toks, freeze)
+    with torch.no_grad():
+        model.W_E.mul_(2)
+        model.W_pos.mul_(2)
+    assert torch.allclose(model.run_with_hooks(toks, freeze), 2 * base, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.tensor([[1, 17]]), r"token id 17 at index \(0, 1\) is out of range: ids must be in \[0, 17\) \(d_vocab=17\)"),
+        (torch.tensor([-1]), r"token id -1 at index \(0,\) is out of range"),
+        (torch.zeros(2, 8, dtype=torch.long), r"sequence of 8 tokens does not fit n_ctx=7: give 1 to 7 positions"),
+        (torch.zeros(1, 0, dtype=torch.long), r"sequence of 0 tokens does not fit n_ctx=7"),
+        (torch.tensor([1.0, 2.0]), r"tokens must have an integer dtype, got torch.float32"),
+        (torch.tensor([True]), r"tokens must have an integer dtype, got torch.bool"),
+        (torch.zeros(1, 2, 3, dtype=torch.long), r"tokens must have shape \[pos\] or \[batch, pos\], got shape \(1, 2, 3\)"),
+    ],
+)
+def test_check_tokens_errors(bad, message):
+    model = make()
+    with pytest.raises(ModelInputError, match=message):
+        model(bad)
+
+
+def test_check_tokens_accepts_lists_and_int32():
+    model = make()
+    out = model.check_tokens(torch.tensor([[1, 2]], dtype=torch.int32))
+    assert out.dtype == torch.long
+    assert model.check_tokens([3, 4]).tolist() == [3, 4]
+
+
+def test_random_is_deterministic_per_seed():
+    a, b, c = make(seed=3), make(seed=3), make(seed=4)
+    for (name, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+        assert torch.equal(pa, pb), name
+        assert not torch.equal(pa, pc), name
+    assert torch.equal(make(seed=3, dtype=torch.float32).W_E, a.W_E.float())
+    state = torch.random.get_rng_state()
+    make(seed=5)
+    assert torch.equal(torch.random.get_rng_state(), state)  # global RNG untouched
+
+
+def test_random_biases_nonzero_and_scale_reasonable():
+    model = make(Architecture(3, 4, positional="standard", biases=True, mlp=True), d_model=64, d_head=16, d_vocab=50, n_ctx=7)
+    for name, param in model.named_parameters():
+        assert param.abs().max() > 0, name
+    resid = model.run_with_cache(tokens())[1]["blocks.2.hook_resid_post"]
+    assert 0.3 < resid.std() < 10  # O(1) after a few layers
+
+
+def test_layer_norm_centres_writing_weights():
+    model = make()
+    writers = [model.W_E, model.W_pos]
+    for block in model.blocks:
+        writers += [block.attn.W_O.transpose(0, 1), block.attn.b_O, block.mlp.W_out, block.mlp.b_out]
+    for w in writers:
+        assert w.mean(0).abs().max() < 1e-12
+    _, cache = model.run_with_cache(tokens())
+    for name in ("blocks.0.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"):
+        assert cache[name].mean(-1).abs().max() < 1e-12
+    uncentred = make(Architecture(1, 2, positional="standard", biases=True))
+    assert uncentred.W_E.mean(0).abs().max() > 1e-3
+
+
+def test_folded_b_O_moves_value_biases():
+    model, toks = make(), tokens()
+    logits = model(toks)
+    folded = [model.folded_b_O(layer) for layer in range(2)]
+    with torch.no_grad():
+        for block, b_O in zip(model.blocks, folded):
+            block.attn.b_O.copy_(b_O)
+            block.attn.b_V.zero_()
+    assert torch.allclose(model(toks), logits, atol=1e-12)
+    assert torch.equal(model.folded_b_O(0), folded[0])
+    no_bias = make(Architecture(1, 2))
+    assert torch.equal(no_bias.folded_b_O(0), torch.zeros(DIMS["d_model"], dtype=torch.float64))
+
+
+def test_dtypes_and_to():
+    model = make(dtype=torch.float32)
+    assert model.dtype == torch.float32 and model.device.type == "cpu"
+    double = model.to(torch.float64)
+    assert double.dtype == torch.float64 and double(tokens()).dtype == torch.float64
+    assert torch.allclose(make(dtype=torch.float32)(tokens()).double(), make()(tokens()), atol=1e-4)
+    with pytest.raises(DeviceError, match=r"expected a floating dtype"):
+        CircuitModel(ModelConfig(FULL, **DIMS), dtype=torch.int64)
+    assert resolve_dtype("float64") is torch.float64
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_absent_is_a_device_error():
+    with pytest.raises(DeviceError, match=r"device 'cuda' requested but CUDA is not available here"):
+        make(device="cuda")
+    assert resolve_device(None, prefer_cuda=True).type == "cpu"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    cpu = make()
+    gpu = make(device="cuda")
+    assert gpu.device.type == "cuda"
+    assert torch.allclose(gpu(tokens()).cpu(), cpu(tokens()), atol=1e-10)
+
+
+def test_check_finite_names_the_parameter():
+    model = make()
+    model.check_finite()
+    with torch.no_grad():
+        model.blocks[1].attn.W_K[0, 1, 2] = float("nan")
+    with pytest.raises(WeightError, match=r"parameter blocks.1.attn.W_K \(2, 5, 12\) has 1 NaN and 0 Inf entries \(first at index \(0, 1, 2\)\)"):
+        model.check_finite()
+
+
+def test_config_validation_and_json_round_trip():
+    cfg = ModelConfig(FULL, **DIMS, act_fn="gelu_new", attn_scale=2.0)
+    assert cfg.d_mlp == 48 and cfg.scale == 2.0
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert ModelConfig(Architecture(1, 1), **DIMS).scale == math.sqrt(5)
+    with pytest.raises(ConfigError, match=r"unknown act_fn 'swish'; expected one of 'gelu', 'gelu_new', 'relu'"):
+        ModelConfig(FULL, **DIMS, act_fn="swish")
+    with pytest.raises(ConfigError, match=r"d_head must be an int >= 1, got 0"):
+        ModelConfig(FULL, **{**DIMS, "d_head": 0})
+    with pytest.raises(ConfigError, match=r"d_mlp=8 given but the architecture has no MLPs"):
+        ModelConfig(Architecture(1, 1), **DIMS, d_mlp=8)
+    with pytest.raises(ConfigError, match=r"unknown model config keys \['colour'\]"):
+        ModelConfig.from_dict({**cfg.to_dict(), "colour": 1})
+    with pytest.raises(ConfigError, match=r"bad architecture"):
+        ModelConfig.from_dict({**cfg.to_dict(), "arch": {"n_layers": -1, "n_heads": 1}})
+
+
+def test_repr_is_honest():
+    text = repr(make())
+    assert text.startswith("CircuitModel(2 layers x heads 2/3, standard positions, layer norm, biases, MLPs; d_model=12")
+    assert "dtype=torch.float64" in text
