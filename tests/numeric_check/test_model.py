@@ -219,7 +219,7 @@ def test_check_finite_names_the_parameter():
     model.check_finite()
     with torch.no_grad():
         model.blocks[1].attn.W_K[0, 1, 2] = float("nan")
-    with pytest.raises(WeightError, match=r"parameter blocks.1.attn.W_K \(2, 5, 12\) has 1 NaN and 0 Inf entries \(first at index \(0, 1, 2\)\)"):
+    with pytest.raises(WeightError, match=r"parameter blocks.1.attn.W_K \(3, 5, 12\) has 1 NaN and 0 Inf entries \(first at index \(0, 1, 2\)\)"):
         model.check_finite()
 
 
