@@ -1,0 +1,167 @@
+"""Tests for numeric_check.train: the repeated-segment data, the config, a tiny training run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numeric_check.train import (
+    TrainConfig,
+    TrainConfigError,
+    evaluate,
+    next_token_losses,
+    repeated_segment_batch,
+    train_toy,
+)
+
+torch.set_num_threads(1)
+
+TINY = dict(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=12, n_ctx=16, seg_min=2, seg_max=6, batch_size=16)
+
+
+def _batch(config: TrainConfig, batch_size: int = 256, seed: int = 0):
+    return repeated_segment_batch(config, batch_size, torch.Generator().manual_seed(seed))
+
+
+def _check_batch(config: TrainConfig, batch) -> None:
+    n = config.n_ctx
+    assert batch.tokens.shape == batch.repeat_mask.shape == (batch.first.shape[0], n)
+    assert batch.tokens.dtype == torch.long
+    assert int(batch.tokens.min()) >= 0 and int(batch.tokens.max()) < config.d_vocab
+    for row in range(batch.tokens.shape[0]):
+        s, t, length = int(batch.first[row]), int(batch.second[row]), int(batch.length[row])
+        assert config.seg_min <= length <= config.seg_max
+        assert 0 <= s and s + length <= t and t + length <= n  # copies fit and do not overlap
+        assert torch.equal(batch.tokens[row, s : s + length], batch.tokens[row, t : t + length])
+        expected = torch.zeros(n, dtype=torch.bool)
+        expected[t + 1 : t + length] = True  # second copy without its first token
+        assert torch.equal(batch.repeat_mask[row], expected)
+
+
+def test_segment_is_repeated_and_mask_marks_second_copy():
+    config = TrainConfig()
+    _check_batch(config, _batch(config))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_ctx=st.integers(4, 80),
+    seg_min=st.integers(2, 40),
+    extra=st.integers(0, 10),
+    d_vocab=st.integers(2, 50),
+    seed=st.integers(0, 2**31),
+)
+def test_batches_are_valid_for_every_fitting_config(n_ctx, seg_min, extra, d_vocab, seed):
+    seg_max = seg_min + extra
+    if 2 * seg_max > n_ctx:
+        with pytest.raises(TrainConfigError):
+            TrainConfig(n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max, d_vocab=d_vocab)
+        return
+    config = TrainConfig(n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max, d_vocab=d_vocab)
+    _check_batch(config, _batch(config, batch_size=8, seed=seed))
+
+
+def test_offsets_and_positions_vary():
+    batch = _batch(TrainConfig())
+    offsets = set((batch.second - batch.first).tolist())
+    assert len(offsets) > 20, "a fixed offset would let a positional head solve the task"
+    assert len(set(batch.first.tolist())) > 10
+    assert len(set(batch.length.tolist())) == 24 - 8 + 1
+
+
+def test_seeded_determinism():
+    config = TrainConfig()
+    a, b, c = _batch(config, seed=5), _batch(config, seed=5), _batch(config, seed=6)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_ctx=32, seg_max=24), "seg_max=24 tokens need 48 positions, but n_ctx=32"),
+        (dict(seg_min=10, seg_max=9), "seg_min=10 is larger than seg_max=9"),
+        (dict(seg_min=1), "seg_min must be an int >= 2, got 1"),
+        (dict(n_layers=-1), "n_layers must be an int >= 0, got -1"),
+        (dict(d_vocab=1), "d_vocab must be an int >= 2"),
+        (dict(steps=0), "steps must be an int >= 1"),
+        (dict(batch_size=2.5), "batch_size must be an int >= 1, got 2.5"),
+        (dict(positional="rotary"), "unknown positional kind 'rotary'; expected one of 'none', 'standard', 'qk_only'"),
+        (dict(lr=0.0), "lr must be > 0"),
+        (dict(lr=float("nan")), "lr must be a finite number"),
+    ],
+)
+def test_bad_configs_are_rejected_with_the_numbers(kwargs, message):
+    with pytest.raises(TrainConfigError) as info:
+        TrainConfig(**kwargs)
+    assert message in str(info.value)
+
+
+def test_config_round_trips_through_a_dict():
+    config = TrainConfig(**TINY)
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(TrainConfigError, match="unknown TrainConfig fields \\['colour'\\]"):
+        TrainConfig.from_dict({**config.to_dict(), "colour": "red"})
+
+
+def test_losses_split_repeated_part_from_the_rest():
+    config = TrainConfig(**TINY)
+    batch = _batch(config, batch_size=4)
+    logits = torch.zeros(4, config.n_ctx, config.d_vocab)  # uniform prediction
+    losses = next_token_losses(logits, batch)
+    for name in ("loss", "repeat_loss", "other_loss"):
+        assert float(losses[name]) == pytest.approx(math.log(config.d_vocab), rel=1e-6)
+    # a perfect prediction of the repeated tokens only lowers the repeat loss
+    perfect = logits.clone()
+    targets = batch.tokens[:, 1:]
+    mask = batch.repeat_mask[:, 1:]
+    rows, cols = mask.nonzero(as_tuple=True)
+    perfect[rows, cols, targets[rows, cols]] = 100.0
+    better = next_token_losses(perfect, batch)
+    assert float(better["repeat_loss"]) < 1e-6
+    assert float(better["other_loss"]) == pytest.approx(math.log(config.d_vocab), rel=1e-6)
+
+
+def test_tiny_training_run_decreases_loss_and_reports_progress():
+    config = TrainConfig(**TINY, steps=40, lr=1e-2)
+    calls = []
+    model, history = train_toy(config, progress=lambda step, record: calls.append((step, record)))
+    assert [step for step, _ in calls] == list(range(1, 41))
+    assert len(history.loss) == len(history.repeat_loss) == 40
+    assert sum(history.loss[-5:]) / 5 < sum(history.loss[:5]) / 5
+    assert set(history.final) == {"loss", "repeat_loss", "other_loss"}
+    assert history.smoothed("loss", window=5)[-1] == pytest.approx(sum(history.loss[-5:]) / 5)
+    # the held-out evaluation is reproducible
+    assert evaluate(model, config, seed=1_000_003) == pytest.approx(history.final)
+
+
+def test_training_is_deterministic_given_the_seed():
+    config = TrainConfig(**TINY, steps=3)
+    (m1, h1), (m2, h2) = train_toy(config), train_toy(config)
+    assert h1.loss == h2.loss
+    for (n1, p1), (n2, p2) in zip(m1.named_parameters(), m2.named_parameters()):
+        assert n1 == n2 and torch.equal(p1, p2)
+
+
+@pytest.mark.parametrize("n_layers", [0, 2])
+def test_zero_and_two_layer_models_train(n_layers):
+    config = TrainConfig(**{**TINY, "n_layers": n_layers}, steps=2)
+    model, history = train_toy(config)
+    assert len(history.loss) == 2 and all(math.isfinite(v) for v in history.loss)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    checkpoint = pytest.importorskip("numeric_check.checkpoint")
+
+    config = TrainConfig(**TINY, steps=3)
+    model, _ = train_toy(config)
+    path = tmp_path / "tiny.safetensors"
+    checkpoint.save_checkpoint(model, path)
+    loaded = checkpoint.load_checkpoint(path)
+    tokens = _batch(config, batch_size=2).tokens
+    with torch.no_grad():
+        assert torch.equal(model(tokens), loaded(tokens))
