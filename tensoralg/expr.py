@@ -1,0 +1,618 @@
+"""Tensor terms ``c · F_1 ⊗ … ⊗ F_k`` and their canonical sums.
+
+A :class:`TensorSum` maps each tuple of words (one word per slot) to its coefficient:
+like terms are collected on construction, zero terms dropped, and iteration follows a
+deterministic canonical order, so the same sum built in any order is equal, hashes
+equal and prints the same.
+
+>>> from tensoralg.atoms import atom
+>>> A, W = atom("A", "h"), atom("W_OV", "h")
+>>> s = term(A, W) + term(None, None) + term(A, W)
+>>> s
+TensorSum(Id ⊗ Id + 2·A^{h} ⊗ W_OV^{h})
+>>> len(s), s.n_slots
+(2, 2)
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Mapping, NamedTuple, Union
+
+import sympy as sp
+
+from tensoralg.atoms import Atom, Word, format_shape, transpose_word, word_key, word_shape
+from tensoralg.errors import EmptySum, InvalidOrder, ShapeMismatch, SlotMismatch, TensorAlgError
+from tensoralg.latex import to_latex
+from tensoralg.sympy_bridge import sympy_of_sum
+
+Slot = Union[Atom, Word, None]
+Shape = Union[tuple, None]
+ONE, ZERO = sp.S.One, sp.S.Zero
+
+
+def mul(a: sp.Expr, b: sp.Expr) -> sp.Expr:
+    """Multiply coefficients, skipping SymPy's work for the common factor 1."""
+    if a is ONE:
+        return b
+    if b is ONE:
+        return a
+    return a * b
+
+
+def as_coeff(value) -> sp.Expr:
+    try:
+        coeff = sp.sympify(value, strict=True)
+    except (sp.SympifyError, TypeError):
+        raise TensorAlgError(f"a coefficient must be a number or SymPy scalar, got {value!r}") from None
+    if isinstance(coeff, sp.MatrixBase) or getattr(coeff, "is_Matrix", False):
+        raise TensorAlgError(f"a coefficient must be a scalar, got the matrix {value!r}")
+    return coeff
+
+
+def as_word(slot: Slot) -> Word:
+    """An atom, a sequence of atoms, or ``None``/``()`` (identity) as a word."""
+    if slot is None:
+        return ()
+    if isinstance(slot, Atom):
+        return (slot,)
+    word = tuple(slot)
+    for a in word:
+        if not isinstance(a, Atom):
+            raise TensorAlgError(f"a word is a sequence of atoms; got {a!r} in {slot!r}")
+    return word
+
+
+class Term(NamedTuple):
+    """One term ``coeff · words[0] ⊗ words[1] ⊗ …``."""
+
+    coeff: sp.Expr
+    words: tuple[Word, ...]
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.words)
+
+    @property
+    def is_identity(self) -> bool:
+        """True when every slot is ``Id`` (whatever the coefficient)."""
+        return not any(self.words)
+
+    @property
+    def T(self) -> "Term":
+        return Term(self.coeff, tuple(transpose_word(w) for w in self.words))
+
+    def __repr__(self) -> str:
+        return f"Term({_term_text(self.coeff, self.words)})"
+
+
+def sort_key(words: tuple[Word, ...]) -> tuple:
+    """Canonical order: fewer atoms first, then by atom names, indices and transposes."""
+    return (sum(map(len, words)), tuple(word_key(w) for w in words))
+
+
+def merge_shapes(shapes: list[Shape], words: tuple[Word, ...], where: str) -> None:
+    """Unify the per-slot shapes of ``words`` into ``shapes`` in place, or raise."""
+    for i, w in enumerate(words):
+        shape = word_shape(w)
+        known = shapes[i]
+        if shape is None:
+            if known is not None and known[0] != known[1]:
+                raise ShapeMismatch(f"slot {i} of {where}: Id (square) cannot be added to a {format_shape(known)} term")
+            continue
+        if known is None:
+            shapes[i] = shape
+        elif known != shape:
+            raise ShapeMismatch(
+                f"slot {i} of {where}: a {format_shape(shape)} term ({_word_text(w)}) cannot be added to "
+                f"{format_shape(known)} terms"
+            )
+
+
+class Expr:
+    """What every expression offers: slots, expansion, transpose, sums and products."""
+
+    n_slots: int
+
+    def expand(self, max_order: int | None = None) -> "TensorSum":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __add__(self, other):
+        from_other = _as_expr(other)
+        if from_other is NotImplemented:
+            return NotImplemented
+        return add(self, from_other)
+
+    def __radd__(self, other):
+        if isinstance(other, int) and other == 0:  # lets sum() start from 0
+            return self
+        return NotImplemented
+
+    def __sub__(self, other):
+        from_other = _as_expr(other)
+        if from_other is NotImplemented:
+            return NotImplemented
+        return add(self, -1 * from_other)
+
+    def __neg__(self):
+        return -1 * self
+
+    def __matmul__(self, other):
+        if not isinstance(other, Expr):
+            return NotImplemented
+        return Product.of(self, other)
+
+    def __mul__(self, other):
+        if isinstance(other, Expr):
+            return self @ other
+        return self.scale(as_coeff(other))
+
+    def __rmul__(self, other):
+        return self.scale(as_coeff(other))
+
+    def scale(self, coeff: sp.Expr) -> "Expr":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _repr_latex_(self) -> str:
+        return "$\\displaystyle " + to_latex(self) + "$"
+
+    def to_sympy(self, dims: Mapping | None = None):
+        """This expression as a SymPy matrix expression (``KroneckerProduct`` of slots)."""
+        return self.expand().to_sympy(dims)
+
+
+def _as_expr(value):
+    if isinstance(value, Expr):
+        return value
+    return NotImplemented
+
+
+class TensorSum(Expr):
+    """A canonical sum of k-slot tensor terms; immutable.
+
+    Build one with :func:`term`, :func:`identity`, sums and scalar multiples of those, or
+    ``TensorSum(terms)`` from :class:`Term`s or a ``{words: coeff}`` mapping.
+    """
+
+    __slots__ = ("_terms", "n_slots", "slot_shapes", "_sorted", "_hash")
+
+    def __init__(self, terms: Iterable[Term] | Mapping[tuple[Word, ...], object] = (), n_slots: int | None = None):
+        items = terms.items() if isinstance(terms, Mapping) else ((t.words, t.coeff) for t in terms)
+        collected: dict[tuple[Word, ...], sp.Expr] = {}
+        for words, coeff in items:
+            words = tuple(as_word(w) for w in words)
+            if n_slots is None:
+                n_slots = len(words)
+            elif len(words) != n_slots:
+                raise SlotMismatch(f"cannot add a {len(words)}-slot term to {n_slots}-slot terms")
+            coeff = as_coeff(coeff)
+            previous = collected.get(words)
+            collected[words] = coeff if previous is None else previous + coeff
+        if n_slots is None:
+            raise EmptySum("an empty sum has no number of slots; give n_slots or at least one term")
+        if n_slots < 1:
+            raise SlotMismatch(f"a term needs at least one slot, got {n_slots}")
+        shapes: list[Shape] = [None] * n_slots
+        for words in collected:
+            merge_shapes(shapes, words, "a sum")
+        self._terms = {w: c for w, c in collected.items() if c != 0}
+        self.n_slots = n_slots
+        self.slot_shapes = tuple(shapes)
+        self._sorted = None
+        self._hash = None
+
+    @classmethod
+    def _trusted(cls, terms: dict, n_slots: int, slot_shapes: tuple) -> "TensorSum":
+        """Build from already-collected, already-checked terms (internal fast path)."""
+        obj = object.__new__(cls)
+        obj._terms = {w: c for w, c in terms.items() if c != 0}
+        obj.n_slots = n_slots
+        obj.slot_shapes = slot_shapes
+        obj._sorted = None
+        obj._hash = None
+        return obj
+
+    # -- access ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._terms)
+
+    def __iter__(self) -> Iterator[Term]:
+        if self._sorted is None:
+            self._sorted = [Term(self._terms[w], w) for w in sorted(self._terms, key=sort_key)]
+        return iter(self._sorted)
+
+    @property
+    def terms(self) -> list[Term]:
+        return list(self)
+
+    def coeff(self, *slots: Slot) -> sp.Expr:
+        """The coefficient of the term with these slots (0 if absent)."""
+        return self._terms.get(tuple(as_word(s) for s in slots), ZERO)
+
+    def as_dict(self) -> dict[tuple[Word, ...], sp.Expr]:
+        return dict(self._terms)
+
+    @property
+    def is_zero(self) -> bool:
+        return not self._terms
+
+    # -- algebra --------------------------------------------------------------
+    def expand(self, max_order: int | None = None) -> "TensorSum":
+        """Already expanded; ``max_order`` is checked and otherwise has no effect."""
+        check_order(max_order)
+        return self
+
+    def scale(self, coeff: sp.Expr) -> "TensorSum":
+        if coeff == 0:
+            return TensorSum._trusted({}, self.n_slots, self.slot_shapes)
+        return TensorSum._trusted({w: mul(coeff, c) for w, c in self._terms.items()}, self.n_slots, self.slot_shapes)
+
+    @property
+    def T(self) -> "TensorSum":
+        """Transpose slot by slot: each word reversed, each atom transposed."""
+        shapes = tuple(None if s is None else (s[1], s[0]) for s in self.slot_shapes)
+        return TensorSum._trusted(
+            {tuple(transpose_word(w) for w in words): c for words, c in self._terms.items()}, self.n_slots, shapes
+        )
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, TensorSum):
+            return NotImplemented
+        return self.n_slots == other.n_slots and self._terms == other._terms
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.n_slots, frozenset(self._terms.items())))
+        return self._hash
+
+    def to_sympy(self, dims: Mapping | None = None):
+        return sympy_of_sum(self, dims)
+
+    def __repr__(self) -> str:
+        if not self._terms:
+            return f"TensorSum(0, n_slots={self.n_slots})"
+        return "TensorSum(" + " + ".join(_term_text(t.coeff, t.words) for t in self) + ")"
+
+    def __str__(self) -> str:
+        return " + ".join(_term_text(t.coeff, t.words) for t in self) if self._terms else "0"
+
+
+def _word_text(word: Word) -> str:
+    return " ".join(map(repr, word)) if word else "Id"
+
+
+def _term_text(coeff: sp.Expr, words: tuple[Word, ...]) -> str:
+    body = " ⊗ ".join(_word_text(w) for w in words)
+    if coeff == 1:
+        return body
+    if coeff == -1:
+        return "-" + body
+    return f"{sp.sstr(coeff)}·{body}"
+
+
+def term(*slots: Slot, coeff=1) -> TensorSum:
+    """One term: ``term(A, W)`` is ``A ⊗ W``; a slot is an atom, a word (tuple) or ``None`` (Id).
+
+    >>> from tensoralg.atoms import atom
+    >>> term(atom("A", 2), (atom("W_OV", 2), atom("W_OV", 1)))
+    TensorSum(A^{2} ⊗ W_OV^{2} W_OV^{1})
+    """
+    if not slots:
+        raise SlotMismatch("a term needs at least one slot")
+    return TensorSum([Term(as_coeff(coeff), tuple(as_word(s) for s in slots))])
+
+
+def identity(n_slots: int = 1) -> TensorSum:
+    """``Id ⊗ … ⊗ Id`` with ``n_slots`` slots."""
+    return term(*([None] * n_slots))
+
+
+def add(*exprs: Expr) -> Expr:
+    """Sum of expressions; two canonical sums collect eagerly, anything lazy stays lazy."""
+    if not exprs:
+        raise EmptySum("add() needs at least one expression")
+    slots = {e.n_slots for e in exprs}
+    if len(slots) > 1:
+        raise SlotMismatch(f"cannot add expressions with different numbers of slots: {sorted(slots)}")
+    if all(isinstance(e, TensorSum) for e in exprs):
+        return sum_tensor_sums(exprs)
+    return Add.of(*exprs)
+
+
+def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
+    sums = list(sums)
+    if not sums:
+        raise EmptySum("cannot sum no expressions")
+    shapes: list[Shape] = list(sums[0].slot_shapes)
+    collected: dict = {}
+    for s in sums:
+        if s.n_slots != sums[0].n_slots:
+            raise SlotMismatch(f"cannot add {s.n_slots}-slot terms to {sums[0].n_slots}-slot terms")
+        for i, shape in enumerate(s.slot_shapes):
+            if shape is None:
+                continue
+            known = shapes[i]
+            if known is None:
+                shapes[i] = shape
+            elif known != shape:
+                raise ShapeMismatch(
+                    f"slot {i}: cannot add {format_shape(shape)} terms to {format_shape(known)} terms"
+                )
+        for w, c in s._terms.items():
+            prev = collected.get(w)
+            collected[w] = c if prev is None else prev + c
+    for i, shape in enumerate(shapes):
+        if shape is not None and shape[0] != shape[1] and any(not w[i] for w in collected):
+            raise ShapeMismatch(f"slot {i}: Id (square) cannot be added to {format_shape(shape)} terms")
+    return TensorSum._trusted(collected, sums[0].n_slots, tuple(shapes))
+
+
+def tensor(*factors: Expr | Atom | Word) -> TensorSum:
+    """The tensor product of expressions, slots concatenated: ``(A + B) ⊗ C = A⊗C + B⊗C``.
+
+    >>> from tensoralg.atoms import atom
+    >>> tensor(atom("A", 1), atom("W_OV", 1)) == term(atom("A", 1), atom("W_OV", 1))
+    True
+    """
+    if not factors:
+        raise SlotMismatch("tensor() needs at least one factor")
+    result: dict = {(): ONE}
+    for f in factors:
+        f = f if isinstance(f, Expr) else term(f)
+        f = f.expand()
+        result = {w + fw: mul(c, fc) for w, c in result.items() for fw, fc in f._terms.items()}
+        # collect: different left parts never collide, so no merge is needed
+    return TensorSum(result)
+
+
+# -- products and lazy sums --------------------------------------------------------
+
+
+def check_order(max_order) -> None:
+    """``max_order`` must be ``None`` (no truncation) or an integer >= 0."""
+    if max_order is None:
+        return
+    if isinstance(max_order, bool) or not isinstance(max_order, int):
+        raise InvalidOrder(f"max_order must be None or an integer >= 0, got {max_order!r}")
+    if max_order < 0:
+        raise InvalidOrder(f"max_order must be >= 0, got {max_order}")
+
+
+def chain_shapes(left: Shape, right: Shape, slot: int) -> Shape:
+    """The shape of a slot of ``left · right``; ``None`` (Id) passes the other through."""
+    if left is None:
+        return right
+    if right is None:
+        return left
+    if left[1] != right[0]:
+        raise ShapeMismatch(
+            f"slot {slot}: cannot multiply {format_shape(left)} by {format_shape(right)}: "
+            f"{left[1]} columns against {right[0]} rows"
+        )
+    return (left[0], right[1])
+
+
+class Choice(NamedTuple):
+    """One product of an expansion: which term was taken from each factor, and the result."""
+
+    indices: tuple[int, ...]
+    order: int
+    term: Term
+
+
+class Product(Expr):
+    """A lazy product ``coeff · F_1 F_2 … F_n`` of sums with the same number of slots.
+
+    Nothing is multiplied until :meth:`expand` (all terms, collected) or
+    :meth:`iter_terms` (one product at a time, with which term each factor gave).
+    The *order* of a product is the number of factors from which a non-identity term
+    was chosen; factors without an identity term (such as ``Id ⊗ W_U``) add no order.
+
+    >>> from tensoralg.atoms import atom
+    >>> layer = lambda l: identity(2) + term(atom("A", l), atom("W_OV", l))
+    >>> p = term(None, atom("W_U")) @ layer(1) @ layer(0) @ term(None, atom("W_E"))
+    >>> len(p), p.count(max_order=1), len(p.expand())
+    (4, 3, 4)
+    """
+
+    __slots__ = ("factors", "coeff", "n_slots", "slot_shapes", "_orders")
+
+    def __init__(self, factors, coeff=1):
+        flat: list[TensorSum] = []
+        coeff = as_coeff(coeff)
+        for f in factors:
+            if isinstance(f, Product):
+                flat.extend(f.factors)
+                coeff = mul(coeff, f.coeff)
+            elif isinstance(f, TensorSum):
+                flat.append(f)
+            elif isinstance(f, Expr):
+                flat.append(f.expand())
+            else:
+                raise TensorAlgError(f"a product's factors must be expressions, got {f!r}")
+        if not flat:
+            raise EmptySum("a product needs at least one factor")
+        n_slots = flat[0].n_slots
+        for f in flat:
+            if f.n_slots != n_slots:
+                raise SlotMismatch(f"cannot multiply a {f.n_slots}-slot sum with {n_slots}-slot sums")
+        shapes: list[Shape] = list(flat[0].slot_shapes)
+        for f in flat[1:]:
+            shapes = [chain_shapes(a, b, i) for i, (a, b) in enumerate(zip(shapes, f.slot_shapes))]
+        self.factors = tuple(flat)
+        self.coeff = coeff
+        self.n_slots = n_slots
+        self.slot_shapes = tuple(shapes)
+        self._orders = None
+
+    @classmethod
+    def of(cls, *exprs: Expr) -> "Product":
+        return cls(exprs)
+
+    def _factor_choices(self) -> list[list[tuple[tuple[Word, ...], sp.Expr, int]]]:
+        """Per factor, its canonical terms as ``(words, coeff, order increment)``."""
+        if self._orders is None:
+            table = []
+            for f in self.factors:
+                terms = list(f)
+                has_identity = any(t.is_identity for t in terms)
+                table.append([(t.words, t.coeff, int(has_identity and not t.is_identity)) for t in terms])
+            self._orders = table
+        return self._orders
+
+    def expand(self, max_order: int | None = None) -> TensorSum:
+        """Distribute and apply the mixed-product rule ``(A⊗B)(C⊗D) = (AC)⊗(BD)``;
+        collect like terms. ``max_order`` keeps only products of order ``<= max_order``."""
+        check_order(max_order)
+        n = self.n_slots
+        states: dict[tuple, sp.Expr] = {(((),) * n, 0): self.coeff}
+        for choices in self._factor_choices():
+            new: dict[tuple, sp.Expr] = {}
+            get = new.get
+            for (words, order), c in states.items():
+                for fwords, fc, inc in choices:
+                    o = order + inc
+                    if max_order is not None and o > max_order:
+                        continue
+                    if any(fwords):
+                        words2 = tuple([a + b for a, b in zip(words, fwords)])
+                    else:
+                        words2 = words
+                    key = (words2, o)
+                    value = mul(c, fc)
+                    prev = get(key)
+                    new[key] = value if prev is None else prev + value
+            states = new
+        collected: dict = {}
+        for (words, _), c in states.items():
+            prev = collected.get(words)
+            collected[words] = c if prev is None else prev + c
+        return TensorSum._trusted(collected, n, self.slot_shapes)
+
+    def iter_terms(self, max_order: int | None = None) -> Iterator[Choice]:
+        """Each product of the expansion, lazily, in factor-major order, uncollected."""
+        check_order(max_order)
+        table = self._factor_choices()
+        n = self.n_slots
+        limit = len(table) if max_order is None else max_order
+
+        def walk(i: int, indices: tuple, words: tuple, coeff: sp.Expr, order: int):
+            if i == len(table):
+                yield Choice(indices, order, Term(coeff, words))
+                return
+            for j, (fwords, fc, inc) in enumerate(table[i]):
+                if order + inc > limit:
+                    continue
+                words2 = tuple([a + b for a, b in zip(words, fwords)]) if any(fwords) else words
+                yield from walk(i + 1, indices + (j,), words2, mul(coeff, fc), order + inc)
+
+        yield from walk(0, (), ((),) * n, self.coeff, 0)
+
+    def count(self, max_order: int | None = None) -> int:
+        """The number of products in the expansion, counted without building any.
+
+        Exact for the products themselves; like terms that collect are counted once each
+        (``len(self.expand())`` counts after collecting).
+        """
+        check_order(max_order)
+        poly = [1]  # poly[k] = number of partial products of order k
+        for choices in self._factor_choices():
+            n1 = sum(inc for _, _, inc in choices)
+            n0 = len(choices) - n1
+            new = [0] * (len(poly) + 1)
+            for k, count in enumerate(poly):
+                new[k] += count * n0
+                new[k + 1] += count * n1
+            if max_order is not None:
+                new = new[: max_order + 1]
+            poly = new
+        return sum(poly)
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def scale(self, coeff: sp.Expr) -> "Product":
+        return Product(self.factors, mul(self.coeff, coeff))
+
+    @property
+    def T(self) -> "Product":
+        """``(F_1 … F_n)ᵀ = F_nᵀ … F_1ᵀ``."""
+        return Product([f.T for f in reversed(self.factors)], self.coeff)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Product):
+            return NotImplemented
+        return self.coeff == other.coeff and self.factors == other.factors
+
+    def __hash__(self) -> int:
+        return hash((self.coeff, self.factors))
+
+    def __repr__(self) -> str:
+        inner = " · ".join(f"({f})" for f in self.factors)
+        return f"Product({'' if self.coeff == 1 else sp.sstr(self.coeff) + '·'}{inner})"
+
+
+class Add(Expr):
+    """A lazy sum of expressions (products among them) with the same number of slots."""
+
+    __slots__ = ("parts", "n_slots")
+
+    def __init__(self, parts):
+        flat: list[Expr] = []
+        for p in parts:
+            if isinstance(p, Add):
+                flat.extend(p.parts)
+            elif isinstance(p, Expr):
+                flat.append(p)
+            else:
+                raise TensorAlgError(f"a sum's parts must be expressions, got {p!r}")
+        if not flat:
+            raise EmptySum("a sum needs at least one part")
+        slots = {p.n_slots for p in flat}
+        if len(slots) > 1:
+            raise SlotMismatch(f"cannot add expressions with different numbers of slots: {sorted(slots)}")
+        self.parts = tuple(flat)
+        self.n_slots = flat[0].n_slots
+
+    @classmethod
+    def of(cls, *parts: Expr) -> "Add":
+        return cls(parts)
+
+    @property
+    def slot_shapes(self) -> tuple:
+        shapes: list[Shape] = [None] * self.n_slots
+        for p in self.parts:
+            for i, s in enumerate(p.slot_shapes):
+                if s is None:
+                    continue
+                if shapes[i] is None:
+                    shapes[i] = s
+                elif shapes[i] != s:
+                    raise ShapeMismatch(f"slot {i}: cannot add {format_shape(s)} terms to {format_shape(shapes[i])} terms")
+        return tuple(shapes)
+
+    def expand(self, max_order: int | None = None) -> TensorSum:
+        return sum_tensor_sums(p.expand(max_order) for p in self.parts)
+
+    def count(self, max_order: int | None = None) -> int:
+        return sum(p.count(max_order) if isinstance(p, Product) else len(p.expand(max_order)) for p in self.parts)
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def scale(self, coeff: sp.Expr) -> "Add":
+        return Add([p.scale(coeff) for p in self.parts])
+
+    @property
+    def T(self) -> "Add":
+        return Add([p.T for p in self.parts])
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Add):
+            return NotImplemented
+        return self.parts == other.parts
+
+    def __hash__(self) -> int:
+        return hash(self.parts)
+
+    def __repr__(self) -> str:
+        return "Add(" + " + ".join(map(repr, self.parts)) + ")"

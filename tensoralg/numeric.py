@@ -1,0 +1,109 @@
+"""Small numeric bindings: the dense operator of an expression, for tests and teaching.
+
+``to_numpy(A ⊗ W) == np.kron(A, W)``: the operator on the row-major ``vec(x)`` of an
+activation with one row per position, since ``vec(A x Wᵀ) = (A ⊗ W) vec(x)``.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Mapping
+
+import numpy as np
+import sympy as sp
+
+from tensoralg.atoms import Atom
+from tensoralg.errors import BindingError
+
+
+def _bound(bindings: Mapping, a: Atom) -> np.ndarray:
+    base = a.base
+    for key in (base, base.label):
+        if key in bindings:
+            value = np.asarray(bindings[key])
+            break
+    else:
+        raise BindingError(f"no value bound to atom {base.label!r}; bound: {sorted(str(k) for k in bindings)}")
+    if value.ndim != 2:
+        raise BindingError(f"atom {base.label!r} must be bound to a 2-D array, got shape {value.shape}")
+    return value.T if a.transposed else value
+
+
+def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
+    """Sizes of the symbolic dimensions, read off the bound arrays (and ``dims``)."""
+    sizes: dict = {}
+    for name, value in (dims or {}).items():
+        symbol = sp.Symbol(name) if isinstance(name, str) else name
+        sizes[sp.sympify(symbol)] = int(value)
+    by_name = {str(k): v for k, v in sizes.items()}
+    for t in expr:
+        for w in t.words:
+            for a in w:
+                value = _bound(bindings, a.base)
+                for dim, n in zip((a.base.rows, a.base.cols), value.shape):
+                    if dim.is_number:
+                        if int(dim) != n:
+                            raise BindingError(f"atom {a.base.label!r} has {dim} as a dimension, bound array has {n}")
+                        continue
+                    seen = sizes.get(dim, by_name.get(str(dim)))
+                    if seen is not None and seen != n:
+                        raise BindingError(
+                            f"dimension {dim} is {seen} elsewhere but {n} in the array bound to {a.base.label!r}"
+                        )
+                    sizes[dim] = n
+    return sizes
+
+
+def _size(dim, sizes: dict) -> int:
+    dim = sp.sympify(dim)
+    value = dim.subs(sizes)
+    if not value.is_number:
+        raise BindingError(f"the size of {dim} is unknown; bind an atom that has it or pass dims={{'{dim}': ...}}")
+    return int(value)
+
+
+def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: Mapping[int, int] | None = None) -> np.ndarray:
+    """The dense operator ``Σ c · kron(F_1, …, F_k)`` for small numeric ``bindings``.
+
+    ``bindings`` maps atoms (or their labels, like ``"W_OV^{h1}"``) to 2-D arrays;
+    transposed atoms use the transpose. ``dims`` fixes symbolic sizes (``{"n_ctx": 5}``);
+    ``slot_sizes`` the size of a slot that holds only ``Id``.
+
+    >>> from tensoralg import atom, term
+    >>> A, W = np.arange(4.).reshape(2, 2), np.ones((3, 3))
+    >>> bool((to_numpy(term(atom("A", 1), atom("W_OV", 1)), {"A^{1}": A, "W_OV^{1}": W}) == np.kron(A, W)).all())
+    True
+    """
+    expr = expr.expand()
+    sizes = infer_dims(expr, bindings, dims)
+    slot_dims = []
+    for i, shape in enumerate(expr.slot_shapes):
+        if shape is None:
+            if not slot_sizes or i not in slot_sizes:
+                raise BindingError(f"slot {i} holds only Id; give its size with slot_sizes={{{i}: n}}")
+            n = int(slot_sizes[i])
+            slot_dims.append((n, n))
+        else:
+            slot_dims.append((_size(shape[0], sizes), _size(shape[1], sizes)))
+    cache: dict = {}
+
+    def word_value(w, i):
+        if not w:
+            return np.eye(slot_dims[i][0])
+        if w not in cache:
+            cache[w] = reduce(np.matmul, [_bound(bindings, a) for a in w])
+        return cache[w]
+
+    rows = int(np.prod([r for r, _ in slot_dims]))
+    cols = int(np.prod([c for _, c in slot_dims]))
+    total = np.zeros((rows, cols))
+    for t in expr:
+        coeff = sp.sympify(t.coeff).subs(sizes)
+        if not coeff.is_number:
+            raise BindingError(f"coefficient {t.coeff} has unbound symbols {sorted(map(str, coeff.free_symbols))}")
+        c = complex(coeff)
+        c = c.real if c.imag == 0 else c
+        if np.iscomplexobj(c) and not np.iscomplexobj(total):
+            total = total.astype(complex)
+        total = total + c * reduce(np.kron, [word_value(w, i) for i, w in enumerate(t.words)])
+    return total
