@@ -1,0 +1,332 @@
+"""Term importance by order: the paper's frozen-pattern decomposition of the logits.
+
+With attention patterns and layer-norm scales frozen at their values from a real
+forward pass, an attention-only transformer is linear in its input, and its logits
+split exactly into a sum over *paths*: the direct path (order 0: embeddings, plus
+biases and MLP outputs, which are opaque sources), each head applied to the direct
+path (order 1: individual heads), each head applied to an earlier head's output
+(order 2: virtual heads), and so on. The split is computed through the model's own
+hooks: each head is fed an order-(k-1) stream in place of its real input, with its
+pattern (and scales) frozen, and its output is read back — so nothing here
+re-implements the forward pass, and the sum over all paths equals the model's logits.
+
+Importance is measured as in the paper: the loss with terms up to order ``k``, the
+marginal reduction of each order, and the marginal effect of each individual-head and
+virtual-head term (how much the loss rises when that one term is removed from the sum
+of all terms of its order and below).
+
+>>> from derivations.architecture import Architecture
+>>> from numeric_check.model import CircuitModel
+>>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
+>>> report = term_importance(model, torch.tensor([[1, 2, 3, 1, 2, 3]]))
+>>> len(report.loss_by_order)   # orders 0, 1, 2
+3
+>>> abs(report.loss_by_order[-1] - report.model_loss) < 1e-4
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from derivations.architecture import head_label
+from numeric_check.errors import ModelInputError, NumericCheckError
+from numeric_check.model import CircuitModel
+
+Head = tuple[int, int]
+Path = tuple[Head, ...]  # heads in the order the signal passes through them; () is the direct path
+
+# Streams per chunk of a hooked forward pass: bounds memory at about
+# CHUNK * batch * pos * n_heads * d_model floats.
+_CHUNK = 16
+
+
+class _Stop(Exception):
+    """Raised inside a hook to end a forward pass once the wanted activation is read."""
+
+
+def path_label(path: Path) -> str:
+    """``'direct'`` for the empty path, else the heads joined by ``→``: ``'L0H1→L1H2'``."""
+    return "→".join(head_label(*h) for h in path) if path else "direct"
+
+
+@dataclass
+class OrderDecomposition:
+    """Logits split by path. ``by_path[path]`` is ``[batch, pos, d_vocab]``.
+
+    ``remainder`` holds the terms of order above ``max_order`` when the expansion was
+    truncated (zeros otherwise); ``logits`` are the model's own logits.
+    """
+
+    by_path: dict[Path, Tensor]
+    remainder: Tensor
+    logits: Tensor
+    max_order: int
+    n_layers: int
+
+    def up_to(self, order: int) -> Tensor:
+        """Sum of the terms of order ``<= order`` (the remainder counts as order ``max_order + 1``)."""
+        total = torch.zeros_like(self.logits)
+        for path, term in self.by_path.items():
+            if len(path) <= order:
+                total = total + term
+        if order > self.max_order:
+            total = total + self.remainder
+        return total
+
+    def total(self) -> Tensor:
+        """Sum of every term; equals :attr:`logits` up to rounding."""
+        return self.up_to(self.max_order + 1)
+
+
+def logits_by_order(model: CircuitModel, tokens: Tensor, max_order: int | None = None) -> OrderDecomposition:
+    """Split ``model``'s logits on ``tokens`` into path terms, patterns and scales frozen.
+
+    ``max_order`` (default: the number of layers, i.e. every path) bounds the paths
+    expanded one by one; the rest is kept as one exact remainder.
+
+    >>> from derivations.architecture import Architecture
+    >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
+    >>> parts = logits_by_order(model, torch.tensor([[1, 2, 3]]))
+    >>> sorted(path_label(p) for p in parts.by_path)
+    ['L0H0', 'L0H1', 'direct']
+    >>> torch.allclose(parts.total(), parts.logits, atol=1e-5)
+    True
+    """
+    n_layers = model.arch.n_layers
+    max_order = n_layers if max_order is None else max_order
+    if isinstance(max_order, bool) or not isinstance(max_order, int) or max_order < 0:
+        raise NumericCheckError(f"max_order must be an int >= 0, got {max_order!r}")
+    max_order = min(max_order, n_layers)
+    tokens = model.check_tokens(tokens)
+    tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+        streams: dict[Path, Tensor] = {(): cache["blocks.0.hook_resid_pre"] if n_layers else _embedded(model, cache)}
+        for layer in range(n_layers):
+            growing = [path for path in streams if len(path) < max_order]
+            results, const = _heads_on(model, tokens, cache, layer, [streams[p] for p in growing])
+            streams[()] = streams[()] + const
+            if f"blocks.{layer}.hook_mlp_out" in cache:
+                streams[()] = streams[()] + cache[f"blocks.{layer}.hook_mlp_out"]
+            for path, result in zip(growing, results):
+                for head in range(result.shape[-2]):
+                    streams[path + ((layer, head),)] = result[..., head, :]
+        final = cache[f"blocks.{n_layers - 1}.hook_resid_post"] if n_layers else streams[()]
+        rest = final - sum(streams.values())
+        paths = list(streams)
+        outputs, const = _unembed(model, tokens, cache, [streams[p] for p in paths] + [rest])
+        by_path = {path: out for path, out in zip(paths, outputs)}
+        by_path[()] = by_path[()] + const
+        remainder = outputs[-1] if max_order < n_layers else torch.zeros_like(logits)
+    return OrderDecomposition(by_path, remainder, logits, max_order, n_layers)
+
+
+def _embedded(model: CircuitModel, cache: dict[str, Tensor]) -> Tensor:
+    """The residual stream of a 0-layer model: embeddings (plus positions when standard)."""
+    x = cache["hook_embed"]
+    return x + cache["hook_pos_embed"] if model.arch.positional == "standard" else x
+
+
+def _frozen_hooks(cache: dict[str, Tensor], names: list[str], copies: int) -> list:
+    """Hooks that replace each named activation by its cached value, tiled over ``copies`` streams."""
+
+    def freeze(name: str):
+        value = cache[name]
+        tiled = value.repeat(copies, *([1] * (value.ndim - 1)))
+        return name, lambda x, hook: tiled
+
+    return [freeze(name) for name in names if name in cache]
+
+
+def _run_stopping(model: CircuitModel, tokens: Tensor, hooks: list) -> None:
+    try:
+        model.run_with_hooks(tokens, hooks)
+    except _Stop:
+        pass
+
+
+def _heads_on(model: CircuitModel, tokens: Tensor, cache: dict, layer: int, inputs: list[Tensor]):
+    """Each head of ``layer`` applied linearly to each input stream (pattern, scales frozen).
+
+    Returns per-input results ``[batch, pos, n_heads, d_model]`` with the constant part
+    (value biases) removed, and the layer's constant output (``attn_out`` on a zero input).
+    """
+    zero = torch.zeros_like(cache[f"blocks.{layer}.hook_resid_pre"])
+    stacked = inputs + [zero]
+    results, outs = [], []
+    frozen = [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.ln1.hook_scale"]
+    for start in range(0, len(stacked), _CHUNK):
+        chunk = torch.cat(stacked[start : start + _CHUNK])  # [n * batch, pos, d_model]
+        copies = chunk.shape[0] // tokens.shape[0]
+        seen: dict[str, Tensor] = {}
+
+        def read(x: Tensor, hook) -> None:
+            seen[str(hook)] = x
+
+        def stop(x: Tensor, hook) -> None:
+            seen[str(hook)] = x
+            raise _Stop
+
+        hooks = [(f"blocks.{layer}.hook_resid_pre", lambda x, hook, chunk=chunk: chunk)]
+        hooks += _frozen_hooks(cache, frozen, copies)
+        hooks += [(f"blocks.{layer}.attn.hook_result", read), (f"blocks.{layer}.hook_attn_out", stop)]
+        _run_stopping(model, tokens.repeat(copies, 1), hooks)
+        results += seen[f"blocks.{layer}.attn.hook_result"].chunk(copies)
+        outs += seen[f"blocks.{layer}.hook_attn_out"].chunk(copies)
+    const_heads = results[-1]
+    return [r - const_heads for r in results[:-1]], outs[-1]
+
+
+def _unembed(model: CircuitModel, tokens: Tensor, cache: dict, inputs: list[Tensor]):
+    """The unembedding (final layer norm scale frozen) applied linearly to each stream.
+
+    Returns per-input logits without the constant part, and the constant (``b_U``).
+    """
+    n_layers = model.arch.n_layers
+    stacked = inputs + [torch.zeros_like(inputs[0])]
+    outputs = []
+    for start in range(0, len(stacked), _CHUNK):
+        chunk = torch.cat(stacked[start : start + _CHUNK])
+        copies = chunk.shape[0] // tokens.shape[0]
+        if n_layers:
+            hooks = [(f"blocks.{n_layers - 1}.hook_resid_post", lambda x, hook, chunk=chunk: chunk)]
+        else:
+            hooks = [("hook_embed", lambda x, hook, chunk=chunk: chunk)]
+            if model.arch.positional == "standard":
+                hooks.append(("hook_pos_embed", lambda x, hook: torch.zeros_like(x)))
+        hooks += _frozen_hooks(cache, ["ln_final.hook_scale"], copies)
+        outputs += model.run_with_hooks(tokens.repeat(copies, 1), hooks).chunk(copies)
+    const = outputs[-1]
+    return [out - const for out in outputs[:-1]], const
+
+
+def _loss(logits: Tensor, tokens: Tensor, target_mask: Tensor | None) -> float:
+    """Mean next-token cross-entropy; ``target_mask[b, p]`` selects which tokens count as targets."""
+    per_token = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+    if target_mask is None:
+        return float(per_token.mean())
+    return float(per_token[target_mask[:, 1:].flatten()].mean())
+
+
+@dataclass
+class ImportanceReport:
+    """Losses with terms up to each order and the marginal effect of each term (in nats).
+
+    ``loss_by_order[k]``: loss using the terms of order ``<= k``; ``marginal_by_order[k]``:
+    the loss reduction order ``k`` adds (order 0 is measured from the uniform prediction,
+    ``log d_vocab``). ``head_marginal[(l, h)]``: loss increase when the individual-head
+    term of ``L{l}H{h}`` is removed from all terms of order ``<= 1``;
+    ``virtual_marginal[(h1, h2)]``: likewise for a virtual head, against order ``<= 2``.
+    """
+
+    loss_by_order: list[float]
+    model_loss: float
+    uniform_loss: float
+    head_marginal: dict[Head, float]
+    virtual_marginal: dict[tuple[Head, Head], float] = field(default_factory=dict)
+    n_layers: int = 0
+    truncated: bool = False
+
+    @property
+    def marginal_by_order(self) -> list[float]:
+        previous = [self.uniform_loss] + self.loss_by_order[:-1]
+        return [before - after for before, after in zip(previous, self.loss_by_order)]
+
+    def order_rows(self) -> list[tuple[str, float, float]]:
+        """``(terms, loss up to this order, marginal reduction)`` per order."""
+        names = ["direct path (order 0)", "individual heads (order 1)", "virtual heads (order 2)"]
+        names += [f"order {k} paths" for k in range(3, len(self.loss_by_order))]
+        return list(zip(names, self.loss_by_order, self.marginal_by_order))
+
+    def top_virtual(self, k: int = 10) -> list[tuple[tuple[Head, Head], float]]:
+        return sorted(self.virtual_marginal.items(), key=lambda item: -abs(item[1]))[:k]
+
+    def to_markdown(self, top_virtual: int = 10) -> str:
+        """Markdown tables: by order, individual heads by layer, the largest virtual heads."""
+        lines = [
+            f"Model loss {self.model_loss:.4f} nats; uniform prediction {self.uniform_loss:.4f} nats.",
+            "",
+            "| terms | loss with terms up to this order | marginal loss reduction |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| {name} | {loss:.4f} | {gain:+.4f} |" for name, loss, gain in self.order_rows()]
+        if self.truncated:
+            lines += ["", "Orders above the last row were kept as one remainder, not expanded."]
+        if self.head_marginal:
+            heads = sorted({h for _, h in self.head_marginal})
+            lines += ["", "Marginal loss of each individual-head term (loss increase when removed):", ""]
+            lines += ["| layer | " + " | ".join(f"H{h}" for h in heads) + " |", "|---|" + "---:|" * len(heads)]
+            for layer in sorted({l for l, _ in self.head_marginal}):
+                cells = [f"{self.head_marginal[(layer, h)]:+.4f}" if (layer, h) in self.head_marginal else "" for h in heads]
+                lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+        if self.virtual_marginal:
+            lines += ["", f"Largest virtual-head terms (of {len(self.virtual_marginal)}):", ""]
+            lines += ["| virtual head | marginal loss |", "|---|---:|"]
+            lines += [f"| {path_label(pair)} | {value:+.4f} |" for pair, value in self.top_virtual(top_virtual)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "loss_by_order": self.loss_by_order,
+            "marginal_by_order": self.marginal_by_order,
+            "model_loss": self.model_loss,
+            "uniform_loss": self.uniform_loss,
+            "head_marginal": {head_label(*h): v for h, v in self.head_marginal.items()},
+            "virtual_marginal": {path_label(p): v for p, v in self.virtual_marginal.items()},
+            "truncated": self.truncated,
+        }
+
+
+def term_importance(
+    model: CircuitModel,
+    tokens: Tensor,
+    *,
+    target_mask: Tensor | None = None,
+    max_order: int | None = None,
+) -> ImportanceReport:
+    """The paper's term-importance table for ``model`` on ``tokens`` ``[batch, pos]``.
+
+    ``target_mask`` (bool ``[batch, pos]``, optional) restricts the loss to some target
+    tokens — e.g. :attr:`numeric_check.train.RepeatBatch.repeat_mask` for the loss on
+    repeated segments. ``max_order`` bounds the orders expanded (default: all).
+    """
+    parts = logits_by_order(model, tokens, max_order)
+    tokens = model.check_tokens(tokens)
+    tokens = tokens if tokens.ndim == 2 else tokens[None]
+    if target_mask is not None:
+        target_mask = torch.as_tensor(target_mask, dtype=torch.bool, device=tokens.device)
+        if target_mask.shape != tokens.shape:
+            raise ModelInputError(
+                f"target_mask has shape {tuple(target_mask.shape)}; expected the tokens' shape {tuple(tokens.shape)}"
+            )
+        if not target_mask[:, 1:].any():
+            raise ModelInputError("target_mask selects no target token (position 0 is never a target)")
+
+    def loss(logits: Tensor) -> float:
+        return _loss(logits, tokens, target_mask)
+
+    cumulative = [parts.up_to(k) for k in range(parts.max_order + 1)]
+    loss_by_order = [loss(c) for c in cumulative]
+    truncated = parts.max_order < parts.n_layers
+    if truncated:
+        loss_by_order.append(loss(parts.total()))
+    report = ImportanceReport(
+        loss_by_order=loss_by_order,
+        model_loss=loss(parts.logits),
+        uniform_loss=math.log(model.cfg.d_vocab),
+        head_marginal={},
+        n_layers=parts.n_layers,
+        truncated=truncated,
+    )
+    for path, term in parts.by_path.items():
+        if len(path) == 1 and parts.max_order >= 1:
+            report.head_marginal[path[0]] = loss(cumulative[1] - term) - loss_by_order[1]
+        elif len(path) == 2 and parts.max_order >= 2:
+            report.virtual_marginal[path] = loss(cumulative[2] - term) - loss_by_order[2]
+    return report
