@@ -87,7 +87,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
     >>> tl = HookedTransformer(HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_head=4,
     ...     n_heads=2, d_vocab=10, attn_only=True, normalization_type=None))
     >>> from_transformer_lens(tl).arch
-    Architecture(n_layers=1, n_heads=2, positional='none', layer_norm=False, biases=False, mlp=False)
+    Architecture(n_layers=1, n_heads=2, positional='standard', layer_norm=False, biases=False, mlp=False)
     """
     if not _is_instance(model, "transformer_lens", "HookedTransformer"):
         raise UnsupportedModel(
@@ -102,9 +102,10 @@ def from_hf_gpt2(model: Any, dtype: str | torch.dtype = torch.float64, device: s
     Arguments as for :func:`from_transformer_lens`.
 
     >>> from transformers import GPT2Config, GPT2LMHeadModel
-    >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=4, vocab_size=10))
-    >>> from_hf_gpt2(hf).arch.describe()
-    '1 layers x 2 heads, standard positions, layer norm, biases, MLPs'
+    >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=4, vocab_size=10,
+    ...     bos_token_id=0, eos_token_id=0))
+    >>> from_hf_gpt2(hf).arch.describe()  # freshly initialised: all biases zero, so none kept
+    '1 layers x 2 heads, standard positions, layer norm, MLPs'
     """
     if not _is_instance(model, "transformers", "GPT2LMHeadModel"):
         raise UnsupportedModel(f"from_hf_gpt2 expects a transformers.GPT2LMHeadModel, got {type(model).__name__}")
