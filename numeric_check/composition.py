@@ -1,0 +1,127 @@
+"""Q-, K- and V-composition scores, exactly as the paper defines them.
+
+For a head ``h1`` writing into a later head ``h2`` (``l1 < l2``):
+
+- Q: ``‖W_QK^{h2 T} W_OV^{h1}‖_F / (‖W_QK^{h2}‖_F ‖W_OV^{h1}‖_F)``
+- K: ``‖W_QK^{h2} W_OV^{h1}‖_F / (‖W_QK^{h2}‖_F ‖W_OV^{h1}‖_F)``
+- V: ``‖W_OV^{h2} W_OV^{h1}‖_F / (‖W_OV^{h2}‖_F ‖W_OV^{h1}‖_F)``
+
+Paper convention: ``W_OV = W_O W_V``, ``W_QK = W_Qᵀ W_K`` act on column vectors. These are
+the same numbers as TransformerLens's ``all_composition_scores`` (row convention: its
+``OV = W_V W_O`` is our ``W_OVᵀ`` and its ``QK = W_Q W_Kᵀ`` is our ``W_QK``; its Q mode
+takes ``‖OVᵀ… ‖`` of ``W_OV^{h1 T} W_QK^{h2}``, the transpose of ours, and transposes do
+not change Frobenius norms). The paper's erratum: an early version of its library
+permuted the product cyclically (e.g. ``W_OV^{h1} W_QK^{h2}`` for K), which changes the
+Frobenius norm; the tests check that these scores equal the dense definitions above.
+
+Every norm is the trace of a cyclic word rotated to ``d_head`` (small Gram matrices), so
+no ``d_model × d_model`` product is formed when ``d_head`` is smaller.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from numeric_check.circuits import AnalysisError, layer_pairs, scatter_pairs, stacked_head_weights
+from numeric_check.factored import Factored
+
+COMPOSITION_KINDS = ("Q", "K", "V")
+
+
+def _reader_factors(W: dict[str, Tensor], kind: str) -> list[Tensor]:
+    """The reading head's matrix as factors: ``W_QKᵀ`` (Q), ``W_QK`` (K) or ``W_OV`` (V)."""
+    if kind == "Q":
+        return [W["W_K"].mT, W["W_Q"]]
+    if kind == "K":
+        return [W["W_Q"].mT, W["W_K"]]
+    return [W["W_O"], W["W_V"]]
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in COMPOSITION_KINDS:
+        raise AnalysisError(f"unknown composition kind {kind!r}; expected one of {', '.join(map(repr, COMPOSITION_KINDS))}")
+
+
+def pair_composition_scores(reader: dict[str, Tensor], writer: dict[str, Tensor], kind: str) -> Tensor:
+    """Scores of writers into readers from head weights with broadcastable batch dimensions.
+
+    ``reader`` and ``writer`` hold ``W_Q, W_K, W_V [..., d_head, d_model]`` and
+    ``W_O [..., d_model, d_head]``; the result has their broadcast batch shape. Zero
+    matrices give NaN (0/0).
+    """
+    _check_kind(kind)
+    read = _reader_factors(reader, kind)
+    write = [writer["W_O"], writer["W_V"]]
+    together = Factored(*read, *write).frobenius_norm()
+    return together / (Factored(*read).frobenius_norm() * Factored(*write).frobenius_norm())
+
+
+def composition_scores(
+    model,
+    kind: str,
+    baseline: bool = False,
+    *,
+    n_samples: int = 64,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Composition scores ``[n_layers, n_heads, n_layers, n_heads]``; ``[l1, h1, l2, h2]``: ``L{l1}H{h1}`` into ``L{l2}H{h2}``.
+
+    ``kind`` is ``"Q"``, ``"K"`` or ``"V"`` (see the module docstring for the definitions).
+    Entries are 0 unless ``l1 < l2`` (as TransformerLens), NaN for heads a layer lacks.
+    ``baseline=True`` subtracts :func:`composition_baseline` (``n_samples``, ``seed``) from
+    the ``l1 < l2`` entries, so 0 means "as much as random weights of these shapes".
+    ``dtype`` (default: the model's) is the precision of the computation.
+
+    >>> from derivations import Architecture
+    >>> from numeric_check.model import CircuitModel
+    >>> model = CircuitModel.random(Architecture(2, 3), d_model=16, d_head=4, d_vocab=20, n_ctx=8)
+    >>> scores = composition_scores(model, "K")
+    >>> scores.shape
+    torch.Size([2, 3, 2, 3])
+    >>> bool((scores[1] == 0).all()) and bool((scores[0, :, 1] > 0).all())
+    True
+    """
+    _check_kind(kind)
+    W = stacked_head_weights(model, dtype)
+    first, second = layer_pairs(model)
+    writer = {name: w[first][:, :, None] for name, w in W.items()}  # [pairs, H1, 1, ...]
+    reader = {name: w[second][:, None] for name, w in W.items()}  # [pairs, 1, H2, ...]
+    scores = pair_composition_scores(reader, writer, kind)  # [pairs, H1, H2]
+    if baseline:
+        scores = scores - composition_baseline(model, kind, n_samples=n_samples, seed=seed, dtype=scores.dtype)
+    return scatter_pairs(model, scores, fill=0.0)
+
+
+def composition_baseline(
+    model, kind: str, *, n_samples: int = 64, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> float:
+    """The mean score of ``kind`` for random weights with the model's shapes (a sampled estimate).
+
+    Draws ``n_samples`` pairs of heads with i.i.d. Gaussian ``W_Q, W_K, W_V, W_O`` of the
+    model's shapes (``[d_head, d_model]``, ``[d_model, d_head]``: the low rank is kept), from
+    a CPU generator seeded with ``seed``, and averages their scores. Scores are
+    scale-invariant, so the variance does not matter. A check on the estimate: for such
+    rotation-invariant weights ``E[score²] = 1/d_model`` exactly (the tests check it), so the
+    baseline is a little below ``1/sqrt(d_model)``; the three kinds have the same baseline.
+
+    >>> from derivations import Architecture
+    >>> from numeric_check.model import CircuitModel
+    >>> model = CircuitModel.random(Architecture(2, 1), d_model=64, d_head=8, d_vocab=20, n_ctx=8)
+    >>> round(composition_baseline(model, "K", n_samples=256) * 8, 1)  # ~ sqrt(d_model) * baseline
+    1.0
+    """
+    _check_kind(kind)
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+        raise AnalysisError(f"n_samples must be an int >= 1, got {n_samples!r}")
+    d_model, d_head = model.cfg.d_model, model.cfg.d_head
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw() -> dict[str, Tensor]:
+        heads = {name: torch.randn(n_samples, d_head, d_model, generator=gen, dtype=torch.float64) for name in ("W_Q", "W_K", "W_V")}
+        heads["W_O"] = torch.randn(n_samples, d_model, d_head, generator=gen, dtype=torch.float64)
+        return {name: w.to(dtype) for name, w in heads.items()}
+
+    reader, writer = draw(), draw()
+    return float(pair_composition_scores(reader, writer, kind).mean())
