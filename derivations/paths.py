@@ -1,0 +1,498 @@
+"""Path expansion of the logits: the residual stream as a sum over sources and paths.
+
+The residual stream entering layer ``l`` is a sum over *sources* (token one-hots,
+position one-hots, each layer's output bias, each layer's MLP output) and, for each
+source, over *paths*: the heads of the layers between the source's entry and ``l``
+that it passed through, at most one head per layer, layers increasing. Head ``h`` of
+layer ``j`` acts as ``(A^{LjHh} N^{Lj}) ⊗ W_OV^{LjHh}`` (``N`` only with layer norm), so by
+the mixed-product rule a path's term is
+
+    (A^{hk} N … A^{h1} N) ⊗ (W_OV^{hk} … W_OV^{h1} W_src),
+
+and the logits are ``(N^{final} ⊗ W_U) · stream + (Id ⊗ b_U)·1``. Each
+:class:`PathTerm` is a 2-slot term ``P ⊗ W`` whose contribution to the logits is
+``coeff · P X Wᵀ`` where ``X`` (one row per position) is its source's input:
+
+==============  ==========================  =======================================
+source kind     input ``X``                 residual word ends with
+==============  ==========================  =======================================
+token           one-hots ``[pos, d_vocab]``   ``W_E``
+position        identity ``[pos, n_ctx]``     ``W_pos`` (only for ``standard``)
+bias            ones ``[pos, 1]``             ``b_O^{Lm}`` (``b_V`` folded into it)
+mlp             the MLP's output            nothing (``[pos, d_model]``)
+unembed_bias    ones ``[pos, 1]``             ``b_U`` (the whole word)
+==============  ==========================  =======================================
+
+>>> from derivations.architecture import Architecture
+>>> e = expand_logits(Architecture(2, 2))
+>>> len(e), [t.label for t in e][:3]
+(9, ['tok (direct)', 'tok→L0H0', 'tok→L0H1'])
+>>> list(e)[-1].term
+Term(A^{L1H1} A^{L0H1} ⊗ W_U W_OV^{L1H1} W_OV^{L0H1} W_E)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations, product
+from typing import Iterator, NamedTuple
+
+import sympy as sp
+
+from tensoralg.atoms import Atom, Word, atom, d_model, d_vocab, n_ctx
+from tensoralg.errors import InvalidOrder
+from tensoralg.expr import Term, TensorSum, check_order
+
+from derivations.architecture import Architecture, head_label
+from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
+
+SOURCE_KINDS = ("token", "position", "bias", "mlp", "unembed_bias", "query_bias", "key_bias")
+_LAYERED = ("bias", "mlp", "query_bias", "key_bias")
+_INPUT_DIMS = {"token": d_vocab, "position": n_ctx, "mlp": d_model}
+ONE = sp.S.One
+
+
+# -- sources and paths ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a term of the residual stream starts, and so what it acts on.
+
+    ``layer`` is set for ``bias`` (``b_O`` of that layer, ``b_V`` folded in), ``mlp`` (the
+    output of that layer's MLP) and the QK biases ``query_bias``/``key_bias`` (``b_Q``/``b_K``
+    of head ``head`` of that layer, the constant query or key side of a QK term); it is
+    ``None`` for the others.
+
+    >>> Source("bias", 1).label, Source("token").label, Source("query_bias", 1, 0).label
+    ('b_O^L1', 'tok', 'b_Q^L1H0')
+    >>> Source("mlp", 0).input_key, Source("bias", 0).input_key
+    ('mlp^L0', 'constant')
+    """
+
+    kind: str
+    layer: int | None = None
+    head: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise DerivationError(
+                f"unknown source kind {self.kind!r}; expected one of " + ", ".join(map(repr, SOURCE_KINDS))
+            )
+        if self.kind in _LAYERED:
+            if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
+                raise DerivationError(f"a {self.kind!r} source needs a layer (an int >= 0), got {self.layer!r}")
+        elif self.layer is not None:
+            raise DerivationError(f"a {self.kind!r} source has no layer, got layer={self.layer!r}")
+        if self.kind in ("query_bias", "key_bias"):
+            if isinstance(self.head, bool) or not isinstance(self.head, int) or self.head < 0:
+                raise DerivationError(f"a {self.kind!r} source needs a head (an int >= 0), got {self.head!r}")
+        elif self.head is not None:
+            raise DerivationError(f"a {self.kind!r} source has no head, got head={self.head!r}")
+
+    @property
+    def label(self) -> str:
+        """``tok``, ``pos``, ``b_O^L1``, ``mlp^L0``, ``b_U``, ``b_Q^L1H0``, ``b_K^L1H0``."""
+        kind = self.kind
+        if kind == "token":
+            return "tok"
+        if kind == "position":
+            return "pos"
+        if kind == "unembed_bias":
+            return "b_U"
+        if kind == "bias":
+            return f"b_O^L{self.layer}"
+        if kind == "mlp":
+            return f"mlp^L{self.layer}"
+        name = "b_Q" if kind == "query_bias" else "b_K"
+        return f"{name}^{head_label(self.layer, self.head)}"
+
+    @property
+    def input_key(self) -> str:
+        """Which input ``X`` the source's terms act on: ``token``, ``position``,
+        ``constant`` (ones ``[pos, 1]``: every bias) or ``mlp^L{l}``. Terms with the same
+        key act on the same ``X`` and may be added into one :class:`TensorSum`."""
+        if self.kind in ("token", "position"):
+            return self.kind
+        if self.kind == "mlp":
+            return self.label
+        return "constant"
+
+    @property
+    def input_dim(self) -> sp.Expr:
+        """Columns of the input ``X``: ``d_vocab``, ``n_ctx``, ``d_model`` (MLP) or ``1`` (biases)."""
+        return _INPUT_DIMS.get(self.kind, ONE)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+TOKEN = Source("token")
+POSITION = Source("position")
+UNEMBED_BIAS = Source("unembed_bias")
+
+
+@dataclass(frozen=True)
+class Path:
+    """A source and the heads ``(layer, head)`` it passes through, first to last.
+
+    >>> Path(TOKEN, ((0, 1), (1, 3))).label
+    'tok→L0H1→L1H3'
+    >>> Path(Source("bias", 0)).label, Path(TOKEN).order
+    ('b_O^L0 (direct)', 0)
+    """
+
+    source: Source
+    heads: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, Source):
+            raise DerivationError(f"a path's source must be a Source, got {self.source!r}")
+        heads = tuple(tuple(h) for h in self.heads)
+        object.__setattr__(self, "heads", heads)
+        after = -1 if self.source.layer is None else self.source.layer
+        if heads and self.source.kind in ("unembed_bias", "query_bias", "key_bias"):
+            raise DerivationError(f"a {self.source.kind!r} source passes through no heads, got {heads!r}")
+        for layer, head in heads:
+            if not (isinstance(layer, int) and isinstance(head, int) and head >= 0 and layer > after):
+                raise DerivationError(
+                    f"path heads must be (layer, head) pairs in strictly increasing layers after the source's "
+                    f"entry; got {heads!r} for source {self.source.label}"
+                )
+            after = layer
+
+    @property
+    def order(self) -> int:
+        """The number of heads the path passes through."""
+        return len(self.heads)
+
+    @property
+    def label(self) -> str:
+        if not self.heads:
+            return f"{self.source.label} (direct)"
+        return "→".join([self.source.label] + [head_label(l, h) for l, h in self.heads])
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True)
+class PathTerm:
+    """One term of the logits: ``coeff · P ⊗ W``, contributing ``coeff · P X Wᵀ``.
+
+    ``term.words`` is ``(position word P, residual word W)``; ``X`` is the input of
+    ``path.source`` (see the module docstring).
+    """
+
+    path: Path
+    term: Term
+
+    @property
+    def source(self) -> Source:
+        return self.path.source
+
+    @property
+    def heads(self) -> tuple[tuple[int, int], ...]:
+        return self.path.heads
+
+    @property
+    def order(self) -> int:
+        return len(self.path.heads)
+
+    @property
+    def label(self) -> str:
+        return self.path.label
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.term}"
+
+
+# -- atoms, by the naming conventions the numeric binder relies on --------------------
+
+
+@lru_cache(maxsize=None)
+def head_atom(name: str, layer: int, head: int) -> Atom:
+    """``A^{L1H0}``, ``W_OV^{L1H0}``, ``W_QK^{L1H0}``, ``b_Q^{L1H0}``…"""
+    return atom(name, head_label(layer, head))
+
+
+@lru_cache(maxsize=None)
+def layer_atom(name: str, index: str) -> Atom:
+    """``b_O^{L0}``, ``N^{L0}``, ``N^{L0,qk}``, ``N^{final}``; ``index=''`` for ``W_E``…"""
+    return atom(name, index)
+
+
+def ln_scale(layer: int, qk: bool = False) -> Atom:
+    """The frozen layer-norm scale ``N^{Ll}`` (value input) or ``N^{Ll,qk}`` (qk_only Q/K input)."""
+    return layer_atom("N", f"L{layer},qk" if qk else f"L{layer}")
+
+
+# -- streams ------------------------------------------------------------------------
+
+
+class StreamEntry(NamedTuple):
+    """A source entering the residual stream: its first layer and its residual word."""
+
+    source: Source
+    first_layer: int
+    word: Word
+
+
+class StreamTerm(NamedTuple):
+    """One term of a residual stream: ``position ⊗ residual`` for one path."""
+
+    path: Path
+    position: Word
+    residual: Word
+
+
+def stream_entries(arch: Architecture, upto: int) -> list[StreamEntry]:
+    """The sources present in the residual stream entering layer ``upto`` (``n_layers``: the end)."""
+    entries = [StreamEntry(TOKEN, 0, (layer_atom("W_E", ""),))]
+    if arch.positional == "standard":
+        entries.append(StreamEntry(POSITION, 0, (layer_atom("W_pos", ""),)))
+    for m in range(upto):
+        if arch.biases:
+            entries.append(StreamEntry(Source("bias", m), m + 1, (layer_atom("b_O", f"L{m}"),)))
+        if arch.mlp:
+            entries.append(StreamEntry(Source("mlp", m), m + 1, ()))
+    return entries
+
+
+def head_sets(arch: Architecture, first: int, upto: int, order: int) -> Iterator[tuple[tuple[int, int], ...]]:
+    """Every choice of ``order`` heads, one per layer, in layers ``first..upto-1`` increasing."""
+    counts = arch.heads_per_layer
+    for layers in combinations(range(first, upto), order):
+        for heads in product(*(range(counts[j]) for j in layers)):
+            yield tuple(zip(layers, heads))
+
+
+def order_counts(arch: Architecture, first: int, upto: int, max_order: int | None) -> list[int]:
+    """``counts[k]``: how many paths of exactly ``k`` heads run through layers ``first..upto-1``
+    (the elementary symmetric polynomials of the head counts), for ``k <= max_order``."""
+    poly = [1]
+    for j in range(first, upto):
+        h = arch.heads_per_layer[j]
+        poly = [a + h * b for a, b in zip(poly + [0], [0] + poly)]
+    return poly if max_order is None else poly[: max_order + 1]
+
+
+def stream_terms(arch: Architecture, upto: int, max_order: int | None) -> Iterator[tuple[int, StreamTerm]]:
+    """``(order, term)`` for the residual stream entering layer ``upto``, source by source,
+    then by order, then by layers and heads. Position words carry no final scale."""
+    ln = arch.layer_norm
+    for entry in stream_entries(arch, upto):
+        top = upto - entry.first_layer
+        if max_order is not None:
+            top = min(top, max_order)
+        for k in range(top + 1):
+            for heads in head_sets(arch, entry.first_layer, upto, k):
+                position: list[Atom] = []
+                residual: list[Atom] = []
+                for layer, head in reversed(heads):
+                    position.append(head_atom("A", layer, head))
+                    if ln:
+                        position.append(ln_scale(layer))
+                    residual.append(head_atom("W_OV", layer, head))
+                yield k, StreamTerm(Path(entry.source, heads), tuple(position), tuple(residual) + entry.word)
+
+
+# -- validation shared with the QK expansion ------------------------------------------
+
+
+def check_arch(arch) -> None:
+    if not isinstance(arch, Architecture):
+        raise ArchitectureError(f"expected a derivations.Architecture, got {type(arch).__name__} {arch!r}")
+
+
+def check_max_order(max_order, largest: int, what: str) -> None:
+    """``max_order`` is ``None`` or an int in ``0..largest`` (the deepest term of ``what``)."""
+    check_order(max_order)
+    if max_order is not None and max_order > largest:
+        raise InvalidOrder(
+            f"max_order={max_order} is larger than the deepest term of {what}, which has order {largest}; "
+            f"pass max_order in 0..{largest}, or None for every term"
+        )
+
+
+def check_limit(limit) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise DerivationError(f"limit must be an int >= 1 (the most terms to build), got {limit!r}")
+
+
+def refuse_oversize(what: str, per_order: list[int], limit: int) -> None:
+    """Raise :class:`TooManyTerms` when ``sum(per_order) > limit``, suggesting the largest
+    ``max_order`` whose terms fit (``per_order[k]``: terms of exactly order ``k``)."""
+    total = sum(per_order)
+    if total <= limit:
+        return
+    fits, running = None, 0
+    for k, n in enumerate(per_order):
+        running += n
+        if running > limit:
+            break
+        fits, kept = k, running
+    message = f"{what} has {total:,} terms, more than limit={limit:,}"
+    if fits is None:
+        message += f"; even max_order=0 gives {per_order[0]:,} terms: raise limit"
+    else:
+        message += f"; pass max_order={fits} (keeps {kept:,} terms) or raise limit"
+    raise TooManyTerms(message)
+
+
+def group_sum(terms: list[Term], n_slots: int, what: str) -> TensorSum:
+    """The canonical sum of ``terms``."""
+    if not terms:
+        raise DerivationError(f"{what} has no terms")
+    return TensorSum(terms, n_slots=n_slots)
+
+
+# -- the logits ------------------------------------------------------------------------
+
+
+class LogitExpansion:
+    """The logits as a sum of :class:`PathTerm`, generated lazily (each iteration rebuilds).
+
+    ``len()`` is exact and computed without building. Terms come source by source
+    (token, position, then each layer's ``b_O`` and MLP, then ``b_U``), each source by
+    order, then by layers and heads.
+    """
+
+    def __init__(self, arch: Architecture, max_order: int | None = None):
+        self.arch = arch
+        self.max_order = max_order
+        L = arch.n_layers
+        self._entries = stream_entries(arch, L)
+        self._counts = {e.source: order_counts(arch, e.first_layer, L, max_order) for e in self._entries}
+        if arch.biases:
+            self._counts[UNEMBED_BIAS] = [1]
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return tuple(self._counts)
+
+    def __len__(self) -> int:
+        return sum(map(sum, self._counts.values()))
+
+    def __iter__(self) -> Iterator[PathTerm]:
+        arch = self.arch
+        head = ((layer_atom("N", "final"),) if arch.layer_norm else (), (layer_atom("W_U", ""),))
+        for _, st in stream_terms(arch, arch.n_layers, self.max_order):
+            yield PathTerm(st.path, Term(ONE, (head[0] + st.position, head[1] + st.residual)))
+        if arch.biases:
+            yield PathTerm(Path(UNEMBED_BIAS), Term(ONE, ((), (layer_atom("b_U", ""),))))
+
+    def count_by_source(self) -> dict[Source, int]:
+        """How many terms each source gives (computed without building)."""
+        return {s: sum(c) for s, c in self._counts.items()}
+
+    def count_by_order(self) -> dict[int, int]:
+        """How many terms of each order (computed without building)."""
+        out: dict[int, int] = {}
+        for counts in self._counts.values():
+            for k, n in enumerate(counts):
+                out[k] = out.get(k, 0) + n
+        return out
+
+    def by_order(self) -> dict[int, list[PathTerm]]:
+        """The terms grouped by order (number of heads), orders increasing."""
+        out: dict[int, list[PathTerm]] = {k: [] for k in sorted(self.count_by_order())}
+        for t in self:
+            out[t.order].append(t)
+        return {k: v for k, v in out.items() if v}
+
+    def by_source(self) -> dict[Source, list[PathTerm]]:
+        """The terms grouped by source, in the order of :attr:`sources`."""
+        out: dict[Source, list[PathTerm]] = {s: [] for s in self._counts}
+        for t in self:
+            out[t.source].append(t)
+        return out
+
+    def to_tensor_sum(self, source: Source | str | None = None) -> TensorSum:
+        """The canonical :class:`TensorSum` of the terms of ``source`` (a :class:`Source`,
+        its label such as ``"tok"``, or an input key such as ``"constant"``), or of all terms.
+
+        Sources with different inputs ``X`` (token one-hots, positions, ones, each MLP's
+        output) cannot share one sum: their residual words have different shapes, and
+        even equal shapes (two MLPs) would add terms that act on different inputs. So
+        with ``source=None`` every term must act on the same input (true without
+        ``standard`` positions, biases and MLPs); otherwise this raises and
+        :meth:`to_tensor_sums` gives one sum per input.
+        """
+        keys = {s.input_key for s in self._counts}
+        if source is None:
+            if len(keys) > 1:
+                raise DerivationError(
+                    "the logits' terms act on different inputs (" + ", ".join(sorted(keys)) + ") and cannot be "
+                    "added into one TensorSum; pass source= one of "
+                    + ", ".join(repr(s.label) for s in self._counts)
+                    + " or an input key, or use to_tensor_sums()"
+                )
+            return group_sum([t.term for t in self], 2, "the logits")
+        pick = _source_filter(source, self._counts)
+        return group_sum([t.term for t in self if pick(t.source)], 2, f"source {source}")
+
+    def to_tensor_sums(self) -> dict[str, TensorSum]:
+        """One canonical sum per input key (``token``, ``position``, ``constant``, ``mlp^L{l}``)."""
+        groups: dict[str, list[Term]] = {}
+        for t in self:
+            groups.setdefault(t.source.input_key, []).append(t.term)
+        return {k: group_sum(v, 2, f"input {k}") for k, v in groups.items()}
+
+    def __repr__(self) -> str:
+        order = "" if self.max_order is None else f", max_order={self.max_order}"
+        return f"LogitExpansion({self.arch.describe()}{order}: {len(self):,} terms)"
+
+
+def _source_filter(source, known):
+    if isinstance(source, Source):
+        if source not in known:
+            raise DerivationError(f"source {source.label} is not in this expansion; its sources: "
+                                  + ", ".join(s.label for s in known))
+        return lambda s: s == source
+    labels = {s.label: s for s in known}
+    if source in labels:
+        return lambda s: s == labels[source]
+    keys = {s.input_key for s in known}
+    if source in keys:
+        return lambda s: s.input_key == source
+    raise DerivationError(
+        f"unknown source {source!r}; expected a Source, one of the labels " + ", ".join(map(repr, labels))
+        + " or one of the input keys " + ", ".join(map(repr, sorted(keys)))
+    )
+
+
+def estimate_logit_terms(arch: Architecture, max_order: int | None = None) -> int:
+    """The exact number of terms :func:`expand_logits` would build, without building them.
+
+    >>> estimate_logit_terms(Architecture(3, 12)), estimate_logit_terms(Architecture(3, 12), 1)
+    (2197, 37)
+    """
+    check_arch(arch)
+    check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
+    return len(LogitExpansion(arch, max_order))
+
+
+def expand_logits(arch: Architecture, max_order: int | None = None, *, limit: int = 1_000_000) -> LogitExpansion:
+    """The logits as a path sum: direct paths, single heads and virtual heads of each source.
+
+    ``max_order`` keeps paths through at most that many heads. Raises
+    :class:`TooManyTerms` (suggesting a ``max_order`` that fits) when more than ``limit``
+    terms would be built.
+
+    >>> e = expand_logits(Architecture(1, 2))
+    >>> print(e.to_tensor_sum())
+    Id ⊗ W_U W_E + A^{L0H0} ⊗ W_U W_OV^{L0H0} W_E + A^{L0H1} ⊗ W_U W_OV^{L0H1} W_E
+    """
+    check_arch(arch)
+    check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
+    check_limit(limit)
+    expansion = LogitExpansion(arch, max_order)
+    if len(expansion) > limit:
+        refuse_oversize(
+            f"the logits of {arch.describe()}",
+            [n for k, n in sorted(LogitExpansion(arch).count_by_order().items())],
+            limit,
+        )
+    return expansion

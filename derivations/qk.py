@@ -1,0 +1,282 @@
+"""Path expansion of one head's attention scores: Q-, K- and QK-composition.
+
+The scores of head ``h`` of layer ``l`` are a bilinear form of two expanded residual
+streams: ``S = (1/sqrt(d_head)) · q_in W_Qᵀ W_K k_inᵀ`` (one row per position). With
+the query input ``Σ P ⊗ W_p`` and the key input ``Σ Q ⊗ W_q`` (the stream entering layer
+``l``, each path's position word led by the layer-norm scale when there is one), each
+pair of paths gives the 3-slot term
+
+    (1/sqrt(d_head)) · P ⊗ Q ⊗ (W_pᵀ W_QK^{LlHh} W_q),   acting as   S = P X_q M X_kᵀ Qᵀ,
+
+``X_q``/``X_k`` the inputs of the two paths' sources (see :mod:`derivations.paths`).
+A term is tagged by where its heads are: ``direct`` (none), ``Q`` (query side only),
+``K`` (key side only: the induction-head term ``Id ⊗ A ⊗ …``) or ``QK`` (both).
+
+Extras, each an order-0 entry of the sides:
+
+- ``qk_only`` positions enter only the Q/K inputs: a ``position`` source ``Id ⊗ W_pos``
+  on each side, never through heads; with layer norm the Q/K inputs are scaled by
+  ``N^{Ll,qk}`` (the scale of ``ln1(resid_pre + pos)``) instead of ``N^{Ll}``.
+- biases: ``b_Q``/``b_K`` of the head are a constant query/key side, sources
+  ``Source("query_bias", l, h)``/``Source("key_bias", l, h)`` with input ones ``[pos, 1]``
+  and position word ``Id``; their terms use ``W_K``/``W_Q`` unfolded:
+  ``Id ⊗ Q ⊗ (b_Qᵀ W_K W_q)``, ``P ⊗ Id ⊗ (W_pᵀ W_Qᵀ b_K)``, ``Id ⊗ Id ⊗ (b_Qᵀ b_K)``.
+
+>>> from derivations.architecture import Architecture
+>>> e = expand_qk(Architecture(2, 1), 1, 0)
+>>> [(t.composition, t.label) for t in e]  # doctest: +NORMALIZE_WHITESPACE
+[('direct', 'q: tok (direct) | k: tok (direct)'), ('Q', 'q: tok→L0H0 | k: tok (direct)'),
+ ('K', 'q: tok (direct) | k: tok→L0H0'), ('QK', 'q: tok→L0H0 | k: tok→L0H0')]
+>>> list(e)[2].term
+Term(1/sqrt(d_head)·Id ⊗ A^{L0H0} ⊗ W_Eᵀ W_QK^{L1H0} W_OV^{L0H0} W_E)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+import sympy as sp
+
+from tensoralg.atoms import Word, d_head, transpose_word
+from tensoralg.expr import Term, TensorSum
+
+from derivations.architecture import Architecture, head_label
+from derivations.errors import DerivationError
+from derivations.paths import (
+    POSITION,
+    Path,
+    Source,
+    check_arch,
+    check_limit,
+    check_max_order,
+    group_sum,
+    head_atom,
+    layer_atom,
+    ln_scale,
+    order_counts,
+    refuse_oversize,
+    stream_entries,
+    stream_terms,
+)
+
+COMPOSITIONS = ("direct", "Q", "K", "QK")
+
+
+@dataclass(frozen=True)
+class QKTerm:
+    """One term of a head's scores: ``coeff · P ⊗ Q ⊗ M``, contributing ``coeff · P X_q M X_kᵀ Qᵀ``.
+
+    ``query``/``key`` are the paths of the two sides; ``composition`` is ``direct``,
+    ``Q``, ``K`` or ``QK`` by which of them pass through heads.
+    """
+
+    query: Path
+    key: Path
+    composition: str
+    term: Term
+
+    @property
+    def order(self) -> int:
+        """Heads on the query side plus heads on the key side."""
+        return len(self.query.heads) + len(self.key.heads)
+
+    @property
+    def label(self) -> str:
+        return f"q: {self.query.label} | k: {self.key.label}"
+
+    def __str__(self) -> str:
+        return f"{self.label} [{self.composition}]: {self.term}"
+
+
+class _Side(NamedTuple):
+    """One path of a side: its position word, and its part of the middle word ``M``
+    next to a key (query side) or query (key side) that is a head input or a bias."""
+
+    path: Path
+    position: Word
+    to_input: Word
+    to_bias: Word
+    is_bias: bool
+
+
+def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, query: bool) -> list[list[_Side]]:
+    """The query (or key) side of head ``(layer, head)``, by order."""
+    qk_only = arch.positional == "qk_only"
+    lead = (ln_scale(layer, qk=qk_only),) if arch.layer_norm else ()
+    W_QK = head_atom("W_QK", layer, head)
+    if query:
+        W_Q_T = head_atom("W_Q", layer, head).T
+
+        def side(path, position, word):
+            wt = transpose_word(word)
+            return _Side(path, lead + position, wt + (W_QK,), wt + (W_Q_T,), False)
+    else:
+
+        def side(path, position, word):
+            return _Side(path, lead + position, word, word, False)
+
+    top = layer if max_order is None else min(layer, max_order)
+    out: list[list[_Side]] = [[] for _ in range(top + 1)]
+    for k, st in stream_terms(arch, layer, max_order):
+        out[k].append(side(st.path, st.position, st.residual))
+    if qk_only:
+        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),)))
+    if arch.biases:
+        if query:
+            b = head_atom("b_Q", layer, head).T
+            out[0].append(_Side(Path(Source("query_bias", layer, head)), (), (b, head_atom("W_K", layer, head)), (b,), True))
+        else:
+            b = head_atom("b_K", layer, head)
+            out[0].append(_Side(Path(Source("key_bias", layer, head)), (), (b,), (b,), True))
+    return out
+
+
+def _side_counts(arch: Architecture, layer: int, max_order: int | None) -> list[int]:
+    counts = [0] * ((layer if max_order is None else min(layer, max_order)) + 1)
+    for entry in stream_entries(arch, layer):
+        for k, n in enumerate(order_counts(arch, entry.first_layer, layer, max_order)):
+            counts[k] += n
+    counts[0] += (arch.positional == "qk_only") + arch.biases
+    return counts
+
+
+def _pair_counts(side: list[int], max_order: int | None) -> list[int]:
+    top = 2 * (len(side) - 1) if max_order is None else max_order
+    out = [0] * (top + 1)
+    for i, a in enumerate(side):
+        for j, b in enumerate(side):
+            if i + j <= top:
+                out[i + j] += a * b
+    return out
+
+
+class QKExpansion:
+    """The scores of one head as a sum of :class:`QKTerm`, generated lazily.
+
+    ``len()`` is exact and computed without building. Terms come by total order, then
+    by query-side order (so ``direct``, ``Q``, ``K``, then order 2 …), then query path,
+    then key path.
+    """
+
+    def __init__(self, arch: Architecture, layer: int, head: int, max_order: int | None = None):
+        self.arch = arch
+        self.layer = layer
+        self.head = head
+        self.max_order = max_order
+        self._per_order = _pair_counts(_side_counts(arch, layer, max_order), max_order)
+
+    @property
+    def label(self) -> str:
+        return head_label(self.layer, self.head)
+
+    def __len__(self) -> int:
+        return sum(self._per_order)
+
+    def count_by_order(self) -> dict[int, int]:
+        return {k: n for k, n in enumerate(self._per_order) if n}
+
+    def __iter__(self) -> Iterator[QKTerm]:
+        arch, layer, head = self.arch, self.layer, self.head
+        queries = _sides(arch, layer, head, self.max_order, True)
+        keys = _sides(arch, layer, head, self.max_order, False)
+        coeff = 1 / sp.sqrt(d_head)
+        top = len(self._per_order) - 1
+        for total in range(top + 1):
+            for i in range(min(total, len(queries) - 1), max(0, total - len(keys) + 1) - 1, -1):
+                tag_q = i > 0
+                for q in queries[i]:
+                    for k in keys[total - i]:
+                        tag = COMPOSITIONS[tag_q + 2 * (total > i)]
+                        middle = (q.to_bias if k.is_bias else q.to_input) + k.to_input
+                        yield QKTerm(q.path, k.path, tag, Term(coeff, (q.position, k.position, middle)))
+
+    def by_composition(self) -> dict[str, list[QKTerm]]:
+        """The terms grouped by ``direct``, ``Q``, ``K``, ``QK`` (empty groups left out)."""
+        out: dict[str, list[QKTerm]] = {c: [] for c in COMPOSITIONS}
+        for t in self:
+            out[t.composition].append(t)
+        return {c: v for c, v in out.items() if v}
+
+    def by_order(self) -> dict[int, list[QKTerm]]:
+        out: dict[int, list[QKTerm]] = {}
+        for t in self:
+            out.setdefault(t.order, []).append(t)
+        return out
+
+    def to_tensor_sum(self, query: Source | str | None = None, key: Source | str | None = None) -> TensorSum:
+        """The canonical 3-slot sum of the terms whose query/key sources match ``query``/``key``
+        (a :class:`Source`, its label or an input key; ``None``: any).
+
+        Terms whose sources have different inputs cannot share one sum (see
+        :meth:`derivations.paths.LogitExpansion.to_tensor_sum`): when the selected terms
+        mix inputs this raises; :meth:`to_tensor_sums` gives one sum per input pair.
+        """
+        terms = [t for t in self if _matches(t.query.source, query) and _matches(t.key.source, key)]
+        pairs = {(t.query.source.input_key, t.key.source.input_key) for t in terms}
+        if len(pairs) > 1:
+            raise DerivationError(
+                f"the scores of {self.label} act on different pairs of inputs ("
+                + ", ".join(f"{q}/{k}" for q, k in sorted(pairs))
+                + ") and cannot be added into one TensorSum; pass query= and key= (a source label or input key) "
+                "or use to_tensor_sums()"
+            )
+        return group_sum([t.term for t in terms], 3, f"the selected scores of {self.label}")
+
+    def to_tensor_sums(self) -> dict[tuple[str, str], TensorSum]:
+        """One canonical sum per pair of input keys ``(query input, key input)``."""
+        groups: dict[tuple[str, str], list[Term]] = {}
+        for t in self:
+            groups.setdefault((t.query.source.input_key, t.key.source.input_key), []).append(t.term)
+        return {k: group_sum(v, 3, f"inputs {k}") for k, v in groups.items()}
+
+    def __repr__(self) -> str:
+        order = "" if self.max_order is None else f", max_order={self.max_order}"
+        return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {len(self):,} terms)"
+
+
+def _matches(source: Source, want) -> bool:
+    if want is None:
+        return True
+    if isinstance(want, Source):
+        return source == want
+    if isinstance(want, str):
+        return want in (source.label, source.input_key)
+    raise DerivationError(f"select a source by a Source, a label or an input key, got {want!r}")
+
+
+def _validated(arch, layer, head, max_order) -> None:
+    check_arch(arch)
+    arch.check_head(layer, head)
+    check_max_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
+
+
+def estimate_qk_terms(arch: Architecture, layer: int, head: int, max_order: int | None = None) -> int:
+    """The exact number of terms :func:`expand_qk` would build, without building them.
+
+    >>> estimate_qk_terms(Architecture(2, 12), 1, 0)
+    169
+    """
+    _validated(arch, layer, head, max_order)
+    return len(QKExpansion(arch, layer, head, max_order))
+
+
+def expand_qk(arch: Architecture, layer: int, head: int, max_order: int | None = None, *,
+              limit: int = 1_000_000) -> QKExpansion:
+    """The attention scores of head ``(layer, head)`` as 3-slot terms tagged by composition.
+
+    ``max_order`` bounds the heads on both sides together. Raises
+    :class:`~derivations.errors.TooManyTerms` (suggesting a ``max_order`` that fits) above
+    ``limit`` terms and :class:`~derivations.errors.ArchitectureError` for a head that
+    does not exist.
+
+    >>> print(expand_qk(Architecture(1, 2), 0, 1).to_tensor_sum())
+    1/sqrt(d_head)·Id ⊗ Id ⊗ W_Eᵀ W_QK^{L0H1} W_E
+    """
+    _validated(arch, layer, head, max_order)
+    check_limit(limit)
+    expansion = QKExpansion(arch, layer, head, max_order)
+    if len(expansion) > limit:
+        refuse_oversize(f"the scores of {head_label(layer, head)} in {arch.describe()}",
+                        QKExpansion(arch, layer, head)._per_order, limit)
+    return expansion
