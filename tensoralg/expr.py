@@ -16,6 +16,7 @@ TensorSum(Id ⊗ Id + 2·A^{h} ⊗ W_OV^{h})
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable, Iterator, Mapping, NamedTuple, Union
 
 import sympy as sp
@@ -194,6 +195,7 @@ class TensorSum(Expr):
         shapes: list[Shape] = [None] * n_slots
         for words in collected:
             merge_shapes(shapes, words, "a sum")
+        check_identity_slots(shapes, collected)
         self._terms = {w: c for w, c in collected.items() if c != 0}
         self.n_slots = n_slots
         self.slot_shapes = tuple(shapes)
@@ -286,7 +288,10 @@ def _term_text(coeff: sp.Expr, words: tuple[Word, ...]) -> str:
         return body
     if coeff == -1:
         return "-" + body
-    return f"{sp.sstr(coeff)}·{body}"
+    text = sp.sstr(coeff)
+    if isinstance(coeff, sp.Add):  # (1 + sqrt(2))·A, not 1 + sqrt(2)·A
+        text = f"({text})"
+    return f"{text}·{body}"
 
 
 def term(*slots: Slot, coeff=1) -> TensorSum:
@@ -340,10 +345,19 @@ def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
         for w, c in s._terms.items():
             prev = collected.get(w)
             collected[w] = c if prev is None else prev + c
-    for i, shape in enumerate(shapes):
-        if shape is not None and shape[0] != shape[1] and any(not w[i] for w in collected):
-            raise ShapeMismatch(f"slot {i}: Id (square) cannot be added to {format_shape(shape)} terms")
+    check_identity_slots(shapes, collected)
     return TensorSum._trusted(collected, sums[0].n_slots, tuple(shapes))
+
+
+def check_identity_slots(shapes: list[Shape], words_list: Iterable[tuple[Word, ...]]) -> None:
+    """``Id`` is square: it cannot share a slot with rectangular terms."""
+    rectangular = [i for i, s in enumerate(shapes) if s is not None and s[0] != s[1]]
+    if not rectangular:
+        return
+    for words in words_list:
+        for i in rectangular:
+            if not words[i]:
+                raise ShapeMismatch(f"slot {i}: Id (square) cannot be added to {format_shape(shapes[i])} terms")
 
 
 def tensor(*factors: Expr | Atom | Word) -> TensorSum:
@@ -371,7 +385,7 @@ def check_order(max_order) -> None:
     """``max_order`` must be ``None`` (no truncation) or an integer >= 0."""
     if max_order is None:
         return
-    if isinstance(max_order, bool) or not isinstance(max_order, int):
+    if isinstance(max_order, bool) or not isinstance(max_order, numbers.Integral):
         raise InvalidOrder(f"max_order must be None or an integer >= 0, got {max_order!r}")
     if max_order < 0:
         raise InvalidOrder(f"max_order must be >= 0, got {max_order}")

@@ -54,9 +54,19 @@ def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
     return sizes
 
 
+def _subs_sizes(value, sizes: dict):
+    """Substitute known sizes, matching symbols by name (a ``dims={"d_head": 4}`` entry
+    names a plain symbol, the atoms' ``d_head`` carries assumptions)."""
+    value = sp.sympify(value)
+    if not value.free_symbols:
+        return value
+    by_name = {str(k): v for k, v in sizes.items()}
+    return value.subs({s: by_name[s.name] for s in value.free_symbols if s.name in by_name})
+
+
 def _size(dim, sizes: dict) -> int:
     dim = sp.sympify(dim)
-    value = dim.subs(sizes)
+    value = _subs_sizes(dim, sizes)
     if not value.is_number:
         raise BindingError(f"the size of {dim} is unknown; bind an atom that has it or pass dims={{'{dim}': ...}}")
     return int(value)
@@ -98,7 +108,7 @@ def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: M
     cols = int(np.prod([c for _, c in slot_dims]))
     total = np.zeros((rows, cols))
     for t in expr:
-        coeff = sp.sympify(t.coeff).subs(sizes)
+        coeff = _subs_sizes(t.coeff, sizes)
         if not coeff.is_number:
             raise BindingError(f"coefficient {t.coeff} has unbound symbols {sorted(map(str, coeff.free_symbols))}")
         c = complex(coeff)
