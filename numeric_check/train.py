@@ -68,6 +68,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     seed: int = 0
     eval_batches: int = 8
+    init_std: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "d_model", "d_head", "n_ctx", "steps", "batch_size", "eval_batches"):
@@ -98,6 +99,12 @@ class TrainConfig:
                 raise TrainConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.lr == 0:
             raise TrainConfigError("lr must be > 0, got 0")
+        if self.init_std is not None and (
+            isinstance(self.init_std, bool)
+            or not isinstance(self.init_std, (int, float))
+            or not (math.isfinite(self.init_std) and self.init_std > 0)
+        ):
+            raise TrainConfigError(f"init_std must be None or a finite number > 0, got {self.init_std!r}")
 
     @property
     def arch(self) -> Architecture:
@@ -219,6 +226,7 @@ def build_model(config: TrainConfig, device: torch.device | str | None = None) -
         seed=config.seed,
         dtype=torch.float32,
         device=device,
+        init_std=config.init_std,
     )
 
 

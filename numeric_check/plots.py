@@ -1,0 +1,196 @@
+"""Figures of the paper's analyses, drawn with Matplotlib without a display.
+
+Figures are built on :class:`matplotlib.figure.Figure` directly (never ``pyplot``),
+so no backend or global state is touched; :func:`save_figure` writes PNG and SVG.
+Every function takes plain numbers (tensors or arrays) and returns the figure.
+
+>>> import torch
+>>> fig = positivity_scatter(torch.tensor([[0.9, -0.2]]), torch.tensor([[0.8, 0.1]]))
+>>> fig.axes[0].get_xlabel()
+'OV circuit eigenvalue positivity (copying)'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from matplotlib import rc_context
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+
+from derivations.architecture import head_label
+from numeric_check.errors import NumericCheckError
+
+LAYER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+FORMATS = ("png", "svg")
+
+
+class PlotError(NumericCheckError, ValueError):
+    """Numbers that cannot be plotted (wrong shapes, an unknown format)."""
+
+
+def _array(values, name: str, ndim: int) -> np.ndarray:
+    try:
+        array = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=float)
+    except (TypeError, ValueError) as error:
+        raise PlotError(f"{name} must be numbers, got {type(values).__name__}: {error}") from None
+    if array.ndim != ndim:
+        raise PlotError(f"{name} must have {ndim} dimensions, got shape {array.shape}")
+    return array
+
+
+def _colour(layer: int) -> str:
+    return LAYER_COLOURS[layer % len(LAYER_COLOURS)]
+
+
+def positivity_scatter(
+    ov_positivity,
+    qk_positivity,
+    *,
+    xlabel: str = "OV circuit eigenvalue positivity (copying)",
+    ylabel: str = "QK circuit eigenvalue positivity (same-matching)",
+    title: str = "Heads by eigenvalue positivity",
+    highlight: Sequence[tuple[int, int]] = (),
+) -> Figure:
+    """Each head as a point (OV positivity, QK positivity), coloured by layer, as in the paper.
+
+    Inputs are ``[n_layers, n_heads]``; NaN entries (a head without the score) are left
+    out. Points near (1, 1) copy what they attend to and attend to matching tokens.
+    ``highlight`` heads get their label.
+    """
+    x = _array(ov_positivity, "ov_positivity", 2)
+    y = _array(qk_positivity, "qk_positivity", 2)
+    if x.shape != y.shape:
+        raise PlotError(f"ov_positivity has shape {x.shape} but qk_positivity has {y.shape}; expected equal [n_layers, n_heads]")
+    fig = Figure(figsize=(5.2, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    ax.axhline(0, color="0.8", lw=0.8, zorder=0)
+    ax.axvline(0, color="0.8", lw=0.8, zorder=0)
+    for layer in range(x.shape[0]):
+        keep = ~(np.isnan(x[layer]) | np.isnan(y[layer]))
+        if keep.any():
+            ax.scatter(x[layer][keep], y[layer][keep], s=40, color=_colour(layer), label=f"layer {layer}", edgecolor="k", lw=0.4)
+        for head in np.nonzero(keep)[0]:
+            if (layer, int(head)) in set(highlight) or x.size <= 16:
+                ax.annotate(head_label(layer, int(head)), (x[layer, head], y[layer, head]), xytext=(4, 3),
+                            textcoords="offset points", fontsize=7)
+    ax.set(xlim=(-1.05, 1.05), ylim=(-1.05, 1.05), xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(loc="lower left", fontsize=8, frameon=False)
+    return fig
+
+
+def _pair_axes(n_heads: Sequence[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Rows: heads of layers >= 1 (the later head); columns: heads of layers < last."""
+    heads = [(l, h) for l, count in enumerate(n_heads) for h in range(count)]
+    last = len(n_heads) - 1
+    return [x for x in heads if x[0] >= 1], [x for x in heads if x[0] < last]
+
+
+def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, object] | None = None, title: str | None = None) -> Figure:
+    """Q-, K- and V-composition scores as heatmaps: later head (rows) by earlier head (columns).
+
+    ``scores[kind]`` is ``[n_layers, n_heads, n_layers, n_heads]`` indexed
+    ``[l1, h1, l2, h2]`` (earlier head first); pairs without ``l1 < l2`` are blank. With
+    ``baseline`` (the same shapes), the colour shows score minus baseline, centred at 0.
+    """
+    if not scores:
+        raise PlotError("no composition scores given; expected a dict with some of 'Q', 'K', 'V'")
+    arrays = {kind: _array(value, f"scores[{kind!r}]", 4) for kind, value in scores.items()}
+    shape = next(iter(arrays.values())).shape
+    if any(a.shape != shape for a in arrays.values()):
+        raise PlotError(f"composition scores differ in shape: {({k: a.shape for k, a in arrays.items()})}")
+    if shape[0] < 2:
+        raise PlotError(f"composition needs at least 2 layers; scores have shape {shape}")
+    rows, cols = _pair_axes([shape[1]] * shape[0])
+    fig = Figure(figsize=(3.6 * len(arrays) + 0.8, 0.35 * len(rows) + 2.2), layout="constrained")
+    axes = fig.subplots(1, len(arrays), squeeze=False)[0]
+    for ax, (kind, array) in zip(axes, arrays.items()):
+        grid = np.full((len(rows), len(cols)), np.nan)
+        for i, (l2, h2) in enumerate(rows):
+            for j, (l1, h1) in enumerate(cols):
+                if l1 < l2:
+                    grid[i, j] = array[l1, h1, l2, h2]
+                    if baseline is not None:
+                        grid[i, j] -= _array(baseline[kind], f"baseline[{kind!r}]", 4)[l1, h1, l2, h2]
+        if baseline is None:
+            image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=max(np.nanmax(grid), 1e-9))
+        else:
+            bound = max(np.nanmax(np.abs(grid)), 1e-9)
+            image = ax.imshow(grid, cmap="RdBu_r", norm=TwoSlopeNorm(0, -bound, bound))
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                if not np.isnan(grid[i, j]) and grid.size <= 144:
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6)
+        ax.set_xticks(range(len(cols)), [head_label(*c) for c in cols], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), [head_label(*r) for r in rows], fontsize=7)
+        ax.set_xlabel("earlier head (writes)")
+        ax.set_ylabel("later head (reads)")
+        ax.set_title(f"{kind}-composition" + (" minus baseline" if baseline is not None else ""))
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def importance_bars(report, *, top_virtual: int = 8) -> Figure:
+    """Term importance (an :class:`~numeric_check.importance.ImportanceReport`) as bars.
+
+    Left: marginal loss reduction by order (direct path, individual heads, virtual
+    heads). Middle: each individual head's marginal loss, coloured by layer. Right: the
+    largest virtual-head terms.
+    """
+    panels = 2 + bool(report.virtual_marginal)
+    fig = Figure(figsize=(4.0 * panels, 3.6), layout="constrained")
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    names = ["direct", "heads", "virtual"] + [f"order {k}" for k in range(3, len(report.loss_by_order))]
+    marginal = report.marginal_by_order
+    axes[0].bar(names[: len(marginal)], marginal, color="0.45")
+    axes[0].set(title="Marginal loss reduction by order", ylabel="nats")
+    heads = sorted(report.head_marginal)
+    axes[1].bar(range(len(heads)), [report.head_marginal[h] for h in heads], color=[_colour(l) for l, _ in heads])
+    axes[1].set_xticks(range(len(heads)), [head_label(*h) for h in heads], rotation=90, fontsize=7)
+    axes[1].set(title="Individual heads (loss rise when removed)", ylabel="nats")
+    if report.virtual_marginal:
+        top = report.top_virtual(top_virtual)
+        axes[2].barh(range(len(top)), [value for _, value in top], color="0.6")
+        axes[2].set_yticks(range(len(top)), ["→".join(head_label(*h) for h in pair) for pair, _ in top], fontsize=7)
+        axes[2].invert_yaxis()
+        axes[2].set(title="Largest virtual heads", xlabel="nats")
+    axes[0].axhline(0, color="k", lw=0.6)
+    axes[1].axhline(0, color="k", lw=0.6)
+    if report.virtual_marginal:
+        axes[2].axvline(0, color="k", lw=0.6)
+    return fig
+
+
+def training_curve(curve: Sequence[dict], *, uniform_loss: float | None = None, title: str = "Training loss") -> Figure:
+    """Loss and loss on repeated tokens against step, from a training record's ``curve``."""
+    if not curve:
+        raise PlotError("the training curve is empty; expected a list of {'step', 'loss', 'repeat_loss'}")
+    steps = [point["step"] for point in curve]
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(steps, [p["loss"] for p in curve], label="all tokens")
+    ax.plot(steps, [p["repeat_loss"] for p in curve], label="repeated tokens")
+    if uniform_loss is not None:
+        ax.axhline(uniform_loss, color="0.6", ls="--", lw=0.8, label="uniform")
+    ax.set(xlabel="step", ylabel="loss (nats)", title=title)
+    ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def save_figure(fig: Figure, out_dir: Path | str, name: str, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write ``fig`` as ``out_dir/name.png`` and ``.svg`` (or ``formats``); return the paths."""
+    unknown = [f for f in formats if f not in ("png", "svg", "pdf")]
+    if unknown:
+        raise PlotError(f"unknown figure format(s) {unknown}; expected some of 'png', 'svg', 'pdf'")
+    paths = []
+    for fmt in formats:
+        path = Path(out_dir) / f"{name}.{fmt}"
+        metadata = {"Date": None} if fmt == "svg" else None
+        with rc_context({"svg.hashsalt": "tcircuits"}):  # reproducible SVG ids, scoped to this call
+            fig.savefig(path, format=fmt, dpi=150, metadata=metadata)
+        paths.append(path)
+    return paths

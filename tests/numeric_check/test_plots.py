@@ -1,0 +1,98 @@
+"""Tests for numeric_check.plots: figures are built headless and written as PNG and SVG."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.importance import term_importance
+from numeric_check.model import CircuitModel
+from numeric_check.plots import (
+    PlotError,
+    composition_heatmaps,
+    importance_bars,
+    positivity_scatter,
+    save_figure,
+    training_curve,
+)
+
+torch.set_num_threads(1)
+
+
+def _scores(n_layers=2, n_heads=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(n_layers, n_heads, n_layers, n_heads, generator=g)
+    l1 = torch.arange(n_layers)[:, None, None, None]
+    l2 = torch.arange(n_layers)[None, None, :, None]
+    return scores * (l1 < l2)
+
+
+def test_scatter_writes_png_and_svg(tmp_path):
+    x = torch.tensor([[0.9, -0.3, float("nan")], [0.95, 0.99, 0.2]])
+    fig = positivity_scatter(x, x.flip(-1), highlight=[(1, 1)])
+    paths = save_figure(fig, tmp_path, "scatter")
+    assert [p.name for p in paths] == ["scatter.png", "scatter.svg"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = paths[1].read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "L1H1" in texts and "L0H2" not in texts  # NaN heads are left out
+    # two layers -> two legend entries
+    assert len(fig.axes[0].get_legend().get_texts()) == 2
+
+
+def test_svg_is_reproducible(tmp_path):
+    a, b = (
+        save_figure(positivity_scatter(torch.zeros(1, 2), torch.ones(1, 2)), tmp_path, name, formats=["svg"])[0].read_text()
+        for name in "ab"
+    )
+    assert "<dc:date>" not in a
+    assert a == b
+
+
+def test_composition_heatmaps_show_only_earlier_to_later_pairs(tmp_path):
+    scores = {kind: _scores(3, 2, seed) for seed, kind in enumerate("QKV")}
+    fig = composition_heatmaps(scores)
+    assert len(fig.axes) == 6  # three panels and their colour bars
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["L1H0", "L1H1", "L2H0", "L2H1"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["L0H0", "L0H1", "L1H0", "L1H1"]
+    grid = ax.get_images()[0].get_array()
+    assert grid.mask[0, 2] and not grid.mask[2, 2]  # L1 cannot read L1; L2 reads L1
+    assert grid[3, 1] == pytest.approx(float(scores["Q"][0, 1, 2, 1]))
+    baseline = {kind: torch.full_like(s, 0.25) for kind, s in scores.items()}
+    fig = composition_heatmaps(scores, baseline=baseline, title="minus baseline")
+    assert fig.axes[0].get_images()[0].get_array()[3, 1] == pytest.approx(float(scores["Q"][0, 1, 2, 1]) - 0.25)
+    save_figure(fig, tmp_path, "composition")
+
+
+def test_importance_bars_and_training_curve(tmp_path):
+    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
+    report = term_importance(model, torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(0)))
+    fig = importance_bars(report)
+    assert len(fig.axes) == 3
+    heights = [bar.get_height() for bar in fig.axes[0].patches]
+    assert heights == pytest.approx(report.marginal_by_order)
+    save_figure(fig, tmp_path, "importance")
+    curve = [{"step": s, "loss": 4.8 - s / 1000, "repeat_loss": 4.8 - s / 500} for s in (100, 200, 300)]
+    fig = training_curve(curve, uniform_loss=math.log(128))
+    assert len(fig.axes[0].get_lines()) == 3
+    save_figure(fig, tmp_path, "curve", formats=["png"])
+
+
+def test_bad_input_is_rejected_clearly():
+    with pytest.raises(PlotError, match="ov_positivity has shape \\(1, 2\\) but qk_positivity has \\(2, 2\\)"):
+        positivity_scatter(torch.zeros(1, 2), torch.zeros(2, 2))
+    with pytest.raises(PlotError, match="must have 2 dimensions, got shape \\(3,\\)"):
+        positivity_scatter(torch.zeros(3), torch.zeros(3))
+    with pytest.raises(PlotError, match="at least 2 layers"):
+        composition_heatmaps({"K": torch.zeros(1, 2, 1, 2)})
+    with pytest.raises(PlotError, match="no composition scores"):
+        composition_heatmaps({})
+    with pytest.raises(PlotError, match="unknown figure format\\(s\\) \\['jpg'\\]"):
+        save_figure(positivity_scatter(torch.zeros(1, 1), torch.zeros(1, 1)), ".", "x", formats=["jpg"])
+    with pytest.raises(PlotError, match="training curve is empty"):
+        training_curve([])
