@@ -36,11 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations, product
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import Atom, Word, atom, d_model, d_vocab, n_ctx
+from tensoralg.atoms import Atom, Word, atom, d_model, d_vocab, n_ctx, word_shape
 from tensoralg.errors import InvalidOrder
 from tensoralg.expr import Term, TensorSum, check_order
 
@@ -162,6 +162,14 @@ class Path:
                 )
             after = layer
 
+    @classmethod
+    def trusted(cls, source: Source, heads: tuple[tuple[int, int], ...]) -> "Path":
+        """A path from already-valid parts, skipping the checks (expansions build many)."""
+        path = object.__new__(cls)
+        object.__setattr__(path, "source", source)
+        object.__setattr__(path, "heads", heads)
+        return path
+
     @property
     def order(self) -> int:
         """The number of heads the path passes through."""
@@ -221,6 +229,17 @@ def head_atom(name: str, layer: int, head: int) -> Atom:
 def layer_atom(name: str, index: str) -> Atom:
     """``b_O^{L0}``, ``N^{L0}``, ``N^{L0,qk}``, ``N^{final}``; ``index=''`` for ``W_E``…"""
     return atom(name, index)
+
+
+@lru_cache(maxsize=None)
+def transposed(a: Atom) -> Atom:
+    """``aᵀ``, cached (building an atom costs SymPy work)."""
+    return a.T
+
+
+def transpose_word(word: Word) -> Word:
+    """``(F_1 … F_n)ᵀ = F_nᵀ … F_1ᵀ`` with cached atom transposes."""
+    return tuple(map(transposed, reversed(word)))
 
 
 def ln_scale(layer: int, qk: bool = False) -> Atom:
@@ -295,7 +314,7 @@ def stream_terms(arch: Architecture, upto: int, max_order: int | None) -> Iterat
                     if ln:
                         position.append(ln_scale(layer))
                     residual.append(head_atom("W_OV", layer, head))
-                yield k, StreamTerm(Path(entry.source, heads), tuple(position), tuple(residual) + entry.word)
+                yield k, StreamTerm(Path.trusted(entry.source, heads), tuple(position), tuple(residual) + entry.word)
 
 
 # -- validation shared with the QK expansion ------------------------------------------
@@ -341,11 +360,21 @@ def refuse_oversize(what: str, per_order: list[int], limit: int) -> None:
     raise TooManyTerms(message)
 
 
-def group_sum(terms: list[Term], n_slots: int, what: str) -> TensorSum:
-    """The canonical sum of ``terms``."""
-    if not terms:
+def group_sum(items: Iterable[tuple[tuple[Word, ...], sp.Expr]], n_slots: int, what: str) -> TensorSum:
+    """The canonical sum of ``(words, coeff)`` items (like terms collected), without
+    re-checking every word's shape: the terms of one expansion whose sources share an
+    input chain by construction (the tests check every term), so each slot's shape is
+    read off its first non-identity word. Several times faster than ``TensorSum(terms)``.
+    """
+    collected: dict[tuple[Word, ...], sp.Expr] = {}
+    get = collected.get
+    for words, coeff in items:
+        previous = get(words)
+        collected[words] = coeff if previous is None else previous + coeff
+    if not collected:
         raise DerivationError(f"{what} has no terms")
-    return TensorSum(terms, n_slots=n_slots)
+    shapes = tuple(word_shape(next((w[i] for w in collected if w[i]), ())) for i in range(n_slots))
+    return TensorSum._trusted(collected, n_slots, shapes)
 
 
 # -- the logits ------------------------------------------------------------------------
@@ -429,15 +458,15 @@ class LogitExpansion:
                     + ", ".join(repr(s.label) for s in self._counts)
                     + " or an input key, or use to_tensor_sums()"
                 )
-            return group_sum([t.term for t in self], 2, "the logits")
+            return group_sum(((t.term.words, t.term.coeff) for t in self), 2, "the logits")
         pick = _source_filter(source, self._counts)
-        return group_sum([t.term for t in self if pick(t.source)], 2, f"source {source}")
+        return group_sum(((t.term.words, t.term.coeff) for t in self if pick(t.source)), 2, f"source {source}")
 
     def to_tensor_sums(self) -> dict[str, TensorSum]:
         """One canonical sum per input key (``token``, ``position``, ``constant``, ``mlp^L{l}``)."""
-        groups: dict[str, list[Term]] = {}
+        groups: dict[str, list[tuple]] = {}
         for t in self:
-            groups.setdefault(t.source.input_key, []).append(t.term)
+            groups.setdefault(t.source.input_key, []).append((t.term.words, t.term.coeff))
         return {k: group_sum(v, 2, f"input {k}") for k, v in groups.items()}
 
     def __repr__(self) -> str:

@@ -38,7 +38,7 @@ from typing import Iterator, NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import Word, d_head, transpose_word
+from tensoralg.atoms import Word, d_head
 from tensoralg.expr import Term, TensorSum
 
 from derivations.architecture import Architecture, head_label
@@ -58,6 +58,8 @@ from derivations.paths import (
     refuse_oversize,
     stream_entries,
     stream_terms,
+    transpose_word,
+    transposed,
 )
 
 COMPOSITIONS = ("direct", "Q", "K", "QK")
@@ -106,7 +108,7 @@ def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, que
     lead = (ln_scale(layer, qk=qk_only),) if arch.layer_norm else ()
     W_QK = head_atom("W_QK", layer, head)
     if query:
-        W_Q_T = head_atom("W_Q", layer, head).T
+        W_Q_T = transposed(head_atom("W_Q", layer, head))
 
         def side(path, position, word):
             wt = transpose_word(word)
@@ -124,7 +126,7 @@ def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, que
         out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),)))
     if arch.biases:
         if query:
-            b = head_atom("b_Q", layer, head).T
+            b = transposed(head_atom("b_Q", layer, head))
             out[0].append(_Side(Path(Source("query_bias", layer, head)), (), (b, head_atom("W_K", layer, head)), (b,), True))
         else:
             b = head_atom("b_K", layer, head)
@@ -164,6 +166,7 @@ class QKExpansion:
         self.layer = layer
         self.head = head
         self.max_order = max_order
+        self._sides: tuple[list[list[_Side]], list[list[_Side]]] | None = None
         self._per_order = _pair_counts(_side_counts(arch, layer, max_order), max_order)
 
     @property
@@ -176,20 +179,39 @@ class QKExpansion:
     def count_by_order(self) -> dict[int, int]:
         return {k: n for k, n in enumerate(self._per_order) if n}
 
-    def __iter__(self) -> Iterator[QKTerm]:
-        arch, layer, head = self.arch, self.layer, self.head
-        queries = _sides(arch, layer, head, self.max_order, True)
-        keys = _sides(arch, layer, head, self.max_order, False)
-        coeff = 1 / sp.sqrt(d_head)
-        top = len(self._per_order) - 1
-        for total in range(top + 1):
+    def _blocks(self, query=None, key=None) -> Iterator[tuple[str, list[_Side], list[_Side]]]:
+        """``(composition, query sides, key sides)`` whose pairs are the (selected) terms, in order."""
+        if self._sides is None:  # small (the square root of the term count): kept
+            self._sides = tuple(_sides(self.arch, self.layer, self.head, self.max_order, q) for q in (True, False))
+        queries, keys = self._sides
+        if query is not None:
+            queries = _select(queries, query, "query")
+        if key is not None:
+            keys = _select(keys, key, "key")
+        for total in range(len(self._per_order)):
             for i in range(min(total, len(queries) - 1), max(0, total - len(keys) + 1) - 1, -1):
-                tag_q = i > 0
-                for q in queries[i]:
-                    for k in keys[total - i]:
-                        tag = COMPOSITIONS[tag_q + 2 * (total > i)]
-                        middle = (q.to_bias if k.is_bias else q.to_input) + k.to_input
-                        yield QKTerm(q.path, k.path, tag, Term(coeff, (q.position, k.position, middle)))
+                yield COMPOSITIONS[(i > 0) + 2 * (total > i)], queries[i], keys[total - i]
+
+    def _terms(self, query=None, key=None) -> Iterator[tuple[_Side, _Side, str, Term]]:
+        coeff = 1 / sp.sqrt(d_head)
+        for tag, queries, keys in self._blocks(query, key):
+            for q in queries:
+                for k in keys:
+                    middle = (q.to_bias if k.is_bias else q.to_input) + k.to_input
+                    yield q, k, tag, Term(coeff, (q.position, k.position, middle))
+
+    def _items(self, query=None, key=None) -> Iterator[tuple[tuple[Word, ...], sp.Expr]]:
+        """``(words, coeff)`` of the selected terms: what a sum needs, with less allocation."""
+        coeff = 1 / sp.sqrt(d_head)
+        for _, queries, keys in self._blocks(query, key):
+            for q in queries:
+                position, to_input, to_bias = q.position, q.to_input, q.to_bias
+                for k in keys:
+                    yield (position, k.position, (to_bias if k.is_bias else to_input) + k.to_input), coeff
+
+    def __iter__(self) -> Iterator[QKTerm]:
+        for q, k, tag, term in self._terms():
+            yield QKTerm(q.path, k.path, tag, term)
 
     def by_composition(self) -> dict[str, list[QKTerm]]:
         """The terms grouped by ``direct``, ``Q``, ``K``, ``QK`` (empty groups left out)."""
@@ -212,22 +234,25 @@ class QKExpansion:
         :meth:`derivations.paths.LogitExpansion.to_tensor_sum`): when the selected terms
         mix inputs this raises; :meth:`to_tensor_sums` gives one sum per input pair.
         """
-        terms = [t for t in self if _matches(t.query.source, query) and _matches(t.key.source, key)]
-        pairs = {(t.query.source.input_key, t.key.source.input_key) for t in terms}
-        if len(pairs) > 1:
+        query_inputs, key_inputs = set(), set()
+        for _, queries, keys in self._blocks(query, key):
+            if queries and keys:
+                query_inputs.update(q.path.source.input_key for q in queries)
+                key_inputs.update(k.path.source.input_key for k in keys)
+        if len(query_inputs) > 1 or len(key_inputs) > 1:
             raise DerivationError(
-                f"the scores of {self.label} act on different pairs of inputs ("
-                + ", ".join(f"{q}/{k}" for q, k in sorted(pairs))
+                f"the selected scores of {self.label} act on different inputs (query side: "
+                + ", ".join(sorted(query_inputs)) + "; key side: " + ", ".join(sorted(key_inputs))
                 + ") and cannot be added into one TensorSum; pass query= and key= (a source label or input key) "
                 "or use to_tensor_sums()"
             )
-        return group_sum([t.term for t in terms], 3, f"the selected scores of {self.label}")
+        return group_sum(self._items(query, key), 3, f"the selected scores of {self.label}")
 
     def to_tensor_sums(self) -> dict[tuple[str, str], TensorSum]:
         """One canonical sum per pair of input keys ``(query input, key input)``."""
-        groups: dict[tuple[str, str], list[Term]] = {}
-        for t in self:
-            groups.setdefault((t.query.source.input_key, t.key.source.input_key), []).append(t.term)
+        groups: dict[tuple[str, str], list[tuple]] = {}
+        for q, k, _, term in self._terms():
+            groups.setdefault((q.path.source.input_key, k.path.source.input_key), []).append((term.words, term.coeff))
         return {k: group_sum(v, 3, f"inputs {k}") for k, v in groups.items()}
 
     def __repr__(self) -> str:
@@ -235,14 +260,23 @@ class QKExpansion:
         return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {len(self):,} terms)"
 
 
-def _matches(source: Source, want) -> bool:
-    if want is None:
-        return True
+def _select(sides: list[list[_Side]], want, name: str) -> list[list[_Side]]:
+    """The sides whose source is ``want`` (a Source, a label or an input key), by order."""
     if isinstance(want, Source):
-        return source == want
-    if isinstance(want, str):
-        return want in (source.label, source.input_key)
-    raise DerivationError(f"select a source by a Source, a label or an input key, got {want!r}")
+        match = want.__eq__
+    elif isinstance(want, str):
+        match = lambda s: want in (s.label, s.input_key)  # noqa: E731
+    else:
+        raise DerivationError(f"select a {name} source by a Source, a label or an input key, got {want!r}")
+    chosen = [[s for s in side if match(s.path.source)] for side in sides]
+    if not any(chosen):
+        known = list(dict.fromkeys(s.path.source for side in sides for s in side))
+        raise DerivationError(
+            f"no {name}-side source matches {want!r}; the {name} side has the sources "
+            + ", ".join(s.label for s in known) + " (input keys "
+            + ", ".join(sorted({s.input_key for s in known})) + ")"
+        )
+    return chosen
 
 
 def _validated(arch, layer, head, max_order) -> None:
