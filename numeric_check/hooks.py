@@ -50,6 +50,13 @@ class HookPoint(nn.Module):
     def add_hook(self, fn: HookFn) -> None:
         self._hooks.append(fn)
 
+    def remove_hook(self, fn: HookFn) -> None:
+        """Remove the most recently added registration of ``fn`` (no error if absent)."""
+        for i in range(len(self._hooks) - 1, -1, -1):
+            if self._hooks[i] is fn:
+                del self._hooks[i]
+                return
+
     def remove_hooks(self) -> None:
         self._hooks.clear()
 

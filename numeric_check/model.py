@@ -463,14 +463,17 @@ class CircuitModel(nn.Module):
     # --- hooks --------------------------------------------------------------------------
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Iterable[tuple[NameFilter, HookFn]]) -> Iterator["CircuitModel"]:
-        """Context manager: hooks added on entry, all removed on exit (even on error)."""
+        """Context manager: hooks added on entry and removed on exit (even on error); nests."""
+        added: list[tuple[HookPoint, HookFn]] = []
         try:
             for name, fn in fwd_hooks:
                 for point in select_hook_points(self._hook_points, name):
                     point.add_hook(fn)
+                    added.append((point, fn))
             yield self
         finally:
-            self.reset_hooks()
+            for point, fn in reversed(added):
+                point.remove_hook(fn)
 
     def reset_hooks(self) -> None:
         """Remove every hook function from every hook point."""

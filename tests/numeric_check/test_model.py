@@ -83,6 +83,22 @@ def test_run_with_hooks_modifies_and_cleans_up():
                     "blocks.1.ln2.hook_scale", "ln_final.hook_scale"]
 
 
+def test_hooks_nest_and_compose():
+    model, toks = make(), tokens()
+    double = lambda x, hook: 2 * x
+    with model.hooks([("hook_embed", double)]):
+        inner = model.run_with_hooks(toks, [("hook_embed", double)])  # 4 * embed
+        outer = model(toks)  # the outer hook survives the inner run: 2 * embed
+    four = model.run_with_hooks(toks, [("hook_embed", lambda x, hook: 4 * x)])
+    two = model.run_with_hooks(toks, [("hook_embed", double)])
+    assert torch.equal(inner, four) and torch.equal(outer, two)
+    assert torch.equal(model(toks), make()(toks))
+    with pytest.raises(HookError):
+        with model.hooks([("hook_embed", double), ("no_such_hook", double)]):
+            pass
+    assert torch.equal(model(toks), make()(toks))  # the first hook was removed too
+
+
 def test_hook_errors_are_clear():
     model = make()
     with pytest.raises(HookError, match=r"no hook point named 'blocks.0.attn.hook_patern'; did you mean blocks.0.attn.hook_pattern"):
