@@ -52,20 +52,26 @@ def head_weights(model, layer: int, head: int, dtype: torch.dtype | None = None)
     return {name: getattr(attn, name)[head].detach().to(dtype or model.dtype) for name in ("W_Q", "W_K", "W_V", "W_O")}
 
 
-def stacked_head_weights(model, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+def stacked_head_weights(
+    model, dtype: torch.dtype | None = None, names: Sequence[str] = ("W_Q", "W_K", "W_V", "W_O")
+) -> dict[str, Tensor]:
     """``W_Q, W_K, W_V [n_layers, n_heads, d_head, d_model]``, ``W_O [n_layers, n_heads, d_model, d_head]``.
 
     ``n_heads`` is the largest head count of any layer; missing heads are zero matrices.
+    ``names`` picks which weights to stack.
     """
     dtype = dtype or model.dtype
     n_layers, n_heads = model.arch.n_layers, max(model.arch.heads_per_layer, default=0)
     d_model, d_head = model.cfg.d_model, model.cfg.d_head
-    shapes = {"W_Q": (d_head, d_model), "W_K": (d_head, d_model), "W_V": (d_head, d_model), "W_O": (d_model, d_head)}
     out = {}
-    for name, shape in shapes.items():
+    for name in names:
+        weights = [getattr(block.attn, name).detach() for block in model.blocks]
+        if model.arch.uniform and weights:
+            out[name] = torch.stack(weights).to(dtype)
+            continue
+        shape = (d_model, d_head) if name == "W_O" else (d_head, d_model)
         stacked = torch.zeros((n_layers, n_heads) + shape, dtype=dtype, device=model.device)
-        for layer, block in enumerate(model.blocks):
-            weight = getattr(block.attn, name).detach()
+        for layer, weight in enumerate(weights):
             stacked[layer, : weight.shape[0]] = weight
         out[name] = stacked
     return out
@@ -189,7 +195,7 @@ def ov_circuits(model, *, dtype: torch.dtype | None = None) -> Factored:
     ``ov_circuits(model)[l, h]`` is :func:`ov_circuit` of ``L{l}H{h}`` (a zero circuit for a
     head the layer lacks). ``W_E W_U`` is shared by all heads when the product is evaluated.
     """
-    w = stacked_head_weights(model, dtype)
+    w = stacked_head_weights(model, dtype, ("W_O", "W_V"))
     return Factored(_weight(model, "W_U", dtype), w["W_O"], w["W_V"], _weight(model, "W_E", dtype))
 
 
@@ -198,7 +204,7 @@ def ov_eigenvalues(model, *, dtype: torch.dtype | None = None) -> Tensor:
 
     The other ``d_model - d_head`` eigenvalues are 0; NaN for heads a layer lacks.
     """
-    w = stacked_head_weights(model, dtype)
+    w = stacked_head_weights(model, dtype, ("W_O", "W_V"))
     values = Factored(w["W_O"], w["W_V"]).eigenvalues()
     return values.masked_fill(~head_mask(model)[..., None], complex("nan"))
 

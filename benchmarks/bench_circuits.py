@@ -1,0 +1,102 @@
+"""Circuit analyses against TransformerLens on the same weights (single thread).
+
+A 2-layer, 12-head attention-only model (d_model 768, d_head 64, d_vocab 50257) with
+random weights is built as a TransformerLens ``HookedTransformer`` and converted with
+:func:`numeric_check.adapters.from_transformer_lens`. Timed, median of a few repeats:
+
+1. every head's ``W_OV`` eigenvalues (TL: ``model.OV.eigenvalues``);
+2. every composition score, per mode (TL: ``all_composition_scores(mode)``);
+3. every full OV circuit's eigenvalues ``W_U W_OV W_E`` (TL: ``(W_E @ OV @ W_U).eigenvalues``).
+
+Printed: both times, the ratio (TL / ours: above 1 means we are faster) and the largest
+difference between the numbers (eigenvalues compared as multisets, absolute and relative
+to the largest modulus). Run: ``python benchmarks/bench_circuits.py [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from numeric_check.adapters import from_transformer_lens
+from numeric_check.circuits import ov_circuit_eigenvalues, ov_eigenvalues
+from numeric_check.composition import composition_scores
+from numeric_check.factored import eigenvalue_multiset_distance
+
+
+def median_time(fn: Callable[[], object], repeats: int, min_seconds: float = 0.2) -> tuple[float, object]:
+    """Median seconds per call over ``repeats`` samples, and the last result.
+
+    One untimed warm-up call; a fast function is looped within each sample until a sample
+    lasts about ``min_seconds``, so timer noise does not dominate.
+    """
+    start = time.perf_counter()
+    result = fn()
+    loops = max(1, int(min_seconds / max(time.perf_counter() - start, 1e-9)))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(loops):
+            result = fn()
+        times.append((time.perf_counter() - start) / loops)
+    return statistics.median(times), result
+
+
+def eigen_difference(theirs: torch.Tensor, ours: torch.Tensor) -> tuple[float, float]:
+    """Largest multiset distance over heads, absolute and relative to the largest modulus."""
+    worst = max(
+        eigenvalue_multiset_distance(theirs[l, h], ours[l, h]) for l in range(theirs.shape[0]) for h in range(theirs.shape[1])
+    )
+    return worst, worst / float(theirs.abs().max())
+
+
+def build_models(seed: int):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024,
+        attn_only=True, normalization_type=None, seed=seed, device="cpu",
+    )
+    tl = HookedTransformer(cfg)
+    tl.eval()
+    return tl, from_transformer_lens(tl, dtype=torch.float32)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (median reported)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    tl, ours = build_models(args.seed)
+    print(f"model: {ours}")
+    print(f"single thread, median of {args.repeats}; ratio = TL time / our time\n")
+    rows = []
+
+    t_tl, e_tl = median_time(lambda: tl.OV.eigenvalues, args.repeats)
+    t_us, e_us = median_time(lambda: ov_eigenvalues(ours), args.repeats)
+    rows.append(("W_OV eigenvalues, all heads", t_tl, t_us, *eigen_difference(e_tl, e_us)))
+
+    for mode in "QKV":
+        t_tl, s_tl = median_time(lambda: tl.all_composition_scores(mode), args.repeats)
+        t_us, s_us = median_time(lambda: composition_scores(ours, mode), args.repeats)
+        diff = float((s_tl - s_us).abs().max())
+        rows.append((f"composition scores {mode}", t_tl, t_us, diff, diff / float(s_tl.abs().max())))
+
+    circuit_repeats = max(1, args.repeats)
+    t_tl, e_tl = median_time(lambda: (tl.W_E @ tl.OV @ tl.W_U).eigenvalues, circuit_repeats)
+    t_us, e_us = median_time(lambda: ov_circuit_eigenvalues(ours), circuit_repeats)
+    rows.append(("W_U W_OV W_E eigenvalues, all heads", t_tl, t_us, *eigen_difference(e_tl, e_us)))
+
+    print(f"{'measurement':38s} {'TL (s)':>9s} {'ours (s)':>9s} {'ratio':>7s} {'max |diff|':>11s} {'relative':>9s}")
+    for name, t_tl, t_us, diff, rel in rows:
+        print(f"{name:38s} {t_tl:9.4f} {t_us:9.4f} {t_tl / t_us:6.2f}x {diff:11.2e} {rel:9.2e}")
+
+
+if __name__ == "__main__":
+    main()
