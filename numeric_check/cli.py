@@ -1,0 +1,209 @@
+"""The ``tcircuits`` subcommands of :mod:`numeric_check` (entry points in pyproject.toml).
+
+Each ``register_*`` function adds one subparser to ``tcircuits`` and sets ``func``;
+``func(args)`` returns an exit code. Bad input raises a
+:class:`~tensoralg.errors.TensorAlgError`, which the CLI prints without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from numeric_check.errors import NumericCheckError
+
+
+class OutputPathError(NumericCheckError, ValueError):
+    """An output file or folder that cannot be written; the message names it."""
+
+# --- train-toy -------------------------------------------------------------------------
+
+TRAIN_DESCRIPTION = """\
+Train a small attention-only transformer on sequences that contain a repeated random
+segment, and save it as a safetensors checkpoint (plus a JSON file beside it with the
+training configuration and the final losses).
+
+Every sequence is random tokens in which a segment of SEG_MIN..SEG_MAX tokens occurs
+twice, the second copy at a varying offset after the first. On the second copy each
+token (after the first) can be predicted by finding the previous occurrence of the
+current token and copying the token that followed it: a previous-token head in layer 0
+composed (K-composition) with an induction head in layer 1. So:
+  --layers 2   learns induction heads: the loss on the repeated part drops far below
+               log(vocab) (the "phase change", near step 3,000 with the defaults);
+  --layers 1   cannot: its loss on repeats stays near log(vocab) (a control);
+  --layers 0   is the direct path only: bigram statistics, none here.
+
+The defaults are a recipe seen to work on a 2-core CPU in about 3 minutes: vocab 128,
+context 64, segments of 8-24 tokens, d_model 64, 4 heads of 16, qk_only positions,
+no layer norm, AdamW lr 1e-3, batch 64, 4,000 steps, one thread.
+"""
+
+TRAIN_EPILOG = """\
+examples:
+  tcircuits train-toy --layers 2 --out induction_2l.safetensors
+  tcircuits train-toy --layers 1 --steps 4000 --seed 1 --out control_1l.safetensors
+  tcircuits analyze induction_2l.safetensors --out report/
+"""
+
+
+def register_train_toy(subparsers) -> None:
+    """Add ``train-toy`` to the ``tcircuits`` parser."""
+    from numeric_check.train import TrainConfig
+
+    d = TrainConfig()
+    p = subparsers.add_parser(
+        "train-toy",
+        help="train a small attention-only model on repeated random segments (induction heads)",
+        description=TRAIN_DESCRIPTION,
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
+    p.add_argument("--layers", type=int, default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
+    p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
+    p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
+    p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
+    p.add_argument("--vocab", type=int, default=d.d_vocab, help=f"vocabulary size (default {d.d_vocab})")
+    p.add_argument("--n-ctx", type=int, default=d.n_ctx, help=f"sequence length (default {d.n_ctx})")
+    p.add_argument("--seg-min", type=int, default=d.seg_min, help=f"shortest repeated segment (default {d.seg_min})")
+    p.add_argument("--seg-max", type=int, default=d.seg_max, help=f"longest repeated segment; 2*seg_max <= n_ctx (default {d.seg_max})")
+    p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
+    p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the machine is shared)")
+    p.add_argument("--device", default=None, help="'cpu' (default) or 'cuda'")
+    p.add_argument("--save-dtype", default="float32", choices=["float32", "float16"], help="dtype of the saved weights (default float32)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_train_toy)
+
+
+def _run_train_toy(args) -> int:
+    import torch
+
+    from numeric_check.model import resolve_device
+    from numeric_check.train import TrainConfig, train_toy
+
+    config = TrainConfig(
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_model=args.d_model,
+        d_head=args.d_head,
+        d_vocab=args.vocab,
+        n_ctx=args.n_ctx,
+        seg_min=args.seg_min,
+        seg_max=args.seg_max,
+        positional=args.positional,
+        layer_norm=args.layer_norm,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+    )
+    if args.threads < 1:
+        raise NumericCheckError(f"--threads must be >= 1, got {args.threads}")
+    device = resolve_device(args.device)
+    out = _writable_file(args.out, ".safetensors")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    with _progress_bar(config.steps, disabled=args.quiet) as progress:
+        model, history = train_toy(config, progress, device=device)
+    seconds = time.perf_counter() - start
+    from numeric_check.checkpoint import save_checkpoint
+
+    save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
+    info = training_record(config, history, seconds)
+    sidecar = out.with_suffix(".json")
+    sidecar.write_text(json.dumps(info, indent=2) + "\n")
+    final = history.final
+    print(
+        f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
+        f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
+        f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
+        f"wrote {out} and {sidecar}"
+    )
+    return 0
+
+
+def training_record(config, history, seconds: float) -> dict:
+    """What the JSON beside a trained checkpoint records: config, final losses, a loss curve."""
+    import math
+
+    smooth = history.smoothed("loss", 100)
+    smooth_repeat = history.smoothed("repeat_loss", 100)
+    every = max(1, len(smooth) // 40)
+    return {
+        "train_config": config.to_dict(),
+        "final": history.final,
+        "uniform_loss": math.log(config.d_vocab),
+        "seconds": round(seconds, 1),
+        "curve": [
+            {"step": i + 1, "loss": round(smooth[i], 4), "repeat_loss": round(smooth_repeat[i], 4)}
+            for i in range(every - 1, len(smooth), every)
+        ],
+    }
+
+
+class _progress_bar:
+    """tqdm on stderr when available (a plain line every 10% otherwise); a context manager."""
+
+    def __init__(self, total: int, disabled: bool):
+        self.total, self.disabled, self.bar = total, disabled, None
+
+    def __enter__(self):
+        if not self.disabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, file=sys.stderr, unit="step", dynamic_ncols=True)
+            except ImportError:
+                self.bar = None
+        return self
+
+    def __call__(self, step: int, record: dict) -> None:
+        if self.disabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            if step % 50 == 0 or step == self.total:
+                self.bar.set_postfix(loss=f"{record['loss']:.3f}", repeat=f"{record['repeat_loss']:.3f}")
+        elif step % max(1, self.total // 10) == 0 or step == self.total:
+            print(f"step {step}/{self.total}: loss {record['loss']:.3f}, repeat {record['repeat_loss']:.3f}", file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _writable_file(path: Path, suffix: str) -> Path:
+    """``path`` with ``suffix``, its folder created; a clear error when it cannot be written."""
+    path = Path(path)
+    if path.suffix != suffix:
+        raise OutputPathError(f"output {str(path)!r} should end in {suffix!r}")
+    if path.is_dir():
+        raise OutputPathError(f"output {str(path)!r} is a directory; give a file name ending in {suffix!r}")
+    _writable_dir(path.parent)
+    return path
+
+
+def _writable_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and check it can be written; a clear error otherwise."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".tcircuits-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise OutputPathError(f"cannot write to {str(path)!r}: {error.strerror or error}") from None
+    return path
+
+
+# --- analyze ---------------------------------------------------------------------------
