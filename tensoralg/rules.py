@@ -1,0 +1,150 @@
+"""Rewrite rules: small pure functions, each one identity of the algebra.
+
+Expanding a lazy product in named steps, as a derivation writes it::
+
+    (Σ_i a_i)(Σ_j b_j)                 a product of sums
+    = Σ_{i,j} (a_i)(b_j)               distribute      (products of single terms, not yet multiplied)
+    = Σ_{i,j} a_i b_j                  mixed_product   ((A⊗B)(C⊗D) = (AC)⊗(BD), slot by slot)
+    = Σ_t c_t t                        collect         (like terms added, canonical order)
+
+Every rule returns an expression equal to its input as an operator (property-tested on
+random numeric bindings), except that ``distribute(…, max_order=k)`` drops the products
+of order above ``k`` on purpose. :func:`expand_steps` lists the steps with the rule names.
+
+>>> from tensoralg.parse import parse
+>>> p = parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)")
+>>> [name for name, _ in expand_steps(p)]
+['distribute', 'mixed_product', 'collect']
+>>> expand_steps(p)[-1][1]
+TensorSum(Id ⊗ W_U W_E + A^{h} ⊗ W_U W_OV^{h} W_E)
+"""
+
+from __future__ import annotations
+
+from tensoralg.expr import Add, Expr, Product, TensorSum, Term, check_order, mul, sum_tensor_sums
+
+
+def _single(t: Term, n_slots: int, slot_shapes: tuple) -> TensorSum:
+    """A one-term sum; its shapes are those of the factor it came from (already checked)."""
+    return TensorSum._trusted({t.words: t.coeff}, n_slots, slot_shapes)
+
+
+def _parts(expr: Expr) -> tuple[Expr, ...]:
+    return expr.parts if isinstance(expr, Add) else (expr,)
+
+
+def _rebuild(parts: list[Expr]) -> Expr:
+    return parts[0] if len(parts) == 1 else Add(parts)
+
+
+def _is_monomial(p: Product) -> bool:
+    return all(len(f) == 1 for f in p.factors)
+
+
+def distribute(expr: Expr, max_order: int | None = None) -> Expr:
+    """``(Σ_i a_i)(Σ_j b_j) = Σ_{i,j} (a_i)(b_j)``: a lazy sum of products of single terms.
+
+    Each product keeps its factors unmultiplied (so the next step, :func:`mixed_product`,
+    is visible); products already made of single terms, and canonical sums, are left
+    alone. ``max_order`` keeps only the products that choose a non-identity term from at
+    most that many factors (the truncation of :meth:`Product.expand`).
+
+    >>> from tensoralg.parse import parse
+    >>> distribute(parse("(A^{1} ⊗ Id + Id ⊗ W_OV^{1})(A^{2} ⊗ W_OV^{2})"))
+    Add(Product((Id ⊗ W_OV^{1}) · (A^{2} ⊗ W_OV^{2})) + Product((A^{1} ⊗ Id) · (A^{2} ⊗ W_OV^{2})))
+    """
+    check_order(max_order)
+    parts: list[Expr] = []
+    for part in _parts(expr):
+        if not isinstance(part, Product) or (max_order is None and _is_monomial(part)):
+            parts.append(part)
+            continue
+        tables = [list(f) for f in part.factors]
+        shapes = [f.slot_shapes for f in part.factors]
+        n = part.n_slots
+        for choice in part.iter_terms(max_order):
+            factors = [_single(tables[k][j], n, shapes[k]) for k, j in enumerate(choice.indices)]
+            parts.append(Product(factors, part.coeff))
+    if not parts:  # truncation dropped every product
+        return TensorSum._trusted({}, expr.n_slots, expr.slot_shapes)
+    return _rebuild(parts)
+
+
+def mixed_product(expr: Expr) -> Expr:
+    """``(A⊗B)(C⊗D) = (AC)⊗(BD)``: each product of single terms becomes one term.
+
+    Words are concatenated slot by slot and the coefficients multiplied; like terms are
+    *not* collected yet (that is :func:`collect`). Products with a factor of several terms
+    are left alone: :func:`distribute` them first.
+
+    >>> from tensoralg.parse import parse
+    >>> mixed_product(parse("(A^{1} ⊗ W_OV^{1})(2·A^{2} ⊗ W_OV^{2})"))
+    TensorSum(2·A^{1} A^{2} ⊗ W_OV^{1} W_OV^{2})
+    """
+    parts: list[Expr] = []
+    for part in _parts(expr):
+        if isinstance(part, Product) and _is_monomial(part):
+            coeff, words = part.coeff, ((),) * part.n_slots
+            for f in part.factors:
+                (t,) = f
+                coeff = mul(coeff, t.coeff)
+                words = tuple([a + b for a, b in zip(words, t.words)])
+            parts.append(TensorSum._trusted({words: coeff}, part.n_slots, part.slot_shapes))
+        else:
+            parts.append(part)
+    return _rebuild(parts)
+
+
+def collect(expr: Expr) -> TensorSum:
+    """``Σ_i c_i t + Σ_j d_j t = (Σ c_i + Σ d_j) t``: the canonical sum, like terms added,
+    zero terms dropped, in canonical order. Lazy parts are expanded first.
+
+    >>> from tensoralg.parse import parse
+    >>> collect(parse("(A ⊗ W_OV)(Id ⊗ Id) + A ⊗ W_OV"))
+    TensorSum(2·A ⊗ W_OV)
+    """
+    if isinstance(expr, TensorSum):
+        return expr
+    return sum_tensor_sums([p if isinstance(p, TensorSum) else p.expand() for p in _parts(expr)])
+
+
+def transpose(expr: Expr) -> Expr:
+    """``(c·F_1⊗…⊗F_k)ᵀ = c·F_1ᵀ⊗…⊗F_kᵀ`` with ``(X_1…X_n)ᵀ = X_nᵀ…X_1ᵀ``, and for lazy
+    products ``(P_1…P_m)ᵀ = P_mᵀ…P_1ᵀ``. An involution: ``transpose(transpose(e)) == e``.
+
+    >>> from tensoralg.parse import parse
+    >>> transpose(parse("A^{2} A^{1} ⊗ W_U W_OV^{1}"))
+    TensorSum(A^{1}ᵀ A^{2}ᵀ ⊗ W_OV^{1}ᵀ W_Uᵀ)
+    """
+    return expr.T
+
+
+def expand_steps(expr: Expr, max_order: int | None = None) -> list[tuple[str, Expr]]:
+    """The expansion of ``expr`` as ``[(rule name, expression after the rule), …]``.
+
+    The rules run in order ``distribute`` (named ``distribute_truncated`` when
+    ``max_order`` drops products), ``mixed_product``, ``collect``; a rule that changes
+    nothing is not listed, so a canonical sum has no steps. The last expression equals
+    ``expr.expand(max_order)``.
+
+    >>> from tensoralg.parse import parse
+    >>> steps = expand_steps(parse("(Id ⊗ Id + A^{1} ⊗ W_OV^{1})(Id ⊗ Id + A^{2} ⊗ W_OV^{2})"), max_order=1)
+    >>> [(name, len(e)) for name, e in steps]
+    [('distribute_truncated', 3), ('mixed_product', 3), ('collect', 3)]
+    """
+    check_order(max_order)
+    truncating = max_order is not None and any(
+        isinstance(p, Product) and p.count(max_order) < p.count() for p in _parts(expr)
+    )
+    steps: list[tuple[str, Expr]] = []
+    current = expr
+    for name, rule in (
+        ("distribute_truncated" if truncating else "distribute", lambda e: distribute(e, max_order)),
+        ("mixed_product", mixed_product),
+        ("collect", collect),
+    ):
+        new = rule(current)
+        if new is not current and new != current:
+            steps.append((name, new))
+            current = new
+    return steps
