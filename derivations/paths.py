@@ -401,8 +401,13 @@ class LogitExpansion:
     def sources(self) -> tuple[Source, ...]:
         return tuple(self._counts)
 
-    def __len__(self) -> int:
+    @property
+    def n_terms(self) -> int:
+        """The exact number of terms (``len()`` too, up to ``sys.maxsize``)."""
         return sum(map(sum, self._counts.values()))
+
+    def __len__(self) -> int:
+        return self.n_terms
 
     def __iter__(self) -> Iterator[PathTerm]:
         arch = self.arch
@@ -471,7 +476,7 @@ class LogitExpansion:
 
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"
-        return f"LogitExpansion({self.arch.describe()}{order}: {len(self):,} terms)"
+        return f"LogitExpansion({self.arch.describe()}{order}: {self.n_terms:,} terms)"
 
 
 def _source_filter(source, known):
@@ -500,7 +505,7 @@ def estimate_logit_terms(arch: Architecture, max_order: int | None = None) -> in
     """
     check_arch(arch)
     check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
-    return len(LogitExpansion(arch, max_order))
+    return LogitExpansion(arch, max_order).n_terms
 
 
 def expand_logits(arch: Architecture, max_order: int | None = None, *, limit: int = 1_000_000) -> LogitExpansion:
@@ -518,7 +523,7 @@ def expand_logits(arch: Architecture, max_order: int | None = None, *, limit: in
     check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
     check_limit(limit)
     expansion = LogitExpansion(arch, max_order)
-    if len(expansion) > limit:
+    if expansion.n_terms > limit:
         refuse_oversize(
             f"the logits of {arch.describe()}",
             [n for k, n in sorted(LogitExpansion(arch).count_by_order().items())],

@@ -173,8 +173,13 @@ class QKExpansion:
     def label(self) -> str:
         return head_label(self.layer, self.head)
 
-    def __len__(self) -> int:
+    @property
+    def n_terms(self) -> int:
+        """The exact number of terms (``len()`` too, up to ``sys.maxsize``)."""
         return sum(self._per_order)
+
+    def __len__(self) -> int:
+        return self.n_terms
 
     def count_by_order(self) -> dict[int, int]:
         return {k: n for k, n in enumerate(self._per_order) if n}
@@ -257,7 +262,7 @@ class QKExpansion:
 
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"
-        return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {len(self):,} terms)"
+        return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {self.n_terms:,} terms)"
 
 
 def _select(sides: list[list[_Side]], want, name: str) -> list[list[_Side]]:
@@ -292,7 +297,7 @@ def estimate_qk_terms(arch: Architecture, layer: int, head: int, max_order: int 
     169
     """
     _validated(arch, layer, head, max_order)
-    return len(QKExpansion(arch, layer, head, max_order))
+    return QKExpansion(arch, layer, head, max_order).n_terms
 
 
 def expand_qk(arch: Architecture, layer: int, head: int, max_order: int | None = None, *,
@@ -310,7 +315,7 @@ def expand_qk(arch: Architecture, layer: int, head: int, max_order: int | None =
     _validated(arch, layer, head, max_order)
     check_limit(limit)
     expansion = QKExpansion(arch, layer, head, max_order)
-    if len(expansion) > limit:
+    if expansion.n_terms > limit:
         refuse_oversize(f"the scores of {head_label(layer, head)} in {arch.describe()}",
                         QKExpansion(arch, layer, head)._per_order, limit)
     return expansion
