@@ -112,6 +112,73 @@ def from_hf_gpt2(model: Any, dtype: str | torch.dtype = torch.float64, device: s
     return _build(_read_hf_gpt2(model), dtype, device or model.lm_head.weight.device, biases)
 
 
+def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = None) -> Any:
+    """A TransformerLens ``HookedTransformer`` with ``model``'s weights and the same logits.
+
+    For benchmarks and cross-checks. Layer norm becomes ``LNPre``, ``qk_only`` positions
+    ``shortformer``, ``none`` positions a zero ``W_pos``; absent biases are zeros. Needs the
+    same number of heads in every layer. ``dtype`` defaults to the model's.
+
+    >>> from derivations.architecture import Architecture
+    >>> ours = CircuitModel.random(Architecture(1, 2, layer_norm=True), d_model=8, d_head=4, d_vocab=10, n_ctx=4)
+    >>> theirs = to_transformer_lens(ours)
+    >>> tokens = torch.tensor([[1, 2, 3]])
+    >>> torch.allclose(theirs(tokens), ours(tokens), atol=1e-5)
+    True
+    """
+    from transformer_lens import HookedTransformer, HookedTransformerConfig  # optional dependency (tcircuits[tl])
+
+    arch, cfg = model.arch, model.cfg
+    if not arch.uniform:
+        raise UnsupportedModel(
+            f"TransformerLens needs the same number of heads in every layer; this model has heads "
+            f"{'/'.join(map(str, arch.heads_per_layer))}"
+        )
+    tl_cfg = HookedTransformerConfig(
+        n_layers=arch.n_layers, d_model=cfg.d_model, d_head=cfg.d_head, n_heads=arch.heads_per_layer[0] if arch.n_layers else 1,
+        d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, d_mlp=cfg.d_mlp, act_fn=cfg.act_fn, attn_only=not arch.mlp,
+        normalization_type="LNPre" if arch.layer_norm else None, eps=cfg.ln_eps,
+        positional_embedding_type="shortformer" if arch.positional == "qk_only" else "standard",
+        use_attn_scale=True, attn_scale=cfg.scale, dtype=resolve_dtype(dtype or model.dtype),
+        device=str(model.device), init_weights=False, seed=None,
+    )
+    source = HookedTransformer(tl_cfg)
+    state = _tl_state_dict(model)
+    params = dict(source.named_parameters())
+    if set(params) - set(state):  # a bug here, not the user's
+        raise WeightError(f"to_transformer_lens left parameters unset: {sorted(set(params) - set(state))}")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(state[name])
+    return source
+
+
+def _tl_state_dict(model: CircuitModel) -> dict[str, Tensor]:
+    """``model``'s weights under TransformerLens' names and row convention; absent ones as zeros."""
+    zeros = lambda *shape: torch.zeros(*shape, dtype=model.dtype, device=model.device)
+    or_zeros = lambda t, *shape: zeros(*shape) if t is None else t
+    cfg = model.cfg
+    state = {
+        "embed.W_E": model.W_E.T,
+        "pos_embed.W_pos": or_zeros(model.W_pos, cfg.d_model, cfg.n_ctx).T,
+        "unembed.W_U": model.W_U.T,
+        "unembed.b_U": or_zeros(model.b_U, cfg.d_vocab),
+    }
+    for i, block in enumerate(model.blocks):
+        attn, p, h = block.attn, f"blocks.{i}.", block.attn.n_heads
+        for name in ("Q", "K", "V"):
+            state[f"{p}attn.W_{name}"] = getattr(attn, f"W_{name}").transpose(1, 2)  # [h, d_model, d_head]
+            state[f"{p}attn.b_{name}"] = or_zeros(getattr(attn, f"b_{name}"), h, cfg.d_head)
+        state[p + "attn.W_O"] = attn.W_O.transpose(1, 2)  # [h, d_head, d_model]
+        state[p + "attn.b_O"] = or_zeros(attn.b_O, cfg.d_model)
+        if block.mlp is not None:
+            mlp = block.mlp
+            state[p + "mlp.W_in"], state[p + "mlp.W_out"] = mlp.W_in.T, mlp.W_out.T
+            state[p + "mlp.b_in"] = or_zeros(mlp.b_in, cfg.d_mlp)
+            state[p + "mlp.b_out"] = or_zeros(mlp.b_out, cfg.d_model)
+    return state
+
+
 def _is_instance(obj: Any, module: str, name: str) -> bool:
     """isinstance against an optional dependency's class, without importing it."""
     mod = sys.modules.get(module)

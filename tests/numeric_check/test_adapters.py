@@ -230,3 +230,37 @@ def test_gpt2_unsupported():
         from_hf_gpt2(gpt2_model(activation_function="silu"))
     with pytest.raises(UnsupportedModel, match=r"from_hf_gpt2 expects a transformers.GPT2LMHeadModel, got HookedTransformer"):
         from_hf_gpt2(tl_model())
+
+
+# --- round trips over random architectures ---------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from numeric_check.adapters import to_transformer_lens  # noqa: E402
+from tests.numeric_check.strategies_model import circuit_models, token_batches  # noqa: E402
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_property_round_trip_through_transformer_lens(data):
+    model = data.draw(circuit_models(uniform=True))
+    toks = data.draw(token_batches(model.cfg))
+    hooked = to_transformer_lens(model)
+    ours = model(toks)
+    torch.testing.assert_close(hooked(toks), ours, rtol=1e-9, atol=1e-9)
+    back = from_transformer_lens(hooked, biases=model.arch.biases)
+    summary = lambda a: (a.heads_per_layer, a.layer_norm, a.biases, a.mlp and a.n_layers > 0)
+    assert summary(back.arch) == summary(model.arch)
+    assert back.arch.positional == model.arch.positional or model.arch.positional == "none"
+    torch.testing.assert_close(back(toks), ours, rtol=1e-9, atol=1e-9)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(back.get_parameter(name), param, rtol=1e-12, atol=1e-12)
+
+
+def test_to_transformer_lens_needs_uniform_heads():
+    from numeric_check.model import CircuitModel
+    from derivations.architecture import Architecture
+
+    model = CircuitModel.random(Architecture(2, (1, 3)), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+    with pytest.raises(UnsupportedModel, match=r"same number of heads in every layer; this model has heads 1/3"):
+        to_transformer_lens(model)

@@ -180,3 +180,16 @@ def test_unusable_device_is_a_checkpoint_error(saved):
     _, path = saved
     with pytest.raises(CheckpointError, match=r"expected a floating dtype"):
         load_checkpoint(path, dtype=torch.int32)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from tests.numeric_check.strategies_model import circuit_models  # noqa: E402
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(circuit_models())
+def test_property_round_trip(tmp_path, model):
+    path = tmp_path / "model.safetensors"
+    model.save(path)
+    assert_same(model, CircuitModel.load(path))

@@ -260,3 +260,43 @@ def test_repr_is_honest():
     text = repr(make())
     assert text.startswith("CircuitModel(2 layers x heads 2/3, standard positions, layer norm, biases, MLPs; d_model=12")
     assert "dtype=torch.float64" in text
+
+
+# --- properties over random architectures --------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.numeric_check.strategies_model import circuit_models, token_batches  # noqa: E402
+
+PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(st.data())
+def test_property_freezing_every_scale_and_pattern_is_exact(data):
+    model = data.draw(circuit_models())
+    toks = data.draw(token_batches(model.cfg))
+    names = [n for n in model.hook_names if n.endswith(("hook_scale", "hook_pattern"))]
+    logits, cache = model.run_with_cache(toks, names_filter=names)
+    assert logits.shape == (*toks.shape, model.cfg.d_vocab) and torch.isfinite(logits).all()
+    frozen = model.run_with_hooks(toks, [(n, lambda x, hook: cache[hook]) for n in names])
+    torch.testing.assert_close(frozen, logits, rtol=1e-12, atol=1e-12)
+    for name in names:
+        if name.endswith("hook_pattern"):
+            torch.testing.assert_close(cache[name].sum(-1), torch.ones_like(cache[name][..., 0]))
+
+
+@PROPERTY
+@given(st.data())
+def test_property_folded_b_O_and_centring(data):
+    model = data.draw(circuit_models())
+    toks = data.draw(token_batches(model.cfg))
+    logits, cache = model.run_with_cache(toks)
+    if model.arch.layer_norm and model.arch.n_layers:
+        assert cache["blocks.0.hook_resid_pre"].mean(-1).abs().max() < 1e-9
+    if model.arch.biases:
+        with torch.no_grad():
+            for layer, block in enumerate(model.blocks):
+                block.attn.b_O.copy_(model.folded_b_O(layer))
+                block.attn.b_V.zero_()
+        torch.testing.assert_close(model(toks), logits, rtol=1e-9, atol=1e-9)
