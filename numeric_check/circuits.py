@@ -38,7 +38,8 @@ Head = tuple[int, int]
 # --- weights ----------------------------------------------------------------------------------
 
 
-def _weight(model, name: str, dtype: torch.dtype | None) -> Tensor:
+def model_weight(model, name: str, dtype: torch.dtype | None = None) -> Tensor:
+    """A model-level weight (``W_E``, ``W_pos``, ``W_U``) detached, in ``dtype``; an error if the model lacks it."""
     tensor = getattr(model, name)
     if tensor is None:
         raise AnalysisError(f"the model has no {name} (positional kind {model.arch.positional!r})")
@@ -101,7 +102,7 @@ def ov_circuit(model, layer: int, head: int, *, dtype: torch.dtype | None = None
     Factored([10×8] @ [8×2] @ [2×8] @ [8×10], shape [10×10])
     """
     w = head_weights(model, layer, head, dtype)
-    return Factored(_weight(model, "W_U", dtype), w["W_O"], w["W_V"], _weight(model, "W_E", dtype))
+    return Factored(model_weight(model, "W_U", dtype), w["W_O"], w["W_V"], model_weight(model, "W_E", dtype))
 
 
 def qk_circuit(model, layer: int, head: int, *, dtype: torch.dtype | None = None) -> Factored:
@@ -117,7 +118,7 @@ def qk_circuit(model, layer: int, head: int, *, dtype: torch.dtype | None = None
     torch.Size([10, 10])
     """
     w = head_weights(model, layer, head, dtype)
-    W_E = _weight(model, "W_E", dtype)
+    W_E = model_weight(model, "W_E", dtype)
     return Factored(W_E.T, w["W_Q"].T, w["W_K"], W_E)
 
 
@@ -134,7 +135,7 @@ def positional_qk_circuit(model, layer: int, head: int, *, dtype: torch.dtype | 
     torch.Size([5, 5])
     """
     w = head_weights(model, layer, head, dtype)
-    W_pos = _weight(model, "W_pos", dtype)
+    W_pos = model_weight(model, "W_pos", dtype)
     return Factored(W_pos.T, w["W_Q"].T, w["W_K"], W_pos)
 
 
@@ -161,7 +162,7 @@ def virtual_ov_circuit(model, heads: Sequence[Head], *, dtype: torch.dtype | Non
     for layer, head in reversed(heads):
         w = head_weights(model, layer, head, dtype)
         middle += [w["W_O"], w["W_V"]]
-    return Factored(_weight(model, "W_U", dtype), *middle, _weight(model, "W_E", dtype))
+    return Factored(model_weight(model, "W_U", dtype), *middle, model_weight(model, "W_E", dtype))
 
 
 def k_composition_circuit(model, reader: Head, writer: Head, *, dtype: torch.dtype | None = None) -> Factored:
@@ -182,7 +183,7 @@ def k_composition_circuit(model, reader: Head, writer: Head, *, dtype: torch.dty
     w2, w1 = head_weights(model, l2, h2, dtype), head_weights(model, l1, h1, dtype)
     if l1 >= l2:
         raise AnalysisError(f"the writer head L{l1}H{h1} must be in an earlier layer than the reader L{l2}H{h2}")
-    W_E = _weight(model, "W_E", dtype)
+    W_E = model_weight(model, "W_E", dtype)
     return Factored(W_E.T, w2["W_Q"].T, w2["W_K"], w1["W_O"], w1["W_V"], W_E)
 
 
@@ -196,7 +197,7 @@ def ov_circuits(model, *, dtype: torch.dtype | None = None) -> Factored:
     head the layer lacks). ``W_E W_U`` is shared by all heads when the product is evaluated.
     """
     w = stacked_head_weights(model, dtype, ("W_O", "W_V"))
-    return Factored(_weight(model, "W_U", dtype), w["W_O"], w["W_V"], _weight(model, "W_E", dtype))
+    return Factored(model_weight(model, "W_U", dtype), w["W_O"], w["W_V"], model_weight(model, "W_E", dtype))
 
 
 def ov_eigenvalues(model, *, dtype: torch.dtype | None = None) -> Tensor:
@@ -270,7 +271,7 @@ def same_matching_scores(model, *, dtype: torch.dtype | None = None) -> Tensor:
     (torch.Size([2, 2, 2, 2]), True)
     """
     w = stacked_head_weights(model, dtype)
-    W_E = _weight(model, "W_E", dtype)
+    W_E = model_weight(model, "W_E", dtype)
     first, second = layer_pairs(model)
     reader = [w["W_Q"][second].mT[:, None], w["W_K"][second][:, None]]  # [pairs, 1, H2, ...]
     writer = [w["W_O"][first][:, :, None], w["W_V"][first][:, :, None]]  # [pairs, H1, 1, ...]
