@@ -1,0 +1,579 @@
+"""Derivations: chains of equations, each line produced by a rule of the algebra.
+
+A :class:`Derivation` is a titled list of :class:`Chain`\\ s. A chain reads
+``lhs = e_1 = e_2 = …``: each :class:`Step` holds an expression and the :class:`Rule`
+that produced it from the line before (the first step's rule says where ``e_1`` comes
+from, e.g. a definition). Steps are made by applying the algebra's own functions
+(:meth:`Chain.apply`, :meth:`Chain.expand`, :meth:`Chain.fold` …), never typed by hand,
+and :meth:`Derivation.verify` checks every line numerically on random bindings.
+
+>>> from tensoralg import atom, term
+>>> T = Chain.start(Math("T", "T"), term(None, atom("W_U")) @ term(None, atom("W_E")))
+>>> T = T.apply(lambda e: e.expand(), "mixed-product")
+>>> print(T.last)
+Id ⊗ W_U W_E
+>>> d = Derivation("zero", "Zero layers", "The bigram table.", (T,))
+>>> [s.rule.key for s in d.steps]
+['definition', 'mixed-product']
+>>> d.verify().ok
+True
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import sympy as sp
+
+from tensoralg import Add, Atom, Definition, Expr, Product, TensorSum, Term, fold, to_numpy, unfold
+from tensoralg.atoms import DIMS
+from tensoralg.definitions import STANDARD_DEFINITIONS
+
+from derivations import render
+from derivations.errors import DerivationError
+from derivations.render import Math, SumIndex, prose
+
+# -- rules ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A justification: its key, its name, and the identity it states (if one)."""
+
+    key: str
+    name: str
+    statement: Math | None = None
+
+
+RULES: dict[str, Rule] = {
+    r.key: r
+    for r in (
+        Rule("definition", "definition"),
+        Rule("substitution", "substitution"),
+        Rule("distributivity", "distributivity", Math(r"X(Y + Z)W = XYW + XZW", "X(Y + Z)W = XYW + XZW")),
+        Rule("mixed-product", "mixed-product rule",
+             Math(r"(A \otimes B)(C \otimes D) = (AC) \otimes (BD)", "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)")),
+        Rule("identity", "identity", Math(r"\mathrm{Id}\, X = X\, \mathrm{Id} = X", "Id X = X Id = X")),
+        Rule("collect", "collecting like terms", Math(r"aX + bX = (a + b)X", "aX + bX = (a + b)X")),
+        Rule("fold", "folding a definition"),
+        Rule("unfold", "unfolding a definition"),
+        Rule("transpose", "transpose", Math(r"(XY)^{\top} = Y^{\top} X^{\top}", "(XY)ᵀ = Yᵀ Xᵀ")),
+        Rule("bilinear", "bilinear form of two residual streams",
+             Math(r"(P \otimes W_p)^{\top}\!\cdot M \cdot (Q \otimes W_q) \mapsto P \otimes Q \otimes W_p^{\top} M W_q",
+                  "(P ⊗ W_p), M, (Q ⊗ W_q) ↦ P ⊗ Q ⊗ W_pᵀ M W_q")),
+        Rule("block", "block matrices as tensor products",
+             Math(r"\begin{bmatrix} X_0 & X_1 \end{bmatrix} = e_0^{\top} \otimes X_0 + e_1^{\top} \otimes X_1",
+                  "[X_0 X_1] = e_0ᵀ ⊗ X_0 + e_1ᵀ ⊗ X_1")),
+        Rule("orthonormality", "orthonormality", Math(r"e_i^{\top} e_j = \delta_{ij}", "e_iᵀ e_j = δ_ij")),
+        Rule("regroup", "regrouping the terms"),
+        Rule("truncation", "truncation by order"),
+    )
+}
+
+
+def rule(key: str | Rule) -> Rule:
+    """The rule named ``key`` (``"mixed-product"``, ``"mixed_product"`` …); unknown keys
+    (from a rewrite engine that knows more rules) get a rule named after them.
+
+    >>> rule("mixed_product").name
+    'mixed-product rule'
+    """
+    if isinstance(key, Rule):
+        return key
+    if not isinstance(key, str) or not key.strip():
+        raise DerivationError(f"a rule is a Rule or a non-empty name, got {key!r}; known: {', '.join(RULES)}")
+    normal = "-".join(key.strip().lower().replace("_", " ").split())
+    return RULES.get(normal) or Rule(normal, normal.replace("-", " "))
+
+
+def as_prose(value) -> tuple:
+    """A paragraph from a string, a :class:`Math`, an expression, or a sequence of them."""
+    if value is None or value == ():
+        return ()
+    if isinstance(value, (str, Math, Expr)):
+        return prose(value)
+    return prose(*value)
+
+
+# -- steps and chains -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One line ``= expr`` and its justification.
+
+    ``detail`` says exactly what the rule did (e.g. which definition was folded);
+    ``text`` is prose shown before the line; ``groups`` optionally splits the line's terms
+    into labelled parts whose sum is ``expr`` (e.g. by composition).
+    """
+
+    expr: Expr
+    rule: Rule
+    detail: tuple = ()
+    text: tuple = ()
+    groups: tuple[tuple[str, TensorSum], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expr, Expr):
+            raise DerivationError(f"a step's expression must be a tensoralg expression, got {self.expr!r}")
+        object.__setattr__(self, "rule", rule(self.rule))
+        object.__setattr__(self, "detail", as_prose(self.detail))
+        object.__setattr__(self, "text", as_prose(self.text))
+        groups = tuple((str(label), part) for label, part in self.groups)
+        if groups and sum_of(part for _, part in groups) != self.expr.expand():
+            raise DerivationError(f"the groups of a {self.rule.name} step do not add up to its expression")
+        object.__setattr__(self, "groups", groups)
+
+
+def sum_of(parts) -> TensorSum:
+    parts = list(parts)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+@dataclass(frozen=True)
+class Chain:
+    """``lhs = e_1 = e_2 = …`` (``lhs`` a :class:`Math` name, an expression, or ``None``).
+
+    Immutable: every method returns a new chain with one more step.
+    """
+
+    lhs: Math | Expr | None
+    steps: tuple[Step, ...]
+    intro: tuple = ()
+    sums: tuple[SumIndex, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.lhs is not None and not isinstance(self.lhs, (Math, Expr)):
+            raise DerivationError(f"a chain's left-hand side is a Math name, an expression or None, got {self.lhs!r}")
+        if not self.steps:
+            raise DerivationError("a chain needs at least one step")
+        if not all(isinstance(s, SumIndex) for s in self.sums):
+            raise DerivationError(f"a chain's sums are SumIndex values, got {self.sums!r}")
+        object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "intro", as_prose(self.intro))
+        object.__setattr__(self, "sums", tuple(self.sums))
+
+    @classmethod
+    def start(cls, lhs, expr: Expr, rule: str | Rule = "definition", detail=(), intro=(), sums=()) -> "Chain":
+        """A chain whose first line is ``expr``, justified by ``rule``; ``sums`` are the head
+        indices its terms sum over (shown as Σ)."""
+        return cls(lhs, (Step(expr, rule, detail),), intro, tuple(sums))
+
+    @property
+    def first(self) -> Expr:
+        return self.steps[0].expr
+
+    @property
+    def last(self) -> Expr:
+        return self.steps[-1].expr
+
+    def _then(self, step: Step) -> "Chain":
+        return Chain(self.lhs, self.steps + (step,), self.intro, self.sums)
+
+    def apply(self, fn: Callable[..., Expr], rule: str | Rule, *args, detail=(), text=(), **kwargs) -> "Chain":
+        """Add the line ``fn(last, *args, **kwargs)``, justified by ``rule``."""
+        return self._then(Step(fn(self.last, *args, **kwargs), rule, detail, text))
+
+    def expand(self, max_order: int | None = None, text=()) -> "Chain":
+        """Add each rewrite of :func:`tensoralg.rules.expand_steps` as its own line."""
+        from tensoralg.rules import expand_steps  # tensoralg.rules lands after the core
+
+        chain = self
+        for i, (name, expr) in enumerate(expand_steps(self.last, max_order=max_order)):
+            chain = chain._then(Step(expr, name, (), text if i == 0 else ()))
+        return chain
+
+    def fold(self, definition: Definition, text=()) -> "Chain":
+        """Fold ``definition`` (``W_O W_V → W_OV``) everywhere in the last line."""
+        return self.apply(fold, "fold", definition, detail=definition_math(definition), text=text)
+
+    def unfold(self, definition: Definition, text=()) -> "Chain":
+        """Unfold ``definition`` (``W_OV → W_O W_V``) everywhere in the last line."""
+        return self.apply(unfold, "unfold", definition, detail=definition_math(definition), text=text)
+
+    def regroup(self, groups: Sequence[tuple[str, TensorSum]], rule: str | Rule = "regroup", detail=(), text=()) -> "Chain":
+        """Repeat the last line split into labelled groups (which must add up to it)."""
+        return self._then(Step(self.last.expand(), rule, detail, text, tuple(groups)))
+
+
+def definition_math(d: Definition) -> tuple:
+    """``W_{OV}^{h} := W_O^{h} W_V^{h}`` for a tensoralg definition, as prose."""
+    lhs, rhs = TensorSum([Term(1, ((d.atom("h"),),))]), TensorSum([Term(1, (d.word("h"),))])
+    return prose(lhs, Math(r" := ", " := "), rhs, " for every head h")
+
+
+# -- derivations ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Numeric:
+    """How to bind atoms for a numeric check.
+
+    ``dims``: sizes of symbolic dimensions (defaults for the standard ones); ``special``:
+    per atom name, ``f(atom, shape, rng) -> array`` (e.g. orthonormal columns);
+    ``derived``: per atom name, ``f(atom) -> 1-slot expression`` that defines it (the
+    standard ``W_OV``/``W_QK`` are included). ``count``: how many heads each summed
+    index (:class:`SumIndex`) stands for.
+    """
+
+    dims: Mapping[str, int] = field(default_factory=dict)
+    special: Mapping[str, Callable] = field(default_factory=dict)
+    derived: Mapping[str, Callable] = field(default_factory=dict)
+    count: int = 2
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A named, titled sequence of chains with notes on assumptions and notation."""
+
+    name: str
+    title: str
+    summary: str
+    chains: tuple[Chain, ...]
+    notes: tuple = ()
+    params: tuple[tuple[str, object], ...] = ()
+    numeric: Numeric = field(default_factory=Numeric)
+
+    def __post_init__(self) -> None:
+        for attr in ("name", "title", "summary"):
+            if not isinstance(getattr(self, attr), str):
+                raise DerivationError(f"a derivation's {attr} must be a string, got {getattr(self, attr)!r}")
+        if not self.chains or not all(isinstance(c, Chain) for c in self.chains):
+            raise DerivationError("a derivation needs at least one Chain")
+        object.__setattr__(self, "chains", tuple(self.chains))
+        object.__setattr__(self, "notes", tuple(as_prose(n) for n in self.notes))
+        object.__setattr__(self, "params", tuple(dict(self.params).items()))
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """Every step of every chain, in order."""
+        return tuple(s for c in self.chains for s in c.steps)
+
+    # rendering: options as in derivations.render
+    def to_latex(self, **options) -> str:
+        """A complete LaTeX document that compiles with pdflatex."""
+        return render.latex_document(self, **options)
+
+    def to_markdown(self, **options) -> str:
+        """Markdown with ``$$`` display math (KaTeX/MathJax)."""
+        return render.markdown(self, **options)
+
+    def to_text(self, **options) -> str:
+        """Plain Unicode text."""
+        return render.text(self, **options)
+
+    def to_json(self, **options) -> str:
+        """JSON: every step with its rule, LaTeX and text forms."""
+        return render.to_json(self, **options)
+
+    def _repr_latex_(self) -> str:
+        return render.latex_math(self)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def verify(self, seed: int = 0, tol: float = 1e-9) -> "Verification":
+        """Evaluate every line on random bindings; see :func:`verify`."""
+        return verify(self, seed=seed, tol=tol)
+
+
+# -- numeric verification ---------------------------------------------------------------
+
+DEFAULT_DIMS = {"n_ctx": 4, "d_model": 5, "d_head": 3, "d_vocab": 6, "d_mlp": 7}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Per step ``(chain, step, error)``: the largest difference from the chain's first line,
+    relative to its largest entry."""
+
+    errors: tuple[tuple[int, int, float], ...]
+    tol: float
+
+    @property
+    def ok(self) -> bool:
+        return all(e <= self.tol for _, _, e in self.errors)
+
+    @property
+    def worst(self) -> float:
+        return max((e for _, _, e in self.errors), default=0.0)
+
+
+def instantiate(expr: Expr, sums: Sequence[SumIndex], count: int) -> Expr:
+    """Replace each summed index by ``count`` concrete heads (``h_0`` → ``h_0=0``, ``h_0=1``…)
+    within each term that carries it, so a Σ-form can be evaluated numerically.
+
+    >>> from tensoralg import atom, term
+    >>> s = instantiate(term(atom("A", "h"), atom("W_OV", "h")), [SumIndex("h", Math("H", "H"))], 2)
+    >>> len(s)
+    2
+    """
+    names = [s.index for s in sums]
+    if isinstance(expr, Product):
+        return Product([instantiate(f, sums, count) for f in expr.factors], expr.coeff)
+    if isinstance(expr, Add):
+        return Add([instantiate(p, sums, count) for p in expr.parts])
+    out: dict = {}
+    for t in expr.expand():
+        present = [n for n in names if any(a.index == n for w in t.words for a in w)]
+        for values in itertools.product(range(count), repeat=len(present)):
+            rename = {n: f"{n}={v}" for n, v in zip(present, values)}
+            words = tuple(tuple(a.with_index(rename[a.index]) if a.index in rename else a for a in w) for w in t.words)
+            out[words] = out.get(words, 0) + t.coeff
+    return TensorSum(out, n_slots=expr.n_slots)
+
+
+def atoms_in(expr: Expr) -> Iterator[Atom]:
+    if isinstance(expr, Product):
+        for f in expr.factors:
+            yield from atoms_in(f)
+    elif isinstance(expr, Add):
+        for p in expr.parts:
+            yield from atoms_in(p)
+    else:
+        for t in expr.expand():
+            for w in t.words:
+                yield from (a.base for a in w)
+
+
+class Binder:
+    """Random arrays for atoms: patterns are causal and row-stochastic, symmetric atoms
+    positive diagonal, derived atoms computed from their definitions."""
+
+    def __init__(self, numeric: Numeric, rng: np.random.Generator, sums: Sequence[SumIndex] = ()):
+        self.numeric = numeric
+        self.sums = tuple(sums)
+        self.rng = rng
+        self.dims = {**DEFAULT_DIMS, **numeric.dims}
+        self.values: dict[Atom, np.ndarray] = {}
+        self.derived = {name: (lambda a, d=d: TensorSum([Term(1, (d.word(a.index),))]))
+                        for name, d in STANDARD_DEFINITIONS.items()}
+        self.derived.update(numeric.derived)
+
+    def number(self, value) -> complex:
+        """A symbolic size or coefficient with the sizes substituted."""
+        value = sp.sympify(value)
+        value = value.subs({s: self.dims[s.name] for s in value.free_symbols if s.name in self.dims})
+        if not value.is_number:
+            raise DerivationError(f"no numeric value for {value}; give its sizes in Numeric(dims=...)")
+        return complex(value)
+
+    def size(self, dim) -> int:
+        return int(self.number(dim).real)
+
+    def bind(self, a: Atom) -> np.ndarray:
+        a = a.base
+        if a in self.values:
+            return self.values[a]
+        shape = (self.size(a.rows), self.size(a.cols))
+        if a.name in self.derived:
+            value = self.operator(instantiate(self.derived[a.name](a), self.sums, self.numeric.count), {0: shape[0]})
+        elif a.name in self.numeric.special:
+            value = np.asarray(self.numeric.special[a.name](a, shape, self.rng), dtype=float)
+        elif a.name == "A":
+            value = causal_pattern(shape[0], self.rng)
+        elif a.symmetric:
+            value = np.diag(self.rng.uniform(0.5, 1.5, shape[0]))
+        else:
+            value = self.rng.standard_normal(shape) / np.sqrt(shape[1])
+        if value.shape != shape:
+            raise DerivationError(f"the value bound to {a.label} has shape {value.shape}, expected {shape}")
+        self.values[a] = value
+        return value
+
+    def operator(self, expr: Expr, rows: Mapping[int, int]) -> np.ndarray:
+        """The dense operator of ``expr``; a product is the matrix product of its factors'
+        operators (so the mixed-product rule itself is checked, not assumed)."""
+        if isinstance(expr, Add):
+            return sum(self.operator(p, rows) for p in expr.parts)
+        if isinstance(expr, Product):
+            total, current = None, dict(rows)
+            for f in expr.factors:
+                m = self.operator(f, current)
+                total = m if total is None else total @ m
+                current = {i: self.size(s[1]) if s is not None else current[i] for i, s in enumerate(f.slot_shapes)}
+            return complex_to_real(self.number(expr.coeff)) * total
+        s = expr.expand()
+        bindings = {a: self.bind(a) for a in atoms_in(s)}
+        sizes = {i: rows[i] for i in range(s.n_slots)}
+        return to_numpy(s, bindings, dims=self.dims, slot_sizes=sizes)
+
+
+def complex_to_real(c: complex):
+    return c.real if c.imag == 0 else c
+
+
+def causal_pattern(n: int, rng: np.random.Generator) -> np.ndarray:
+    """A random attention pattern: lower-triangular, rows summing to 1."""
+    scores = rng.standard_normal((n, n))
+    scores[np.triu_indices(n, 1)] = -np.inf
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def slot_rows(chain: Chain, binder: Binder) -> dict[int, int]:
+    """Rows of each slot, from the first line that fixes them (a position slot defaults to ``n_ctx``)."""
+    n_slots = chain.first.n_slots
+    rows: dict[int, int] = {}
+    for step in chain.steps:
+        for i, shape in enumerate(step.expr.slot_shapes):
+            if shape is not None and i not in rows:
+                rows[i] = binder.size(shape[0])
+    for i in range(n_slots):
+        rows.setdefault(i, binder.size(DIMS["n_ctx"]))
+    return rows
+
+
+def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verification:
+    """Evaluate every line of every chain on random bindings and compare with the first.
+
+    Summed indices stand for ``numeric.count`` heads each. Returns a :class:`Verification`.
+    """
+    sums = [s for c in derivation.chains for s in c.sums]
+    binder = Binder(derivation.numeric, np.random.default_rng(seed), sums)
+    count = derivation.numeric.count
+    errors = []
+    for ci, chain in enumerate(derivation.chains):
+        rows = slot_rows(chain, binder)
+        reference = None
+        for si, step in enumerate(chain.steps):
+            expr = instantiate(step.expr, chain.sums, count)
+            if isinstance(expr, TensorSum) and expr.is_zero and reference is not None:
+                value = np.zeros_like(reference)
+            else:
+                value = binder.operator(expr, rows)
+            if reference is None:
+                reference = value
+                scale = max(float(np.abs(value).max(initial=0.0)), 1.0)
+            if value.shape != reference.shape:
+                raise DerivationError(
+                    f"step {si} of chain {ci} ({step.rule.name}) has an operator of shape {value.shape}, "
+                    f"the first line {reference.shape}"
+                )
+            errors.append((ci, si, float(np.abs(value - reference).max(initial=0.0)) / scale))
+    return Verification(tuple(errors), tol)
+
+
+# -- rewrites the derivations need beyond expansion and folding -------------------------
+
+
+def _map_terms(expr: Expr, fn: Callable[[Term], dict]) -> Expr:
+    """Apply ``fn`` (term -> {words: coeff}) to every term, keeping lazy structure lazy."""
+    if isinstance(expr, Product):
+        return Product([_map_terms(f, fn) for f in expr.factors], expr.coeff)
+    if isinstance(expr, Add):
+        return Add([_map_terms(p, fn) for p in expr.parts])
+    out: dict = {}
+    for t in expr.expand():
+        for words, c in fn(t).items():
+            out[words] = out.get(words, 0) + c
+    return TensorSum(out, n_slots=expr.n_slots)
+
+
+def substitute(expr: Expr, target: Atom, replacement: Expr) -> Expr:
+    """Replace the atom ``target`` by a matrix (a 1-slot expression) everywhere, ``targetᵀ``
+    by its transpose, and distribute.
+
+    >>> from tensoralg import atom, term, identity
+    >>> print(substitute(term(atom("A", "h"), atom("W_OV", "h")), atom("A", "h"), identity(1)))
+    Id ⊗ W_OV^{h}
+    """
+    rep = replacement.expand()
+    if rep.n_slots != 1:
+        raise DerivationError(f"a substitution replaces an atom by a matrix (1 slot), got {rep.n_slots} slots")
+    forward = [(t.words[0], t.coeff) for t in rep]
+    backward = [(tuple(a.T for a in reversed(w)), c) for w, c in forward]
+    target = target.base if not target.transposed else target.T
+
+    def word_options(word):
+        options = [((), sp.S.One)]
+        for a in word:
+            choices = forward if a == target else backward if a == target.T else [((a,), sp.S.One)]
+            options = [(w + cw, c * cc) for w, c in options for cw, cc in choices]
+        return options
+
+    def fn(t: Term) -> dict:
+        out: dict = {}
+        for combo in itertools.product(*(word_options(w) for w in t.words)):
+            words = tuple(w for w, _ in combo)
+            coeff = t.coeff * sp.Mul(*(c for _, c in combo))
+            out[words] = out.get(words, 0) + coeff
+        return out
+
+    return _map_terms(expr, fn)
+
+
+def rewrite_words(expr: Expr, identities: Mapping[tuple, tuple | None]) -> Expr:
+    """Apply word identities: each occurrence of a key (a tuple of atoms) becomes its value
+    (a tuple of atoms, ``()`` for Id), or the term vanishes when the value is ``None``.
+
+    >>> from tensoralg import atom, term
+    >>> from tensoralg.atoms import Atom
+    >>> V = Atom("V", "d_model", "k")
+    >>> print(rewrite_words(term((V.T, V, V.T)), {(V.T, V): ()}))
+    Vᵀ
+    """
+    rules = sorted(identities.items(), key=lambda kv: -len(kv[0]))
+
+    def rewrite(word):
+        changed = True
+        while changed:
+            changed = False
+            for key, value in rules:
+                k = len(key)
+                for i in range(len(word) - k + 1):
+                    if word[i : i + k] == key:
+                        if value is None:
+                            return None
+                        word = word[:i] + tuple(value) + word[i + k :]
+                        changed = True
+                        break
+                if changed:
+                    break
+        return word
+
+    def fn(t: Term) -> dict:
+        words = tuple(rewrite(w) for w in t.words)
+        return {} if any(w is None for w in words) else {words: t.coeff}
+
+    return _map_terms(expr, fn)
+
+
+def fold_word(expr: Expr, word: tuple, name: Atom) -> Expr:
+    """Replace each occurrence of the product ``word`` by the single atom ``name``
+    (and ``wordᵀ`` by ``nameᵀ``): folding a definition ``name := word``."""
+    transposed = tuple(a.T for a in reversed(word))
+    return rewrite_words(expr, {tuple(word): (name,), transposed: (name.T,)})
+
+
+def fold_sum(expr: Expr, name: Atom, definition: Expr, slot: int) -> TensorSum:
+    """Fold ``name := definition`` (a 1-slot sum) where the terms of ``expr`` that agree
+    outside ``slot`` hold, in ``slot``, a multiple of the definition's terms.
+
+    >>> from tensoralg import atom, term
+    >>> from tensoralg.atoms import Atom
+    >>> b, c, s = Atom("b", 3, 1), Atom("c", 3, 1), Atom("s", 3, 1)
+    >>> print(fold_sum(term(None, b) + term(None, c), s, term(b) + term(c), 1))
+    Id ⊗ s
+    """
+    total = expr.expand()
+    rhs = {t.words[0]: t.coeff for t in definition.expand()}
+    first_word, first_coeff = next(iter(rhs.items()))
+    out = dict(total.as_dict())
+    for words, coeff in total.as_dict().items():
+        if words[slot] != first_word or words not in out:
+            continue
+        scale = out[words] / first_coeff
+        matches = {words[:slot] + (w,) + words[slot + 1:]: c * scale for w, c in rhs.items()}
+        if all(sp.simplify(out.get(k, 0) - v) == 0 for k, v in matches.items()):
+            for k, v in matches.items():
+                out[k] = out[k] - v
+            key = words[:slot] + ((name,),) + words[slot + 1:]
+            out[key] = out.get(key, 0) + scale
+    return TensorSum(out, n_slots=total.n_slots)
