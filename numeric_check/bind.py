@@ -1,0 +1,313 @@
+"""Binding the atoms of an expansion to tensors: weights, and values frozen from a real forward pass.
+
+An expansion (:func:`derivations.paths.expand_logits`, :func:`derivations.qk.expand_qk`)
+is symbolic: words of atoms such as ``A^{L1H0}``, ``W_OV^{L1H0}``, ``N^{final}``, ``W_E``.
+A :class:`Binder` gives each atom its numbers for one model and one batch of tokens:
+
+==================  =========================================================  ======================
+atom                bound to                                                   kind
+==================  =========================================================  ======================
+``A^{LlHh}``        ``blocks.l.attn.hook_pattern[:, h]`` (frozen)              position ``[b, q, k]``
+``N^{Ll}``          ``1 / blocks.l.ln1.hook_scale`` (frozen)                   diagonal ``[b, pos]``
+``N^{Ll,qk}``       ``1 / blocks.l.ln1_qk.hook_scale`` (qk_only + layer norm)  diagonal ``[b, pos]``
+``N^{final}``       ``1 / ln_final.hook_scale``                                diagonal ``[b, pos]``
+``W_E``, ``W_U``…   the model's weights (paper convention)                     factors
+``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                          factors
+``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^h)``, kept factored                         factors
+``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                factors ``[d_model, 1]``
+==================  =========================================================  ======================
+
+Residual-side atoms are bound to a tuple of *factors* whose product is the atom's
+matrix, so that ``W_OV = W_O W_V`` is applied as two thin products (``d_head`` wide) and a
+``vocab × vocab`` matrix is never formed. Coefficients are bound too: ``1/sqrt(d_head)``
+becomes the model's own ``1/attn_scale`` (``d_head`` is replaced by ``attn_scale²``).
+
+>>> from derivations.architecture import Architecture
+>>> from numeric_check.model import CircuitModel
+>>> from tensoralg import atom
+>>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0)
+>>> binder = Binder(model, record(model, torch.tensor([[1, 2, 3]])))
+>>> [tuple(f.shape) for f in binder.factors(atom("W_OV", "L0H1"))]
+[(8, 4), (4, 8)]
+>>> tuple(binder.position(atom("A", "L0H1")).value.shape)
+(1, 3, 3)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+import sympy as sp
+import torch
+from torch import Tensor
+
+from derivations.paths import Source
+from numeric_check.errors import NumericCheckError
+from numeric_check.model import CircuitModel
+from tensoralg.atoms import Atom
+from tensoralg.errors import BindingError
+
+
+class AtomBindingError(NumericCheckError, BindingError):
+    """An atom or coefficient that cannot be bound to this model: an unknown name, a layer
+    or head the model does not have, a frozen value the forward pass did not record."""
+
+
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|(?P<qk>,qk))?$")
+_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V")
+
+
+# --- the recorded forward pass ------------------------------------------------------------
+
+
+def _recorded_hook(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in ("hook_pattern", "hook_scale", "hook_mlp_out", "hook_attn_scores", "hook_resid_pre") or name in (
+        "hook_embed",
+        "hook_pos_embed",
+    ) or name.endswith("hook_resid_post")
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One real forward pass: the tokens, the logits, and the hook values that get frozen.
+
+    ``cache`` holds (by hook name) every attention pattern and score, layer-norm scale,
+    MLP output, embedding and residual stream entering or leaving a block.
+    """
+
+    tokens: Tensor  # [batch, pos], long
+    logits: Tensor  # [batch, pos, d_vocab]
+    cache: dict[str, Tensor]
+
+    @property
+    def n_batch(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def n_pos(self) -> int:
+        return self.tokens.shape[1]
+
+    def get(self, name: str, why: str) -> Tensor:
+        """The recorded value of hook ``name``; :class:`AtomBindingError` saying ``why`` it was needed."""
+        try:
+            return self.cache[name]
+        except KeyError:
+            raise AtomBindingError(
+                f"{why} needs hook {name!r}, which the model's forward pass did not record; "
+                "the expansion and the model disagree about the architecture"
+            ) from None
+
+
+def record(model: CircuitModel, tokens: Tensor | Iterable) -> Recording:
+    """Run ``model`` on ``tokens`` (``[batch, pos]`` or ``[pos]``) and keep what verification freezes.
+
+    Raises :class:`~numeric_check.errors.ModelInputError` for bad tokens (the model's
+    :meth:`~numeric_check.model.CircuitModel.check_tokens`).
+
+    >>> from derivations.architecture import Architecture
+    >>> model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=6, n_ctx=4, seed=0)
+    >>> rec = record(model, [0, 1, 2])
+    >>> rec.tokens.shape, rec.logits.shape
+    (torch.Size([1, 3]), torch.Size([1, 3, 6]))
+    """
+    tokens = model.check_tokens(tokens)
+    tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=_recorded_hook)
+    return Recording(tokens, logits, cache)
+
+
+# --- bound values ---------------------------------------------------------------------------
+
+
+class PositionValue(NamedTuple):
+    """A position-side atom for this batch: ``diagonal`` means ``value`` is ``[b, pos]`` (a
+    diagonal matrix per sequence), otherwise ``value`` is ``[b, pos, pos]``."""
+
+    value: Tensor
+    diagonal: bool
+
+
+class SourceInput:
+    """The input ``X`` of a source (one row per position), applied lazily: ``X Fᵀ`` for a
+    token source gathers columns of ``F`` instead of multiplying by one-hots.
+
+    ``kind``: ``token`` (one-hots ``[pos, d_vocab]``), ``position`` (identity rows
+    ``[pos, n_ctx]``), ``ones`` (``[pos, 1]``, every bias) or ``dense`` (``[b, pos, d]``:
+    an MLP's recorded output).
+    """
+
+    def __init__(self, kind: str, n_batch: int, n_pos: int, *, tokens: Tensor | None = None,
+                 dense: Tensor | None = None, width: int = 1, dtype=None, device=None):
+        self.kind, self.n_batch, self.n_pos = kind, n_batch, n_pos
+        self.tokens, self.dense, self.width = tokens, dense, width
+        self.dtype, self.device = dtype, device
+
+    def times_transpose(self, F: Tensor) -> Tensor:
+        """``X Fᵀ`` as ``[b, pos, rows of F]``."""
+        b, p = self.n_batch, self.n_pos
+        if self.kind == "token":
+            return F.T[self.tokens]  # [b, pos, r]: columns of F picked by token id
+        if self.kind == "position":
+            return F[:, :p].T.expand(b, p, F.shape[0])
+        if self.kind == "ones":
+            return F[:, 0].expand(b, p, F.shape[0])
+        return self.dense @ F.T
+
+    def as_dense(self) -> Tensor:
+        """``X`` itself, ``[b, pos, width]`` (one-hots and identity rows materialised)."""
+        b, p = self.n_batch, self.n_pos
+        if self.kind == "dense":
+            return self.dense
+        if self.kind == "ones":
+            return torch.ones(b, p, 1, dtype=self.dtype, device=self.device)
+        eye = torch.eye(self.width, dtype=self.dtype, device=self.device)
+        if self.kind == "token":
+            return eye[self.tokens]
+        return eye[:p].expand(b, p, self.width)
+
+
+# --- the binder -----------------------------------------------------------------------------
+
+
+class Binder:
+    """Tensors for the atoms, coefficients and sources of expansions of ``model`` on one batch.
+
+    The model must already be in the dtype and on the device wanted; every value is taken
+    from it (or from ``recording``, a forward pass of that same model). Values are cached.
+    """
+
+    def __init__(self, model: CircuitModel, recording: Recording):
+        self.model = model
+        self.recording = recording
+        self.cfg = model.cfg
+        self._factors: dict[tuple, tuple[Tensor, ...]] = {}
+        self._positions: dict[tuple, PositionValue] = {}
+        self._coeffs: dict[sp.Expr, float] = {}
+        self._dims = {
+            "d_model": self.cfg.d_model,
+            "d_vocab": self.cfg.d_vocab,
+            "n_ctx": self.cfg.n_ctx,
+            "d_mlp": self.cfg.d_mlp,
+            # sqrt(d_head) stands for the model's attention scale, whatever it is
+            "d_head": self.cfg.scale**2,
+        }
+
+    # -- parsing ---------------------------------------------------------------
+    def _layer_head(self, a: Atom, need_head: bool) -> tuple[int, int | None, bool]:
+        match = _INDEX.match(a.index)
+        if match is None or (need_head and match["head"] is None) or (not need_head and match["head"] is not None):
+            want = "L{layer}H{head}" if need_head else "L{layer}"
+            raise AtomBindingError(f"atom {a.label!r} has index {a.index!r}; expected {want} (e.g. {want.format(layer=0, head=1)})")
+        layer = int(match["layer"])
+        head = None if match["head"] is None else int(match["head"])
+        arch = self.model.arch
+        if layer >= arch.n_layers or (head is not None and head >= arch.heads_per_layer[layer]):
+            raise AtomBindingError(
+                f"atom {a.label!r} refers to a head or layer this model does not have ({arch.describe()}); "
+                "the expansion was built for another architecture"
+            )
+        return layer, head, match["qk"] is not None
+
+    # -- position side ----------------------------------------------------------
+    def position(self, a: Atom) -> PositionValue:
+        """The value of a position-side atom (``A`` or ``N``) for this batch, transposed if ``a`` is."""
+        key = a.key
+        if key not in self._positions:
+            value = self._position(a.base)
+            if a.transposed and not value.diagonal:
+                value = PositionValue(value.value.transpose(-1, -2), False)
+            self._positions[key] = value
+        return self._positions[key]
+
+    def _position(self, a: Atom) -> PositionValue:
+        rec = self.recording
+        if a.name == "A":
+            layer, head, _ = self._layer_head(a, need_head=True)
+            pattern = rec.get(f"blocks.{layer}.attn.hook_pattern", f"atom {a.label}")
+            return PositionValue(pattern[:, head], False)  # [b, q, k]
+        if a.name == "N":
+            if a.index == "final":
+                name = "ln_final.hook_scale"
+            else:
+                layer, _, qk = self._layer_head(a, need_head=False)
+                name = f"blocks.{layer}.{'ln1_qk' if qk else 'ln1'}.hook_scale"
+            if not self.model.arch.layer_norm:
+                raise AtomBindingError(f"atom {a.label!r} is a layer-norm scale but the model has no layer norm")
+            scale = rec.get(name, f"atom {a.label}")
+            return PositionValue(1.0 / scale[..., 0], True)  # [b, pos]
+        raise AtomBindingError(f"unknown position-side atom {a.label!r}; expected A^{{L<l>H<h>}} or N^{{...}}")
+
+    # -- residual side ----------------------------------------------------------
+    def factors(self, a: Atom) -> tuple[Tensor, ...]:
+        """Matrices whose product is ``a`` (transposed if ``a`` is), 2-D, on the model's device."""
+        key = a.key
+        if key not in self._factors:
+            base = tuple(f.detach() for f in self._base_factors(a.base))
+            self._factors[key] = tuple(f.T for f in reversed(base)) if a.transposed else base
+        return self._factors[key]
+
+    def _base_factors(self, a: Atom) -> tuple[Tensor, ...]:
+        model, name = self.model, a.name
+        if name in ("W_E", "W_U", "W_pos", "b_U"):
+            value = getattr(model, name)
+            if value is None:
+                raise AtomBindingError(f"atom {a.label!r} is not part of this model ({model.arch.describe()})")
+            return (value if value.ndim == 2 else value[:, None],)
+        if name in _HEAD_WEIGHTS:
+            layer, head, _ = self._layer_head(a, need_head=True)
+            attn = model.blocks[layer].attn
+            if name == "W_OV":
+                return (attn.W_O[head], attn.W_V[head])
+            if name == "W_QK":
+                return (attn.W_Q[head].T, attn.W_K[head])
+            value = getattr(attn, name)
+            if value is None:
+                raise AtomBindingError(f"atom {a.label!r} is a bias but the model has no biases")
+            return (value[head] if name.startswith("W_") else value[head][:, None],)
+        if name == "b_O":
+            layer, _, _ = self._layer_head(a, need_head=False)
+            if not model.arch.biases:
+                raise AtomBindingError(f"atom {a.label!r} is a bias but the model has no biases")
+            return (model.folded_b_O(layer)[:, None],)
+        if name in ("W_in", "W_out"):
+            layer, _, _ = self._layer_head(a, need_head=False)
+            mlp = model.blocks[layer].mlp
+            if mlp is None:
+                raise AtomBindingError(f"atom {a.label!r} is an MLP weight but the model has no MLPs")
+            return (getattr(mlp, name),)
+        raise AtomBindingError(
+            f"no binding for atom {a.label!r}; bindable atoms: A, N, W_E, W_pos, W_U, b_U, "
+            + ", ".join(_HEAD_WEIGHTS) + ", b_O, W_in, W_out"
+        )
+
+    # -- coefficients and sources ------------------------------------------------
+    def coeff(self, c) -> float:
+        """A term's coefficient as a float, with the model's sizes (``sqrt(d_head)`` → attention scale)."""
+        c = sp.sympify(c)
+        if c not in self._coeffs:
+            subs = {s: self._dims[s.name] for s in c.free_symbols if self._dims.get(s.name) is not None}
+            value = c.subs(subs)
+            if not value.is_number:
+                raise AtomBindingError(f"coefficient {c} has symbols this model cannot bind: {sorted(map(str, value.free_symbols))}")
+            self._coeffs[c] = float(value)
+        return self._coeffs[c]
+
+    def source_input(self, source: Source) -> SourceInput:
+        """The input ``X`` of ``source`` for this batch (see :mod:`derivations.paths`)."""
+        rec, model = self.recording, self.model
+        b, p = rec.n_batch, rec.n_pos
+        common = {"dtype": model.dtype, "device": model.device}
+        if source.kind == "token":
+            return SourceInput("token", b, p, tokens=rec.tokens, width=self.cfg.d_vocab, **common)
+        if source.kind == "position":
+            return SourceInput("position", b, p, width=self.cfg.n_ctx, **common)
+        if source.kind == "mlp":
+            if source.layer >= model.arch.n_layers:
+                raise AtomBindingError(f"source {source.label} refers to layer {source.layer}, but the model has {model.arch.n_layers} layers")
+            dense = rec.get(f"blocks.{source.layer}.hook_mlp_out", f"source {source.label}")
+            return SourceInput("dense", b, p, dense=dense, width=self.cfg.d_model, **common)
+        return SourceInput("ones", b, p, **common)

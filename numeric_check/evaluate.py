@@ -1,0 +1,391 @@
+"""Evaluating every term of an expansion at once, sharing the work common to many terms.
+
+A logits term ``c · P ⊗ W`` contributes ``c · P X Wᵀ`` (``X`` its source's input, one row
+per position); a QK term ``c · P ⊗ Q ⊗ M`` contributes ``c · P X_q M X_kᵀ Qᵀ``. Both are
+evaluated as *streams*: start from ``X`` and apply one operation at a time, either a
+position-side atom on the left (``Y ← A Y``, or a diagonal layer-norm scale) or a factor on
+the right (``Y ← Y R``). ``X`` is never formed for tokens: the first factor is gathered by
+token id. Residual atoms are applied factor by factor (``W_OV`` as ``W_V`` then ``W_O``), so
+a stream is at most ``d_model`` wide and often ``d_head``.
+
+Sharing: the operations of all streams form a trie rooted at the sources' inputs, walked
+depth first, so a prefix such as ``X W_Eᵀ W_V^{L0H3}ᵀ`` followed by ``A^{L0H3}`` is computed
+once for every term that starts with it. Each word is cut where it is narrowest: the
+part towards the source is applied in the trie, the part towards the output (``W_U``, or
+``W_U W_O^h``) is left for the consumer, so that
+
+- the sum of all logits terms needs a single unembedding (terms are summed by their left
+  part first: the common prefix ``W_U`` is applied once), and
+- a term's Frobenius norm uses the Gram matrix of its left part (``W_Uᵀ W_U`` once for
+  every term), never the term's ``[batch, pos, d_vocab]`` logits.
+
+A ``vocab × vocab`` matrix is never formed. Operations are chosen in a canonical order
+(by layer: ``W_V`` first, then the position side, then ``W_O``) so that terms which share
+heads share prefixes.
+
+>>> from derivations.architecture import Architecture
+>>> from derivations.paths import expand_logits
+>>> from numeric_check.bind import Binder, record
+>>> from numeric_check.model import CircuitModel
+>>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+>>> rec = record(model, torch.tensor([[1, 2, 3, 4]]))
+>>> ev = LogitEvaluator(Binder(model, rec), list(expand_logits(model.arch)))
+>>> total = LogitSum(ev)
+>>> for value in ev.values():
+...     total.add(value)
+>>> bool(torch.allclose(total.logits(), rec.logits))
+True
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from derivations.paths import PathTerm, Source
+from derivations.qk import QKTerm
+from numeric_check.bind import Binder, SourceInput
+from tensoralg.atoms import Atom, Word
+
+# A right-multiplier ``R`` of a stream: ``(base atom, factor index j, transposed)`` stands for
+# factor ``j`` of the base atom's binding, transposed when the flag is set.
+FactorRef = tuple[Atom, int, bool]
+OpKey = tuple  # ("P", atom) or ("R", base atom, j, transposed)
+
+_LAST = 10**9  # stage of W_U, b_U, N^{final}: after every layer
+
+
+def _stage(a: Atom) -> int:
+    """The layer an atom belongs to, for ordering operations (``W_E``, ``W_pos``: -1; output: last)."""
+    index = a.index
+    if index.startswith("L"):
+        digits = ""
+        for ch in index[1:]:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if digits:
+            return int(digits)
+    if index == "final" or a.name in ("W_U", "b_U"):
+        return _LAST
+    return -1
+
+
+class _Factor(NamedTuple):
+    ref: FactorRef  # this factor F of the word, as (base atom, j, transposed)
+    atom: Atom
+    rows: int
+    cols: int
+
+
+class StreamSpec(NamedTuple):
+    """One stream: a source and its operations in application order."""
+
+    source: Source
+    ops: tuple[OpKey, ...]
+
+
+class LogitTermValue(NamedTuple):
+    """A logits term evaluated up to its narrowest point: its logits are ``coeff · y @ R_1 @ … @ R_k``.
+
+    ``index`` is the term's position in the list given to the evaluator; ``left`` the
+    remaining right-multipliers ``R`` (``W_Uᵀ`` last); ``y`` is ``[batch, pos, r]``.
+    """
+
+    index: int
+    coeff: float
+    y: Tensor
+    left: tuple[FactorRef, ...]
+
+
+class _Node:
+    __slots__ = ("children", "ends")
+
+    def __init__(self) -> None:
+        self.children: dict[OpKey, _Node] = {}
+        self.ends: list[int] = []
+
+
+class StreamTrie:
+    """Streams sharing their common prefixes of operations; :meth:`walk` evaluates them all.
+
+    Add streams with :meth:`add` (returns the stream's id); :meth:`walk` yields ``(ids, Y)``
+    for each trie node where streams end, depth first, keeping only the current branch
+    in memory. ``Y`` is ``[batch, pos, width]``; it is never modified afterwards.
+    """
+
+    def __init__(self, binder: Binder):
+        self.binder = binder
+        self.roots: dict[str, tuple[Source, _Node]] = {}
+        self.n_streams = 0
+        self.n_ops = 0  # operations applied by walk(): the work after sharing
+
+    def add(self, spec: StreamSpec) -> int:
+        key = spec.source.input_key
+        if key not in self.roots:
+            self.roots[key] = (spec.source, _Node())
+        node = self.roots[key][1]
+        for op in spec.ops:
+            child = node.children.get(op)
+            if child is None:
+                child = node.children[op] = _Node()
+            node = child
+        node.ends.append(self.n_streams)
+        self.n_streams += 1
+        return self.n_streams - 1
+
+    def walk(self) -> Iterator[tuple[list[int], Tensor]]:
+        for source, root in self.roots.values():
+            yield from self._walk(root, self.binder.source_input(source))
+
+    def _walk(self, node: _Node, value) -> Iterator[tuple[list[int], Tensor]]:
+        if node.ends:
+            if isinstance(value, SourceInput):
+                value = value.as_dense()
+            yield node.ends, value
+        for op, child in node.children.items():
+            self.n_ops += 1
+            yield from self._walk(child, self.apply(op, value))
+
+    def apply(self, op: OpKey, value) -> Tensor:
+        """One operation on a stream ``[b, pos, r]`` (or on a source's lazy input)."""
+        if op[0] == "P":
+            pos = self.binder.position(op[1])
+            if isinstance(value, SourceInput):
+                value = value.as_dense()
+            if pos.diagonal:
+                return pos.value[..., None] * value
+            return pos.value @ value
+        R = right_multiplier(self.binder, op[1:])
+        if isinstance(value, SourceInput):
+            return value.times_transpose(R.T)
+        return value @ R
+
+
+def right_multiplier(binder: Binder, ref: FactorRef) -> Tensor:
+    """The matrix ``R`` that ``ref`` stands for."""
+    base, j, transposed = ref
+    F = binder.factors(base)[j]
+    return F.T if transposed else F
+
+
+def word_factors(binder: Binder, word: Word) -> list[_Factor]:
+    """The factors of a word, left to right, each with its reference and size."""
+    out = []
+    for a in word:
+        base = a.base
+        base_factors = binder.factors(base)
+        n = len(base_factors)
+        js = range(n - 1, -1, -1) if a.transposed else range(n)
+        for j in js:
+            F = base_factors[j]
+            rows, cols = (F.shape[1], F.shape[0]) if a.transposed else (F.shape[0], F.shape[1])
+            out.append(_Factor((base, j, a.transposed), a, rows, cols))
+    return out
+
+
+def _flip(ref: FactorRef) -> FactorRef:
+    return (ref[0], ref[1], not ref[2])
+
+
+def _merge(position: Word, rights: list[tuple[FactorRef, Atom, int]]) -> tuple[OpKey, ...]:
+    """Position atoms (applied last-first) and right-multipliers ``(ref, atom, output width)``
+    (in application order), merged by layer; within a layer the position side comes right
+    after the layer's narrowest factor (``W_V`` of ``W_OV``), where it is cheapest."""
+    pos_ops = [(_stage(a), ("P", a)) for a in reversed(position)]
+    r_ops = [(_stage(a), ("R",) + ref, width) for ref, a, width in rights]
+    ops: list[OpKey] = []
+    i = j = 0
+    while i < len(pos_ops) or j < len(r_ops):
+        stage = min([op[0] for op in pos_ops[i:i + 1] + r_ops[j:j + 1]])
+        here = []
+        while j < len(r_ops) and r_ops[j][0] == stage:
+            here.append(r_ops[j])
+            j += 1
+        split = min(range(len(here)), key=lambda k: (here[k][2], k)) + 1 if here else 0
+        ops += [op[1] for op in here[:split]]
+        while i < len(pos_ops) and pos_ops[i][0] == stage:
+            ops.append(pos_ops[i][1])
+            i += 1
+        ops += [op[1] for op in here[split:]]
+    return tuple(ops)
+
+
+def _narrowest(widths: Sequence[int], prefer: Sequence[bool] = ()) -> int:
+    """The index of the smallest width (the first preferred index, when any is preferred)."""
+    preferred = [i for i, p in enumerate(prefer) if p]
+    if preferred:
+        return preferred[0]
+    return min(range(len(widths)), key=lambda i: (widths[i], i))
+
+
+# --- logits ---------------------------------------------------------------------------------
+
+
+class LogitEvaluator:
+    """All terms of a logits expansion (a list of :class:`~derivations.paths.PathTerm`), shared.
+
+    :meth:`values` yields a :class:`LogitTermValue` per term (in trie order, not list
+    order); :meth:`logits` and :meth:`norm` finish one term; :class:`LogitSum` adds them.
+    """
+
+    def __init__(self, binder: Binder, terms: Sequence[PathTerm]):
+        self.binder = binder
+        self.terms = list(terms)
+        self.trie = StreamTrie(binder)
+        self._left: list[tuple[FactorRef, ...]] = []
+        self._coeffs: list[float] = []
+        self._stream_of: dict[int, list[int]] = {}
+        self._grams: dict[tuple[FactorRef, ...], Tensor] = {}
+        for index, t in enumerate(self.terms):
+            spec, left = self.plan(t)
+            self._stream_of.setdefault(self.trie.add(spec), []).append(index)
+            self._left.append(left)
+            self._coeffs.append(binder.coeff(t.term.coeff))
+
+    def plan(self, t: PathTerm) -> tuple[StreamSpec, tuple[FactorRef, ...]]:
+        """The stream of a term and the right-multipliers left after its narrowest point."""
+        position, residual = t.term.words
+        factors = word_factors(self.binder, residual)
+        # cut c (1..m): left F_1..F_c, applied F_{c+1}..F_m; its width is cols(F_c)
+        widths = [f.cols for f in factors[:-1]] + [self.binder.source_input(t.source).width]
+        c = _narrowest(widths) + 1
+        rights = [(_flip(f.ref), f.atom, f.rows) for f in reversed(factors[c:])]  # Y ← Y Fᵀ
+        left = tuple(_flip(f.ref) for f in reversed(factors[:c]))
+        return StreamSpec(t.source, _merge(position, rights)), left
+
+    def values(self) -> Iterator[LogitTermValue]:
+        """Every term, evaluated up to its narrowest point, depth first through the trie."""
+        for ids, y in self.trie.walk():
+            for stream in ids:
+                for index in self._stream_of[stream]:
+                    yield LogitTermValue(index, self._coeffs[index], y, self._left[index])
+
+    def apply_left(self, y: Tensor, left: Sequence[FactorRef]) -> Tensor:
+        for ref in left:
+            y = y @ right_multiplier(self.binder, ref)
+        return y
+
+    def logits(self, value: LogitTermValue) -> Tensor:
+        """The term's contribution to the logits, ``[batch, pos, d_vocab]``."""
+        return value.coeff * self.apply_left(value.y, value.left)
+
+    def gram(self, left: tuple[FactorRef, ...]) -> Tensor:
+        """``K = (R_1 … R_k)(R_1 … R_k)ᵀ``, cached by suffix (``W_Uᵀ W_U`` is computed once)."""
+        if left not in self._grams:
+            R = right_multiplier(self.binder, left[0])
+            if len(left) == 1:
+                self._grams[left] = R @ R.T
+            else:
+                self._grams[left] = R @ self.gram(left[1:]) @ R.T
+        return self._grams[left]
+
+    def norm(self, value: LogitTermValue) -> float:
+        """The Frobenius norm of the term's logits over the batch, from the Gram matrix of its left part."""
+        y = value.y
+        squared = float(((y @ self.gram(value.left)) * y).sum())
+        return abs(value.coeff) * max(squared, 0.0) ** 0.5
+
+
+class LogitSum:
+    """Adds evaluated terms by their left parts, then applies each left part once.
+
+    >>> # see the module docstring for a complete example
+    """
+
+    def __init__(self, evaluator: LogitEvaluator):
+        self.evaluator = evaluator
+        self.groups: dict[tuple[FactorRef, ...], Tensor] = {}
+
+    def add(self, value: LogitTermValue, sign: float = 1.0) -> None:
+        part = (sign * value.coeff) * value.y
+        previous = self.groups.get(value.left)
+        self.groups[value.left] = part if previous is None else previous + part
+
+    def logits(self) -> Tensor | None:
+        """The sum's logits ``[batch, pos, d_vocab]``, or ``None`` when nothing was added."""
+        groups = dict(self.groups)
+        total = None
+        while groups:
+            left = max(groups, key=len)
+            y = groups.pop(left)
+            y = y @ right_multiplier(self.evaluator.binder, left[0])
+            rest = left[1:]
+            if rest:
+                groups[rest] = y if rest not in groups else groups[rest] + y
+            else:
+                total = y if total is None else total + y
+        return total
+
+
+def evaluate_term_alone(binder: Binder, term: PathTerm) -> Tensor:
+    """One term's logits computed on its own (no sharing), for comparisons and benchmarks."""
+    ev = LogitEvaluator(binder, [term])
+    (value,) = ev.values()
+    return ev.logits(value)
+
+
+# --- QK scores -----------------------------------------------------------------------------
+
+
+def _is_query_end(a: Atom, j: int) -> bool:
+    """Whether the cut of a QK middle word should come right after this factor of ``a``."""
+    return (a.name == "W_QK" and not a.transposed and j == 0) or (a.name in ("W_Q", "b_Q") and a.transposed)
+
+
+class QKEvaluator:
+    """All terms of a QK expansion (a list of :class:`~derivations.qk.QKTerm`), shared.
+
+    Each term ``c · P ⊗ Q ⊗ M`` is cut inside its middle word where the query side ends
+    (after ``W_Qᵀ``, or ``b_Qᵀ``): ``M = M_L M_R``. The two sides are streams,
+    ``U = P X_q M_L`` (queries) and ``V = Q X_k M_Rᵀ`` (keys), shared between all terms and
+    evaluated once each; a term's scores are ``c · U Vᵀ`` ``[batch, q, k]``.
+    """
+
+    def __init__(self, binder: Binder, terms: Sequence[QKTerm]):
+        self.binder = binder
+        self.terms = list(terms)
+        self.trie = StreamTrie(binder)
+        self._sides: list[tuple[int, int]] = []
+        self._coeffs = [binder.coeff(t.term.coeff) for t in self.terms]
+        streams: dict[StreamSpec, int] = {}
+        for t in self.terms:
+            q_spec, k_spec = self.plan(t)
+            ids = []
+            for spec in (q_spec, k_spec):
+                if spec not in streams:
+                    streams[spec] = self.trie.add(spec)
+                ids.append(streams[spec])
+            self._sides.append((ids[0], ids[1]))
+        self._values: dict[int, Tensor] | None = None
+
+    def plan(self, t: QKTerm) -> tuple[StreamSpec, StreamSpec]:
+        P, Q, M = t.term.words
+        factors = word_factors(self.binder, M)
+        q_width = self.binder.source_input(t.query.source).width
+        k_width = self.binder.source_input(t.key.source).width
+        # cut c (0..m): U = X_q F_1..F_c, V = X_k F_m^T..F_{c+1}^T; width rows(F_{c+1})
+        widths = [q_width] + [f.cols for f in factors[:-1]] + [k_width]
+        prefer = [False] + [_is_query_end(f.atom, f.ref[1]) for f in factors[:-1]] + [False]
+        c = _narrowest(widths, prefer)
+        q_rights = [(f.ref, f.atom, f.cols) for f in factors[:c]]  # U ← U F
+        k_rights = [(_flip(f.ref), f.atom, f.rows) for f in reversed(factors[c:])]  # V ← V Fᵀ
+        return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
+
+    def side_values(self) -> dict[int, Tensor]:
+        """Every distinct query or key stream ``[batch, pos, r]``, by stream id (computed once)."""
+        if self._values is None:
+            values: dict[int, Tensor] = {}
+            for ids, y in self.trie.walk():
+                for stream in ids:
+                    values[stream] = y
+            self._values = values
+        return self._values
+
+    def scores(self, index: int) -> Tensor:
+        """Term ``index``'s contribution to the scores, ``[batch, q, k]`` (every entry, masked or not)."""
+        values = self.side_values()
+        q, k = self._sides[index]
+        return self._coeffs[index] * (values[q] @ values[k].transpose(-1, -2))
