@@ -205,14 +205,17 @@ class QKExpansion:
                     middle = (q.to_bias if k.is_bias else q.to_input) + k.to_input
                     yield q, k, tag, Term(coeff, (q.position, k.position, middle))
 
-    def _items(self, query=None, key=None) -> Iterator[tuple[tuple[Word, ...], sp.Expr]]:
-        """``(words, coeff)`` of the selected terms: what a sum needs, with less allocation."""
+    def _word_dict(self, query=None, key=None) -> dict[tuple[Word, ...], sp.Expr]:
+        """``{words: coeff}`` of the selected terms, built block by block in comprehensions
+        (a third of the time of going through :class:`QKTerm`)."""
         coeff = 1 / sp.sqrt(d_head)
+        out: dict[tuple[Word, ...], sp.Expr] = {}
         for _, queries, keys in self._blocks(query, key):
-            for q in queries:
-                position, to_input, to_bias = q.position, q.to_input, q.to_bias
-                for k in keys:
-                    yield (position, k.position, (to_bias if k.is_bias else to_input) + k.to_input), coeff
+            inputs = [k for k in keys if not k.is_bias]
+            biases = [k for k in keys if k.is_bias]
+            out.update({(q.position, k.position, q.to_input + k.to_input): coeff for q in queries for k in inputs})
+            out.update({(q.position, k.position, q.to_bias + k.to_input): coeff for q in queries for k in biases})
+        return out
 
     def __iter__(self) -> Iterator[QKTerm]:
         for q, k, tag, term in self._terms():
@@ -251,13 +254,13 @@ class QKExpansion:
                 + ") and cannot be added into one TensorSum; pass query= and key= (a source label or input key) "
                 "or use to_tensor_sums()"
             )
-        return group_sum(self._items(query, key), 3, f"the selected scores of {self.label}")
+        return group_sum(self._word_dict(query, key), 3, f"the selected scores of {self.label}")
 
     def to_tensor_sums(self) -> dict[tuple[str, str], TensorSum]:
         """One canonical sum per pair of input keys ``(query input, key input)``."""
-        groups: dict[tuple[str, str], list[tuple]] = {}
+        groups: dict[tuple[str, str], dict] = {}
         for q, k, _, term in self._terms():
-            groups.setdefault((q.path.source.input_key, k.path.source.input_key), []).append((term.words, term.coeff))
+            groups.setdefault((q.path.source.input_key, k.path.source.input_key), {})[term.words] = term.coeff
         return {k: group_sum(v, 3, f"inputs {k}") for k, v in groups.items()}
 
     def __repr__(self) -> str:
