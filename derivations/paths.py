@@ -378,7 +378,8 @@ def group_sum(collected: dict[tuple[Word, ...], sp.Expr], n_slots: int, what: st
 
 
 class LogitExpansion:
-    """The logits as a sum of :class:`PathTerm`, generated lazily (each iteration rebuilds).
+    """The logits as a sum of :class:`PathTerm`, generated lazily (each iteration rebuilds);
+    :func:`expand_logits` builds one after checking the size.
 
     ``len()`` is exact and computed without building. Terms come source by source
     (token, position, then each layer's ``b_O`` and MLP, then ``b_U``), each source by
@@ -386,6 +387,8 @@ class LogitExpansion:
     """
 
     def __init__(self, arch: Architecture, max_order: int | None = None):
+        check_arch(arch)
+        check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
         self.arch = arch
         self.max_order = max_order
         L = arch.n_layers
@@ -500,8 +503,6 @@ def estimate_logit_terms(arch: Architecture, max_order: int | None = None) -> in
     >>> estimate_logit_terms(Architecture(3, 12)), estimate_logit_terms(Architecture(3, 12), 1)
     (2197, 37)
     """
-    check_arch(arch)
-    check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
     return LogitExpansion(arch, max_order).n_terms
 
 
@@ -516,8 +517,6 @@ def expand_logits(arch: Architecture, max_order: int | None = None, *, limit: in
     >>> print(e.to_tensor_sum())
     Id ⊗ W_U W_E + A^{L0H0} ⊗ W_U W_OV^{L0H0} W_E + A^{L0H1} ⊗ W_U W_OV^{L0H1} W_E
     """
-    check_arch(arch)
-    check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
     check_limit(limit)
     expansion = LogitExpansion(arch, max_order)
     if expansion.n_terms > limit:

@@ -154,7 +154,8 @@ def _pair_counts(side: list[int], max_order: int | None) -> list[int]:
 
 
 class QKExpansion:
-    """The scores of one head as a sum of :class:`QKTerm`, generated lazily.
+    """The scores of one head as a sum of :class:`QKTerm`, generated lazily;
+    :func:`expand_qk` builds one after checking the size.
 
     ``len()`` is exact and computed without building. Terms come by total order, then
     by query-side order (so ``direct``, ``Q``, ``K``, then order 2 …), then query path,
@@ -162,6 +163,9 @@ class QKExpansion:
     """
 
     def __init__(self, arch: Architecture, layer: int, head: int, max_order: int | None = None):
+        check_arch(arch)
+        arch.check_head(layer, head)
+        check_max_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
         self.arch = arch
         self.layer = layer
         self.head = head
@@ -287,19 +291,12 @@ def _select(sides: list[list[_Side]], want, name: str) -> list[list[_Side]]:
     return chosen
 
 
-def _validated(arch, layer, head, max_order) -> None:
-    check_arch(arch)
-    arch.check_head(layer, head)
-    check_max_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
-
-
 def estimate_qk_terms(arch: Architecture, layer: int, head: int, max_order: int | None = None) -> int:
     """The exact number of terms :func:`expand_qk` would build, without building them.
 
     >>> estimate_qk_terms(Architecture(2, 12), 1, 0)
     169
     """
-    _validated(arch, layer, head, max_order)
     return QKExpansion(arch, layer, head, max_order).n_terms
 
 
@@ -315,7 +312,6 @@ def expand_qk(arch: Architecture, layer: int, head: int, max_order: int | None =
     >>> print(expand_qk(Architecture(1, 2), 0, 1).to_tensor_sum())
     1/sqrt(d_head)·Id ⊗ Id ⊗ W_Eᵀ W_QK^{L0H1} W_E
     """
-    _validated(arch, layer, head, max_order)
     check_limit(limit)
     expansion = QKExpansion(arch, layer, head, max_order)
     if expansion.n_terms > limit:

@@ -70,6 +70,8 @@ def test_paths_and_counts_match_brute_force(case):
     assert by_source == {s: len(v) for s, v in expansion.by_source().items()}
     assert {k: len(v) for k, v in expansion.by_order().items()} == expansion.count_by_order()
     assert all(t.order <= (arch.n_layers if max_order is None else max_order) for t in terms)
+    # terms are distinct: the sums (one per input) collect nothing
+    assert sum(len(s) for s in expansion.to_tensor_sums().values()) == len(terms)
 
 
 @pytest.mark.parametrize("layers,heads", [(1, 1), (2, 3), (3, 12), (4, 2)])

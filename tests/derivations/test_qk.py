@@ -58,6 +58,8 @@ def test_terms_and_tags_match_brute_force(case):
     groups = expansion.by_composition()
     assert sum(map(len, groups.values())) == len(found)
     assert list(groups) == [c for c in ("direct", "Q", "K", "QK") if c in groups]
+    # terms are distinct: the sums (one per pair of inputs) collect nothing
+    assert sum(len(s) for s in expansion.to_tensor_sums().values()) == len(found)
 
 
 @settings(max_examples=40, deadline=None)
