@@ -92,8 +92,12 @@ class QKTerm:
 
 
 class _Side(NamedTuple):
-    """One path of a side: its position word, and its part of the middle word ``M``
-    next to a key (query side) or query (key side) that is a head input or a bias."""
+    """One path of one side: its position word and its share of the middle word ``M``.
+
+    Query side: ``to_input`` is ``W_pᵀ W_QK`` (``b_Qᵀ W_K`` for the bias), used next to a
+    key-side residual word; ``to_bias`` is ``W_pᵀ W_Qᵀ`` (``b_Qᵀ``), used next to ``b_K``.
+    Key side: ``to_input`` is the residual word ``W_q`` (``b_K``); ``to_bias`` is unused.
+    """
 
     path: Path
     position: Word
