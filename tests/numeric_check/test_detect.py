@@ -1,0 +1,166 @@
+"""Previous-token and induction heads on a hand-built induction model: behaviour and weights agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.circuits import AnalysisError
+from numeric_check.detect import (
+    HeadScores,
+    behaviour_scores,
+    classify_heads,
+    detect_heads,
+    previous_token_scores_by_weights,
+    repeated_tokens,
+    weight_scores,
+)
+from numeric_check.model import CircuitModel
+
+torch.set_num_threads(1)
+
+V, N = 20, 16  # vocabulary, context
+
+
+def induction_model(positional: str = "qk_only", beta: float = 40.0, noise: float = 0.05, seed: int = 0) -> CircuitModel:
+    """2 layers x 2 heads: L0H0 a previous-token head, L1H0 an induction head, the others small noise.
+
+    The residual stream has three blocks: the token (``W_E``), the previous token (written by
+    L0H0) and, for the QK input, the position. L0H0's queries at position i match keys at
+    i - 1 and copy their token into the previous-token block; L1H0's query token matches a
+    key's previous token and copies the key's token to the logits.
+    """
+    d_model = 2 * V + N
+    model = CircuitModel.random(
+        Architecture(2, 2, positional=positional), d_model=d_model, d_head=max(V, N), d_vocab=V, n_ctx=N, seed=seed, dtype=torch.float64
+    )
+    tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, d_model)
+
+    def eye(n):
+        return torch.eye(n, dtype=torch.float64)
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(noise)
+        model.W_E[tok] += eye(V)
+        model.W_U[:, tok] += eye(V)
+        if model.W_pos is not None:
+            model.W_pos[pos] += eye(N)
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        for W in (a0.W_Q, a0.W_K, a0.W_V, a0.W_O, a1.W_Q, a1.W_K, a1.W_V, a1.W_O):
+            W[0].zero_()
+        a0.W_Q[0, :N, pos] = beta * eye(N)  # query at position i -> head direction i
+        a0.W_K[0, 1:N, pos][:, : N - 1] = eye(N - 1)  # key at position j -> head direction j + 1
+        a0.W_V[0, :V, tok] = eye(V)
+        a0.W_O[0, prev, :V] = eye(V)
+        a1.W_Q[0, :V, tok] = beta * eye(V)
+        a1.W_K[0, :V, prev] = eye(V)
+        a1.W_V[0, :V, tok] = eye(V)
+        a1.W_O[0, tok, :V] = 3 * eye(V)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return induction_model()
+
+
+def test_repeated_tokens_are_seeded_and_repeat():
+    m = induction_model()
+    tokens = repeated_tokens(m, 5, 3, seed=7)
+    assert tokens.shape == (3, 10)
+    assert torch.equal(tokens[:, :5], tokens[:, 5:])
+    assert torch.equal(tokens, repeated_tokens(m, 5, 3, seed=7))
+    assert not torch.equal(tokens, repeated_tokens(m, 5, 3, seed=8))
+
+
+def test_behaviour_finds_the_built_heads(model):
+    scores = behaviour_scores(model, seg_len=8, batch=8)
+    assert scores.previous_token[0, 0] > 0.95
+    assert scores.induction[1, 0] > 0.6
+    others = [(0, 1), (1, 1)]
+    assert all(scores.previous_token[h] < 0.3 and scores.induction[h] < 0.3 for h in others)
+
+
+def test_behaviour_scores_read_the_right_pattern_entries():
+    """The scores are the means of the cached pattern entries [i, i - 1] and [i, i - seg_len + 1]."""
+    m = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=12, dtype=torch.float64)
+    tokens = repeated_tokens(m, 6, 2, seed=0)
+    _, cache = m.run_with_cache(tokens)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    i = torch.arange(12)
+    expected_prev = pattern[:, :, i[1:], i[1:] - 1].mean(dim=(0, 2))
+    q = i[6:]
+    expected_ind = pattern[:, :, q, q - 5].mean(dim=(0, 2))
+    scores = behaviour_scores(m, seg_len=6, batch=2, seed=0)
+    torch.testing.assert_close(scores.previous_token[0], expected_prev)
+    torch.testing.assert_close(scores.induction[0], expected_ind)
+
+
+def test_weights_find_the_built_heads(model):
+    evidence = weight_scores(model, n_positions=16)
+    previous, induction = evidence.scores.previous_token, evidence.scores.induction
+    assert previous[0, 0] > 0.95 and previous[0, 1] < 0.3
+    assert induction[1, 0] > 0.9 and induction[1, 1] < 0.3 and (induction[0] == 0).all()
+    assert evidence.partner[1][0] == (0, 0) and evidence.partner[0] == (None, None)
+    assert evidence.copying[1, 0] > 0.9 and evidence.same_matching[1, 0] > 0.9 and evidence.k_composition[1, 0] > 0
+    assert evidence.k_composition[0].isnan().all()
+    assert evidence.notes == ()
+
+
+@pytest.mark.parametrize("positional", ["qk_only", "standard"])
+def test_detect_heads_agree(positional):
+    report = detect_heads(induction_model(positional), seg_len=8, batch=8)
+    assert report.by_behaviour.labels() == {"previous_token": ["L0H0"], "induction": ["L1H0"]}
+    assert report.by_weights == report.by_behaviour
+    assert report.agreement == {"previous_token": True, "induction": True} and report.agree
+    md = report.to_markdown()
+    assert "| L1H0 |" in md and "previous-token: agree; induction: agree" in md
+    assert "| L0H0 | " in md and "| - | - | - |" in md  # layer 0: no partner
+
+
+def test_model_without_positions_is_said_clearly():
+    m = induction_model("none")
+    with pytest.raises(AnalysisError, match="no positional embedding"):
+        previous_token_scores_by_weights(m)
+    report = detect_heads(m, seg_len=8, batch=4)
+    assert report.weights.scores.previous_token.isnan().all()
+    assert report.agreement["previous_token"] is None
+    assert "no positional embedding" in report.notes[0] and "note: no positional embedding" in report.to_markdown()
+    # without positions nothing can attend to i - 1, so behaviour finds no previous-token head
+    assert report.by_behaviour.previous_token == ()
+
+
+def test_one_layer_model_has_no_induction_heads():
+    m = CircuitModel.random(Architecture(1, 3, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=12, seed=1)
+    report = detect_heads(m, batch=4)
+    assert report.by_weights.induction == () and (report.weights.scores.induction == 0).all()
+
+
+def test_ragged_heads_are_nan():
+    m = CircuitModel.random(Architecture(2, (1, 3), positional="standard"), d_model=16, d_head=4, d_vocab=20, n_ctx=12)
+    report = detect_heads(m, batch=2)
+    for scores in (report.behaviour, report.weights.scores):
+        assert scores.previous_token.shape == (2, 3)
+        assert scores.previous_token[0, 1:].isnan().all() and scores.induction[0, 1:].isnan().all()
+        assert not scores.previous_token[1].isnan().any()
+
+
+def test_classify_heads_thresholds():
+    scores = HeadScores(torch.tensor([[0.9, 0.5], [0.2, float("nan")]]), torch.tensor([[0.0, 0.1], [0.8, float("nan")]]))
+    assert classify_heads(scores).labels() == {"previous_token": ["L0H0", "L0H1"], "induction": ["L1H0"]}
+    strict = classify_heads(scores, previous_token_threshold=0.6, induction_threshold=0.9)
+    assert strict.previous_token == ((0, 0),) and strict.induction == ()
+
+
+def test_bad_options_are_clear_errors(model):
+    with pytest.raises(AnalysisError, match=r"seg_len must be an int in 2..8 so that two copies fit n_ctx=16"):
+        behaviour_scores(model, seg_len=9)
+    with pytest.raises(AnalysisError, match="batch must be an int >= 1"):
+        behaviour_scores(model, batch=0)
+    with pytest.raises(AnalysisError, match=r"n_positions must be an int in 2..16"):
+        previous_token_scores_by_weights(model, n_positions=17)
+    tiny = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+    with pytest.raises(AnalysisError, match="need n_ctx >= 4"):
+        behaviour_scores(tiny)
