@@ -1,0 +1,381 @@
+"""Paths isolated through the model itself: the paper's procedure, with hooks, not our evaluator.
+
+With every attention pattern and layer-norm scale frozen at its value from a real forward
+pass (and every MLP output replaced by its recorded value), the model is linear in its
+sources, and one path's contribution is what the model computes when
+
+- only the path's source is on: the token embedding, the positional embedding, one
+  layer's biases (``b_V`` and ``b_O``, so that ``b_O^{Ll}`` arrives folded exactly as the
+  model computes it), one layer's MLP output, or the unembedding bias ``b_U``;
+- at each layer of the path only the path's head is on (the others' ``hook_result`` is
+  zeroed), and the residual connection of that layer is dropped
+  (``hook_resid_mid := hook_attn_out``): the stream that continues is the head's output;
+- at every other layer no head is on and the residual stream passes unchanged.
+
+Value biases are switched off through ``hook_v`` (``v - b_V``), output biases by rebuilding
+``hook_attn_out`` from the masked per-head results, and ``b_U`` by subtracting it from
+the logits, except for the sources they belong to. Many paths run in one batched
+forward pass (each path a group of copies of the batch), in chunks that bound memory.
+
+For QK scores (:func:`isolate_qk`) each side path's stream entering the layer is
+isolated the same way; the model's own attention module then computes the head's
+queries and keys from those streams (``hook_resid_pre`` replaced, layer-norm scales frozen,
+``b_Q``/``b_K`` and ``qk_only`` positions on only for their own sources; read at
+``hook_q``/``hook_k``), and a last pass feeds one query path's ``q`` and one key path's
+``k`` through ``hook_q``/``hook_k`` and reads the model's ``hook_attn_scores``.
+
+:func:`graded_logits` and :func:`graded_qk` compute the part of order above ``k`` (the
+terms a truncated expansion omits) through the model the same way: copies of the batch
+carry the stream of each order ``0..k``, and one copy everything of order ``> k``; each
+layer's heads read the copy of order ``j`` and write to the copy of order ``j + 1``.
+
+>>> from derivations.architecture import Architecture
+>>> from derivations.paths import TOKEN, Path
+>>> from numeric_check.bind import record
+>>> from numeric_check.model import CircuitModel
+>>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+>>> rec = record(model, torch.tensor([[1, 2, 3]]))
+>>> parts = dict(isolate_logit_paths(model, rec, [Path(TOKEN, ((0, 1), (1, 0))), Path(TOKEN)]))
+>>> parts[0].shape
+torch.Size([1, 3, 10])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from derivations.paths import Path
+from numeric_check.bind import Recording
+from numeric_check.errors import NumericCheckError
+from numeric_check.model import CircuitModel
+
+Hook = tuple[str, Callable]
+DEFAULT_CHUNK_BYTES = 1 << 28  # activations of the largest tensor of one batched pass (256 MiB)
+
+
+class _Stop(Exception):
+    """Raised inside a hook to end a forward pass once the wanted activation is read."""
+
+
+def _chunks(n_items: int, bytes_per_item: int, chunk_bytes: int) -> Iterator[range]:
+    size = max(1, chunk_bytes // max(1, bytes_per_item))
+    for start in range(0, n_items, size):
+        yield range(start, min(n_items, start + size))
+
+
+def _rows(values: Sequence[float], n_batch: int, like: Tensor, ndim: int) -> Tensor:
+    """A per-group factor, one value per copy of the batch, shaped to broadcast over ``ndim`` dims."""
+    column = torch.tensor(values, dtype=like.dtype, device=like.device).repeat_interleave(n_batch)
+    return column.reshape(-1, *([1] * (ndim - 1)))
+
+
+def _frozen(rec: Recording, copies: int) -> list[Hook]:
+    """Hooks replacing every attention pattern and layer-norm scale by its recorded value."""
+    hooks = []
+    for name, value in rec.cache.items():
+        if name.endswith(("hook_pattern", "hook_scale")):
+            tiled = value.repeat(copies, *([1] * (value.ndim - 1)))
+            hooks.append((name, lambda x, hook, tiled=tiled: tiled))
+    return hooks
+
+
+def _run(model: CircuitModel, rec: Recording, copies: int, hooks: list[Hook]) -> Tensor | None:
+    """One forward pass over ``copies`` copies of the batch; ``None`` when a hook stopped it."""
+    tokens = rec.tokens.repeat(copies, 1)
+    try:
+        with torch.no_grad():
+            return model.run_with_hooks(tokens, _frozen(rec, copies) + hooks)
+    except _Stop:
+        return None
+
+
+class _PathHooks:
+    """The hooks that isolate one path per copy of the batch (see the module docstring)."""
+
+    def __init__(self, model: CircuitModel, rec: Recording, paths: Sequence[Path]):
+        self.model, self.rec, self.paths = model, rec, list(paths)
+        self.n_batch = rec.n_batch
+        kinds = [p.source.kind for p in self.paths]
+        self.token_on = [float(k == "token") for k in kinds]
+        self.position_on = [float(k == "position") for k in kinds]
+        self.b_U_on = [float(k == "unembed_bias") for k in kinds]
+        self.captured: dict[str, Tensor] = {}
+
+    def _layer_of(self, path: Path, kind: str) -> int | None:
+        return path.source.layer if path.source.kind == kind else None
+
+    def head_mask(self, layer: int, like: Tensor) -> Tensor:
+        """``[copies * b, 1, n_heads, 1]``: 1 for the path's head at ``layer`` (all heads for a bias source there)."""
+        n_heads = self.model.arch.heads_per_layer[layer]
+        rows = []
+        for p in self.paths:
+            row = [0.0] * n_heads
+            if self._layer_of(p, "bias") == layer:
+                row = [1.0] * n_heads
+            for l, h in p.heads:
+                if l == layer:
+                    row[h] = 1.0
+            rows.append(row)
+        mask = torch.tensor(rows, dtype=like.dtype, device=like.device).repeat_interleave(self.n_batch, 0)
+        return mask[:, None, :, None]
+
+    def hooks(self) -> list[Hook]:
+        model, n_batch = self.model, self.n_batch
+        arch = model.arch
+        hooks: list[Hook] = [("hook_embed", lambda x, hook: x * _rows(self.token_on, n_batch, x, 3))]
+        if model.W_pos is not None:
+            hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(self.position_on, n_batch, x, 3)))
+        for layer in range(arch.n_layers):
+            hooks += self._layer_hooks(layer)
+        return hooks
+
+    def _layer_hooks(self, layer: int) -> list[Hook]:
+        block, n_batch, p = self.model.blocks[layer], self.n_batch, f"blocks.{layer}."
+        bias_on = [float(self._layer_of(q, "bias") == layer) for q in self.paths]
+        mlp_on = [float(self._layer_of(q, "mlp") == layer) for q in self.paths]
+        drop = [float(any(l == layer for l, _ in q.heads)) for q in self.paths]
+        hooks: list[Hook] = []
+        if block.attn.b_V is not None:
+            hooks.append((p + "attn.hook_v", lambda v, hook: v - (1 - _rows(bias_on, n_batch, v, 4)) * block.attn.b_V))
+
+        def result(x: Tensor, hook) -> Tensor:
+            x = x * self.head_mask(layer, x)
+            self.captured[p + "result"] = x
+            return x
+
+        def attn_out(x: Tensor, hook) -> Tensor:
+            out = self.captured.pop(p + "result").sum(-2)  # [copies * b, pos, d_model]
+            if block.attn.b_O is not None:
+                out = out + _rows(bias_on, n_batch, out, 3) * block.attn.b_O
+            self.captured[p + "attn_out"] = out
+            return out
+
+        def resid_mid(x: Tensor, hook) -> Tensor:
+            return torch.where(_rows(drop, n_batch, x, 3) > 0, self.captured.pop(p + "attn_out"), x)
+
+        hooks += [(p + "attn.hook_result", result), (p + "hook_attn_out", attn_out), (p + "hook_resid_mid", resid_mid)]
+        if block.mlp is not None:
+            recorded = self.rec.cache[p + "hook_mlp_out"]
+            copies = len(self.paths)
+            hooks.append((p + "hook_mlp_out",
+                          lambda x, hook: recorded.repeat(copies, 1, 1) * _rows(mlp_on, n_batch, x, 3)))
+        return hooks
+
+    def finish_logits(self, logits: Tensor) -> Tensor:
+        """Remove ``b_U`` from every copy whose source is not ``b_U`` itself."""
+        b_U = self.model.b_U
+        if b_U is None:
+            return logits
+        return logits - (1 - _rows(self.b_U_on, self.n_batch, logits, 3)) * b_U
+
+
+def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, Tensor]]:
+    """``(i, logits of paths[i])`` for every path, ``[batch, pos, d_vocab]``, computed by the model.
+
+    ``model`` must be the model ``rec`` was recorded from. Paths run in batched chunks
+    of about ``chunk_bytes`` of logits each; results come in order.
+    """
+    b, p, v = rec.logits.shape
+    per_path = b * p * max(v, model.cfg.d_model * max(model.arch.heads_per_layer, default=1)) * rec.logits.element_size()
+    for chunk in _chunks(len(paths), per_path, chunk_bytes):
+        ph = _PathHooks(model, rec, [paths[i] for i in chunk])
+        logits = ph.finish_logits(_run(model, rec, len(chunk), ph.hooks()))
+        for i, part in zip(chunk, logits.split(b)):
+            yield i, part
+
+
+def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], layer: int, *,
+                    chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Tensor]:
+    """Each path's residual stream entering ``layer`` (``blocks.{layer}.hook_resid_pre``), ``[b, pos, d_model]``.
+
+    Sources ``query_bias``/``key_bias`` (and any source entering at or after ``layer``) give zeros.
+    """
+    b, p = rec.n_batch, rec.n_pos
+    d = model.cfg.d_model
+    per_path = b * p * d * max(model.arch.heads_per_layer[: layer + 1]) * rec.logits.element_size()
+    out: list[Tensor] = []
+    for chunk in _chunks(len(paths), per_path, chunk_bytes):
+        ph = _PathHooks(model, rec, [paths[i] for i in chunk])
+        seen: dict[str, Tensor] = {}
+
+        def stop(x: Tensor, hook) -> None:
+            seen["x"] = x
+            raise _Stop
+
+        _run(model, rec, len(chunk), ph.hooks() + [(f"blocks.{layer}.hook_resid_pre", stop)])
+        out += list(seen["x"].split(b))
+    return out
+
+
+def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, streams: list[Tensor],
+                  position_on: list[float], q_bias_on: list[float], k_bias_on: list[float]) -> tuple[list[Tensor], list[Tensor]]:
+    """The model's ``q`` and ``k`` of head ``(layer, head)`` for each stream entering ``layer``.
+
+    ``position_on``: whether a copy gets the ``qk_only`` positional embedding; ``q_bias_on``
+    / ``k_bias_on``: whether ``b_Q`` / ``b_K`` are on.
+    """
+    b = rec.n_batch
+    attn = model.blocks[layer].attn
+    stacked = torch.cat(streams)
+    copies = len(streams)
+    seen: dict[str, Tensor] = {}
+    p = f"blocks.{layer}."
+
+    def read(name: str, bias: Tensor | None, on: list[float], last: bool):
+        def hook(x: Tensor, _) -> None:
+            if bias is not None:
+                x = x - (1 - _rows(on, b, x, 4)) * bias
+            seen[name] = x[:, :, head]  # [copies * b, pos, d_head]
+            if last:
+                raise _Stop
+        return hook
+
+    hooks: list[Hook] = [(p + "hook_resid_pre", lambda x, hook: stacked)]
+    if model.W_pos is not None:
+        hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(position_on, b, x, 3)))
+    hooks += [(p + "attn.hook_q", read("q", attn.b_Q, q_bias_on, False)), (p + "attn.hook_k", read("k", attn.b_K, k_bias_on, True))]
+    _run(model, rec, copies, hooks)
+    return list(seen["q"].split(b)), list(seen["k"].split(b))
+
+
+def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Tensor, Tensor]], *,
+            chunk_bytes: int) -> Iterator[Tensor]:
+    """The model's ``hook_attn_scores`` of the head, with ``hook_q``/``hook_k`` set to each pair ``(q, k)``."""
+    b, p = rec.n_batch, rec.n_pos
+    n_heads = model.arch.heads_per_layer[layer]
+    name = f"blocks.{layer}.attn."
+    per_pair = b * p * max(p * n_heads, model.cfg.d_model * n_heads) * rec.logits.element_size()
+    for chunk in _chunks(len(pairs), per_pair, chunk_bytes):
+        qs = torch.cat([pairs[i][0] for i in chunk])
+        ks = torch.cat([pairs[i][1] for i in chunk])
+        seen: dict[str, Tensor] = {}
+
+        def put(values: Tensor):
+            def hook(x: Tensor, _) -> Tensor:
+                x = x.clone()
+                x[:, :, head] = values
+                return x
+            return hook
+
+        def stop(x: Tensor, _) -> None:
+            seen["scores"] = x[:, head]
+            raise _Stop
+
+        _run(model, rec, len(chunk), [(name + "hook_q", put(qs)), (name + "hook_k", put(ks)), (name + "hook_attn_scores", stop)])
+        yield from seen["scores"].split(b)
+
+
+def _side_inputs(paths: Sequence[Path], layer: int, head: int) -> tuple[list[float], list[float], list[float]]:
+    position_on = [float(q.source.kind == "position") for q in paths]
+    q_bias_on = [float(q.source.kind == "query_bias") for q in paths]
+    k_bias_on = [float(q.source.kind == "key_bias") for q in paths]
+    for q in paths:
+        if q.source.kind in ("query_bias", "key_bias") and (q.source.layer, q.source.head) != (layer, head):
+            raise NumericCheckError(f"source {q.source.label} belongs to another head than L{layer}H{head}")
+    return position_on, q_bias_on, k_bias_on
+
+
+def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Path, Path]], *,
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, Tensor]]:
+    """``(i, scores)`` for each ``(query path, key path)`` pair: the model's pre-softmax scores
+    ``[batch, q, k]`` of head ``(layer, head)`` when only those two paths feed its queries and
+    keys (``-inf`` above the diagonal, as the model masks them).
+    """
+    side_paths = list(dict.fromkeys(path for pair in pairs for path in pair))
+    where = {path: i for i, path in enumerate(side_paths)}
+    streams = [s for s in isolate_streams(model, rec, side_paths, layer, chunk_bytes=chunk_bytes)]
+    q, k = _queries_keys(model, rec, layer, head, streams, *_side_inputs(side_paths, layer, head))
+    qk = [(q[where[qp]], k[where[kp]]) for qp, kp in pairs]
+    yield from enumerate(_scores(model, rec, layer, head, qk, chunk_bytes=chunk_bytes))
+
+
+# --- the part of order above k, through the model ------------------------------------------
+
+
+class _GradedHooks:
+    """Copies ``0..k`` carry the stream of that order, copy ``k+1`` everything above ``k``, and
+    copy ``k+2`` a zero stream with the biases on (it makes each layer's folded ``b_O``)."""
+
+    def __init__(self, model: CircuitModel, rec: Recording, max_order: int):
+        self.model, self.rec, self.k = model, rec, max_order
+        self.copies = max_order + 3
+        self.bias_copy = max_order + 2
+        self.captured: dict[str, Tensor] = {}
+
+    def _only(self, index: int) -> list[float]:
+        return [float(g == index) for g in range(self.copies)]
+
+    def hooks(self) -> list[Hook]:
+        b, arch = self.rec.n_batch, self.model.arch
+        first = self._only(0)
+        hooks: list[Hook] = [("hook_embed", lambda x, hook: x * _rows(first, b, x, 3))]
+        if self.model.W_pos is not None:
+            hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(first, b, x, 3)))
+        for layer in range(arch.n_layers):
+            hooks += self._layer_hooks(layer)
+        return hooks
+
+    def _layer_hooks(self, layer: int) -> list[Hook]:
+        b, k, block, p = self.rec.n_batch, self.k, self.model.blocks[layer], f"blocks.{layer}."
+        bias_only = self._only(self.bias_copy)
+
+        def resid_pre(x: Tensor, hook) -> Tensor:
+            return x * (1 - _rows(bias_only, b, x, 3))
+
+        hooks: list[Hook] = [(p + "hook_resid_pre", resid_pre)]
+        if block.attn.b_V is not None:
+            hooks.append((p + "attn.hook_v", lambda v, hook: v - (1 - _rows(bias_only, b, v, 4)) * block.attn.b_V))
+
+        def result(x: Tensor, hook) -> None:
+            self.captured[p + "result"] = x
+
+        def attn_out(x: Tensor, hook) -> Tensor:
+            heads = list(self.captured.pop(p + "result").sum(-2).split(b))  # per copy: Σ_h result
+            out = [x[self.bias_copy * b:(self.bias_copy + 1) * b]]  # the model's own Σ result + b_O there
+            out += [heads[j - 1] for j in range(1, k + 1)]
+            out += [heads[k] + heads[k + 1], torch.zeros_like(out[0])]
+            return torch.cat(out)
+
+        hooks.append((p + "attn.hook_result", result))
+        hooks.append((p + "hook_attn_out", attn_out))
+        if block.mlp is not None:
+            recorded = self.rec.cache[p + "hook_mlp_out"]
+            hooks.append((p + "hook_mlp_out", lambda x, hook: torch.cat([recorded] + [torch.zeros_like(recorded)] * (self.copies - 1))))
+        return hooks
+
+
+def graded_logits(model: CircuitModel, rec: Recording, max_order: int) -> Tensor:
+    """The logits of every path through more than ``max_order`` heads, summed, ``[batch, pos, d_vocab]``,
+    computed by the model in one forward pass over ``max_order + 3`` copies of the batch."""
+    hooks = _GradedHooks(model, rec, max_order)
+    logits = _run(model, rec, hooks.copies, hooks.hooks())
+    above = logits.split(rec.n_batch)[max_order + 1]
+    return above if model.b_U is None else above - model.b_U
+
+
+def graded_qk(model: CircuitModel, rec: Recording, layer: int, head: int, max_order: int, *,
+              chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tensor:
+    """The scores ``[batch, q, k]`` of head ``(layer, head)`` from every pair of query and key
+    paths whose orders add up to more than ``max_order``, summed, computed by the model.
+    Entries above the diagonal are meaningless (``nan``)."""
+    hooks = _GradedHooks(model, rec, max_order)
+    seen: dict[str, Tensor] = {}
+
+    def stop(x: Tensor, _) -> None:
+        seen["x"] = x
+        raise _Stop
+
+    _run(model, rec, hooks.copies, hooks.hooks() + [(f"blocks.{layer}.hook_resid_pre", stop)])
+    streams = list(seen["x"].split(rec.n_batch))[: max_order + 2]  # orders 0..k and > k
+    order0 = [1.0] + [0.0] * (max_order + 1)
+    q, k = _queries_keys(model, rec, layer, head, streams, order0, order0, order0)
+    pairs = [(q[i], k[j]) for i in range(max_order + 2) for j in range(max_order + 2) if i + j > max_order]
+    total = None
+    for scores in _scores(model, rec, layer, head, pairs, chunk_bytes=chunk_bytes):
+        scores = torch.nan_to_num(scores, neginf=float("nan"))
+        total = scores if total is None else total + scores
+    return total
