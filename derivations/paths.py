@@ -227,7 +227,7 @@ def head_atom(name: str, layer: int, head: int) -> Atom:
 
 @lru_cache(maxsize=None)
 def layer_atom(name: str, index: str) -> Atom:
-    """``b_O^{L0}``, ``N^{L0}``, ``N^{L0,qk}``, ``N^{final}``; ``index=''`` for ``W_E``…"""
+    """``b_O^{L0}``, ``N^{L0}``, ``N^{final}``; ``index=''`` for ``W_E``…"""
     return atom(name, index)
 
 
@@ -242,9 +242,9 @@ def transpose_word(word: Word) -> Word:
     return tuple(map(transposed, reversed(word)))
 
 
-def ln_scale(layer: int, qk: bool = False) -> Atom:
-    """The frozen layer-norm scale ``N^{Ll}`` (value input) or ``N^{Ll,qk}`` (qk_only Q/K input)."""
-    return layer_atom("N", f"L{layer},qk" if qk else f"L{layer}")
+def ln_scale(layer: int) -> Atom:
+    """The frozen scale of layer ``l``'s ``ln1``, ``N^{Ll}`` (diagonal, one entry per position)."""
+    return layer_atom("N", f"L{layer}")
 
 
 # -- streams ------------------------------------------------------------------------

@@ -15,8 +15,8 @@ A term is tagged by where its heads are: ``direct`` (none), ``Q`` (query side on
 Extras, each an order-0 entry of the sides:
 
 - ``qk_only`` positions enter only the Q/K inputs: a ``position`` source ``Id ⊗ W_pos``
-  on each side, never through heads; with layer norm the Q/K inputs are scaled by
-  ``N^{Ll,qk}`` (the scale of ``ln1(resid_pre + pos)``) instead of ``N^{Ll}``.
+  on each side, never through heads, added after the layer norm (as TransformerLens'
+  shortformer does: Q/K read ``ln1(resid_pre) + pos``), so it carries no ``N^{Ll}``.
 - biases: ``b_Q``/``b_K`` of the head are a constant query/key side, sources
   ``Source("query_bias", l, h)``/``Source("key_bias", l, h)`` with input ones ``[pos, 1]``
   and position word ``Id``; their terms use ``W_K``/``W_Q`` unfolded:
@@ -109,17 +109,17 @@ class _Side(NamedTuple):
 def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, query: bool) -> list[list[_Side]]:
     """The query (or key) side of head ``(layer, head)``, by order."""
     qk_only = arch.positional == "qk_only"
-    lead = (ln_scale(layer, qk=qk_only),) if arch.layer_norm else ()
+    scale = (ln_scale(layer),) if arch.layer_norm else ()
     W_QK = head_atom("W_QK", layer, head)
     if query:
         W_Q_T = transposed(head_atom("W_Q", layer, head))
 
-        def side(path, position, word):
+        def side(path, position, word, lead=scale):
             wt = transpose_word(word)
             return _Side(path, lead + position, wt + (W_QK,), wt + (W_Q_T,), False)
     else:
 
-        def side(path, position, word):
+        def side(path, position, word, lead=scale):
             return _Side(path, lead + position, word, word, False)
 
     top = layer if max_order is None else min(layer, max_order)
@@ -127,7 +127,8 @@ def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, que
     for k, st in stream_terms(arch, layer, max_order):
         out[k].append(side(st.path, st.position, st.residual))
     if qk_only:
-        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),)))
+        # Positions join the Q/K inputs after the layer norm (as TransformerLens' shortformer).
+        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),), lead=()))
     if arch.biases:
         if query:
             b = transposed(head_atom("b_Q", layer, head))

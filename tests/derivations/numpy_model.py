@@ -28,7 +28,7 @@ class NumpyModel:
         b = {"W_E": r(d_model, d_vocab), "W_pos": r(d_model, n_ctx), "W_U": r(d_vocab, d_model),
              "b_U": r(d_vocab, 1), "N^{final}": diag()}
         for layer in range(arch.n_layers):
-            b[f"N^{{L{layer}}}"], b[f"N^{{L{layer},qk}}"] = diag(), diag()
+            b[f"N^{{L{layer}}}"] = diag()
             b[f"b_O^{{L{layer}}}"] = r(d_model, 1)
             b[f"mlp^{layer}"] = r(n_ctx, d_model)  # the MLP's recorded output, not an atom
         for layer, head in arch.heads():
@@ -76,11 +76,9 @@ class NumpyModel:
         """``S[i, j]``: query position i against key position j, before the softmax."""
         b, arch, i = self.bindings, self.arch, head_label(layer, head)
         x = self.resid_pre(layer)
-        if arch.positional == "qk_only":
-            x = x + b["W_pos"].T
-            qk_in = b[f"N^{{L{layer},qk}}"] @ x if arch.layer_norm else x
-        else:
-            qk_in = self.value_input(x, layer)
+        qk_in = self.value_input(x, layer)
+        if arch.positional == "qk_only":  # positions join after the layer norm (TransformerLens' shortformer)
+            qk_in = qk_in + b["W_pos"].T
         q, k = qk_in @ b[f"W_Q^{{{i}}}"].T, qk_in @ b[f"W_K^{{{i}}}"].T
         if arch.biases:
             q, k = q + self.ones @ b[f"b_Q^{{{i}}}"].T, k + self.ones @ b[f"b_K^{{{i}}}"].T

@@ -132,12 +132,12 @@ def test_sum_of_terms_equals_the_numpy_scores(case, seed):
 def test_extras_words_follow_the_atom_conventions():
     arch = Architecture(2, 1, positional="qk_only", layer_norm=True, biases=True)
     by_label = {t.label: (t.composition, t.term.words) for t in expand_qk(arch, 1, 0)}
-    Nqk, A0, N0 = atom("N", "L1,qk"), atom("A", "L0H0"), atom("N", "L0")
+    N1, A0, N0 = atom("N", "L1"), atom("A", "L0H0"), atom("N", "L0")
     W_Q, W_K, QK = atom("W_Q", "L1H0"), atom("W_K", "L1H0"), atom("W_QK", "L1H0")
     bQ, bK = atom("b_Q", "L1H0"), atom("b_K", "L1H0")
-    assert by_label["q: pos (direct) | k: tok→L0H0"] == ("K", ((Nqk,), (Nqk, A0, N0), (atom("W_pos").T, QK, atom("W_OV", "L0H0"), atom("W_E"))))
-    assert by_label["q: b_Q^L1H0 (direct) | k: b_O^L0 (direct)"] == ("direct", ((), (Nqk,), (bQ.T, W_K, atom("b_O", "L0"))))
-    assert by_label["q: tok (direct) | k: b_K^L1H0 (direct)"] == ("direct", ((Nqk,), (), (atom("W_E").T, W_Q.T, bK)))
+    assert by_label["q: pos (direct) | k: tok→L0H0"] == ("K", ((), (N1, A0, N0), (atom("W_pos").T, QK, atom("W_OV", "L0H0"), atom("W_E"))))
+    assert by_label["q: b_Q^L1H0 (direct) | k: b_O^L0 (direct)"] == ("direct", ((), (N1,), (bQ.T, W_K, atom("b_O", "L0"))))
+    assert by_label["q: tok (direct) | k: b_K^L1H0 (direct)"] == ("direct", ((N1,), (), (atom("W_E").T, W_Q.T, bK)))
     assert by_label["q: b_Q^L1H0 (direct) | k: b_K^L1H0 (direct)"] == ("direct", ((), (), (bQ.T, bK)))
     assert not any("pos→" in label for label in by_label)  # qk_only positions pass through no heads
 
