@@ -17,6 +17,7 @@ TensorSum(Id ⊗ Id + 2·A^{h} ⊗ W_OV^{h})
 from __future__ import annotations
 
 import numbers
+from functools import lru_cache
 from typing import Iterable, Iterator, Mapping, NamedTuple, Union
 
 import sympy as sp
@@ -40,6 +41,20 @@ def mul(a: sp.Expr, b: sp.Expr) -> sp.Expr:
     return a * b
 
 
+@lru_cache(maxsize=4096)
+def _expanded(coeff: sp.Expr) -> sp.Expr:
+    return sp.expand(coeff)
+
+
+def canonical_coeff(coeff: sp.Expr) -> sp.Expr:
+    """One form per value for the coefficients we meet: numbers and symbols as they are,
+    anything else multiplied out (``-(1 + √2)/√d`` and ``-1/√d - √2/√d`` agree), so equal
+    sums built in different orders compare and hash equal."""
+    if coeff.is_Atom:
+        return coeff
+    return _expanded(coeff)
+
+
 def as_coeff(value) -> sp.Expr:
     try:
         coeff = sp.sympify(value, strict=True)
@@ -61,6 +76,18 @@ def as_word(slot: Slot) -> Word:
         if not isinstance(a, Atom):
             raise TensorAlgError(f"a word is a sequence of atoms; got {a!r} in {slot!r}")
     return word
+
+
+def _nonzero(terms: dict) -> dict:
+    """The terms with canonical, non-zero coefficients."""
+    out = {}
+    for w, c in terms.items():
+        if c is not ONE:
+            c = canonical_coeff(c)
+            if c == 0:
+                continue
+        out[w] = c
+    return out
 
 
 class Term(NamedTuple):
@@ -196,7 +223,7 @@ class TensorSum(Expr):
         for words in collected:
             merge_shapes(shapes, words, "a sum")
         check_identity_slots(shapes, collected)
-        self._terms = {w: c for w, c in collected.items() if c != 0}
+        self._terms = _nonzero(collected)
         self.n_slots = n_slots
         self.slot_shapes = tuple(shapes)
         self._sorted = None
@@ -206,7 +233,7 @@ class TensorSum(Expr):
     def _trusted(cls, terms: dict, n_slots: int, slot_shapes: tuple) -> "TensorSum":
         """Build from already-collected, already-checked terms (internal fast path)."""
         obj = object.__new__(cls)
-        obj._terms = {w: c for w, c in terms.items() if c != 0}
+        obj._terms = _nonzero(terms)
         obj.n_slots = n_slots
         obj.slot_shapes = slot_shapes
         obj._sorted = None
@@ -453,7 +480,7 @@ class Product(Expr):
         for f in flat[1:]:
             shapes = [chain_shapes(a, b, i) for i, (a, b) in enumerate(zip(shapes, f.slot_shapes))]
         self.factors = tuple(flat)
-        self.coeff = coeff
+        self.coeff = canonical_coeff(coeff)
         self.n_slots = n_slots
         self.slot_shapes = tuple(shapes)
         self._orders = None

@@ -9,12 +9,14 @@ Expanding a lazy product in named steps, as a derivation writes it::
 
 Every rule returns an expression equal to its input as an operator (property-tested on
 random numeric bindings), except that ``distribute(…, max_order=k)`` drops the products
-of order above ``k`` on purpose. :func:`expand_steps` lists the steps with the rule names.
+of order above ``k`` on purpose. :func:`expand_steps` lists the steps with the rule names
+that derivations use as justifications: ``distributivity`` (or ``truncation`` when
+products are dropped), ``mixed_product``, ``collect``.
 
 >>> from tensoralg.parse import parse
 >>> p = parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)")
 >>> [name for name, _ in expand_steps(p)]
-['distribute', 'mixed_product', 'collect']
+['distributivity', 'mixed_product', 'collect']
 >>> expand_steps(p)[-1][1]
 TensorSum(Id ⊗ W_U W_E + A^{h} ⊗ W_U W_OV^{h} W_E)
 """
@@ -122,15 +124,16 @@ def transpose(expr: Expr) -> Expr:
 def expand_steps(expr: Expr, max_order: int | None = None) -> list[tuple[str, Expr]]:
     """The expansion of ``expr`` as ``[(rule name, expression after the rule), …]``.
 
-    The rules run in order ``distribute`` (named ``distribute_truncated`` when
-    ``max_order`` drops products), ``mixed_product``, ``collect``; a rule that changes
+    The rules run in order :func:`distribute` (named ``"distributivity"``, or
+    ``"truncation"`` when ``max_order`` drops products), :func:`mixed_product`
+    (``"mixed_product"``) and :func:`collect` (``"collect"``); a rule that changes
     nothing is not listed, so a canonical sum has no steps. The last expression equals
     ``expr.expand(max_order)``.
 
     >>> from tensoralg.parse import parse
     >>> steps = expand_steps(parse("(Id ⊗ Id + A^{1} ⊗ W_OV^{1})(Id ⊗ Id + A^{2} ⊗ W_OV^{2})"), max_order=1)
     >>> [(name, len(e)) for name, e in steps]
-    [('distribute_truncated', 3), ('mixed_product', 3), ('collect', 3)]
+    [('truncation', 3), ('mixed_product', 3), ('collect', 3)]
     """
     check_order(max_order)
     truncating = max_order is not None and any(
@@ -139,7 +142,7 @@ def expand_steps(expr: Expr, max_order: int | None = None) -> list[tuple[str, Ex
     steps: list[tuple[str, Expr]] = []
     current = expr
     for name, rule in (
-        ("distribute_truncated" if truncating else "distribute", lambda e: distribute(e, max_order)),
+        ("truncation" if truncating else "distributivity", lambda e: distribute(e, max_order)),
         ("mixed_product", mixed_product),
         ("collect", collect),
     ):
