@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Mapping
 
 import sympy as sp
@@ -160,8 +161,11 @@ def transpose_word(word: Word) -> Word:
     return tuple(a.T for a in reversed(word))
 
 
-def word_key(word: Word) -> tuple:
-    return tuple(a.key for a in word)
+@lru_cache(maxsize=1 << 16)
+def word_key(word: Word) -> str:
+    """The sort key of a word: one string, so that sorting compares in C (and is cached,
+    since canonical ordering sorts the same words often)."""
+    return "\x01".join(f"{a.name}\x00{a.index}\x00{int(a.transposed)}" for a in word)
 
 
 def _fmt(shape) -> str:

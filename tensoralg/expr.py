@@ -113,9 +113,13 @@ class Term(NamedTuple):
         return f"Term({_term_text(self.coeff, self.words)})"
 
 
-def sort_key(words: tuple[Word, ...]) -> tuple:
-    """Canonical order: fewer atoms first, then by atom names, indices and transposes."""
-    return (sum(map(len, words)), tuple(word_key(w) for w in words))
+def sort_key(words: tuple[Word, ...]) -> str:
+    """Canonical order: fewer atoms first, then by atom names, indices and transposes.
+
+    One string per term (the atom count zero-padded, then the words' keys), so that
+    sorting tens of thousands of terms compares in C.
+    """
+    return f"{sum(map(len, words)):06d}\x02" + "\x02".join([word_key(w) for w in words])
 
 
 def merge_shapes(shapes: list[Shape], words: tuple[Word, ...], where: str) -> None:
