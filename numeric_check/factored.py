@@ -34,7 +34,7 @@ True
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -65,31 +65,48 @@ def _fmt(shape: Sequence[int]) -> str:
 # --- matrix-chain planning ----------------------------------------------------------------
 
 
-def _chain_plan(dims: Sequence[int], batches: Sequence[torch.Size]) -> tuple[list[list[int]], list[list[int]]]:
-    """Cheapest parenthesisation of ``F_0 … F_{n-1}`` (``F_i`` is ``dims[i] × dims[i+1]``).
+class ChainPlan:
+    """The cheapest parenthesisation of ``F_0 … F_{n-1}``, for the whole chain and every sub-chain.
 
     The cost of one product counts multiply-adds times the number of batch elements it runs
     over, so unbatched sub-products are preferred: they are computed once for all heads.
-    Returns ``(cost, split)``: ``split[i][j]`` is where the product ``F_i … F_j`` splits last.
+    ``cost(i, j)`` and ``product(i, j)`` concern ``F_i … F_{j-1}`` (``j`` exclusive).
     """
-    n = len(batches)
-    numel = [[0] * n for _ in range(n)]
-    for i in range(n):
-        shape = batches[i]
-        for j in range(i, n):
-            shape = torch.broadcast_shapes(shape, batches[j])
-            numel[i][j] = math.prod(shape)
-    cost = [[0] * n for _ in range(n)]
-    split = [[i] * n for i in range(n)]
-    for length in range(2, n + 1):
-        for i in range(n - length + 1):
-            j = i + length - 1
-            options = (
-                (cost[i][k] + cost[k + 1][j] + numel[i][j] * dims[i] * dims[k + 1] * dims[j + 1], k)
-                for k in range(i, j)
-            )
-            cost[i][j], split[i][j] = min(options)
-    return cost, split
+
+    def __init__(self, factors: Sequence[Tensor]):
+        self.factors = list(factors)
+        n = len(self.factors)
+        dims = _dims(self.factors)
+        batches = [f.shape[:-2] for f in self.factors]
+        numel = [[0] * n for _ in range(n)]
+        for i in range(n):
+            shape = batches[i]
+            for j in range(i, n):
+                shape = torch.broadcast_shapes(shape, batches[j])
+                numel[i][j] = math.prod(shape)
+        self.numel = numel
+        cost = [[0] * n for _ in range(n)]
+        split = [[i] * n for i in range(n)]
+        for length in range(2, n + 1):
+            for i in range(n - length + 1):
+                j = i + length - 1
+                cost[i][j], split[i][j] = min(
+                    (cost[i][k] + cost[k + 1][j] + numel[i][j] * dims[i] * dims[k + 1] * dims[j + 1], k) for k in range(i, j)
+                )
+        self._cost, self._split = cost, split
+
+    def cost(self, i: int = 0, j: int | None = None) -> int:
+        return self._cost[i][(len(self.factors) if j is None else j) - 1]
+
+    def batch_numel(self, i: int = 0, j: int | None = None) -> int:
+        return self.numel[i][(len(self.factors) if j is None else j) - 1]
+
+    def product(self, i: int = 0, j: int | None = None) -> Tensor:
+        j = len(self.factors) if j is None else j
+        if j - i == 1:
+            return self.factors[i]
+        k = self._split[i][j - 1] + 1
+        return self.product(i, k) @ self.product(k, j)
 
 
 def _dims(factors: Sequence[Tensor]) -> list[int]:
@@ -98,8 +115,7 @@ def _dims(factors: Sequence[Tensor]) -> list[int]:
 
 def chain_cost(factors: Sequence[Tensor]) -> int:
     """Multiply-adds (times batch elements) of the cheapest evaluation of ``F_1 … F_n``."""
-    cost, _ = _chain_plan(_dims(factors), [f.shape[:-2] for f in factors])
-    return cost[0][-1]
+    return ChainPlan(factors).cost()
 
 
 def chain_product(factors: Sequence[Tensor]) -> Tensor:
@@ -109,23 +125,71 @@ def chain_product(factors: Sequence[Tensor]) -> Tensor:
     >>> chain_product([a, b, c]).shape
     torch.Size([2, 2])
     """
-    _, split = _chain_plan(_dims(factors), [f.shape[:-2] for f in factors])
-
-    def evaluate(i: int, j: int) -> Tensor:
-        if i == j:
-            return factors[i]
-        k = split[i][j]
-        return evaluate(i, k) @ evaluate(k + 1, j)
-
-    return evaluate(0, len(factors) - 1)
+    return ChainPlan(factors).product()
 
 
-def _best_rotation(cycle: Sequence[Tensor]) -> list[Tensor]:
-    """The cyclic rotation of a square word that starts at its smallest dimension, cheapest first."""
+def _best_rotation(cycle: Sequence[Tensor]) -> ChainPlan:
+    """The plan of the cyclic rotation of a square word that starts at its smallest dimension, cheapest first."""
     dims = [f.shape[-2] for f in cycle]
     smallest = min(dims)
-    rotations = [list(cycle[k:]) + list(cycle[:k]) for k, d in enumerate(dims) if d == smallest]
-    return min(rotations, key=chain_cost)
+    plans = [ChainPlan(list(cycle[k:]) + list(cycle[:k])) for k, d in enumerate(dims) if d == smallest]
+    return min(plans, key=lambda plan: plan.cost())
+
+
+def _gram_plan(factors: Sequence[Tensor]) -> tuple[Callable[[], Tensor], Callable[[], Tensor]]:
+    """Gram matrices ``XᵀX`` and ``YYᵀ`` at the cheapest cut ``F_1…F_n = X Y`` (an empty side is ``I``).
+
+    ``YYᵀ`` for ``Y = F_i … F_n`` is planned from the inside out: either ``Y`` is formed and
+    multiplied by its transpose, or ``Y = P Z`` with ``P = F_i … F_{j-1}`` formed and
+    ``YYᵀ = P (ZZᵀ) Pᵀ`` built on the Gram matrix of the suffix ``Z`` (memoised).
+    ``XᵀX`` is the same plan on the reversed, transposed chain.
+    """
+    n = len(factors)
+    dims = _dims(factors)
+    dtype, device = factors[0].dtype, factors[0].device
+
+    def planner(chain: Sequence[Tensor]):
+        plan = ChainPlan(chain)
+        chain_dims = _dims(chain)
+        m = len(chain)
+        memo: dict[int, tuple[int, Callable[[], Tensor]]] = {}
+
+        def gram(i: int) -> tuple[int, Callable[[], Tensor]]:  # plan for the suffix chain[i:]
+            if i in memo:
+                return memo[i]
+            best = None
+            for j in range(i + 1, m + 1):
+                if j == m:
+                    cost = plan.cost(i, j) + plan.batch_numel(i, j) * chain_dims[i] ** 2 * chain_dims[m]
+
+                    def evaluate(i=i, j=j) -> Tensor:
+                        P = plan.product(i, j)
+                        return P @ P.mT
+                else:
+                    inner_cost, inner = gram(j)
+                    d_out, d_in = chain_dims[i], chain_dims[j]
+                    cost = plan.cost(i, j) + inner_cost + plan.batch_numel(i, m) * (d_out * d_in**2 + d_out**2 * d_in)
+
+                    def evaluate(i=i, j=j, inner=inner) -> Tensor:
+                        P = plan.product(i, j)
+                        return (P @ inner()) @ P.mT
+                if best is None or cost < best[0]:
+                    best = (cost, evaluate)
+            memo[i] = best
+            return best
+
+        return gram
+
+    right = planner(factors)
+    left = planner([f.mT for f in reversed(factors)])  # suffix n - k of this chain is X^T for X = F_1..F_k
+    options = []
+    for k in range(n + 1):
+        identity = (dims[k] ** 2, lambda k=k: torch.eye(dims[k], dtype=dtype, device=device))
+        l_cost, l_eval = left(n - k) if k > 0 else identity
+        r_cost, r_eval = right(k) if k < n else identity
+        options.append((l_cost + r_cost, l_eval, r_eval))
+    _, left_gram, right_gram = min(options, key=lambda option: option[0])
+    return left_gram, right_gram
 
 
 # --- the class ------------------------------------------------------------------------------
@@ -312,7 +376,7 @@ class Factored:
         whatever :func:`torch.linalg.eigvals` gives.
         """
         self._require_square("eigenvalues()")
-        small = chain_product(_best_rotation(self.factors))
+        small = _best_rotation(self.factors).product()
         if small.dtype in (torch.float16, torch.bfloat16):
             small = small.float()
         return torch.linalg.eigvals(small)
@@ -320,15 +384,20 @@ class Factored:
     def trace(self) -> Tensor:
         """``tr(F_1 … F_n)`` through the cheapest cyclic rotation, ``[...]``."""
         self._require_square("trace()")
-        return chain_product(_best_rotation(self.factors)).diagonal(dim1=-2, dim2=-1).sum(-1)
+        return _best_rotation(self.factors).product().diagonal(dim1=-2, dim2=-1).sum(-1)
 
     def frobenius_norm(self) -> Tensor:
-        """``‖F_1 … F_n‖_F`` as ``sqrt(tr(F_1…F_n F_nᵀ…F_1ᵀ))`` rotated to its smallest dimension, ``[...]``."""
+        """``‖F_1 … F_n‖_F`` through small Gram matrices, ``[...]``.
+
+        Cut the product at the cheapest point ``k``, ``M = X Y``:
+        ``‖M‖² = Σ (XᵀX) ∘ (YYᵀ)``, both ``d_k × d_k``. Each Gram matrix is built from the
+        inside out, ``YYᵀ = P (ZZᵀ) Pᵀ`` with ``Y = P Z``, so a shared factor such as
+        ``W_K W_O`` is formed once rather than twice (see :func:`_gram_plan`).
+        """
         if len(self.factors) == 1:
             return torch.linalg.matrix_norm(self.factors[0])
-        cycle = list(self.factors) + [f.mT for f in reversed(self.factors)]
-        gram = chain_product(_best_rotation(cycle))
-        return gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp(min=0).sqrt()
+        left_gram, right_gram = _gram_plan(self.factors)
+        return (left_gram() * right_gram()).sum(dim=(-2, -1)).clamp(min=0).sqrt()
 
     def svd(self) -> "SVD":
         """``(U, S, V)`` with ``M = U diag(S) Vᵀ`` (V, not Vᴴ, as TransformerLens), ``r = rank_bound`` values.
