@@ -36,21 +36,20 @@ def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
         symbol = sp.Symbol(name) if isinstance(name, str) else name
         sizes[sp.sympify(symbol)] = int(value)
     by_name = {str(k): v for k, v in sizes.items()}
-    for t in expr:
-        for w in t.words:
-            for a in w:
-                value = _bound(bindings, a.base)
-                for dim, n in zip((a.base.rows, a.base.cols), value.shape):
-                    if dim.is_number:
-                        if int(dim) != n:
-                            raise BindingError(f"atom {a.base.label!r} has {dim} as a dimension, bound array has {n}")
-                        continue
-                    seen = sizes.get(dim, by_name.get(str(dim)))
-                    if seen is not None and seen != n:
-                        raise BindingError(
-                            f"dimension {dim} is {seen} elsewhere but {n} in the array bound to {a.base.label!r}"
-                        )
-                    sizes[dim] = n
+    bases = {a.base for t in expr for w in t.words for a in w}  # each atom checked once
+    for base in sorted(bases, key=lambda a: a.key):
+        value = _bound(bindings, base)
+        for dim, n in zip((base.rows, base.cols), value.shape):
+            if dim.is_number:
+                if int(dim) != n:
+                    raise BindingError(f"atom {base.label!r} has {dim} as a dimension, bound array has {n}")
+                continue
+            seen = sizes.get(dim)
+            if seen is None:
+                seen = by_name.get(dim.name if dim.is_Symbol else str(dim))
+            if seen is not None and seen != n:
+                raise BindingError(f"dimension {dim} is {seen} elsewhere but {n} in the array bound to {base.label!r}")
+            sizes[dim] = n
     return sizes
 
 
