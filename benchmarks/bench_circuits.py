@@ -8,9 +8,10 @@ random weights is built as a TransformerLens ``HookedTransformer`` and converted
 2. every composition score, per mode (TL: ``all_composition_scores(mode)``);
 3. every full OV circuit's eigenvalues ``W_U W_OV W_E`` (TL: ``(W_E @ OV @ W_U).eigenvalues``).
 
-Printed: both times, the ratio (TL / ours: above 1 means we are faster) and the largest
-difference between the numbers (eigenvalues compared as multisets, absolute and relative
-to the largest modulus). Run: ``python benchmarks/bench_circuits.py [--repeats 3]``.
+Printed: both times, the ratio (TL / ours: above 1 means we are faster), the largest
+difference between the two results (eigenvalues compared as multisets; absolute, and
+relative to the largest value), and each result's largest difference from a float64
+computation of the same quantity. Run: ``python benchmarks/bench_circuits.py [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -78,24 +79,30 @@ def main(argv: list[str] | None = None) -> None:
     print(f"single thread, median of {args.repeats}; ratio = TL time / our time\n")
     rows = []
 
-    t_tl, e_tl = median_time(lambda: tl.OV.eigenvalues, args.repeats)
-    t_us, e_us = median_time(lambda: ov_eigenvalues(ours), args.repeats)
-    rows.append(("W_OV eigenvalues, all heads", t_tl, t_us, *eigen_difference(e_tl, e_us)))
+    def eigen_row(name, theirs_fn, ours_fn, reference_fn):
+        t_tl, theirs = median_time(theirs_fn, args.repeats)
+        t_us, ours = median_time(ours_fn, args.repeats)
+        reference = reference_fn()
+        rows.append((name, t_tl, t_us, *eigen_difference(theirs, ours),
+                     eigen_difference(reference, theirs)[0], eigen_difference(reference, ours)[0]))
 
+    eigen_row("W_OV eigenvalues, all heads", lambda: tl.OV.eigenvalues, lambda: ov_eigenvalues(ours),
+              lambda: ov_eigenvalues(ours, dtype=torch.float64))
     for mode in "QKV":
-        t_tl, s_tl = median_time(lambda: tl.all_composition_scores(mode), args.repeats)
-        t_us, s_us = median_time(lambda: composition_scores(ours, mode), args.repeats)
-        diff = float((s_tl - s_us).abs().max())
-        rows.append((f"composition scores {mode}", t_tl, t_us, diff, diff / float(s_tl.abs().max())))
+        t_tl, theirs = median_time(lambda: tl.all_composition_scores(mode), args.repeats)
+        t_us, got = median_time(lambda: composition_scores(ours, mode), args.repeats)
+        reference = composition_scores(ours, mode, dtype=torch.float64)
+        diff = float((theirs - got).abs().max())
+        rows.append((f"composition scores {mode}", t_tl, t_us, diff, diff / float(theirs.abs().max()),
+                     float((theirs - reference).abs().max()), float((got - reference).abs().max())))
+    eigen_row("W_U W_OV W_E eigenvalues, all heads", lambda: (tl.W_E @ tl.OV @ tl.W_U).eigenvalues,
+              lambda: ov_circuit_eigenvalues(ours), lambda: ov_circuit_eigenvalues(ours, dtype=torch.float64))
 
-    circuit_repeats = max(1, args.repeats)
-    t_tl, e_tl = median_time(lambda: (tl.W_E @ tl.OV @ tl.W_U).eigenvalues, circuit_repeats)
-    t_us, e_us = median_time(lambda: ov_circuit_eigenvalues(ours), circuit_repeats)
-    rows.append(("W_U W_OV W_E eigenvalues, all heads", t_tl, t_us, *eigen_difference(e_tl, e_us)))
-
-    print(f"{'measurement':38s} {'TL (s)':>9s} {'ours (s)':>9s} {'ratio':>7s} {'max |diff|':>11s} {'relative':>9s}")
-    for name, t_tl, t_us, diff, rel in rows:
-        print(f"{name:38s} {t_tl:9.4f} {t_us:9.4f} {t_tl / t_us:6.2f}x {diff:11.2e} {rel:9.2e}")
+    print(f"{'measurement':38s} {'TL (s)':>8s} {'ours (s)':>8s} {'ratio':>7s} {'|TL-ours|':>10s} {'relative':>9s}"
+          f" {'TL err':>9s} {'our err':>9s}")
+    for name, t_tl, t_us, diff, rel, tl_err, our_err in rows:
+        print(f"{name:38s} {t_tl:8.4f} {t_us:8.4f} {t_tl / t_us:6.2f}x {diff:10.2e} {rel:9.2e} {tl_err:9.2e} {our_err:9.2e}")
+    print("\nTL err / our err: largest difference from the same quantity computed in float64 (both runs are float32).")
 
 
 if __name__ == "__main__":
