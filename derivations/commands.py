@@ -1,7 +1,289 @@
-"""The ``derive`` and ``expand`` subcommands (see :mod:`derivations.cli`)."""
+"""The ``derive`` and ``expand`` subcommands of ``tcircuits`` (see :mod:`derivations.cli`).
+
+``tcircuits derive NAME`` prints a derivation of the catalogue as LaTeX, Markdown, text or
+JSON (``--pdf`` compiles the LaTeX); ``tcircuits expand "EXPR"`` prints each rewrite step
+of an expression. Bad input raises a :class:`~derivations.errors.DerivationError` (or
+another :class:`~tensoralg.errors.TensorAlgError`), which the CLI prints in one line.
+"""
 
 from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tensoralg.expr import Add, Product, check_order
+from tensoralg.parse import parse
+
+from derivations import catalogue
+from derivations.derivation import Chain, Derivation
+from derivations.errors import DerivationError
+from derivations.render import Math
+
+FORMATS = ("text", "latex", "markdown", "json")
+PDFLATEX_FLAGS = ("-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape")
+
+
+class OutputError(DerivationError, OSError):
+    """A result that cannot be written where asked."""
+
+
+class LatexError(DerivationError):
+    """pdflatex is missing, or failed on a document."""
+
+
+# -- compiling LaTeX --------------------------------------------------------------------
+
+
+def pdflatex() -> str:
+    """The path of ``pdflatex``; :class:`LatexError` when it is not installed."""
+    path = shutil.which("pdflatex")
+    if path is None:
+        raise LatexError("pdflatex is not installed, so no PDF was made; install TeX Live "
+                         "(Debian/Ubuntu: apt-get install texlive-latex-base) or drop --pdf")
+    return path
+
+
+def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
+    """Compile a LaTeX document in a fresh temporary directory (shell escape off).
+
+    Returns ``(pdf bytes, log text)``; raises :class:`LatexError` with the log's first
+    error when pdflatex fails.
+    """
+    exe = pdflatex()
+    with tempfile.TemporaryDirectory(prefix="tcircuits-") as tmp:
+        tex = Path(tmp) / "derivation.tex"
+        tex.write_text(source, encoding="utf-8")
+        try:
+            run = subprocess.run([exe, *PDFLATEX_FLAGS, tex.name], cwd=tmp, capture_output=True,
+                                 timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise LatexError(f"pdflatex took longer than {timeout:.0f} s and was stopped") from None
+        log_path = Path(tmp) / "derivation.log"
+        log = log_path.read_text(errors="replace") if log_path.exists() else run.stdout.decode(errors="replace")
+        pdf = Path(tmp) / "derivation.pdf"
+        if run.returncode != 0 or not pdf.exists():
+            raise LatexError(f"pdflatex failed (exit {run.returncode}): {first_error(log)}")
+        return pdf.read_bytes(), log
+
+
+def first_error(log: str) -> str:
+    """The first ``! …`` error of a TeX log, with the line after it, on one line."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("!"):
+            return " ".join(part.strip() for part in lines[i : i + 3])
+    return "no error message in the log"
+
+
+# -- writing results --------------------------------------------------------------------
+
+
+def render(derivation: Derivation, fmt: str, max_terms: int | None) -> str:
+    if fmt not in FORMATS:
+        raise DerivationError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt == "json":
+        return derivation.to_json()
+    return getattr(derivation, {"text": "to_text", "latex": "to_latex", "markdown": "to_markdown"}[fmt])(
+        max_terms=max_terms)
+
+
+def write(path: Path, data: str | bytes) -> None:
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as error:
+        raise OutputError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
+
+
+def emit(derivation: Derivation, args) -> int:
+    """Print or write the derivation; with ``--pdf`` also compile it next to the output."""
+    if args.pdf and args.format not in (None, "latex"):
+        raise DerivationError(f"--pdf compiles LaTeX; it cannot be combined with --format {args.format}")
+    fmt = "latex" if args.pdf else (args.format or "text")
+    max_terms = None if args.max_terms == 0 else args.max_terms
+    document = render(derivation, fmt, max_terms)
+    out = Path(args.output) if args.output else None
+    if out is not None:
+        write(out, document)
+    elif not args.pdf:
+        print(document, end="" if document.endswith("\n") else "\n")
+    if args.pdf:
+        pdf, _ = compile_latex(document)
+        target = (out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"))
+        write(target, pdf)
+        print(f"wrote {target}")
+    elif out is not None:
+        print(f"wrote {out}")
+    return 0
+
+
+# -- derive -----------------------------------------------------------------------------
+
+# catalogue parameter -> (option, help)
+OPTIONS = {
+    "layers": ("--layers", "number of layers (virtual-weights: intermediate layers)"),
+    "heads": ("--heads", "heads per layer: one int, or one per layer as 1,3 (virtual-weights: components per layer)"),
+    "layer": ("--layer", "layer of the head whose scores are expanded (default: the last)"),
+    "head": ("--head", "head whose scores are expanded (default 0)"),
+    "positional": ("--positional", "positional embeddings: none, standard (added to the residual stream) or "
+                                   "qk_only (added before W_Q and W_K)"),
+    "layer_norm": ("--layer-norm", "layer norm with frozen scales before each layer and the unembedding"),
+    "biases": ("--biases", "biases (b_V folded into b_O; b_O and b_U as constant sources)"),
+    "mlp": ("--mlp", "MLP layers, as opaque sources"),
+    "max_order": ("--max-order", "keep the paths through at most K heads"),
+    "concrete": ("--concrete/--symbolic", "enumerate the heads (L0H0, L0H1, …) or write Σ over a layer's heads"),
+}
+
+
+def heads_arg(text: str):
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or ints separated by commas (2 or 1,3), got {text!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def derive(args) -> int:
+    if args.list:
+        width = max(map(len, catalogue.names()))
+        for name, description in catalogue.descriptions().items():
+            print(f"{name:<{width}}  {description}")
+        return 0
+    if not args.name:
+        raise DerivationError("give a derivation NAME (tcircuits derive --list shows them)")
+    entry = catalogue.lookup(args.name)
+    given = {p: getattr(args, p) for p in OPTIONS if getattr(args, p) is not None}
+    unknown = [OPTIONS[p][0] for p in given if p not in entry.params]
+    if unknown:
+        takes = ", ".join(OPTIONS[p][0] for p in entry.params) or "no options"
+        raise DerivationError(f"{args.name} does not take {', '.join(unknown)}; it takes: {takes}")
+    return emit(catalogue.get(args.name, **given), args)
+
+
+# -- expand -----------------------------------------------------------------------------
+
+
+def atom_arg(text: str) -> tuple[str, tuple[str, str]]:
+    name, sep, shape = text.partition("=")
+    dims = [d.strip() for d in shape.split(",")]
+    if not sep or not name.strip() or len(dims) != 2 or not all(dims):
+        raise argparse.ArgumentTypeError(f"expected NAME=ROWS,COLS (e.g. V=d_model,k), got {text!r}")
+    return name.strip(), (dims[0], dims[1])
+
+
+def expansion(text: str, max_order: int | None = None, atoms: dict | None = None) -> Derivation:
+    """The rewrite steps of the expression ``text``, as a derivation (for teaching).
+
+    >>> d = expansion("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)")
+    >>> [s.rule.key for s in d.steps]
+    ['given', 'distributivity', 'mixed-product']
+    """
+    check_order(max_order)
+    expr = parse(text, atoms=atoms or None)
+    if isinstance(expr, (Product, Add)):
+        n = expr.count(max_order)
+        if n > catalogue.DOCUMENT_LIMIT:
+            largest = max((len(p.factors) for p in (expr.parts if isinstance(expr, Add) else (expr,))
+                           if isinstance(p, Product)), default=0)
+            catalogue.too_many("the expansion", n, [expr.count(k) for k in range(largest + 1)])
+    chain = Chain.start(None, expr, "given").expand(max_order)
+    summary = ("It is already expanded: a canonical sum of tensor terms." if len(chain.steps) == 1 else
+               "Each line applies one rule of the algebra to the line before.")
+    return Derivation("expand", f"Expansion of {text}", summary, (chain,),
+                      notes=(catalogue.NOTATION,), params=(("expression", text), ("max_order", max_order)))
+
+
+def expand(args) -> int:
+    atoms = dict(args.atom or ())
+    return emit(expansion(args.expression, args.max_order, atoms), args)
+
+
+# -- the parsers ------------------------------------------------------------------------
+
+DERIVE_HELP = """\
+Print a derivation of the catalogue: every line produced by a rule of the algebra
+(definition, distributivity, mixed-product rule (A⊗B)(C⊗D) = (AC)⊗(BD), collecting
+like terms, folding W_OV := W_O W_V and W_QK := W_Qᵀ W_K, …) and checked numerically.
+
+Notation: A^h ⊗ W means "mix positions with head h's attention pattern A^h and map each
+position's vector with W"; numerically (A ⊗ W)·x = A x Wᵀ for x with one row per
+position. Σ_{h0∈H_0} sums over the heads of layer 0 (--symbolic, the default); with
+--concrete the heads are enumerated as L0H0, L0H1, … (0-indexed, as in TransformerLens;
+the paper's H_1 is our layer 0).
+"""
+
+DERIVE_EPILOG = """\
+examples:
+  tcircuits derive --list
+  tcircuits derive two-layer-logits --heads 2 --format markdown
+  tcircuits derive path-expansion --layers 3 --heads 4 --concrete --max-order 1
+  tcircuits derive two-layer-qk --format latex -o qk.tex --pdf
+"""
+
+EXPAND_HELP = """\
+Print each rewrite step of an expression: distributivity, the mixed-product rule
+(A⊗B)(C⊗D) = (AC)⊗(BD), and collecting like terms.
+
+The language: atoms such as A^{h1}, W_OV^{h1}, W_E, W_U (other names with --atom);
+Id; ⊗ or (x) for the tensor product; juxtaposition, · or * for the product; + and -;
+scalars (2, 1/2, 1/sqrt(d_head)); ^T or ᵀ for the transpose; parentheses. A product
+binds tighter than ⊗, which binds tighter than +.
+"""
+
+EXPAND_EPILOG = """\
+examples:
+  tcircuits expand "(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)"
+  tcircuits expand "(Id ⊗ Id + A^{1} ⊗ W_OV^{1})(Id ⊗ Id + A^{0} ⊗ W_OV^{0})" --max-order 1
+  tcircuits expand "(A ⊗ B)(C ⊗ D)" --atom B=d_model,d_model --atom C=n_ctx,n_ctx --atom D=d_model,d_model
+"""
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS, default=None, help="output format (default: text)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    parser.add_argument("--pdf", action="store_true",
+                        help="compile the LaTeX with pdflatex; the PDF goes next to -o FILE (or NAME.pdf)")
+    parser.add_argument("--max-terms", type=int, default=40, metavar="N",
+                        help="elide the middle of sums longer than N terms (0: show all; default 40)")
 
 
 def register(subparsers) -> None:
     """Add ``derive`` and ``expand`` to the ``tcircuits`` parser."""
+    p = subparsers.add_parser("derive", help="print a derivation of the paper's equations",
+                              description=DERIVE_HELP, epilog=DERIVE_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", metavar="NAME", help="a derivation (see --list)")
+    p.add_argument("--list", action="store_true", help="list the derivations with a line each")
+    p.add_argument(OPTIONS["layers"][0], type=int, help=OPTIONS["layers"][1])
+    p.add_argument(OPTIONS["heads"][0], type=heads_arg, help=OPTIONS["heads"][1])
+    p.add_argument(OPTIONS["layer"][0], type=int, help=OPTIONS["layer"][1])
+    p.add_argument(OPTIONS["head"][0], type=int, help=OPTIONS["head"][1])
+    p.add_argument(OPTIONS["positional"][0], choices=("none", "standard", "qk_only"), help=OPTIONS["positional"][1])
+    for key in ("layer_norm", "biases", "mlp"):
+        p.add_argument(OPTIONS[key][0], dest=key, action="store_const", const=True, default=None, help=OPTIONS[key][1])
+    p.add_argument(OPTIONS["max_order"][0], type=int, metavar="K", help=OPTIONS["max_order"][1])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--concrete", dest="concrete", action="store_const", const=True, default=None,
+                      help="enumerate the heads: L0H0, L0H1, …")
+    mode.add_argument("--symbolic", dest="concrete", action="store_const", const=False,
+                      help="write Σ over each layer's heads (the default)")
+    add_output_options(p)
+    p.set_defaults(func=derive)
+
+    e = subparsers.add_parser("expand", help="print each rewrite step of an expression",
+                              description=EXPAND_HELP, epilog=EXPAND_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("expression", metavar="EXPR", help="the expression, quoted")
+    e.add_argument("--max-order", type=int, metavar="K", help="keep the products through at most K non-identity terms")
+    e.add_argument("--atom", type=atom_arg, action="append", metavar="NAME=ROWS,COLS",
+                   help="declare an atom beyond the paper's, e.g. V=d_model,k (repeatable)")
+    add_output_options(e)
+    e.set_defaults(func=expand)
+
+
+__all__ = ["FORMATS", "LatexError", "OutputError", "compile_latex", "expansion", "pdflatex", "register"]

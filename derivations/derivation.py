@@ -31,6 +31,7 @@ import sympy as sp
 from tensoralg import Add, Atom, Definition, Expr, Product, TensorSum, Term, fold, to_numpy, unfold
 from tensoralg.atoms import DIMS
 from tensoralg.definitions import STANDARD_DEFINITIONS
+from tensoralg.rules import expand_steps
 
 from derivations import render
 from derivations.errors import DerivationError
@@ -52,6 +53,7 @@ RULES: dict[str, Rule] = {
     r.key: r
     for r in (
         Rule("definition", "definition"),
+        Rule("given", "the expression as given"),
         Rule("substitution", "substitution"),
         Rule("distributivity", "distributivity", Math(r"X(Y + Z)W = XYW + XZW", "X(Y + Z)W = XYW + XZW")),
         Rule("mixed-product", "mixed-product rule",
@@ -181,12 +183,17 @@ class Chain:
         return self._then(Step(fn(self.last, *args, **kwargs), rule, detail, text))
 
     def expand(self, max_order: int | None = None, text=()) -> "Chain":
-        """Add each rewrite of :func:`tensoralg.rules.expand_steps` as its own line."""
-        from tensoralg.rules import expand_steps  # tensoralg.rules lands after the core
-
+        """Add each rewrite of :func:`tensoralg.rules.expand_steps` as its own line
+        (distributivity or truncation, mixed-product rule, collecting like terms). When
+        collecting combines nothing, it replaces the line before instead of repeating it."""
         chain = self
-        for i, (name, expr) in enumerate(expand_steps(self.last, max_order=max_order)):
-            chain = chain._then(Step(expr, name, (), text if i == 0 else ()))
+        for name, expr in expand_steps(self.last, max_order=max_order):
+            step = Step(expr, name, (), () if chain is not self else text)
+            if step.rule.key == "collect" and _only_reorders(chain.last, expr):
+                previous = chain.steps[-1]
+                step = Step(expr, previous.rule, previous.detail, previous.text)
+                chain = Chain(chain.lhs, chain.steps[:-1], chain.intro, chain.sums)
+            chain = chain._then(step)
         return chain
 
     def fold(self, definition: Definition, text=()) -> "Chain":
@@ -200,6 +207,12 @@ class Chain:
     def regroup(self, groups: Sequence[tuple[str, TensorSum]], rule: str | Rule = "regroup", detail=(), text=()) -> "Chain":
         """Repeat the last line split into labelled groups (which must add up to it)."""
         return self._then(Step(self.last.expand(), rule, detail, text, tuple(groups)))
+
+
+def _only_reorders(before: Expr, collected: TensorSum) -> bool:
+    """True when ``before`` is a sum of single terms with no two alike."""
+    parts = before.parts if isinstance(before, Add) else (before,)
+    return all(isinstance(p, TensorSum) for p in parts) and sum(len(p) for p in parts) == len(collected)
 
 
 def definition_math(d: Definition) -> tuple:
@@ -290,8 +303,8 @@ DEFAULT_DIMS = {"n_ctx": 4, "d_model": 5, "d_head": 3, "d_vocab": 6, "d_mlp": 7}
 
 @dataclass(frozen=True)
 class Verification:
-    """Per step ``(chain, step, error)``: the largest difference from the chain's first line,
-    relative to its largest entry."""
+    """Per step ``(chain, step, error)``: the largest difference from the chain's first line
+    (or from the last truncation, which drops terms on purpose), relative to its largest entry."""
 
     errors: tuple[tuple[int, int, float], ...]
     tol: float
@@ -448,7 +461,7 @@ def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verifica
                 value = np.zeros_like(reference)
             else:
                 value = binder.operator(expr, rows)
-            if reference is None:
+            if reference is None or step.rule.key == "truncation":
                 reference = value
                 scale = max(float(np.abs(value).max(initial=0.0)), 1.0)
             if value.shape != reference.shape:

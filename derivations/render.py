@@ -75,7 +75,7 @@ def escape_latex(text: str) -> str:
     return "".join(out)
 
 
-_MARKDOWN_SPECIAL = set("\\`*_{}[]<>()#+-!|$~")
+_MARKDOWN_SPECIAL = set("\\`*_{}[]<>#|$~")
 
 
 def escape_markdown(text: str) -> str:
@@ -92,7 +92,7 @@ def escape_markdown(text: str) -> str:
 SAFE_COMMANDS = frozenset(
     """
     otimes oplus cdot cdots dots ldots vdots ddots times sum prod in notin le ge leq geq to top
-    mathrm mathbf mathit mathsf mathcal mathbb text textrm operatorname left right bigl bigr Bigl Bigr
+    mathrm mathbf mathit mathsf mathcal text textrm operatorname left right bigl bigr Bigl Bigr
     biggl biggr big Big frac dfrac tfrac sqrt quad qquad alpha beta gamma delta epsilon varepsilon
     lambda mu sigma tau phi varphi psi omega theta pi Sigma Pi Delta Lambda Omega Gamma Phi Psi
     mid vert Vert lvert rvert langle rangle lbrace rbrace backslash approx equiv ne neq sim prime
@@ -270,7 +270,8 @@ class Layout:
 
     sums: tuple[SumIndex, ...] = ()
     max_terms: int | None = 40
-    width: float = 52.0
+    width: float = 50.0
+    measure: str = "width"
 
 
 def term_indices(term: Term, sums: Sequence[SumIndex]) -> list[SumIndex]:
@@ -278,7 +279,8 @@ def term_indices(term: Term, sums: Sequence[SumIndex]) -> list[SumIndex]:
     return [s for s in sums if s.index in present]
 
 
-def term_pieces(term: Term, layout: Layout, first: bool) -> Piece:
+def term_pieces(term: Term, layout: Layout, first: bool) -> list[Piece]:
+    """A term as pieces: usually one; a term wider than a line breaks after each ``⊗``."""
     coeff = sp.sympify(term.coeff)
     negative = coeff.could_extract_minus_sign()
     body = TensorSum([Term(-coeff if negative else coeff, term.words)])
@@ -288,7 +290,14 @@ def term_pieces(term: Term, layout: Layout, first: bool) -> Piece:
     if sums:
         latex = " ".join(s.latex() for s in sums) + " " + latex
         text = " ".join(s.text() for s in sums) + " " + text
-    return _signed(latex, text, negative, first)
+    whole = _signed(latex, text, negative, first)
+    size = whole.width if layout.measure == "width" else len(whole.text)
+    latex_parts, text_parts = whole.latex.split(r" \otimes "), whole.text.split(" ⊗ ")
+    if size <= layout.width or len(latex_parts) != len(text_parts):
+        return [whole]
+    last = len(latex_parts) - 1
+    return [Piece(lp + ("" if i == last else r" \otimes"), tp + ("" if i == last else " ⊗"))
+            for i, (lp, tp) in enumerate(zip(latex_parts, text_parts))]
 
 
 def _signed(latex: str, text: str, negative: bool, first: bool) -> Piece:
@@ -312,9 +321,9 @@ def _gap(left_out: int) -> Piece:
 
 def sum_pieces(terms: Sequence[Term], layout: Layout, first: bool = True) -> list[Piece]:
     kept, left_out = _elide(list(terms), layout)
-    pieces = []
+    pieces: list[Piece] = []
     for t in kept:
-        pieces.append(_gap(left_out) if t is None else term_pieces(t, layout, first and not pieces))
+        pieces.extend([_gap(left_out)] if t is None else term_pieces(t, layout, first and not pieces))
     return pieces
 
 
@@ -368,13 +377,15 @@ def expr_pieces(expr: Expr, layout: Layout) -> list[Piece]:
     raise DerivationError(f"cannot lay out {type(expr).__name__}; expected a TensorSum, Product or Add")
 
 
-def pack(pieces: Sequence[Piece], width: float, first_width: float | None = None) -> list[list[Piece]]:
-    """Greedy line filling: each line at most ``width`` characters (the first ``first_width``)."""
+def pack(pieces: Sequence[Piece], width: float, first_width: float | None = None,
+         measure: str = "width") -> list[list[Piece]]:
+    """Greedy line filling: each line at most ``width`` (the first ``first_width``), measured
+    by the printed width of the LaTeX (``"width"``) or the characters of the text (``"chars"``)."""
     lines: list[list[Piece]] = [[]]
     room = width if first_width is None else first_width
     used = 0.0
     for p in pieces:
-        w = p.width + 1
+        w = (p.width if measure == "width" else len(p.text)) + 1
         if lines[-1] and used + w > room:
             lines.append([])
             room, used = width, 0.0
@@ -389,12 +400,12 @@ def pack(pieces: Sequence[Piece], width: float, first_width: float | None = None
 def step_rows(step, layout: Layout, first_width: float) -> list[list[Piece]]:
     """The rows of one line of a chain: packed pieces, each group of terms on new rows."""
     if not step.groups:
-        return pack(expr_pieces(step.expr, layout), layout.width, first_width)
+        return pack(expr_pieces(step.expr, layout), layout.width, first_width, layout.measure)
     rows: list[list[Piece]] = []
     for k, (label, part) in enumerate(step.groups):
         pieces = sum_pieces(part.terms, layout, first=k == 0)
         pieces.append(Piece(rf"\qquad \text{{[{escape_latex(label)}]}}", f"   [{label}]"))
-        rows += pack(pieces, layout.width, first_width if k == 0 else None)
+        rows += pack(pieces, layout.width, first_width if k == 0 else None, layout.measure)
     return rows
 
 
@@ -402,7 +413,7 @@ def justification(step, first: bool = False) -> tuple:
     """``Mixed-product rule: (A⊗B)(C⊗D) = (AC)⊗(BD).`` after the step's prose, with its
     detail; empty for a chain's first line when that is a bare definition."""
     r = step.rule
-    if first and r.key == "definition" and not step.detail:
+    if first and r.key in ("definition", "given") and not step.detail:
         return step.text
     parts: list = [r.name[:1].upper() + r.name[1:]]
     if r.statement is not None:
@@ -422,9 +433,9 @@ def _lhs(chain) -> tuple[str, str]:
 
 def chain_rows(chain, options: Layout) -> Iterable[tuple[int, object, list[list[Piece]]]]:
     """``(index, step, rows)`` for each step of a chain (its own Σ indices, ``options``' sizes)."""
-    layout = Layout(sums=chain.sums, max_terms=options.max_terms, width=options.width)
+    layout = Layout(sums=chain.sums, max_terms=options.max_terms, width=options.width, measure=options.measure)
     lhs_latex, lhs_text = _lhs(chain)
-    first_width = layout.width - text_width(lhs_text) - 3
+    first_width = layout.width - (text_width(lhs_text) if layout.measure == "width" else len(lhs_text)) - 3
     for i, step in enumerate(chain.steps):
         yield i, step, step_rows(step, layout, first_width if i == 0 else layout.width)
 
@@ -449,7 +460,7 @@ def _check_layout(layout: Layout | None, options) -> Layout:
         raise DerivationError("give either a Layout or layout options, not both")
     if layout is not None:
         return layout
-    unknown = set(options) - {"max_terms", "width"}
+    unknown = set(options) - {"max_terms", "width", "measure"}
     if unknown:
         raise DerivationError(f"unknown layout options {sorted(unknown)}; expected max_terms, width")
     max_terms = options.get("max_terms", 40)
@@ -465,6 +476,7 @@ PREAMBLE = r"""\documentclass{article}
 \allowdisplaybreaks
 \setlength{\parindent}{0pt}
 \setlength{\parskip}{0.6em}
+\sloppy
 """
 
 
@@ -561,7 +573,8 @@ def markdown(derivation, layout: Layout | None = None, **options) -> str:
 
 def text(derivation, layout: Layout | None = None, **options) -> str:
     """Plain Unicode text, one line of the chain per row."""
-    options.setdefault("width", 72) if layout is None else None
+    if layout is None:
+        options = {"width": 74, "measure": "chars", **options}
     layout = _check_layout(layout, options)
     out = [derivation.title, "=" * len(derivation.title), ""]
     if derivation.summary:
@@ -581,8 +594,8 @@ def text(derivation, layout: Layout | None = None, **options) -> str:
                 body = " ".join(p.text for p in row)
                 if k:
                     out.append(f"{pad}     {body}")
-                elif i == 0 and chain.lhs is not None:
-                    out.append(f"{lhs_text} = {body}")
+                elif i == 0:
+                    out.append(f"{lhs_text} = {body}" if chain.lhs is not None else f"{pad}   {body}")
                 else:
                     out.append(f"{pad} = {body}")
         out.append("")
