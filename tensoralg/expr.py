@@ -401,12 +401,14 @@ def tensor(*factors: Expr | Atom | Word) -> TensorSum:
     if not factors:
         raise SlotMismatch("tensor() needs at least one factor")
     result: dict = {(): ONE}
+    shapes: tuple = ()
     for f in factors:
         f = f if isinstance(f, Expr) else term(f)
         f = f.expand()
         result = {w + fw: mul(c, fc) for w, c in result.items() for fw, fc in f._terms.items()}
+        shapes += f.slot_shapes  # each factor is a checked sum, so the slots are too
         # collect: different left parts never collide, so no merge is needed
-    return TensorSum(result)
+    return TensorSum._trusted(result, len(shapes), shapes)
 
 
 # -- products and lazy sums --------------------------------------------------------
