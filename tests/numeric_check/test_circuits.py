@@ -184,3 +184,12 @@ def test_bad_heads_and_orders_are_clear_errors():
         k_composition_circuit(model, (1, 1), (1, 0))
     with pytest.raises(AnalysisError, match="no W_pos"):
         positional_qk_circuit(make(Architecture(1, 1)), 0, 0)
+
+
+@pytest.mark.parametrize("module", ["factored", "circuits", "composition", "skip_trigrams", "detect"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"numeric_check.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -20,21 +20,23 @@ torch.set_num_threads(1)
 norm = torch.linalg.matrix_norm
 
 
-def dense_score(model, kind, writer, reader):
-    """The paper's definition, with full d_model × d_model matrices."""
+def dense_matrices(model, kind, writer, reader):
+    """``(M, W_OV^{h1})`` as full d_model × d_model matrices, M the reader's ``W_QKᵀ``, ``W_QK`` or ``W_OV``."""
     w1, w2 = head_weights(model, *writer), head_weights(model, *reader)
-    OV1 = w1["W_O"] @ w1["W_V"]
-    QK2, OV2 = w2["W_Q"].T @ w2["W_K"], w2["W_O"] @ w2["W_V"]
-    left = {"Q": QK2.T, "K": QK2, "V": OV2}[kind]
+    QK2 = w2["W_Q"].T @ w2["W_K"]
+    left = {"Q": QK2.T, "K": QK2, "V": w2["W_O"] @ w2["W_V"]}[kind]
+    return left, w1["W_O"] @ w1["W_V"]
+
+
+def dense_score(model, kind, writer, reader):
+    """The paper's definition: ‖M W_OV^{h1}‖ / (‖M‖ ‖W_OV^{h1}‖)."""
+    left, OV1 = dense_matrices(model, kind, writer, reader)
     return norm(left @ OV1) / (norm(left) * norm(OV1))
 
 
 def cyclic_score(model, kind, writer, reader):
-    """The erratum: the same factors multiplied in a cyclically permuted order (OV1 first)."""
-    w1, w2 = head_weights(model, *writer), head_weights(model, *reader)
-    OV1 = w1["W_O"] @ w1["W_V"]
-    QK2, OV2 = w2["W_Q"].T @ w2["W_K"], w2["W_O"] @ w2["W_V"]
-    left = {"Q": QK2.T, "K": QK2, "V": OV2}[kind]
+    """The erratum: the same two matrices multiplied in the cyclically permuted order."""
+    left, OV1 = dense_matrices(model, kind, writer, reader)
     return norm(OV1 @ left) / (norm(left) * norm(OV1))
 
 
