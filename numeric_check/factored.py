@@ -7,8 +7,8 @@ the algebra bound to tensors) and closed under sums. A ``vocab × vocab`` circui
 - eigenvalues through ``λ(AB) = λ(BA)``: the product is rotated cyclically so that it
   starts and ends at its smallest dimension ``r``; the ``r`` eigenvalues of that small
   product are returned, and every other eigenvalue of the full product is 0;
-- Frobenius norms through ``‖M‖² = tr(MᵀM)``, the trace of a cyclic word rotated to its
-  smallest dimension (small Gram matrices, never ``n × n`` for a large ``n``);
+- Frobenius norms through small Gram matrices: cut ``M = X Y`` where it is cheapest,
+  ``‖M‖² = Σ (XᵀX) ∘ (YYᵀ)`` (never ``n × n`` for a large ``n``);
 - SVD through the small middle matrix: cut the product at its smallest inner dimension
   ``k``, ``M = X Y``, QR both sides, SVD the ``k × k`` middle;
 - rows, columns, top-k entries and the diagonal without forming the product.
