@@ -88,7 +88,7 @@ def _run_train_toy(args) -> int:
     import torch
 
     from numeric_check.model import resolve_device
-    from numeric_check.train import TrainConfig, train_toy
+    from numeric_check.train import TrainConfig, train_toy, training_record
 
     config = TrainConfig(
         n_layers=args.layers,
@@ -130,25 +130,6 @@ def _run_train_toy(args) -> int:
         f"wrote {out} and {sidecar}"
     )
     return 0
-
-
-def training_record(config, history, seconds: float) -> dict:
-    """What the JSON beside a trained checkpoint records: config, final losses, a loss curve."""
-    import math
-
-    smooth = history.smoothed("loss", 100)
-    smooth_repeat = history.smoothed("repeat_loss", 100)
-    every = max(1, len(smooth) // 40)
-    return {
-        "train_config": config.to_dict(),
-        "final": history.final,
-        "uniform_loss": math.log(config.d_vocab),
-        "seconds": round(seconds, 1),
-        "curve": [
-            {"step": i + 1, "loss": round(smooth[i], 4), "repeat_loss": round(smooth_repeat[i], 4)}
-            for i in range(every - 1, len(smooth), every)
-        ],
-    }
 
 
 class _progress_bar:
@@ -207,3 +188,113 @@ def _writable_dir(path: Path) -> Path:
 
 
 # --- analyze ---------------------------------------------------------------------------
+
+ANALYZE_DESCRIPTION = """\
+Analyse a model's circuits and write a report: Markdown with figures and tables,
+LaTeX tables, and the numbers as JSON.
+
+The report measures the paper's findings (Elhage et al., 2021) on the model:
+  - copying: eigenvalue positivity of each head's OV circuit W_U W_OV W_E (near 1:
+    attending to a token raises that token's logit);
+  - QK positivity and same-matching: eigenvalue positivity of the QK circuit
+    W_E^T W_QK W_E and of the K-composition circuit W_E^T W_QK^{h2} W_OV^{h1} W_E;
+  - Q-, K- and V-composition scores of every pair of heads, with the score random
+    weights of the same shapes would give;
+  - previous-token and induction heads found from the weights and from behaviour
+    (attention on repeated random sequences), and whether the two agree;
+  - term importance by order: with attention patterns frozen, the loss using the
+    direct path, + individual heads, + virtual heads, and each term's marginal effect;
+  - skip-trigram tables (source ... destination -> out) of the most important head.
+With a 1-layer --control, the findings also check that it copies but cannot do
+induction. Without CHECKPOINT, the 2-layer model shipped with tcircuits is analysed,
+with the shipped 1-layer model as control.
+
+Writes into OUT: report.md, tables.tex (plain LaTeX), analysis.json, and
+figures/*.png and *.svg.
+"""
+
+ANALYZE_EPILOG = """\
+examples:
+  tcircuits analyze --out report/
+  tcircuits train-toy --layers 2 --out m2.safetensors
+  tcircuits train-toy --layers 1 --out m1.safetensors
+  tcircuits analyze m2.safetensors --control m1.safetensors --out report/
+"""
+
+
+def register_analyze(subparsers) -> None:
+    """Add ``analyze`` to the ``tcircuits`` parser."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="analyse a model's circuits (copying, composition, induction heads, term importance) into a report",
+        description=ANALYZE_DESCRIPTION,
+        epilog=ANALYZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("checkpoint", nargs="?", type=Path, metavar="CHECKPOINT",
+                   help="a .safetensors checkpoint (default: the shipped 2-layer model)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
+    p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
+    p.add_argument("--vocab", type=Path, metavar="FILE",
+                   help="token strings: a JSON list, or one token per line (d_vocab entries)")
+    p.add_argument("--sequences", type=int, default=64, metavar="N", help="repeated-segment sequences to evaluate on (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation data and the random baselines (default 0)")
+    p.add_argument("--formats", default="png,svg", help="figure formats, comma-separated: png, svg, pdf (default png,svg)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.set_defaults(func=_run_analyze)
+
+
+def _read_vocab(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise OutputPathError(f"cannot read the vocabulary file {str(path)!r}: {error.strerror or error}") from None
+    if text.lstrip().startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError as error:
+            raise NumericCheckError(f"vocabulary file {str(path)!r} is not valid JSON: {error}") from None
+    return text.splitlines()
+
+
+def _load_model(path: Path):
+    from numeric_check.checkpoint import load_checkpoint
+    from numeric_check.train import training_record_for
+
+    return load_checkpoint(path), training_record_for(path)
+
+
+def _run_analyze(args) -> int:
+    import torch
+
+    from numeric_check.report import analyze_model, findings, write_report
+    from numeric_check.train import shipped_checkpoint
+
+    if args.threads < 1:
+        raise NumericCheckError(f"--threads must be >= 1, got {args.threads}")
+    from numeric_check.plots import check_formats
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    check_formats(formats)
+    checkpoint, control_path = args.checkpoint, args.control
+    if checkpoint is None:
+        checkpoint = shipped_checkpoint(2)
+        control_path = control_path or shipped_checkpoint(1)
+    vocab = _read_vocab(args.vocab) if args.vocab else None
+    out = _writable_dir(args.out)
+    torch.set_num_threads(args.threads)
+    model, record = _load_model(checkpoint)
+    analysis = analyze_model(model, name=checkpoint.stem, training=record, n_sequences=args.sequences, seed=args.seed, vocab=vocab)
+    control = None
+    if control_path is not None:
+        control_model, control_record = _load_model(control_path)
+        control = analyze_model(control_model, name=control_path.stem, training=control_record,
+                                n_sequences=args.sequences, seed=args.seed)
+    written = write_report(analysis, out, control=control, formats=formats)
+    rows = findings(analysis, control)
+    held = sum(f.holds for f in rows)
+    print(f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else ""))
+    for f in rows:
+        print(f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}")
+    print(f"{held}/{len(rows)} findings hold; wrote {len(written)} files into {out}/ (report.md, tables.tex, analysis.json, figures/)")
+    return 0

@@ -25,6 +25,7 @@ from numeric_check.errors import NumericCheckError
 
 LAYER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 FORMATS = ("png", "svg")
+ALLOWED_FORMATS = ("png", "svg", "pdf")
 
 
 class PlotError(NumericCheckError, ValueError):
@@ -104,31 +105,33 @@ def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, objec
     if shape[0] < 2:
         raise PlotError(f"composition needs at least 2 layers; scores have shape {shape}")
     rows, cols = _pair_axes([shape[1]] * shape[0])
-    fig = Figure(figsize=(3.6 * len(arrays) + 0.8, 0.35 * len(rows) + 2.2), layout="constrained")
-    axes = fig.subplots(1, len(arrays), squeeze=False)[0]
-    for ax, (kind, array) in zip(axes, arrays.items()):
+    grids = {}
+    for kind, array in arrays.items():
         grid = np.full((len(rows), len(cols)), np.nan)
+        base = None if baseline is None else _array(baseline[kind], f"baseline[{kind!r}]", 4)
         for i, (l2, h2) in enumerate(rows):
             for j, (l1, h1) in enumerate(cols):
                 if l1 < l2:
-                    grid[i, j] = array[l1, h1, l2, h2]
-                    if baseline is not None:
-                        grid[i, j] -= _array(baseline[kind], f"baseline[{kind!r}]", 4)[l1, h1, l2, h2]
+                    grid[i, j] = array[l1, h1, l2, h2] - (0.0 if base is None else base[l1, h1, l2, h2])
+        grids[kind] = grid
+    # one colour scale for every panel, so Q, K and V compare at a glance
+    bound = max(max(np.nanmax(np.abs(g)) for g in grids.values()), 1e-9)
+    fig = Figure(figsize=(3.6 * len(arrays) + 0.8, 0.35 * len(rows) + 2.2), layout="constrained")
+    axes = fig.subplots(1, len(arrays), squeeze=False)[0]
+    for ax, (kind, grid) in zip(axes, grids.items()):
         if baseline is None:
-            image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=max(np.nanmax(grid), 1e-9))
+            image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=bound)
         else:
-            bound = max(np.nanmax(np.abs(grid)), 1e-9)
             image = ax.imshow(grid, cmap="RdBu_r", norm=TwoSlopeNorm(0, -bound, bound))
-        for i in range(len(rows)):
-            for j in range(len(cols)):
-                if not np.isnan(grid[i, j]) and grid.size <= 144:
-                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6)
+        if grid.size <= 144:
+            for i, j in zip(*np.nonzero(~np.isnan(grid))):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6)
         ax.set_xticks(range(len(cols)), [head_label(*c) for c in cols], rotation=90, fontsize=7)
         ax.set_yticks(range(len(rows)), [head_label(*r) for r in rows], fontsize=7)
         ax.set_xlabel("earlier head (writes)")
         ax.set_ylabel("later head (reads)")
         ax.set_title(f"{kind}-composition" + (" minus baseline" if baseline is not None else ""))
-        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.colorbar(image, ax=list(axes), shrink=0.8)
     if title:
         fig.suptitle(title)
     return fig
@@ -181,11 +184,20 @@ def training_curve(curve: Sequence[dict], *, uniform_loss: float | None = None, 
     return fig
 
 
+def check_formats(formats: Sequence[str]) -> None:
+    """Raise :class:`PlotError` unless every format is one of :data:`ALLOWED_FORMATS`."""
+    unknown = [f for f in formats if f not in ALLOWED_FORMATS]
+    if unknown or not formats:
+        raise PlotError(
+            f"unknown figure format(s) {unknown}; expected some of " + ", ".join(map(repr, ALLOWED_FORMATS))
+            if unknown
+            else "no figure format given; expected some of " + ", ".join(map(repr, ALLOWED_FORMATS))
+        )
+
+
 def save_figure(fig: Figure, out_dir: Path | str, name: str, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Write ``fig`` as ``out_dir/name.png`` and ``.svg`` (or ``formats``); return the paths."""
-    unknown = [f for f in formats if f not in ("png", "svg", "pdf")]
-    if unknown:
-        raise PlotError(f"unknown figure format(s) {unknown}; expected some of 'png', 'svg', 'pdf'")
+    check_formats(formats)
     paths = []
     for fmt in formats:
         path = Path(out_dir) / f"{name}.{fmt}"

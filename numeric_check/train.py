@@ -19,8 +19,11 @@ the repeated part stays near ``log(d_vocab)``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
@@ -281,3 +284,52 @@ def train_toy(
 
 def _to(batch: RepeatBatch, device: torch.device) -> RepeatBatch:
     return RepeatBatch(*(t.to(device) for t in batch))
+
+
+def training_record(config: TrainConfig, history: TrainHistory, seconds: float) -> dict:
+    """What the JSON beside a trained checkpoint records: config, final losses, a loss curve."""
+    smooth = history.smoothed("loss", 100)
+    smooth_repeat = history.smoothed("repeat_loss", 100)
+    every = max(1, len(smooth) // 40)
+    return {
+        "train_config": config.to_dict(),
+        "final": history.final,
+        "uniform_loss": math.log(config.d_vocab),
+        "seconds": round(seconds, 1),
+        "curve": [
+            {"step": i + 1, "loss": round(smooth[i], 4), "repeat_loss": round(smooth_repeat[i], 4)}
+            for i in range(every - 1, len(smooth), every)
+        ],
+    }
+
+
+# --- the models shipped with the package -----------------------------------------------------
+
+SHIPPED_LAYERS = (0, 1, 2)
+
+
+def shipped_checkpoint(n_layers: int = 2) -> Path:
+    """Path of the ``n_layers``-layer model trained by :func:`train_toy` and shipped in ``numeric_check/data``.
+
+    The 2-layer model has a previous-token head in layer 0 and induction heads in layer 1;
+    the 1-layer model is the control that cannot do induction; the 0-layer model is the
+    direct path alone. A JSON record of each training run lies beside it.
+
+    >>> shipped_checkpoint(2).name
+    'induction_2l.safetensors'
+    """
+    if n_layers not in SHIPPED_LAYERS:
+        raise TrainConfigError(
+            f"no shipped model with {n_layers!r} layers; expected one of " + ", ".join(map(str, SHIPPED_LAYERS))
+        )
+    return Path(str(resources.files("numeric_check") / "data" / f"induction_{n_layers}l.safetensors"))
+
+
+def training_record_for(checkpoint: Path | str) -> dict | None:
+    """The JSON training record written beside ``checkpoint`` by ``train-toy`` (None when absent or unreadable)."""
+    sidecar = Path(checkpoint).with_suffix(".json")
+    try:
+        record = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "train_config" in record else None

@@ -56,7 +56,7 @@ def test_svg_is_reproducible(tmp_path):
 def test_composition_heatmaps_show_only_earlier_to_later_pairs(tmp_path):
     scores = {kind: _scores(3, 2, seed) for seed, kind in enumerate("QKV")}
     fig = composition_heatmaps(scores)
-    assert len(fig.axes) == 6  # three panels and their colour bars
+    assert len(fig.axes) == 4  # three panels and one shared colour bar
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["L1H0", "L1H1", "L2H0", "L2H1"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["L0H0", "L0H1", "L1H0", "L1H1"]

@@ -1,0 +1,550 @@
+"""The analysis report of a model: the paper's findings measured, as Markdown, LaTeX and figures.
+
+:func:`analyze_model` gathers every analysis of one model (losses on repeated-segment
+data, copying and QK positivity, composition scores with their random baselines,
+previous-token and induction heads by weights and by behaviour, term importance by
+order, skip-trigram tables); :func:`findings` turns one analysis (and optionally a
+1-layer control) into the paper's claims with measured figures and a verdict;
+:func:`write_report` writes ``report.md``, ``tables.tex``, ``analysis.json`` and the
+figures. ``tcircuits analyze`` drives it.
+
+>>> from derivations.architecture import Architecture
+>>> from numeric_check.model import CircuitModel
+>>> model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+>>> analysis = analyze_model(model, name="random", n_sequences=4)
+>>> [f.claim for f in findings(analysis)][0]
+'layer 0 has a previous-token head (by behaviour)'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from derivations.architecture import head_label
+from numeric_check.circuits import AnalysisError, copying_scores, eigenvalue_positivity, qk_circuit
+from numeric_check.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
+from numeric_check.detect import HeadReport, detect_heads
+from numeric_check.importance import ImportanceReport, path_label, term_importance
+from numeric_check.model import CircuitModel
+from numeric_check.skip_trigrams import SkipTrigramTable, check_vocab, skip_trigram_table
+from numeric_check.train import TrainConfig, next_token_losses, repeated_segment_batch
+
+Head = tuple[int, int]
+
+# A positivity "near 1": the paper's copying and induction heads sit above ~0.9; random
+# heads scatter around 0.
+NEAR_ONE = 0.8
+# A model "does induction" when the loss on repeated tokens is below half of log(d_vocab);
+# a control "cannot" when it stays within 1 nat of log(d_vocab).
+INDUCTION_LOSS_FRACTION = 0.5
+CONTROL_MARGIN_NATS = 1.0
+
+
+# --- gathering --------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelAnalysis:
+    """Every analysis of one model. Per-head tensors are ``[n_layers, n_heads]``; pair tensors ``[L, H, L, H]``."""
+
+    name: str
+    model: CircuitModel
+    data_config: TrainConfig
+    training: dict | None
+    losses: dict[str, float]
+    copying: Tensor
+    qk_positivity: Tensor
+    composition: dict[str, Tensor] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+    heads: HeadReport | None = None
+    importance: ImportanceReport | None = None
+    importance_repeat: ImportanceReport | None = None
+    top_head: Head | None = None
+    skip_trigrams: list[SkipTrigramTable] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.arch.n_layers
+
+    @property
+    def scatter_y(self) -> Tensor:
+        """QK positivity for the scatter: same-matching with the K-composition partner in layers >= 1,
+        the token QK circuit's positivity in layer 0."""
+        y = self.qk_positivity.clone()
+        if self.heads is not None and self.n_layers > 1:
+            same = self.heads.weights.same_matching
+            y[1:] = same[1:].to(y.dtype)
+        return y
+
+
+def data_config_for(model: CircuitModel, training: dict | None = None) -> TrainConfig:
+    """The repeated-segment data to evaluate ``model`` on: its training data when recorded,
+    else the default recipe fitted to the model's ``d_vocab`` and ``n_ctx``."""
+    if training and "train_config" in training:
+        return TrainConfig.from_dict(training["train_config"])
+    n_ctx = model.cfg.n_ctx
+    if n_ctx < 4:
+        raise AnalysisError(f"repeated-segment data need n_ctx >= 4 (two copies of 2 tokens); the model has n_ctx={n_ctx}")
+    seg_max = min(24, n_ctx // 2)
+    seg_min = min(8, max(2, seg_max // 2))
+    return TrainConfig(n_layers=model.arch.n_layers, d_vocab=model.cfg.d_vocab, n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max)
+
+
+def analyze_model(
+    model: CircuitModel,
+    *,
+    name: str = "model",
+    training: dict | None = None,
+    n_sequences: int = 64,
+    seed: int = 0,
+    vocab: Sequence[str] | None = None,
+    sources: Sequence[int] = (0, 1, 2),
+) -> ModelAnalysis:
+    """Run every analysis of ``model`` (see the module docstring) on seeded data.
+
+    ``training`` is the JSON record written beside a checkpoint by ``train-toy`` (its data
+    configuration is reused); ``sources`` are the source tokens of the skip-trigram tables
+    of the most important head (the one whose individual-head term lowers the loss on
+    repeated tokens most); ``vocab`` labels tokens.
+    """
+    if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 1:
+        raise AnalysisError(f"n_sequences must be an int >= 1, got {n_sequences!r}")
+    vocab = check_vocab(model, vocab)
+    config = data_config_for(model, training)
+    if (config.d_vocab, config.n_ctx) != (model.cfg.d_vocab, model.cfg.n_ctx):
+        raise AnalysisError(
+            f"the training record's data (d_vocab={config.d_vocab}, n_ctx={config.n_ctx}) do not match the model "
+            f"(d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx})"
+        )
+    batch = repeated_segment_batch(config, n_sequences, torch.Generator().manual_seed(seed))
+    batch = type(batch)(*(t.to(model.device) for t in batch))
+    with torch.no_grad():
+        losses = {k: float(v) for k, v in next_token_losses(model(batch.tokens), batch).items()}
+        losses["uniform_loss"] = math.log(model.cfg.d_vocab)
+        copying = copying_scores(model, dtype=torch.float64).cpu()
+        qk = torch.full_like(copying, float("nan"))
+        for layer, head in model.arch.heads():
+            qk[layer, head] = eigenvalue_positivity(qk_circuit(model, layer, head, dtype=torch.float64)).cpu()
+    analysis = ModelAnalysis(name, model, config, training, losses, copying, qk)
+    if model.arch.n_layers == 0:
+        analysis.importance = term_importance(model, batch.tokens)
+        return analysis
+    if model.arch.n_layers > 1:
+        with torch.no_grad():
+            for kind in COMPOSITION_KINDS:
+                analysis.composition[kind] = composition_scores(model, kind, dtype=torch.float64).cpu()
+                analysis.baseline[kind] = composition_baseline(model, kind, seed=seed)
+    analysis.heads = detect_heads(model, seed=seed)
+    analysis.importance = term_importance(model, batch.tokens)
+    analysis.importance_repeat = term_importance(model, batch.tokens, target_mask=batch.repeat_mask)
+    # the head whose individual term matters most for the loss on repeated tokens
+    ranked = sorted(analysis.importance_repeat.head_marginal.items(), key=lambda item: -item[1])
+    analysis.top_head = ranked[0][0]
+    analysis.skip_trigrams = [
+        skip_trigram_table(model, *analysis.top_head, source, k=5, vocab=vocab)
+        for source in sources
+        if 0 <= source < model.cfg.d_vocab
+    ]
+    return analysis
+
+
+# --- findings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One of the paper's claims, the figures measured for it, and whether they bear it out."""
+
+    claim: str
+    measured: str
+    holds: bool
+
+
+def _heads_text(heads: Sequence[Head], values: Tensor | None = None) -> str:
+    if not heads:
+        return "none"
+    if values is None:
+        return ", ".join(head_label(*h) for h in heads)
+    return ", ".join(f"{head_label(*h)} {float(values[h]):.2f}" for h in heads)
+
+
+def _one_layer_findings(a: ModelAnalysis, role: str) -> list[Finding]:
+    heads = list(a.model.arch.heads())
+    copying = [float(a.copying[h]) for h in heads]
+    copiers = sum(c >= NEAR_ONE for c in copying)
+    out = [
+        Finding(
+            f"the 1-layer {role}'s heads copy (OV eigenvalue positivity near 1)",
+            f"OV positivity {', '.join(f'{head_label(*h)} {c:.2f}' for h, c in zip(heads, copying))}; "
+            f"{copiers}/{len(heads)} >= {NEAR_ONE}",
+            copiers * 2 > len(heads),
+        )
+    ]
+    uniform, repeat = a.losses["uniform_loss"], a.losses["repeat_loss"]
+    found = a.heads.by_behaviour.induction if a.heads else ()
+    out.append(
+        Finding(
+            f"the 1-layer {role} cannot do induction (loss on repeated tokens stays high)",
+            f"loss on repeated tokens {repeat:.2f} nats (uniform {uniform:.2f}); induction heads by behaviour: "
+            f"{_heads_text(found)}",
+            repeat >= uniform - CONTROL_MARGIN_NATS and not found,
+        )
+    )
+    return out
+
+
+def _composition_with(a: ModelAnalysis, kind: str, writer: Head, reader: Head) -> float:
+    return float(a.composition[kind][writer[0], writer[1], reader[0], reader[1]])
+
+
+def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
+    hr = a.heads
+    out = []
+    for view, classes, values in (
+        ("behaviour", hr.by_behaviour, hr.behaviour.previous_token),
+        ("weights", hr.by_weights, hr.weights.scores.previous_token),
+    ):
+        layer0 = [h for h in classes.previous_token if h[0] == 0]
+        out.append(Finding(f"layer 0 has a previous-token head (by {view})", f"attention to i-1: {_heads_text(layer0, values)}", bool(layer0)))
+    for view, classes, values in (
+        ("behaviour", hr.by_behaviour, hr.behaviour.induction),
+        ("weights", hr.by_weights, hr.weights.scores.induction),
+    ):
+        later = [h for h in classes.induction if h[0] >= 1]
+        out.append(Finding(f"a later layer has induction heads (by {view})", f"induction scores: {_heads_text(later, values)}", bool(later)))
+    found = bool(hr.by_behaviour.previous_token) and bool(hr.by_behaviour.induction)
+    out.append(
+        Finding(
+            "weights and behaviour find the same previous-token and induction heads",
+            "; ".join(f"{k.replace('_', '-')}: {'agree' if v else 'disagree' if v is False else 'n/a'}" for k, v in hr.agreement.items())
+            + ("" if found else " (but behaviour finds no heads of some kind)"),
+            hr.agree and found,
+        )
+    )
+    induction = [h for h in hr.by_behaviour.induction if h[0] >= 1]
+    if induction:
+        copying = [float(a.copying[h]) for h in induction]
+        out.append(Finding("induction heads copy (OV positivity near 1)", _heads_text(induction, a.copying), min(copying) >= NEAR_ONE))
+        pairs = [(hr.weights.partner[h[0]][h[1]], h) for h in induction]
+        same = [float(hr.weights.same_matching[h]) for h in induction]
+        out.append(
+            Finding(
+                "induction heads same-match (K-composition circuit positivity near 1)",
+                ", ".join(f"{path_label((w, r))} {s:.2f}" for (w, r), s in zip(pairs, same)),
+                min(same) >= NEAR_ONE,
+            )
+        )
+        k = [_composition_with(a, "K", w, r) for w, r in pairs]
+        out.append(
+            Finding(
+                "K-composition with the previous-token head is above the random baseline",
+                ", ".join(f"{path_label((w, r))} {s:.3f}" for (w, r), s in zip(pairs, k)) + f" (baseline {a.baseline['K']:.3f})",
+                min(k) > a.baseline["K"],
+            )
+        )
+        for kind in ("Q", "V"):
+            scores = [_composition_with(a, kind, w, r) for w, r in pairs]
+            out.append(
+                Finding(
+                    f"{kind}-composition with the previous-token head is not above the baseline",
+                    ", ".join(f"{path_label((w, r))} {s:.3f}" for (w, r), s in zip(pairs, scores))
+                    + f" (baseline {a.baseline[kind]:.3f}; K above: {min(k):.3f})",
+                    max(scores) <= a.baseline[kind],
+                )
+            )
+    uniform, repeat = a.losses["uniform_loss"], a.losses["repeat_loss"]
+    out.append(
+        Finding(
+            f"the {a.n_layers}-layer model does induction (loss on repeated tokens far below uniform)",
+            f"loss on repeated tokens {repeat:.2f} nats, elsewhere {a.losses['other_loss']:.2f} (uniform {uniform:.2f})",
+            repeat < INDUCTION_LOSS_FRACTION * uniform,
+        )
+    )
+    if a.importance is not None and len(a.importance.loss_by_order) > 2:
+        orders = a.importance.marginal_by_order
+        out.append(
+            Finding(
+                "virtual heads (order 2) matter far less than individual heads (order 1)",
+                f"marginal loss reduction: direct {orders[0]:+.3f}, heads {orders[1]:+.3f}, virtual {orders[2]:+.3f} nats",
+                abs(orders[2]) < 0.25 * abs(orders[1]),
+            )
+        )
+    return out
+
+
+def findings(analysis: ModelAnalysis, control: ModelAnalysis | None = None) -> list[Finding]:
+    """The paper's findings for ``analysis`` (and a 1-layer ``control``), with measured figures.
+
+    Multi-layer models: a previous-token head in layer 0 and induction heads later, by
+    behaviour and by weights, agreeing; induction heads copy and same-match (positivity
+    >= ``NEAR_ONE``); their K-composition with the previous-token head exceeds the random
+    baseline while Q and V do not; the loss on repeated tokens is below
+    ``INDUCTION_LOSS_FRACTION * log(d_vocab)``; virtual heads matter little. 1-layer
+    models (or the control): most heads copy; the loss on repeated tokens stays within
+    ``CONTROL_MARGIN_NATS`` of uniform and no head attends inductively.
+    """
+    out: list[Finding] = []
+    if analysis.n_layers >= 2:
+        out += _multi_layer_findings(analysis)
+    elif analysis.n_layers == 1:
+        out += _one_layer_findings(analysis, "model")
+    if control is not None:
+        if control.n_layers != 1:
+            raise AnalysisError(f"the control must be a 1-layer model; {control.name!r} has {control.n_layers} layers")
+        out += _one_layer_findings(control, "control")
+    return out
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
+    "^": r"\textasciicircum{}", "_": r"\_", "%": r"\%", "~": r"\textasciitilde{}", "→": r"$\to$",
+    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+}
+
+
+def latex_escape(text: str) -> str:
+    r"""Text safe inside a LaTeX table cell: every special character escaped.
+
+    >>> latex_escape("a_b & 50% {x} → $")
+    'a\\_b \\& 50\\% \\{x\\} $\\to$ \\$'
+    """
+    return "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
+
+
+def _latex_table(caption: str, label: str, header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
+    """A ``table`` with a ruled ``tabular`` (plain LaTeX, no packages); cells must already be escaped."""
+    lines = [r"\begin{table}[ht]", r"\centering", rf"\caption{{{latex_escape(caption)}}}", rf"\label{{tab:{label}}}",
+             rf"\begin{{tabular}}{{{align}}}", r"\hline", " & ".join(header) + r" \\", r"\hline"]
+    lines += [" & ".join(row) + r" \\" for row in rows]
+    lines += [r"\hline", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def _num(value, digits: int = 3) -> str:
+    value = float(value)
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _token_tex(token: int, text: str | None) -> str:
+    return rf"\#{token}" if text is None else rf"\texttt{{{latex_escape(text)}}} ({token})"
+
+
+def head_rows(a: ModelAnalysis) -> list[list[str]]:
+    """Per head: label, copying, QK positivity, previous-token and induction scores by behaviour."""
+    rows = []
+    for layer, head in a.model.arch.heads():
+        b = a.heads.behaviour if a.heads else None
+        rows.append([
+            head_label(layer, head), _num(a.copying[layer, head]), _num(a.qk_positivity[layer, head]),
+            _num(b.previous_token[layer, head]) if b else "-", _num(b.induction[layer, head]) if b else "-",
+        ])
+    return rows
+
+
+def composition_rows(a: ModelAnalysis, limit: int = 20) -> list[list[str]]:
+    """Pairs ``writer → reader`` with Q, K, V scores, ranked by K-composition (at most ``limit``)."""
+    if not a.composition:
+        return []
+    pairs = [((l1, h1), (l2, h2)) for l2, h2 in a.model.arch.heads() for l1, h1 in a.model.arch.heads() if l1 < l2]
+    pairs.sort(key=lambda p: -_composition_with(a, "K", *p))
+    return [[path_label(p)] + [_num(_composition_with(a, kind, *p)) for kind in COMPOSITION_KINDS] for p in pairs[:limit]]
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * right + "---:|" * (len(header) - right)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _training_md(a: ModelAnalysis) -> list[str]:
+    if not a.training:
+        return ["No training record was found beside the checkpoint.", ""]
+    cfg, final = a.training.get("train_config", {}), a.training.get("final", {})
+    keys = ("steps", "batch_size", "lr", "weight_decay", "init_std", "seed", "seg_min", "seg_max")
+    lines = ["Trained by `tcircuits train-toy`: " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg) + "."]
+    if final:
+        lines.append(
+            f"Held-out loss at the end of training: {final.get('loss', float('nan')):.3f} nats overall, "
+            f"{final.get('repeat_loss', float('nan')):.3f} on repeated tokens."
+        )
+    return lines + [""]
+
+
+def findings_markdown(rows: Sequence[Finding]) -> str:
+    """The findings as a Markdown table: claim, measured figures, holds (yes/no)."""
+    return _md_table(["claim", "measured", "holds"], [[f.claim, f.measured.replace("|", "\\|"), "yes" if f.holds else "**no**"] for f in rows], right=2)
+
+
+def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figures: dict[str, str] | None = None) -> str:
+    """The report as Markdown; ``figures`` maps figure names to paths relative to the report."""
+    figures = figures or {}
+    losses = a.losses
+    lines = [
+        f"# Circuit analysis: {a.name}",
+        "",
+        f"Model: {a.model.arch.describe()}; d_model={a.model.cfg.d_model}, d_head={a.model.cfg.d_head}, "
+        f"d_vocab={a.model.cfg.d_vocab}, n_ctx={a.model.cfg.n_ctx}.",
+        f"Evaluated on repeated-segment data (segments of {a.data_config.seg_min}-{a.data_config.seg_max} tokens at "
+        f"varying offsets): loss {losses['loss']:.3f} nats overall, {losses['repeat_loss']:.3f} on repeated tokens, "
+        f"{losses['other_loss']:.3f} elsewhere; uniform {losses['uniform_loss']:.3f}.",
+        "",
+    ]
+    lines += _training_md(a)
+    if "training" in figures:
+        lines += [f"![training curve]({figures['training']})", ""]
+    rows = findings(a, control)
+    if rows:
+        lines += ["## Findings", "", findings_markdown(rows), ""]
+    lines += ["## Heads", "", "Copying = OV circuit eigenvalue positivity; QK = token QK circuit positivity; "
+              "behaviour scores on repeated random sequences.", "",
+              _md_table(["head", "copying", "QK positivity", "prev-token (behaviour)", "induction (behaviour)"], head_rows(a)), ""]
+    if "positivity" in figures:
+        lines += [f"![positivity]({figures['positivity']})", ""]
+    if a.composition:
+        base = ", ".join(f"{k} {v:.3f}" for k, v in a.baseline.items())
+        lines += ["## Composition scores", "", f"Random baselines (same shapes): {base}.", "",
+                  _md_table(["writer→reader", "Q", "K", "V"], composition_rows(a)), ""]
+        if "composition" in figures:
+            lines += [f"![composition]({figures['composition']})", ""]
+    if a.heads is not None:
+        lines += ["## Previous-token and induction heads", "", a.heads.to_markdown(), ""]
+    if a.importance is not None:
+        lines += ["## Term importance by order", "", "Patterns frozen; loss on all tokens:", "", a.importance.to_markdown(), ""]
+        if a.importance_repeat is not None:
+            lines += ["Loss on repeated tokens only:", "", a.importance_repeat.to_markdown(), ""]
+        if "importance" in figures:
+            lines += [f"![term importance]({figures['importance']})", ""]
+    if a.skip_trigrams:
+        lines += [f"## Skip-trigrams of the most important head, {head_label(*a.top_head)}", ""]
+        lines += [table.to_markdown() for table in a.skip_trigrams]
+    if control is not None:
+        lines += [f"## Control: {control.name}", "", f"Model: {control.model.arch.describe()}; loss on repeated tokens "
+                  f"{control.losses['repeat_loss']:.3f} nats (uniform {control.losses['uniform_loss']:.3f}).", "",
+                  _md_table(["head", "copying", "QK positivity", "prev-token (behaviour)", "induction (behaviour)"], head_rows(control)), ""]
+    return "\n".join(lines)
+
+
+def render_latex(a: ModelAnalysis, control: ModelAnalysis | None = None) -> str:
+    """LaTeX tables (plain LaTeX, no packages): findings, heads, composition, term importance, skip-trigrams."""
+    parts = [f"% Tables of the circuit analysis of {a.name} (\\input this file; no packages needed).", ""]
+    rows = findings(a, control)
+    if rows:
+        parts.append(_latex_table(f"Findings for {a.name}", "findings",
+                                  ["claim", "measured", "holds"],
+                                  [[latex_escape(f.claim), latex_escape(f.measured), "yes" if f.holds else "no"] for f in rows],
+                                  "p{0.3\\linewidth}p{0.55\\linewidth}c"))
+    header = ["head", "copying", "QK positivity", "prev-token", "induction"]
+    parts.append(_latex_table(f"Heads of {a.name}: eigenvalue positivity and behaviour", "heads", header,
+                              [[latex_escape(c) for c in row] for row in head_rows(a)], "lrrrr"))
+    if a.composition:
+        parts.append(_latex_table(
+            f"Composition scores of {a.name} (baselines " + ", ".join(f"{k} {v:.3f}" for k, v in a.baseline.items()) + ")",
+            "composition", ["writer $\\to$ reader", "Q", "K", "V"],
+            [[latex_escape(c) for c in row] for row in composition_rows(a)], "lrrr"))
+    for report, tag, what in ((a.importance, "importance", "all tokens"), (a.importance_repeat, "importance-repeat", "repeated tokens")):
+        if report is not None:
+            rows_ = [[latex_escape(n), _num(loss), f"{gain:+.3f}"] for n, loss, gain in report.order_rows()]
+            rows_ += [[latex_escape(head_label(*h)), "", f"{v:+.3f}"] for h, v in sorted(report.head_marginal.items())]
+            parts.append(_latex_table(f"Term importance of {a.name}, loss on {what} (nats)", tag,
+                                      ["terms", "loss up to order", "marginal"], rows_, "lrr"))
+    for i, table in enumerate(a.skip_trigrams):
+        rows_ = [[str(r), _token_tex(d.token, d.text), _num(d.score), _token_tex(o.token, o.text), _num(o.score)]
+                 for r, (d, o) in enumerate(zip(table.destinations, table.outputs), start=1)]
+        parts.append(_latex_table(
+            f"Skip-trigrams of {head_label(table.layer, table.head)}, source token "
+            + (f"#{table.source_token}" if table.source_text is None else f"{table.source_text!r} ({table.source_token})"),
+            f"skip-trigrams-{i}", ["rank", "destination (QK)", "score", "out (OV)", "logit"], rows_, "rlrlr"))
+    if control is not None:
+        parts.append(_latex_table(f"Heads of the control {control.name}", "control-heads", header,
+                                  [[latex_escape(c) for c in row] for row in head_rows(control)], "lrrrr"))
+    return "\n".join(parts)
+
+
+def analysis_to_dict(a: ModelAnalysis, control: ModelAnalysis | None = None) -> dict:
+    """The measured numbers as plain JSON data."""
+
+    def tensor(t: Tensor) -> list:
+        return [[None if math.isnan(v) else v for v in row] for row in t.tolist()]
+
+    data = {
+        "name": a.name,
+        "architecture": a.model.arch.describe(),
+        "losses": a.losses,
+        "copying": tensor(a.copying),
+        "qk_positivity": tensor(a.qk_positivity),
+        "composition": {k: {path_label((tuple(p[0]), tuple(p[1]))): v for p, v in _pairs(a, k)} for k in a.composition},
+        "composition_baseline": a.baseline,
+        "importance": a.importance.to_dict() if a.importance else None,
+        "importance_repeated": a.importance_repeat.to_dict() if a.importance_repeat else None,
+        "findings": [vars(f) for f in findings(a, control)],
+    }
+    if a.heads is not None:
+        data["heads"] = {"by_behaviour": a.heads.by_behaviour.labels(), "by_weights": a.heads.by_weights.labels(),
+                         "agreement": a.heads.agreement}
+    return data
+
+
+def _pairs(a: ModelAnalysis, kind: str):
+    for l2, h2 in a.model.arch.heads():
+        for l1, h1 in a.model.arch.heads():
+            if l1 < l2:
+                yield ((l1, h1), (l2, h2)), _composition_with(a, kind, (l1, h1), (l2, h2))
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def make_figures(a: ModelAnalysis) -> dict[str, object]:
+    """The report's figures by name (Matplotlib figures, not yet written)."""
+    from numeric_check import plots  # matplotlib is an optional dependency
+
+    figures = {}
+    if a.training and a.training.get("curve"):
+        figures["training"] = plots.training_curve(a.training["curve"], uniform_loss=a.losses["uniform_loss"],
+                                                   title=f"Training of {a.name}")
+    if a.n_layers:
+        ylabel = ("same-matching (layers >= 1: K-composition circuit with the partner head; "
+                  "layer 0: token QK circuit)" if a.n_layers > 1 else "QK circuit eigenvalue positivity")
+        induction = a.heads.by_behaviour.induction + a.heads.by_behaviour.previous_token if a.heads else ()
+        figures["positivity"] = plots.positivity_scatter(a.copying, a.scatter_y, ylabel=ylabel,
+                                                         title=f"{a.name}: copying vs matching", highlight=induction)
+    if a.composition:
+        baseline = {k: torch.full_like(v, a.baseline[k]) for k, v in a.composition.items()}
+        figures["composition"] = plots.composition_heatmaps(a.composition, baseline=baseline,
+                                                            title=f"{a.name}: composition scores minus random baseline")
+    if a.importance is not None and a.n_layers:
+        figures["importance"] = plots.importance_bars(a.importance)
+    return figures
+
+
+def write_report(
+    a: ModelAnalysis, out_dir: Path | str, *, control: ModelAnalysis | None = None, formats: Sequence[str] = ("png", "svg")
+) -> list[Path]:
+    """Write ``report.md``, ``tables.tex``, ``analysis.json`` and ``figures/`` into ``out_dir``; return the paths."""
+    from numeric_check.plots import save_figure
+
+    out_dir = Path(out_dir)
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    written, links = [], {}
+    for name, figure in make_figures(a).items():
+        paths = save_figure(figure, out_dir / "figures", name, formats)
+        written += paths
+        links[name] = paths[0].relative_to(out_dir).as_posix()
+    for filename, text in (
+        ("report.md", render_markdown(a, control, links)),
+        ("tables.tex", render_latex(a, control)),
+        ("analysis.json", json.dumps(analysis_to_dict(a, control), indent=2) + "\n"),
+    ):
+        path = out_dir / filename
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written

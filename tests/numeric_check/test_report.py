@@ -1,0 +1,182 @@
+"""Tests for numeric_check.report: analyses gathered, the paper's findings judged, the report written.
+
+A hand-built 2-layer model with an exact previous-token head (L0H0) and an exact
+induction head (L1H0) must bear out every finding; a random model must not.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.circuits import AnalysisError
+from numeric_check.model import CircuitModel, ModelConfig
+from numeric_check.report import (
+    analysis_to_dict,
+    analyze_model,
+    data_config_for,
+    findings,
+    latex_escape,
+    render_latex,
+    render_markdown,
+    write_report,
+)
+
+torch.set_num_threads(1)
+
+
+def induction_model(d_vocab: int = 48, n_ctx: int = 24, sharp: float = 100.0) -> CircuitModel:
+    """Residual = [token | previous token | position]; L0H0 moves the previous token, L1H0 does induction.
+
+    L0H0 attends from position i to i - 1 (positional QK) and writes the token it reads into
+    the "previous token" slot; L1H0's query (its token) matches keys whose previous token is
+    the same (K-composition with L0H0) and copies the key's token into the logits.
+    """
+    V, n = d_vocab, n_ctx
+    tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, 2 * V + n)
+    cfg = ModelConfig(Architecture(2, 1, positional="qk_only"), d_model=2 * V + n, d_head=max(V, n), d_vocab=V, n_ctx=n)
+    model = CircuitModel(cfg, dtype=torch.float64)
+    with torch.no_grad():
+        model.W_E[tok] = torch.eye(V)
+        model.W_pos[pos] = torch.eye(n)
+        model.W_U[:, tok] = 10 * torch.eye(V)
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        a0.W_Q[0][:n, pos] = sharp * torch.eye(n)
+        a0.W_K[0][:n, pos] = torch.diag(torch.ones(n - 1), -1)  # key position j scores against query j + 1
+        a0.W_V[0][:V, tok] = torch.eye(V)
+        a0.W_O[0][prev, :V] = torch.eye(V)
+        a1.W_Q[0][:V, tok] = sharp * torch.eye(V)
+        a1.W_K[0][:V, prev] = torch.eye(V)
+        a1.W_V[0][:V, tok] = torch.eye(V)
+        a1.W_O[0][tok, :V] = 2 * torch.eye(V)
+    return model
+
+
+def copying_model(d_vocab: int = 48, n_ctx: int = 24) -> CircuitModel:
+    """A 1-layer control: one head attends uniformly and copies (W_OV = identity)."""
+    V = d_vocab
+    cfg = ModelConfig(Architecture(1, 1, positional="qk_only"), d_model=V, d_head=V, d_vocab=V, n_ctx=n_ctx)
+    model = CircuitModel(cfg, dtype=torch.float64)
+    with torch.no_grad():
+        model.W_E.copy_(torch.eye(V))
+        model.W_U.copy_(torch.eye(V))
+        model.W_pos.normal_(generator=torch.Generator().manual_seed(0))
+        attn = model.blocks[0].attn
+        attn.W_V[0].copy_(torch.eye(V))
+        attn.W_O[0].copy_(torch.eye(V))
+    return model
+
+
+@pytest.fixture(scope="module")
+def induction_analysis():
+    return analyze_model(induction_model(), name="handmade", n_sequences=16)
+
+
+@pytest.fixture(scope="module")
+def control_analysis():
+    return analyze_model(copying_model(), name="control", n_sequences=16)
+
+
+def test_hand_built_induction_model_bears_out_every_finding(induction_analysis, control_analysis):
+    rows = findings(induction_analysis, control_analysis)
+    failed = [(f.claim, f.measured) for f in rows if not f.holds]
+    assert not failed
+    claims = " / ".join(f.claim for f in rows)
+    for phrase in ("previous-token head (by behaviour)", "previous-token head (by weights)", "induction heads (by weights)",
+                   "K-composition", "Q-composition", "V-composition", "same-match", "1-layer control cannot do induction"):
+        assert phrase in claims
+    heads = induction_analysis.heads
+    assert heads.by_behaviour.previous_token == heads.by_weights.previous_token == ((0, 0),)
+    assert heads.by_behaviour.induction == heads.by_weights.induction == ((1, 0),)
+
+
+def test_measured_figures_are_exact_for_the_hand_built_model(induction_analysis):
+    a = induction_analysis
+    assert float(a.copying[1, 0]) == pytest.approx(1.0)
+    assert float(a.composition["Q"][0, 0, 1, 0]) == pytest.approx(0.0, abs=1e-12)
+    assert float(a.composition["V"][0, 0, 1, 0]) == pytest.approx(0.0, abs=1e-12)
+    # W_QK W_OV = Id on tokens: ||Id_V|| / (||Id_V|| ||Id_V||) = 1 / sqrt(V)
+    assert float(a.composition["K"][0, 0, 1, 0]) == pytest.approx(48**-0.5)
+    assert a.losses["repeat_loss"] < 0.5 * a.losses["uniform_loss"]
+    assert a.top_head == (1, 0) and len(a.skip_trigrams) == 3
+    # the induction head's OV circuit copies: source token 0 raises its own logit most
+    assert a.skip_trigrams[0].outputs[0].token == 0
+
+
+def test_random_model_fails_the_induction_findings():
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=16, seed=3)
+    rows = {f.claim: f.holds for f in findings(analyze_model(model, n_sequences=8))}
+    assert not rows["layer 0 has a previous-token head (by behaviour)"]
+    assert not rows["a later layer has induction heads (by behaviour)"]
+    assert not rows["weights and behaviour find the same previous-token and induction heads"]
+
+
+def test_control_must_have_one_layer(induction_analysis):
+    with pytest.raises(AnalysisError, match="the control must be a 1-layer model; 'handmade' has 2 layers"):
+        findings(induction_analysis, induction_analysis)
+
+
+def test_data_config_is_fitted_to_the_model():
+    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=10)
+    config = data_config_for(model)
+    assert (config.d_vocab, config.n_ctx, config.seg_max) == (7, 10, 5)
+    tiny = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=3)
+    with pytest.raises(AnalysisError, match="need n_ctx >= 4"):
+        data_config_for(tiny)
+    record = {"train_config": {"d_vocab": 9, "n_ctx": 10, "seg_min": 2, "seg_max": 5}}
+    with pytest.raises(AnalysisError, match="do not match the model"):
+        analyze_model(model, training=record)
+
+
+def test_vocab_of_wrong_length_is_rejected():
+    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=10)
+    with pytest.raises(AnalysisError, match="vocab has 3 entries but the model's d_vocab is 7"):
+        analyze_model(model, vocab=["a", "b", "c"])
+
+
+def test_latex_escape():
+    assert latex_escape("a_b & 50% {x} #1 ~ ^ \\") == r"a\_b \& 50\% \{x\} \#1 \textasciitilde{} \textasciicircum{} \textbackslash{}"
+
+
+def test_report_with_token_strings_escapes_them(tmp_path):
+    model = induction_model(d_vocab=24, n_ctx=12)
+    vocab = [f"t{i}" for i in range(24)]
+    vocab[0], vocab[1] = "a_b&c", "50% | $x$"
+    analysis = analyze_model(model, name="tok_model", n_sequences=4, vocab=vocab)
+    tex = render_latex(analysis)
+    assert r"\texttt{a\_b\&c} (0)" in tex and "tok\\_model" in tex
+    assert "a_b&c" not in tex
+    markdown = render_markdown(analysis)
+    assert '"50% \\| $x$" (1)' in markdown or '"a_b&c" (0)' in markdown
+
+
+def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction_analysis, control_analysis):
+    paths = write_report(induction_analysis, tmp_path, control=control_analysis, formats=["png"])
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in paths)
+    assert names == ["analysis.json", "figures/composition.png", "figures/importance.png", "figures/positivity.png",
+                     "report.md", "tables.tex"]
+    report = (tmp_path / "report.md").read_text()
+    for heading in ("## Findings", "## Heads", "## Composition scores", "## Previous-token and induction heads",
+                    "## Term importance by order", "## Skip-trigrams of the most important head, L1H0", "## Control: control"):
+        assert heading in report
+    assert "![composition](figures/composition.png)" in report
+    data = json.loads((tmp_path / "analysis.json").read_text())
+    assert data["heads"]["by_behaviour"]["induction"] == ["L1H0"]
+    assert all(f["holds"] for f in data["findings"])
+    assert data == json.loads(json.dumps(analysis_to_dict(induction_analysis, control_analysis)))
+
+
+@pytest.mark.latex
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+def test_latex_tables_compile(tmp_path, induction_analysis, control_analysis):
+    body = render_latex(induction_analysis, control_analysis)
+    document = "\\documentclass{article}\n\\begin{document}\n" + body + "\n\\end{document}\n"
+    (tmp_path / "tables.tex").write_text(document)
+    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "tables.tex"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:]
