@@ -145,7 +145,7 @@ class VerifyReport:
         for c in self.checks:
             status = "skipped" if c.passed is None else ("PASS" if c.passed else "FAIL")
             err = "" if c.max_abs_error is None else f": max |error| {c.max_abs_error:.3g} (relative {c.rel_error:.3g}, tolerance {c.tolerance:.3g})"
-            lines.append(f"  {_CHECK_TITLES[c.name]:<42} {status}{err}")
+            lines.append(f"  {_CHECK_TITLES[c.name]:<47} {status}{err}")
             if c.detail:
                 lines.append(f"      {c.detail}")
         lines += [f"  note: {n}" for n in self.notes]

@@ -1,0 +1,203 @@
+"""``tcircuits verify``: check a path expansion against a real model from the command line.
+
+Registered through the entry point ``verify = numeric_check.verify_cli:register``; bad
+input raises :class:`~tensoralg.errors.TensorAlgError` subclasses, which ``tcircuits``
+prints without a traceback (exit 2). Exit 0 when every check passes, 1 when one fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from derivations.architecture import POSITIONAL_KINDS, Architecture
+from numeric_check.errors import NumericCheckError
+from numeric_check.model import CircuitModel
+
+DESCRIPTION = """\
+Check, numerically, that the path expansion of a transformer adds up to what a real
+torch model computes.
+
+The logits of an attention-only transformer, with its attention patterns (and layer-norm
+scales) frozen at their values on the given tokens, are a sum of path terms
+  T = Σ_paths (A_path) ⊗ (W_U W_OV^path W_src),
+one per source (tokens, positions, each layer's biases and MLP output) and per path
+through the heads: the direct path, each head, and virtual heads through several layers.
+Each term is bound to the model's weights and to the patterns, scales and MLP outputs of
+a real forward pass, and three checks run:
+
+  1. sum        the sum of all terms equals the model's logits (relative error <= rtol,
+                1e-9 in float64);
+  2. isolation  each term equals the same path computed by the model itself, with hooks:
+                patterns and scales frozen, only the path's source and heads on, the
+                residual connection dropped at the path's layers (the paper's procedure);
+  3. truncation with --max-order K, the model's logits minus the kept terms equal the
+                omitted terms (computed by the model in an order-graded forward pass).
+
+With --qk LAYER HEAD the same checks run on that head's pre-softmax attention scores
+(3-slot terms P ⊗ Q ⊗ M acting as S = P X_q M X_kᵀ Qᵀ: direct, Q-, K- and
+QK-composition), compared on the causal lower triangle.
+
+The model is a random one (--layers, --heads, ...; seeded) or a checkpoint saved by
+tcircuits (--checkpoint). Tokens are random (--batch, --seq-len, --token-seed) or given
+(--tokens "1,2,3", sequences separated by ";"). Prints a table of every term (its order,
+the Frobenius norm of its contribution, its error against isolation) or --json; exits 0
+when every check passes and 1 when one fails.
+"""
+
+EPILOG = """\
+examples:
+  tcircuits verify --layers 2 --heads 4 --positional standard --layer-norm
+  tcircuits verify --layers 3 --heads 8 --max-order 1 --json
+  tcircuits verify --layers 2 --heads 2 --qk 1 0 --tokens "5,1,2,5,1"
+  tcircuits verify --checkpoint induction_2l.safetensors --seq-len 32 --no-isolation
+"""
+
+_RANDOM_DEFAULTS = {"layers": 2, "heads": "4", "d_model": 32, "d_head": 8, "d_vocab": 50, "n_ctx": 16,
+                    "positional": "none", "layer_norm": False, "biases": False, "mlp": False, "seed": 0}
+
+
+class VerifyCLIError(NumericCheckError, ValueError):
+    """A ``tcircuits verify`` option that cannot be used; the message names it."""
+
+
+def register(subparsers) -> None:
+    """Add ``verify`` to the ``tcircuits`` parser."""
+    p = subparsers.add_parser(
+        "verify",
+        help="check a path expansion numerically against a real model (logits or one head's scores)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    model = p.add_argument_group("model (a random one, or --checkpoint)")
+    model.add_argument("--checkpoint", metavar="PATH", help="a tcircuits checkpoint (.safetensors, or a .pt saved with weights only)")
+    model.add_argument("--layers", type=int, help=f"number of layers (default {_RANDOM_DEFAULTS['layers']})")
+    model.add_argument("--heads", help="heads per layer: one int, or one per layer as '2,4' (default 4)")
+    for name, text in (("d-model", "residual stream width"), ("d-head", "head width"), ("d-vocab", "vocabulary size"),
+                       ("n-ctx", "context length")):
+        model.add_argument(f"--{name}", type=int, help=f"{text} (default {_RANDOM_DEFAULTS[name.replace('-', '_')]})")
+    model.add_argument("--positional", choices=POSITIONAL_KINDS, help="positional embeddings (default none)")
+    model.add_argument("--layer-norm", action="store_true", default=None, help="a layer norm before attention, MLPs and unembedding")
+    model.add_argument("--biases", action="store_true", default=None, help="biases b_Q, b_K, b_V, b_O, b_U")
+    model.add_argument("--mlp", action="store_true", default=None, help="an MLP after each attention layer (an opaque source)")
+    model.add_argument("--seed", type=int, help="seed of the random weights (default 0)")
+    tokens = p.add_argument_group("tokens")
+    tokens.add_argument("--tokens", help='token ids, "1,2,3"; several sequences of equal length as "1,2;3,4"')
+    tokens.add_argument("--batch", type=int, default=2, help="random sequences (default 2)")
+    tokens.add_argument("--seq-len", type=int, help="positions per random sequence (default: min(8, n_ctx))")
+    tokens.add_argument("--token-seed", type=int, default=0, help="seed of the random tokens (default 0)")
+    check = p.add_argument_group("what to check")
+    check.add_argument("--max-order", type=int, help="keep paths through at most this many heads (check 3 covers the rest)")
+    check.add_argument("--qk", nargs=2, type=int, metavar=("LAYER", "HEAD"), help="verify this head's attention scores instead of the logits")
+    check.add_argument("--no-isolation", action="store_true", help="skip check 2 (a forward pass per chunk of terms; slow on large vocabularies)")
+    check.add_argument("--dtype", default="float64", help="dtype of the verification (default float64)")
+    check.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    check.add_argument("--rtol", type=float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
+    check.add_argument("--atol", type=float, help="absolute tolerance added to rtol x scale (default 0)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the report as JSON")
+    out.add_argument("--max-rows", type=int, help="print at most this many terms in the table")
+    out.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the model and tokens, verify, print the report; 0 if every check passed, else 1."""
+    from numeric_check.verify import verify_logits, verify_qk
+
+    model = build_model(args)
+    tokens = build_tokens(args, model)
+    dtype = args.dtype
+    rtol = args.rtol if args.rtol is not None else default_rtol(dtype)
+    common = dict(max_order=args.max_order, dtype=dtype, device=args.device, atol=args.atol, rtol=rtol,
+                  isolation=not args.no_isolation)
+    with _Progress(disabled=args.no_progress) as progress:
+        if args.qk is None:
+            report = verify_logits(model, tokens, progress=progress, **common)
+        else:
+            layer, head = args.qk
+            report = verify_qk(model, tokens, layer, head, progress=progress, **common)
+    print(report.to_json() if args.json else report.to_text(args.max_rows))
+    return 0 if report.passed else 1
+
+
+def default_rtol(dtype) -> float:
+    """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision."""
+    from numeric_check.model import resolve_dtype
+
+    dtype = resolve_dtype(dtype)
+    return {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 1e-2)
+
+
+def build_model(args: argparse.Namespace) -> CircuitModel:
+    """The checkpoint, or a random model from the options (defaults filled in)."""
+    given = [name for name in _RANDOM_DEFAULTS if getattr(args, name, None) is not None]
+    if args.checkpoint is not None:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise VerifyCLIError(f"--checkpoint describes the model; do not also give {flags}")
+        from numeric_check.checkpoint import load_checkpoint
+
+        return load_checkpoint(args.checkpoint)
+    opts = {name: getattr(args, name) if getattr(args, name, None) is not None else default
+            for name, default in _RANDOM_DEFAULTS.items()}
+    arch = Architecture(opts["layers"], parse_heads(opts["heads"]), positional=opts["positional"],
+                        layer_norm=opts["layer_norm"], biases=opts["biases"], mlp=opts["mlp"])
+    return CircuitModel.random(arch, d_model=opts["d_model"], d_head=opts["d_head"], d_vocab=opts["d_vocab"],
+                               n_ctx=opts["n_ctx"], seed=opts["seed"], dtype=torch.float64)
+
+
+def parse_heads(text: str) -> int | tuple[int, ...]:
+    """``"4"`` → 4, ``"2,3"`` → (2, 3)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise VerifyCLIError(f"--heads must be an int or comma-separated ints such as 2,4; got {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
+def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
+    """``--tokens`` parsed, or random tokens from ``--batch``, ``--seq-len``, ``--token-seed``."""
+    cfg = model.cfg
+    if args.tokens is not None:
+        try:
+            rows = [[int(t) for t in row.split(",")] for row in args.tokens.split(";")]
+        except ValueError:
+            raise VerifyCLIError(f'--tokens must be comma-separated ids such as "1,2,3" (sequences separated by ";"); got {args.tokens!r}') from None
+        if len({len(r) for r in rows}) != 1:
+            raise VerifyCLIError(f"--tokens sequences must have equal lengths, got {[len(r) for r in rows]}")
+        return torch.tensor(rows)
+    seq_len = args.seq_len if args.seq_len is not None else min(8, cfg.n_ctx)
+    if args.batch < 1 or seq_len < 1:
+        raise VerifyCLIError(f"--batch and --seq-len must be >= 1, got {args.batch} and {seq_len}")
+    if seq_len > cfg.n_ctx:
+        raise VerifyCLIError(f"--seq-len {seq_len} is longer than the model's context n_ctx={cfg.n_ctx}")
+    gen = torch.Generator().manual_seed(args.token_seed)
+    return torch.randint(0, cfg.d_vocab, (args.batch, seq_len), generator=gen)
+
+
+class _Progress:
+    """A tqdm bar on stderr, shown only for runs longer than a second (and only on a terminal)."""
+
+    def __init__(self, disabled: bool):
+        self.disabled = disabled
+        self.bars: dict[str, object] = {}
+
+    def __enter__(self):
+        return None if self.disabled else self
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        bar = self.bars.get(stage)
+        if bar is None:
+            from tqdm import tqdm
+
+            bar = self.bars[stage] = tqdm(total=total, desc=stage, unit="term", file=sys.stderr, delay=1.0,
+                                          leave=False, disable=None)
+        bar.update(done - bar.n)
+
+    def __exit__(self, *exc) -> None:
+        for bar in self.bars.values():
+            bar.close()
