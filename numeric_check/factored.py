@@ -543,7 +543,7 @@ def eigenvalue_multiset_distance(a: Tensor, b: Tensor) -> float:
     >>> eigenvalue_multiset_distance(torch.tensor([1.0, 2.0, 0.0]), torch.tensor([2.0, 1.0]))
     0.0
     """
-    a, b = a.flatten().to(torch.complex128), b.flatten().to(torch.complex128)
+    a, b = a.detach().flatten().cpu().to(torch.complex128), b.detach().flatten().cpu().to(torch.complex128)
     n = max(a.numel(), b.numel())
     a = torch.cat([a, a.new_zeros(n - a.numel())])
     b = torch.cat([b, b.new_zeros(n - b.numel())])

@@ -193,3 +193,21 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(f"numeric_check.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_analyses_on_cuda_match_cpu():
+    from numeric_check.composition import composition_scores
+    from numeric_check.detect import detect_heads
+
+    cpu = make()
+    gpu = make().to("cuda")
+    torch.testing.assert_close(copying_scores(gpu).cpu(), copying_scores(cpu), equal_nan=True)
+    torch.testing.assert_close(same_matching_scores(gpu).cpu(), same_matching_scores(cpu), equal_nan=True)
+    for kind in "QKV":
+        torch.testing.assert_close(composition_scores(gpu, kind, baseline=True).cpu(), composition_scores(cpu, kind, baseline=True), equal_nan=True)
+    torch.testing.assert_close(ov_circuit(gpu, 1, 2).topk_col(3, 4).values.cpu(), ov_circuit(cpu, 1, 2).topk_col(3, 4).values)
+    report_gpu, report_cpu = detect_heads(gpu, batch=2), detect_heads(cpu, batch=2)
+    torch.testing.assert_close(report_gpu.behaviour.induction, report_cpu.behaviour.induction, equal_nan=True)
+    torch.testing.assert_close(report_gpu.weights.scores.induction, report_cpu.weights.scores.induction, equal_nan=True)
