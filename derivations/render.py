@@ -494,7 +494,8 @@ def latex_body(derivation, layout: Layout) -> list[str]:
         rows: list[str] = []
         for i, step, packed in chain_rows(chain, layout):
             if i == 0:
-                lines.append(prose_latex(justification(step, first=True)))
+                why = justification(step, first=True)
+                lines += [prose_latex(why)] if why else []
             else:
                 rows.append(r"\intertext{" + prose_latex(justification(step)) + "}")
             rows += _latex_rows(packed, _lead(chain, i))
@@ -528,8 +529,8 @@ def latex_document(derivation, layout: Layout | None = None, **options) -> str:
 
 
 def escape_comment(text: str) -> str:
-    """Text safe inside a ``%`` comment line (one line, printable ASCII)."""
-    return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in " ".join(str(text).split()))
+    """Text safe inside a ``%`` comment line: letters, digits and ``-_.,:`` only."""
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.,: ") else "?" for ch in " ".join(str(text).split()))
 
 
 def latex_math(derivation, layout: Layout | None = None, **options) -> str:

@@ -1,0 +1,226 @@
+"""Derivations as values: rules, steps, chains, numeric verification, and the rewrites."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import sympy as sp
+
+from tensoralg import W_OV, Atom, Product, TensorSum, atom, d_model, identity, term, to_numpy
+from tensoralg.parse import parse
+
+from derivations.derivation import (
+    RULES,
+    Binder,
+    Chain,
+    Derivation,
+    Numeric,
+    Rule,
+    Step,
+    causal_pattern,
+    fold_sum,
+    fold_word,
+    instantiate,
+    rewrite_words,
+    rule,
+    substitute,
+    verify,
+)
+from derivations.errors import DerivationError
+from derivations.render import Math, SumIndex
+
+A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
+H0 = SumIndex("h0", Math("H_0", "H_0"))
+
+
+def one_layer_product():
+    return term(None, atom("W_U")) @ (identity(2) + term(A0, W0)) @ term(None, atom("W_E"))
+
+
+def test_rules_are_looked_up_by_any_spelling_and_unknown_names_get_a_rule():
+    assert rule("mixed_product") is RULES["mixed-product"]
+    assert rule("Mixed Product") is RULES["mixed-product"]
+    assert rule("commutation") == Rule("commutation", "commutation")
+    with pytest.raises(DerivationError, match="known: definition"):
+        rule("  ")
+
+
+def test_chain_methods_return_new_chains_and_values_are_frozen():
+    start = Chain.start(Math("T", "T"), one_layer_product())
+    expanded = start.expand()
+    assert len(start.steps) == 1 and len(expanded.steps) > 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        expanded.lhs = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        expanded.steps[0].expr = term(A0, W0)
+
+
+def test_expand_records_each_rule_and_merges_a_collect_that_combines_nothing():
+    chain = Chain.start(None, one_layer_product()).expand()
+    assert [s.rule.key for s in chain.steps] == ["definition", "distributivity", "mixed-product"]
+    assert chain.last == one_layer_product().expand()
+    assert isinstance(chain.last, TensorSum)
+
+
+def test_expand_keeps_a_collect_that_combines_like_terms():
+    layer = identity(2) + term(A0, None)
+    chain = Chain.start(None, layer @ layer).expand()
+    assert [s.rule.key for s in chain.steps][-1] == "collect"
+    assert chain.last.coeff(A0, None) == 2
+
+
+def test_expand_with_max_order_records_a_truncation():
+    layer = lambda i: identity(2) + term(atom("A", i), atom("W_OV", i))
+    chain = Chain.start(None, layer(1) @ layer(0)).expand(max_order=1)
+    assert chain.steps[1].rule.key == "truncation"
+    assert len(chain.last) == 3
+    assert verify(Derivation("t", "t", "", (chain,))).ok
+
+
+def test_fold_and_unfold_state_the_definition():
+    chain = Chain.start(None, term(A0, (atom("W_O", "h0"), atom("W_V", "h0")))).fold(W_OV)
+    assert chain.last == term(A0, W0)
+    assert chain.steps[-1].rule.key == "fold"
+    assert any(isinstance(s, TensorSum) for s in chain.steps[-1].detail)
+    assert chain.unfold(W_OV).last == chain.first
+
+
+def test_steps_reject_non_expressions_and_groups_that_do_not_add_up():
+    with pytest.raises(DerivationError, match="tensoralg expression"):
+        Step("A ⊗ W", "definition")
+    s = term(A0, W0) + identity(2)
+    with pytest.raises(DerivationError, match="do not add up"):
+        Step(s, "regroup", groups=(("heads", term(A0, W0)),))
+    assert Step(s, "regroup", groups=(("id", identity(2)), ("heads", term(A0, W0)))).groups[0][0] == "id"
+
+
+def test_derivations_validate_their_fields():
+    chain = Chain.start(None, term(A0, W0))
+    with pytest.raises(DerivationError, match="title must be a string"):
+        Derivation("x", 3, "", (chain,))
+    with pytest.raises(DerivationError, match="at least one Chain"):
+        Derivation("x", "x", "", ())
+    with pytest.raises(DerivationError, match="left-hand side"):
+        Chain.start("T", term(A0, W0))
+    d = Derivation("x", "x", "", [chain], notes=["a note", ("with ", Math("A", "A"))], params={"heads": 2})
+    assert d.params == (("heads", 2),) and d.notes[0] == ("a note",)
+
+
+def test_verify_passes_correct_chains_and_catches_a_wrong_line():
+    good = Chain.start(Math("T", "T"), one_layer_product(), sums=[H0]).expand()
+    assert verify(Derivation("g", "g", "", (good,))).ok
+    wrong = Chain(good.lhs, good.steps + (Step(term(A0, (atom("W_U"), W0, atom("W_E"))), "collect"),), (), good.sums)
+    report = verify(Derivation("w", "w", "", (wrong,)))
+    assert not report.ok and report.worst > 1e-3
+    assert [e for _, i, e in report.errors if e > 1e-3] and report.errors[-1][1] == len(wrong.steps) - 1
+
+
+def test_verify_checks_the_mixed_product_rule_itself_not_its_expansion():
+    # a product is evaluated as the matrix product of its factors' operators
+    binder = Binder(Numeric(), np.random.default_rng(1))
+    p = term(A0, None) @ term(atom("A", "h1"), W0)
+    dense = binder.operator(p, {0: 4, 1: 5})
+    A, B, W = (binder.values[a] for a in (A0, atom("A", "h1"), W0))
+    np.testing.assert_allclose(dense, np.kron(A @ B, W))
+
+
+def test_sum_indices_are_instantiated_within_each_term():
+    expr = (identity(2) + term(atom("A", "h1"), atom("W_OV", "h1"))) @ (identity(2) + term(A0, W0))
+    sums = [SumIndex("h1", Math("H_1", "H_1")), H0]
+    full = instantiate(expr, sums, 3).expand()
+    assert len(full) == 16  # (1 + 3)^2 paths
+    assert len(instantiate(term((atom("A", "h1"), A0), W0), sums, 3)) == 9
+
+
+def test_derived_atoms_are_bound_consistently_with_their_definitions():
+    binder = Binder(Numeric(), np.random.default_rng(0))
+    W = binder.bind(W0)
+    np.testing.assert_allclose(W, binder.bind(atom("W_O", "h0")) @ binder.bind(atom("W_V", "h0")))
+    pattern = binder.bind(A0)
+    np.testing.assert_allclose(pattern.sum(axis=1), 1)
+    assert np.allclose(np.triu(pattern, 1), 0)
+    n = binder.bind(atom("N", "L0"))
+    assert np.allclose(n, np.diag(np.diag(n)))
+
+
+def test_causal_pattern_rows_sum_to_one():
+    a = causal_pattern(5, np.random.default_rng(2))
+    np.testing.assert_allclose(a.sum(axis=1), 1)
+    assert a[0, 1:].sum() == 0
+
+
+def test_verify_reports_missing_sizes():
+    k = sp.Symbol("q_dim", positive=True, integer=True)
+    V = Atom("V", d_model, k)
+    d = Derivation("x", "x", "", (Chain.start(None, term(None, V)),))
+    with pytest.raises(DerivationError, match="Numeric\\(dims"):
+        d.verify()
+    assert Derivation("x", "x", "", d.chains, numeric=Numeric(dims={"q_dim": 2})).verify().ok
+
+
+# -- rewrites -------------------------------------------------------------------------------
+
+
+def bindings_for(*exprs, seed=0):
+    binder = Binder(Numeric(dims={"k": 2}), np.random.default_rng(seed))
+    for e in exprs:
+        for t in e.expand():
+            for w in t.words:
+                for a in w:
+                    binder.bind(a)
+    return binder.values
+
+
+def test_substitute_replaces_an_atom_and_its_transpose_and_distributes():
+    X, Y, M = (Atom(n, d_model, d_model) for n in "XYM")
+    expr = term((X.T, M, X))
+    out = substitute(expr, X, term(X) + term(Y))
+    assert len(out) == 4
+    values = bindings_for(expr, out)
+    replaced = {**values, X: values[X] + values[Y]}  # X bound to the replacement's value
+    np.testing.assert_allclose(to_numpy(expr, replaced), to_numpy(out, values))
+
+
+def test_substitute_keeps_products_lazy_and_rejects_multi_slot_replacements():
+    p = term(None, atom("W_U")) @ term(A0, W0)
+    out = substitute(p, A0, identity(1))
+    assert isinstance(out, Product) and out.expand() == term(None, (atom("W_U"), W0))
+    with pytest.raises(DerivationError, match="1 slot"):
+        substitute(p, A0, identity(2))
+
+
+def test_rewrite_words_applies_identities_and_drops_vanishing_terms():
+    V = Atom("V", d_model, sp.Symbol("k"))
+    e = [Atom("e", 2, 1, str(i)) for i in range(2)]
+    rules = {(e[i].T, e[j]): (() if i == j else None) for i in range(2) for j in range(2)}
+    s = sum((term((e[i].T, e[j]), atom("W_O", i)) for i in range(2) for j in range(2)), start=0)
+    assert rewrite_words(s, rules) == term(None, atom("W_O", 0)) + term(None, atom("W_O", 1))
+    assert rewrite_words(term((V.T, V, V.T, V)), {(V.T, V): ()}) == identity(1)
+
+
+def test_fold_word_folds_a_product_and_its_transpose():
+    G = Atom("G", d_model, d_model, symmetric=True)
+    new = Atom("W_OV'", d_model, d_model, "h0")
+    expr = term(A0, (W0, G)) + term(A0, (G, W0.T))
+    assert fold_word(expr, (W0, G), new) == term(A0, new) + term(A0, new.T)
+
+
+def test_fold_sum_folds_only_complete_multiples_of_the_definition():
+    b, c, s = Atom("b", 3, 1), Atom("c", 3, 1), Atom("s", 3, 1)
+    definition = term(b) + term(c)
+    assert fold_sum(2 * term(A0, b) + 2 * term(A0, c), s, definition, 1) == 2 * term(A0, s)
+    partial = term(A0, b) + 2 * term(A0, c)
+    assert fold_sum(partial, s, definition, 1) == partial
+
+
+def test_repr_methods_for_jupyter():
+    d = Derivation("x", "A title", "", (Chain.start(Math("T", "T"), one_layer_product(), sums=[H0]).expand(),))
+    latex = d._repr_latex_()
+    assert latex.startswith("$$\\begin{aligned}") and latex.endswith("\\end{aligned}$$")
+    assert r"\sum_{h_0 \in H_0}" in latex and "[mixed-product rule]" in latex
+    assert d._repr_markdown_() == d.to_markdown()
+
+
+def test_parsed_expressions_make_chains():
+    chain = Chain.start(None, parse("(A^{1} ⊗ W_OV^{1})(A^{0} ⊗ W_OV^{0})"), "given").expand()
+    assert str(chain.last) == "A^{1} A^{0} ⊗ W_OV^{1} W_OV^{0}"

@@ -1,0 +1,242 @@
+"""Documents: golden LaTeX, escaping of hostile strings, layout (Σ, line breaks, elision), formats."""
+
+import json
+import re
+import shutil
+
+import pytest
+import sympy as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensoralg import Atom, atom, d_head, d_model, identity, term
+
+from derivations.derivation import Chain, Derivation
+from derivations.errors import DerivationError
+from derivations.render import (
+    Layout,
+    Math,
+    SumIndex,
+    check_math,
+    escape_latex,
+    escape_markdown,
+    expr_pieces,
+    latex_body,
+    latex_document,
+    pack,
+    prose,
+    text_width,
+)
+
+A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
+H0 = SumIndex("h0", Math("H_0", "H_0"))
+needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+
+
+def one_layer(**kw) -> Derivation:
+    p = term(None, atom("W_U")) @ (identity(2) + term(A0, W0)) @ term(None, atom("W_E"))
+    chain = Chain.start(Math("T", "T"), p, sums=[H0]).expand()
+    return Derivation("one", kw.get("title", "One layer"), kw.get("summary", "Paths."), (chain,),
+                      notes=kw.get("notes", ()))
+
+
+# -- golden output ----------------------------------------------------------------------------
+
+GOLDEN_LATEX = r"""Paths.
+
+\begin{align*}
+T &= (\mathrm{Id} \otimes W_{U}) \Bigl(\mathrm{Id} \otimes \mathrm{Id} + \sum_{h_0 \in H_0} A^{h_0} \otimes W_{OV}^{h_0}\Bigr) (\mathrm{Id} \otimes W_{E})
+\intertext{Distributivity: $X(Y + Z)W = XYW + XZW$.}
+&= (\mathrm{Id} \otimes W_{U}) (\mathrm{Id} \otimes \mathrm{Id}) (\mathrm{Id} \otimes W_{E}) + (\mathrm{Id} \otimes W_{U}) \\
+&\quad \Bigl(\sum_{h_0 \in H_0} A^{h_0} \otimes W_{OV}^{h_0}\Bigr) (\mathrm{Id} \otimes W_{E})
+\intertext{Mixed-product rule: $(A \otimes B)(C \otimes D) = (AC) \otimes (BD)$.}
+&= \mathrm{Id} \otimes W_{U} W_{E} + \sum_{h_0 \in H_0} A^{h_0} \otimes W_{U} W_{OV}^{h_0} W_{E}
+\end{align*}
+"""
+
+GOLDEN_TEXT = """One layer
+=========
+
+Paths.
+
+T = (Id ⊗ W_U) · (Id ⊗ Id + Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) · (Id ⊗ W_E)
+    [Distributivity: X(Y + Z)W = XYW + XZW.]
+  = (Id ⊗ W_U) · (Id ⊗ Id) · (Id ⊗ W_E) + (Id ⊗ W_U)
+      · (Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) · (Id ⊗ W_E)
+    [Mixed-product rule: (A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD).]
+  = Id ⊗ W_U W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_U W_OV^{h0} W_E
+"""
+
+
+def test_golden_latex_of_a_one_layer_expansion():
+    assert "\n".join(latex_body(one_layer(), Layout())) == GOLDEN_LATEX
+
+
+def test_golden_text_of_a_one_layer_expansion():
+    assert one_layer().to_text() == GOLDEN_TEXT
+
+
+def test_golden_pieces_of_a_sum_with_signs_and_coefficients():
+    s = term(A0, W0, coeff=-2) + term(None, atom("W_QK", "h"), coeff=1 / sp.sqrt(d_head))
+    pieces = expr_pieces(s, Layout())
+    assert [p.latex for p in pieces] == [r"\frac{1}{\sqrt{d_{head}}} \mathrm{Id} \otimes W_{QK}^{h}",
+                                         r"- 2 A^{h_0} \otimes W_{OV}^{h_0}"]
+    assert [p.text for p in pieces] == ["1/sqrt(d_head)·Id ⊗ W_QK^{h}", "- 2·A^{h0} ⊗ W_OV^{h0}"]
+
+
+def test_a_negative_first_term_and_a_scaled_product():
+    pieces = expr_pieces(-1 * term(A0, W0), Layout())
+    assert pieces[0].latex == r"-A^{h_0} \otimes W_{OV}^{h_0}"
+    p = (term(A0, None) @ term(None, W0)).scale(sp.Rational(-1, 2))
+    assert expr_pieces(p, Layout())[0].latex.startswith(r"-\frac{1}{2} (A^{h_0}")
+
+
+def test_markdown_uses_display_math_and_states_each_rule():
+    md = one_layer().to_markdown()
+    assert md.startswith("# One layer\n")
+    assert md.count("$$") == 6 and md.count(r"\begin{aligned}") == 3
+    assert "Mixed-product rule: $(A \\otimes B)(C \\otimes D) = (AC) \\otimes (BD)$." in md
+
+
+def test_json_has_every_step_in_full():
+    d = one_layer()
+    data = json.loads(d.to_json())
+    steps = data["chains"][0]["steps"]
+    assert [s["rule"] for s in steps] == ["definition", "distributivity", "mixed-product"]
+    assert steps[-1]["expr"]["n_terms"] == 2 and steps[-1]["expr"]["kind"] == "TensorSum"
+    assert steps[-1]["expr"]["text"] == "Id ⊗ W_U W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_U W_OV^{h0} W_E"
+    assert steps[1]["statement"]["text"] == "X(Y + Z)W = XYW + XZW"
+    assert data["chains"][0]["sums"] == [{"index": "h0", "over": {"latex": "H_0", "text": "H_0"}}]
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+
+def long_sum(n):
+    return sum((term(atom("A", f"L0H{i}"), (atom("W_U"), atom("W_OV", f"L0H{i}"), atom("W_E"))) for i in range(n)),
+               start=identity(2) @ term(None, (atom("W_U"), atom("W_E"))))
+
+
+def test_long_sums_break_into_lines_that_fit():
+    pieces = expr_pieces(long_sum(12).expand(), Layout(max_terms=None))
+    lines = pack(pieces, 50)
+    assert len(lines) > 3
+    for line in lines:
+        assert len(line) == 1 or sum(p.width + 1 for p in line) <= 50
+
+
+def test_long_sums_are_elided_in_documents_but_never_in_json():
+    s = long_sum(30).expand()
+    pieces = expr_pieces(s, Layout(max_terms=10))
+    assert len(pieces) == 10 and "(22 more terms)" in pieces[8].text
+    d = Derivation("x", "x", "", (Chain.start(None, s),))
+    assert "22 more terms" in d.to_latex(max_terms=10)
+    assert "more terms" not in d.to_latex(max_terms=None)
+    assert json.loads(d.to_json())["chains"][0]["steps"][0]["expr"]["text"].count("⊗") == 31
+
+
+def test_a_term_wider_than_a_line_breaks_after_a_tensor_sign():
+    word = tuple(atom("W_OV", f"L{i}H0") for i in range(12))
+    pieces = expr_pieces(term(word, word, word), Layout(width=30))
+    assert len(pieces) == 3 and pieces[0].latex.endswith(r"\otimes")
+
+
+def test_layout_options_are_checked():
+    with pytest.raises(DerivationError, match="max_terms"):
+        one_layer().to_latex(max_terms=1)
+    with pytest.raises(DerivationError, match="unknown layout options"):
+        one_layer().to_markdown(colour="red")
+
+
+def test_text_width_counts_scripts_small_and_markers_not_at_all():
+    assert text_width("A^{h0}") == pytest.approx(1 + 2 * 0.6)
+    assert text_width("W_OV") == pytest.approx(1 + 0.6 + 1)
+    assert text_width("{}") == 0
+
+
+# -- escaping ---------------------------------------------------------------------------------
+
+HOSTILE = [
+    r"\input{/etc/passwd}",
+    r"\write18{touch /tmp/pwned}",
+    r"\immediate\write18{id}",
+    "^^5cinput{/etc/passwd}",
+    r"$\input{x}$ & # % ~ _ ^ { } < > |",
+    r"\def\x{1}\x \catcode`\@=11 \end{document}",
+    "line one\n\nline two\ttab",
+    "héllo ☃ ⊗ Σ λ 𝟙",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_escaped_text_contains_no_commands_but_printing_ones(text):
+    escaped = escape_latex(text)
+    commands = set(re.findall(r"\\([A-Za-z]+)", escaped))
+    assert commands <= {"backslash", "vert", "otimes", "Sigma", "lambda", "mathbf"}
+    assert "^^" not in escaped and "\n" not in escaped
+    assert not re.search(r"(?<!\\)[#%&~_^]", escaped.replace(r"\^{}", "").replace(r"\~{}", ""))
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_escaping_any_text_leaves_only_inert_commands(text):
+    escaped = escape_latex(text)
+    assert set(re.findall(r"\\([A-Za-z]+)", escaped)) <= {
+        "backslash", "vert", "otimes", "Sigma", "sum", "cdot", "top", "in", "le", "ge", "to", "leftarrow",
+        "approx", "times", "Pi", "prod", "lambda", "delta", "mathbf"}
+    assert "^^" not in escaped.replace(r"\^{}", "")
+
+
+def test_markdown_escaping_stops_emphasis_links_html_and_math():
+    assert escape_markdown("*a* _b_ [c](d) <script> $x$") == r"\*a\* \_b\_ \[c\](d) \<script\> \$x\$"
+
+
+@pytest.mark.parametrize("bad, problem", [
+    (r"A \input{x}", r"\\input"),
+    (r"A^{h} \write18{x}", r"\\write"),
+    ("A^^5cinput", "'\\^\\^'"),
+    ("A % comment", "'%'"),
+    ("A & B", "'&'"),
+    ("A # B", "'#'"),
+    ("A $ B", r"'\$'"),
+    ("A^{h", "unbalanced"),
+    (r"\begin{verbatim}x\end{verbatim}", "environment"),
+    ("A \\\\ B", r"control symbol \\\\"),
+])
+def test_check_math_refuses_anything_but_printing(bad, problem):
+    with pytest.raises(DerivationError, match=problem):
+        check_math(bad)
+
+
+def test_check_math_accepts_what_the_printer_makes_of_hostile_atom_names():
+    from tensoralg import to_latex
+
+    for name in HOSTILE[:6]:
+        hostile = Atom(name, d_model, d_model, "^^5c{x}")
+        assert check_math(to_latex(term(hostile))) == to_latex(term(hostile))
+
+
+def hostile_document() -> str:
+    hostile_atom = Atom(r"\input{/etc/passwd}^^5cwrite18", d_model, d_model, r"\write18{id}")
+    chain = Chain.start(Math("T", "T"), term(A0, hostile_atom) @ term(None, atom("W_OV", "%#&")),
+                        detail=HOSTILE[1], intro=prose(*HOSTILE)).expand()
+    d = Derivation(HOSTILE[0], " ".join(HOSTILE[:4]), HOSTILE[4], (chain,), notes=HOSTILE[5:])
+    return d.to_latex()
+
+
+def test_hostile_strings_never_reach_the_document_as_commands():
+    document = hostile_document()
+    for forbidden in (r"\input{", r"\write18", r"\immediate", "^^5c", r"\def\x", r"\catcode"):
+        assert forbidden not in document
+    assert document.count(r"\end{document}") == 1
+
+
+@pytest.mark.latex
+@needs_pdflatex
+def test_a_document_full_of_hostile_strings_compiles(tmp_path):
+    from derivations.commands import compile_latex
+
+    pdf, log = compile_latex(hostile_document())
+    assert pdf.startswith(b"%PDF")
+    assert "/etc/passwd" not in log.split("(./derivation.tex")[-1].split(")")[0]
+    assert "runsystem" not in log
