@@ -1,0 +1,297 @@
+"""verify_logits / verify_qk: the three checks hold on random models, fail when something is wrong,
+and bad input gets clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import numeric_check.verify as verify_module
+from derivations.architecture import Architecture
+from derivations.errors import ArchitectureError, TooManyTerms
+from derivations.paths import expand_logits
+from derivations.qk import expand_qk
+from numeric_check.errors import DeviceError, ModelInputError, WeightError
+from numeric_check.model import CircuitModel
+from numeric_check.verify import ExpansionMismatch, VerifyError, verify_logits, verify_qk, working_copy
+from tests.numeric_check.strategies_models import max_orders, models_and_tokens
+
+torch.set_num_threads(1)
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def small_model(arch=None, seed=0, **kw) -> CircuitModel:
+    arch = arch or Architecture(2, 2, positional="standard", layer_norm=True, biases=True, mlp=True)
+    sizes = dict(d_model=8, d_head=4, d_vocab=12, n_ctx=6) | kw
+    return CircuitModel.random(arch, seed=seed, **sizes)
+
+
+TOKENS = torch.tensor([[1, 2, 3, 1, 2], [4, 5, 6, 7, 0]])
+
+
+# --- property tests: checks 1-3 on random architectures, weights and tokens --------------------
+
+
+@FAST
+@given(models_and_tokens(), st.data())
+def test_logit_checks_hold_on_random_models(pair, data):
+    model, tokens = pair
+    max_order = data.draw(max_orders(model.arch.n_layers))
+    report = verify_logits(model, tokens, max_order=max_order)
+    assert report.passed, report.to_text()
+    assert report.rel_error <= 1e-9
+    assert all(t.passed for t in report.terms)
+    assert len(report.terms) == len(expand_logits(model.arch, max_order))
+    truncation = report.check("truncation")
+    assert (truncation.passed is None) == (report.n_omitted == 0)
+
+
+@FAST
+@given(models_and_tokens(min_layers=1), st.data())
+def test_qk_checks_hold_on_random_models(pair, data):
+    model, tokens = pair
+    arch = model.arch
+    layer = data.draw(st.integers(0, arch.n_layers - 1))
+    head = data.draw(st.integers(0, arch.heads_per_layer[layer] - 1))
+    max_order = data.draw(max_orders(2 * layer))
+    report = verify_qk(model, tokens, layer, head, max_order=max_order)
+    assert report.passed, report.to_text()
+    assert len(report.terms) == len(expand_qk(arch, layer, head, max_order))
+
+
+def test_qk_only_positions_with_layer_norm():
+    # positions join the queries and keys after ln1, as in TransformerLens' shortformer
+    model = small_model(Architecture(2, 2, positional="qk_only", layer_norm=True, biases=True))
+    report = verify_qk(model, TOKENS, 1, 0, max_order=1)
+    assert report.passed, report.to_text()
+    assert any(t.source == "pos" for t in report.terms)
+
+
+# --- the checks can fail --------------------------------------------------------------------
+
+
+def test_a_wrong_coefficient_fails_checks_1_and_2(monkeypatch):
+    real = verify_module.Binder.coeff
+    monkeypatch.setattr(verify_module.Binder, "coeff", lambda self, c: real(self, c) * (1 + 1e-6))
+    report = verify_logits(small_model(), TOKENS)
+    assert not report.passed
+    assert report.check("sum").passed is False
+    assert report.check("isolation").passed is False
+    assert "failed" in report.check("isolation").detail
+
+
+def test_a_wrong_omitted_part_fails_check_3(monkeypatch):
+    monkeypatch.setattr(verify_module, "graded_logits", lambda model, rec, k: torch.zeros_like(rec.logits))
+    report = verify_logits(small_model(), TOKENS, max_order=0)
+    assert report.check("sum").passed and report.check("isolation").passed
+    assert report.check("truncation").passed is False and not report.passed
+
+
+def test_a_wrong_isolation_fails_check_2(monkeypatch):
+    real = verify_module.isolate_logit_paths
+
+    def shifted(*args, **kwargs):
+        for i, logits in real(*args, **kwargs):
+            yield i, logits + 1e-3
+
+    monkeypatch.setattr(verify_module, "isolate_logit_paths", shifted)
+    report = verify_logits(small_model(), TOKENS)
+    assert report.check("sum").passed and report.check("isolation").passed is False
+    assert all(t.passed is False for t in report.terms)
+
+
+def test_qk_coefficient_is_bound_to_the_models_attention_scale():
+    from numeric_check.model import ModelConfig
+
+    model = small_model(Architecture(2, 2))
+    cfg = ModelConfig(model.arch, d_model=8, d_head=4, d_vocab=12, n_ctx=6, attn_scale=3.0)
+    odd = CircuitModel(cfg, dtype=torch.float64)
+    odd.load_state_dict(model.state_dict())
+    assert verify_qk(odd, TOKENS, 1, 1).passed  # 1/sqrt(d_head) is bound to the model's 1/attn_scale
+
+
+# --- reports --------------------------------------------------------------------------------
+
+
+def test_report_fields_and_formats():
+    report = verify_logits(small_model(), TOKENS, max_order=1)
+    assert report.n_omitted == len(expand_logits(report_arch := small_model().arch)) - len(expand_logits(report_arch, 1))
+    term = next(t for t in report.terms if t.heads)
+    assert term.source == "tok" and term.order == len(term.heads) and term.norm > 0
+    data = json.loads(report.to_json())
+    assert data["passed"] is True and len(data["terms"]) == len(report.terms)
+    assert {c["name"] for c in data["checks"]} == {"sum", "isolation", "truncation"}
+    assert set(report.timings) >= {"forward", "evaluate", "isolation", "truncation"}
+    md = report.to_markdown(max_rows=3)
+    assert "| term | order | norm | max abs error | ok |" in md and "more" in md
+    text = str(report)
+    assert "1. sum of all terms = model" in text and "PASSED" in text and "tok→L0H1" in text
+
+
+def test_norms_match_with_and_without_isolation():
+    model = small_model()
+    with_iso = verify_logits(model, TOKENS)
+    without = verify_logits(model, TOKENS, isolation=False)
+    assert without.check("isolation").passed is None and without.passed
+    assert all(t.max_abs_error is None for t in without.terms)
+    for a, b in zip(with_iso.terms, without.terms):
+        assert a.label == b.label and math.isclose(a.norm, b.norm, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_qk_report_tags_compositions():
+    report = verify_qk(small_model(), TOKENS, 1, 0, max_order=1)
+    comps = {t.composition for t in report.terms}
+    assert comps == {"direct", "Q", "K"}
+    k_term = next(t for t in report.terms if t.composition == "K")
+    assert k_term.heads == () and len(k_term.key_heads) == 1 and k_term.key_source
+    assert report.check("truncation").passed
+
+
+# --- the user's model is not touched --------------------------------------------------------
+
+
+def test_model_is_not_modified():
+    model = small_model(dtype=torch.float32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    seen = []
+    model.blocks[0].hook_resid_pre.add_hook(lambda x, hook: seen.append(1))
+    verify_logits(model, TOKENS)
+    verify_qk(model, TOKENS, 1, 1)
+    assert model.dtype == torch.float32
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model(TOKENS)
+    assert seen  # the user's hook is still there
+
+
+def test_working_copy_centres_writing_weights_only_with_layer_norm():
+    model = small_model(dtype=torch.float32)
+    copy = working_copy(model, torch.float64, "cpu")
+    assert copy is not model and copy.dtype == torch.float64
+    assert float(copy.W_E.detach().mean(0).abs().max()) < 1e-15
+    plain = small_model(Architecture(1, 1), dtype=torch.float32)
+    assert torch.equal(working_copy(plain, torch.float64, "cpu").W_E, plain.W_E.double())
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens, match", [
+    (torch.tensor([[1, 12]]), "out of range"),
+    (torch.zeros(1, 7, dtype=torch.long), "does not fit n_ctx=6"),
+    (torch.tensor([[0.5, 1.0]]), "integer dtype"),
+])
+def test_bad_tokens(tokens, match):
+    with pytest.raises(ModelInputError, match=match):
+        verify_logits(small_model(), tokens)
+
+
+def test_nan_weights():
+    model = small_model()
+    with torch.no_grad():
+        model.blocks[1].attn.W_V[0, 0, 0] = float("nan")
+    with pytest.raises(WeightError, match="blocks.1.attn.W_V"):
+        verify_logits(model, TOKENS)
+    with pytest.raises(WeightError):
+        verify_qk(model, TOKENS, 1, 0)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"dtype": torch.int64}, DeviceError, "floating dtype"),
+    ({"dtype": "float7"}, DeviceError, "floating dtype"),
+    ({"device": "tpu"}, DeviceError, "tpu"),
+    ({"rtol": -1.0}, VerifyError, "rtol must be"),
+    ({"atol": float("nan")}, VerifyError, "atol must be"),
+])
+def test_bad_options(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        verify_logits(small_model(), TOKENS, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_cuda_without_cuda():
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        verify_logits(small_model(), TOKENS, device="cuda")
+
+
+def test_expansion_of_another_architecture():
+    model = small_model()
+    with pytest.raises(ExpansionMismatch, match="built for 3 layers"):
+        verify_logits(model, TOKENS, expansion=expand_logits(Architecture(3, 2)))
+    with pytest.raises(ExpansionMismatch, match="L1H1, not L1H0"):
+        verify_qk(model, TOKENS, 1, 0, expansion=expand_qk(model.arch, 1, 1))
+    with pytest.raises(ExpansionMismatch, match="max_order=0"):
+        verify_logits(model, TOKENS, max_order=0, expansion=expand_logits(model.arch, 1))
+    with pytest.raises(VerifyError, match="LogitExpansion"):
+        verify_logits(model, TOKENS, expansion=expand_qk(model.arch, 1, 1))
+    assert verify_logits(model, TOKENS, expansion=expand_logits(model.arch, 1)).passed
+
+
+def test_not_a_circuit_model():
+    with pytest.raises(VerifyError, match="from_transformer_lens"):
+        verify_logits(torch.nn.Linear(2, 2), TOKENS)
+
+
+def test_head_that_does_not_exist():
+    with pytest.raises(ArchitectureError, match="layer 2 does not exist"):
+        verify_qk(small_model(), TOKENS, 2, 0)
+
+
+def test_too_many_terms_suggests_max_order():
+    model = small_model(Architecture(3, 4))
+    with pytest.raises(TooManyTerms, match="max_order=1"):
+        verify_logits(model, TOKENS, limit=50)
+
+
+def test_check_1_skipped_when_the_untruncated_expansion_is_too_large(monkeypatch):
+    monkeypatch.setattr(verify_module, "FULL_LIMIT", 3)
+    report = verify_logits(small_model(Architecture(2, 2)), TOKENS, max_order=0)
+    assert report.check("sum").passed is None and report.check("truncation").passed
+    assert report.passed and any("check 1 (sum) skipped" in n for n in report.notes)
+
+
+# --- converted models -----------------------------------------------------------------------
+
+
+def test_transformer_lens_models_verify():
+    tl = pytest.importorskip("transformer_lens")
+    from numeric_check.adapters import from_transformer_lens
+
+    for kwargs in ({"attn_only": True, "normalization_type": None, "positional_embedding_type": "standard"},
+                   {"attn_only": True, "normalization_type": "LN", "positional_embedding_type": "shortformer"},
+                   {"attn_only": False, "normalization_type": "LNPre", "act_fn": "gelu"}):
+        torch.manual_seed(0)
+        cfg = tl.HookedTransformerConfig(n_layers=2, d_model=12, n_ctx=8, d_head=4, n_heads=3, d_vocab=20,
+                                         init_weights=True, d_mlp=16 if not kwargs["attn_only"] else None, **kwargs)
+        source = tl.HookedTransformer(cfg)
+        with torch.no_grad():
+            for name, p in source.named_parameters():
+                if name.split(".")[-1].startswith("b_"):
+                    p.normal_(0, 0.1)
+        model = from_transformer_lens(source)
+        tokens = torch.randint(0, 20, (2, 6))
+        assert torch.allclose(model(tokens), source(tokens).double(), atol=1e-4)
+        assert verify_logits(model, tokens, max_order=1).passed
+
+
+def test_gpt2_models_verify():
+    transformers = pytest.importorskip("transformers")
+    from numeric_check.adapters import from_hf_gpt2
+
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=12, n_head=3, n_positions=8,
+                                                              vocab_size=20, bos_token_id=0, eos_token_id=0)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    model = from_hf_gpt2(hf)
+    tokens = torch.randint(0, 20, (2, 6))
+    assert torch.allclose(model(tokens), hf(tokens).logits.double(), atol=1e-4)
+    report = verify_logits(model, tokens)
+    assert report.passed, report.to_text()
+    assert verify_qk(model, tokens, 1, 2).passed
