@@ -85,10 +85,6 @@ def head_mask(model) -> Tensor:
     return (torch.arange(n_heads).reshape(1, -1) < counts).to(model.device)
 
 
-def _mask_missing(scores: Tensor, model) -> Tensor:
-    return scores.masked_fill(~head_mask(model), float("nan"))
-
-
 # --- single circuits --------------------------------------------------------------------------
 
 
