@@ -73,3 +73,75 @@ def test_train_toy_bad_output_path(tmp_path, capsys):
     blocker.write_text("")
     assert main(["train-toy", "--steps", "1", "--out", str(blocker / "m.safetensors")]) == 2
     assert "cannot write to" in capsys.readouterr().err
+
+
+# --- analyze ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def handmade_checkpoints(tmp_path_factory):
+    from tests.numeric_check.test_report import copying_model, induction_model
+
+    folder = tmp_path_factory.mktemp("models")
+    paths = folder / "induction.safetensors", folder / "control.safetensors"
+    for model, path in zip((induction_model(d_vocab=32, n_ctx=16), copying_model(d_vocab=32, n_ctx=16)), paths):
+        model.save(path)
+    return paths
+
+
+def test_analyze_help_teaches_what_is_measured():
+    text = _subparser_help("analyze")
+    for phrase in ("copying", "K-composition", "previous-token and induction heads", "term importance", "--control", "examples:"):
+        assert phrase in text
+
+
+def test_analyze_writes_the_report(tmp_path, capsys, handmade_checkpoints):
+    model, control = handmade_checkpoints
+    out = tmp_path / "report"
+    code = main(["analyze", str(model), "--control", str(control), "--out", str(out), "--sequences", "8", "--formats", "svg"])
+    assert code == 0
+    stdout = capsys.readouterr().out
+    assert "[x] layer 0 has a previous-token head (by behaviour)" in stdout
+    assert "findings hold" in stdout
+    assert (out / "report.md").exists() and (out / "tables.tex").exists() and (out / "analysis.json").exists()
+    assert (out / "figures" / "positivity.svg").exists() and not (out / "figures" / "positivity.png").exists()
+
+
+def test_analyze_uses_the_training_record_beside_the_checkpoint(tmp_path, capsys):
+    out = tmp_path / "m.safetensors"
+    main(["train-toy", "--layers", "1", "--steps", "3", "--quiet", "--out", str(out), *TINY])
+    assert main(["analyze", str(out), "--out", str(tmp_path / "report"), "--sequences", "4", "--formats", "png"]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "Trained by `tcircuits train-toy`: steps=3" in report
+    assert (tmp_path / "report" / "figures" / "training.png").exists()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.safetensors", "missing.safetensors"),
+        (lambda d: (d / "bad.safetensors").write_bytes(b"not a checkpoint") and d / "bad.safetensors", "bad.safetensors"),
+    ],
+    ids=["missing", "corrupt"],
+)
+def test_analyze_bad_checkpoint_is_a_clear_error(tmp_path, capsys, make, message):
+    path = make(tmp_path)
+    assert main(["analyze", str(path), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert "tcircuits analyze: error:" in err and message in err and "Traceback" not in err
+
+
+def test_analyze_unwritable_out_and_bad_options(tmp_path, capsys, handmade_checkpoints):
+    model, _ = handmade_checkpoints
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["analyze", str(model), "--out", str(blocker / "report")]) == 2
+    assert "cannot write to" in capsys.readouterr().err
+    assert main(["analyze", str(model), "--out", str(tmp_path / "r"), "--formats", "png,jpg"]) == 2
+    assert "unknown figure format(s) ['jpg']" in capsys.readouterr().err
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("a\nb\n")
+    assert main(["analyze", str(model), "--out", str(tmp_path / "r"), "--vocab", str(vocab)]) == 2
+    assert "vocab has 2 entries but the model's d_vocab is 32" in capsys.readouterr().err
+    assert main(["analyze", str(model), "--out", str(tmp_path / "r"), "--control", str(model)]) == 2
+    assert "the control must be a 1-layer model" in capsys.readouterr().err
