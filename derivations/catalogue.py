@@ -460,15 +460,16 @@ def truncate(expr: TensorSum, max_order: int) -> TensorSum:
 
 def qk_sides(arch: Architecture, layer: int, concrete: bool, letter: str) -> list[tuple[str, object]]:
     """``(input, stream)`` for each input of one side of the scores of a layer-``layer`` head
-    (lazy: nothing is expanded yet)."""
-    qk_only = arch.positional == "qk_only"
-    lead = term(atom("N", f"L{layer},qk" if qk_only else f"L{layer}"), None) if arch.layer_norm else None
+    (lazy: nothing is expanded yet). The layer norm's scale ``N^{Ll}`` leads the residual
+    stream; ``qk_only`` positions join after the layer norm, unscaled (as in the model)."""
+    lead = term(atom("N", f"L{layer}"), None) if arch.layer_norm else None
     sides = []
     for e in stream_entries(arch, layer):
-        sides.append((e.source.input_key, stream_product(arch, e.first_layer, layer, e.word, concrete, letter)))
-    if qk_only:
+        stream = stream_product(arch, e.first_layer, layer, e.word, concrete, letter)
+        sides.append((e.source.input_key, Product([lead, stream]) if lead is not None else stream))
+    if arch.positional == "qk_only":
         sides.append(("position", term(None, atom("W_pos"))))
-    return [(key, Product([lead, s]) if lead is not None else s) for key, s in sides]
+    return sides
 
 
 def exact_counts(expr, top: int) -> list[int]:
@@ -534,6 +535,12 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
                                        Math(r"1/\sqrt{d_{head}}", "1/sqrt(d_head)"), " is kept as a coefficient.")]
     if not concrete:
         notes.append(SUMS)
+    if arch.layer_norm:
+        notes.append(prose(Math(r"N^{\mathrm{L}l}", "N^Ll"), ": the frozen per-position scale of the layer norm before "
+                           "layer l; it leads both sides."))
+    if arch.positional == "qk_only":
+        notes.append("Positions (qk_only) are added to the query and key inputs only, after the layer norm, so each "
+                     "pair of inputs (tokens, positions) has its own sum.")
     if layer > 0:
         notes.append(_induction_note(chains[-1], concrete))
     params = (("layers", arch.n_layers), ("heads", arch.n_heads), ("layer", layer), ("head", head),

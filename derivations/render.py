@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import unicodedata
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -573,24 +574,27 @@ def markdown(derivation, layout: Layout | None = None, **options) -> str:
 
 
 def text(derivation, layout: Layout | None = None, **options) -> str:
-    """Plain Unicode text, one line of the chain per row."""
+    """Plain Unicode text: prose wrapped at 78 columns, one line of the chain per row."""
     if layout is None:
         options = {"width": 74, "measure": "chars", **options}
     layout = _check_layout(layout, options)
+    wrap = lambda s, indent="", first=None: textwrap.fill(
+        s, 78, initial_indent=indent if first is None else first, subsequent_indent=indent, break_on_hyphens=False)
     out = [derivation.title, "=" * len(derivation.title), ""]
     if derivation.summary:
-        out += [derivation.summary, ""]
+        out += [wrap(derivation.summary), ""]
     if derivation.notes:
-        out += ["Notation and assumptions:"] + ["  - " + prose_text(n) for n in derivation.notes] + [""]
+        out += ["Notation and assumptions:"] + [wrap(prose_text(n), "    ", "  - ") for n in derivation.notes] + [""]
     for chain in derivation.chains:
         if chain.intro:
-            out += [prose_text(chain.intro), ""]
+            out += [wrap(prose_text(chain.intro)), ""]
         _, lhs_text = _lhs(chain)
         pad = " " * max(len(lhs_text), 1)
-        for i, step, packed in chain_rows(chain, layout):
+        narrower = Layout(layout.sums, layout.max_terms, max(40, layout.width - len(pad) + 1), layout.measure)
+        for i, step, packed in chain_rows(chain, narrower):
             why = justification(step, first=i == 0)
             if why:
-                out.append(f"{pad}   [{prose_text(why)}]")
+                out.append(wrap(f"[{prose_text(why)}]", pad + "    ", pad + "   "))
             for k, row in enumerate(packed):
                 body = " ".join(p.text for p in row)
                 if k:
