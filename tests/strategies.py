@@ -1,0 +1,149 @@
+"""Hypothesis strategies shared by the test suite.
+
+Algebra strategies (tensoralg): atoms, words whose shapes chain, k-slot terms, canonical
+sums, lazy products and sums, and numeric bindings for them. Every slot has a fixed square
+dimension (``n_ctx`` for position slots, ``d_model`` for residual slots), and a word in
+that slot is a product of *loops*, short words that start and end at that dimension
+(``A^{h}``, ``W_O^{h} W_V^{h}``, ``W_Q^{h}ᵀ W_K^{h}``, ``W_E W_Eᵀ`` …). So any sum,
+product or sandwich of generated expressions with the same slot layout is well shaped,
+while the words still mix rectangular atoms, transposes and symmetric atoms.
+
+A few indices only (``INDICES``), so like terms meet and collect.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from tensoralg import Add, Product, TensorSum, atom, d_head, term
+from tensoralg.expr import Term
+from tests.helpers import SIZES, random_bindings  # noqa: F401  (SIZES re-exported)
+
+INDICES = ("", "1", "2", "h1", "L0H3")
+
+# Slot layouts: one dimension per slot (logits terms: position ⊗ residual; QK: 3 slots).
+LAYOUTS = (("d_model",), ("n_ctx", "d_model"), ("n_ctx", "n_ctx", "d_model"))
+
+
+def _loops(dim: str, i: str) -> list[tuple]:
+    """Words that start and end at ``dim``, for index ``i``."""
+    a = lambda name: atom(name, i)  # noqa: E731
+    if dim == "n_ctx":
+        return [(a("A"),), (a("A").T,), (a("N"),), (atom("W_pos").T, atom("W_pos"))]
+    return [
+        (a("W_OV"),), (a("W_OV").T,), (a("W_QK"),), (a("W_O"), a("W_V")), (a("W_Q").T, a("W_K")),
+        (atom("W_E"), atom("W_E").T), (atom("W_U").T, atom("W_U")),
+    ]
+
+
+indices = st.sampled_from(INDICES)
+
+# One static strategy per dimension (building strategies inside draws is slow in hypothesis).
+_LOOPS = {dim: st.sampled_from([w for i in INDICES for w in _loops(dim, i)]) for dim in ("n_ctx", "d_model")}
+
+
+def loops(dim: str):
+    """One short square word at ``dim`` (``n_ctx`` or ``d_model``)."""
+    return _LOOPS[dim]
+
+
+def _concat(parts) -> tuple:
+    return tuple(a for part in parts for a in part)
+
+
+def words(dim: str, max_loops: int = 3):
+    """A word (tuple of atoms, ``()`` = Id) of shape ``dim x dim``."""
+    return st.lists(_LOOPS[dim], max_size=max_loops).map(_concat)
+
+
+def atoms():
+    """A standard atom with an index, possibly transposed."""
+    return st.one_of(*_LOOPS.values()).flatmap(st.sampled_from)
+
+
+coefficients = st.one_of(
+    st.integers(-3, 3).filter(bool).map(sp.Integer),
+    st.tuples(st.integers(-3, 3).filter(bool), st.integers(1, 4)).map(lambda t: sp.Rational(*t)),
+    st.sampled_from([1 / sp.sqrt(d_head), sp.sqrt(2), 1 + sp.sqrt(2)]),
+)
+"""Scalar coefficients: small integers and fractions, ``1/sqrt(d_head)``, surds."""
+
+
+layouts = st.sampled_from(LAYOUTS)
+
+
+def terms(layout: tuple[str, ...], coeff: bool = True):
+    """One term ``c · F_1 ⊗ … ⊗ F_k`` with ``F_i`` square at ``layout[i]``."""
+    c = st.one_of(st.just(sp.S.One), coefficients) if coeff else st.just(sp.S.One)
+    return st.builds(Term, c, st.tuples(*[words(dim) for dim in layout]))
+
+
+@st.composite
+def tensor_sums(draw, layout: tuple[str, ...], min_terms: int = 1, max_terms: int = 4) -> TensorSum:
+    """A canonical sum of up to ``max_terms`` terms (like terms may collect, even to zero)."""
+    ts = draw(st.lists(terms(layout), min_size=min_terms, max_size=max_terms))
+    return TensorSum(ts, n_slots=len(layout))
+
+
+@st.composite
+def layers(draw, layout: tuple[str, ...], max_terms: int = 3) -> TensorSum:
+    """``Id ⊗ … ⊗ Id + Σ terms``: a factor of a transformer-like product."""
+    rest = draw(st.lists(terms(layout), min_size=1, max_size=max_terms))
+    return TensorSum([Term(sp.S.One, ((),) * len(layout))] + rest)
+
+
+@st.composite
+def products(draw, layout: tuple[str, ...], max_factors: int = 3) -> Product:
+    """A lazy product of 2..``max_factors`` sums, with an optional scalar."""
+    factor = st.one_of(tensor_sums(layout, max_terms=3), layers(layout, max_terms=2))
+    factors = draw(st.lists(factor, min_size=2, max_size=max_factors))
+    coeff = draw(coefficients) if draw(st.booleans()) else 1
+    return Product(factors, coeff)
+
+
+@st.composite
+def lazy_sums(draw, layout: tuple[str, ...]) -> Add:
+    """A lazy sum of products and canonical sums."""
+    parts = draw(st.lists(st.one_of(products(layout), tensor_sums(layout)), min_size=1, max_size=3))
+    parts.append(draw(products(layout)))
+    return Add(draw(st.permutations(parts)))
+
+
+def expressions(layout: tuple[str, ...]):
+    """Any expression with this slot layout: a canonical sum, a lazy product or a lazy sum."""
+    return st.one_of(tensor_sums(layout), products(layout), lazy_sums(layout))
+
+
+@st.composite
+def any_expression(draw):
+    """An expression with a random layout of 1 to 3 slots."""
+    return draw(expressions(draw(layouts)))
+
+
+@st.composite
+def streams(draw, max_terms: int = 3) -> TensorSum:
+    """A 2-slot residual stream on token one-hots: ``Σ P ⊗ (W … W_E)``, shapes n_ctx and d_model x d_vocab."""
+    ts = draw(st.lists(terms(("n_ctx", "d_model")), min_size=1, max_size=max_terms))
+    return TensorSum([Term(t.coeff, (t.words[0], t.words[1] + (atom("W_E"),))) for t in ts])
+
+
+def seeds():
+    """Seeds for :func:`tests.helpers.random_bindings` (numeric values drawn by numpy, not hypothesis)."""
+    return st.integers(0, 2**32 - 1)
+
+
+@st.composite
+def numeric_bindings(draw, *exprs):
+    """Random arrays for every atom of ``exprs`` (``W_OV = W_O W_V`` and ``W_QK = W_Qᵀ W_K`` hold)."""
+    return random_bindings(*exprs, seed=draw(seeds()))
+
+
+def term_of(t: Term) -> TensorSum:
+    """A one-term sum from a :class:`Term`."""
+    return term(*t.words, coeff=t.coeff)
+
+
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+"""Settings for the algebra's property tests: enough examples to find bugs, fast enough for CI."""

@@ -1,0 +1,139 @@
+"""Rewrite rules: each numerically exact, idempotent, and together equal to ``expand``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tensoralg import Add, Product, TensorSum, atom, identity, term
+from tensoralg.definitions import W_OV, W_QK, fold, unfold
+from tensoralg.rules import collect, distribute, expand_steps, mixed_product, transpose
+from tests.helpers import assert_numerically_equal, numeric, random_bindings, transformer_product
+from tests.strategies import PROPERTY, any_expression, layouts, products, seeds
+
+A1, A2 = atom("A", "1"), atom("A", "2")
+W1, W2 = atom("W_OV", "1"), atom("W_OV", "2")
+
+
+@PROPERTY
+@given(any_expression(), seeds())
+def test_every_rule_keeps_the_numbers(e, seed):
+    bindings = random_bindings(e, seed=seed)
+    before = numeric(e, bindings)
+    for rule in (distribute, lambda x: mixed_product(distribute(x)), collect):
+        np.testing.assert_allclose(numeric(rule(e), bindings), before, atol=1e-9)
+    np.testing.assert_allclose(numeric(transpose(e), bindings), before.T, atol=1e-9)
+
+
+@PROPERTY
+@given(any_expression(), seeds())
+def test_each_expand_step_keeps_the_numbers_and_ends_at_expand(e, seed):
+    steps = expand_steps(e)
+    assert [name for name, _ in steps] == [n for n in ("distributivity", "mixed_product", "collect") if n in dict(steps)]
+    previous = e
+    for _, after in steps:
+        assert_numerically_equal(previous, after, seed=seed)
+        previous = after
+    assert previous.expand() == e.expand()
+
+
+@PROPERTY
+@given(layouts.flatmap(products), st.integers(0, 3))
+def test_truncated_steps_end_at_truncated_expand(p, order):
+    steps = expand_steps(p, max_order=order)
+    assert steps[-1][1] == p.expand(max_order=order)
+    assert ("truncation" in dict(steps)) == (p.count(order) < p.count())
+
+
+@PROPERTY
+@given(any_expression())
+def test_rules_are_idempotent(e):
+    d = distribute(e)
+    assert distribute(d) == d
+    m = mixed_product(d)
+    assert mixed_product(m) == m
+    c = collect(m)
+    assert collect(c) is c and c == e.expand()
+
+
+def test_distribute_keeps_products_unmultiplied():
+    p = (identity(2) + term(A1, W1)) @ term(A2, W2)
+    d = distribute(p)
+    assert isinstance(d, Add) and all(isinstance(q, Product) and all(len(f) == 1 for f in q.factors) for q in d.parts)
+    assert len(d.parts) == 2
+
+
+def test_distribute_with_truncation_keeps_order_zero_products():
+    p = term(A1, W1) @ term(A2, W2)  # factors without an identity term add no order
+    assert distribute(p, max_order=0) == p
+    layer = identity(2) + term(A1, W1)
+    q = (term(A1, W1) + term(A2, W2)) @ layer
+    assert len(distribute(q, max_order=0).parts) == 2
+
+
+def test_distribute_of_a_product_with_a_zero_factor_is_zero():
+    p = Product([TensorSum([], n_slots=2), identity(2) + term(A1, W1)])
+    assert distribute(p).is_zero and distribute(p).n_slots == 2
+
+
+def test_mixed_product_leaves_products_of_sums_alone():
+    p = (identity(2) + term(A1, W1)) @ term(A2, W2)
+    assert mixed_product(p) == p
+
+
+def test_mixed_product_is_slot_by_slot():
+    p = term(A1, W1, coeff=2) @ term(A2, W2, coeff=3)
+    assert mixed_product(p) == term((A1, A2), (W1, W2), coeff=6)
+
+
+def test_collect_adds_like_terms():
+    e = Add([term(A1, W1) @ identity(2), term(A1, W1)])
+    assert collect(e) == 2 * term(A1, W1)
+
+
+def test_expand_steps_of_a_canonical_sum_is_empty():
+    assert expand_steps(term(A1, W1)) == []
+
+
+def test_expand_steps_of_the_transformer_product():
+    p = transformer_product(2, 2)
+    names = [(name, len(e)) for name, e in expand_steps(p)]
+    assert names == [("distributivity", 9), ("mixed_product", 9), ("collect", 9)]
+    assert [(name, len(e)) for name, e in expand_steps(p, max_order=1)] == [
+        ("truncation", 5), ("mixed_product", 5), ("collect", 5)
+    ]
+
+
+# -- definitions: fold and unfold -------------------------------------------------------
+
+
+@PROPERTY
+@given(any_expression(), seeds())
+def test_fold_and_unfold_round_trip_and_keep_the_numbers(e, seed):
+    for d in (W_OV, W_QK):
+        folded, unfolded = fold(e, d), unfold(e, d)
+        assert unfold(folded, d) == unfolded
+        assert fold(unfolded, d) == folded
+        assert not any(a.name == d.name for t in unfolded for w in t.words for a in w)
+        bindings = random_bindings(e, folded, unfolded, seed=seed)
+        assert_numerically_equal(e, folded, bindings=bindings)
+        assert_numerically_equal(e, unfolded, bindings=bindings)
+
+
+def test_fold_recognises_transposed_definitions():
+    wo, wv = atom("W_O", "h"), atom("W_V", "h")
+    assert fold(term((wv.T, wo.T)), W_OV) == term(atom("W_OV", "h").T)
+    assert fold(term((atom("W_Q", "h").T, atom("W_K", "h"))), W_QK) == term(atom("W_QK", "h"))
+    assert fold(term((wo, atom("W_V", "other"))), W_OV) == term((wo, atom("W_V", "other")))  # indices differ
+
+
+@pytest.mark.parametrize("rule", [distribute, mixed_product, collect, transpose])
+def test_rules_have_a_docstring_with_an_example(rule):
+    assert rule.__doc__ and ">>>" in rule.__doc__
+
+
+def test_transpose_of_a_canonical_sum_is_a_canonical_sum():
+    s = term((A2, A1), (W2, W1))
+    assert isinstance(transpose(s), TensorSum) and transpose(transpose(s)) == s
