@@ -1,0 +1,228 @@
+"""The ``derive`` and ``expand`` subcommands, in-process and through the installed script."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from derivations import catalogue, commands
+from derivations.cli import main
+
+needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_clean_error(code, err, *fragments):
+    assert code == 2
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "warning: command" not in line]  # others' plugins
+    assert len(lines) == 1, lines
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# -- derive ---------------------------------------------------------------------------------
+
+
+def test_list_gives_every_name_with_a_description(capsys):
+    code, out, _ = run(capsys, "derive", "--list")
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == catalogue.names()
+    assert all(len(line.split(None, 1)) == 2 for line in lines)
+
+
+@pytest.mark.parametrize("fmt, marker", [("text", "Σ_{h1∈H_1}"), ("latex", r"\begin{align*}"),
+                                         ("markdown", "$$"), ("json", '"chains"')])
+def test_derive_prints_each_format(capsys, fmt, marker):
+    code, out, _ = run(capsys, "derive", "two-layer-logits", "--format", fmt)
+    assert code == 0 and marker in out
+    if fmt == "json":
+        assert json.loads(out)["name"] == "two-layer-logits"
+    if fmt == "latex":
+        assert out.startswith("% two-layer-logits") and out.rstrip().endswith(r"\end{document}")
+
+
+def test_derive_passes_options_to_the_catalogue(capsys):
+    code, out, _ = run(capsys, "derive", "path-expansion", "--layers", "3", "--heads", "1,2,1", "--concrete",
+                       "--max-order", "1", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["params"]["heads"] == [1, 2, 1] and data["params"]["max_order"] == 1
+    assert data["chains"][0]["steps"][-1]["expr"]["n_terms"] == 1 + 4
+
+
+def test_symbolic_is_the_default_and_concrete_enumerates(capsys):
+    _, symbolic, _ = run(capsys, "derive", "one-layer", "--heads", "2")
+    _, concrete, _ = run(capsys, "derive", "one-layer", "--heads", "2", "--concrete")
+    assert "Σ_{h0∈H_0}" in symbolic and "L0H1" not in symbolic
+    assert "A^{L0H1}" in concrete and "Σ_{h0" not in concrete
+
+
+def test_max_terms_elides_or_shows_all(capsys):
+    _, elided, _ = run(capsys, "derive", "two-layer-logits", "--heads", "4", "--concrete", "--max-terms", "6")
+    _, full, _ = run(capsys, "derive", "two-layer-logits", "--heads", "4", "--concrete", "--max-terms", "0")
+    assert "more terms)" in elided and "more terms)" not in full
+
+
+def test_output_file(capsys, tmp_path):
+    target = tmp_path / "d.md"
+    code, out, _ = run(capsys, "derive", "zero-layer", "--format", "markdown", "-o", str(target))
+    assert code == 0 and out.strip() == f"wrote {target}"
+    assert target.read_text(encoding="utf-8").startswith("# A zero-layer transformer")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["derive", "two-layer-qq"], ["unknown derivation 'two-layer-qq'", "did you mean 'two-layer-qk'", "Known: zero-layer"]),
+    (["derive", "path-expansion", "--layers", "-1"], ["n_layers must be >= 0, got -1"]),
+    (["derive", "path-expansion", "--heads", "0"], ["at least one head"]),
+    (["derive", "zero-layer", "--heads", "2"], ["zero-layer does not take --heads; it takes: no options"]),
+    (["derive", "multi-head", "--layers", "2"], ["does not take --layers; it takes: --heads"]),
+    (["derive", "path-expansion", "--layers", "12", "--heads", "12", "--concrete"],
+     ["23,298,085,122,481 terms", "--max-order 1"]),
+    (["derive", "path-expansion", "--max-order", "7"], ["max_order=7 is more than the deepest path"]),
+    (["derive", "two-layer-logits", "-o", "/nonexistent-dir/x.tex"], ["cannot write '/nonexistent-dir/x.tex'"]),
+    (["derive", "one-layer", "--pdf", "--format", "json"], ["--pdf compiles LaTeX"]),
+    (["derive"], ["give a derivation NAME"]),
+])
+def test_bad_derive_requests_are_one_line_errors(capsys, argv, fragments):
+    code, _, err = run(capsys, *argv)
+    assert_clean_error(code, err, "tcircuits derive: error:", *fragments)
+
+
+@pytest.mark.parametrize("argv", [["derive", "zero-layer", "--bogus"], ["derive", "path-expansion", "--heads", "two"],
+                                  ["derive", "path-expansion", "--positional", "rotary"],
+                                  ["derive", "one-layer", "--concrete", "--symbolic"],
+                                  ["derive", "zero-layer", "--format", "html"],
+                                  ["expand", "A", "--atom", "V"]])
+def test_malformed_options_are_argparse_errors(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_unwritable_output_file_is_reported(capsys, tmp_path):
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    code, _, err = run(capsys, "derive", "zero-layer", "-o", str(directory))
+    assert_clean_error(code, err, "cannot write")
+
+
+def test_help_explains_the_notation_with_examples(capsys):
+    for argv, words in ((["derive", "--help"], ["mixed-product rule", "A^h ⊗ W", "Σ_{h0∈H_0}", "examples:"]),
+                        (["expand", "--help"], ["⊗ or (x)", "^T or ᵀ", "examples:", "--atom"])):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 0
+        out = capsys.readouterr().out
+        for word in words:
+            assert word in out, (argv, word)
+
+
+# -- --pdf ------------------------------------------------------------------------------------
+
+
+@pytest.mark.latex
+@needs_pdflatex
+def test_pdf_is_written_next_to_the_output(capsys, tmp_path):
+    target = tmp_path / "qk.tex"
+    code, out, _ = run(capsys, "derive", "two-layer-qk", "-o", str(target), "--pdf")
+    assert code == 0 and f"wrote {target.with_suffix('.pdf')}" in out
+    assert target.read_text().startswith("% two-layer-qk")
+    assert target.with_suffix(".pdf").read_bytes().startswith(b"%PDF")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qk.pdf", "qk.tex"]  # no aux files left behind
+
+
+def test_pdf_without_pdflatex_says_so_and_keeps_the_source(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    target = tmp_path / "z.tex"
+    code, _, err = run(capsys, "derive", "zero-layer", "-o", str(target), "--pdf")
+    assert_clean_error(code, err, "pdflatex is not installed")
+    assert target.exists() and not target.with_suffix(".pdf").exists()
+
+
+def test_a_failing_pdflatex_is_reported_with_its_error(monkeypatch):
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed")
+    with pytest.raises(commands.LatexError, match="Undefined control sequence"):
+        commands.compile_latex("\\documentclass{article}\\begin{document}\\nosuchcommand\\end{document}")
+
+
+# -- expand ------------------------------------------------------------------------------------
+
+
+def test_expand_prints_each_rewrite_step(capsys):
+    code, out, _ = run(capsys, "expand", "(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)")
+    assert code == 0
+    assert out.index("[Distributivity") < out.index("[Mixed-product rule") < out.index("= Id ⊗ W_U W_E + A^{h}")
+
+
+def test_expand_with_declared_atoms_truncation_and_json(capsys):
+    code, out, _ = run(capsys, "expand", "(A ⊗ B)(C ⊗ D) + (A ⊗ B)(C ⊗ D)", "--atom", "B=d_model,d_model",
+                       "--atom", "C=n_ctx,n_ctx", "--atom", "D=d_model,d_model", "--format", "json")
+    assert code == 0
+    steps = json.loads(out)["chains"][0]["steps"]
+    assert [s["rule"] for s in steps] == ["given", "mixed-product", "collect"]
+    assert steps[-1]["expr"]["text"] == "2·A C ⊗ B D"
+    code, out, _ = run(capsys, "expand", "(Id ⊗ Id + A^{1} ⊗ W_OV^{1})(Id ⊗ Id + A^{0} ⊗ W_OV^{0})",
+                       "--max-order", "1")
+    assert code == 0 and "[Truncation by order" in out and "A^{1} A^{0}" not in out.split("[Truncation")[1]
+
+
+def test_expand_of_a_canonical_sum_says_so(capsys):
+    code, out, _ = run(capsys, "expand", "A^{h} ⊗ W_OV^{h}")
+    assert code == 0 and "already expanded" in out
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["expand", "(A"], ["expected ')'", "position"]),
+    (["expand", "A ⊗ B"], ["unknown atom 'B'"]),
+    (["expand", "(Id ⊗ W_U)(Id ⊗ W_E)", "--max-order", "-1"], ["max_order must be >= 0"]),
+    (["expand", " ".join(f"(Id ⊗ Id + A^{{{i}}} ⊗ W_OV^{{{i}}})" for i in range(12))], ["4,096 terms", "--max-order"]),
+])
+def test_bad_expand_requests_are_one_line_errors(capsys, argv, fragments):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "Traceback" not in err
+    message = "\n".join(line for line in err.splitlines() if "warning: command" not in line)
+    assert message.startswith("tcircuits expand: error:")
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_latex_of_a_hostile_expression_is_escaped(capsys):
+    code, out, _ = run(capsys, "expand", r"A^{\input\jobname %} ⊗ W_OV^{h}", "--format", "latex")
+    assert code == 0 and r"\input" not in out and r"\jobname" not in out
+    assert r"\mathrm{\backslash{}input\backslash{}jobname\ \%}" in out  # the index, escaped by the printer
+
+
+# -- the installed console script -----------------------------------------------------------
+
+
+def installed_script() -> str:
+    script = Path(sys.executable).with_name("tcircuits")
+    if script.exists():
+        return str(script)
+    found = shutil.which("tcircuits")
+    if found is None:
+        pytest.skip("the tcircuits console script is not installed (pip install -e .)")
+    return found
+
+
+def test_the_installed_script_derives_and_fails_cleanly():
+    script = installed_script()
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    ok = subprocess.run([script, "derive", "zero-layer"], capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0 and "T = (Id ⊗ W_U) · (Id ⊗ W_E)" in ok.stdout
+    bad = subprocess.run([script, "derive", "zero-layr"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "did you mean 'zero-layer'" in bad.stderr and "Traceback" not in bad.stderr
