@@ -34,8 +34,12 @@ direct path, individual heads and virtual heads. Layers and heads are 0-indexed
 EPILOG = """\
 examples:
   tcircuits derive --list
-  tcircuits derive two-layer-logits --layers 2 --heads 2 --format markdown
-  tcircuits expand "(Id + A^{h1} ⊗ W_OV^{h1}) (Id ⊗ W_E)"
+  tcircuits derive two-layer-logits --heads 2 --format markdown
+  tcircuits derive path-expansion --layers 3 --heads 4 --concrete --max-order 1
+  tcircuits derive two-layer-qk --format latex -o qk.tex --pdf
+  tcircuits expand "(Id ⊗ Id + A^{h1} ⊗ W_OV^{h1}) (Id ⊗ W_E)"
+
+'tcircuits COMMAND --help' explains each command and its options.
 """
 
 
