@@ -35,11 +35,9 @@ EPILOG = """\
 examples:
   tcircuits derive --list
   tcircuits derive two-layer-logits --heads 2 --format markdown
-  tcircuits derive path-expansion --layers 3 --heads 4 --concrete --max-order 1
-  tcircuits derive two-layer-qk --format latex -o qk.tex --pdf
   tcircuits expand "(Id ⊗ Id + A^{h1} ⊗ W_OV^{h1}) (Id ⊗ W_E)"
 
-'tcircuits COMMAND --help' explains each command and its options.
+'tcircuits COMMAND --help' explains each command, with more examples.
 """
 
 

@@ -181,22 +181,22 @@ def prose(*segments) -> tuple:
     return tuple(s for s in segments if s != "")
 
 
-def prose_latex(segments: Sequence) -> str:
+def _prose_math(segments: Sequence, escape) -> str:
+    """Strings through ``escape``, mathematics between ``$`` (expressions checked)."""
     return "".join(
-        escape_latex(s) if isinstance(s, str)
+        escape(s) if isinstance(s, str)
         else f"${s.latex}$" if isinstance(s, Math)
         else f"${check_math(to_latex(s))}$"
         for s in segments
     )
+
+
+def prose_latex(segments: Sequence) -> str:
+    return _prose_math(segments, escape_latex)
 
 
 def prose_markdown(segments: Sequence) -> str:
-    return "".join(
-        escape_markdown(s) if isinstance(s, str)
-        else f"${s.latex}$" if isinstance(s, Math)
-        else f"${check_math(to_latex(s))}$"
-        for s in segments
-    )
+    return _prose_math(segments, escape_markdown)
 
 
 def prose_text(segments: Sequence) -> str:
