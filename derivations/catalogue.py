@@ -40,7 +40,7 @@ from derivations.paths import POSITION, TOKEN, Source, stream_entries
 from derivations.render import Math, SumIndex, prose
 
 # The most terms one chain may hold before a document becomes unreadable.
-DOCUMENT_LIMIT = 2000
+DOCUMENT_LIMIT = 5000
 
 d_c = sp.Symbol("d_c", positive=True, integer=True)  # width of a generic component (virtual weights)
 k_dim = sp.Symbol("k", positive=True, integer=True)  # dimension of a deleted subspace

@@ -19,6 +19,7 @@ import re
 import textwrap
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import sympy as sp
@@ -280,13 +281,19 @@ def term_indices(term: Term, sums: Sequence[SumIndex]) -> list[SumIndex]:
     return [s for s in sums if s.index in present]
 
 
+@lru_cache(maxsize=1 << 16)
+def term_strings(coeff, words: tuple) -> tuple[bool, str, str]:
+    """``(negative, LaTeX, text)`` of one term with its sign pulled out (cached: long
+    expansions repeat the same factors thousands of times)."""
+    coeff = sp.sympify(coeff)
+    negative = bool(coeff.could_extract_minus_sign())
+    body = TensorSum([Term(-coeff if negative else coeff, words)])
+    return negative, check_math(to_latex(body), "term"), str(body)
+
+
 def term_pieces(term: Term, layout: Layout, first: bool) -> list[Piece]:
     """A term as pieces: usually one; a term wider than a line breaks after each ``⊗``."""
-    coeff = sp.sympify(term.coeff)
-    negative = coeff.could_extract_minus_sign()
-    body = TensorSum([Term(-coeff if negative else coeff, term.words)])
-    latex = check_math(to_latex(body), "term")
-    text = str(body)
+    negative, latex, text = term_strings(term.coeff, term.words)
     sums = term_indices(term, layout.sums)
     if sums:
         latex = " ".join(s.latex() for s in sums) + " " + latex

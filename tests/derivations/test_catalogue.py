@@ -226,7 +226,8 @@ def test_oversize_requests_are_refused_with_a_max_order_that_fits():
     with pytest.raises(TooManyTerms, match=r"max_order=1 \(--max-order 1: 145 terms\)"):
         catalogue.get("path-expansion", layers=12, heads=12, concrete=True)
     assert len(catalogue.get("path-expansion", layers=12, heads=12, concrete=True, max_order=1).chains[0].last) == 145
-    with pytest.raises(TooManyTerms, match="max_order=1"):
+    with pytest.raises(TooManyTerms, match="max_order=2"):
         catalogue.get("qk-expansion", layers=5, heads=12, concrete=True)
-    with pytest.raises(TooManyTerms, match="max_order=5"):
-        catalogue.get("path-expansion", layers=12, heads=1)
+    with pytest.raises(TooManyTerms, match=r"8,192 terms.*max_order=6 \(--max-order 6: 4,096 terms\)"):
+        catalogue.get("path-expansion", layers=13, heads=1)
+    assert len(catalogue.get("path-expansion", layers=3, heads=12, concrete=True).chains[0].last) == 2197

@@ -189,7 +189,7 @@ def test_expand_of_a_canonical_sum_says_so(capsys):
     (["expand", "(A"], ["expected ')'", "position"]),
     (["expand", "A ⊗ B"], ["unknown atom 'B'"]),
     (["expand", "(Id ⊗ W_U)(Id ⊗ W_E)", "--max-order", "-1"], ["max_order must be >= 0"]),
-    (["expand", " ".join(f"(Id ⊗ Id + A^{{{i}}} ⊗ W_OV^{{{i}}})" for i in range(12))], ["4,096 terms", "--max-order"]),
+    (["expand", " ".join(f"(Id ⊗ Id + A^{{{i}}} ⊗ W_OV^{{{i}}})" for i in range(13))], ["8,192 terms", "--max-order 6"]),
 ])
 def test_bad_expand_requests_are_one_line_errors(capsys, argv, fragments):
     code, _, err = run(capsys, *argv)
