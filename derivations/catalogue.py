@@ -717,8 +717,7 @@ def layer_norm_folding() -> Derivation:
         Chain.start(None, Product([term(A, W), term(one, beta)]), detail="the layer norm's bias, on every position",
                     intro="The layer norm's bias passes through the head as a constant, whatever the pattern:")
         .expand()
-        .apply(rewrite_words, "identity", {(A, one): (one,)},
-               detail=prose(Math(r"A^h\, 1 = 1", "A^h 1 = 1"), ": each row of a pattern sums to one"))
+        .apply(rewrite_words, "stochastic", {(A, one): (one,)}, detail=prose("1 is a column of ones"))
     )
     return Derivation(
         "layer-norm-folding", "Folding a layer norm into the weights",
@@ -748,8 +747,8 @@ def bias_folding(heads: int = 2) -> Derivation:
                                                                      "(A^h ⊗ W_O^h)·((Id ⊗ W_V^h)·x + (1 ⊗ b_V^h)·1)"),
                                 " and the layer adds ", Math(r"(1 \otimes b_O)\cdot 1", "(1 ⊗ b_O)·1"), "."))
         .expand()
-        .apply(rewrite_words, "identity", {(atom("A", i), one): (one,) for i in idx},
-               detail=prose(Math(r"A^h\, 1 = 1", "A^h 1 = 1"), ": each row of a pattern sums to one"))
+        .apply(rewrite_words, "stochastic", {(atom("A", i), one): (one,) for i in idx},
+               detail=prose("for every head's pattern; 1 is a column of ones"))
         .apply(fold_sum, "fold", folded, definition, 1,
                detail=prose(Math(r"b_{O'} := b_O + \sum_h W_O^h b_V^h", "b_O' := b_O + Σ_h W_O^h b_V^h")))
     )

@@ -69,7 +69,9 @@ RULES: dict[str, Rule] = {
         Rule("block", "block matrices as tensor products",
              Math(r"\begin{bmatrix} X_0 & X_1 \end{bmatrix} = e_0^{\top} \otimes X_0 + e_1^{\top} \otimes X_1",
                   "[X_0 X_1] = e_0ᵀ ⊗ X_0 + e_1ᵀ ⊗ X_1")),
-        Rule("orthonormality", "orthonormality", Math(r"e_i^{\top} e_j = \delta_{ij}", "e_iᵀ e_j = δ_ij")),
+        Rule("orthonormality", "orthonormality",
+             Math(r"Q^{\top} Q = I \text{ for orthonormal columns}", "Qᵀ Q = I for orthonormal columns")),
+        Rule("stochastic", "rows of an attention pattern sum to one", Math(r"A\, 1 = 1", "A 1 = 1")),
         Rule("regroup", "regrouping the terms"),
         Rule("truncation", "truncation by order"),
     )
