@@ -3,50 +3,54 @@
 Models in the paper's convention (:class:`CircuitModel`) with adapters from
 TransformerLens and Hugging Face GPT-2, safetensors checkpoints, binding of atoms to
 tensors, verification of path expansions, factored circuits and the paper's analyses.
+
+Names are imported on first use (PEP 562), so ``import numeric_check`` — and the
+``tcircuits`` command line, which discovers its subcommands here — does not pay for
+torch until something needs it.
 """
 
-from numeric_check.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens
-from numeric_check.checkpoint import load_checkpoint, save_checkpoint
-from numeric_check.circuits import (
-    AnalysisError,
-    copying_scores,
-    eigenvalue_positivity,
-    k_composition_circuit,
-    ov_circuit,
-    ov_circuit_eigenvalues,
-    ov_circuits,
-    ov_eigenvalues,
-    positional_qk_circuit,
-    qk_circuit,
-    same_matching_scores,
-    virtual_ov_circuit,
-)
-from numeric_check.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
-from numeric_check.detect import HeadReport, behaviour_scores, classify_heads, detect_heads, weight_scores
-from numeric_check.errors import (
-    CheckpointError,
-    ConfigError,
-    DeviceError,
-    HookError,
-    ModelInputError,
-    NumericCheckError,
-    UnsupportedModel,
-    WeightError,
-)
-from numeric_check.factored import Factored, FactoredError, FactoredShapeError, eigenvalue_multiset_distance
-from numeric_check.hooks import HookPoint
-from numeric_check.model import CircuitModel, ModelConfig, resolve_device, resolve_dtype
-from numeric_check.skip_trigrams import SkipTrigramTable, skip_trigram_table
+from __future__ import annotations
 
-__all__ = [
-    "AnalysisError", "COMPOSITION_KINDS", "Factored", "FactoredError", "FactoredShapeError", "HeadReport",
-    "SkipTrigramTable", "behaviour_scores", "classify_heads", "composition_baseline", "composition_scores",
-    "copying_scores", "detect_heads", "eigenvalue_multiset_distance", "eigenvalue_positivity",
-    "k_composition_circuit", "ov_circuit", "ov_circuit_eigenvalues", "ov_circuits", "ov_eigenvalues",
-    "positional_qk_circuit", "qk_circuit", "same_matching_scores", "skip_trigram_table", "virtual_ov_circuit",
-    "weight_scores",
-    "CheckpointError", "CircuitModel", "ConfigError", "DeviceError", "HookError", "HookPoint",
-    "ModelConfig", "ModelInputError", "NumericCheckError", "UnsupportedModel", "WeightError",
-    "from_hf_gpt2", "from_transformer_lens", "load_checkpoint", "resolve_device", "resolve_dtype",
-    "save_checkpoint", "to_transformer_lens",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "numeric_check.errors": (
+        "CheckpointError", "ConfigError", "DeviceError", "HookError", "ModelInputError", "NumericCheckError",
+        "UnsupportedModel", "WeightError",
+    ),
+    "numeric_check.model": ("CircuitModel", "ModelConfig", "resolve_device", "resolve_dtype"),
+    "numeric_check.hooks": ("HookPoint",),
+    "numeric_check.adapters": ("from_hf_gpt2", "from_transformer_lens", "to_transformer_lens"),
+    "numeric_check.checkpoint": ("load_checkpoint", "save_checkpoint"),
+    "numeric_check.factored": ("Factored", "FactoredError", "FactoredShapeError", "eigenvalue_multiset_distance"),
+    "numeric_check.circuits": (
+        "AnalysisError", "copying_scores", "eigenvalue_positivity", "k_composition_circuit", "ov_circuit",
+        "ov_circuit_eigenvalues", "ov_circuits", "ov_eigenvalues", "positional_qk_circuit", "qk_circuit",
+        "same_matching_scores", "virtual_ov_circuit",
+    ),
+    "numeric_check.composition": ("COMPOSITION_KINDS", "composition_baseline", "composition_scores"),
+    "numeric_check.skip_trigrams": ("SkipTrigramTable", "skip_trigram_table"),
+    "numeric_check.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'numeric_check' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above
+    from numeric_check.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens  # noqa: F401
+    from numeric_check.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
+    from numeric_check.model import CircuitModel, ModelConfig  # noqa: F401
