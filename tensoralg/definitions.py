@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tensoralg.atoms import Atom, Word, atom, transpose_word, word_shape
-from tensoralg.expr import Expr, TensorSum
+from tensoralg.expr import Expr, TensorSum, Term
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def _unfold_word(word: Word, d: Definition) -> Word:
 
 def _map_words(expr: Expr, fn) -> TensorSum:
     s = expr.expand()
-    return TensorSum({tuple(fn(w) for w in t.words): t.coeff for t in s}, n_slots=s.n_slots)
+    # a list, not a dict: two terms that fold to the same words must add up
+    return TensorSum([Term(t.coeff, tuple(fn(w) for w in t.words)) for t in s], n_slots=s.n_slots)
 
 
 def fold(expr: Expr, definition: Definition) -> TensorSum:

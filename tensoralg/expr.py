@@ -513,19 +513,19 @@ class Product(Expr):
         n = self.n_slots
         states: dict[tuple, sp.Expr] = {(((),) * n, 0): self.coeff}
         for choices in self._factor_choices():
-            new: dict[tuple, sp.Expr] = {}
+            table = [(fwords, any(fwords), fc, inc) for fwords, fc, inc in choices]
+            identities = [t for t in table if not t[1]]
+            if len(identities) == 1 and identities[0][2] is ONE:
+                new = dict(states)  # Id · state = state: carried over without a Python loop
+                table = [t for t in table if t[1]]
+            else:
+                new = {}
+            no_order = [t for t in table if not t[3]]  # all a product at max_order may still take
             get = new.get
             for (words, order), c in states.items():
-                for fwords, fc, inc in choices:
-                    o = order + inc
-                    if max_order is not None and o > max_order:
-                        continue
-                    if any(fwords):
-                        words2 = tuple([a + b for a, b in zip(words, fwords)])
-                    else:
-                        words2 = words
-                    key = (words2, o)
-                    value = mul(c, fc)
+                for fwords, moves, fc, inc in (table if max_order is None or order < max_order else no_order):
+                    key = (tuple([a + b for a, b in zip(words, fwords)]) if moves else words, order + inc)
+                    value = c if fc is ONE else mul(c, fc)
                     prev = get(key)
                     new[key] = value if prev is None else prev + value
             states = new
