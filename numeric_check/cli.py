@@ -19,6 +19,13 @@ from numeric_check.errors import NumericCheckError
 class OutputPathError(NumericCheckError, ValueError):
     """An output file or folder that cannot be written; the message names it."""
 
+def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    """A subparser whose description and examples keep their line breaks."""
+    return subparsers.add_parser(
+        name, help=summary, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 # --- train-toy -------------------------------------------------------------------------
 
 TRAIN_DESCRIPTION = """\
@@ -54,13 +61,8 @@ def register_train_toy(subparsers) -> None:
     from numeric_check.train import TrainConfig
 
     d = TrainConfig()
-    p = subparsers.add_parser(
-        "train-toy",
-        help="train a small attention-only model on repeated random segments (induction heads)",
-        description=TRAIN_DESCRIPTION,
-        epilog=TRAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
+                     TRAIN_DESCRIPTION, TRAIN_EPILOG)
     p.add_argument("--out", required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
     p.add_argument("--layers", type=int, default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
@@ -224,13 +226,8 @@ examples:
 
 def register_analyze(subparsers) -> None:
     """Add ``analyze`` to the ``tcircuits`` parser."""
-    p = subparsers.add_parser(
-        "analyze",
-        help="analyse a model's circuits (copying, composition, induction heads, term importance) into a report",
-        description=ANALYZE_DESCRIPTION,
-        epilog=ANALYZE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _add_command(subparsers, "analyze", "analyse a model's circuits (copying, composition, induction heads, term importance) into a report",
+                     ANALYZE_DESCRIPTION, ANALYZE_EPILOG)
     p.add_argument("checkpoint", nargs="?", type=Path, metavar="CHECKPOINT",
                    help="a .safetensors checkpoint (default: the shipped 2-layer model)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
