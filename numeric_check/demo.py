@@ -1,0 +1,153 @@
+"""``tcircuits demo``: the whole story on the 2-layer model this project trained and ships.
+
+1. the model and how it was trained;
+2. its logits as a path sum, derived step by step (direct path, heads, virtual heads);
+3. every term of that expansion checked against the model's own forward pass;
+4. one induction head's attention scores as Q-, K- and QK-composition terms, checked too;
+5. its induction circuit: a previous-token head in layer 0 that K-composes with
+   induction heads in layer 1, found from the weights and from behaviour.
+
+The command exits 0 when every check passes and the induction circuit is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+EPILOG = """\
+examples:
+  tcircuits demo                          # the shipped 2-layer model
+  tcircuits demo --checkpoint model.safetensors --batch 8
+"""
+
+
+def register(subparsers) -> None:
+    """Add ``demo`` to the ``tcircuits`` parser."""
+    parser = subparsers.add_parser(
+        "demo",
+        help="the whole story on the shipped 2-layer model: derivation, verification, induction circuit",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--checkpoint", metavar="PATH", help="a CircuitModel checkpoint (default: the shipped 2-layer model)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences of repeated random tokens to verify on (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of those sequences (default 0)")
+    parser.add_argument("--rows", type=int, default=12, help="terms to list, largest first (default 12)")
+    parser.set_defaults(func=run)
+
+
+def _section(title: str) -> str:
+    return f"\n{title}\n{'=' * len(title)}"
+
+
+def run(args: argparse.Namespace) -> int:
+    # Heavy imports here, not at module level: the CLI imports this module to build its
+    # parser, and `tcircuits --help` should not wait for torch.
+    import torch
+
+    from derivations import catalogue, expand_logits, expand_qk, text
+    from numeric_check.checkpoint import load_checkpoint
+    from numeric_check.composition import composition_scores
+    from numeric_check.detect import detect_heads, repeated_tokens
+    from numeric_check.errors import NumericCheckError
+    from numeric_check.train import shipped_checkpoint
+    from numeric_check.verify import verify_logits, verify_qk
+
+    if args.batch < 1:
+        raise NumericCheckError(f"--batch must be >= 1, got {args.batch}")
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    path = args.checkpoint or shipped_checkpoint(2)
+    model = load_checkpoint(path)
+    arch, cfg = model.arch, model.cfg
+    out = print
+
+    out(_section("1. The model"))
+    out(f"{path}\n{model!r}")
+    record = _training_record(path)
+    if record:
+        final = record.get("final", {})
+        out(f"trained here for {record.get('config', {}).get('steps', '?')} steps on random sequences that contain a "
+            f"repeated segment; loss on the repeats {final.get('repeat_loss', float('nan')):.2f} nats, elsewhere "
+            f"{final.get('other_loss', float('nan')):.2f} (chance: ln {cfg.d_vocab} = {torch.log(torch.tensor(float(cfg.d_vocab))):.2f})")
+
+    out(_section("2. Its logits as a sum over paths"))
+    derivation = catalogue.get("two-layer-logits")
+    out(text(derivation))
+    expansion = expand_logits(arch)
+    by_order = expansion.count_by_order()
+    out(f"For this model ({arch.describe()}): {len(expansion)} terms — "
+        + ", ".join(f"{n} of order {k}" for k, n in sorted(by_order.items())))
+
+    out(_section("3. Every term against the model"))
+    seg = max(2, min(cfg.n_ctx // 2, 16))
+    tokens = repeated_tokens(model, seg_len=seg, batch=args.batch, seed=args.seed)
+    report = verify_logits(model, tokens, expansion=expansion)
+    out(f"tokens: {args.batch} sequences of {seg} random tokens, each repeated once")
+    out(_largest_first(report, args.rows))
+
+    heads = detect_heads(model)
+    induction = heads.by_behaviour.labels()["induction"]
+    out(_section("4. An induction head's attention scores"))
+    if induction:
+        layer, head = _parse_label(induction[0])
+        qk = expand_qk(arch, layer, head)
+        counts = {kind: len(terms) for kind, terms in qk.by_composition().items()}
+        out(f"{induction[0]}: {len(qk)} terms — " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+            + " (K-composition, Id ⊗ A^{h-1} ⊗ …, is the induction term)")
+        qk_report = verify_qk(model, tokens, layer, head, expansion=qk)
+        out(_largest_first(qk_report, args.rows))
+    else:
+        qk_report = None
+        out("no induction head found by behaviour; nothing to expand")
+
+    out(_section("5. The induction circuit"))
+    out(heads.to_markdown())
+    k_scores = composition_scores(model, "K", baseline=True)
+    for label in induction:
+        layer, head = _parse_label(label)
+        prev = [_parse_label(p) for p in heads.by_behaviour.labels()["previous_token"]]
+        for pl, ph in prev:
+            if pl < layer:
+                out(f"K-composition of {label} with previous-token head L{pl}H{ph}: "
+                    f"{float(k_scores[pl, ph, layer, head]):+.3f} above the random baseline")
+
+    found = bool(induction) and bool(heads.by_behaviour.labels()["previous_token"]) and heads.agree
+    passed = report.passed and (qk_report is None or qk_report.passed)
+    out(_section("Verdict"))
+    out(f"every term verified: {'yes' if passed else 'NO'}; induction circuit found by weights and behaviour: "
+        f"{'yes' if found else 'no'}  ({time.perf_counter() - started:.1f} s)")
+    sys.stdout.flush()
+    return 0 if passed and found else 1
+
+
+def _training_record(path) -> dict | None:
+    """The JSON record of the training run saved beside a checkpoint, if there is one."""
+    import json
+    from pathlib import Path
+
+    record = Path(path).with_suffix(".json")
+    try:
+        return json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _largest_first(report, rows: int) -> str:
+    """The report's summary and its ``rows`` largest terms by norm."""
+    ranked = sorted(report.terms, key=lambda t: -t.norm)
+    lines = report.summary_lines() + ["", f"{'term':<34} {'order':>5} {'norm':>10} {'vs isolated path':>17}"]
+    for t in ranked[:rows]:
+        err = "—" if t.max_abs_error is None else f"{t.max_abs_error:.1e}"
+        lines.append(f"{t.label:<34} {t.order:>5} {t.norm:>10.4g} {err:>17}")
+    if len(ranked) > rows:
+        lines.append(f"… {len(ranked) - rows} smaller terms")
+    return "\n".join(lines)
+
+
+def _parse_label(label: str) -> tuple[int, int]:
+    layer, head = label[1:].split("H")
+    return int(layer), int(head)
