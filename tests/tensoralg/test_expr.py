@@ -240,3 +240,12 @@ def test_scalar_coefficients_stay_symbolic():
     s = term(A1, W1, coeff=1 / sp.sqrt(d_head))
     assert str(s) == "1/sqrt(d_head)·A^{h1} ⊗ W_OV^{h1}"
     assert str(term(A1, coeff=1 + sp.sqrt(2))) == "(1 + sqrt(2))·A^{h1}"
+
+
+def test_expand_collects_products_reached_by_different_choices():
+    a = term(atom("A", "1"))
+    layer = identity(1) + a
+    assert (layer @ layer).expand() == identity(1) + 2 * a + term((atom("A", "1"),) * 2)
+    scaled = (2 * identity(1) + a) @ (identity(1) - a)  # an identity term with a coefficient
+    assert scaled.expand() == 2 * identity(1) - a - term((atom("A", "1"),) * 2)
+    assert scaled.expand(max_order=1) == 2 * identity(1) - a

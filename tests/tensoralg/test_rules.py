@@ -137,3 +137,8 @@ def test_rules_have_a_docstring_with_an_example(rule):
 def test_transpose_of_a_canonical_sum_is_a_canonical_sum():
     s = term((A2, A1), (W2, W1))
     assert isinstance(transpose(s), TensorSum) and transpose(transpose(s)) == s
+
+
+def test_fold_adds_terms_that_fold_to_the_same_words():
+    e = term(atom("W_OV", "1")) + term((atom("W_O", "1"), atom("W_V", "1")))
+    assert fold(e, W_OV) == 2 * term(atom("W_OV", "1"))
