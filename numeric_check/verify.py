@@ -243,7 +243,9 @@ def working_copy(model: CircuitModel, dtype, device) -> CircuitModel:
         )
     dtype = resolve_dtype(dtype)
     device = resolve_device(device, prefer_cuda=True)
-    model.check_finite()
+    with torch.no_grad():
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):  # one pass; details below
+            model.check_finite()
     copy = CircuitModel(model.cfg, dtype=dtype, device=device)
     copy.load_state_dict(model.state_dict())
     if model.arch.layer_norm:
@@ -296,11 +298,15 @@ def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:
 
 
 def _max_abs(x: Tensor) -> float:
-    return float(x.abs().max()) if x.numel() else 0.0
+    """``max |x|`` without a temporary ``|x|`` (nan when ``x`` holds a nan)."""
+    if not x.numel():
+        return 0.0
+    low, high = torch.aminmax(x)
+    return float(torch.maximum(low.abs(), high.abs()))
 
 
 def _result(name: str, error: Tensor, scale: float, s: _Setup, detail: str = "") -> CheckResult:
-    err = _max_abs(error)  # nan when the error holds a nan
+    err = _max_abs(error)
     tol = s.atol + s.rtol * scale
     return CheckResult(name, bool(err <= tol), err, _relative(err, scale), tol, detail)
 
@@ -467,7 +473,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     checks.append(_isolation_check(results, isolation, scale, s))
     start = time.perf_counter()
     model_omitted = graded_logits(s.model, rec, expansion.max_order) if n_omitted else None
-    checks.append(_truncation_check(rec.logits - kept_logits, model_omitted, n_omitted, scale, s))
+    checks.append(_truncation_check(lambda: rec.logits - kept_logits, model_omitted, n_omitted, scale, s))
     s.timings["truncation"] = time.perf_counter() - start
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
 
@@ -478,15 +484,16 @@ def _sum_check(kept: Tensor, omitted: Tensor | None, full, reference: Tensor, sc
         return CheckResult("sum", None, None, None, None, "too many terms in the untruncated expansion")
     if full is None:
         return _result("sum", kept - reference, scale, s)
-    total = kept if omitted is None else kept + omitted
-    return _result("sum", total - reference, scale, s, f"over all {len(full):,} terms of the untruncated expansion")
+    error = kept - reference if omitted is None else (kept + omitted).sub_(reference)
+    return _result("sum", error, scale, s, f"over all {len(full):,} terms of the untruncated expansion")
 
 
-def _truncation_check(rest: Tensor, model_omitted: Tensor | None, n_omitted: int, scale: float, s: _Setup) -> CheckResult:
-    """Check 3: ``rest`` (the model minus the kept terms) against the omitted part computed by the model."""
+def _truncation_check(rest: Callable[[], Tensor], model_omitted: Tensor | None, n_omitted: int, scale: float,
+                      s: _Setup) -> CheckResult:
+    """Check 3: ``rest()`` (the model minus the kept terms) against the omitted part computed by the model."""
     if model_omitted is None:
         return CheckResult("truncation", None, None, None, None, "no term omitted")
-    return _result("truncation", rest - model_omitted, max(scale, _max_abs(model_omitted)), s,
+    return _result("truncation", rest().sub_(model_omitted), max(scale, _max_abs(model_omitted)), s,
                    f"{n_omitted:,} omitted terms, computed by the model (order-graded forward pass); "
                    f"their norm is {float(model_omitted.norm()):.4g}")
 
@@ -576,8 +583,8 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
               _isolation_check(results, isolation, scale, s)]
     start = time.perf_counter()
     model_omitted = graded_qk(s.model, rec, layer, head, expansion.max_order, chunk_bytes=chunk_bytes) if n_omitted else None
-    checks.append(_truncation_check((reference - kept_sum)[:, below], None if model_omitted is None else model_omitted[:, below],
-                                    n_omitted, scale, s))
+    checks.append(_truncation_check(lambda: (reference - kept_sum)[:, below],
+                                    None if model_omitted is None else model_omitted[:, below], n_omitted, scale, s))
     s.timings["truncation"] = time.perf_counter() - start
     target = f"the pre-softmax scores of L{layer}H{head}"
     return _report(target, s, expansion.max_order, results, checks, scale, n_omitted)
