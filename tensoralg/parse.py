@@ -269,26 +269,16 @@ class _Parser:
         while self.tok.kind in ("MINUS", "PLUS"):
             if self.take().kind == "MINUS":
                 coeff = -coeff
-        items: list[tuple[int, object]] = []  # (position, Word atoms or a group Expr)
-        first = True
+        items: list[tuple[int, object]] = []  # (position, a word's atoms or a group Expr)
+        op = "TIMES"
         while True:
-            kind = self.tok.kind
-            if first or kind in ("TIMES", "DIV") or kind in ("NUM", "NAME", "LPAREN"):
-                op = self.take().kind if kind in ("TIMES", "DIV") and not first else "TIMES"
-                pos = self.tok.pos
-                value = self.power()
-                first = False
-            else:
-                break
+            pos = self.tok.pos
+            value = self.power()
             if op == "DIV":
-                if not _is_scalar(value):
-                    raise self.error("'/' divides by a scalar only", pos)
-                if value == 0:
-                    raise self.error("division by zero", pos)
-                coeff = coeff / value
+                coeff = coeff / self.divisor(value, pos)
             elif _is_scalar(value):
                 coeff = coeff * value
-            elif isinstance(value, _Word):
+            elif isinstance(value, _Word):  # juxtaposed atoms join the word before them
                 coeff = coeff * value.coeff
                 if items and isinstance(items[-1][1], tuple):
                     word = items[-1][1] + value.atoms
@@ -298,6 +288,23 @@ class _Parser:
                     items.append((pos, value.atoms))
             else:
                 items.append((pos, value))
+            if self.tok.kind in ("TIMES", "DIV"):
+                op = self.take().kind
+            elif self.tok.kind in ("NUM", "NAME", "LPAREN"):  # juxtaposition
+                op = "TIMES"
+            else:
+                break
+        return self.build_product(coeff, items, start)
+
+    def divisor(self, value, pos: int) -> sp.Expr:
+        if not _is_scalar(value):
+            raise self.error("'/' divides by a scalar only", pos)
+        if value == 0:
+            raise self.error("division by zero", pos)
+        return value
+
+    def build_product(self, coeff: sp.Expr, items: list, start: int):
+        """A scalar, a word, a scaled group, or a lazy product of several factors."""
         if not items:
             return coeff
         if len(items) == 1:
