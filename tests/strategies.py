@@ -17,9 +17,9 @@ import sympy as sp
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from tensoralg import Add, Product, TensorSum, atom, d_head, term
+from tensoralg import Add, Product, TensorSum, atom, d_head
 from tensoralg.expr import Term
-from tests.helpers import SIZES, random_bindings  # noqa: F401  (SIZES re-exported)
+from tests.helpers import random_bindings
 
 INDICES = ("", "1", "2", "h1", "L0H3")
 
@@ -138,11 +138,6 @@ def seeds():
 def numeric_bindings(draw, *exprs):
     """Random arrays for every atom of ``exprs`` (``W_OV = W_O W_V`` and ``W_QK = W_Qᵀ W_K`` hold)."""
     return random_bindings(*exprs, seed=draw(seeds()))
-
-
-def term_of(t: Term) -> TensorSum:
-    """A one-term sum from a :class:`Term`."""
-    return term(*t.words, coeff=t.coeff)
 
 
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,8 +17,10 @@ from tensoralg import (
 )
 from tensoralg.expr import Term, sum_tensor_sums
 from tensoralg.rules import collect, distribute, expand_steps
-from tests.helpers import SIZES, assert_numerically_equal, numeric, random_bindings, transformer_product
-from tests.strategies import PROPERTY, any_expression, expressions, layouts, products, seeds, tensor_sums, terms
+from tests.helpers import assert_numerically_equal, numeric, random_bindings, slot_sizes_of, transformer_product
+from tests.strategies import (
+    PROPERTY, any_expression, atoms, expressions, layouts, numeric_bindings, products, seeds, tensor_sums, terms,
+)
 
 A1, A2 = atom("A", "h1"), atom("A", "h2")
 W1, W2 = atom("W_OV", "h1"), atom("W_OV", "h2")
@@ -93,10 +95,17 @@ def test_transpose_of_atoms_words_and_identity():
 
 
 @PROPERTY
-@given(any_expression(), seeds())
-def test_transpose_is_an_involution_and_transposes_the_operator(e, seed):
+@given(atoms())
+def test_atom_transpose_is_an_involution_that_swaps_the_shape(a):
+    assert a.T.T == a and a.T.shape == a.shape[::-1]
+    assert (a.T == a) == a.symmetric
+
+
+@PROPERTY
+@given(any_expression().flatmap(lambda e: st.tuples(st.just(e), numeric_bindings(e))))
+def test_transpose_is_an_involution_and_transposes_the_operator(pair):
+    e, bindings = pair
     assert e.T.T == e
-    bindings = random_bindings(e, seed=seed)
     np.testing.assert_allclose(numeric(e.T, bindings), numeric(e, bindings).T, atol=1e-9)
 
 
@@ -139,25 +148,21 @@ def test_product_of_sums_stays_lazy_until_expanded():
 def test_product_is_the_matrix_product_of_the_operators(factors, seed):
     p = Product(factors)
     bindings = random_bindings(*factors, seed=seed)
-    expected = np.linalg.multi_dot([numeric(f, bindings, slot_sizes=_sizes(p)) for f in factors])
-    np.testing.assert_allclose(numeric(p, bindings, slot_sizes=_sizes(p)), expected, atol=1e-9)
+    sizes = slot_sizes_of(*factors)
+    expected = np.linalg.multi_dot([numeric(f, bindings, slot_sizes=sizes) for f in factors])
+    np.testing.assert_allclose(numeric(p, bindings, slot_sizes=sizes), expected, atol=1e-9)
 
 
 @PROPERTY
 @given(st.sampled_from([("n_ctx",), ("n_ctx", "d_model")]).flatmap(tensor_sums), tensor_sums(("d_model",)), seeds())
 def test_tensor_product_is_kron_of_the_operators(a, b, seed):
     bindings = random_bindings(a, b, seed=seed)
-    sa, sb = _sizes(a), _sizes(b)
+    sa, sb = slot_sizes_of(a), slot_sizes_of(b)
     both = {**sa, **{a.n_slots + i: n for i, n in sb.items()}}
     np.testing.assert_allclose(
         numeric(tensor(a, b), bindings, slot_sizes=both),
         np.kron(numeric(a, bindings, slot_sizes=sa), numeric(b, bindings, slot_sizes=sb)), atol=1e-9,
     )
-
-
-def _sizes(e) -> dict:
-    """Slot sizes from the layout the strategies use: n_ctx for all but the last slot."""
-    return {i: SIZES["d_model"] if i == e.n_slots - 1 else SIZES["n_ctx"] for i in range(e.n_slots)}
 
 
 # -- shapes ---------------------------------------------------------------------
