@@ -40,11 +40,12 @@ from __future__ import annotations
 import json
 import math
 import time
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from derivations.errors import TooManyTerms
 from derivations.paths import LogitExpansion, PathTerm, expand_logits
@@ -52,6 +53,7 @@ from derivations.qk import QKExpansion, QKTerm, expand_qk
 from numeric_check.bind import Binder, Recording, record
 from numeric_check.errors import NumericCheckError
 from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator
+from numeric_check.hooks import HookPoint
 from numeric_check.isolate import DEFAULT_CHUNK_BYTES, graded_logits, graded_qk, isolate_logit_paths, isolate_qk
 from numeric_check.model import CircuitModel, resolve_device, resolve_dtype
 
@@ -244,27 +246,41 @@ def working_copy(model: CircuitModel, dtype, device) -> CircuitModel:
     dtype = resolve_dtype(dtype)
     device = resolve_device(device, prefer_cuda=True)
     with torch.no_grad():
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):  # one pass; details below
-            model.check_finite()
-    copy = CircuitModel(model.cfg, dtype=dtype, device=device)
-    copy.load_state_dict(model.state_dict())
-    if model.arch.layer_norm:
-        with torch.no_grad():
-            for tensor, axis in _residual_writers(copy):
-                tensor.sub_(tensor.mean(axis, keepdim=True))
+        if not all(_finite(p) for p in model.parameters()):
+            model.check_finite()  # names the parameter
+        # new modules and hook points, the same weight tensors; the user's hook functions stay behind
+        memo = {id(p): p for p in model.parameters()}
+        memo.update({id(point._hooks): [] for point in model.modules() if isinstance(point, HookPoint)})
+        copy = deepcopy(model, memo=memo)
+        for module in copy.modules():
+            for name, p in module._parameters.items():
+                if p is not None:  # no copy when dtype and device already match: never modified in place
+                    module._parameters[name] = nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False)
+        if model.arch.layer_norm:
+            for module, name, axis in _residual_writers(copy):
+                p = module._parameters[name]
+                mean = p.mean(axis, keepdim=True)
+                if _max_abs(mean) > 16 * torch.finfo(dtype).eps * _max_abs(p):  # not centred to this precision yet
+                    module._parameters[name] = nn.Parameter(p - mean, requires_grad=False)
     return copy
 
 
-def _residual_writers(model: CircuitModel) -> list[tuple[Tensor, int]]:
-    """Every weight and bias that writes to the residual stream, with its ``d_model`` axis."""
-    writers = [(model.W_E, 0)]
+def _finite(p: Tensor) -> bool:
+    """Whether every entry is finite: ``aminmax`` propagates NaN and sees ±Inf (faster than ``isfinite``)."""
+    low, high = torch.aminmax(p.detach())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+def _residual_writers(model: CircuitModel) -> list[tuple[nn.Module, str, int]]:
+    """Every weight and bias that writes to the residual stream: ``(module, name, d_model axis)``."""
+    writers = [(model, "W_E", 0)]
     if model.arch.positional == "standard":  # qk_only positions are added after the layer norm
-        writers.append((model.W_pos, 0))
+        writers.append((model, "W_pos", 0))
     for block in model.blocks:
-        writers += [(block.attn.W_O, 1), (block.attn.b_O, 0)]
+        writers += [(block.attn, "W_O", 1), (block.attn, "b_O", 0)]
         if block.mlp is not None:
-            writers += [(block.mlp.W_out, 0), (block.mlp.b_out, 0)]
-    return [(t, axis) for t, axis in writers if t is not None]
+            writers += [(block.mlp, "W_out", 0), (block.mlp, "b_out", 0)]
+    return [(m, name, axis) for m, name, axis in writers if getattr(m, name) is not None]
 
 
 def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
