@@ -14,12 +14,12 @@ from tensoralg.errors import ShapeMismatch, SlotMismatch
 from tensoralg.expr import Expr, TensorSum, as_word, chain_shapes, mul, term
 
 
-def sandwich(left: Expr, middle, right: Expr, max_order: int | None = None) -> TensorSum:
+def sandwich(left: Expr, middle, right: Expr) -> TensorSum:
     """``Σ_{P⊗W_p ∈ L} Σ_{Q⊗W_q ∈ R} P ⊗ Q ⊗ (W_pᵀ M W_q)``.
 
-    ``middle`` is an atom, a word, or a 1-slot sum (e.g. ``W_QK``). ``max_order`` bounds
-    the summed orders of the two sides (the number of atoms in their position words is
-    not used; the order of each side is the order of its own expansion).
+    ``middle`` is an atom, a word, or a 1-slot sum (e.g. ``W_QK``). Lazy sides are
+    expanded first; to truncate by order, expand each side with ``max_order`` before
+    (``derivations.expand_qk`` truncates by the summed orders of the two sides).
 
     >>> from tensoralg import atom, identity, term
     >>> x = identity(2) + term(atom("A", 1), atom("W_OV", 1))
