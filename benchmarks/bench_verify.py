@@ -1,0 +1,188 @@
+"""Benchmark: verifying every term of a 2-layer, 12-head model against TransformerLens.
+
+The model: attention-only, 2 layers x 12 heads, d_model 768, d_head 64, d_vocab 50257,
+n_ctx 128 (TransformerLens defaults otherwise: layer norm, standard positions), random
+weights; a batch of 4 x 128 random tokens. Its logits expansion has 338 terms (169 paths
+for each of two sources, tokens and positions). Printed, in one run:
+
+1. TransformerLens ``run_with_cache`` on the batch (float32, its default dtype), the
+   reference time;
+2. ``verify_logits(..., isolation=False)``: checks 1 and 3 and every term's norm, in
+   float64 (the default), with its breakdown, as a multiple of (1);
+3. shared-prefix evaluation (the trie, one unembedding of the sum, norms by Gram
+   matrices) against evaluating each term alone to its logits (measured on a sample of
+   terms and extrapolated: every term alone costs one unembedding), and the trie alone
+   against each term's stream alone (both stopping before ``W_U``; measured in full);
+4. check 2 (each term isolated through the model with hooks, compared in logit space):
+   measured on a sample of terms and extrapolated to all of them (``--full-isolation``
+   measures it in full; each term costs a forward pass and two unembeddings).
+
+Times are wall-clock medians; CPU times are printed too, since the machine may be shared.
+``--threads`` sets torch's intra-op threads for everything (default 1: on this 2-core
+machine, shared with other jobs, 2 threads were slower for the small operations of the
+trie, because OpenMP workers spin while waiting).
+
+    python benchmarks/bench_verify.py [--threads N] [--device cpu|cuda] [--sample K] [--full-isolation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from derivations.paths import expand_logits  # noqa: E402
+from numeric_check.adapters import from_transformer_lens  # noqa: E402
+from numeric_check.bind import Binder, record  # noqa: E402
+from numeric_check.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone  # noqa: E402
+from numeric_check.isolate import isolate_logit_paths  # noqa: E402
+from numeric_check.verify import verify_logits, working_copy  # noqa: E402
+
+SIZES = dict(n_layers=2, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=128)
+BATCH, SEQ = 4, 128
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeat: int = 3):
+    """``(result, median wall seconds, median CPU seconds)`` after one warm-up call."""
+    result = fn()
+    sync(device)
+    walls, cpus = [], []
+    for _ in range(repeat):
+        w, c = time.perf_counter(), time.process_time()
+        result = fn()
+        sync(device)
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return result, statistics.median(walls), statistics.median(cpus)
+
+
+def sample(items: list, k: int) -> list:
+    """``k`` items spread evenly over ``items`` (so every order is represented)."""
+    if k >= len(items):
+        return list(items)
+    return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)] if k > 1 else items[:1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sample", type=int, default=4, help="terms timed alone / isolated, then extrapolated")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--full-isolation", action="store_true", help="time check 2 on every term (minutes on a CPU)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    import transformer_lens as tl
+
+    cfg = tl.HookedTransformerConfig(attn_only=True, seed=0, device=str(device), **SIZES)
+    source = tl.HookedTransformer(cfg)
+    tokens = torch.randint(0, SIZES["d_vocab"], (BATCH, SEQ), generator=torch.Generator().manual_seed(0)).to(device)
+    print(f"model: TransformerLens attn-only {SIZES}, tokens {BATCH}x{SEQ}; device {device}, torch threads {args.threads}")
+
+    with torch.no_grad():
+        _, tl_wall, tl_cpu = timed(lambda: source.run_with_cache(tokens), device, args.repeat)
+    print(f"\n1. TransformerLens run_with_cache (float32):            {tl_wall:7.3f} s wall  {tl_cpu:7.3f} s cpu")
+
+    model = from_transformer_lens(source, dtype=torch.float64, device=device)
+    report, v_wall, v_cpu = timed(lambda: verify_logits(model, tokens, isolation=False, device=device), device,
+                                  max(1, args.repeat - 1))
+    n_terms = len(report.terms)
+    status = "passed" if report.passed else "FAILED"
+    print(f"2. verify_logits, checks 1+3 and norms (float64):       {v_wall:7.3f} s wall  {v_cpu:7.3f} s cpu"
+          f"   = {v_wall / tl_wall:.2f}x run_with_cache (wall), {v_cpu / tl_cpu:.2f}x (cpu)   [target <= 3x]")
+    print(f"   {n_terms} terms, {status}, max |error| {report.max_abs_error:.2e}, relative {report.rel_error:.2e}; "
+          + ", ".join(f"{k} {v:.3f} s" for k, v in report.timings.items()) + " (last run)")
+
+    # 3. shared-prefix evaluation against each term alone
+    with torch.no_grad():
+        work = working_copy(model, torch.float64, device)
+        rec = record(work, tokens)
+        binder = Binder(work, rec)
+        terms = list(expand_logits(work.arch))
+
+        def shared():
+            ev = LogitEvaluator(binder, terms)
+            total = LogitSum(ev)
+            norms = []
+            for value in ev.values():
+                total.add(value)
+                norms.append(ev.norm(value))
+            return total.logits(), norms, ev.trie.n_ops
+
+        (_, _, n_ops), s_wall, s_cpu = timed(shared, device, max(1, args.repeat - 1))
+        picked = sample(terms, args.sample)
+
+        def alone():
+            total = None
+            for t in picked:
+                logits = evaluate_term_alone(binder, t)
+                float(logits.norm())
+                total = logits if total is None else total + logits
+            return total
+
+        _, a_wall, a_cpu = timed(alone, device, 1)
+        per_term_wall, per_term_cpu = a_wall / len(picked), a_cpu / len(picked)
+        print(f"\n3. shared-prefix evaluation (all {n_terms} terms: sum + norms): {s_wall:7.3f} s wall  {s_cpu:7.3f} s cpu")
+        print(f"   each term alone to its logits: {per_term_wall:.3f} s wall per term (mean of {len(picked)} sampled: "
+              + ", ".join(t.label for t in picked) + f"), x {n_terms} = {per_term_wall * n_terms:.1f} s (extrapolated)")
+        print(f"   ratio: {per_term_wall * n_terms / s_wall:.0f}x faster shared (wall), "
+              f"{per_term_cpu * n_terms / s_cpu:.0f}x (cpu)   [target >= 5x]")
+
+        ev = LogitEvaluator(binder, terms)
+
+        def trie_walk():
+            return sum(1 for _ in ev.values())
+
+        def streams_alone():
+            ops = 0
+            for t in terms:
+                trie = StreamTrie(binder)
+                spec, _ = ev.plan(t)
+                trie.add(spec)
+                for _ in trie.walk():
+                    pass
+                ops += trie.n_ops
+            return ops
+
+        _, tw_wall, tw_cpu = timed(trie_walk, device, max(1, args.repeat - 1))
+        ops_alone, sa_wall, sa_cpu = timed(streams_alone, device, 1)
+        print(f"   the trie alone (residual side, before W_U): {n_ops} operations in {tw_wall:.3f} s; each term's "
+              f"stream alone: {ops_alone} operations in {sa_wall:.3f} s: {sa_wall / tw_wall:.1f}x (wall), "
+              f"{sa_cpu / tw_cpu:.1f}x (cpu)")
+
+        # 4. check 2, isolation through the model
+        chosen = terms if args.full_isolation else picked
+        values = {v.index: v for v in ev.values() if terms[v.index] in chosen}
+
+        def isolation():
+            worst = 0.0
+            paths = [terms[i].path for i in sorted(values)]
+            for (_, iso), i in zip(isolate_logit_paths(work, rec, paths), sorted(values)):
+                worst = max(worst, float((ev.logits(values[i]) - iso).abs().max()))
+            return worst
+
+        worst, i_wall, i_cpu = timed(isolation, device, 1)
+        per = i_wall / len(values)
+        how = "measured on all terms" if args.full_isolation else f"mean of {len(values)} sampled terms, extrapolated"
+        print(f"\n4. check 2 (isolation through the model, logit space): {per:.3f} s wall per term "
+              f"({how}): {per * n_terms:.1f} s for all {n_terms} terms = {per * n_terms / tl_wall:.0f}x run_with_cache; "
+              f"max |error| {worst:.2e}")
+        print(f"   full verification (checks 1-3): {v_wall + per * n_terms:.1f} s wall")
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
