@@ -342,10 +342,37 @@ def identity(n_slots: int = 1) -> TensorSum:
     return term(*([None] * n_slots))
 
 
+def widen_identity(expr: Expr, n_slots: int) -> Expr:
+    """A sum of 1-slot identities as the identity of ``n_slots`` slots: ``Id = Id ⊗ … ⊗ Id``.
+
+    The identity of a tensor-product space is the tensor product of the identities, so
+    ``Id + A ⊗ W`` means ``Id ⊗ Id + A ⊗ W``, as the paper writes it. Anything else is
+    returned unchanged.
+    """
+    if (
+        expr.n_slots == 1
+        and n_slots > 1
+        and isinstance(expr, TensorSum)
+        and expr._terms
+        and all(not words[0] for words in expr._terms)
+    ):
+        return TensorSum({((),) * n_slots: c for c in expr._terms.values()})
+    return expr
+
+
+def _widen_identities(exprs) -> list:
+    widest = max(e.n_slots for e in exprs)
+    return [widen_identity(e, widest) for e in exprs]
+
+
 def add(*exprs: Expr) -> Expr:
-    """Sum of expressions; two canonical sums collect eagerly, anything lazy stays lazy."""
+    """Sum of expressions; two canonical sums collect eagerly, anything lazy stays lazy.
+
+    A bare ``Id`` (1 slot) next to k-slot terms is the k-slot identity.
+    """
     if not exprs:
         raise EmptySum("add() needs at least one expression")
+    exprs = _widen_identities(exprs)
     slots = {e.n_slots for e in exprs}
     if len(slots) > 1:
         raise SlotMismatch(f"cannot add expressions with different numbers of slots: {sorted(slots)}")
@@ -478,6 +505,7 @@ class Product(Expr):
                 raise TensorAlgError(f"a product's factors must be expressions, got {f!r}")
         if not flat:
             raise EmptySum("a product needs at least one factor")
+        flat = _widen_identities(flat)
         n_slots = flat[0].n_slots
         for f in flat:
             if f.n_slots != n_slots:

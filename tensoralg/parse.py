@@ -49,7 +49,7 @@ import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, atom, transpose_word, word_shape
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom
-from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term
+from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 
 AtomDecl = Union[Atom, tuple]
 RESERVED = ("Id", "sqrt")
@@ -416,8 +416,11 @@ class _Parser:
             raise self.located(err, pos) from None
 
     def check_slots(self, items, exprs, verb: str) -> None:
-        first = exprs[0].n_slots
-        for (pos, _), e in zip(items, exprs):
+        """Slot counts must agree, except that a bare ``Id`` widens (see :func:`widen_identity`)."""
+        widest = max(e.n_slots for e in exprs)
+        widened = [widen_identity(e, widest) for e in exprs]
+        first = widened[0].n_slots
+        for (pos, _), e in zip(items, widened):
             if e.n_slots != first:
                 raise self.located(
                     SlotMismatch(f"cannot {verb} a {e.n_slots}-slot expression and a {first}-slot expression"), pos

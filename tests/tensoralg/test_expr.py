@@ -197,7 +197,15 @@ def test_slot_mismatch():
     with pytest.raises(SlotMismatch, match=re.escape("[2, 3]")):
         identity(2) + identity(3)
     with pytest.raises(SlotMismatch):
-        identity(2) @ identity(1)
+        identity(2) @ term(atom("W_E"))
+
+
+def test_bare_identity_widens_to_the_other_operands_slots():
+    """``Id = Id ⊗ Id``: the paper's ``Id + A ⊗ W`` is ``Id ⊗ Id + A ⊗ W``."""
+    A, W = atom("A", "h"), atom("W_OV", "h")
+    assert identity(1) + term(A, W) == identity(2) + term(A, W)
+    assert (term(A, W) @ (2 * identity(1))).expand() == term(A, W, coeff=2)
+    assert (identity(1) @ term(None, atom("W_E"))).expand() == term(None, atom("W_E"))
 
 
 # -- bad orders and empty sums ----------------------------------------------------
