@@ -55,7 +55,7 @@ def test_train_toy_can_save_float16(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--n-ctx", "32"], "seg_max=24 tokens need 48 positions, but n_ctx=32"),
+        (["--n-ctx", "32"], "seg_max=32 tokens need 64 positions, but n_ctx=32"),
         (["--steps", "0"], "steps must be an int >= 1"),
         (["--threads", "0"], "--threads must be >= 1"),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -15,7 +16,10 @@ from numeric_check.train import (
     evaluate,
     next_token_losses,
     repeated_segment_batch,
+    shipped_checkpoint,
     train_toy,
+    training_record,
+    training_record_for,
 )
 
 torch.set_num_threads(1)
@@ -70,7 +74,7 @@ def test_offsets_and_positions_vary():
     offsets = set((batch.second - batch.first).tolist())
     assert len(offsets) > 20, "a fixed offset would let a positional head solve the task"
     assert len(set(batch.first.tolist())) > 10
-    assert len(set(batch.length.tolist())) == 24 - 8 + 1
+    assert len(set(batch.length.tolist())) == 32 - 16 + 1
 
 
 def test_seeded_determinism():
@@ -93,6 +97,7 @@ def test_seeded_determinism():
         (dict(positional="rotary"), "unknown positional kind 'rotary'; expected one of 'none', 'standard', 'qk_only'"),
         (dict(lr=0.0), "lr must be > 0"),
         (dict(lr=float("nan")), "lr must be a finite number"),
+        (dict(init_std=0.0), "init_std must be None or a finite number > 0, got 0.0"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_numbers(kwargs, message):
@@ -127,7 +132,7 @@ def test_losses_split_repeated_part_from_the_rest():
 
 
 def test_tiny_training_run_decreases_loss_and_reports_progress():
-    config = TrainConfig(**TINY, steps=40, lr=1e-2)
+    config = TrainConfig(**TINY, steps=40, lr=1e-2, init_std=None)  # N(0, 1) embeddings: a loss well above log(vocab) to come down from
     calls = []
     model, history = train_toy(config, progress=lambda step, record: calls.append((step, record)))
     assert [step for step, _ in calls] == list(range(1, 41))
@@ -165,3 +170,25 @@ def test_checkpoint_round_trip(tmp_path):
     tokens = _batch(config, batch_size=2).tokens
     with torch.no_grad():
         assert torch.equal(model(tokens), loaded(tokens))
+
+
+def test_training_record_and_its_file(tmp_path):
+    config = TrainConfig(**TINY, steps=3)
+    _, history = train_toy(config)
+    record = training_record(config, history, seconds=1.25)
+    assert record["train_config"] == config.to_dict()
+    assert record["uniform_loss"] == pytest.approx(math.log(12))
+    assert [p["step"] for p in record["curve"]] == [1, 2, 3]
+    checkpoint = tmp_path / "m.safetensors"
+    assert training_record_for(checkpoint) is None  # no file beside it
+    checkpoint.with_suffix(".json").write_text("{not json")
+    assert training_record_for(checkpoint) is None
+    checkpoint.with_suffix(".json").write_text(json.dumps(record))
+    assert training_record_for(checkpoint) == record
+
+
+def test_shipped_checkpoint_paths():
+    assert shipped_checkpoint().name == "induction_2l.safetensors"
+    assert shipped_checkpoint(1).parent.name == "data"
+    with pytest.raises(TrainConfigError, match="no shipped model with 3 layers; expected one of 0, 1, 2"):
+        shipped_checkpoint(3)
