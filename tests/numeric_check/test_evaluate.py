@@ -1,0 +1,167 @@
+"""The shared evaluator against a dense, term-by-term reference; sharing; no vocab x vocab matrix."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from derivations.architecture import Architecture
+from derivations.paths import expand_logits
+from derivations.qk import expand_qk
+from numeric_check.bind import Binder, record
+from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
+from numeric_check.model import CircuitModel
+from tests.numeric_check.strategies_models import models_and_tokens
+
+torch.set_num_threads(1)
+FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def dense_position(binder, word, n_batch, n_pos):
+    out = torch.eye(n_pos, dtype=torch.float64).expand(n_batch, n_pos, n_pos)
+    for a in word:
+        value = binder.position(a)
+        out = out @ (torch.diag_embed(value.value) if value.diagonal else value.value)
+    return out
+
+
+def dense_word(binder, word):
+    out = None
+    for a in word:
+        for f in binder.factors(a):
+            out = f if out is None else out @ f
+    return out
+
+
+def dense_logit_term(binder, t):
+    """``coeff · P X Wᵀ`` with every matrix formed: the definition, term by term."""
+    rec = binder.recording
+    P, W = t.term.words
+    X = binder.source_input(t.source).as_dense()
+    return binder.coeff(t.term.coeff) * (dense_position(binder, P, rec.n_batch, rec.n_pos) @ X @ dense_word(binder, W).T)
+
+
+def dense_qk_term(binder, t):
+    rec = binder.recording
+    P, Q, M = t.term.words
+    Xq = binder.source_input(t.query.source).as_dense()
+    Xk = binder.source_input(t.key.source).as_dense()
+    Pd, Qd = (dense_position(binder, w, rec.n_batch, rec.n_pos) for w in (P, Q))
+    return binder.coeff(t.term.coeff) * (Pd @ Xq @ dense_word(binder, M) @ Xk.transpose(-1, -2) @ Qd.transpose(-1, -2))
+
+
+@FAST
+@given(models_and_tokens(max_batch=2))
+def test_logit_terms_match_the_dense_definition(pair):
+    model, tokens = pair
+    rec = record(model, tokens)
+    binder = Binder(model, rec)
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(binder, terms)
+    total = LogitSum(ev)
+    seen = set()
+    for value in ev.values():
+        expected = dense_logit_term(binder, terms[value.index])
+        ours = ev.logits(value)
+        assert torch.allclose(ours, expected, rtol=1e-10, atol=1e-12)
+        assert math.isclose(ev.norm(value), float(expected.norm()), rel_tol=1e-8, abs_tol=1e-10)
+        total.add(value)
+        seen.add(value.index)
+    assert seen == set(range(len(terms)))  # every term, once
+    scale = float(rec.logits.abs().max())
+    # (random float64 models have writing weights centred in float64, so layer norm is a pure scale)
+    assert torch.allclose(total.logits(), rec.logits, rtol=0, atol=1e-9 * scale)
+
+
+@FAST
+@given(models_and_tokens(min_layers=1, max_batch=2), st.data())
+def test_qk_terms_match_the_dense_definition(pair, data):
+    model, tokens = pair
+    layer = data.draw(st.integers(0, model.arch.n_layers - 1))
+    head = data.draw(st.integers(0, model.arch.heads_per_layer[layer] - 1))
+    binder = Binder(model, record(model, tokens))
+    terms = list(expand_qk(model.arch, layer, head))
+    ev = QKEvaluator(binder, terms)
+    for i, t in enumerate(terms):
+        assert torch.allclose(ev.scores(i), dense_qk_term(binder, t), rtol=1e-10, atol=1e-12)
+
+
+def two_layer(d_vocab=13):
+    arch = Architecture(2, 3, positional="standard")
+    model = CircuitModel.random(arch, d_model=16, d_head=4, d_vocab=d_vocab, n_ctx=8, seed=0, dtype=torch.float64)
+    tokens = torch.randint(0, d_vocab, (2, 7), generator=torch.Generator().manual_seed(0))
+    return model, tokens
+
+
+def test_sharing_applies_fewer_operations_and_fuses_virtual_weights():
+    model, tokens = two_layer()
+    binder = Binder(model, record(model, tokens))
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(binder, terms)
+    list(ev.values())
+    alone = 0
+    for t in terms:
+        trie = StreamTrie(binder)
+        trie.add(ev.plan(t)[0])
+        list(trie.walk())
+        alone += trie.n_ops
+    assert ev.trie.n_ops < alone / 1.5
+    spec, left = ev.plan(terms[-1])  # pos→L0H2→L1H2
+    assert any(op[0] == "F" for op in spec.ops)  # W_O^{L0} then W_V^{L1}: one 4 x 4 product
+    assert [ref[0].name for ref in left] == ["W_OV", "W_U"]  # left at its narrowest: W_O, then W_U
+
+
+def test_a_term_alone_equals_the_shared_value():
+    model, tokens = two_layer()
+    binder = Binder(model, record(model, tokens))
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(binder, terms)
+    for value in ev.values():
+        if value.index % 7 == 0:
+            assert torch.allclose(evaluate_term_alone(binder, terms[value.index]), ev.logits(value), rtol=1e-12, atol=1e-13)
+
+
+def test_blocked_gram():
+    R = torch.randn(300, 2500, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(gram(R), R @ R.T, rtol=1e-12, atol=1e-9)
+    small = R[:10, :20]
+    assert torch.equal(gram(small), small @ small.T)
+
+
+class LargestShapes(TorchDispatchMode):
+    """Records the shape of every tensor an operation returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_no_vocab_by_vocab_matrix_is_formed():
+    d_vocab = 97  # no other dimension is this large
+    model, tokens = two_layer(d_vocab)
+    binder = Binder(model, record(model, tokens))
+    logit_terms = list(expand_logits(model.arch))
+    qk_terms = list(expand_qk(model.arch, 1, 0))
+    with LargestShapes() as spy:
+        ev = LogitEvaluator(binder, logit_terms)
+        total = LogitSum(ev)
+        for value in ev.values():
+            total.add(value)
+            ev.norm(value)
+        total.logits()
+        qk = QKEvaluator(binder, qk_terms)
+        for i in range(len(qk_terms)):
+            qk.scores(i)
+    assert spy.shapes
+    assert all(sum(1 for n in shape if n >= d_vocab) < 2 for shape in spy.shapes), max(spy.shapes, key=lambda s: sum(s))
