@@ -1,0 +1,103 @@
+"""Path isolation through the model's hooks: against hand computations, linearity and the graded pass."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from derivations.architecture import Architecture
+from derivations.paths import TOKEN, Path, Source, expand_logits
+from derivations.qk import expand_qk
+from numeric_check.bind import record
+from numeric_check.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
+from numeric_check.model import CircuitModel
+from tests.numeric_check.strategies_models import models_and_tokens
+
+torch.set_num_threads(1)
+FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TOKENS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]])
+
+
+def isolated(model, rec, paths, **kw):
+    return [logits for _, logits in isolate_logit_paths(model, rec, paths, **kw)]
+
+
+def test_one_head_by_hand():
+    model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    (logits,) = isolated(model, rec, [Path(TOKEN, ((0, 1),))])
+    A = rec.cache["blocks.0.attn.hook_pattern"][:, 1]
+    attn = model.blocks[0].attn
+    x = model.W_E.T[TOKENS]
+    expected = A @ x @ attn.W_V[1].T @ attn.W_O[1].T @ model.W_U.T
+    assert torch.allclose(logits, expected.detach(), rtol=1e-12, atol=1e-14)
+
+
+def test_bias_and_mlp_sources_by_hand():
+    arch = Architecture(2, 2, layer_norm=True, biases=True, mlp=True)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    n_final = 1 / rec.cache["ln_final.hook_scale"]
+    bias, mlp, b_U = isolated(model, rec, [Path(Source("bias", 0)), Path(Source("mlp", 1)), Path(Source("unembed_bias"))])
+    with torch.no_grad():
+        assert torch.allclose(bias, n_final * model.folded_b_O(0) @ model.W_U.T, atol=1e-13)
+        assert torch.allclose(mlp, n_final * rec.cache["blocks.1.hook_mlp_out"] @ model.W_U.T, atol=1e-13)
+        assert torch.allclose(b_U, model.b_U.expand_as(b_U), atol=0)
+
+
+@FAST
+@given(models_and_tokens(max_batch=2), st.data())
+def test_paths_add_up_and_the_graded_pass_matches(pair, data):
+    model, tokens = pair
+    rec = record(model, tokens)
+    terms = list(expand_logits(model.arch))
+    parts = isolated(model, rec, [t.path for t in terms], chunk_bytes=data.draw(st.sampled_from([1, 10**4, 10**9])))
+    scale = float(rec.logits.abs().max())
+    assert torch.allclose(sum(parts), rec.logits, rtol=0, atol=1e-9 * scale)  # through the model only
+    k = data.draw(st.integers(0, model.arch.n_layers))
+    above = sum((p for p, t in zip(parts, terms) if t.order > k), torch.zeros_like(rec.logits))
+    assert torch.allclose(graded_logits(model, rec, k), above, rtol=0, atol=1e-9 * scale)
+
+
+@FAST
+@given(models_and_tokens(min_layers=1, max_batch=2), st.data())
+def test_qk_pairs_add_up_to_the_scores(pair, data):
+    model, tokens = pair
+    layer = data.draw(st.integers(0, model.arch.n_layers - 1))
+    head = data.draw(st.integers(0, model.arch.heads_per_layer[layer] - 1))
+    rec = record(model, tokens)
+    terms = list(expand_qk(model.arch, layer, head))
+    scores = [s for _, s in isolate_qk(model, rec, layer, head, [(t.query, t.key) for t in terms], chunk_bytes=10**5)]
+    below = torch.ones(rec.n_pos, rec.n_pos, dtype=torch.bool).tril()
+    reference = rec.cache[f"blocks.{layer}.attn.hook_attn_scores"][:, head][:, below]
+    scale = float(reference.abs().max())
+    total = sum(s[:, below] for s in scores)
+    assert torch.allclose(total, reference, rtol=0, atol=1e-9 * scale)
+    k = data.draw(st.integers(0, 2 * layer))
+    above = sum((s[:, below] for s, t in zip(scores, terms) if t.order > k), torch.zeros_like(reference))
+    assert torch.allclose(graded_qk(model, rec, layer, head, k)[:, below], above, rtol=0, atol=1e-9 * scale)
+
+
+def test_streams_stop_at_the_layer():
+    model = CircuitModel.random(Architecture(3, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    direct, through = isolate_streams(model, rec, [Path(TOKEN), Path(TOKEN, ((0, 1),))], layer=1)
+    assert torch.allclose(direct, model.W_E.T[TOKENS].detach())
+    A = rec.cache["blocks.0.attn.hook_pattern"][:, 1]
+    attn = model.blocks[0].attn
+    assert torch.allclose(through, (A @ model.W_E.T[TOKENS] @ attn.W_V[1].T @ attn.W_O[1].T).detach(), atol=1e-13)
+
+
+def test_isolation_leaves_no_hooks_and_no_changes():
+    arch = Architecture(2, 2, biases=True, mlp=True, positional="qk_only")
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rec = record(model, TOKENS)
+    paths = [t.path for t in expand_logits(arch)]
+    isolated(model, rec, paths)
+    list(isolate_qk(model, rec, 1, 0, [(t.query, t.key) for t in expand_qk(arch, 1, 0)]))
+    graded_logits(model, rec, 0)
+    graded_qk(model, rec, 1, 0, 0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(model(TOKENS), rec.logits)  # no hook left behind
