@@ -1,0 +1,93 @@
+"""``tcircuits verify``: output, exit codes, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from derivations.cli import main
+from numeric_check.checkpoint import save_checkpoint
+from numeric_check.model import CircuitModel
+
+torch.set_num_threads(1)
+SMALL = ["--layers", "2", "--heads", "2", "--d-model", "8", "--d-head", "4", "--d-vocab", "11", "--n-ctx", "6"]
+
+
+def run(capsys, *args):
+    code = main(["verify", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_teaches_what_is_checked(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for phrase in ("sum", "isolation", "truncation", "--max-order", "--qk", "--checkpoint", "exits 0"):
+        assert phrase in text
+
+
+def test_random_model_table(capsys):
+    code, out, _ = run(capsys, *SMALL, "--positional", "standard", "--layer-norm", "--biases", "--mlp", "--max-order", "1")
+    assert code == 0
+    assert "PASSED" in out and "3. model - kept terms = omitted terms" in out and "PASS" in out
+    assert "tok→L1H1" in out and "b_U (direct)" in out and "mlp^L0 (direct)" in out
+
+
+def test_json_output(capsys):
+    code, out, _ = run(capsys, *SMALL, "--json", "--tokens", "1,2,3;4,5,6")
+    data = json.loads(out)
+    assert code == 0 and data["passed"] and data["n_batch"] == 2 and data["n_pos"] == 3
+    assert len(data["terms"]) == 9 and data["terms"][0]["label"] == "tok (direct)"
+
+
+def test_qk_scores(capsys):
+    code, out, _ = run(capsys, *SMALL, "--qk", "1", "0", "--max-rows", "3", "--no-isolation")
+    assert code == 0 and "pre-softmax scores of L1H0" in out and "more terms" in out and "skipped" in out
+
+
+def test_a_failing_check_exits_1(capsys):
+    code, out, _ = run(capsys, *SMALL, "--dtype", "float32", "--rtol", "1e-15")
+    assert code == 1 and "FAILED" in out
+
+
+def test_checkpoint(tmp_path, capsys):
+    model = CircuitModel.random(Architecture(1, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=9, n_ctx=5, seed=3)
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(model, path)
+    code, out, _ = run(capsys, "--checkpoint", str(path), "--seq-len", "5")
+    assert code == 0 and "qk_only positions" in out
+    code, _, err = run(capsys, "--checkpoint", str(path), "--layers", "3")
+    assert code == 2 and "do not also give --layers" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tokens", "1,x"], "comma-separated ids"),
+    (["--tokens", "1,2;3"], "equal lengths"),
+    (["--tokens", "1,11"], "out of range"),
+    (["--seq-len", "7"], "longer than the model's context n_ctx=6"),
+    (["--batch", "0"], "must be >= 1"),
+    (["--heads", "two"], "--heads must be an int"),
+    (["--qk", "2", "0"], "layer 2 does not exist"),
+    (["--max-order", "5"], "max_order=5"),
+    (["--dtype", "int8"], "floating dtype"),
+    (["--device", "abacus"], "abacus"),
+])
+def test_bad_input_exits_2_with_a_message(capsys, args, message):
+    code, _, err = run(capsys, *SMALL, *args)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_missing_checkpoint(capsys, tmp_path):
+    code, _, err = run(capsys, "--checkpoint", str(tmp_path / "none.safetensors"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_heads_per_layer(capsys):
+    code, out, _ = run(capsys, "--layers", "2", "--heads", "1,3", "--d-model", "8", "--d-head", "2", "--d-vocab", "7",
+                       "--n-ctx", "4", "--no-progress")
+    assert code == 0 and "heads 1/3" in out and "tok→L0H0→L1H2" in out
