@@ -133,7 +133,8 @@ class TensorLatexPrinter:
     def _print_tuple(self, word) -> str:
         if not word:
             return r"\mathrm{Id}"
-        return " ".join([self.doprint(a) for a in word])
+        atoms, printed = self._atoms, self._print_Atom  # words hold only atoms: skip the dispatch
+        return " ".join([atoms.get(a.key) or printed(a) for a in word])
 
     # -- coefficients and terms -------------------------------------------------
     def coefficient(self, coeff) -> tuple[bool, str]:
