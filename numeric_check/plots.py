@@ -69,16 +69,19 @@ def positivity_scatter(
     ax = fig.add_subplot()
     ax.axhline(0, color="0.8", lw=0.8, zorder=0)
     ax.axvline(0, color="0.8", lw=0.8, zorder=0)
+    placed: list[tuple[float, float]] = []
     for layer in range(x.shape[0]):
         keep = ~(np.isnan(x[layer]) | np.isnan(y[layer]))
         if keep.any():
             ax.scatter(x[layer][keep], y[layer][keep], s=40, color=_colour(layer), label=f"layer {layer}", edgecolor="k", lw=0.4)
         for head in np.nonzero(keep)[0]:
+            point = (float(x[layer, head]), float(y[layer, head]))
             if (layer, int(head)) in set(highlight) or x.size <= 16:
-                ax.annotate(head_label(layer, int(head)), (x[layer, head], y[layer, head]), xytext=(4, 3),
-                            textcoords="offset points", fontsize=7)
+                crowd = sum(abs(point[0] - p[0]) < 0.12 and abs(point[1] - p[1]) < 0.06 for p in placed)
+                ax.annotate(head_label(layer, int(head)), point, xytext=(5, 3 - 9 * crowd), textcoords="offset points", fontsize=7)
+                placed.append(point)
     ax.set(xlim=(-1.05, 1.05), ylim=(-1.05, 1.05), xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend(loc="lower left", fontsize=8, frameon=False)
+    ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.8)
     return fig
 
 

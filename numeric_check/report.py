@@ -408,7 +408,10 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
               "behaviour scores on repeated random sequences.", "",
               _md_table(["head", "copying", "QK positivity", "prev-token (behaviour)", "induction (behaviour)"], head_rows(a)), ""]
     if "positivity" in figures:
-        lines += [f"![positivity]({figures['positivity']})", ""]
+        lines += [f"![positivity]({figures['positivity']})", "",
+                  "x: OV circuit eigenvalue positivity (copying). y: layer 0, the token QK circuit's positivity; "
+                  "later layers, the positivity of the K-composition circuit W_Eᵀ W_QK W_OV^partner W_E with the "
+                  "head's K-composition partner (same-matching).", ""]
     if a.composition:
         base = ", ".join(f"{k} {v:.3f}" for k, v in a.baseline.items())
         lines += ["## Composition scores", "", f"Random baselines (same shapes): {base}.", "",
@@ -512,8 +515,8 @@ def make_figures(a: ModelAnalysis) -> dict[str, object]:
         figures["training"] = plots.training_curve(a.training["curve"], uniform_loss=a.losses["uniform_loss"],
                                                    title=f"Training of {a.name}")
     if a.n_layers:
-        ylabel = ("same-matching (layers >= 1: K-composition circuit with the partner head; "
-                  "layer 0: token QK circuit)" if a.n_layers > 1 else "QK circuit eigenvalue positivity")
+        ylabel = ("QK positivity (layer 0: token QK;\nlater: K-composition with partner)" if a.n_layers > 1
+                  else "QK circuit eigenvalue positivity")
         induction = a.heads.by_behaviour.induction + a.heads.by_behaviour.previous_token if a.heads else ()
         figures["positivity"] = plots.positivity_scatter(a.copying, a.scatter_y, ylabel=ylabel,
                                                          title=f"{a.name}: copying vs matching", highlight=induction)
