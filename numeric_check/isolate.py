@@ -287,8 +287,15 @@ def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs
     """
     side_paths = list(dict.fromkeys(path for pair in pairs for path in pair))
     where = {path: i for i, path in enumerate(side_paths)}
-    streams = [s for s in isolate_streams(model, rec, side_paths, layer, chunk_bytes=chunk_bytes)]
-    q, k = _queries_keys(model, rec, layer, head, streams, *_side_inputs(side_paths, layer, head))
+    q: list[Tensor] = []
+    k: list[Tensor] = []
+    per_path = rec.n_batch * rec.n_pos * model.cfg.d_model * max(model.arch.heads_per_layer[: layer + 1]) * rec.logits.element_size()
+    for chunk in _chunks(len(side_paths), per_path, chunk_bytes):  # only q and k (d_head wide) are kept
+        paths = [side_paths[i] for i in chunk]
+        streams = isolate_streams(model, rec, paths, layer, chunk_bytes=chunk_bytes)
+        q_chunk, k_chunk = _queries_keys(model, rec, layer, head, streams, *_side_inputs(paths, layer, head))
+        q += q_chunk
+        k += k_chunk
     qk = [(q[where[qp]], k[where[kp]]) for qp, kp in pairs]
     yield from enumerate(_scores(model, rec, layer, head, qk, chunk_bytes=chunk_bytes))
 

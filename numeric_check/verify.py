@@ -304,7 +304,7 @@ def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:
             ratio = float((x.mean(-1).abs() / x.pow(2).mean(-1).sqrt().clamp_min(1e-300)).max())
             if ratio > worst:
                 worst, where = ratio, name
-    if worst <= 1e-6:
+    if worst <= max(1e-6, 100 * torch.finfo(model.dtype).eps):
         return []
     return [
         f"the residual stream is not centred (largest |mean|/rms over d_model is {worst:.2g}, at {where}): layer "
