@@ -79,13 +79,20 @@ def as_word(slot: Slot) -> Word:
 
 
 def _nonzero(terms: dict) -> dict:
-    """The terms with canonical, non-zero coefficients."""
+    """The terms with canonical, non-zero coefficients (each distinct coefficient is
+    canonicalised once: a big sum usually repeats a handful of them)."""
     out = {}
+    canonical: dict = {}
     for w, c in terms.items():
         if c is not ONE:
-            c = canonical_coeff(c)
-            if c == 0:
+            c2 = canonical.get(c)
+            if c2 is None:
+                c2 = canonical[c] = canonical_coeff(c)
+                if c2 == 0:
+                    c2 = canonical[c] = ZERO
+            if c2 is ZERO:
                 continue
+            c = c2
         out[w] = c
     return out
 
