@@ -268,13 +268,12 @@ def _load_model(path: Path):
 def _run_analyze(args) -> int:
     import torch
 
+    from numeric_check.plots import check_formats
     from numeric_check.report import analyze_model, findings, write_report
     from numeric_check.train import shipped_checkpoint
 
     if args.threads < 1:
         raise NumericCheckError(f"--threads must be >= 1, got {args.threads}")
-    from numeric_check.plots import check_formats
-
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     check_formats(formats)
     checkpoint, control_path = args.checkpoint, args.control
@@ -285,17 +284,21 @@ def _run_analyze(args) -> int:
     out = _writable_dir(args.out)
     torch.set_num_threads(args.threads)
     model, record = _load_model(checkpoint)
-    analysis = analyze_model(model, name=checkpoint.stem, training=record, n_sequences=args.sequences, seed=args.seed, vocab=vocab)
-    control = None
+    control_model = control_record = None
     if control_path is not None:
         control_model, control_record = _load_model(control_path)
-        control = analyze_model(control_model, name=control_path.stem, training=control_record,
-                                n_sequences=args.sequences, seed=args.seed)
+        if control_model.arch.n_layers != 1:
+            raise NumericCheckError(
+                f"the control must be a 1-layer model; {str(control_path)!r} has {control_model.arch.n_layers} layers"
+            )
+    settings = {"n_sequences": args.sequences, "seed": args.seed}
+    analysis = analyze_model(model, name=checkpoint.stem, training=record, vocab=vocab, **settings)
+    control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
     written = write_report(analysis, out, control=control, formats=formats)
     rows = findings(analysis, control)
-    held = sum(f.holds for f in rows)
     print(f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else ""))
     for f in rows:
         print(f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}")
-    print(f"{held}/{len(rows)} findings hold; wrote {len(written)} files into {out}/ (report.md, tables.tex, analysis.json, figures/)")
+    print(f"{sum(f.holds for f in rows)}/{len(rows)} findings hold; wrote {len(written)} files into {out}/ "
+          "(report.md, tables.tex, analysis.json, figures/)")
     return 0

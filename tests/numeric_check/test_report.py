@@ -180,3 +180,36 @@ def test_latex_tables_compile(tmp_path, induction_analysis, control_analysis):
     result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "tables.tex"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_shipped_models_bear_out_the_papers_findings():
+    """The models trained by train-toy and shipped in numeric_check/data (see their JSON records)."""
+    from numeric_check.checkpoint import load_checkpoint
+    from numeric_check.train import shipped_checkpoint, training_record_for
+
+    analyses = {}
+    for layers in (2, 1):
+        path = shipped_checkpoint(layers)
+        assert path.stat().st_size < 300_000, f"{path.name} should stay a few hundred KB at most"
+        record = training_record_for(path)
+        assert record is not None and record["train_config"]["n_layers"] == layers
+        analyses[layers] = analyze_model(load_checkpoint(path), name=path.stem, training=record, n_sequences=32)
+    rows = {f.claim: f for f in findings(analyses[2], analyses[1])}
+    expected = [
+        "layer 0 has a previous-token head (by behaviour)",
+        "layer 0 has a previous-token head (by weights)",
+        "a later layer has induction heads (by behaviour)",
+        "a later layer has induction heads (by weights)",
+        "weights and behaviour find the same previous-token and induction heads",
+        "induction heads copy (OV positivity near 1)",
+        "induction heads same-match (K-composition circuit positivity near 1)",
+        "K-composition with the previous-token head is above the random baseline",
+        "Q-composition with the previous-token head is not above the baseline",
+        "V-composition with the previous-token head is not above the baseline",
+        "the 2-layer model does induction (loss on repeated tokens far below uniform)",
+        "the 1-layer control's heads copy (OV eigenvalue positivity clearly positive)",
+        "the 1-layer control cannot do induction (loss on repeated tokens stays high)",
+    ]
+    failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
+    assert not failed
+    assert shipped_checkpoint(0).exists()
