@@ -32,6 +32,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.composition": ("COMPOSITION_KINDS", "composition_baseline", "composition_scores"),
     "numeric_check.skip_trigrams": ("SkipTrigramTable", "skip_trigram_table"),
     "numeric_check.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
+    "numeric_check.verify": ("ExpansionMismatch", "VerifyError", "VerifyReport", "verify_logits", "verify_qk"),
+    "numeric_check.bind": ("Binder", "Recording", "record"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
@@ -54,3 +56,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily a
     from numeric_check.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens  # noqa: F401
     from numeric_check.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from numeric_check.model import CircuitModel, ModelConfig  # noqa: F401
+    from numeric_check.verify import VerifyReport, verify_logits, verify_qk  # noqa: F401
