@@ -84,11 +84,32 @@ class OrderDecomposition:
         return self.up_to(self.max_order + 1)
 
 
-def logits_by_order(model: CircuitModel, tokens: Tensor, max_order: int | None = None) -> OrderDecomposition:
+# Path logits held at once (float elements): about 1 GiB in float32.
+MAX_ELEMENTS = 2**28
+
+
+def count_paths(heads_per_layer: tuple[int, ...], max_order: int) -> int:
+    """Paths of order ``<= max_order``: products of head counts over sets of at most that many layers.
+
+    >>> count_paths((4, 4), 2)   # direct + 8 heads + 16 virtual heads
+    25
+    """
+    by_order = [1] + [0] * max_order  # by_order[k]: paths through k heads so far
+    for heads in heads_per_layer:
+        for k in range(max_order, 0, -1):
+            by_order[k] += by_order[k - 1] * heads
+    return sum(by_order)
+
+
+def logits_by_order(
+    model: CircuitModel, tokens: Tensor, max_order: int | None = None, *, max_elements: int = MAX_ELEMENTS
+) -> OrderDecomposition:
     """Split ``model``'s logits on ``tokens`` into path terms, patterns and scales frozen.
 
-    ``max_order`` (default: the number of layers, i.e. every path) bounds the paths
-    expanded one by one; the rest is kept as one exact remainder.
+    ``max_order`` (default: every path) bounds the paths expanded one by one; the rest
+    is kept as one exact remainder. Every path's logits are held at once, so a model with
+    many heads or a large vocabulary needs few tokens or a low ``max_order``: more than
+    ``max_elements`` numbers is an error that says how many.
 
     >>> from derivations.architecture import Architecture
     >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
@@ -105,6 +126,13 @@ def logits_by_order(model: CircuitModel, tokens: Tensor, max_order: int | None =
     max_order = min(max_order, n_layers)
     tokens = model.check_tokens(tokens)
     tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]
+    n_paths = count_paths(model.arch.heads_per_layer, max_order)
+    elements = (n_paths + 1) * tokens.numel() * model.cfg.d_vocab
+    if elements > max_elements:
+        raise NumericCheckError(
+            f"{n_paths} paths of order <= {max_order} on {tokens.numel()} tokens with d_vocab={model.cfg.d_vocab} "
+            f"would hold {elements:,} logits (limit {max_elements:,}); give fewer tokens or a lower max_order"
+        )
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
         streams: dict[Path, Tensor] = {(): cache["blocks.0.hook_resid_pre"] if n_layers else _embedded(model, cache)}
@@ -242,6 +270,8 @@ class ImportanceReport:
         """``(terms, loss up to this order, marginal reduction)`` per order."""
         names = ["direct path (order 0)", "individual heads (order 1)", "virtual heads (order 2)"]
         names += [f"order {k} paths" for k in range(3, len(self.loss_by_order))]
+        if self.truncated:
+            names[len(self.loss_by_order) - 1] = f"orders above {len(self.loss_by_order) - 2} (remainder)"
         return list(zip(names, self.loss_by_order, self.marginal_by_order))
 
     def top_virtual(self, k: int = 10) -> list[tuple[tuple[Head, Head], float]]:
@@ -256,8 +286,6 @@ class ImportanceReport:
             "|---|---:|---:|",
         ]
         lines += [f"| {name} | {loss:.4f} | {gain:+.4f} |" for name, loss, gain in self.order_rows()]
-        if self.truncated:
-            lines += ["", "Orders above the last row were kept as one remainder, not expanded."]
         if self.head_marginal:
             heads = sorted({h for _, h in self.head_marginal})
             lines += ["", "Marginal loss of each individual-head term (loss increase when removed):", ""]
@@ -288,15 +316,18 @@ def term_importance(
     tokens: Tensor,
     *,
     target_mask: Tensor | None = None,
-    max_order: int | None = None,
+    max_order: int | None = 2,
+    max_elements: int = MAX_ELEMENTS,
 ) -> ImportanceReport:
     """The paper's term-importance table for ``model`` on ``tokens`` ``[batch, pos]``.
 
     ``target_mask`` (bool ``[batch, pos]``, optional) restricts the loss to some target
     tokens — e.g. :attr:`numeric_check.train.RepeatBatch.repeat_mask` for the loss on
-    repeated segments. ``max_order`` bounds the orders expanded (default: all).
+    repeated segments. ``max_order`` bounds the orders expanded one by one (default 2,
+    as the paper's table: direct path, individual heads, virtual heads; higher orders
+    form one remainder row). ``max_elements``: see :func:`logits_by_order`.
     """
-    parts = logits_by_order(model, tokens, max_order)
+    parts = logits_by_order(model, tokens, max_order, max_elements=max_elements)
     tokens = model.check_tokens(tokens)
     tokens = tokens if tokens.ndim == 2 else tokens[None]
     if target_mask is not None:

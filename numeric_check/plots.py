@@ -151,6 +151,8 @@ def importance_bars(report, *, top_virtual: int = 8) -> Figure:
     fig = Figure(figsize=(4.0 * panels, 3.6), layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
     names = ["direct", "heads", "virtual"] + [f"order {k}" for k in range(3, len(report.loss_by_order))]
+    if report.truncated:
+        names[len(report.loss_by_order) - 1] = "rest"
     marginal = report.marginal_by_order
     axes[0].bar(names[: len(marginal)], marginal, color="0.45")
     axes[0].set(title="Marginal loss reduction by order", ylabel="nats")

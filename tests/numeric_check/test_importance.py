@@ -9,7 +9,7 @@ import torch
 
 from derivations.architecture import Architecture
 from numeric_check.errors import ModelInputError, NumericCheckError
-from numeric_check.importance import logits_by_order, path_label, term_importance
+from numeric_check.importance import count_paths, logits_by_order, path_label, term_importance
 from numeric_check.model import CircuitModel
 
 torch.set_num_threads(1)
@@ -128,6 +128,22 @@ def test_bad_max_order_and_tokens_are_rejected():
         logits_by_order(model, _tokens(), max_order=-1)
     with pytest.raises(ModelInputError):
         logits_by_order(model, torch.tensor([[11, 0]]))
+
+
+def test_path_counts_and_the_memory_guard():
+    assert count_paths((2, 3, 4), 3) == 3 * 4 * 5
+    assert count_paths((2, 3, 4), 1) == 1 + 9
+    assert count_paths((), 2) == 1
+    model = _model(Architecture(2, 2))
+    with pytest.raises(NumericCheckError, match="9 paths of order <= 2 on 21 tokens with d_vocab=11 would hold 2,310 logits \\(limit 1,000\\)"):
+        logits_by_order(model, _tokens(), max_elements=1000)
+
+
+def test_default_importance_stops_at_virtual_heads():
+    report = term_importance(_model(Architecture(3, 2, positional="standard")), _tokens())
+    assert report.truncated and len(report.loss_by_order) == 4  # orders 0, 1, 2 and the remainder
+    assert report.loss_by_order[-1] == pytest.approx(report.model_loss, abs=1e-9)
+    assert "| orders above 2 (remainder) |" in report.to_markdown()
 
 
 def test_path_labels():
