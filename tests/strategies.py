@@ -14,8 +14,17 @@ A few indices only (``INDICES``), so like terms meet and collect.
 from __future__ import annotations
 
 import sympy as sp
+import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+from numeric_check.strategies import (  # noqa: F401 - re-exported for the suite
+    architectures,
+    circuit_models,
+    model_configs,
+    models_and_tokens,
+    token_batches,
+)
 
 from tensoralg import Add, Product, TensorSum, atom, d_head
 from tensoralg.expr import Term
@@ -142,3 +151,76 @@ def numeric_bindings(draw, *exprs):
 
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 """Settings for the algebra's property tests: enough examples to find bugs, fast enough for CI."""
+
+
+# -- architectures and models -----------------------------------------------------------
+# The public strategies (architectures, model_configs, circuit_models, token_batches,
+# models_and_tokens) live in numeric_check.strategies so that users can test their own
+# code with them; they are imported above.
+
+
+@st.composite
+def architectures_with_head(draw, max_layers: int = 3, max_heads: int = 3, extras: bool = True):
+    """``(arch, layer, head)`` for an existing head of a small architecture; ``extras=False``
+    switches layer norm, biases and MLPs off."""
+    off = {} if extras else {"layer_norm": False, "biases": False, "mlp": False}
+    arch = draw(architectures(min_layers=1, max_layers=max_layers, max_heads=max_heads, **off))
+    layer = draw(st.integers(0, arch.n_layers - 1))
+    head = draw(st.integers(0, arch.heads_per_layer[layer] - 1))
+    return arch, layer, head
+
+
+def max_orders(largest: int):
+    """``None`` (no truncation) or a truncation order in ``0..largest``."""
+    return st.none() | st.integers(0, largest)
+
+
+# -- factored products ---------------------------------------------------------------------
+
+
+def _fill(shapes: list[tuple[int, ...]], seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes]
+
+
+@st.composite
+def factor_chains(
+    draw,
+    min_factors: int = 1,
+    max_factors: int = 4,
+    max_dim: int = 6,
+    square: bool = False,
+    batched: bool = False,
+) -> list[torch.Tensor]:
+    """Float64 tensors ``F_1 … F_n`` that chain (``[d_0, d_1], [d_1, d_2], …``); ``square``: ``d_n = d_0``.
+
+    ``batched``: each factor may carry its own leading dimensions, broadcastable against the
+    others (absent, of size 1, or of the drawn size), as per-head weights next to shared ones.
+    Values come from a seeded torch generator (hypothesis draws shapes and the seed).
+    """
+    n = draw(st.integers(min_factors, max_factors))
+    dims = draw(st.lists(st.integers(1, max_dim), min_size=n + 1, max_size=n + 1))
+    if square:
+        dims[-1] = dims[0]
+    batch = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)) if batched else []
+    shapes = []
+    for i in range(n):
+        own = [draw(st.sampled_from([1, size])) for size in batch] if batch and draw(st.booleans()) else []
+        shapes.append(tuple(own) + (dims[i], dims[i + 1]))
+    return _fill(shapes, draw(st.integers(0, 2**31 - 1)))
+
+
+@st.composite
+def factor_chain_pairs(draw, max_factors: int = 4, max_dim: int = 5) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Two chains of (possibly different) lengths with the same outer shape, for sums."""
+    rows, cols = draw(st.integers(1, max_dim)), draw(st.integers(1, max_dim))
+
+    def chain() -> list[tuple[int, int]]:
+        n = draw(st.integers(1, max_factors))
+        inner = draw(st.lists(st.integers(1, max_dim), min_size=n - 1, max_size=n - 1))
+        dims = [rows, *inner, cols]
+        return [(dims[i], dims[i + 1]) for i in range(n)]
+
+    first, second = chain(), chain()
+    tensors = _fill(first + second, draw(st.integers(0, 2**31 - 1)))
+    return tensors[: len(first)], tensors[len(first) :]

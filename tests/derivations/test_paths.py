@@ -27,7 +27,7 @@ from derivations.paths import (
     expand_logits,
 )
 from tests.derivations.numpy_model import NumpyModel
-from tests.derivations.strategies_arch import architectures
+from tests.strategies import architectures
 
 
 def brute_force_paths(arch: Architecture, upto: int, max_order: int | None) -> set[tuple[Source, tuple]]:

@@ -17,7 +17,7 @@ from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
 from derivations.paths import POSITION, Source
 from derivations.qk import QKExpansion, estimate_qk_terms, expand_qk
 from tests.derivations.numpy_model import NumpyModel
-from tests.derivations.strategies_arch import architectures_with_head
+from tests.strategies import architectures_with_head
 from tests.derivations.test_paths import brute_force_paths, layer_factor
 
 SCALE = 1 / sp.sqrt(d_head)

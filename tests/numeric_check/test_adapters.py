@@ -237,7 +237,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from numeric_check.adapters import to_transformer_lens  # noqa: E402
-from tests.numeric_check.strategies_model import circuit_models, token_batches  # noqa: E402
+from tests.strategies import circuit_models, token_batches  # noqa: E402
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

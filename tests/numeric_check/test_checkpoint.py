@@ -184,7 +184,7 @@ def test_unusable_device_is_a_checkpoint_error(saved):
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from tests.numeric_check.strategies_model import circuit_models  # noqa: E402
+from tests.strategies import circuit_models  # noqa: E402
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -25,7 +25,7 @@ from numeric_check.circuits import (
 )
 from numeric_check.factored import Factored, eigenvalue_multiset_distance
 from numeric_check.model import CircuitModel
-from tests.numeric_check.strategies_model import circuit_models
+from tests.strategies import circuit_models
 
 torch.set_num_threads(1)
 

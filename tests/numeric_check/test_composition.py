@@ -13,7 +13,7 @@ from derivations.architecture import Architecture
 from numeric_check.circuits import AnalysisError, head_weights
 from numeric_check.composition import composition_baseline, composition_scores, pair_composition_scores
 from numeric_check.model import CircuitModel
-from tests.numeric_check.strategies_model import circuit_models
+from tests.strategies import circuit_models
 
 torch.set_num_threads(1)
 

@@ -20,7 +20,7 @@ from numeric_check.factored import (
     eigenvalue_multiset_distance,
 )
 from tensoralg.errors import ShapeMismatch, TensorAlgError
-from tests.numeric_check.strategies_factored import factor_chain_pairs, factor_chains
+from tests.strategies import factor_chain_pairs, factor_chains
 
 torch.set_num_threads(1)
 FAST = settings(deadline=None, max_examples=60)

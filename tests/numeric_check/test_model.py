@@ -266,7 +266,7 @@ def test_repr_is_honest():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.numeric_check.strategies_model import circuit_models, token_batches  # noqa: E402
+from tests.strategies import circuit_models, token_batches  # noqa: E402
 
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
