@@ -29,6 +29,7 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from numeric_check.circuits import AnalysisError, copying_scores, eigenvalue_positivity, qk_circuit
+from numeric_check.errors import NumericCheckError
 from numeric_check.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
 from numeric_check.detect import HeadReport, detect_heads
 from numeric_check.importance import ImportanceReport, path_label, term_importance
@@ -49,6 +50,8 @@ COPYING = 0.5
 # tokens to about log(#distinct tokens in context): some way below log(d_vocab), far above
 # what induction reaches.)
 INDUCTION_LOSS_FRACTION = 0.5
+# Longest evaluation sequences for a model without a training record.
+DATA_N_CTX = 128
 
 
 # --- gathering --------------------------------------------------------------------------------
@@ -72,6 +75,7 @@ class ModelAnalysis:
     importance_repeat: ImportanceReport | None = None
     top_head: Head | None = None
     skip_trigrams: list[SkipTrigramTable] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -90,13 +94,16 @@ class ModelAnalysis:
 
 def data_config_for(model: CircuitModel, training: dict | None = None) -> TrainConfig:
     """The repeated-segment data to evaluate ``model`` on: its training data when recorded,
-    else the default recipe fitted to the model's ``d_vocab`` and ``n_ctx``."""
+    else the default recipe fitted to the model's ``d_vocab`` and ``n_ctx`` (at most
+    ``DATA_N_CTX`` positions, so that large models stay quick to analyse)."""
     if training and "train_config" in training:
         return TrainConfig.from_dict(training["train_config"])
-    n_ctx = model.cfg.n_ctx
-    if n_ctx < 4:
-        raise AnalysisError(f"repeated-segment data need n_ctx >= 4 (two copies of 2 tokens); the model has n_ctx={n_ctx}")
-    seg_max = min(24, n_ctx // 2)
+    if model.cfg.n_ctx < 4:
+        raise AnalysisError(
+            f"repeated-segment data need n_ctx >= 4 (two copies of 2 tokens); the model has n_ctx={model.cfg.n_ctx}"
+        )
+    n_ctx = min(model.cfg.n_ctx, DATA_N_CTX)
+    seg_max = min(32, n_ctx // 2)
     seg_min = min(8, max(2, seg_max // 2))
     return TrainConfig(n_layers=model.arch.n_layers, d_vocab=model.cfg.d_vocab, n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max)
 
@@ -122,7 +129,7 @@ def analyze_model(
         raise AnalysisError(f"n_sequences must be an int >= 1, got {n_sequences!r}")
     vocab = check_vocab(model, vocab)
     config = data_config_for(model, training)
-    if (config.d_vocab, config.n_ctx) != (model.cfg.d_vocab, model.cfg.n_ctx):
+    if config.d_vocab != model.cfg.d_vocab or config.n_ctx > model.cfg.n_ctx:
         raise AnalysisError(
             f"the training record's data (d_vocab={config.d_vocab}, n_ctx={config.n_ctx}) do not match the model "
             f"(d_vocab={model.cfg.d_vocab}, n_ctx={model.cfg.n_ctx})"
@@ -138,7 +145,7 @@ def analyze_model(
             qk[layer, head] = eigenvalue_positivity(qk_circuit(model, layer, head, dtype=torch.float64)).cpu()
     analysis = ModelAnalysis(name, model, config, training, losses, copying, qk)
     if model.arch.n_layers == 0:
-        analysis.importance = term_importance(model, batch.tokens)
+        analysis.importance = term_importance(model, batch.tokens)  # one path: never too many
         return analysis
     if model.arch.n_layers > 1:
         with torch.no_grad():
@@ -146,10 +153,17 @@ def analyze_model(
                 analysis.composition[kind] = composition_scores(model, kind, dtype=torch.float64).cpu()
                 analysis.baseline[kind] = composition_baseline(model, kind, seed=seed)
     analysis.heads = detect_heads(model, seed=seed)
-    analysis.importance = term_importance(model, batch.tokens)
-    analysis.importance_repeat = term_importance(model, batch.tokens, target_mask=batch.repeat_mask)
-    # the head whose individual term matters most for the loss on repeated tokens
-    ranked = sorted(analysis.importance_repeat.head_marginal.items(), key=lambda item: -item[1])
+    try:
+        analysis.importance = term_importance(model, batch.tokens)
+        analysis.importance_repeat = term_importance(model, batch.tokens, target_mask=batch.repeat_mask)
+    except NumericCheckError as error:  # too many path logits to hold: report the rest
+        analysis.notes.append(f"term importance skipped: {error}")
+        analysis.importance = analysis.importance_repeat = None
+    if analysis.importance_repeat is not None:
+        # the head whose individual term matters most for the loss on repeated tokens
+        ranked = sorted(analysis.importance_repeat.head_marginal.items(), key=lambda item: -item[1])
+    else:  # the strongest copier
+        ranked = sorted(((h, float(copying[h])) for h in model.arch.heads()), key=lambda item: -item[1])
     analysis.top_head = ranked[0][0]
     analysis.skip_trigrams = [
         skip_trigram_table(model, *analysis.top_head, source, k=5, vocab=vocab)
@@ -405,6 +419,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
         "",
     ]
     lines += _training_md(a)
+    lines += [f"Note: {note}" for note in a.notes] + ([""] if a.notes else [])
     if "training" in figures:
         lines += [f"![training curve]({figures['training']})", ""]
     rows = findings(a, control)
@@ -495,6 +510,7 @@ def analysis_to_dict(a: ModelAnalysis, control: ModelAnalysis | None = None) -> 
         "importance": a.importance.to_dict() if a.importance else None,
         "importance_repeated": a.importance_repeat.to_dict() if a.importance_repeat else None,
         "findings": [vars(f) for f in findings(a, control)],
+        "notes": a.notes,
     }
     if a.heads is not None:
         data["heads"] = {"by_behaviour": a.heads.by_behaviour.labels(), "by_weights": a.heads.by_weights.labels(),

@@ -213,3 +213,22 @@ def test_shipped_models_bear_out_the_papers_findings():
     failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
     assert not failed
     assert shipped_checkpoint(0).exists()
+
+
+def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance_with_a_note(monkeypatch, tmp_path):
+    import numeric_check.report as report
+    from numeric_check.errors import NumericCheckError
+
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=300)
+    assert data_config_for(model).n_ctx == report.DATA_N_CTX
+
+    def too_big(*args, **kwargs):
+        raise NumericCheckError("25 paths would hold too many logits")
+
+    monkeypatch.setattr(report, "term_importance", too_big)
+    analysis = analyze_model(model, n_sequences=2)
+    assert analysis.importance is None and analysis.notes == ["term importance skipped: 25 paths would hold too many logits"]
+    assert analysis.top_head in set(model.arch.heads())
+    assert not any("virtual heads" in f.claim for f in findings(analysis))
+    write_report(analysis, tmp_path, formats=["svg"])
+    assert "Note: term importance skipped" in (tmp_path / "report.md").read_text()
