@@ -299,6 +299,6 @@ def _run_analyze(args) -> int:
     print(f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else ""))
     for f in rows:
         print(f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}")
-    print(f"{sum(f.holds for f in rows)}/{len(rows)} findings hold; wrote {len(written)} files into {out}/ "
-          "(report.md, tables.tex, analysis.json, figures/)")
+    verdict = f"{sum(f.holds for f in rows)}/{len(rows)} findings hold" if rows else "no findings apply to a 0-layer model"
+    print(f"{verdict}; wrote {len(written)} files into {out}/ (report.md, tables.tex, analysis.json, figures/)")
     return 0
