@@ -13,6 +13,7 @@ The command exits 0 when every check passes and the induction circuit is found.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -44,6 +45,7 @@ def _section(title: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     # Heavy imports here, not at module level: the CLI imports this module to build its
     # parser, and `tcircuits --help` should not wait for torch.
     import torch
@@ -53,13 +55,12 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.composition import composition_scores
     from numeric_check.detect import detect_heads, repeated_tokens
     from numeric_check.errors import NumericCheckError
-    from numeric_check.train import shipped_checkpoint
+    from numeric_check.train import shipped_checkpoint, training_record_for
     from numeric_check.verify import verify_logits, verify_qk
 
     if args.batch < 1:
         raise NumericCheckError(f"--batch must be >= 1, got {args.batch}")
     torch.set_num_threads(1)
-    started = time.perf_counter()
     path = args.checkpoint or shipped_checkpoint(2)
     model = load_checkpoint(path)
     arch, cfg = model.arch, model.cfg
@@ -67,12 +68,13 @@ def run(args: argparse.Namespace) -> int:
 
     out(_section("1. The model"))
     out(f"{path}\n{model!r}")
-    record = _training_record(path)
+    record = training_record_for(path)
     if record:
-        final = record.get("final", {})
-        out(f"trained here for {record.get('config', {}).get('steps', '?')} steps on random sequences that contain a "
-            f"repeated segment; loss on the repeats {final.get('repeat_loss', float('nan')):.2f} nats, elsewhere "
-            f"{final.get('other_loss', float('nan')):.2f} (chance: ln {cfg.d_vocab} = {torch.log(torch.tensor(float(cfg.d_vocab))):.2f})")
+        final, train = record.get("final", {}), record["train_config"]
+        out(f"trained by `tcircuits train-toy` for {train.get('steps', '?')} steps on random sequences that contain a "
+            f"repeated segment of {train.get('seg_min', '?')}-{train.get('seg_max', '?')} tokens; held-out loss on the "
+            f"repeats {final.get('repeat_loss', float('nan')):.2f} nats, elsewhere {final.get('other_loss', float('nan')):.2f} "
+            f"(uniform: ln {cfg.d_vocab} = {math.log(cfg.d_vocab):.2f})")
 
     out(_section("2. Its logits as a sum over paths"))
     derivation = catalogue.get("two-layer-logits")
@@ -122,18 +124,6 @@ def run(args: argparse.Namespace) -> int:
         f"{'yes' if found else 'no'}  ({time.perf_counter() - started:.1f} s)")
     sys.stdout.flush()
     return 0 if passed and found else 1
-
-
-def _training_record(path) -> dict | None:
-    """The JSON record of the training run saved beside a checkpoint, if there is one."""
-    import json
-    from pathlib import Path
-
-    record = Path(path).with_suffix(".json")
-    try:
-        return json.loads(record.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _largest_first(report, rows: int) -> str:
