@@ -403,8 +403,18 @@ class CircuitModel(nn.Module):
         return attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.b_V)
 
     def check_finite(self) -> None:
-        """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries."""
+        """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries.
+
+        A fast pre-check per parameter (``aminmax`` propagates NaN and sees ±Inf, without the
+        boolean temporary of ``isfinite``); the exact scan runs only on a parameter that fails it.
+        """
         for name, param in self.named_parameters():
+            if not param.numel():
+                continue
+            with torch.no_grad():
+                low, high = torch.aminmax(param.detach())
+            if bool(torch.isfinite(low) & torch.isfinite(high)):
+                continue
             bad = ~torch.isfinite(param)
             if bad.any():
                 first = tuple(int(i) for i in bad.nonzero()[0])
