@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, NamedTuple
 
 import sympy as sp
@@ -72,15 +73,21 @@ def _recorded_hook(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Recording:
-    """One real forward pass: the tokens, the logits, and the hook values that get frozen.
+    """One real forward pass: the tokens, the unembedding's input, and the hook values that get frozen.
 
-    ``cache`` holds (by hook name) every attention pattern and score, layer-norm scale,
-    MLP output, embedding and residual stream entering or leaving a block.
+    ``final`` is what the model multiplies by ``W_Uᵀ``: ``ln_final``'s output ``[batch, pos,
+    d_model]`` (the final residual stream without layer norm). The forward pass stops there;
+    :attr:`logits` finishes it on demand (``final @ W_U.T + b_U``, the model's own expression,
+    so the values are the model's logits bit for bit). ``cache`` holds (by hook name) every
+    attention pattern and score, layer-norm scale, MLP output, embedding and residual stream
+    entering or leaving a block.
     """
 
     tokens: Tensor  # [batch, pos], long
-    logits: Tensor  # [batch, pos, d_vocab]
+    final: Tensor  # [batch, pos, d_model]
     cache: dict[str, Tensor]
+    W_U: Tensor  # [d_vocab, d_model]
+    b_U: Tensor | None  # [d_vocab]
 
     @property
     def n_batch(self) -> int:
@@ -89,6 +96,12 @@ class Recording:
     @property
     def n_pos(self) -> int:
         return self.tokens.shape[1]
+
+    @cached_property
+    def logits(self) -> Tensor:
+        """The model's logits ``[batch, pos, d_vocab]`` (an unembedding: computed once, when first asked for)."""
+        logits = self.final @ self.W_U.T
+        return logits if self.b_U is None else logits + self.b_U
 
     def get(self, name: str, why: str) -> Tensor:
         """The recorded value of hook ``name``; :class:`AtomBindingError` saying ``why`` it was needed."""
@@ -101,8 +114,42 @@ class Recording:
             ) from None
 
 
+class _Unembedding(Exception):
+    """Raised after ``ln_final`` to end a forward pass before the unembedding."""
+
+
+def unembedding_input(model: CircuitModel, tokens: Tensor, fwd_hooks: Iterable = ()) -> Tensor | None:
+    """The model's forward pass with ``fwd_hooks`` (as :meth:`CircuitModel.run_with_hooks`), stopped
+    before the unembedding: ``ln_final``'s output ``[batch, pos, d_model]``, so that the logits
+    are ``unembedding_input(...) @ W_U.T + b_U``. ``None`` when a hook ended the pass earlier
+    by raising an exception, which propagates.
+
+    >>> from derivations.architecture import Architecture
+    >>> model = CircuitModel.random(Architecture(1, 1, layer_norm=True), d_model=4, d_head=2, d_vocab=6, n_ctx=4)
+    >>> x = unembedding_input(model, torch.tensor([[0, 1, 2]]))
+    >>> torch.equal(x @ model.W_U.T, model(torch.tensor([[0, 1, 2]])))
+    True
+    """
+    seen: dict[str, Tensor] = {}
+
+    def stop(module, args, output: Tensor) -> None:
+        seen["final"] = output
+        raise _Unembedding
+
+    handle = model.ln_final.register_forward_hook(stop)
+    try:
+        with torch.no_grad():
+            model.run_with_hooks(tokens, fwd_hooks)
+    except _Unembedding:
+        pass
+    finally:
+        handle.remove()
+    return seen.get("final")
+
+
 def record(model: CircuitModel, tokens: Tensor | Iterable) -> Recording:
-    """Run ``model`` on ``tokens`` (``[batch, pos]`` or ``[pos]``) and keep what verification freezes.
+    """Run ``model`` on ``tokens`` (``[batch, pos]`` or ``[pos]``) up to its unembedding and keep
+    what verification freezes.
 
     Raises :class:`~numeric_check.errors.ModelInputError` for bad tokens (the model's
     :meth:`~numeric_check.model.CircuitModel.check_tokens`).
@@ -110,14 +157,19 @@ def record(model: CircuitModel, tokens: Tensor | Iterable) -> Recording:
     >>> from derivations.architecture import Architecture
     >>> model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=6, n_ctx=4, seed=0)
     >>> rec = record(model, [0, 1, 2])
-    >>> rec.tokens.shape, rec.logits.shape
-    (torch.Size([1, 3]), torch.Size([1, 3, 6]))
+    >>> rec.tokens.shape, rec.final.shape, rec.logits.shape
+    (torch.Size([1, 3]), torch.Size([1, 3, 4]), torch.Size([1, 3, 6]))
     """
     tokens = model.check_tokens(tokens)
     tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens, names_filter=_recorded_hook)
-    return Recording(tokens, logits, cache)
+    cache: dict[str, Tensor] = {}
+
+    def save(x: Tensor, hook: str) -> None:
+        cache[str(hook)] = x.detach()
+
+    final = unembedding_input(model, tokens, [(_recorded_hook, save)])
+    b_U = None if model.b_U is None else model.b_U.detach()
+    return Recording(tokens, final.detach(), cache, model.W_U.detach(), b_U)
 
 
 # --- bound values ---------------------------------------------------------------------------

@@ -131,3 +131,14 @@ def test_record_rejects_bad_tokens(model):
         record(model, torch.zeros(1, 7, dtype=torch.long))
     rec = record(model, [3, 4, 5])
     assert rec.tokens.shape == (1, 3) and rec.n_batch == 1 and rec.n_pos == 3
+
+
+@pytest.mark.parametrize("arch", [ARCH, Architecture(0, 1, positional="standard", biases=True), Architecture(1, 2)])
+def test_record_stops_before_the_unembedding(arch):
+    m = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, dtype=torch.float64)
+    rec = record(m, TOKENS)
+    assert rec.final.shape == (2, 4, 8) and "logits" not in rec.__dict__  # no unembedding yet
+    assert torch.equal(rec.logits, m(TOKENS))  # the model's own expression, bit for bit
+    if arch.layer_norm:
+        x = rec.cache[f"blocks.{arch.n_layers - 1}.hook_resid_post"]
+        assert torch.allclose(rec.final, (x - x.mean(-1, keepdim=True)) / rec.cache["ln_final.hook_scale"], rtol=0, atol=1e-14)
