@@ -13,9 +13,10 @@ sources, and one path's contribution is what the model computes when
 - at every other layer no head is on and the residual stream passes unchanged.
 
 Value biases are switched off through ``hook_v`` (``v - b_V``), output biases by rebuilding
-``hook_attn_out`` from the masked per-head results, and ``b_U`` by subtracting it from
-the logits, except for the sources they belong to. Many paths run in one batched
-forward pass (each path a group of copies of the batch), in chunks that bound memory.
+``hook_attn_out`` from the masked per-head results, except for the sources they belong to.
+The passes stop before the unembedding (:func:`isolate_final_streams`): what the model
+gives ``W_U`` is compared, and ``b_U`` is on only for its own source. Many paths run in one
+batched forward pass (each path a group of copies of the batch), in chunks that bound memory.
 
 For QK scores (:func:`isolate_qk`) each side path's stream entering the layer is
 isolated the same way; the model's own attention module then computes the head's
@@ -48,7 +49,7 @@ import torch
 from torch import Tensor
 
 from derivations.paths import Path
-from numeric_check.bind import Recording
+from numeric_check.bind import Recording, unembedding_input
 from numeric_check.errors import NumericCheckError
 from numeric_check.model import CircuitModel
 
@@ -164,28 +165,33 @@ class _PathHooks:
                           lambda x, hook: recorded.repeat(copies, 1, 1) * _rows(mlp_on, n_batch, x, 3)))
         return hooks
 
-    def finish_logits(self, logits: Tensor) -> Tensor:
-        """Remove ``b_U`` from every copy whose source is not ``b_U`` itself."""
-        b_U = self.model.b_U
-        if b_U is None:
-            return logits
-        return logits - (1 - _rows(self.b_U_on, self.n_batch, logits, 3)) * b_U
+def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
+                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, Tensor, float]]:
+    """``(i, x, bias)`` for every path: what the model gives its unembedding when only ``paths[i]``
+    is on (``x = ln_final``'s output with its scale frozen, ``[batch, pos, d_model]``), and
+    whether ``b_U`` is on (1.0 for the ``b_U`` source, else 0.0): the path's logits are
+    ``x @ W_U.T + bias * b_U``. The forward passes stop before the unembedding.
+
+    ``model`` must be the model ``rec`` was recorded from. Paths run in batched chunks of
+    about ``chunk_bytes`` of activations each; results come in order.
+    """
+    b, p = rec.n_batch, rec.n_pos
+    per_path = b * p * model.cfg.d_model * max(model.arch.heads_per_layer, default=1) * rec.final.element_size()
+    for chunk in _chunks(len(paths), per_path, chunk_bytes):
+        ph = _PathHooks(model, rec, [paths[i] for i in chunk])
+        final = unembedding_input(model, rec.tokens.repeat(len(chunk), 1), _frozen(rec, len(chunk)) + ph.hooks())
+        for i, part, bias in zip(chunk, final.split(b), ph.b_U_on):
+            yield i, part, bias
 
 
 def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
                         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, Tensor]]:
-    """``(i, logits of paths[i])`` for every path, ``[batch, pos, d_vocab]``, computed by the model.
-
-    ``model`` must be the model ``rec`` was recorded from. Paths run in batched chunks
-    of about ``chunk_bytes`` of logits each; results come in order.
-    """
-    b, p, v = rec.logits.shape
-    per_path = b * p * max(v, model.cfg.d_model * max(model.arch.heads_per_layer, default=1)) * rec.logits.element_size()
-    for chunk in _chunks(len(paths), per_path, chunk_bytes):
-        ph = _PathHooks(model, rec, [paths[i] for i in chunk])
-        logits = ph.finish_logits(_run(model, rec, len(chunk), ph.hooks()))
-        for i, part in zip(chunk, logits.split(b)):
-            yield i, part
+    """``(i, logits of paths[i])`` for every path, ``[batch, pos, d_vocab]``, computed by the model
+    (:func:`isolate_final_streams`, then the model's unembedding ``x @ W_U.T`` plus ``b_U`` for its
+    own source)."""
+    for i, x, bias in isolate_final_streams(model, rec, paths, chunk_bytes=chunk_bytes):
+        logits = x @ model.W_U.T
+        yield i, logits if model.b_U is None or not bias else logits + model.b_U
 
 
 def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], layer: int, *,
@@ -196,7 +202,7 @@ def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], 
     """
     b, p = rec.n_batch, rec.n_pos
     d = model.cfg.d_model
-    per_path = b * p * d * max(model.arch.heads_per_layer[: layer + 1]) * rec.logits.element_size()
+    per_path = b * p * d * max(model.arch.heads_per_layer[: layer + 1]) * rec.final.element_size()
     out: list[Tensor] = []
     for chunk in _chunks(len(paths), per_path, chunk_bytes):
         ph = _PathHooks(model, rec, [paths[i] for i in chunk])
@@ -248,7 +254,7 @@ def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: S
     b, p = rec.n_batch, rec.n_pos
     n_heads = model.arch.heads_per_layer[layer]
     name = f"blocks.{layer}.attn."
-    per_pair = b * p * max(p * n_heads, model.cfg.d_model * n_heads) * rec.logits.element_size()
+    per_pair = b * p * max(p * n_heads, model.cfg.d_model * n_heads) * rec.final.element_size()
     for chunk in _chunks(len(pairs), per_pair, chunk_bytes):
         qs = torch.cat([pairs[i][0] for i in chunk])
         ks = torch.cat([pairs[i][1] for i in chunk])
@@ -289,7 +295,7 @@ def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs
     where = {path: i for i, path in enumerate(side_paths)}
     q: list[Tensor] = []
     k: list[Tensor] = []
-    per_path = rec.n_batch * rec.n_pos * model.cfg.d_model * max(model.arch.heads_per_layer[: layer + 1]) * rec.logits.element_size()
+    per_path = rec.n_batch * rec.n_pos * model.cfg.d_model * max(model.arch.heads_per_layer[: layer + 1]) * rec.final.element_size()
     for chunk in _chunks(len(side_paths), per_path, chunk_bytes):  # only q and k (d_head wide) are kept
         paths = [side_paths[i] for i in chunk]
         streams = isolate_streams(model, rec, paths, layer, chunk_bytes=chunk_bytes)
@@ -355,13 +361,20 @@ class _GradedHooks:
         return hooks
 
 
-def graded_logits(model: CircuitModel, rec: Recording, max_order: int) -> Tensor:
-    """The logits of every path through more than ``max_order`` heads, summed, ``[batch, pos, d_vocab]``,
-    computed by the model in one forward pass over ``max_order + 3`` copies of the batch."""
+def graded_final(model: CircuitModel, rec: Recording, max_order: int) -> Tensor:
+    """What the model gives its unembedding from every path through more than ``max_order`` heads,
+    summed (``ln_final``'s output with its scale frozen, ``[batch, pos, d_model]``; no ``b_U``),
+    computed in one forward pass over ``max_order + 3`` copies of the batch, stopped before the
+    unembedding."""
     hooks = _GradedHooks(model, rec, max_order)
-    logits = _run(model, rec, hooks.copies, hooks.hooks())
-    above = logits.split(rec.n_batch)[max_order + 1]
-    return above if model.b_U is None else above - model.b_U
+    final = unembedding_input(model, rec.tokens.repeat(hooks.copies, 1), _frozen(rec, hooks.copies) + hooks.hooks())
+    return final.split(rec.n_batch)[max_order + 1]
+
+
+def graded_logits(model: CircuitModel, rec: Recording, max_order: int) -> Tensor:
+    """The logits of every path through more than ``max_order`` heads, summed, ``[batch, pos, d_vocab]``
+    (:func:`graded_final` through the model's ``W_U``)."""
+    return graded_final(model, rec, max_order) @ model.W_U.T
 
 
 def graded_qk(model: CircuitModel, rec: Recording, layer: int, head: int, max_order: int, *,

@@ -54,11 +54,13 @@ from numeric_check.bind import Binder, Recording, record
 from numeric_check.errors import NumericCheckError
 from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator
 from numeric_check.hooks import HookPoint
-from numeric_check.isolate import DEFAULT_CHUNK_BYTES, graded_logits, graded_qk, isolate_logit_paths, isolate_qk
+from numeric_check.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
+from numeric_check.maxabs import MaxAbsProduct
 from numeric_check.model import CircuitModel, resolve_device, resolve_dtype
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
+EXACT_LIMIT = 2**31  # batch x pos x d_vocab x d_model up to which check 2 computes every term's error exactly
 
 
 class VerifyError(NumericCheckError, ValueError):
@@ -74,9 +76,12 @@ class TermResult:
     """One term of a verified expansion.
 
     ``norm``: Frobenius norm of the term's contribution over the batch (for scores, over
-    the causal lower triangle); ``max_abs_error``: against the path isolated through the
-    model (``None`` when isolation was skipped). For QK terms ``source``/``heads`` are the
-    query side's and ``key_source``/``key_heads`` the key side's.
+    the causal lower triangle); ``max_abs_error``: the largest absolute difference from the
+    path isolated through the model, computed exactly (``None`` when isolation was skipped,
+    or when the logits term was certified by ``error_bound`` alone); ``error_bound``: a
+    rigorous upper bound on that difference for logits terms (see :func:`verify_logits`).
+    For QK terms ``source``/``heads`` are the query side's and ``key_source``/``key_heads``
+    the key side's.
     """
 
     label: str
@@ -89,6 +94,7 @@ class TermResult:
     composition: str | None = None
     key_source: str | None = None
     key_heads: tuple[tuple[int, int], ...] | None = None
+    error_bound: float | None = None
 
 
 @dataclass
@@ -157,7 +163,8 @@ class VerifyReport:
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         out = []
         for t in self.terms:
-            err = "—" if t.max_abs_error is None else f"{t.max_abs_error:.2e}"
+            err = "—" if t.max_abs_error is None and t.error_bound is None else (
+                f"≤ {t.error_bound:.2e}" if t.max_abs_error is None else f"{t.max_abs_error:.2e}")
             ok = "—" if t.passed is None else ("ok" if t.passed else "FAIL")
             out.append((t.label, str(t.order), f"{t.norm:.4g}", err, ok))
         return out
@@ -405,6 +412,7 @@ def verify_logits(
     limit: int = 1_000_000,
     progress: Progress | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    exact_errors: bool | None = None,
 ) -> VerifyReport:
     """Check the path expansion of the logits against ``model`` on ``tokens`` (see the module docstring).
 
@@ -436,10 +444,57 @@ def verify_logits(
     max_order = expansion.max_order
     s = _setup(model, tokens, dtype, device, atol, rtol)
     with torch.no_grad():
-        return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes)
+        return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes, exact_errors)
 
 
-def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool, progress, chunk_bytes: int) -> VerifyReport:
+class _LogitSpace:
+    """Logits seen from before the unembedding: ``[x, c] ↦ x W_Uᵀ + c b_Uᵀ``.
+
+    A contribution to the logits is kept as its *augmented* input ``[batch, pos, d_model (+1)]``:
+    what it gives ``W_Uᵀ``, and its coefficient of ``b_U`` when the model has one. Every check
+    compares these (exactly equivalent, by linearity) and unembeds only what it reports:
+    largest absolute entries, by :class:`~numeric_check.maxabs.MaxAbsProduct` (exact float64).
+    """
+
+    def __init__(self, model: CircuitModel, rec: Recording):
+        self.names = ["W_U"] + (["b_U"] if model.b_U is not None else [])
+        blocks = [model.W_U.detach().T] + ([model.b_U.detach()[None]] if model.b_U is not None else [])
+        self.product = MaxAbsProduct(blocks)
+        self.rec = rec
+        self.model = self.of(rec.final, 1.0)  # the model's own logits
+
+    def of(self, x: Tensor, bias: float) -> Tensor:
+        """The augmented input of ``x @ W_U.T + bias * b_U``."""
+        if len(self.names) == 1:
+            return x
+        return torch.cat([x, torch.full_like(x[..., :1], bias)], -1)
+
+    def aug(self, parts: dict) -> Tensor:
+        """The augmented input of ``Σ y @ R`` for ``{R: y}`` (:meth:`~numeric_check.evaluate.LogitSum.parts`)."""
+        pieces = {ref[0].name: y for ref, y in parts.items()}
+        unknown = sorted(set(pieces) - set(self.names))
+        if unknown:
+            raise VerifyError(f"terms end in {unknown}, which the model does not unembed with; expected {self.names}")
+        widths = [self.rec.final.shape[-1], 1]
+        zeros = lambda w: self.model.new_zeros(*self.model.shape[:-1], w)  # noqa: E731
+        out = [pieces.get(name, zeros(w)).expand(*self.model.shape[:-1], w) for name, w in zip(self.names, widths)]
+        return out[0] if len(out) == 1 else torch.cat(out, -1)
+
+    def norm(self, ev: LogitEvaluator, x: Tensor) -> float:
+        """``‖x W_Uᵀ‖_F`` for ``x`` before the unembedding, from the evaluator's Gram matrix."""
+        ref = next((left[-1] for left in ev._left if left[-1][0].name == "W_U"), None)
+        if ref is None:
+            return float((x @ self.product.blocks[0]).norm())
+        return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
+
+
+def _exact_by_default(rec: Recording, model: CircuitModel) -> bool:
+    """Whether every term's logit-space error is cheap enough to compute exactly (small vocabularies)."""
+    return rec.n_batch * rec.n_pos * model.cfg.d_vocab * model.cfg.d_model <= EXACT_LIMIT
+
+
+def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool, progress, chunk_bytes: int,
+                   exact_errors: bool | None) -> VerifyReport:
     arch, rec = s.model.arch, s.rec
     kept: list[PathTerm] = list(expansion)
     n_omitted = len(LogitExpansion(arch)) - len(kept)
@@ -449,49 +504,92 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     ev = LogitEvaluator(s.binder, kept + omitted)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
-    scale = _max_abs(rec.logits)
+    space = _LogitSpace(s.model, rec)
+    (scale,) = space.product.max_abs([space.model])
+    exact = _exact_by_default(rec, s.model) if exact_errors is None else bool(exact_errors)
     pending: list = []
     spent = {"isolation": 0.0}
 
     def flush() -> None:  # check 2 for the pending terms: one batched isolation pass per chunk
         t0 = time.perf_counter()
         paths = [kept[v.index].path for v in pending]
-        for (_, iso), v in zip(isolate_logit_paths(s.model, rec, paths, chunk_bytes=chunk_bytes), pending):
-            ours = ev.logits(v)
+        unsettled = []
+        for (_, x, bias), v in zip(isolate_final_streams(s.model, rec, paths, chunk_bytes=chunk_bytes), pending):
+            ours = space.aug(ev.parts(v))
+            error = ours - space.of(x, bias)
             r = results[v.index]
-            r.norm = float(ours.norm())
-            r.max_abs_error = _max_abs(ours - iso)
-            r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, _max_abs(ours))
+            r.error_bound = space.product.bound(error)
+            if not exact and r.error_bound <= s.atol + s.rtol * scale:
+                r.passed = True  # certified: every entry of the error is at most the bound
+            else:
+                unsettled.append((r, error, ours))
+        if unsettled:
+            maxima = space.product.max_abs([t for _, error, ours in unsettled for t in (error, ours)])
+            for j, (r, _, _) in enumerate(unsettled):
+                r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
+                r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, own)
         pending.clear()
         spent["isolation"] += time.perf_counter() - t0
 
-    per_chunk = max(1, chunk_bytes // max(1, rec.logits.numel() * rec.logits.element_size()))
+    per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size() * max(arch.heads_per_layer, default=1)))
     done = 0
     for v in ev.values():  # depth first through the shared trie; only the current branch is held
         if v.index >= len(kept):
             omitted_sum.add(v)
             continue
         kept_sum.add(v)
+        results[v.index].norm = ev.norm(v)
         if isolation:
             pending.append(v)
             if len(pending) >= per_chunk:
                 flush()
-        else:
-            results[v.index].norm = ev.norm(v)
         done += 1
         _tick(progress, "terms", done, len(kept))
     if pending:
         flush()
-    kept_logits = kept_sum.logits()
-    checks = [_sum_check(kept_logits, omitted_sum.logits() if omitted else None, full, rec.logits, scale, s)]
+    kept_aug = space.aug(kept_sum.parts())
+    omitted_aug = space.aug(omitted_sum.parts()) if omitted else None
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]
     s.timings["isolation"] = spent["isolation"]
-    checks.append(_isolation_check(results, isolation, scale, s))
     start = time.perf_counter()
-    model_omitted = graded_logits(s.model, rec, expansion.max_order) if n_omitted else None
-    checks.append(_truncation_check(lambda: rec.logits - kept_logits, model_omitted, n_omitted, scale, s))
+    model_omitted = space.of(graded_final(s.model, rec, expansion.max_order), 0.0) if n_omitted else None
     s.timings["truncation"] = time.perf_counter() - start
+    start = time.perf_counter()
+    checks = _logit_checks(space, ev, kept_aug, omitted_aug, model_omitted, full, n_omitted, scale, s)
+    s.timings["unembed"] = time.perf_counter() - start
+    checks.insert(1, _isolation_check(results, isolation, scale, s))
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
+
+
+def _logit_checks(space: _LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
+                  full, n_omitted: int, scale: float, s: _Setup) -> list[CheckResult]:
+    """Checks 1 and 3 on augmented inputs (see :class:`_LogitSpace`): the differences are formed
+    before the unembedding, and one pass finds every largest logit-space entry."""
+    rows = []
+    if full is not False:
+        rows.append(kept - space.model if omitted is None else (kept + omitted).sub_(space.model))
+    if model_omitted is not None:
+        rows += [(space.model - kept).sub_(model_omitted), model_omitted]
+    maxima = iter(space.product.max_abs(rows))
+    if full is False:
+        checks = [CheckResult("sum", None, None, None, None, "too many terms in the untruncated expansion")]
+    else:
+        detail = "" if full is None else f"over all {len(full):,} terms of the untruncated expansion"
+        checks = [_result_of("sum", next(maxima), scale, s, detail)]
+    if model_omitted is None:
+        checks.append(CheckResult("truncation", None, None, None, None, "no term omitted"))
+    else:
+        error, own = next(maxima), next(maxima)
+        norm = space.norm(ev, model_omitted[..., : space.rec.final.shape[-1]])
+        checks.append(_result_of("truncation", error, max(scale, own), s,
+                                 f"{n_omitted:,} omitted terms, computed by the model (order-graded forward pass); "
+                                 f"their norm is {norm:.4g}"))
+    return checks
+
+
+def _result_of(name: str, err: float, scale: float, s: _Setup, detail: str = "") -> CheckResult:
+    tol = s.atol + s.rtol * scale
+    return CheckResult(name, bool(err <= tol), err, _relative(err, scale), tol, detail)
 
 
 def _sum_check(kept: Tensor, omitted: Tensor | None, full, reference: Tensor, scale: float, s: _Setup) -> CheckResult:
@@ -607,12 +705,17 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
 
 
 def _isolation_check(results: Sequence[TermResult], isolation: bool, scale: float, s: _Setup) -> CheckResult:
+    """Check 2 over the terms; a term certified by its bound counts with its bound."""
     if not isolation:
         return CheckResult("isolation", None, None, None, None, "skipped (isolation=False)")
-    errors = [r.max_abs_error for r in results]
+    errors = [r.error_bound if r.max_abs_error is None else r.max_abs_error for r in results]
     worst = math.nan if any(math.isnan(e) for e in errors) else max(errors, default=0.0)
     failed = [r.label for r in results if not r.passed]
     detail = f"{len(results):,} terms, each against its path isolated by the model's own hooks"
+    bounded = sum(r.max_abs_error is None for r in results)
+    if bounded:
+        detail += (f"; {bounded:,} certified by a rigorous bound on their logit-space error (max |e·w| ≤ ‖e‖‖w‖, "
+                   "errors formed before the unembedding), shown as ≤ bound; the rest computed exactly")
     if failed:
         detail += f"; {len(failed):,} failed, e.g. {', '.join(failed[:3])}"
     return CheckResult("isolation", not failed, worst, _relative(worst, scale), s.atol + s.rtol * scale, detail)

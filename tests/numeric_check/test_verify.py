@@ -75,31 +75,52 @@ def test_qk_only_positions_with_layer_norm():
 # --- the checks can fail --------------------------------------------------------------------
 
 
-def test_a_wrong_coefficient_fails_checks_1_and_2(monkeypatch):
+@pytest.mark.parametrize("exact_errors", [None, False])
+def test_a_wrong_coefficient_fails_checks_1_and_2(monkeypatch, exact_errors):
     real = verify_module.Binder.coeff
     monkeypatch.setattr(verify_module.Binder, "coeff", lambda self, c: real(self, c) * (1 + 1e-6))
-    report = verify_logits(small_model(), TOKENS)
+    report = verify_logits(small_model(), TOKENS, exact_errors=exact_errors)
     assert not report.passed
     assert report.check("sum").passed is False
     assert report.check("isolation").passed is False
     assert "failed" in report.check("isolation").detail
+    failed = [t for t in report.terms if not t.passed]
+    assert failed and all(t.max_abs_error is not None and t.max_abs_error <= t.error_bound for t in failed)
+
+
+def test_one_wrong_term_fails_check_1_in_logit_space(monkeypatch):
+    # a term off by 1e-7 of its size in one vocabulary direction only: the sum check sees it
+    real = verify_module.LogitEvaluator.values
+
+    def values(self):
+        for v in real(self):
+            if self.terms[v.index].label == "tok→L0H1→L1H0":
+                v = v._replace(coeff=v.coeff * (1 + 1e-7))
+            yield v
+
+    monkeypatch.setattr(verify_module.LogitEvaluator, "values", values)
+    report = verify_logits(small_model(), TOKENS, exact_errors=False)
+    assert report.check("sum").passed is False and report.check("sum").max_abs_error > 1e-9 * report.scale
+    bad = next(t for t in report.terms if t.label == "tok→L0H1→L1H0")
+    assert bad.passed is False and report.check("isolation").passed is False
+    assert sum(not t.passed for t in report.terms) == 1
 
 
 def test_a_wrong_omitted_part_fails_check_3(monkeypatch):
-    monkeypatch.setattr(verify_module, "graded_logits", lambda model, rec, k: torch.zeros_like(rec.logits))
+    monkeypatch.setattr(verify_module, "graded_final", lambda model, rec, k: torch.zeros_like(rec.final))
     report = verify_logits(small_model(), TOKENS, max_order=0)
     assert report.check("sum").passed and report.check("isolation").passed
     assert report.check("truncation").passed is False and not report.passed
 
 
 def test_a_wrong_isolation_fails_check_2(monkeypatch):
-    real = verify_module.isolate_logit_paths
+    real = verify_module.isolate_final_streams
 
     def shifted(*args, **kwargs):
-        for i, logits in real(*args, **kwargs):
-            yield i, logits + 1e-3
+        for i, x, bias in real(*args, **kwargs):
+            yield i, x + 1e-3, bias
 
-    monkeypatch.setattr(verify_module, "isolate_logit_paths", shifted)
+    monkeypatch.setattr(verify_module, "isolate_final_streams", shifted)
     report = verify_logits(small_model(), TOKENS)
     assert report.check("sum").passed and report.check("isolation").passed is False
     assert all(t.passed is False for t in report.terms)
@@ -131,6 +152,16 @@ def test_report_fields_and_formats():
     assert "| term | order | norm | max abs error | ok |" in md and "more" in md
     text = str(report)
     assert "1. sum of all terms = model" in text and "PASSED" in text and "tok→L0H1" in text
+
+
+def test_bounded_and_exact_term_errors_agree():
+    model = small_model()
+    exact = verify_logits(model, TOKENS, exact_errors=True)
+    bounded = verify_logits(model, TOKENS, exact_errors=False)
+    assert exact.passed and bounded.passed
+    for a, b in zip(exact.terms, bounded.terms):
+        assert b.max_abs_error is None and a.max_abs_error <= a.error_bound == b.error_bound
+    assert "≤" in bounded.to_text() and "bound" in bounded.check("isolation").detail
 
 
 def test_norms_match_with_and_without_isolation():
