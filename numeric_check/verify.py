@@ -419,11 +419,20 @@ def verify_logits(
     ``tokens``: ids ``[batch, pos]`` or ``[pos]``. ``max_order`` keeps paths through at most
     that many heads (check 3 then covers the rest). The model is copied to ``dtype`` and
     ``device`` (``None``: CUDA when available, else CPU); the original is never modified.
-    ``isolation=False`` skips check 2 (one batched forward pass per chunk of terms, each
-    with its own unembedding: the expensive check on large vocabularies); term norms then
-    come from Gram matrices instead of each term's logits. ``expansion`` may be given
-    (built for ``model.arch``); ``limit`` bounds the terms built. ``progress(stage, done,
-    total)`` is called as terms are checked.
+    Every comparison is made before the unembedding, where it is exactly equivalent (the
+    logits are ``x W_Uᵀ + c b_U``, linear in what reaches ``W_U``): the model's forward passes
+    stop at ``ln_final``'s output, and only the differences are unembedded, for their largest
+    entries (:class:`~numeric_check.maxabs.MaxAbsProduct`: float64 figures from a float32
+    screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (float64, once per call).
+
+    ``isolation=False`` skips check 2 (a batched forward pass of the model per chunk of
+    terms). In check 2 a term's logit-space error ``e W_Uᵀ`` is certified by the rigorous
+    bound ``max |e·w| ≤ max‖e‖ · max‖w‖`` when that is within the tolerance (reported as
+    ``error_bound``, ``max_abs_error`` left ``None``); otherwise, or when ``exact_errors``,
+    it is computed exactly (one screened unembedding per term). ``exact_errors=None``
+    computes exactly when cheap (``batch·pos·d_vocab·d_model ≤ EXACT_LIMIT``). Pass/fail is
+    the same either way. ``expansion`` may be given (built for ``model.arch``); ``limit``
+    bounds the terms built. ``progress(stage, done, total)`` is called as terms are checked.
 
     Raises :class:`~numeric_check.errors.ModelInputError` (tokens),
     :class:`~numeric_check.errors.WeightError` (NaN/Inf weights),
