@@ -34,7 +34,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
     "numeric_check.verify": ("ExpansionMismatch", "VerifyError", "VerifyReport", "verify_logits", "verify_qk"),
     "numeric_check.bind": ("Binder", "Recording", "record"),
-    "numeric_check.train": ("TrainConfig", "shipped_checkpoint", "train_toy"),
+    "numeric_check.train": ("shipped_checkpoint", "train_toy"),
+    "numeric_check.train_config": ("TrainConfig",),
     "numeric_check.importance": ("term_importance",),
     "numeric_check.report": ("analyze_model", "findings", "write_report"),
 }

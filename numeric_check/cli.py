@@ -60,7 +60,7 @@ examples:
 
 def register_train_toy(subparsers) -> None:
     """Add ``train-toy`` to the ``tcircuits`` parser."""
-    from numeric_check.train import TrainConfig
+    from numeric_check.train_config import TrainConfig  # torch-free: --help stays fast
 
     d = TrainConfig()
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",

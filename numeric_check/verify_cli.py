@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-import torch
+from typing import TYPE_CHECKING
 
 from derivations.architecture import POSITIONAL_KINDS, Architecture
 from numeric_check.errors import NumericCheckError
-from numeric_check.model import CircuitModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from numeric_check.model import CircuitModel
+
+# torch is imported inside the functions that run the command, not here: the CLI imports
+# this module to build its parser, and `tcircuits --help` should not wait for torch.
 
 DESCRIPTION = """\
 Check, numerically, that the path expansion of a transformer adds up to what a real
@@ -126,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
 def default_rtol(dtype) -> float:
     """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision."""
+    import torch
+
     from numeric_check.model import resolve_dtype
 
     dtype = resolve_dtype(dtype)
@@ -134,6 +142,10 @@ def default_rtol(dtype) -> float:
 
 def build_model(args: argparse.Namespace) -> CircuitModel:
     """The checkpoint, or a random model from the options (defaults filled in)."""
+    import torch
+
+    from numeric_check.model import CircuitModel
+
     given = [name for name in _RANDOM_DEFAULTS if getattr(args, name, None) is not None]
     if args.checkpoint is not None:
         if given:
@@ -161,6 +173,8 @@ def parse_heads(text: str) -> int | tuple[int, ...]:
 
 def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
     """``--tokens`` parsed, or random tokens from ``--batch``, ``--seq-len``, ``--token-seed``."""
+    import torch
+
     cfg = model.cfg
     if args.tokens is not None:
         try:
