@@ -131,7 +131,10 @@ def _largest_first(report, rows: int) -> str:
     ranked = sorted(report.terms, key=lambda t: -t.norm)
     lines = report.summary_lines() + ["", f"{'term':<34} {'order':>5} {'norm':>10} {'vs isolated path':>17}"]
     for t in ranked[:rows]:
-        err = "—" if t.max_abs_error is None else f"{t.max_abs_error:.1e}"
+        if t.max_abs_error is not None:
+            err = f"{t.max_abs_error:.1e}"
+        else:  # certified by a rigorous bound (large vocabularies), or not checked
+            err = "—" if t.error_bound is None else f"≤ {t.error_bound:.1e}"
         lines.append(f"{t.label:<34} {t.order:>5} {t.norm:>10.4g} {err:>17}")
     if len(ranked) > rows:
         lines.append(f"… {len(ranked) - rows} smaller terms")
