@@ -17,6 +17,7 @@ computation of the same quantity. Run: ``python benchmarks/bench_circuits.py [--
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from typing import Callable
@@ -103,6 +104,20 @@ def main(argv: list[str] | None = None) -> None:
     for name, t_tl, t_us, diff, rel, tl_err, our_err in rows:
         print(f"{name:38s} {t_tl:8.4f} {t_us:8.4f} {t_tl / t_us:6.2f}x {diff:10.2e} {rel:9.2e} {tl_err:9.2e} {our_err:9.2e}")
     print("\nTL err / our err: largest difference from the same quantity computed in float64 (both runs are float32).")
+
+    # Agreement without float32 rounding: both libraries in float64 on the same weights.
+    tl64 = copy.deepcopy(tl).to(torch.float64)
+    checks = [
+        ("W_OV eigenvalues", eigen_difference(tl64.OV.eigenvalues, ov_eigenvalues(ours, dtype=torch.float64))[0]),
+        ("W_U W_OV W_E eigenvalues", eigen_difference((tl64.W_E @ tl64.OV @ tl64.W_U).eigenvalues,
+                                                      ov_circuit_eigenvalues(ours, dtype=torch.float64))[0]),
+    ]
+    for mode in "QKV":
+        diff = (tl64.all_composition_scores(mode) - composition_scores(ours, mode, dtype=torch.float64)).abs().max()
+        checks.append((f"composition scores {mode}", float(diff)))
+    print("\nagreement with TransformerLens, both in float64 (target 1e-5):")
+    for name, diff in checks:
+        print(f"  {name:38s} max |TL - ours| {diff:9.2e}  {'ok' if diff <= 1e-5 else 'OVER'}")
 
 
 if __name__ == "__main__":
