@@ -186,15 +186,6 @@ def test_bad_heads_and_orders_are_clear_errors():
         positional_qk_circuit(make(Architecture(1, 1)), 0, 0)
 
 
-@pytest.mark.parametrize("module", ["factored", "circuits", "composition", "skip_trigrams", "detect"])
-def test_docstring_examples_run(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"numeric_check.{module}"), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_analyses_on_cuda_match_cpu():
