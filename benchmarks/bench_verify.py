@@ -187,7 +187,8 @@ def main(argv=None) -> int:
         def exact_errors():
             worst = 0.0
             order = sorted(values)
-            for (_, x, bias), i in zip(isolate_final_streams(work, rec, [terms[i].path for i in order]), order):
+            for j, x, bias in isolate_final_streams(work, rec, [terms[i].path for i in order]):
+                i = order[j]
                 ours = space.aug(ev.parts(values[i]))
                 worst = max(worst, space.product.max_abs([ours - space.of(x, bias), ours])[0])
             return worst

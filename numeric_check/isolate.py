@@ -170,18 +170,80 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
     """``(i, x, bias)`` for every path: what the model gives its unembedding when only ``paths[i]``
     is on (``x = ln_final``'s output with its scale frozen, ``[batch, pos, d_model]``), and
     whether ``b_U`` is on (1.0 for the ``b_U`` source, else 0.0): the path's logits are
-    ``x @ W_U.T + bias * b_U``. The forward passes stop before the unembedding.
+    ``x @ W_U.T + bias * b_U``.
 
-    ``model`` must be the model ``rec`` was recorded from. Paths run in batched chunks of
-    about ``chunk_bytes`` of activations each; results come in order.
+    Paths that differ only in their last head share one copy of the batch (see
+    :func:`_copies`): the copy isolates their common prefix, and the model's
+    ``attn.hook_result`` at a path's last layer, read before the other heads are switched
+    off, is that path's stream there (its layer's residual is dropped, and every later
+    layer passes it unchanged: no head, bias or MLP of the path is on). The model's own
+    ``ln_final`` (scale frozen) then gives its unembedding input. A copy stops at the last
+    ``hook_result`` it needs, or before the unembedding when the prefix is itself one of
+    ``paths``.
+
+    ``model`` must be the model ``rec`` was recorded from. Copies run in batched chunks of
+    about ``chunk_bytes`` of activations each; every path comes exactly once, chunk by
+    chunk (in index order within a chunk), so use ``i`` to match them.
     """
     b, p = rec.n_batch, rec.n_pos
-    per_path = b * p * model.cfg.d_model * max(model.arch.heads_per_layer, default=1) * rec.final.element_size()
-    for chunk in _chunks(len(paths), per_path, chunk_bytes):
-        ph = _PathHooks(model, rec, [paths[i] for i in chunk])
-        final = unembedding_input(model, rec.tokens.repeat(len(chunk), 1), _frozen(rec, len(chunk)) + ph.hooks())
-        for i, part, bias in zip(chunk, final.split(b), ph.b_U_on):
-            yield i, part, bias
+    heads = model.arch.heads_per_layer
+    per_copy = b * p * model.cfg.d_model * (max(heads, default=1) + sum(heads)) * rec.final.element_size()
+    copies = _copies(paths)
+    prefixes = list(copies)
+    for chunk in _chunks(len(prefixes), per_copy, chunk_bytes):
+        yield from _isolate_chunk(model, rec, paths, {prefixes[j]: copies[prefixes[j]] for j in chunk})
+
+
+def _copies(paths: Sequence[Path]) -> dict[Path, list[int]]:
+    """The indices of ``paths`` by the prefix path one copy of the batch isolates for them: a path
+    through heads goes with its prefix one head shorter, a path through none with itself."""
+    copies: dict[Path, list[int]] = {}
+    for i, path in enumerate(paths):
+        copies.setdefault(Path(path.source, path.heads[:-1]), []).append(i)
+    return copies
+
+
+def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path],
+                   copies: dict[Path, list[int]]) -> Iterator[tuple[int, Tensor, float]]:
+    """One batched forward pass over one copy of the batch per prefix (see :func:`isolate_final_streams`)."""
+    b, n = rec.n_batch, len(copies)
+    prefixes = list(copies)
+    whole = any(paths[i] == prefix for prefix in prefixes for i in copies[prefix])
+    last = {paths[i].heads[-1][0] for prefix in prefixes for i in copies[prefix] if paths[i] != prefix}
+    results: dict[int, Tensor] = {}
+
+    def capture(layer: int) -> Callable:
+        def hook(x: Tensor, _) -> None:
+            results[layer] = x  # every head's result, before the path's hooks switch them off
+            if not whole and layer == max(last):
+                raise _Stop
+        return hook
+
+    hooks = [(f"blocks.{layer}.attn.hook_result", capture(layer)) for layer in sorted(last)]
+    hooks += _PathHooks(model, rec, prefixes).hooks()
+    tokens = rec.tokens.repeat(n, 1)
+    final = unembedding_input(model, tokens, _frozen(rec, n) + hooks) if whole else _run(model, rec, n, hooks)
+    order, streams = [], []
+    for c, prefix in enumerate(prefixes):
+        for i in copies[prefix]:
+            if paths[i] == prefix:
+                streams.append(final[c * b:(c + 1) * b])
+            else:
+                layer, head = paths[i].heads[-1]
+                streams.append(_final_norm(model, rec, results[layer][c * b:(c + 1) * b, :, head]))
+            order.append(i)
+    for j in sorted(range(len(order)), key=order.__getitem__):
+        i = order[j]
+        yield i, streams[j], float(paths[i].source.kind == "unembed_bias")
+
+
+def _final_norm(model: CircuitModel, rec: Recording, stream: Tensor) -> Tensor:
+    """The model's ``ln_final`` on a final residual stream of the batch, its scale frozen."""
+    name = "ln_final.hook_scale"
+    if name not in rec.cache:
+        return model.ln_final(stream)
+    with torch.no_grad(), model.hooks([(name, lambda x, hook: rec.cache[name])]):
+        return model.ln_final(stream)
 
 
 def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,

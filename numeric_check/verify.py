@@ -523,7 +523,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         t0 = time.perf_counter()
         paths = [kept[v.index].path for v in pending]
         unsettled = []
-        for (_, x, bias), v in zip(isolate_final_streams(s.model, rec, paths, chunk_bytes=chunk_bytes), pending):
+        for j, x, bias in isolate_final_streams(s.model, rec, paths, chunk_bytes=chunk_bytes):
+            v = pending[j]
             ours = space.aug(ev.parts(v))
             error = ours - space.of(x, bias)
             r = results[v.index]
@@ -540,7 +541,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         pending.clear()
         spent["isolation"] += time.perf_counter() - t0
 
-    per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size() * max(arch.heads_per_layer, default=1)))
+    # paths per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
+    per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
     done = 0
     for v in ev.values():  # depth first through the shared trie; only the current branch is held
         if v.index >= len(kept):

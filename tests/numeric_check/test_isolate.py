@@ -20,7 +20,7 @@ TOKENS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]])
 
 
 def isolated(model, rec, paths, **kw):
-    return [logits for _, logits in isolate_logit_paths(model, rec, paths, **kw)]
+    return [logits for _, logits in sorted(isolate_logit_paths(model, rec, paths, **kw), key=lambda pair: pair[0])]
 
 
 def test_one_head_by_hand():
