@@ -15,7 +15,7 @@ env: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[test,tl,hf,plots]"
+	$(BIN)/pip install -q -e ".[test,tl,hf]"
 	touch $(STAMP)
 
 demo: $(STAMP)

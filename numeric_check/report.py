@@ -530,7 +530,7 @@ def _pairs(a: ModelAnalysis, kind: str):
 
 def make_figures(a: ModelAnalysis) -> dict[str, object]:
     """The report's figures by name (Matplotlib figures, not yet written)."""
-    from numeric_check import plots  # matplotlib is an optional dependency
+    from numeric_check import plots  # imported when figures are drawn: matplotlib is slow to import
 
     figures = {}
     if a.training and a.training.get("curve"):
