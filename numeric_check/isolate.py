@@ -15,8 +15,10 @@ sources, and one path's contribution is what the model computes when
 Value biases are switched off through ``hook_v`` (``v - b_V``), output biases by rebuilding
 ``hook_attn_out`` from the masked per-head results, except for the sources they belong to.
 The passes stop before the unembedding (:func:`isolate_final_streams`): what the model
-gives ``W_U`` is compared, and ``b_U`` is on only for its own source. Many paths run in one
-batched forward pass (each path a group of copies of the batch), in chunks that bound memory.
+gives ``W_U`` is compared, and ``b_U`` is on only for its own source. Paths that differ only in
+their last head share one copy of the batch (every head's ``hook_result`` is read at that
+layer), a copy starts where its prefix's copy left off, and copies run batched, in chunks
+that bound memory.
 
 For QK scores (:func:`isolate_qk`) each side path's stream entering the layer is
 isolated the same way; the model's own attention module then computes the head's
@@ -179,7 +181,10 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
     layer passes it unchanged: no head, bias or MLP of the path is on). The model's own
     ``ln_final`` (scale frozen) then gives its unembedding input. A copy stops at the last
     ``hook_result`` it needs, or before the unembedding when the prefix is itself one of
-    ``paths``.
+    ``paths``. A copy whose prefix passes through heads starts after the prefix's last
+    layer: the model's own blocks run from the stream its parent copy read there (the
+    stream a full pass would carry into that layer), so every layer is computed once per
+    prefix rather than once per path.
 
     ``model`` must be the model ``rec`` was recorded from. Copies run in batched chunks of
     about ``chunk_bytes`` of activations each; every path comes exactly once, chunk by
@@ -189,27 +194,47 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
     heads = model.arch.heads_per_layer
     per_copy = b * p * model.cfg.d_model * (max(heads, default=1) + sum(heads)) * rec.final.element_size()
     copies = _copies(paths)
-    prefixes = list(copies)
-    for chunk in _chunks(len(prefixes), per_copy, chunk_bytes):
-        yield from _isolate_chunk(model, rec, paths, {prefixes[j]: copies[prefixes[j]] for j in chunk})
+    parent_of = {q: Path(q.source, q.heads[:-1]) for q in copies if q.heads}
+    entering: dict[Path, Tensor] = {}  # a prefix's stream leaving its last layer, read by its parent copy
+    for depth in sorted({len(prefix.heads) for prefix in copies}):
+        level = sorted((q for q in copies if len(q.heads) == depth), key=lambda q: q.heads[-1][0] if q.heads else -1)
+        for chunk in _chunks(len(level), per_copy, chunk_bytes):
+            prefixes = [level[j] for j in chunk]
+            starts = {q.heads[-1][0] + 1 if q.heads else 0 for q in prefixes}
+            for start in sorted(starts):  # one pass per starting layer
+                group = [q for q in prefixes if (q.heads[-1][0] + 1 if q.heads else 0) == start]
+                children = {q: parent for q, parent in parent_of.items() if parent in group}
+                yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start)
+            for q in prefixes:
+                entering.pop(q, None)
 
 
 def _copies(paths: Sequence[Path]) -> dict[Path, list[int]]:
     """The indices of ``paths`` by the prefix path one copy of the batch isolates for them: a path
-    through heads goes with its prefix one head shorter, a path through none with itself."""
+    through heads goes with its prefix one head shorter, a path through none with itself. Every
+    prefix's own prefixes get a copy too (with no path of their own when none is asked for): each
+    copy starts from the stream its parent's copy reads."""
     copies: dict[Path, list[int]] = {}
     for i, path in enumerate(paths):
         copies.setdefault(Path(path.source, path.heads[:-1]), []).append(i)
+    for prefix in list(copies):
+        while prefix.heads:
+            prefix = Path(prefix.source, prefix.heads[:-1])
+            copies.setdefault(prefix, [])
     return copies
 
 
-def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path],
-                   copies: dict[Path, list[int]]) -> Iterator[tuple[int, Tensor, float]]:
-    """One batched forward pass over one copy of the batch per prefix (see :func:`isolate_final_streams`)."""
+def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], copies: dict[Path, list[int]],
+                   children: dict[Path, Path], entering: dict[Path, Tensor], start: int) -> Iterator[tuple[int, Tensor, float]]:
+    """One batched forward pass over one copy of the batch per prefix (see :func:`isolate_final_streams`),
+    from the embeddings (``start == 0``, prefixes through no head) or from block ``start`` with each
+    copy's stream ``entering[prefix]``; it stores in ``entering`` the streams the ``children`` (by their
+    parent prefix) start from."""
     b, n = rec.n_batch, len(copies)
     prefixes = list(copies)
     whole = any(paths[i] == prefix for prefix in prefixes for i in copies[prefix])
     last = {paths[i].heads[-1][0] for prefix in prefixes for i in copies[prefix] if paths[i] != prefix}
+    last |= {child.heads[-1][0] for child in children}
     results: dict[int, Tensor] = {}
 
     def capture(layer: int) -> Callable:
@@ -220,9 +245,18 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path],
         return hook
 
     hooks = [(f"blocks.{layer}.attn.hook_result", capture(layer)) for layer in sorted(last)]
-    hooks += _PathHooks(model, rec, prefixes).hooks()
-    tokens = rec.tokens.repeat(n, 1)
-    final = unembedding_input(model, tokens, _frozen(rec, n) + hooks) if whole else _run(model, rec, n, hooks)
+    ph = _PathHooks(model, rec, prefixes)
+    hooks += ph.hooks()
+    final = None  # the unembedding input, when a prefix through no head is itself a path
+    if start == 0:
+        tokens = rec.tokens.repeat(n, 1)
+        final = unembedding_input(model, tokens, _frozen(rec, n) + hooks) if whole else _run(model, rec, n, hooks)
+    else:
+        _run_blocks(model, rec, ph, torch.cat([entering[q] for q in prefixes]), start, _frozen(rec, n) + hooks)
+    where = {q: c for c, q in enumerate(prefixes)}
+    for child, parent in children.items():
+        c, (layer, head) = where[parent], child.heads[-1]
+        entering[child] = results[layer][c * b:(c + 1) * b, :, head].clone()
     order, streams = [], []
     for c, prefix in enumerate(prefixes):
         for i in copies[prefix]:
@@ -235,6 +269,22 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path],
     for j in sorted(range(len(order)), key=order.__getitem__):
         i = order[j]
         yield i, streams[j], float(paths[i].source.kind == "unembed_bias")
+
+
+def _run_blocks(model: CircuitModel, rec: Recording, ph: _PathHooks, x: Tensor, start: int, hooks: list[Hook]) -> None:
+    """The model's blocks from ``start`` on, over the stacked streams ``x`` entering it, with ``hooks``,
+    until a hook stops them. Queries and keys read the recorded ``hook_pos_embed`` for ``qk_only``
+    positions (on for the position source only, as ``ph`` gates it); patterns are frozen anyway."""
+    qk_pos = None
+    if model.arch.positional == "qk_only":
+        pos = rec.cache["hook_pos_embed"].repeat(len(ph.paths), 1, 1)
+        qk_pos = pos * _rows(ph.position_on, ph.n_batch, pos, 3)
+    try:
+        with torch.no_grad(), model.hooks(hooks):
+            for block in model.blocks[start:]:
+                x = block(x, qk_pos)
+    except _Stop:
+        return
 
 
 def _final_norm(model: CircuitModel, rec: Recording, stream: Tensor) -> Tensor:
