@@ -101,3 +101,28 @@ def test_isolation_leaves_no_hooks_and_no_changes():
     graded_qk(model, rec, 1, 0, 0)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(model(TOKENS), rec.logits)  # no hook left behind
+
+
+def test_paths_differing_in_their_last_head_share_a_copy():
+    arch = Architecture(2, 3, layer_norm=True)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    paths = [t.path for t in expand_logits(arch)]  # tok: direct, 3 through L0, 3 through L1, 9 through both
+    rows = {"hook_embed": 0, "blocks.1.hook_resid_pre": 0}
+
+    def count(x, hook):
+        rows[str(hook)] += x.shape[0]
+
+    with model.hooks([(name, count) for name in rows]):
+        parts = isolated(model, rec, paths)
+    b = TOKENS.shape[0]
+    # one copy from the embeddings (tok: every path through at most one head), and one per L0 head
+    # starting at block 1 (its three paths through L1)
+    assert rows == {"hook_embed": b, "blocks.1.hook_resid_pre": 4 * b}
+    (path,) = [i for i, p in enumerate(paths) if p.heads == ((0, 2), (1, 1))]
+    A0, A1 = (rec.cache[f"blocks.{l}.attn.hook_pattern"][:, h] for l, h in ((0, 2), (1, 1)))
+    N0, N1, Nf = (1 / rec.cache[name] for name in ("blocks.0.ln1.hook_scale", "blocks.1.ln1.hook_scale", "ln_final.hook_scale"))
+    at0, at1 = model.blocks[0].attn, model.blocks[1].attn
+    x = A0 @ (N0 * model.W_E.T[TOKENS]) @ at0.W_V[2].T @ at0.W_O[2].T
+    expected = Nf * (A1 @ (N1 * x) @ at1.W_V[1].T @ at1.W_O[1].T) @ model.W_U.T
+    assert torch.allclose(parts[path], expected.detach(), rtol=1e-12, atol=1e-13)
