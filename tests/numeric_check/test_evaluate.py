@@ -15,7 +15,7 @@ from derivations.qk import expand_qk
 from numeric_check.bind import Binder, record
 from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
 from numeric_check.model import CircuitModel
-from tests.numeric_check.strategies_models import models_and_tokens
+from tests.strategies import models_and_tokens
 
 torch.set_num_threads(1)
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

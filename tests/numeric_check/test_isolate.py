@@ -12,7 +12,7 @@ from derivations.qk import expand_qk
 from numeric_check.bind import record
 from numeric_check.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
 from numeric_check.model import CircuitModel
-from tests.numeric_check.strategies_models import models_and_tokens
+from tests.strategies import models_and_tokens
 
 torch.set_num_threads(1)
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ from derivations.qk import expand_qk
 from numeric_check.errors import DeviceError, ModelInputError, WeightError
 from numeric_check.model import CircuitModel
 from numeric_check.verify import ExpansionMismatch, VerifyError, verify_logits, verify_qk, working_copy
-from tests.numeric_check.strategies_models import max_orders, models_and_tokens
+from tests.strategies import max_orders, models_and_tokens
 
 torch.set_num_threads(1)
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
