@@ -108,14 +108,29 @@ def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     return config, tensors
 
 
+def _unpickler_detail(message: str) -> str:
+    """The unpickler's own complaint inside torch's weights-only error message."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            rest = line.split("WeightsUnpickler error:", 1)[1].strip()
+            return rest or (lines[i + 1] if i + 1 < len(lines) else "unreadable")
+    return lines[-1] if lines else "unreadable"
+
+
 def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"checkpoint {path} holds objects other than tensors and plain containers; refusing to unpickle them "
-            f"(only weights_only=True loading is allowed): {str(err).splitlines()[0]}"
-        ) from None
+        # torch's message opens with advice to retry with weights_only=False: never pass that on.
+        detail = _unpickler_detail(str(err))
+        if "Unsupported global" in detail:
+            detail = detail.split(" was not an allowed global")[0]  # drop torch's how-to-allow-it advice
+            raise CheckpointError(
+                f"checkpoint {path} holds objects other than tensors and plain containers ({detail}); "
+                "refusing to unpickle them: only weights_only=True loading is allowed"
+            ) from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a torch checkpoint ({detail})") from None
     except Exception as err:  # zip and pickle errors for corrupt or truncated files
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a readable torch file): {err}") from None
     if not isinstance(data, dict) or not {"config", "state_dict"} <= set(data):

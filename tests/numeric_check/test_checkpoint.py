@@ -81,9 +81,18 @@ class Payload:
 def test_torch_file_with_objects_is_refused(tmp_path, capsys):
     path = tmp_path / "evil.pth"
     torch.save({"config": {}, "state_dict": {}, "x": Payload()}, path)
-    with pytest.raises(CheckpointError, match=r"evil.pth holds objects other than tensors .* refusing to unpickle"):
+    with pytest.raises(CheckpointError, match=r"evil.pth holds objects other than tensors .* refusing to unpickle") as info:
         load_checkpoint(path)
     assert "unpickled!" not in capsys.readouterr().out
+    assert "weights_only` set to `False" not in str(info.value)  # torch's advice to unpickle is not passed on
+
+
+def test_a_torch_file_that_is_not_a_pickle_is_called_corrupt(tmp_path):
+    path = tmp_path / "noise.pt"
+    path.write_bytes(b"garbage that is no pickle")
+    with pytest.raises(CheckpointError, match=r"noise.pt is corrupt or not a torch checkpoint \(") as info:
+        load_checkpoint(path)
+    assert "weights_only" not in str(info.value)
 
 
 def test_torch_file_wrong_layout(tmp_path):
