@@ -165,9 +165,15 @@ def architectures_with_head(draw, max_layers: int = 3, max_heads: int = 3, extra
     switches layer norm, biases and MLPs off."""
     off = {} if extras else {"layer_norm": False, "biases": False, "mlp": False}
     arch = draw(architectures(min_layers=1, max_layers=max_layers, max_heads=max_heads, **off))
-    layer = draw(st.integers(0, arch.n_layers - 1))
-    head = draw(st.integers(0, arch.heads_per_layer[layer] - 1))
+    layer, head = draw(heads_of(arch))
     return arch, layer, head
+
+
+def heads_of(arch):
+    """``(layer, head)`` for an existing head of ``arch`` (which has at least one layer)."""
+    return st.integers(0, arch.n_layers - 1).flatmap(
+        lambda layer: st.tuples(st.just(layer), st.integers(0, arch.heads_per_layer[layer] - 1))
+    )
 
 
 def max_orders(largest: int):

@@ -15,7 +15,7 @@ from derivations.qk import expand_qk
 from numeric_check.bind import Binder, record
 from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
 from numeric_check.model import CircuitModel
-from tests.strategies import models_and_tokens
+from tests.strategies import heads_of, models_and_tokens
 
 torch.set_num_threads(1)
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,8 +81,7 @@ def test_logit_terms_match_the_dense_definition(pair):
 @given(models_and_tokens(min_layers=1, max_batch=2), st.data())
 def test_qk_terms_match_the_dense_definition(pair, data):
     model, tokens = pair
-    layer = data.draw(st.integers(0, model.arch.n_layers - 1))
-    head = data.draw(st.integers(0, model.arch.heads_per_layer[layer] - 1))
+    layer, head = data.draw(heads_of(model.arch))
     binder = Binder(model, record(model, tokens))
     terms = list(expand_qk(model.arch, layer, head))
     ev = QKEvaluator(binder, terms)

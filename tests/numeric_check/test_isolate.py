@@ -12,7 +12,7 @@ from derivations.qk import expand_qk
 from numeric_check.bind import record
 from numeric_check.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
 from numeric_check.model import CircuitModel
-from tests.strategies import models_and_tokens
+from tests.strategies import heads_of, models_and_tokens
 
 torch.set_num_threads(1)
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,8 +64,7 @@ def test_paths_add_up_and_the_graded_pass_matches(pair, data):
 @given(models_and_tokens(min_layers=1, max_batch=2), st.data())
 def test_qk_pairs_add_up_to_the_scores(pair, data):
     model, tokens = pair
-    layer = data.draw(st.integers(0, model.arch.n_layers - 1))
-    head = data.draw(st.integers(0, model.arch.heads_per_layer[layer] - 1))
+    layer, head = data.draw(heads_of(model.arch))
     rec = record(model, tokens)
     terms = list(expand_qk(model.arch, layer, head))
     scores = [s for _, s in isolate_qk(model, rec, layer, head, [(t.query, t.key) for t in terms], chunk_bytes=10**5)]

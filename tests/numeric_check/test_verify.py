@@ -19,7 +19,7 @@ from derivations.qk import expand_qk
 from numeric_check.errors import DeviceError, ModelInputError, WeightError
 from numeric_check.model import CircuitModel
 from numeric_check.verify import ExpansionMismatch, VerifyError, verify_logits, verify_qk, working_copy
-from tests.strategies import max_orders, models_and_tokens
+from tests.strategies import heads_of, max_orders, models_and_tokens
 
 torch.set_num_threads(1)
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -56,8 +56,7 @@ def test_logit_checks_hold_on_random_models(pair, data):
 def test_qk_checks_hold_on_random_models(pair, data):
     model, tokens = pair
     arch = model.arch
-    layer = data.draw(st.integers(0, arch.n_layers - 1))
-    head = data.draw(st.integers(0, arch.heads_per_layer[layer] - 1))
+    layer, head = data.draw(heads_of(arch))
     max_order = data.draw(max_orders(2 * layer))
     report = verify_qk(model, tokens, layer, head, max_order=max_order)
     assert report.passed, report.to_text()
