@@ -11,6 +11,15 @@ convention: ``fn(tensor, hook)`` returns a new tensor, or ``None`` to keep the v
 >>> point.add_hook(lambda x, hook: x * 2)
 >>> point(torch.ones(2)).tolist()
 [2.0, 2.0]
+
+A :class:`Constant` hook replaces the value whatever it was. Modules ask
+:meth:`HookPoint.fixed` before computing a value that such a hook would discard: with a
+frozen attention pattern the model skips queries, keys and scores, and with a frozen
+layer-norm scale it skips the variance (the paper's path isolation freezes both).
+
+>>> point.add_hook(Constant(torch.zeros(2)))
+>>> point.fixed().tolist()  # what the hooks give, whatever the input
+[0.0, 0.0]
 """
 
 from __future__ import annotations
@@ -33,6 +42,23 @@ class HookName(str):
     @property
     def name(self) -> str:
         return str(self)
+
+
+class Constant:
+    """A hook function that returns ``value`` whatever it is given (an activation frozen at a recorded value).
+
+    Registered like any hook; hook points that find one let their module skip computing the
+    value it replaces (:meth:`HookPoint.fixed`).
+    """
+
+    def __init__(self, value: Tensor):
+        self.value = value
+
+    def __call__(self, x: Tensor, hook: "HookName") -> Tensor:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Constant({tuple(self.value.shape)})"
 
 
 class HookPoint(nn.Module):
@@ -61,7 +87,31 @@ class HookPoint(nn.Module):
         self._hooks.clear()
 
     def forward(self, x: Tensor) -> Tensor:
-        for fn in self._hooks:
+        return self._run_hooks(self._hooks, x)
+
+    @property
+    def has_hooks(self) -> bool:
+        """Whether any hook function is registered (modules skip forming values nobody reads)."""
+        return bool(self._hooks)
+
+    def fixed(self, shape: tuple[int, ...] | None = None) -> Tensor | None:
+        """What the hooks return whatever the input, or ``None`` when that depends on the input.
+
+        It does when no :class:`Constant` hook is registered; otherwise the value is the last
+        constant, passed through the hooks registered after it (which see it as usual). A
+        module calls this *instead of* ``forward`` when it can skip computing the input.
+        ``shape``: the shape the input would have had; a constant of another shape is an error.
+        """
+        last = next((i for i in range(len(self._hooks) - 1, -1, -1) if isinstance(self._hooks[i], Constant)), None)
+        if last is None:
+            return None
+        value = self._hooks[last].value
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            raise HookError(f"constant hook on {self.name!s} holds {tuple(value.shape)}; expected a tensor of shape {tuple(shape)}")
+        return self._run_hooks(self._hooks[last + 1:], value)
+
+    def _run_hooks(self, hooks: list[HookFn], x: Tensor) -> Tensor:
+        for fn in hooks:
             out = fn(x, self.name)
             if out is None:
                 continue

@@ -15,12 +15,16 @@ The forward pass (every named tensor passes through a :class:`~numeric_check.hoo
   values read ``ln1(x)``. Attention hooks ``attn.hook_q/k/v [b,p,h,d_head]``,
   ``attn.hook_attn_scores [b,h,q,k]`` (causal, masked entries ``-inf``),
   ``attn.hook_pattern``, ``attn.hook_z``, ``attn.hook_result [b,p,h,d_model]`` (no
-  ``b_O``); ``hook_attn_out = Σ_h result + b_O``; ``hook_resid_mid``; then, with MLPs,
+  ``b_O``; formed only when a hook reads it, as TransformerLens' ``use_attn_result``);
+  ``hook_attn_out = Σ_h result + b_O``; ``hook_resid_mid``; then, with MLPs,
   ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``, ``hook_mlp_out``; ``hook_resid_post``.
 - ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``.
 
 The layer-norm scale and the attention pattern used downstream are the hooks' outputs,
-so a hook that replaces them freezes them (the paper's path-isolation procedure).
+so a hook that replaces them freezes them (the paper's path-isolation procedure). When that
+hook is a :class:`~numeric_check.hooks.Constant`, the model skips what it would discard:
+queries, keys and scores (``hook_q``, ``hook_k``, ``hook_attn_scores`` then do not fire), or
+the variance of a layer norm.
 """
 
 from __future__ import annotations
@@ -187,7 +191,9 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        scale = self.hook_scale.fixed((*x.shape[:-1], 1))  # frozen by a Constant hook: no variance needed
+        if scale is None:
+            scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return x / scale
 
 
@@ -218,18 +224,32 @@ class Attention(nn.Module):
         return out if b is None else out + b
 
     def forward(self, qk_in: Tensor, v_in: Tensor) -> Tensor:
-        q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
-        k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
+        n_batch, n_pos = v_in.shape[:2]
+        # a pattern frozen by a Constant hook (path isolation) needs no queries, keys or scores
+        pattern = self.hook_pattern.fixed((n_batch, self.n_heads, n_pos, n_pos))
+        if pattern is None:
+            q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
+            k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
         v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
-        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale  # [batch, n_heads, q, k]
-        n_pos = scores.shape[-1]
-        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
-        scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
-        pattern = self.hook_pattern(scores.softmax(-1))
+        if pattern is None:
+            scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale  # [batch, n_heads, q, k]
+            causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
+            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+            pattern = self.hook_pattern(scores.softmax(-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
-        result = self.hook_result(torch.einsum("bqhe,hde->bqhd", z, self.W_O))  # [batch, pos, n_heads, d_model]
-        out = result.sum(-2)
+        out = None
+        if self.hook_result.has_hooks:  # each head's result, formed only when hooked (TL's use_attn_result)
+            result = torch.einsum("bqhe,hde->bqhd", z, self.W_O)  # [batch, pos, n_heads, d_model]
+            hooked = self.hook_result(result)
+            out = None if hooked is result else hooked.sum(-2)  # hooks that only read change nothing, not even rounding
+        if out is None:
+            out = torch.einsum("bqhe,hde->bqd", z, self.W_O)
         return out if self.b_O is None else out + self.b_O
+
+    def head_output(self, z: Tensor, head: int) -> Tensor:
+        """One head's result ``z W_O^hᵀ`` ``[..., d_model]`` from its ``z`` ``[..., d_head]`` (no ``b_O``):
+        what ``hook_result[..., head, :]`` holds."""
+        return z @ self.W_O[head].T.contiguous()  # (a contiguous Wᵀ: 2x faster in float64 on a CPU)
 
 
 class MLP(nn.Module):

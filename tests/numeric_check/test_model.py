@@ -7,6 +7,7 @@ import torch
 
 from derivations.architecture import Architecture
 from numeric_check.errors import ConfigError, DeviceError, HookError, ModelInputError, WeightError
+from numeric_check.hooks import Constant
 from numeric_check.model import CircuitModel, ModelConfig, resolve_device, resolve_dtype
 
 torch.set_num_threads(1)
@@ -115,6 +116,46 @@ def test_freezing_scales_and_patterns_reproduces_logits():
     assert torch.allclose(model.run_with_hooks(toks, freeze), logits, rtol=0, atol=1e-12)
     # frozen values really are used: a different input with the frozen values differs from its own run
     assert not torch.allclose(model.run_with_hooks(other, freeze), model(other))
+
+
+def test_constant_hooks_freeze_and_skip_what_they_replace():
+    """A Constant pattern skips queries, keys and scores; a Constant scale skips the variance. The
+    logits are those of freezing by an ordinary hook, bit for bit."""
+    model, toks = make(), tokens()
+    names = [n for n in model.hook_names if n.endswith(("hook_scale", "hook_pattern"))]
+    _, cache = model.run_with_cache(toks, names_filter=names)
+    by_function = model.run_with_hooks(toks, [(name, lambda x, hook: cache[hook]) for name in names])
+    fired = []
+    spies = [(lambda n: n.endswith(("hook_q", "hook_k", "hook_attn_scores")), lambda x, hook: fired.append(str(hook)))]
+    by_constant = model.run_with_hooks(toks, [(name, Constant(cache[name])) for name in names] + spies)
+    assert torch.equal(by_constant, by_function) and fired == []
+    # a hook after the constant still applies to it; one before it is irrelevant
+    halved = [("blocks.1.attn.hook_pattern", lambda x, hook: x * 0.5)]
+    doubled = model.run_with_hooks(toks, [(n, Constant(cache[n])) for n in names] + halved)
+    reference = model.run_with_hooks(toks, [(n, lambda x, hook: cache[hook]) for n in names] + halved)
+    assert torch.equal(doubled, reference)
+
+
+def test_constant_of_the_wrong_shape_is_a_clear_error():
+    model = make()
+    bad = [("blocks.0.attn.hook_pattern", Constant(torch.zeros(1, 2, 7, 7, dtype=torch.float64)))]
+    with pytest.raises(HookError, match=r"constant hook on blocks.0.attn.hook_pattern holds \(1, 2, 7, 7\); expected .*\(3, 2, 7, 7\)"):
+        model.run_with_hooks(tokens(), bad)
+
+
+def test_reading_hook_result_changes_nothing_and_head_output_is_its_slice():
+    model, toks = make(), tokens()
+    plain = model(toks)
+    logits, cache = model.run_with_cache(toks)
+    assert torch.equal(plain, logits)  # per-head results are formed for the cache, not used for the sum
+    attn = model.blocks[1].attn
+    z, result = cache["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_result"]
+    for head in range(attn.n_heads):
+        assert torch.allclose(attn.head_output(z[:, :, head], head), result[:, :, head], rtol=0, atol=1e-14)
+    # editing the per-head results does change the output
+    zeroed = model.run_with_hooks(toks, [("blocks.1.attn.hook_result", lambda x, hook: torch.zeros_like(x))])
+    without = model.run_with_hooks(toks, [("blocks.1.hook_attn_out", lambda x, hook: x * 0 + attn.b_O)])
+    assert torch.allclose(zeroed, without, atol=1e-12)
 
 
 def test_frozen_ln_scale_makes_logits_linear_in_the_residual():
