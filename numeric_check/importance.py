@@ -36,6 +36,7 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from numeric_check.errors import ModelInputError, NumericCheckError
+from numeric_check.hooks import Constant
 from numeric_check.model import CircuitModel
 
 Head = tuple[int, int]
@@ -166,8 +167,7 @@ def _frozen_hooks(cache: dict[str, Tensor], names: list[str], copies: int) -> li
 
     def freeze(name: str):
         value = cache[name]
-        tiled = value.repeat(copies, *([1] * (value.ndim - 1)))
-        return name, lambda x, hook: tiled
+        return name, Constant(value.repeat(copies, *([1] * (value.ndim - 1))))
 
     return [freeze(name) for name in names if name in cache]
 

@@ -53,6 +53,7 @@ from torch import Tensor
 from derivations.paths import Path
 from numeric_check.bind import Recording, unembedding_input
 from numeric_check.errors import NumericCheckError
+from numeric_check.hooks import Constant
 from numeric_check.model import CircuitModel
 
 Hook = tuple[str, Callable]
@@ -75,22 +76,24 @@ def _rows(values: Sequence[float], n_batch: int, like: Tensor, ndim: int) -> Ten
     return column.reshape(-1, *([1] * (ndim - 1)))
 
 
-def _frozen(rec: Recording, copies: int) -> list[Hook]:
-    """Hooks replacing every attention pattern and layer-norm scale by its recorded value."""
-    hooks = []
+def _frozen(rec: Recording, copies: int, live: int | None = None) -> list[Hook]:
+    """Hooks replacing every attention pattern and layer-norm scale by its recorded value
+    (:class:`~numeric_check.hooks.Constant`: the model skips queries, keys and scores), except
+    the pattern of layer ``live``, whose queries, keys or scores are read."""
+    hooks: list[Hook] = []
     for name, value in rec.cache.items():
-        if name.endswith(("hook_pattern", "hook_scale")):
-            tiled = value.repeat(copies, *([1] * (value.ndim - 1)))
-            hooks.append((name, lambda x, hook, tiled=tiled: tiled))
+        if name.endswith(("hook_pattern", "hook_scale")) and name != f"blocks.{live}.attn.hook_pattern":
+            hooks.append((name, Constant(value.repeat(copies, *([1] * (value.ndim - 1))))))
     return hooks
 
 
-def _run(model: CircuitModel, rec: Recording, copies: int, hooks: list[Hook]) -> Tensor | None:
-    """One forward pass over ``copies`` copies of the batch; ``None`` when a hook stopped it."""
+def _run(model: CircuitModel, rec: Recording, copies: int, hooks: list[Hook], live: int | None = None) -> Tensor | None:
+    """One forward pass over ``copies`` copies of the batch, patterns frozen but at layer ``live``;
+    ``None`` when a hook stopped it."""
     tokens = rec.tokens.repeat(copies, 1)
     try:
         with torch.no_grad():
-            return model.run_with_hooks(tokens, _frozen(rec, copies) + hooks)
+            return model.run_with_hooks(tokens, _frozen(rec, copies, live) + hooks)
     except _Stop:
         return None
 
@@ -143,6 +146,16 @@ class _PathHooks:
         hooks: list[Hook] = []
         if block.attn.b_V is not None:
             hooks.append((p + "attn.hook_v", lambda v, hook: v - (1 - _rows(bias_on, n_batch, v, 4)) * block.attn.b_V))
+        if block.mlp is not None:
+            recorded = self.rec.cache[p + "hook_mlp_out"]
+            copies = len(self.paths)
+            hooks.append((p + "hook_mlp_out",
+                          lambda x, hook: recorded.repeat(copies, 1, 1) * _rows(mlp_on, n_batch, x, 3)))
+        if not any(drop):  # no head on: the layer adds nothing, or (all its heads and b_O) its own bias source
+            if any(bias_on):
+                return hooks + [(p + "hook_attn_out", lambda x, hook: x * _rows(bias_on, n_batch, x, 3))]
+            shape = (n_batch * len(self.paths), self.rec.n_pos, self.model.cfg.d_model)
+            return hooks + [(p + "hook_attn_out", Constant(self.rec.final.new_zeros(shape)))]
 
         def result(x: Tensor, hook) -> Tensor:
             x = x * self.head_mask(layer, x)
@@ -159,13 +172,7 @@ class _PathHooks:
         def resid_mid(x: Tensor, hook) -> Tensor:
             return torch.where(_rows(drop, n_batch, x, 3) > 0, self.captured.pop(p + "attn_out"), x)
 
-        hooks += [(p + "attn.hook_result", result), (p + "hook_attn_out", attn_out), (p + "hook_resid_mid", resid_mid)]
-        if block.mlp is not None:
-            recorded = self.rec.cache[p + "hook_mlp_out"]
-            copies = len(self.paths)
-            hooks.append((p + "hook_mlp_out",
-                          lambda x, hook: recorded.repeat(copies, 1, 1) * _rows(mlp_on, n_batch, x, 3)))
-        return hooks
+        return hooks + [(p + "attn.hook_result", result), (p + "hook_attn_out", attn_out), (p + "hook_resid_mid", resid_mid)]
 
 def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, Tensor, float]]:
@@ -239,12 +246,12 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
 
     def capture(layer: int) -> Callable:
         def hook(x: Tensor, _) -> None:
-            results[layer] = x  # every head's result, before the path's hooks switch them off
+            results[layer] = x  # every head's z: the model's head_output gives each head's result from it
             if not whole and layer == max(last):
                 raise _Stop
         return hook
 
-    hooks = [(f"blocks.{layer}.attn.hook_result", capture(layer)) for layer in sorted(last)]
+    hooks = [(f"blocks.{layer}.attn.hook_z", capture(layer)) for layer in sorted(last)]
     ph = _PathHooks(model, rec, prefixes)
     hooks += ph.hooks()
     final = None  # the unembedding input, when a prefix through no head is itself a path
@@ -254,21 +261,23 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
     else:
         _run_blocks(model, rec, ph, torch.cat([entering[q] for q in prefixes]), start, _frozen(rec, n) + hooks)
     where = {q: c for c, q in enumerate(prefixes)}
+
+    def head_stream(c: int, layer: int, head: int) -> Tensor:
+        """What head ``(layer, head)`` writes in copy ``c``: the path's stream from there on."""
+        return model.blocks[layer].attn.head_output(results[layer][c * b:(c + 1) * b, :, head], head)
+
+    streams: dict[Path, Tensor] = {}
     for child, parent in children.items():
-        c, (layer, head) = where[parent], child.heads[-1]
-        entering[child] = results[layer][c * b:(c + 1) * b, :, head].clone()
-    order, streams = [], []
-    for c, prefix in enumerate(prefixes):
-        for i in copies[prefix]:
-            if paths[i] == prefix:
-                streams.append(final[c * b:(c + 1) * b])
-            else:
-                layer, head = paths[i].heads[-1]
-                streams.append(_final_norm(model, rec, results[layer][c * b:(c + 1) * b, :, head]))
-            order.append(i)
-    for j in sorted(range(len(order)), key=order.__getitem__):
-        i = order[j]
-        yield i, streams[j], float(paths[i].source.kind == "unembed_bias")
+        streams[child] = entering[child] = head_stream(where[parent], *child.heads[-1])
+    order = sorted((i, c) for c, prefix in enumerate(prefixes) for i in copies[prefix])
+    for i, c in order:
+        path = paths[i]
+        if path == prefixes[c]:
+            x = final[c * b:(c + 1) * b]
+        else:
+            stream = streams.pop(path, None)
+            x = _final_norm(model, rec, head_stream(c, *path.heads[-1]) if stream is None else stream)
+        yield i, x, float(path.source.kind == "unembed_bias")
 
 
 def _run_blocks(model: CircuitModel, rec: Recording, ph: _PathHooks, x: Tensor, start: int, hooks: list[Hook]) -> None:
@@ -292,7 +301,7 @@ def _final_norm(model: CircuitModel, rec: Recording, stream: Tensor) -> Tensor:
     name = "ln_final.hook_scale"
     if name not in rec.cache:
         return model.ln_final(stream)
-    with torch.no_grad(), model.hooks([(name, lambda x, hook: rec.cache[name])]):
+    with torch.no_grad(), model.hooks([(name, Constant(rec.cache[name]))]):
         return model.ln_final(stream)
 
 
@@ -356,7 +365,7 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
     if model.W_pos is not None:
         hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(position_on, b, x, 3)))
     hooks += [(p + "attn.hook_q", read("q", attn.b_Q, q_bias_on, False)), (p + "attn.hook_k", read("k", attn.b_K, k_bias_on, True))]
-    _run(model, rec, copies, hooks)
+    _run(model, rec, copies, hooks, live=layer)
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 
 
@@ -383,7 +392,7 @@ def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: S
             seen["scores"] = x[:, head]
             raise _Stop
 
-        _run(model, rec, len(chunk), [(name + "hook_q", put(qs)), (name + "hook_k", put(ks)), (name + "hook_attn_scores", stop)])
+        _run(model, rec, len(chunk), [(name + "hook_q", put(qs)), (name + "hook_k", put(ks)), (name + "hook_attn_scores", stop)], live=layer)
         yield from seen["scores"].split(b)
 
 
