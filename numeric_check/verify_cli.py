@@ -131,13 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def default_rtol(dtype) -> float:
-    """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision."""
-    import torch
+    """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision (:func:`numeric_check.verify.default_rtol`)."""
+    from numeric_check.verify import default_rtol as rtol_for
 
-    from numeric_check.model import resolve_dtype
-
-    dtype = resolve_dtype(dtype)
-    return {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 1e-2)
+    return rtol_for(dtype)
 
 
 def build_model(args: argparse.Namespace) -> CircuitModel:

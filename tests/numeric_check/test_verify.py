@@ -163,6 +163,26 @@ def test_bounded_and_exact_term_errors_agree():
     assert "≤" in bounded.to_text() and "bound" in bounded.check("isolation").detail
 
 
+def test_checks_1_and_3_pass_on_bounds_that_hold_the_exact_errors():
+    model = small_model()
+    exact = verify_logits(model, TOKENS, max_order=1, exact_errors=True)
+    bounded = verify_logits(model, TOKENS, max_order=1, exact_errors=False)
+    for name in ("sum", "truncation"):
+        e, b = exact.check(name), bounded.check(name)
+        assert e.passed and b.passed and not e.bounded and b.bounded
+        assert 0 <= e.max_abs_error <= b.max_abs_error <= b.tolerance
+    assert "max |error| ≤ " in bounded.to_text() and json.loads(bounded.to_json())["checks"][0]["bounded"] is True
+
+
+def test_tolerance_follows_the_dtype():
+    model = small_model()
+    r64, r32 = verify_logits(model, TOKENS), verify_logits(model, TOKENS, dtype=torch.float32)
+    assert r64.passed and r32.passed and r32.dtype == "float32"
+    assert r64.check("sum").tolerance == pytest.approx(1e-9 * r64.scale)
+    assert r32.check("sum").tolerance == pytest.approx(1e-4 * r32.scale)
+    assert 1e-9 < r32.rel_error < 1e-4  # float32 rounding, well inside its tolerance
+
+
 def test_norms_match_with_and_without_isolation():
     model = small_model()
     with_iso = verify_logits(model, TOKENS)
