@@ -97,6 +97,20 @@ class Recording:
     def n_pos(self) -> int:
         return self.tokens.shape[1]
 
+    def tiled(self, name: str, copies: int) -> Tensor:
+        """``cache[name]`` repeated along the batch for ``copies`` stacked copies of the batch
+        (kept, for the few copy counts a verification uses: re-tiling costs more than the memory)."""
+        if copies == 1:
+            return self.cache[name]
+        tiles = self.__dict__.setdefault("_tiles", {})
+        key = (name, copies)
+        if key not in tiles:
+            if len(tiles) >= 64:
+                tiles.clear()
+            value = self.cache[name]
+            tiles[key] = value.repeat(copies, *([1] * (value.ndim - 1)))
+        return tiles[key]
+
     @cached_property
     def logits(self) -> Tensor:
         """The model's logits ``[batch, pos, d_vocab]`` (an unembedding: computed once, when first asked for)."""

@@ -308,11 +308,21 @@ class LogitEvaluator:
 
     def parts(self, value: LogitTermValue) -> dict[FactorRef, Tensor]:
         """The term before its last right-multiplier (``W_Uᵀ`` or ``b_Uᵀ``): ``{R: y}``, logits ``y @ R``."""
-        return {value.left[-1]: value.coeff * self.apply_left(value.y, value.left[:-1])}
+        return {value.left[-1]: self.apply_left(_scaled(value), value.left[:-1])}
+
+    def part_minus(self, value: LogitTermValue, x: Tensor) -> Tensor:
+        """``parts(value)[R] - x`` for the term's last right-multiplier ``R``, the subtraction fused
+        into the product before it (one pass over ``[batch, pos, width]`` fewer)."""
+        y, left = _scaled(value), value.left[:-1]
+        if not left:
+            return y - x
+        y = self.apply_left(y, left[:-1])
+        R = right_multiplier(self.binder, left[-1])
+        return torch.addmm(x.reshape(-1, R.shape[1]), y.reshape(-1, R.shape[0]), R, beta=-1).view(x.shape)
 
     def logits(self, value: LogitTermValue) -> Tensor:
         """The term's contribution to the logits, ``[batch, pos, d_vocab]``."""
-        return value.coeff * self.apply_left(value.y, value.left)
+        return self.apply_left(_scaled(value), value.left)
 
     def gram(self, left: tuple[FactorRef, ...]) -> Tensor:
         """``K = (R_1 … R_k)(R_1 … R_k)ᵀ``, cached by suffix (``W_Uᵀ W_U`` is computed once)."""
@@ -329,6 +339,11 @@ class LogitEvaluator:
         y = value.y
         squared = float(((y @ self.gram(value.left)) * y).sum())
         return abs(value.coeff) * max(squared, 0.0) ** 0.5
+
+
+def _scaled(value: LogitTermValue) -> Tensor:
+    """``coeff · y``, scaled where the term is narrowest (``y`` itself when ``coeff`` is 1)."""
+    return value.y if value.coeff == 1 else value.coeff * value.y
 
 
 def gram(R: Tensor, panels: int = 8) -> Tensor:

@@ -81,9 +81,9 @@ def _frozen(rec: Recording, copies: int, live: int | None = None) -> list[Hook]:
     (:class:`~numeric_check.hooks.Constant`: the model skips queries, keys and scores), except
     the pattern of layer ``live``, whose queries, keys or scores are read."""
     hooks: list[Hook] = []
-    for name, value in rec.cache.items():
+    for name in rec.cache:
         if name.endswith(("hook_pattern", "hook_scale")) and name != f"blocks.{live}.attn.hook_pattern":
-            hooks.append((name, Constant(value.repeat(copies, *([1] * (value.ndim - 1))))))
+            hooks.append((name, Constant(rec.tiled(name, copies))))
     return hooks
 
 

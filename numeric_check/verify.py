@@ -500,9 +500,11 @@ class _LogitSpace:
         unknown = sorted(set(pieces) - set(self.names))
         if unknown:
             raise VerifyError(f"terms end in {unknown}, which the model does not unembed with; expected {self.names}")
-        widths = [self.rec.final.shape[-1], 1]
-        zeros = lambda w: self.model.new_zeros(*self.model.shape[:-1], w)  # noqa: E731
-        out = [pieces.get(name, zeros(w)).expand(*self.model.shape[:-1], w) for name, w in zip(self.names, widths)]
+        shape = self.model.shape[:-1]
+        out = []
+        for name, width in zip(self.names, [self.rec.final.shape[-1], 1]):
+            piece = pieces.get(name)
+            out.append(self.model.new_zeros(*shape, width) if piece is None else piece.expand(*shape, width))
         return out[0] if len(out) == 1 else torch.cat(out, -1)
 
     def norm(self, ev: LogitEvaluator, x: Tensor) -> float:
@@ -541,15 +543,19 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         unsettled = []
         for j, x, bias in isolate_final_streams(s.model, rec, paths, chunk_bytes=chunk_bytes):
             v = pending[j]
-            ours = space.aug(ev.parts(v))
-            error = ours - space.of(x, bias)
+            if len(space.names) == 1 and not exact:  # no b_U: the error alone, fused into the term's last product
+                ours, error = None, ev.part_minus(v, x)
+            else:
+                ours = space.aug(ev.parts(v))
+                error = ours - space.of(x, bias)
             r = results[v.index]
             r.error_bound = space.product.bound(error)
             if not exact and r.error_bound <= s.atol + s.rtol * scale:
                 r.passed = True  # certified: every entry of the error is at most the bound
             else:
-                unsettled.append((r, error, ours))
+                unsettled.append((r, error, ours, j))
         if unsettled:
+            unsettled = [(r, error, space.aug(ev.parts(pending[j])) if ours is None else ours) for r, error, ours, j in unsettled]
             maxima = space.product.max_abs([t for _, error, ours in unsettled for t in (error, ours)])
             for j, (r, _, _) in enumerate(unsettled):
                 r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
