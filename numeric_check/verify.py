@@ -442,12 +442,14 @@ def verify_logits(
     screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (float64, once per call).
 
     ``isolation=False`` skips check 2 (a batched forward pass of the model per chunk of
-    terms). In check 2 a term's logit-space error ``e W_Uᵀ`` is certified by the rigorous
-    bound ``max |e·w| ≤ max‖e‖ · max‖w‖`` when that is within the tolerance (reported as
-    ``error_bound``, ``max_abs_error`` left ``None``); otherwise, or when ``exact_errors``,
-    it is computed exactly (one screened unembedding per term). ``exact_errors=None``
-    computes exactly when cheap (``batch·pos·d_vocab·d_model ≤ EXACT_LIMIT``). Pass/fail is
-    the same either way. ``expansion`` may be given (built for ``model.arch``); ``limit``
+    terms, patterns frozen so that queries and keys are never computed). A logit-space
+    error ``e W_Uᵀ`` is certified by the rigorous bound ``max |e·w| ≤ max‖e‖ · max‖w‖`` when
+    that is within the tolerance: for a term of check 2 it is reported as ``error_bound``
+    (``max_abs_error`` left ``None``), for checks 1 and 3 as ``max_abs_error`` with
+    ``bounded=True`` (shown as "≤"). Otherwise, or when ``exact_errors``, the error is
+    computed exactly (one screened unembedding per term). ``exact_errors=None`` computes
+    exactly when cheap (``batch·pos·d_vocab·d_model ≤ EXACT_LIMIT``). Pass/fail is the same
+    either way. ``rtol=None`` is :func:`default_rtol` of ``dtype``. ``expansion`` may be given (built for ``model.arch``); ``limit``
     bounds the terms built. ``progress(stage, done, total)`` is called as terms are checked.
 
     Raises :class:`~numeric_check.errors.ModelInputError` (tokens),
