@@ -24,8 +24,8 @@ For QK scores (:func:`isolate_qk`) each side path's stream entering the layer is
 isolated the same way; the model's own attention module then computes the head's
 queries and keys from those streams (``hook_resid_pre`` replaced, layer-norm scales frozen,
 ``b_Q``/``b_K`` and ``qk_only`` positions on only for their own sources; read at
-``hook_q``/``hook_k``), and a last pass feeds one query path's ``q`` and one key path's
-``k`` through ``hook_q``/``hook_k`` and reads the model's ``hook_attn_scores``.
+``hook_q``/``hook_k``), and the module's own ``scores`` (scale, causal mask,
+``hook_attn_scores``) turns one query path's ``q`` and one key path's ``k`` into the term.
 
 :func:`graded_logits` and :func:`graded_qk` compute the part of order above ``k`` (the
 terms a truncated expansion omits) through the model the same way: copies of the batch
@@ -182,24 +182,34 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
     ``x @ W_U.T + bias * b_U``.
 
     Paths that differ only in their last head share one copy of the batch (see
-    :func:`_copies`): the copy isolates their common prefix, and the model's
-    ``attn.hook_result`` at a path's last layer, read before the other heads are switched
-    off, is that path's stream there (its layer's residual is dropped, and every later
-    layer passes it unchanged: no head, bias or MLP of the path is on). The model's own
-    ``ln_final`` (scale frozen) then gives its unembedding input. A copy stops at the last
-    ``hook_result`` it needs, or before the unembedding when the prefix is itself one of
+    :func:`_copies`): the copy isolates their common prefix, and the model's ``attn.hook_z``
+    at a path's last layer gives, through the module's own ``head_output`` (what its
+    ``hook_result`` holds), that path's stream there (its layer's residual is dropped, and
+    every later layer passes it unchanged: no head, bias or MLP of the path is on). The
+    model's own ``ln_final`` (scale frozen) then gives its unembedding input. A copy stops at
+    the last ``hook_z`` it needs, or before the unembedding when the prefix is itself one of
     ``paths``. A copy whose prefix passes through heads starts after the prefix's last
     layer: the model's own blocks run from the stream its parent copy read there (the
     stream a full pass would carry into that layer), so every layer is computed once per
-    prefix rather than once per path.
+    prefix rather than once per path. Patterns and scales are frozen by
+    :class:`~numeric_check.hooks.Constant` hooks, so queries and keys are never computed.
 
     ``model`` must be the model ``rec`` was recorded from. Copies run in batched chunks of
     about ``chunk_bytes`` of activations each; every path comes exactly once, chunk by
     chunk (in index order within a chunk), so use ``i`` to match them.
     """
+    for i, x in _isolated(model, rec, paths, None, chunk_bytes):
+        yield i, x, float(paths[i].source.kind == "unembed_bias")
+
+
+def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: int | None,
+              chunk_bytes: int) -> Iterator[tuple[int, Tensor]]:
+    """``(i, stream)``: each path's unembedding input (``upto=None``, see :func:`isolate_final_streams`)
+    or its residual stream entering block ``upto`` (every head of every path before it)."""
     b, p = rec.n_batch, rec.n_pos
     heads = model.arch.heads_per_layer
-    per_copy = b * p * model.cfg.d_model * (max(heads, default=1) + sum(heads)) * rec.final.element_size()
+    cfg = model.cfg  # per copy: a few residual-sized tensors and the widest of a layer's z and pattern
+    per_copy = 4 * b * p * max(cfg.d_model, max(heads, default=1) * max(cfg.d_head, p)) * rec.final.element_size()
     copies = _copies(paths)
     parent_of = {q: Path(q.source, q.heads[:-1]) for q in copies if q.heads}
     entering: dict[Path, Tensor] = {}  # a prefix's stream leaving its last layer, read by its parent copy
@@ -211,7 +221,7 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
             for start in sorted(starts):  # one pass per starting layer
                 group = [q for q in prefixes if (q.heads[-1][0] + 1 if q.heads else 0) == start]
                 children = {q: parent for q, parent in parent_of.items() if parent in group}
-                yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start)
+                yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start, upto)
             for q in prefixes:
                 entering.pop(q, None)
 
@@ -232,11 +242,12 @@ def _copies(paths: Sequence[Path]) -> dict[Path, list[int]]:
 
 
 def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], copies: dict[Path, list[int]],
-                   children: dict[Path, Path], entering: dict[Path, Tensor], start: int) -> Iterator[tuple[int, Tensor, float]]:
+                   children: dict[Path, Path], entering: dict[Path, Tensor], start: int,
+                   upto: int | None) -> Iterator[tuple[int, Tensor]]:
     """One batched forward pass over one copy of the batch per prefix (see :func:`isolate_final_streams`),
     from the embeddings (``start == 0``, prefixes through no head) or from block ``start`` with each
     copy's stream ``entering[prefix]``; it stores in ``entering`` the streams the ``children`` (by their
-    parent prefix) start from."""
+    parent prefix) start from. ``upto``: streams entering that block instead of unembedding inputs."""
     b, n = rec.n_batch, len(copies)
     prefixes = list(copies)
     whole = any(paths[i] == prefix for prefix in prefixes for i in copies[prefix])
@@ -254,12 +265,21 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
     hooks = [(f"blocks.{layer}.attn.hook_z", capture(layer)) for layer in sorted(last)]
     ph = _PathHooks(model, rec, prefixes)
     hooks += ph.hooks()
-    final = None  # the unembedding input, when a prefix through no head is itself a path
-    if start == 0:
+    final = None  # the unembedding input (or stream entering block upto), when a prefix through no head is a path
+    if start == 0 and whole and upto is not None:
+        seen: dict[str, Tensor] = {}
+
+        def stop(x: Tensor, _) -> None:
+            seen["x"] = x
+            raise _Stop
+
+        _run(model, rec, n, hooks + [(f"blocks.{upto}.hook_resid_pre", stop)])
+        final = seen["x"]
+    elif start == 0:
         tokens = rec.tokens.repeat(n, 1)
         final = unembedding_input(model, tokens, _frozen(rec, n) + hooks) if whole else _run(model, rec, n, hooks)
     else:
-        _run_blocks(model, rec, ph, torch.cat([entering[q] for q in prefixes]), start, _frozen(rec, n) + hooks)
+        _run_blocks(model, rec, ph.position_on, torch.cat([entering[q] for q in prefixes]), start, _frozen(rec, n) + hooks)
     where = {q: c for c, q in enumerate(prefixes)}
 
     def head_stream(c: int, layer: int, head: int) -> Tensor:
@@ -275,19 +295,21 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         if path == prefixes[c]:
             x = final[c * b:(c + 1) * b]
         else:
-            stream = streams.pop(path, None)
-            x = _final_norm(model, rec, head_stream(c, *path.heads[-1]) if stream is None else stream)
-        yield i, x, float(path.source.kind == "unembed_bias")
+            x = streams.pop(path, None)
+            x = head_stream(c, *path.heads[-1]) if x is None else x
+            x = x if upto is not None else _final_norm(model, rec, x)
+        yield i, x
 
 
-def _run_blocks(model: CircuitModel, rec: Recording, ph: _PathHooks, x: Tensor, start: int, hooks: list[Hook]) -> None:
-    """The model's blocks from ``start`` on, over the stacked streams ``x`` entering it, with ``hooks``,
-    until a hook stops them. Queries and keys read the recorded ``hook_pos_embed`` for ``qk_only``
-    positions (on for the position source only, as ``ph`` gates it); patterns are frozen anyway."""
+def _run_blocks(model: CircuitModel, rec: Recording, position_on: Sequence[float], x: Tensor, start: int,
+                hooks: list[Hook]) -> None:
+    """The model's blocks from ``start`` on, over the stacked streams ``x`` entering it (one copy of
+    the batch per entry of ``position_on``), with ``hooks``, until a hook stops them. Queries and
+    keys read the recorded ``hook_pos_embed`` for ``qk_only`` positions, on where ``position_on``."""
     qk_pos = None
     if model.arch.positional == "qk_only":
-        pos = rec.cache["hook_pos_embed"].repeat(len(ph.paths), 1, 1)
-        qk_pos = pos * _rows(ph.position_on, ph.n_batch, pos, 3)
+        pos = rec.tiled("hook_pos_embed", len(position_on))
+        qk_pos = pos * _rows(position_on, rec.n_batch, pos, 3)
     try:
         with torch.no_grad(), model.hooks(hooks):
             for block in model.blocks[start:]:
@@ -317,24 +339,17 @@ def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Pat
 
 def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], layer: int, *,
                     chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Tensor]:
-    """Each path's residual stream entering ``layer`` (``blocks.{layer}.hook_resid_pre``), ``[b, pos, d_model]``.
-
-    Sources ``query_bias``/``key_bias`` (and any source entering at or after ``layer``) give zeros.
+    """Each path's residual stream entering ``layer`` (``blocks.{layer}.hook_resid_pre``), ``[b, pos, d_model]``,
+    isolated as in :func:`isolate_final_streams` (copies shared by prefix). Every head of a path
+    must come before ``layer``. Sources ``query_bias``/``key_bias`` (and any source entering at
+    or after ``layer``) give zeros.
     """
-    b, p = rec.n_batch, rec.n_pos
-    d = model.cfg.d_model
-    per_path = b * p * d * max(model.arch.heads_per_layer[: layer + 1]) * rec.final.element_size()
-    out: list[Tensor] = []
-    for chunk in _chunks(len(paths), per_path, chunk_bytes):
-        ph = _PathHooks(model, rec, [paths[i] for i in chunk])
-        seen: dict[str, Tensor] = {}
-
-        def stop(x: Tensor, hook) -> None:
-            seen["x"] = x
-            raise _Stop
-
-        _run(model, rec, len(chunk), ph.hooks() + [(f"blocks.{layer}.hook_resid_pre", stop)])
-        out += list(seen["x"].split(b))
+    late = [p.label for p in paths if any(l >= layer for l, _ in p.heads)]
+    if late:
+        raise NumericCheckError(f"paths {late[:3]} pass through heads at or after layer {layer}; they do not reach it")
+    out: list[Tensor | None] = [None] * len(paths)
+    for i, x in _isolated(model, rec, paths, layer, chunk_bytes):
+        out[i] = x
     return out
 
 
@@ -361,39 +376,24 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
                 raise _Stop
         return hook
 
-    hooks: list[Hook] = [(p + "hook_resid_pre", lambda x, hook: stacked)]
-    if model.W_pos is not None:
-        hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(position_on, b, x, 3)))
-    hooks += [(p + "attn.hook_q", read("q", attn.b_Q, q_bias_on, False)), (p + "attn.hook_k", read("k", attn.b_K, k_bias_on, True))]
-    _run(model, rec, copies, hooks, live=layer)
+    hooks = [(p + "attn.hook_q", read("q", attn.b_Q, q_bias_on, False)), (p + "attn.hook_k", read("k", attn.b_K, k_bias_on, True))]
+    _run_blocks(model, rec, position_on, stacked, layer, _frozen(rec, copies, live=layer) + hooks)  # the block alone
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 
 
 def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Tensor, Tensor]], *,
             chunk_bytes: int) -> Iterator[Tensor]:
-    """The model's ``hook_attn_scores`` of the head, with ``hook_q``/``hook_k`` set to each pair ``(q, k)``."""
+    """The head's scores ``[batch, q, k]`` for each pair ``(q, k)`` of its queries and keys
+    ``[batch, pos, d_head]``, by the model's own :meth:`~numeric_check.model.Attention.scores`
+    (scale and causal mask, through ``hook_attn_scores``), pairs stacked in chunks."""
     b, p = rec.n_batch, rec.n_pos
-    n_heads = model.arch.heads_per_layer[layer]
-    name = f"blocks.{layer}.attn."
-    per_pair = b * p * max(p * n_heads, model.cfg.d_model * n_heads) * rec.final.element_size()
+    attn = model.blocks[layer].attn
+    per_pair = b * p * max(p, model.cfg.d_head) * rec.final.element_size()
     for chunk in _chunks(len(pairs), per_pair, chunk_bytes):
-        qs = torch.cat([pairs[i][0] for i in chunk])
-        ks = torch.cat([pairs[i][1] for i in chunk])
-        seen: dict[str, Tensor] = {}
-
-        def put(values: Tensor):
-            def hook(x: Tensor, _) -> Tensor:
-                x = x.clone()
-                x[:, :, head] = values
-                return x
-            return hook
-
-        def stop(x: Tensor, _) -> None:
-            seen["scores"] = x[:, head]
-            raise _Stop
-
-        _run(model, rec, len(chunk), [(name + "hook_q", put(qs)), (name + "hook_k", put(ks)), (name + "hook_attn_scores", stop)], live=layer)
-        yield from seen["scores"].split(b)
+        qs = torch.cat([pairs[i][0] for i in chunk])[:, :, None]  # [pairs * b, pos, 1, d_head]: the head alone
+        ks = torch.cat([pairs[i][1] for i in chunk])[:, :, None]
+        with torch.no_grad():
+            yield from attn.scores(qs, ks)[:, 0].split(b)
 
 
 def _side_inputs(paths: Sequence[Path], layer: int, head: int) -> tuple[list[float], list[float], list[float]]:
@@ -416,7 +416,7 @@ def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs
     where = {path: i for i, path in enumerate(side_paths)}
     q: list[Tensor] = []
     k: list[Tensor] = []
-    per_path = rec.n_batch * rec.n_pos * model.cfg.d_model * max(model.arch.heads_per_layer[: layer + 1]) * rec.final.element_size()
+    per_path = rec.n_batch * rec.n_pos * model.cfg.d_model * rec.final.element_size()  # a stream entering the layer
     for chunk in _chunks(len(side_paths), per_path, chunk_bytes):  # only q and k (d_head wide) are kept
         paths = [side_paths[i] for i in chunk]
         streams = isolate_streams(model, rec, paths, layer, chunk_bytes=chunk_bytes)

@@ -232,10 +232,7 @@ class Attention(nn.Module):
             k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
         v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
         if pattern is None:
-            scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale  # [batch, n_heads, q, k]
-            causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
-            scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
-            pattern = self.hook_pattern(scores.softmax(-1))
+            pattern = self.hook_pattern(self.scores(q, k).softmax(-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
         out = None
         if self.hook_result.has_hooks:  # each head's result, formed only when hooked (TL's use_attn_result)
@@ -245,6 +242,14 @@ class Attention(nn.Module):
         if out is None:
             out = torch.einsum("bqhe,hde->bqd", z, self.W_O)
         return out if self.b_O is None else out + self.b_O
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """Pre-softmax scores ``[batch, heads, q, k]`` from queries and keys ``[batch, pos, heads, d_head]``:
+        ``q·k / attn_scale``, causally masked with ``-inf``; through ``hook_attn_scores``."""
+        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale
+        n_pos = scores.shape[-1]
+        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
+        return self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
 
     def head_output(self, z: Tensor, head: int) -> Tensor:
         """One head's result ``z W_O^hᵀ`` ``[..., d_model]`` from its ``z`` ``[..., d_head]`` (no ``b_O``):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -10,6 +11,7 @@ from derivations.architecture import Architecture
 from derivations.paths import TOKEN, Path, Source, expand_logits
 from derivations.qk import expand_qk
 from numeric_check.bind import record
+from numeric_check.errors import NumericCheckError
 from numeric_check.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
 from numeric_check.model import CircuitModel
 from tests.strategies import heads_of, models_and_tokens
@@ -125,3 +127,31 @@ def test_paths_differing_in_their_last_head_share_a_copy():
     x = A0 @ (N0 * model.W_E.T[TOKENS]) @ at0.W_V[2].T @ at0.W_O[2].T
     expected = Nf * (A1 @ (N1 * x) @ at1.W_V[1].T @ at1.W_O[1].T) @ model.W_U.T
     assert torch.allclose(parts[path], expected.detach(), rtol=1e-12, atol=1e-13)
+
+
+def test_qk_side_paths_share_copies_and_run_the_target_block_alone():
+    """Side paths entering layer 2 are isolated one copy per prefix (as logits paths are); queries and
+    keys come from block 2 alone, and no query or key is formed below it (patterns frozen)."""
+    arch = Architecture(3, 2)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    pairs = [(t.query, t.key) for t in expand_qk(arch, 2, 1)]
+    rows = {"hook_embed": 0, "blocks.0.attn.hook_q": 0, "blocks.1.attn.hook_q": 0, "blocks.2.attn.hook_q": 0}
+
+    def count(x, hook):
+        rows[str(hook)] += x.shape[0]
+
+    with model.hooks([(name, count) for name in rows]):
+        scores = dict(isolate_qk(model, rec, 2, 1, pairs))
+    b, sides = TOKENS.shape[0], len({path for pair in pairs for path in pair})
+    assert rows == {"hook_embed": b, "blocks.0.attn.hook_q": 0, "blocks.1.attn.hook_q": 0, "blocks.2.attn.hook_q": sides * b}
+    total = sum(scores.values())
+    below = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert torch.allclose(total[:, below], rec.cache["blocks.2.attn.hook_attn_scores"][:, 1][:, below], atol=1e-12)
+
+
+def test_streams_of_paths_through_later_heads_are_an_error():
+    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    with pytest.raises(NumericCheckError, match=r"pass through heads at or after layer 1"):
+        isolate_streams(model, rec, [Path(TOKEN, ((1, 0),))], layer=1)
