@@ -10,7 +10,8 @@ for each of two sources, tokens and positions). Printed, in one run:
 2. ``verify_logits``: checks 1-3 on every term (check 2 certified by rigorous bounds), with
    every term's norm, as a multiple of (1): (2a) in float64, the default (errors near 1e-15,
    tolerance 1e-9), and (2b) in float32, ``run_with_cache``'s dtype (tolerance 1e-4); then
-   checks 1 and 3 alone (``isolation=False``) in float64;
+   checks 1 and 3 alone (``isolation=False``) in float64, and ``verify_qk`` of one layer-1
+   head (676 terms) in float64;
 3. shared-prefix evaluation (the trie, the sum before the unembedding, norms by Gram
    matrices) against evaluating each term alone to its logits (measured on a sample of
    terms and extrapolated: every term alone costs one unembedding), and the trie alone
@@ -46,7 +47,7 @@ from numeric_check.adapters import from_transformer_lens  # noqa: E402
 from numeric_check.bind import Binder, record  # noqa: E402
 from numeric_check.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone  # noqa: E402
 from numeric_check.isolate import isolate_final_streams  # noqa: E402
-from numeric_check.verify import _LogitSpace, verify_logits, working_copy  # noqa: E402
+from numeric_check.verify import _LogitSpace, verify_logits, verify_qk, working_copy  # noqa: E402
 
 SIZES = dict(n_layers=2, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=128)
 BATCH, SEQ = 4, 128
@@ -128,6 +129,9 @@ def main(argv=None) -> int:
     _, l_wall, _ = timed(lambda: verify_logits(model, tokens, isolation=False, device=device), device,
                              max(1, args.repeat - 1))
     print(f"    without check 2 (isolation=False), float64: {l_wall:.3f} s = {l_wall / tl_wall:.2f}x run_with_cache")
+    qk, q_wall, _ = timed(lambda: verify_qk(model, tokens, 1, 3, device=device), device, 0)
+    print(f"    verify_qk of L1H3, checks 1-3, float64: {len(qk.terms)} terms in {q_wall:.2f} s = {q_wall / tl_wall:.2f}x "
+          f"run_with_cache; {'passed' if qk.passed else 'FAILED'}, relative error {qk.rel_error:.1e}")
 
     # 3. shared-prefix evaluation against each term alone
     with torch.no_grad():
