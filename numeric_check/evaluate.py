@@ -334,6 +334,13 @@ class LogitEvaluator:
                 self._grams[left] = R @ self.gram(left[1:]) @ R.T
         return self._grams[left]
 
+    def max_row_norm(self, value: LogitTermValue) -> float:
+        """The largest row norm (over positions) of ``parts(value)``, the term's input to its last
+        multiplier, from the Gram matrix of the left part before it (no full-width product)."""
+        y, inner = value.y, value.left[:-1]
+        squared = ((y @ self.gram(inner)) * y).sum(-1) if inner else y.pow(2).sum(-1)
+        return abs(value.coeff) * max(float(squared.max()), 0.0) ** 0.5 if squared.numel() else 0.0
+
     def norm(self, value: LogitTermValue) -> float:
         """The Frobenius norm of the term's logits over the batch, from the Gram matrix of its left part."""
         y = value.y

@@ -60,7 +60,7 @@ from numeric_check.model import CircuitModel, resolve_device, resolve_dtype
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
-EXACT_LIMIT = 2**31  # batch x pos x d_vocab x d_model up to which check 2 computes every term's error exactly
+EXACT_LIMIT = 2**31  # terms x batch x pos x d_vocab x d_model up to which errors are computed exactly by default
 
 
 class VerifyError(NumericCheckError, ValueError):
@@ -448,9 +448,10 @@ def verify_logits(
     (``max_abs_error`` left ``None``), for checks 1 and 3 as ``max_abs_error`` with
     ``bounded=True`` (shown as "≤"). Otherwise, or when ``exact_errors``, the error is
     computed exactly (one screened unembedding per term). ``exact_errors=None`` computes
-    exactly when cheap (``batch·pos·d_vocab·d_model ≤ EXACT_LIMIT``). Pass/fail is the same
-    either way. ``rtol=None`` is :func:`default_rtol` of ``dtype``. ``expansion`` may be given (built for ``model.arch``); ``limit``
-    bounds the terms built. ``progress(stage, done, total)`` is called as terms are checked.
+    exactly when cheap (``terms·batch·pos·d_vocab·d_model ≤ EXACT_LIMIT``, about a second of
+    products). Pass/fail is the same either way. ``rtol=None`` is :func:`default_rtol` of
+    ``dtype``. ``expansion`` may be given (built for ``model.arch``); ``limit`` bounds the
+    terms built. ``progress(stage, done, total)`` is called as terms are checked.
 
     Raises :class:`~numeric_check.errors.ModelInputError` (tokens),
     :class:`~numeric_check.errors.WeightError` (NaN/Inf weights),
@@ -517,9 +518,11 @@ class _LogitSpace:
         return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
 
 
-def _exact_by_default(rec: Recording, model: CircuitModel) -> bool:
-    """Whether every term's logit-space error is cheap enough to compute exactly (small vocabularies)."""
-    return rec.n_batch * rec.n_pos * model.cfg.d_vocab * model.cfg.d_model <= EXACT_LIMIT
+def _exact_by_default(rec: Recording, model: CircuitModel, n_terms: int) -> bool:
+    """Whether every term's logit-space error is cheap enough to compute exactly: each costs about
+    one float64 unembedding of the batch (an error of rounding size leaves the float32 screen
+    nothing to rule out)."""
+    return max(1, n_terms) * rec.n_batch * rec.n_pos * model.cfg.d_vocab * model.cfg.d_model <= EXACT_LIMIT
 
 
 def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool, progress, chunk_bytes: int,
@@ -535,7 +538,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
     space = _LogitSpace(s.model, rec)
     (scale,) = space.product.max_abs([space.model])
-    exact = _exact_by_default(rec, s.model) if exact_errors is None else bool(exact_errors)
+    exact = _exact_by_default(rec, s.model, len(kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []
     spent = {"isolation": 0.0}
 
@@ -567,13 +570,14 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
 
     # paths per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
     per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
-    done = 0
+    done, largest = 0, 0.0  # largest: the largest row of any term before the unembedding
     for v in ev.values():  # depth first through the shared trie; only the current branch is held
         if v.index >= len(kept):
             omitted_sum.add(v)
             continue
         kept_sum.add(v)
         results[v.index].norm = ev.norm(v)
+        largest = max(largest, ev.max_row_norm(v))
         if isolation:
             pending.append(v)
             if len(pending) >= per_chunk:
@@ -590,17 +594,28 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     model_omitted = space.of(graded_final(s.model, rec, expansion.max_order), 0.0) if n_omitted else None
     s.timings["truncation"] = time.perf_counter() - start
     start = time.perf_counter()
-    checks = _logit_checks(space, ev, kept_aug, omitted_aug, model_omitted, full, n_omitted, scale, s, exact)
+    term_scale = largest * space.product.column_norm  # bounds every entry of every kept term's logits
+    checks = _logit_checks(space, ev, kept_aug, omitted_aug, model_omitted, full, n_omitted, scale, s, exact, term_scale)
     s.timings["unembed"] = time.perf_counter() - start
     checks.insert(1, _isolation_check(results, isolation, scale, s))
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
 
 
+CANCELLING = 64  # terms this many times larger than the logits (by their bound): the sum cancels
+
+
 def _logit_checks(space: _LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
-                  full, n_omitted: int, scale: float, s: _Setup, exact: bool) -> list[CheckResult]:
+                  full, n_omitted: int, scale: float, s: _Setup, exact: bool, term_scale: float = 0.0) -> list[CheckResult]:
     """Checks 1 and 3 on augmented inputs (see :class:`_LogitSpace`): the differences are formed
     before the unembedding. Each passes on its rigorous bound when that is within the tolerance
-    (unless ``exact``); otherwise one pass finds every largest logit-space entry exactly."""
+    (unless ``exact``); otherwise one pass finds every largest logit-space entry exactly.
+
+    When the terms are far larger than the logits (``term_scale``, a bound on their entries,
+    above ``CANCELLING`` times the logits' scale) they cancel, and the sum is rounded at their
+    scale, not the logits': check 1 is then relative to ``term_scale`` (its detail says so)."""
+    cancels = term_scale > CANCELLING * scale
+    if cancels:
+        scale = term_scale
     tol = s.atol + s.rtol * scale  # for check 3 a lower tolerance than its own: certifying with it is safe
     errors: dict[str, Tensor] = {}
     if full is not False:
@@ -621,7 +636,10 @@ def _logit_checks(space: _LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted:
     if full is False:
         checks = [CheckResult("sum", None, None, None, None, "too many terms in the untruncated expansion")]
     else:
-        checks = [result("sum", "" if full is None else f"over all {len(full):,} terms of the untruncated expansion")]
+        detail = [] if full is None else [f"over all {len(full):,} terms of the untruncated expansion"]
+        if cancels:
+            detail.append(f"relative to a bound on the largest term ({term_scale:.3g}), far above the logits: the terms cancel")
+        checks = [result("sum", "; ".join(detail))]
     if model_omitted is None:
         checks.append(CheckResult("truncation", None, None, None, None, "no term omitted"))
     else:
@@ -719,9 +737,11 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     scale = _max_abs(reference[:, below])
     results = []
     kept_sum = torch.zeros_like(reference)
+    largest = 0.0  # the largest entry of any term: sums that cancel are rounded at that scale
     for i, t in enumerate(kept):
         scores = ev.scores(i)
         kept_sum = kept_sum + scores
+        largest = max(largest, _max_abs(scores[:, below]))
         results.append(TermResult(t.label, t.query.source.label, t.query.heads, t.order, float(scores[:, below].norm()),
                                   composition=t.composition, key_source=t.key.source.label, key_heads=t.key.heads))
         _tick(progress, "terms", i + 1, len(kept))
@@ -737,8 +757,12 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
             r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, _max_abs(ours))
             _tick(progress, "isolation", i + 1, len(kept))
     s.timings["isolation"] = time.perf_counter() - start
-    checks = [_sum_check(kept_sum[:, below], omitted_sum[:, below] if omitted else None, full, reference[:, below], scale, s),
+    sum_scale = max(scale, largest)
+    checks = [_sum_check(kept_sum[:, below], omitted_sum[:, below] if omitted else None, full, reference[:, below], sum_scale, s),
               _isolation_check(results, isolation, scale, s)]
+    if sum_scale > scale and checks[0].passed is not None:
+        checks[0].detail = "; ".join(filter(None, [checks[0].detail, f"relative to the largest term ({largest:.3g}), "
+                                                   f"larger than the scores ({scale:.3g}): the terms cancel"]))
     start = time.perf_counter()
     model_omitted = graded_qk(s.model, rec, layer, head, expansion.max_order, chunk_bytes=chunk_bytes) if n_omitted else None
     checks.append(_truncation_check(lambda: (reference - kept_sum)[:, below],

@@ -345,3 +345,19 @@ def test_gpt2_models_verify():
     report = verify_logits(model, tokens)
     assert report.passed, report.to_text()
     assert verify_qk(model, tokens, 1, 2).passed
+
+
+def test_terms_that_cancel_are_checked_at_their_own_scale():
+    """Tokens and positions that nearly cancel (x ≈ 0): the terms are ~1e7 times the logits and the
+    scores, and their sum is rounded at the terms' scale. Found by hypothesis on a 1-dim model."""
+    model = CircuitModel.random(Architecture(1, 1, positional="standard"), d_model=4, d_head=3, d_vocab=5, n_ctx=2,
+                                seed=0, dtype=torch.float64)
+    with torch.no_grad():
+        model.W_pos[:, 0] = -model.W_E[:, 2] * (1 - 1e-7)
+    tokens = torch.tensor([[2]])
+    for report in (verify_logits(model, tokens), verify_qk(model, tokens, 0, 0)):
+        assert report.passed, report.to_text()
+        assert "the terms cancel" in report.check("sum").detail
+        assert max(t.norm for t in report.terms) > 1e5 * report.scale
+    # without cancellation the tolerance stays relative to the logits
+    assert "cancel" not in verify_logits(small_model(), TOKENS).check("sum").detail
