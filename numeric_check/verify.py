@@ -19,6 +19,9 @@ lower triangle). Both return a :class:`VerifyReport` (``passed``, ``max_abs_erro
 Tolerances: a check passes when its largest absolute error is at most
 ``atol + rtol · scale``, ``scale`` the largest absolute value of the reference (the
 logits or scores; for a term, the larger of that and the term's own); ``atol=None`` is 0.
+When the terms are more than ``CANCELLING`` (64) times larger than the reference (for
+logits by a rigorous bound on their entries), they cancel, and their sum is rounded at
+their scale: check 1 (for logits check 3 too) is then relative to the largest term, and says so.
 
 With layer norm the expansion treats each scale as a frozen diagonal factor, which is
 exact when the residual stream is centred: the working copy's writing weights are
@@ -60,6 +63,7 @@ from numeric_check.model import CircuitModel, resolve_device, resolve_dtype
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
+CANCELLING = 64  # terms this many times larger than the logits or scores: their sum cancels
 EXACT_LIMIT = 2**31  # terms x batch x pos x d_vocab x d_model up to which errors are computed exactly by default
 
 
@@ -601,9 +605,6 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
 
 
-CANCELLING = 64  # terms this many times larger than the logits (by their bound): the sum cancels
-
-
 def _logit_checks(space: _LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
                   full, n_omitted: int, scale: float, s: _Setup, exact: bool, term_scale: float = 0.0) -> list[CheckResult]:
     """Checks 1 and 3 on augmented inputs (see :class:`_LogitSpace`): the differences are formed
@@ -757,12 +758,13 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
             r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, _max_abs(ours))
             _tick(progress, "isolation", i + 1, len(kept))
     s.timings["isolation"] = time.perf_counter() - start
-    sum_scale = max(scale, largest)
+    cancels = largest > CANCELLING * scale  # as for logits: then the sum is rounded at the terms' scale
+    sum_scale = largest if cancels else scale
     checks = [_sum_check(kept_sum[:, below], omitted_sum[:, below] if omitted else None, full, reference[:, below], sum_scale, s),
               _isolation_check(results, isolation, scale, s)]
-    if sum_scale > scale and checks[0].passed is not None:
+    if cancels and checks[0].passed is not None:
         checks[0].detail = "; ".join(filter(None, [checks[0].detail, f"relative to the largest term ({largest:.3g}), "
-                                                   f"larger than the scores ({scale:.3g}): the terms cancel"]))
+                                                   f"far above the scores ({scale:.3g}): the terms cancel"]))
     start = time.perf_counter()
     model_omitted = graded_qk(s.model, rec, layer, head, expansion.max_order, chunk_bytes=chunk_bytes) if n_omitted else None
     checks.append(_truncation_check(lambda: (reference - kept_sum)[:, below],
