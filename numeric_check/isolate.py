@@ -7,18 +7,18 @@ sources, and one path's contribution is what the model computes when
 - only the path's source is on: the token embedding, the positional embedding, one
   layer's biases (``b_V`` and ``b_O``, so that ``b_O^{Ll}`` arrives folded exactly as the
   model computes it), one layer's MLP output, or the unembedding bias ``b_U``;
-- at each layer of the path only the path's head is on (the others' ``hook_result`` is
-  zeroed), and the residual connection of that layer is dropped
-  (``hook_resid_mid := hook_attn_out``): the stream that continues is the head's output;
+- at each layer of the path only the path's head is on, and the residual connection of
+  that layer is dropped: the stream that continues is the head's output (the module's own
+  ``head_output`` of its ``hook_z``, what its ``hook_result`` holds);
 - at every other layer no head is on and the residual stream passes unchanged.
 
-Value biases are switched off through ``hook_v`` (``v - b_V``), output biases by rebuilding
-``hook_attn_out`` from the masked per-head results, except for the sources they belong to.
-The passes stop before the unembedding (:func:`isolate_final_streams`): what the model
-gives ``W_U`` is compared, and ``b_U`` is on only for its own source. Paths that differ only in
-their last head share one copy of the batch (every head's ``hook_result`` is read at that
-layer), a copy starts where its prefix's copy left off, and copies run batched, in chunks
-that bound memory.
+Value biases are switched off through ``hook_v`` (``v - b_V``), a layer's attention output
+(``hook_attn_out``: its heads and ``b_O``) for every copy but its own bias source. The passes
+stop before the unembedding (:func:`isolate_final_streams`): what the model gives ``W_U`` is
+compared, and ``b_U`` is on only for its own source. Paths that differ only in their last head
+share one copy of the batch (every head's ``hook_z`` is read at that layer), a copy starts
+where its prefix's copy left off (the head's output is its stream), and copies run batched,
+in chunks that bound memory.
 
 For QK scores (:func:`isolate_qk`) each side path's stream entering the layer is
 isolated the same way; the model's own attention module then computes the head's
@@ -98,81 +98,48 @@ def _run(model: CircuitModel, rec: Recording, copies: int, hooks: list[Hook], li
         return None
 
 
-class _PathHooks:
-    """The hooks that isolate one path per copy of the batch (see the module docstring)."""
+class _SourceHooks:
+    """The hooks of one pass over copies of the batch, from block ``start`` on: each copy
+    carries one prefix path, with only its source on and none of its heads at these layers
+    (they all come before ``start``: see :func:`isolate_final_streams`)."""
 
-    def __init__(self, model: CircuitModel, rec: Recording, paths: Sequence[Path]):
-        self.model, self.rec, self.paths = model, rec, list(paths)
+    def __init__(self, model: CircuitModel, rec: Recording, prefixes: Sequence[Path], start: int):
+        if any(l >= start for q in prefixes for l, _ in q.heads):
+            raise NumericCheckError(f"a copy passing through heads at or after block {start} cannot start there")
+        self.model, self.rec, self.prefixes, self.start = model, rec, list(prefixes), start
         self.n_batch = rec.n_batch
-        kinds = [p.source.kind for p in self.paths]
-        self.token_on = [float(k == "token") for k in kinds]
-        self.position_on = [float(k == "position") for k in kinds]
-        self.b_U_on = [float(k == "unembed_bias") for k in kinds]
-        self.captured: dict[str, Tensor] = {}
+        self.position_on = [float(q.source.kind == "position") for q in self.prefixes]
 
-    def _layer_of(self, path: Path, kind: str) -> int | None:
-        return path.source.layer if path.source.kind == kind else None
-
-    def head_mask(self, layer: int, like: Tensor) -> Tensor:
-        """``[copies * b, 1, n_heads, 1]``: 1 for the path's head at ``layer`` (all heads for a bias source there)."""
-        n_heads = self.model.arch.heads_per_layer[layer]
-        rows = []
-        for p in self.paths:
-            row = [0.0] * n_heads
-            if self._layer_of(p, "bias") == layer:
-                row = [1.0] * n_heads
-            for l, h in p.heads:
-                if l == layer:
-                    row[h] = 1.0
-            rows.append(row)
-        mask = torch.tensor(rows, dtype=like.dtype, device=like.device).repeat_interleave(self.n_batch, 0)
-        return mask[:, None, :, None]
+    def _on(self, kind: str, layer: int | None = None) -> list[float]:
+        return [float(q.source.kind == kind and q.source.layer == layer) for q in self.prefixes]
 
     def hooks(self) -> list[Hook]:
-        model, n_batch = self.model, self.n_batch
-        arch = model.arch
-        hooks: list[Hook] = [("hook_embed", lambda x, hook: x * _rows(self.token_on, n_batch, x, 3))]
-        if model.W_pos is not None:
-            hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(self.position_on, n_batch, x, 3)))
-        for layer in range(arch.n_layers):
+        n_batch, hooks = self.n_batch, []
+        if self.start == 0:
+            token_on = self._on("token")
+            hooks.append(("hook_embed", lambda x, hook: x * _rows(token_on, n_batch, x, 3)))
+            if self.model.W_pos is not None:
+                hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(self.position_on, n_batch, x, 3)))
+        for layer in range(self.start, self.model.arch.n_layers):
             hooks += self._layer_hooks(layer)
         return hooks
 
     def _layer_hooks(self, layer: int) -> list[Hook]:
+        """No head on: the layer adds nothing to a copy, except all its heads and ``b_O`` (through
+        the model's own attention output) to its own bias source, and its MLP output to its own."""
         block, n_batch, p = self.model.blocks[layer], self.n_batch, f"blocks.{layer}."
-        bias_on = [float(self._layer_of(q, "bias") == layer) for q in self.paths]
-        mlp_on = [float(self._layer_of(q, "mlp") == layer) for q in self.paths]
-        drop = [float(any(l == layer for l, _ in q.heads)) for q in self.paths]
+        bias_on, mlp_on = self._on("bias", layer), self._on("mlp", layer)
         hooks: list[Hook] = []
         if block.attn.b_V is not None:
             hooks.append((p + "attn.hook_v", lambda v, hook: v - (1 - _rows(bias_on, n_batch, v, 4)) * block.attn.b_V))
         if block.mlp is not None:
-            recorded = self.rec.cache[p + "hook_mlp_out"]
-            copies = len(self.paths)
-            hooks.append((p + "hook_mlp_out",
-                          lambda x, hook: recorded.repeat(copies, 1, 1) * _rows(mlp_on, n_batch, x, 3)))
-        if not any(drop):  # no head on: the layer adds nothing, or (all its heads and b_O) its own bias source
-            if any(bias_on):
-                return hooks + [(p + "hook_attn_out", lambda x, hook: x * _rows(bias_on, n_batch, x, 3))]
-            shape = (n_batch * len(self.paths), self.rec.n_pos, self.model.cfg.d_model)
-            return hooks + [(p + "hook_attn_out", Constant(self.rec.final.new_zeros(shape)))]
+            recorded = self.rec.tiled(p + "hook_mlp_out", len(self.prefixes))
+            hooks.append((p + "hook_mlp_out", lambda x, hook: recorded * _rows(mlp_on, n_batch, x, 3)))
+        if any(bias_on):
+            return hooks + [(p + "hook_attn_out", lambda x, hook: x * _rows(bias_on, n_batch, x, 3))]
+        shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
+        return hooks + [(p + "hook_attn_out", Constant(self.rec.final.new_zeros(shape)))]
 
-        def result(x: Tensor, hook) -> Tensor:
-            x = x * self.head_mask(layer, x)
-            self.captured[p + "result"] = x
-            return x
-
-        def attn_out(x: Tensor, hook) -> Tensor:
-            out = self.captured.pop(p + "result").sum(-2)  # [copies * b, pos, d_model]
-            if block.attn.b_O is not None:
-                out = out + _rows(bias_on, n_batch, out, 3) * block.attn.b_O
-            self.captured[p + "attn_out"] = out
-            return out
-
-        def resid_mid(x: Tensor, hook) -> Tensor:
-            return torch.where(_rows(drop, n_batch, x, 3) > 0, self.captured.pop(p + "attn_out"), x)
-
-        return hooks + [(p + "attn.hook_result", result), (p + "hook_attn_out", attn_out), (p + "hook_resid_mid", resid_mid)]
 
 def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, Tensor, float]]:
@@ -263,7 +230,7 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         return hook
 
     hooks = [(f"blocks.{layer}.attn.hook_z", capture(layer)) for layer in sorted(last)]
-    ph = _PathHooks(model, rec, prefixes)
+    ph = _SourceHooks(model, rec, prefixes, start)
     hooks += ph.hooks()
     final = None  # the unembedding input (or stream entering block upto), when a prefix through no head is a path
     if start == 0 and whole and upto is not None:

@@ -361,3 +361,14 @@ def test_terms_that_cancel_are_checked_at_their_own_scale():
         assert max(t.norm for t in report.terms) > 1e5 * report.scale
     # without cancellation the tolerance stays relative to the logits
     assert "cancel" not in verify_logits(small_model(), TOKENS).check("sum").detail
+
+
+def test_exact_errors_by_default_only_when_every_term_is_cheap(monkeypatch):
+    model = small_model()
+    cheap = verify_logits(model, TOKENS)
+    assert all(t.max_abs_error is not None for t in cheap.terms) and not cheap.check("sum").bounded
+    n_terms = len(cheap.terms)
+    per_term = TOKENS.numel() * model.cfg.d_vocab * model.cfg.d_model
+    monkeypatch.setattr(verify_module, "EXACT_LIMIT", per_term * n_terms - 1)  # one term fits, all of them do not
+    costly = verify_logits(model, TOKENS)
+    assert costly.passed and all(t.max_abs_error is None for t in costly.terms) and costly.check("sum").bounded
