@@ -1,0 +1,94 @@
+"""Zero layers, multi-head attention and a single attention head."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensoralg import W_OV, W_QK, Atom, Product, atom, d_head, d_model, n_ctx, term
+
+from derivations.catalogue.common import NOTATION
+from derivations.catalogue.registry import check_count, entry
+from derivations.derivation import Chain, Derivation, Numeric, rewrite_words
+from derivations.render import Math, prose
+
+
+@entry("zero-layer", "a zero-layer transformer: T = W_U W_E, the bigram table")
+def zero_layer() -> Derivation:
+    T = Chain.start(Math("T", "T"), term(None, atom("W_U")) @ term(None, atom("W_E")),
+                    detail="embed the tokens, then unembed").expand()
+    return Derivation(
+        "zero-layer", "A zero-layer transformer",
+        "With no layers the logits are the unembedding of the embedding: each position's prediction depends "
+        "only on its own token, so W_U W_E approximates the bigram log-likelihoods.",
+        (T,), notes=(NOTATION,),
+    )
+
+
+@entry("multi-head", "multi-head attention: concatenate-and-multiply is a sum of independent heads")
+def multi_head(heads: int = 3) -> Derivation:
+    H = check_count("heads", heads, 1)
+    shapes = {"e": (H, 1), "r": (d_head, 1)}
+    e = [atom("e", h, shapes) for h in range(H)]
+    r = [atom("r", h, shapes) for h in range(H)]
+    W_O = sum((term(e[h].T, atom("W_O", h)) for h in range(H)), start=0)
+    stacked = sum((term(e[h], r[h]) for h in range(H)), start=0)
+    shown = list(range(H)) if H <= 4 else [0, None, H - 1]
+    blocks = Math(r"W_O = \begin{bmatrix}" + " & ".join(r"\cdots" if h is None else f"W_O^{{{h}}}" for h in shown)
+                  + r"\end{bmatrix},\quad r = \begin{bmatrix}" + r" \\ ".join(r"\vdots" if h is None else f"r^{{{h}}}" for h in shown)
+                  + r"\end{bmatrix}", f"W_O = [W_O^0 … W_O^{H - 1}], r = [r^0; …; r^{H - 1}]")
+    identities = {(e[h].T, e[k]): (() if h == k else None) for h in range(H) for k in range(H)}
+    chain = (
+        Chain.start(Math("W_O r", "W_O r"), Product([W_O, stacked]), "block",
+                    detail=prose("with the basis vectors ", Math("e_h", "e_h"), " of ", Math(rf"\mathbf{{R}}^{{{H}}}", f"R^{H}")),
+                    intro=prose("Each head h writes its result ", Math("r^h", "r^h"), " (one position, ",
+                                Math("d_{head}", "d_head"), " numbers); the layer concatenates them and multiplies by ",
+                                Math("W_O", "W_O"), ", whose column blocks ", Math("W_O^h", "W_O^h"), " belong to the heads."))
+        .expand()
+        .apply(rewrite_words, "orthonormality", identities,
+               detail=prose(Math(r"e_h^{\top} e_h = 1", "e_hᵀ e_h = 1"), " and ",
+                            Math(r"e_h^{\top} e_k = 0", "e_hᵀ e_k = 0"), " for h ≠ k"))
+    )
+    return Derivation(
+        "multi-head", "Multi-head attention is a sum of independent heads",
+        "Concatenating the heads' results and multiplying by W_O equals adding each head's own output W_O^h r^h: "
+        "heads are independent and additive.",
+        (chain,),
+        notes=(prose("The first slot is the block index: after the last step it is 1 x 1, and ",
+                     Math(r"\mathrm{Id} \otimes X = X", "Id ⊗ X = X"), "."),),
+        params=(("heads", H),),
+        numeric=Numeric(special={"e": lambda a, shape, rng: np.eye(shape[0])[:, [int(a.index)]]}),
+    )
+
+
+@entry("attention-head", "an attention head as (A ⊗ W_O W_V)·x, with A = softmax*(xᵀ W_Qᵀ W_K x)")
+def attention_head() -> Derivation:
+    A, W_O, W_V = atom("A", "h"), atom("W_O", "h"), atom("W_V", "h")
+    head = (
+        Chain.start(Math("h", "h"), Product([term(None, W_O), term(A, None), term(None, W_V)]),
+                    detail="values, then mixing across positions, then the output map",
+                    intro=prose("Head h reads a value ", Math("W_V^h x_j", "W_V^h x_j"), " at each position, mixes "
+                                "positions with its pattern ", Math("A^h", "A^h"), " and writes with ",
+                                Math("W_O^h", "W_O^h"), ":"))
+        .expand()
+        .fold(W_OV)
+    )
+    x = Atom("x", d_model, n_ctx)
+    scores = (
+        Chain.start(Math("S^h", "S^h"), Product([term((atom("W_Q", "h"), x)).T, term((atom("W_K", "h"), x))]),
+                    "transpose", detail=Math(r"(W_Q^h x)^{\top} = x^{\top} W_Q^{h\top}", "(W_Q^h x)ᵀ = xᵀ W_Q^hᵀ"),
+                    intro=prose("The pattern comes from scores: the query ", Math("W_Q^h x_i", "W_Q^h x_i"),
+                                " of position i against the key ", Math("W_K^h x_j", "W_K^h x_j"),
+                                " of position j, for all pairs at once (x holds one column per position):"))
+        .expand()
+        .fold(W_QK)
+    )
+    return Derivation(
+        "attention-head", "An attention head",
+        "An attention head is a tensor product: a pattern over positions times a matrix on the residual stream.",
+        (head, scores),
+        notes=(NOTATION,
+               prose("Then ", Math(r"A^h = \mathrm{softmax}^{*}\!\bigl(S^h / \sqrt{d_{head}}\bigr)",
+                                   "A^h = softmax*(S^h / sqrt(d_head))"),
+                     ", where the * masks the scores of later keys (autoregressive). A depends on x, so the "
+                     "head is linear in x only once its pattern is frozen.")),
+    )

@@ -1,0 +1,81 @@
+"""What several entries share: the notes on notation, and the residual stream as a product of layers."""
+
+from __future__ import annotations
+
+from tensoralg import Product, TensorSum, atom, identity, term
+
+from derivations.architecture import Architecture, head_label
+from derivations.paths import Source
+from derivations.render import Math, SumIndex, prose
+
+NOTATION = prose(
+    "Column vectors, as in the paper: ", Math(r"x_0 = W_E t", "x_0 = W_E t"), "; ",
+    Math(r"(A \otimes W)\cdot x", "(A ⊗ W)·x"), " mixes positions with A and maps each position's vector with W. "
+    "Numerically, with one row per position, ", Math(r"(A \otimes W)\cdot x = A\,x\,W^{\top}", "(A ⊗ W)·x = A x Wᵀ"), ".",
+)
+INDEXING = prose(
+    "Layers and heads are 0-indexed, as in TransformerLens: L1H0 is head 0 of layer 1. "
+    "The paper numbers layers from 1, so its ", Math("H_1", "H_1"), " (first layer) is our ", Math("H_0", "H_0"), ".",
+)
+SUMS = prose(
+    Math(r"\sum_{h_l \in H_l}", "Σ_{h_l∈H_l}"), " sums over the heads ", Math("H_l", "H_l"),
+    " of layer l; it binds its index within its own term.",
+)
+
+
+def heads_of(arch: Architecture, layer: int, concrete: bool, letter: str = "h") -> list[str]:
+    """Indices of the heads of a layer: ``L0H0, L0H1…`` (concrete) or one summed ``h0``."""
+    if concrete:
+        return [head_label(layer, h) for h in range(arch.heads_per_layer[layer])]
+    return [f"{letter}{layer}"]
+
+
+def sum_index(layer: int, letter: str = "h") -> SumIndex:
+    return SumIndex(f"{letter}{layer}", Math(f"H_{{{layer}}}", f"H_{layer}"))
+
+
+def layer_factor(arch: Architecture, layer: int, concrete: bool, letter: str = "h") -> TensorSum:
+    """``Id ⊗ Id + Σ_h (A^h N^l) ⊗ W_OV^h`` (``N^l`` only with layer norm)."""
+    factor = identity(2)
+    scale = (atom("N", f"L{layer}"),) if arch.layer_norm else ()
+    for index in heads_of(arch, layer, concrete, letter):
+        factor = factor + term((atom("A", index),) + scale, atom("W_OV", index))
+    return factor
+
+
+def stream_product(arch: Architecture, first: int, upto: int, word: tuple, concrete: bool, letter: str = "h"):
+    """``Π_{l = upto-1 … first} (layer l) · (Id ⊗ word)``: a source entering at ``first``."""
+    factors = [layer_factor(arch, l, concrete, letter) for l in reversed(range(first, upto))]
+    if word:
+        factors.append(term(None, word))
+    if not factors:
+        return identity(2)
+    return factors[0] if len(factors) == 1 else Product(factors)
+
+
+def by_order(expr: TensorSum, slot: int = 0) -> list[tuple[str, TensorSum]]:
+    """Groups of terms by how many patterns ``A`` their position word holds."""
+    groups: dict[int, dict] = {}
+    for t in expr:
+        k = sum(a.name == "A" for a in t.words[slot])
+        groups.setdefault(k, {})[t.words] = t.coeff
+    names_ = {0: "direct path", 1: "individual heads"}
+    return [(names_.get(k, f"virtual heads through {k} heads"), TensorSum(g, n_slots=expr.n_slots))
+            for k, g in sorted(groups.items())]
+
+
+def source_math(source: Source) -> Math:
+    kind = source.kind
+    if kind in ("token", "position"):
+        short = "tok" if kind == "token" else "pos"
+        return Math(rf"T_{{\mathrm{{{short}}}}}", f"T_{short}")
+    if kind == "bias":
+        return Math(rf"T_{{b_O^{{\mathrm{{L{source.layer}}}}}}}", f"T_(b_O^L{source.layer})")
+    if kind == "mlp":
+        return Math(rf"T_{{\mathrm{{mlp}}^{{\mathrm{{L{source.layer}}}}}}}", f"T_(mlp^L{source.layer})")
+    return Math(r"T_{b_U}", "T_(b_U)")
+
+
+def architecture(layers, heads, positional, layer_norm, biases, mlp) -> Architecture:
+    return Architecture(layers, heads if isinstance(heads, int) else tuple(heads), positional=positional,
+                        layer_norm=layer_norm, biases=biases, mlp=mlp)

@@ -1,0 +1,153 @@
+"""The logits as a sum over paths: any attention-only model, one and two layers."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from tensoralg import W_OV, W_QK, Product, atom, d_head, sandwich, term
+
+from derivations.architecture import Architecture, head_label
+from derivations.catalogue.common import (INDEXING, NOTATION, SUMS, architecture, by_order, source_math,
+                                          stream_product, sum_index)
+from derivations.catalogue.registry import check_count, check_flag, check_size, entry
+from derivations.derivation import Chain, Derivation
+from derivations.errors import DerivationError
+from derivations.paths import POSITION, TOKEN, Source, stream_entries
+from derivations.render import Math, prose
+
+
+def logits_chains(arch: Architecture, concrete: bool, max_order: int | None) -> list[Chain]:
+    """One chain per source: the product, its expansion, the terms grouped by order."""
+    L = arch.n_layers
+    head = term(atom("N", "final") if arch.layer_norm else None, atom("W_U"))
+    sums = () if concrete else tuple(sum_index(l) for l in reversed(range(L)))
+    chains = []
+    entries = stream_entries(arch, L)
+    for e in entries:
+        expr = Product([head, stream_product(arch, e.first_layer, L, e.word, concrete)])
+        lhs = source_math(e.source) if len(entries) > 1 or arch.biases else Math("T", "T")
+        check_size(f"the path expansion of {lhs.text}", expr, max_order)
+        chain = Chain.start(lhs, expr, detail=_source_detail(e.source),
+                            sums=[s for s in sums if int(s.index[1:]) >= e.first_layer]).expand(max_order)
+        groups = by_order(chain.last)
+        if len(groups) > 1:
+            chain = chain.regroup(groups, detail="by the number of heads on the path")
+        chains.append(chain)
+    if arch.biases:
+        chains.append(Chain.start(source_math(Source("unembed_bias")), term(None, atom("b_U")),
+                                  detail="the unembedding bias, added at every position"))
+    return chains
+
+
+def _source_detail(source: Source) -> tuple:
+    if source == TOKEN:
+        return prose("the residual stream starts as ", Math(r"(\mathrm{Id} \otimes W_E)\cdot t", "(Id ⊗ W_E)·t"),
+                     " and each layer adds its heads to it")
+    if source == POSITION:
+        return prose("positional embeddings ", Math(r"(\mathrm{Id} \otimes W_{pos})", "(Id ⊗ W_pos)"),
+                     " acting on the identity of positions")
+    if source.kind == "bias":
+        return prose(f"the output bias of layer {source.layer} (with b_V folded into it) acting on a column of ones, "
+                     "entering after that layer")
+    return prose(f"the output of the MLP of layer {source.layer}, an opaque source entering after that layer")
+
+
+def path_notes(arch: Architecture, concrete: bool) -> tuple:
+    notes = [NOTATION, INDEXING]
+    if not concrete:
+        notes.append(SUMS)
+    if arch.layer_norm:
+        notes.append(prose(Math(r"N^{\mathrm{L}l}", "N^Ll"), ": the frozen per-position scale of the layer norm "
+                           "before layer l (a diagonal matrix on positions); its centring and gain are folded into "
+                           "the weights (see layer-norm-folding)."))
+    if arch.mlp:
+        notes.append("MLPs are opaque sources: a path ends at an MLP's input and a new one starts at its output.")
+    return tuple(notes)
+
+
+def _logits_derivation(name, title, summary, arch, concrete, max_order, extra_notes=()) -> Derivation:
+    chains = logits_chains(arch, concrete, max_order)
+    params = (("layers", arch.n_layers), ("heads", arch.n_heads), ("positional", arch.positional),
+              ("layer_norm", arch.layer_norm), ("biases", arch.biases), ("mlp", arch.mlp),
+              ("concrete", concrete), ("max_order", max_order))
+    return Derivation(name, title, summary, tuple(chains), notes=path_notes(arch, concrete) + tuple(extra_notes),
+                      params=params)
+
+
+def _check_order(max_order, largest: int):
+    if max_order is not None:
+        check_count("max_order", max_order, 0)
+        if max_order > largest:
+            raise DerivationError(f"max_order={max_order} is more than the deepest path ({largest} heads); "
+                                  f"pass 0..{largest} or leave it out")
+
+
+@entry("path-expansion", "the logits of any attention-only model as a sum over paths (direct, heads, virtual heads)")
+def path_expansion(layers: int = 2, heads: int = 2, positional: str = "none", layer_norm: bool = False,
+                   biases: bool = False, mlp: bool = False, concrete: bool = False,
+                   max_order: int | None = None) -> Derivation:
+    arch = architecture(layers, heads, positional, layer_norm, biases, mlp)
+    concrete = check_flag("concrete", concrete)
+    _check_order(max_order, arch.n_layers)
+    return _logits_derivation(
+        "path-expansion", f"Path expansion of the logits ({arch.describe()})",
+        "Expanding the product of the layers by the mixed-product rule writes the logits as a sum over paths: "
+        "the direct path, each head, and virtual heads through several layers.",
+        arch, concrete, max_order,
+    )
+
+
+VIRTUAL = prose("A virtual head ", Math(r"(A^{h_1} A^{h_0}) \otimes (W_U W_{OV}^{h_1} W_{OV}^{h_0} W_E)",
+                                        "(A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)"),
+                " is the composition of two heads: its pattern is the product of their patterns, its OV "
+                "circuit the product of their OV circuits.")
+
+
+@entry("one-layer", "a one-layer attention-only transformer: its path expansion, QK circuit and OV circuit")
+def one_layer(heads: int = 2, concrete: bool = False) -> Derivation:
+    arch = architecture(1, heads, "none", False, False, False)
+    concrete = check_flag("concrete", concrete)
+    logits = logits_chains(arch, concrete, None)[0]
+    h = head_label(0, 0) if concrete else "h"
+    x0 = term(None, atom("W_E"))
+    qk = (
+        Chain.start(Math(f"S^{{{_index_latex(h)}}}", f"S^{h}"),
+                    sandwich(x0, term((atom("W_Q", h).T, atom("W_K", h)), coeff=1 / sp.sqrt(d_head)), x0),
+                    "bilinear", detail=prose("the scores ", Math(r"\tfrac{1}{\sqrt{d_{head}}}\, x_0^{\top} W_Q^{\top} W_K\, x_0",
+                                                                "x_0ᵀ W_Qᵀ W_K x_0 / sqrt(d_head)"),
+                                             " with ", Math(r"x_0 = (\mathrm{Id} \otimes W_E)\cdot t", "x_0 = (Id ⊗ W_E)·t")),
+                    intro=prose("The QK circuit: the pattern of head ", h, " is a softmax of scores that are a "
+                                "bilinear form of the embedded tokens on the query and key sides:"))
+        .fold(W_QK)
+    )
+    ov = (
+        Chain.start(None, term((atom("W_U"), atom("W_OV", h), atom("W_E"))),
+                    detail=prose("the residual word of the term of head ", h),
+                    intro=prose("The OV circuit: head ", h, "'s term in T is ", Math(f"A^{{{_index_latex(h)}}}", f"A^{h}"),
+                                " tensored with a vocab x vocab matrix: how attending to a token changes the logits."))
+        .unfold(W_OV)
+    )
+    return Derivation(
+        "one-layer", "A one-layer attention-only transformer",
+        "The logits are the direct path plus one term per head; each head is described by a QK circuit "
+        "(where it attends) and an OV circuit (what it moves).",
+        (logits, qk, ov), notes=path_notes(arch, concrete), params=(("heads", heads), ("concrete", concrete)),
+    )
+
+
+def _index_latex(index: str) -> str:
+    return rf"\mathrm{{{index}}}" if len(index) > 1 else index
+
+
+@entry("two-layer-logits", "a two-layer attention-only transformer: virtual heads (A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)")
+def two_layer_logits(heads: int = 2, positional: str = "none", layer_norm: bool = False, concrete: bool = False,
+                     max_order: int | None = None) -> Derivation:
+    arch = architecture(2, heads, positional, layer_norm, False, False)
+    concrete = check_flag("concrete", concrete)
+    _check_order(max_order, 2)
+    return _logits_derivation(
+        "two-layer-logits", "The path expansion of a two-layer attention-only transformer",
+        "Two layers give the direct path, the heads of each layer, and virtual heads that pass through a head of "
+        "layer 0 and then a head of layer 1.",
+        arch, concrete, max_order, extra_notes=(VIRTUAL,),
+    )

@@ -1,0 +1,157 @@
+"""The attention scores of a later head expanded into paths: direct, Q-, K- and QK-composition."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from tensoralg import Product, TensorSum, atom, d_head, sandwich, term
+
+from derivations.architecture import Architecture, head_label
+from derivations.catalogue.common import INDEXING, NOTATION, SUMS, architecture, stream_product, sum_index
+from derivations.catalogue.logits import _check_order, _index_latex
+from derivations.catalogue.registry import DOCUMENT_LIMIT, check_flag, entry, too_many
+from derivations.derivation import Chain, Derivation
+from derivations.errors import DerivationError
+from derivations.paths import stream_entries
+from derivations.render import Math, prose
+
+COMPOSITION_LABELS = {(False, False): "direct", (True, False): "Q-composition",
+                      (False, True): "K-composition", (True, True): "QK-composition"}
+
+
+def by_composition(expr: TensorSum) -> list[tuple[str, TensorSum]]:
+    groups: dict[tuple[bool, bool], dict] = {}
+    for t in expr:
+        key = (any(a.name == "A" for a in t.words[0]), any(a.name == "A" for a in t.words[1]))
+        groups.setdefault(key, {})[t.words] = t.coeff
+    order = list(COMPOSITION_LABELS)
+    return [(COMPOSITION_LABELS[k], TensorSum(groups[k], n_slots=3)) for k in order if k in groups]
+
+
+def truncate(expr: TensorSum, max_order: int) -> TensorSum:
+    """Keep the terms whose query and key sides pass through at most ``max_order`` heads together."""
+    kept = {t.words: t.coeff for t in expr if sum(a.name == "A" for w in t.words[:2] for a in w) <= max_order}
+    return TensorSum(kept, n_slots=expr.n_slots)
+
+
+def qk_sides(arch: Architecture, layer: int, concrete: bool, letter: str) -> list[tuple[str, object]]:
+    """``(input, stream)`` for each input of one side of the scores of a layer-``layer`` head
+    (lazy: nothing is expanded yet). The layer norm's scale ``N^{Ll}`` leads the residual
+    stream; ``qk_only`` positions join after the layer norm, unscaled (as in the model)."""
+    lead = term(atom("N", f"L{layer}"), None) if arch.layer_norm else None
+    sides = []
+    for e in stream_entries(arch, layer):
+        stream = stream_product(arch, e.first_layer, layer, e.word, concrete, letter)
+        sides.append((e.source.input_key, Product([lead, stream]) if lead is not None else stream))
+    if arch.positional == "qk_only":
+        sides.append(("position", term(None, atom("W_pos"))))
+    return sides
+
+
+def exact_counts(expr, top: int) -> list[int]:
+    """``[n_0, …, n_top]``: how many terms of each exact order an expression expands to."""
+    if not isinstance(expr, Product):
+        return [len(expr)] + [0] * top
+    cumulative = [expr.count(k) for k in range(top + 1)]
+    return [cumulative[0]] + [b - a for a, b in zip(cumulative, cumulative[1:])]
+
+
+def check_pairs(what: str, q, k, layer: int, max_order: int | None) -> None:
+    """Refuse a bilinear form of more than :data:`DOCUMENT_LIMIT` terms before building it."""
+    qn, kn = exact_counts(q, layer), exact_counts(k, layer)
+    cumulative = [sum(qn[i] * kn[j] for i in range(layer + 1) for j in range(layer + 1) if i + j <= top)
+                  for top in range(2 * layer + 1)]
+    total = cumulative[-1 if max_order is None else max_order]
+    if total > DOCUMENT_LIMIT:
+        too_many(what, total, cumulative[: None if max_order is None else max_order + 1])
+
+
+def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concrete: bool,
+                  max_order: int | None) -> Derivation:
+    if arch.biases or arch.mlp:
+        raise DerivationError(f"{name} covers attention-only models without biases; for biases and MLPs use "
+                              "derivations.expand_qk, which includes their terms")
+    arch.check_head(layer, head)
+    _check_order(max_order, 2 * layer)
+    h = head_label(layer, head) if concrete else "h"
+    middle = term(atom("W_QK", h), coeff=1 / sp.sqrt(d_head))
+    chains = []
+    queries = qk_sides(arch, layer, concrete, "q")
+    keys = qk_sides(arch, layer, concrete, "k")
+    for qkey, q in queries:
+        for kkey, k in keys:
+            check_pairs(f"the scores of {h}", q, k, layer, max_order)
+    if layer > 0:
+        stream = stream_product(arch, 0, layer, (atom("W_E"),), concrete)
+        sums = () if concrete else tuple(sum_index(l) for l in reversed(range(layer)))
+        chains.append(Chain.start(Math(f"x_{layer}", f"x_{layer}"), stream,
+                                  detail=f"the residual stream entering layer {layer}, token source",
+                                  intro="Both sides of the scores read the residual stream; expanded into paths it is",
+                                  sums=sums).expand(max_order))
+    sums = () if concrete else tuple(sum_index(l, c) for c in "qk" for l in reversed(range(layer)))
+    for qkey, q in queries:
+        for kkey, k in keys:
+            q, k = q.expand(max_order), k.expand(max_order)
+            pair = "" if len(queries) * len(keys) == 1 else f"_{{\\mathrm{{{qkey[:3]},{kkey[:3]}}}}}"
+            lhs = Math(f"S^{{{_index_latex(h)}}}{pair}", f"S^{h}" + (f"_({qkey[:3]},{kkey[:3]})" if pair else ""))
+            chain = Chain.start(lhs, sandwich(q, middle, k), "bilinear", sums=sums, detail=prose(
+                "query side: the ", qkey, " input", ", key side: the ", kkey, " input",
+                *(() if concrete else ("; query-side heads are written ", Math("q_l", "q_l"),
+                                       " and key-side heads ", Math("k_l", "k_l")))))
+            if max_order is not None:
+                chain = chain.apply(truncate, "truncation", max_order,
+                                    detail=f"keep the terms through at most {max_order} heads on both sides together")
+            groups = by_composition(chain.last)
+            if len(groups) > 1:
+                chain = chain.regroup(groups, detail="by which sides pass through heads")
+            chains.append(chain)
+    notes = [NOTATION, INDEXING, prose("A score term ", Math(r"P \otimes Q \otimes M", "P ⊗ Q ⊗ M"), " acts as ",
+                                       Math(r"S = P\, x^{\top} M\, x\, Q^{\top}", "S = P xᵀ M x Qᵀ"),
+                                       " (x with one column per position, S[i, j] for query i and key j); the scale ",
+                                       Math(r"1/\sqrt{d_{head}}", "1/sqrt(d_head)"), " is kept as a coefficient.")]
+    if not concrete:
+        notes.append(SUMS)
+    if arch.layer_norm:
+        notes.append(prose(Math(r"N^{\mathrm{L}l}", "N^Ll"), ": the frozen per-position scale of the layer norm before "
+                           "layer l; it leads both sides."))
+    if arch.positional == "qk_only":
+        notes.append("Positions (qk_only) are added to the query and key inputs only, after the layer norm, so each "
+                     "pair of inputs (tokens, positions) has its own sum.")
+    if layer > 0:
+        notes.append(_induction_note(chains[-1], concrete))
+    params = (("layers", arch.n_layers), ("heads", arch.n_heads), ("layer", layer), ("head", head),
+              ("positional", arch.positional), ("layer_norm", arch.layer_norm), ("concrete", concrete),
+              ("max_order", max_order))
+    return Derivation(name, title, "The attention scores of a head in a later layer, expanded into paths on the "
+                      "query and key sides: direct, Q-, K- and QK-composition.", tuple(chains),
+                      notes=tuple(notes), params=params)
+
+
+def _induction_note(chain: Chain, concrete: bool) -> tuple:
+    k_terms = dict(chain.steps[-1].groups).get("K-composition")
+    if k_terms is None:
+        return prose("No K-composition terms survive this truncation.")
+    example = TensorSum([k_terms.terms[0]])
+    return prose("The K-composition terms, such as ", example, ", are the induction mechanism: when the earlier "
+                 "head attends to the previous token (its pattern is the shift matrix), the key of each position "
+                 "carries the token before it, so this head can attend to the token after an earlier copy of "
+                 "the current one.")
+
+
+@entry("two-layer-qk", "second-layer QK scores: direct, Q-, K- and QK-composition, and the induction term Id ⊗ A^{h-1} ⊗ W")
+def two_layer_qk(heads: int = 2, positional: str = "none", layer_norm: bool = False, concrete: bool = False,
+                 max_order: int | None = None) -> Derivation:
+    arch = architecture(2, heads, positional, layer_norm, False, False)
+    return qk_derivation("two-layer-qk", "The QK expansion of a second-layer head", arch, 1, 0,
+                         check_flag("concrete", concrete), max_order)
+
+
+@entry("qk-expansion", "the QK scores of any head (default: head 0 of the last layer) of an attention-only model")
+def qk_expansion(layers: int = 2, heads: int = 2, layer: int | None = None, head: int = 0, positional: str = "none",
+                 layer_norm: bool = False, concrete: bool = False, max_order: int | None = None) -> Derivation:
+    arch = architecture(layers, heads, positional, layer_norm, False, False)
+    if arch.n_layers == 0:
+        raise DerivationError("a model with no layers has no attention scores; pass layers >= 1")
+    layer = arch.n_layers - 1 if layer is None else layer
+    return qk_derivation("qk-expansion", f"The QK expansion of head {head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else head}",
+                         arch, layer, head, check_flag("concrete", concrete), max_order)
