@@ -58,6 +58,7 @@ RULES: dict[str, Rule] = {
         Rule("distributivity", "distributivity", Math(r"X(Y + Z)W = XYW + XZW", "X(Y + Z)W = XYW + XZW")),
         Rule("mixed-product", "mixed-product rule",
              Math(r"(A \otimes B)(C \otimes D) = (AC) \otimes (BD)", "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)")),
+        Rule("associativity", "associativity", Math(r"(XY)Z = X(YZ)", "(XY)Z = X(YZ)")),
         Rule("identity", "identity", Math(r"\mathrm{Id}\, X = X\, \mathrm{Id} = X", "Id X = X Id = X")),
         Rule("collect", "collecting like terms", Math(r"aX + bX = (a + b)X", "aX + bX = (a + b)X")),
         Rule("fold", "folding a definition"),
@@ -186,10 +187,13 @@ class Chain:
 
     def expand(self, max_order: int | None = None, text=()) -> "Chain":
         """Add each rewrite of :func:`tensoralg.rules.expand_steps` as its own line
-        (distributivity or truncation, mixed-product rule, collecting like terms). When
+        (distributivity or truncation, mixed-product rule or associativity, collecting like
+        terms: see :func:`product_rule`). When
         collecting combines nothing, it replaces the line before instead of repeating it."""
         chain = self
         for name, expr in expand_steps(self.last, max_order=max_order):
+            if name == "mixed_product":
+                name = product_rule(chain.last)
             step = Step(expr, name, (), () if chain is not self else text)
             if step.rule.key == "collect" and _only_reorders(chain.last, expr):
                 previous = chain.steps[-1]
@@ -209,6 +213,20 @@ class Chain:
     def regroup(self, groups: Sequence[tuple[str, TensorSum]], rule: str | Rule = "regroup", detail=(), text=()) -> "Chain":
         """Repeat the last line split into labelled groups (which must add up to it)."""
         return self._then(Step(self.last.expand(), rule, detail, text, tuple(groups)))
+
+
+def product_rule(expr: Expr) -> str:
+    """The rule that multiplies out the products of single terms in ``expr``: with one slot
+    they are plain matrix products, regrouped by ``associativity`` (``(xᵀ W_Qᵀ)(W_K x)``);
+    with two or more slots the tensor factors combine slot by slot, the ``mixed-product`` rule.
+
+    >>> from tensoralg import atom, term
+    >>> product_rule(Product([term(atom("W_U")), term(atom("W_E"))]))
+    'associativity'
+    >>> product_rule(Product([term(None, atom("W_U")), term(None, atom("W_E"))]))
+    'mixed-product'
+    """
+    return "associativity" if expr.n_slots == 1 else "mixed-product"
 
 
 def _only_reorders(before: Expr, collected: TensorSum) -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 
 from tensoralg import W_OV, W_QK, Atom, Product, atom, d_head, d_model, n_ctx, term
 
-from derivations.catalogue.common import NOTATION
+from derivations.catalogue.common import NOTATION, SCORES
 from derivations.catalogue.registry import check_count, entry
 from derivations.derivation import Chain, Derivation, Numeric, rewrite_words
 from derivations.render import Math, prose
@@ -86,9 +86,6 @@ def attention_head() -> Derivation:
         "attention-head", "An attention head",
         "An attention head is a tensor product: a pattern over positions times a matrix on the residual stream.",
         (head, scores),
-        notes=(NOTATION,
-               prose("Then ", Math(r"A^h = \mathrm{softmax}^{*}\!\bigl(S^h / \sqrt{d_{head}}\bigr)",
-                                   "A^h = softmax*(S^h / sqrt(d_head))"),
-                     ", where the * masks the scores of later keys (autoregressive). A depends on x, so the "
-                     "head is linear in x only once its pattern is frozen.")),
+        notes=(NOTATION, SCORES,
+               prose(Math("A^h", "A^h"), " depends on x, so the head is linear in x only once its pattern is frozen.")),
     )

@@ -17,6 +17,24 @@ INDEXING = prose(
     "Layers and heads are 0-indexed, as in TransformerLens: L1H0 is head 0 of layer 1. "
     "The paper numbers layers from 1, so its ", Math("H_1", "H_1"), " (first layer) is our ", Math("H_0", "H_0"), ".",
 )
+SCORES = prose(
+    "One meaning of S everywhere: the scores ", Math(r"S^h = x^{\top} W_{QK}^h\, x", "S^h = xᵀ W_QK^h x"),
+    " are unscaled, and the pattern is ",
+    Math(r"A^h = \mathrm{softmax}^{*}\!\bigl(S^h / \sqrt{d_{head}}\bigr)", "A^h = softmax*(S^h / sqrt(d_head))"),
+    ", where the * masks the scores of later keys (autoregressive). A chain whose left side is ",
+    Math(r"S^h / \sqrt{d_{head}}", "S^h / sqrt(d_head)"), " carries the scale as a coefficient.",
+)
+
+
+def scaled_scores(head_latex: str, head_text: str, pair_latex: str = "", pair_text: str = "") -> Math:
+    """The left side ``S^h / sqrt(d_head)`` of a chain of scaled scores (see :data:`SCORES`).
+
+    >>> scaled_scores("h", "h").text
+    'S^h / sqrt(d_head)'
+    """
+    return Math(rf"S^{{{head_latex}}}{pair_latex} / \sqrt{{d_{{head}}}}", f"S^{head_text}{pair_text} / sqrt(d_head)")
+
+
 SUMS = prose(
     Math(r"\sum_{h_l \in H_l}", "Σ_{h_l∈H_l}"), " sums over the heads ", Math("H_l", "H_l"),
     " of layer l; it binds its index within its own term.",

@@ -7,8 +7,8 @@ import sympy as sp
 from tensoralg import W_OV, W_QK, Product, atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture, head_label
-from derivations.catalogue.common import (INDEXING, NOTATION, SUMS, architecture, by_order, source_math,
-                                          stream_product, sum_index)
+from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, by_order, scaled_scores,
+                                          source_math,                                           stream_product, sum_index)
 from derivations.catalogue.registry import check_count, check_flag, check_size, entry
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
@@ -111,10 +111,10 @@ def one_layer(heads: int = 2, concrete: bool = False) -> Derivation:
     h = head_label(0, 0) if concrete else "h"
     x0 = term(None, atom("W_E"))
     qk = (
-        Chain.start(Math(f"S^{{{_index_latex(h)}}}", f"S^{h}"),
+        Chain.start(scaled_scores(_index_latex(h), h),
                     sandwich(x0, term((atom("W_Q", h).T, atom("W_K", h)), coeff=1 / sp.sqrt(d_head)), x0),
-                    "bilinear", detail=prose("the scores ", Math(r"\tfrac{1}{\sqrt{d_{head}}}\, x_0^{\top} W_Q^{\top} W_K\, x_0",
-                                                                "x_0ᵀ W_Qᵀ W_K x_0 / sqrt(d_head)"),
+                    "bilinear", detail=prose("the scaled scores ", Math(r"\tfrac{1}{\sqrt{d_{head}}}\, x_0^{\top} W_Q^{\top} W_K\, x_0",
+                                                                       "x_0ᵀ W_Qᵀ W_K x_0 / sqrt(d_head)"),
                                              " with ", Math(r"x_0 = (\mathrm{Id} \otimes W_E)\cdot t", "x_0 = (Id ⊗ W_E)·t")),
                     intro=prose("The QK circuit: the pattern of head ", h, " is a softmax of scores that are a "
                                 "bilinear form of the embedded tokens on the query and key sides:"))
@@ -131,7 +131,7 @@ def one_layer(heads: int = 2, concrete: bool = False) -> Derivation:
         "one-layer", "A one-layer attention-only transformer",
         "The logits are the direct path plus one term per head; each head is described by a QK circuit "
         "(where it attends) and an OV circuit (what it moves).",
-        (logits, qk, ov), notes=path_notes(arch, concrete), params=(("heads", heads), ("concrete", concrete)),
+        (logits, qk, ov), notes=path_notes(arch, concrete) + (SCORES,), params=(("heads", heads), ("concrete", concrete)),
     )
 
 

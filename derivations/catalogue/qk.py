@@ -7,7 +7,7 @@ import sympy as sp
 from tensoralg import Product, TensorSum, atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture, head_label
-from derivations.catalogue.common import INDEXING, NOTATION, SUMS, architecture, stream_product, sum_index
+from derivations.catalogue.common import INDEXING, NOTATION, SCORES, SUMS, architecture, scaled_scores, stream_product, sum_index
 from derivations.catalogue.logits import _check_order, _index_latex
 from derivations.catalogue.registry import DOCUMENT_LIMIT, check_flag, entry, too_many
 from derivations.derivation import Chain, Derivation
@@ -93,7 +93,7 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
         for kkey, k in keys:
             q, k = q.expand(max_order), k.expand(max_order)
             pair = "" if len(queries) * len(keys) == 1 else f"_{{\\mathrm{{{qkey[:3]},{kkey[:3]}}}}}"
-            lhs = Math(f"S^{{{_index_latex(h)}}}{pair}", f"S^{h}" + (f"_({qkey[:3]},{kkey[:3]})" if pair else ""))
+            lhs = scaled_scores(_index_latex(h), h, pair, f"_({qkey[:3]},{kkey[:3]})" if pair else "")
             chain = Chain.start(lhs, sandwich(q, middle, k), "bilinear", sums=sums, detail=prose(
                 "query side: the ", qkey, " input", ", key side: the ", kkey, " input",
                 *(() if concrete else ("; query-side heads are written ", Math("q_l", "q_l"),
@@ -106,9 +106,10 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
                 chain = chain.regroup(groups, detail="by which sides pass through heads")
             chains.append(chain)
     notes = [NOTATION, INDEXING, prose("A score term ", Math(r"P \otimes Q \otimes M", "P ⊗ Q ⊗ M"), " acts as ",
-                                       Math(r"S = P\, x^{\top} M\, x\, Q^{\top}", "S = P xᵀ M x Qᵀ"),
-                                       " (x with one column per position, S[i, j] for query i and key j); the scale ",
-                                       Math(r"1/\sqrt{d_{head}}", "1/sqrt(d_head)"), " is kept as a coefficient.")]
+                                       Math(r"P\, x^{\top} M\, x\, Q^{\top}", "P xᵀ M x Qᵀ"),
+                                       " on the stream x (one column per position): an n_ctx x n_ctx matrix, "
+                                       "entry [i, j] for query i and key j."),
+             SCORES]
     if not concrete:
         notes.append(SUMS)
     if arch.layer_norm:

@@ -1,0 +1,84 @@
+"""What every catalogue entry says: one meaning per symbol, the rule each step really applies,
+and no mathematics typed into plain prose."""
+
+import re
+
+import pytest
+import sympy as sp
+
+from tensoralg import Product, TensorSum, d_head
+
+from derivations import catalogue
+from derivations.derivation import product_rule
+from derivations.render import Math
+
+from tests.derivations.test_catalogue import IDS, VARIANTS
+
+
+def prose_parts(d):
+    """``(where, segment)`` for every piece of prose of a derivation."""
+    yield "title", d.title
+    yield "summary", d.summary
+    for note in d.notes:
+        yield from (("note", s) for s in note)
+    for chain in d.chains:
+        if isinstance(chain.lhs, Math):
+            yield "lhs", chain.lhs
+        yield from (("intro", s) for s in chain.intro)
+        for step in chain.steps:
+            yield from (("detail", s) for s in step.detail)
+            yield from (("text", s) for s in step.text)
+            yield from (("group label", label) for label, _ in step.groups)
+
+
+def terms_of(expr):
+    if isinstance(expr, TensorSum):
+        return list(expr)
+    return list(expr.expand())
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=IDS)
+def derivation(request):
+    name, params = request.param
+    return catalogue.get(name, **params)
+
+
+def test_every_product_step_names_the_rule_it_applies(derivation):
+    for chain in derivation.chains:
+        for before, step in zip(chain.steps, chain.steps[1:]):
+            if step.rule.key in ("associativity", "mixed-product"):
+                assert step.rule.key == product_rule(before.expr), (derivation.name, str(before.expr))
+                slots = before.expr.n_slots
+                assert (slots == 1) == (step.rule.key == "associativity"), (derivation.name, step.rule.key, slots)
+
+
+def test_plain_matrix_products_are_associativity_not_the_mixed_product_rule():
+    scores = catalogue.get("attention-head").chains[1]
+    assert [s.rule.key for s in scores.steps] == ["transpose", "associativity", "fold"]
+    virtual = {s.rule.key for s in catalogue.get("virtual-weights").steps}
+    assert "associativity" in virtual and "mixed-product" not in virtual
+    assert "mixed-product" in {s.rule.key for s in catalogue.get("path-expansion").steps}
+
+
+def test_product_rule_needs_two_slots_for_the_mixed_product():
+    from tensoralg import atom, term
+    assert product_rule(Product([term(atom("W_Q", "h").T), term(atom("W_K", "h"))])) == "associativity"
+    assert product_rule(Product([term(atom("A", "h"), atom("W_OV", "h")), term(None, atom("W_E"))])) == "mixed-product"
+
+
+def test_scores_have_one_meaning_across_the_catalogue(derivation):
+    """``S^h`` is always unscaled: a chain whose left side is a bare ``S^h`` has no 1/sqrt(d_head), one whose
+    left side is ``S^h / sqrt(d_head)`` carries it on every term; every softmax divides S by sqrt(d_head)."""
+    for chain in derivation.chains:
+        lhs = chain.lhs.text if isinstance(chain.lhs, Math) else ""
+        if not lhs.startswith("S^"):
+            continue
+        scaled = lhs.endswith("/ sqrt(d_head)")
+        for step in chain.steps:
+            for t in terms_of(step.expr):
+                has_scale = d_head in sp.sympify(t.coeff).free_symbols
+                assert has_scale == scaled, (derivation.name, lhs, str(t))
+    for where, segment in prose_parts(derivation):
+        text = segment.text if isinstance(segment, Math) else segment if isinstance(segment, str) else ""
+        if "softmax" in text and isinstance(segment, Math):
+            assert "softmax*(S^h / sqrt(d_head))" in text, (derivation.name, where, text)
