@@ -151,7 +151,8 @@ def word_shape(word: Word) -> tuple[sp.Expr, sp.Expr] | None:
         if left.shape[1] != right.shape[0]:
             raise ShapeMismatch(
                 f"cannot multiply {left!r} ({_fmt(left.shape)}) by {right!r} ({_fmt(right.shape)}): "
-                f"{left.shape[1]} columns against {right.shape[0]} rows"
+                f"{left.shape[1]} columns against {right.shape[0]} rows",
+                dims=[(left.shape[1], right.shape[0])],
             )
     return word[0].shape[0], word[-1].shape[1]
 

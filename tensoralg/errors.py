@@ -6,7 +6,14 @@ class TensorAlgError(Exception):
 
 
 class ShapeMismatch(TensorAlgError, ValueError):
-    """Two shapes that must agree do not; the message names both."""
+    """Two shapes that must agree do not; the message names both.
+
+    ``dims`` holds the pairs of dimensions that disagreed (for shape inference).
+    """
+
+    def __init__(self, message: str, dims=()):
+        super().__init__(message)
+        self.dims = tuple(dims)
 
 
 class SlotMismatch(TensorAlgError, ValueError):

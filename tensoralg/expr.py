@@ -136,14 +136,16 @@ def merge_shapes(shapes: list[Shape], words: tuple[Word, ...], where: str) -> No
         known = shapes[i]
         if shape is None:
             if known is not None and known[0] != known[1]:
-                raise ShapeMismatch(f"slot {i} of {where}: Id (square) cannot be added to a {format_shape(known)} term")
+                raise ShapeMismatch(f"slot {i} of {where}: Id (square) cannot be added to a {format_shape(known)} term",
+                                    dims=[known])
             continue
         if known is None:
             shapes[i] = shape
         elif known != shape:
             raise ShapeMismatch(
                 f"slot {i} of {where}: a {format_shape(shape)} term ({_word_text(w)}) cannot be added to "
-                f"{format_shape(known)} terms"
+                f"{format_shape(known)} terms",
+                dims=list(zip(shape, known)),
             )
 
 
@@ -405,7 +407,8 @@ def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
                 shapes[i] = shape
             elif known != shape:
                 raise ShapeMismatch(
-                    f"slot {i}: cannot add {format_shape(shape)} terms to {format_shape(known)} terms"
+                    f"slot {i}: cannot add {format_shape(shape)} terms to {format_shape(known)} terms",
+                    dims=list(zip(shape, known)),
                 )
         for w, c in s._terms.items():
             prev = collected.get(w)
@@ -422,7 +425,8 @@ def check_identity_slots(shapes: list[Shape], words_list: Iterable[tuple[Word, .
     for words in words_list:
         for i in rectangular:
             if not words[i]:
-                raise ShapeMismatch(f"slot {i}: Id (square) cannot be added to {format_shape(shapes[i])} terms")
+                raise ShapeMismatch(f"slot {i}: Id (square) cannot be added to {format_shape(shapes[i])} terms",
+                                    dims=[shapes[i]])
 
 
 def tensor(*factors: Expr | Atom | Word) -> TensorSum:
@@ -467,7 +471,8 @@ def chain_shapes(left: Shape, right: Shape, slot: int) -> Shape:
     if left[1] != right[0]:
         raise ShapeMismatch(
             f"slot {slot}: cannot multiply {format_shape(left)} by {format_shape(right)}: "
-            f"{left[1]} columns against {right[0]} rows"
+            f"{left[1]} columns against {right[0]} rows",
+            dims=[(left[1], right[0])],
         )
     return (left[0], right[1])
 
@@ -669,7 +674,8 @@ class Add(Expr):
                 if shapes[i] is None:
                     shapes[i] = s
                 elif shapes[i] != s:
-                    raise ShapeMismatch(f"slot {i}: cannot add {format_shape(s)} terms to {format_shape(shapes[i])} terms")
+                    raise ShapeMismatch(f"slot {i}: cannot add {format_shape(s)} terms to {format_shape(shapes[i])} terms",
+                                        dims=list(zip(s, shapes[i])))
         return tuple(shapes)
 
     def expand(self, max_order: int | None = None) -> TensorSum:

@@ -42,82 +42,19 @@ TensorSum(1/sqrt(d_head)·W_QK^{h}ᵀ)
 
 from __future__ import annotations
 
-import re
 from typing import Iterable, Mapping, NamedTuple, Union
 
 import sympy as sp
 
-from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, atom, transpose_word, word_shape
+from tensoralg.action import act
+from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom
 from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
+from tensoralg.inference import RESERVED, Shapes, declared_table
+from tensoralg.lexer import Token, tokenize
 
 AtomDecl = Union[Atom, tuple]
-RESERVED = ("Id", "sqrt")
-
-
-class Token(NamedTuple):
-    kind: str  # NUM NAME INDEX T OTIMES TIMES DIV POW PLUS MINUS LPAREN RPAREN END
-    text: str
-    pos: int
-
-
-_SIMPLE = {
-    "⊗": "OTIMES", "·": "TIMES", "⋅": "TIMES", "*": "TIMES", "/": "DIV", "+": "PLUS",
-    "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T",
-}
-_NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_OTIMES_ASCII = re.compile(r"\(\s*x\s*\)")
-
-
-def tokenize(text: str) -> list[Token]:
-    """Split ``text`` into tokens; raise :class:`ParseError` at the first bad character."""
-    tokens: list[Token] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch.isspace():
-            i += 1
-            continue
-        if ch == "(" and (m := _OTIMES_ASCII.match(text, i)):
-            tokens.append(Token("OTIMES", m.group(), i))
-            i = m.end()
-        elif text.startswith("**", i):
-            tokens.append(Token("POW", "**", i))
-            i += 2
-        elif ch in _SIMPLE:
-            tokens.append(Token(_SIMPLE[ch], ch, i))
-            i += 1
-        elif ch == "^":
-            token = _caret(text, i)
-            tokens.append(token)
-            i += len(token.text)
-        elif m := _NUMBER.match(text, i):
-            tokens.append(Token("NUM", m.group(), i))
-            i = m.end()
-        elif m := _NAME.match(text, i):
-            tokens.append(Token("NAME", m.group(), i))
-            i = m.end()
-        else:
-            raise ParseError(f"unexpected character {ch!r}", text, i)
-    tokens.append(Token("END", "", n))
-    return tokens
-
-
-def _caret(text: str, i: int) -> Token:
-    """``^{index}`` or ``^T`` starting at ``text[i] == '^'``."""
-    nxt = text[i + 1 : i + 2]
-    if nxt == "{":
-        close = text.find("}", i + 2)
-        opening = text.find("{", i + 2)
-        if close < 0:
-            raise ParseError("unclosed index: '^{' without '}'", text, i)
-        if 0 <= opening < close:
-            raise ParseError("an index may not contain '{'", text, opening)
-        return Token("INDEX", text[i : close + 1], i)
-    if nxt == "T" and not re.match(r"[A-Za-z0-9_]", text[i + 2 : i + 3]):
-        return Token("T", "^T", i)
-    raise ParseError("after '^' expected '{index}' or 'T' (transpose)", text, i + 1)
+API_HINT = "declare others with atoms="
 
 
 class _Word(NamedTuple):
@@ -127,59 +64,62 @@ class _Word(NamedTuple):
     atoms: Word
 
 
-def _declared_table(atoms) -> dict[str, tuple]:
-    """``atoms=`` as ``{name: (rows, cols, symmetric)}``; shapes may be strings like ``"d_model"``."""
-    if atoms is None:
-        return {}
-    if isinstance(atoms, Mapping):
-        items = list(atoms.items())
-    else:
-        items = [(a.name, a) for a in atoms] if all(isinstance(a, Atom) for a in atoms) else None
-        if items is None:
-            raise TensorAlgError("atoms= takes a mapping {name: (rows, cols) or Atom} or a list of Atom objects")
-    table = {}
-    for name, spec in items:
-        if not isinstance(name, str) or not _NAME.fullmatch(name) or name in RESERVED or name in DIMS:
-            raise TensorAlgError(
-                f"cannot declare an atom named {name!r}: a name is a letter then letters, digits or '_', "
-                f"and not one of {', '.join(RESERVED + tuple(DIMS))}"
-            )
-        if isinstance(spec, Atom):
-            base = spec.base
-            table[name] = (base.rows, base.cols, base.symmetric)
-        elif isinstance(spec, (tuple, list)) and len(spec) in (2, 3):
-            table[name] = (_dimension(spec[0]), _dimension(spec[1]), bool(spec[2]) if len(spec) == 3 else False)
-        else:
-            raise TensorAlgError(f"atom {name!r}: expected (rows, cols), (rows, cols, symmetric) or an Atom, got {spec!r}")
-    return table
+class Bound(NamedTuple):
+    """An index bound by ``Σ_{var∈over}``: atoms carrying ``index`` are summed over ``over``.
+
+    ``layer`` is the layer (0-based, as stored) when ``over`` is a layer's heads ``H_l``.
+    """
+
+    index: str
+    var: str
+    over: str
+    layer: int | None
 
 
-def _dimension(value) -> sp.Expr:
-    """A declared dimension: a standard name maps to the standard symbol (with its assumptions)."""
-    if isinstance(value, str):
-        if value in DIMS:
-            return DIMS[value]
-        if value.isdigit():
-            return sp.Integer(value)
-        if not _NAME.fullmatch(value):
-            raise TensorAlgError(f"a dimension is a name like 'd_model' or an integer, got {value!r}")
-        return sp.Symbol(value, positive=True, integer=True)
-    return sp.sympify(value)
+class Applied(NamedTuple):
+    """``coeff · operator · activation`` as typed: ``(A ⊗ W_OV) x``."""
+
+    operator: Expr
+    activation: Expr
+    coeff: sp.Expr
+
+    def result(self) -> TensorSum:
+        return act(self.operator, self.activation).scale(self.coeff)
+
+
+class Reading(NamedTuple):
+    """What :func:`read` found: the expression, the indices its sums bind, and the
+    rewrites made while reading (``("transpose", word)``, ``("collect", n)``)."""
+
+    expr: Expr
+    bound: tuple[Bound, ...]
+    rewrites: tuple[tuple, ...]
+    applied: Applied | None
+    shapes: dict
 
 
 class _Parser:
     """Recursive descent over the token list; one method per grammar rule."""
 
-    def __init__(self, text: str, atoms=None):
+    def __init__(self, text: str, table: dict, shapes: Shapes | None, index_from: int, hint: str,
+                 visible: bool = False):
         self.text = text
+        self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
+        self.depth = 0
         self.tokens = tokenize(text)
         self.i = 0
-        self.table = {**STANDARD_SHAPES, **_declared_table(atoms)}
+        self.table = table
+        self.shapes = shapes  # None: undeclared names are errors
+        self.index_from = index_from
+        self.hint = hint
         self.scalars = dict(DIMS)
         for rows, cols, *_ in self.table.values():
             for dim in (rows, cols):
                 for s in sp.sympify(dim).free_symbols:
                     self.scalars.setdefault(s.name, s)
+        self.scope: dict[str, str] = {}  # bound variable -> stored index, inside a Σ
+        self.bound: dict[str, Bound] = {}
+        self.rewrites: list[tuple] = []
 
     # -- helpers --------------------------------------------------------------
     @property
@@ -195,9 +135,12 @@ class _Parser:
         return ParseError(message, self.text, self.tok.pos if pos is None else pos)
 
     def located(self, err: TensorAlgError, pos: int) -> TensorAlgError:
-        """The same kind of error with the position in the text added."""
+        """The same kind of error with the position in the text added (shape pairs kept)."""
         pointer = " " * pos + "^"
-        return type(err)(f"{err}\nat position {pos}:\n  {self.text}\n  {pointer}")
+        message = f"{err}\nat position {pos}:\n  {self.text}\n  {pointer}"
+        if isinstance(err, ShapeMismatch):
+            return ShapeMismatch(message, dims=err.dims)
+        return type(err)(message)
 
     def expect(self, kind: str, what: str) -> Token:
         if self.tok.kind != kind:
@@ -211,13 +154,13 @@ class _Parser:
     # -- grammar --------------------------------------------------------------
     def parse(self):
         if self.tok.kind == "END":
-            raise ParseError("empty expression; expected something like 'A^{h} ⊗ W_OV^{h}'", self.text, 0)
+            raise ParseError("empty expression; expected something like 'A^h ⊗ W_OV^h'", self.text, 0)
         value = self.sum()
         if self.tok.kind != "END":
             raise self.error(f"unexpected {self.describe(self.tok)} after a complete expression")
         if isinstance(value, _Word):
             return term(value.atoms, coeff=value.coeff)
-        if not isinstance(value, Expr):
+        if not isinstance(value, (Expr, Applied)):
             raise ParseError(
                 f"the text is only the scalar {value}; a tensor expression needs an atom or Id (e.g. '{value}·Id')",
                 self.text, 0,
@@ -226,11 +169,11 @@ class _Parser:
 
     def sum(self):
         start = self.tok.pos
-        parts = [(start, self.tensor())]
+        parts = [(start, self.summand())]
         while self.tok.kind in ("PLUS", "MINUS"):
             op = self.take()
             pos = self.tok.pos
-            value = self.tensor()
+            value = self.summand()
             parts.append((pos, value if op.kind == "PLUS" else _negate(value)))
         if len(parts) == 1:
             return parts[0][1]
@@ -243,9 +186,58 @@ class _Parser:
         exprs = [self.as_expr(v, p) for p, v in parts]
         self.check_slots(parts, exprs, "add")
         try:
-            return add(*exprs)
+            total = add(*exprs)
         except TensorAlgError as err:
             raise self.located(err, start) from None
+        typed = sum(len(e) for e in exprs)
+        if isinstance(total, TensorSum) and len(total) < typed and self.visible and self.depth == 0:
+            self.rewrites.append(("collect", typed - len(total)))
+            return Add(exprs)  # like terms typed in the input collect as a visible step
+        return total
+
+    def summand(self):
+        """``Σ_{h∈H_1} tensor``, a signed one, or a plain tensor."""
+        k = self.i
+        while self.tokens[k].kind in ("PLUS", "MINUS"):
+            k += 1
+        if self.tokens[k].kind != "SUM":
+            return self.tensor()
+        negative = sum(t.kind == "MINUS" for t in self.tokens[self.i : k]) % 2 == 1
+        self.i = k
+        token = self.take()
+        var, over = token.text.split("∈")
+        index, layer = self.binding(var, over, token.pos)
+        outer = self.scope.get(var)
+        self.scope[var] = index
+        pos = self.tok.pos
+        if self.tok.kind in ("END", "RPAREN", "PLUS"):
+            raise self.error(f"expected the terms summed over {var} after {self.text[token.pos:token.end]!r}")
+        try:
+            body = self.as_expr(self.summand(), pos)
+        finally:
+            if outer is None:
+                del self.scope[var]
+            else:
+                self.scope[var] = outer
+        for t in body.expand():
+            if not any(a.index == index for w in t.words for a in w):
+                raise self.error(f"the summed index {var} does not appear in every term after "
+                                 f"{self.text[token.pos:token.end]!r} (a term without it is not summed)", pos)
+        self.bound[index] = Bound(index, var, over, layer)
+        return -body if negative else body
+
+    def binding(self, var: str, over: str, pos: int) -> tuple[str, int | None]:
+        """The stored index of ``Σ_{var∈over}``: ``h1`` for layer 1's heads (0-based), else ``var``."""
+        head, _, sub = over.partition("_")
+        layer = None
+        if head == "H" and sub.isdigit():
+            layer = int(sub) - self.index_from
+            if layer < 0:
+                raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)
+        index = f"{var}{layer}" if layer is not None else var
+        while index in self.scope.values():  # a Σ inside another over the same set: rename apart
+            index += "'"
+        return index, layer
 
     def tensor(self):
         start = self.tok.pos
@@ -287,10 +279,10 @@ class _Parser:
                 else:
                     items.append((pos, value.atoms))
             else:
-                items.append((pos, value))
+                items.append((pos, self.as_expr(value, pos)))
             if self.tok.kind in ("TIMES", "DIV"):
                 op = self.take().kind
-            elif self.tok.kind in ("NUM", "NAME", "LPAREN"):  # juxtaposition
+            elif self.tok.kind in ("NUM", "NAME", "LPAREN", "SUM"):  # juxtaposition
                 op = "TIMES"
             else:
                 break
@@ -304,7 +296,7 @@ class _Parser:
         return value
 
     def build_product(self, coeff: sp.Expr, items: list, start: int):
-        """A scalar, a word, a scaled group, or a lazy product of several factors."""
+        """A scalar, a word, a scaled group, a lazy product, or an operator applied to an activation."""
         if not items:
             return coeff
         if len(items) == 1:
@@ -313,11 +305,60 @@ class _Parser:
                 return _Word(coeff, value)
             return value if coeff == 1 else value.scale(coeff)
         factors = [term(v) if isinstance(v, tuple) else v for _, v in items]
+        factors = self.rename_apart(factors)
+        split = self.activation_start(items, factors)
+        if split is not None:
+            return self.applied(items, factors, split, coeff)
         self.check_slots(items, factors, "multiply")
         try:
             return Product(factors, coeff)
         except TensorAlgError as err:
             raise self.located(err, start) from None
+
+    def activation_start(self, items, factors) -> int | None:
+        """Where the trailing 1-slot factors after 2-slot ones begin (an applied operator)."""
+        if factors[-1].n_slots != 1 or _is_identity(factors[-1]):
+            return None
+        split = len(factors)
+        while split > 0 and factors[split - 1].n_slots == 1 and not _is_identity(factors[split - 1]):
+            split -= 1
+        if split == 0 or any(f.n_slots == 1 and not _is_identity(f) for f in factors[:split]):
+            return None
+        if {f.n_slots for f in factors[:split]} != {2}:
+            return None
+        return split
+
+    def applied(self, items, factors, split: int, coeff) -> Applied:
+        operator = factors[0] if split == 1 else Product(factors[:split])
+        activation = factors[split] if len(factors) == split + 1 else Product(factors[split:])
+        try:
+            value = Applied(operator, activation.expand(), coeff)
+            value.result()  # checks the shapes
+        except TensorAlgError as err:
+            raise self.located(err, items[split][0]) from None
+        return value
+
+    def rename_apart(self, factors: list) -> list:
+        """Sums over the same heads in two factors of a product bind different indices:
+        ``(Σ_h A^h ⊗ W^h)(Σ_h A^h ⊗ W^h)`` is a double sum, not a sum of squares."""
+        seen: set[str] = set()
+        out = []
+        for f in factors:
+            used = {a.index for t in f.expand() for w in t.words for a in w if a.index in self.bound}
+            clash = used & seen
+            if clash:
+                mapping = {}
+                for old in clash:
+                    new = old + "'"
+                    while new in self.bound or new in seen or new in used:
+                        new += "'"
+                    mapping[old] = new
+                    self.bound[new] = self.bound[old]._replace(index=new)
+                f = _reindex(f, mapping)
+                used = (used - clash) | set(mapping.values())
+            seen |= used
+            out.append(f)
+        return out
 
     def power(self):
         pos = self.tok.pos
@@ -345,8 +386,15 @@ class _Parser:
             if _is_scalar(value):
                 raise self.error(f"^T transposes an atom, Id or a parenthesised expression, not the scalar {value}", pos)
             if isinstance(value, _Word):
+                if len(value.atoms) > 1:
+                    self.rewrites.append(("transpose", value.atoms))
                 value = _Word(value.coeff, transpose_word(value.atoms))
             else:
+                value = self.as_expr(value, pos)
+                for t in value.expand():
+                    for w in t.words:
+                        if len(w) > 1:
+                            self.rewrites.append(("transpose", w))
                 value = value.T
         if self.tok.kind == "INDEX":
             raise self.error("an index '^{...}' must directly follow an atom name")
@@ -361,23 +409,24 @@ class _Parser:
             self.take()
             if self.tok.kind == "RPAREN":
                 raise self.error("empty parentheses")
+            self.depth += 1
             value = self.sum()
+            self.depth -= 1
             self.expect("RPAREN", f"')' to close the '(' at position {token.pos}")
             # a parenthesised word is a group: a product with a group stays lazy
-            return self.as_expr(value, token.pos) if isinstance(value, _Word) else value
+            return self.as_expr(value, token.pos) if isinstance(value, (_Word, Applied)) else value
         if token.kind == "NAME":
             return self.name()
         if token.kind == "INDEX":
             raise self.error("an index '^{...}' must directly follow an atom name")
+        if token.kind == "SUM":
+            raise self.error("an indexed sum Σ_{...} starts a term: put it in parentheses to multiply it")
         raise self.error(f"expected an atom, Id, a number or '(' but found {self.describe(token)}")
 
     def name(self):
         token = self.take()
         name = token.text
         index_token = self.take() if self.tok.kind == "INDEX" else None
-        if name in self.table:
-            index = index_token.text[2:-1] if index_token else ""
-            return _Word(sp.S.One, (atom(name, index, self.table),))
         if index_token is not None and (name in RESERVED or name in self.scalars):
             raise self.error(f"{name} takes no index", index_token.pos)
         if name == "Id":
@@ -392,11 +441,19 @@ class _Parser:
             return sp.sqrt(value)
         if name in self.scalars:
             return self.scalars[name]
+        index = index_token.text if index_token else ""
+        index = self.scope.get(index, index)
+        if name in self.table:
+            rows, cols, *rest = self.table[name]
+            return _Word(sp.S.One, (Atom(name, rows, cols, index, symmetric=bool(rest and rest[0])),))
+        if self.shapes is not None:
+            rows, cols = self.shapes.shape(name)
+            return _Word(sp.S.One, (Atom(name, rows, cols, index),))
         known = ", ".join(sorted(self.table))
         pointer = " " * token.pos + "^"
         raise UnknownAtom(
             f"unknown atom {name!r} at position {token.pos}:\n  {self.text}\n  {pointer}\n"
-            f"known atoms: {known} (declare others with atoms=); also Id, sqrt and the scalars "
+            f"known atoms: {known} ({self.hint}); also Id, sqrt and the scalars "
             f"{', '.join(sorted(self.scalars))}"
         )
 
@@ -407,6 +464,8 @@ class _Parser:
                 return term(value.atoms, coeff=value.coeff)
             except TensorAlgError as err:
                 raise self.located(err, pos) from None
+        if isinstance(value, Applied):  # inside a larger expression: applied at once
+            return value.result()
         return value
 
     def check_word(self, word: Word, pos: int) -> None:
@@ -431,31 +490,90 @@ def _is_scalar(value) -> bool:
     return isinstance(value, sp.Basic)
 
 
+def _is_identity(expr: Expr) -> bool:
+    return isinstance(expr, TensorSum) and len(expr) > 0 and all(t.is_identity for t in expr)
+
+
 def _negate(value):
     if isinstance(value, _Word):
         return _Word(-value.coeff, value.atoms)
+    if isinstance(value, Applied):
+        return value._replace(coeff=-value.coeff)
     return -value
 
 
-def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None) -> Expr:
+def _reindex(expr: Expr, mapping: dict) -> Expr:
+    """``expr`` with atom indices renamed by ``mapping``."""
+    if isinstance(expr, Product):
+        return Product([_reindex(f, mapping) for f in expr.factors], expr.coeff)
+    if isinstance(expr, Add):
+        return Add([_reindex(p, mapping) for p in expr.parts])
+    words = {tuple(tuple(a.with_index(mapping.get(a.index, a.index)) for a in w) for w in t.words): t.coeff
+             for t in expr}
+    return TensorSum(words, n_slots=expr.n_slots)
+
+
+def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
+         generic: bool = True, hint: str = API_HINT, visible: bool = True) -> Reading:
+    """Read ``text`` with everything :func:`parse` knows, and more: the indices bound by
+    its sums, the rewrites made while reading, an operator applied to an activation (kept
+    apart, so a derivation can show the step), and the shapes inferred for undeclared names.
+    With ``visible`` (the default), like terms typed at the top level stay a lazy sum, to
+    be collected as a step.
+
+    ``index_from`` says how ``H_l`` counts layers: 0 (the default, as TransformerLens:
+    ``H_1`` is the second layer) or 1 (the paper's: ``H_1`` is the first). Indices are
+    stored 0-based: ``Σ_{h∈H_1}`` binds ``h1`` with ``index_from=0`` and ``h0`` with 1.
+
+    >>> r = read("(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)")
+    >>> [b.index for b in r.bound]
+    ['h0', 'h1']
+    >>> read("(A ⊗ B)(C ⊗ D)").expr.expand()
+    TensorSum(A C ⊗ B D)
+    """
+    if not isinstance(text, str):
+        raise TensorAlgError(f"parse() takes a string, got {type(text).__name__}")
+    if isinstance(index_from, bool) or index_from not in (0, 1):
+        raise TensorAlgError(f"index_from is 0 (TransformerLens) or 1 (the paper), got {index_from!r}")
+    table = {**STANDARD_SHAPES, **declared_table(atoms)}
+    shapes = Shapes() if generic else None
+    while True:
+        parser = _Parser(text, table, shapes, index_from, hint, visible)
+        try:
+            value = parser.parse()
+            break
+        except ShapeMismatch as err:  # an equation between dimensions: solve it and read again
+            if shapes is None or not shapes.unify(err.dims):
+                raise
+    applied = value if isinstance(value, Applied) else None
+    expr = value.operator if applied else value
+    inferred = {name: shapes.shape(name) for name in shapes.fresh} if shapes else {}
+    return Reading(expr, tuple(sorted(parser.bound.values())), tuple(parser.rewrites), applied, inferred)
+
+
+def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
+          generic: bool = True) -> Expr:
     """Parse the text language (see the module docstring) into an expression.
 
     ``atoms`` declares atoms beyond the paper's standard ones, as ``{name: (rows, cols)}``
     (a third entry ``True`` marks a symmetric atom; dimensions are names such as
     ``"d_model"`` or new ones such as ``"k"``), ``{name: Atom}`` or a list of atoms.
+    Other names get fresh shapes that the products fix (``generic=False`` refuses them).
+    An operator applied to an activation is applied: ``(A ⊗ W) x`` is ``A x Wᵀ``.
 
     Raises :class:`ParseError` (with the position) for malformed text,
-    :class:`UnknownAtom` for a name that is not an atom, Id, sqrt or a dimension,
+    :class:`UnknownAtom` for an undeclared name when ``generic=False``,
     :class:`ShapeMismatch` / :class:`SlotMismatch` when the pieces do not fit.
 
     >>> parse("(A^{1} ⊗ W_OV^{1})(A^{2} ⊗ W_OV^{2})").expand()
     TensorSum(A^{1} A^{2} ⊗ W_OV^{1} W_OV^{2})
     >>> parse("V Vᵀ", atoms={"V": ("d_model", "k")}).slot_shapes
     ((d_model, d_model),)
+    >>> parse("(A ⊗ W_O W_V) x")
+    TensorSum(A x W_Vᵀ W_Oᵀ)
     """
-    if not isinstance(text, str):
-        raise TensorAlgError(f"parse() takes a string, got {type(text).__name__}")
-    return _Parser(text, atoms).parse()
+    r = read(text, atoms, index_from=index_from, generic=generic, visible=False)
+    return r.applied.result() if r.applied else r.expr
 
 
 def to_text(expr) -> str:

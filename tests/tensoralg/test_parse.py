@@ -132,8 +132,14 @@ def test_bad_declarations_are_rejected(atoms):
         ("A ⊗ ⊗ W_E", 4, "found '⊗'"),
         ("A^{h", 1, "unclosed index"),
         ("A^{a{b}", 4, "may not contain '{'"),
-        ("A^x", 2, "expected '{index}' or 'T'"),
-        ("A^Tx", 2, "expected '{index}' or 'T'"),
+        ("A^", 2, "expected an index ('^h', '^{h1}') or 'T'"),
+        ("A^-1", 2, "expected an index ('^h', '^{h1}') or 'T'"),
+        ("A^{}", 1, "empty index"),
+        ("Σ_{h∈H_1}", 9, "expected the terms summed over h"),
+        ("Σ h", 1, "expected '_{' after 'Σ'"),
+        ("sum_{h of H} A^h", 5, "cannot read the range of the sum"),
+        ("Σ_{h∈H_1} A^h + Σ_{h∈H_1} W_E", 26, "summed index h does not appear"),
+        ("A Σ_{h∈H} A^h", 2, "starts a term"),
         ("(A", 2, "')' to close the '(' at position 0"),
         ("A)", 1, "unexpected ')'"),
         ("()", 1, "empty parentheses"),
@@ -163,7 +169,7 @@ def test_parse_errors_point_at_the_position(text, position, message):
 
 def test_unknown_atoms_list_the_known_ones():
     with pytest.raises(UnknownAtom) as info:
-        parse("A ⊗ B")
+        parse("A ⊗ B", generic=False)
     text = str(info.value)
     assert "unknown atom 'B' at position 4" in text
     assert "W_OV" in text and "W_QK" in text and "Id" in text and "d_head" in text

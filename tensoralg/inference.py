@@ -1,0 +1,105 @@
+"""The atoms a text may name, and shape inference for the names it does not declare.
+
+A name that is neither a paper atom (``STANDARD_SHAPES``) nor declared with ``atoms=``
+gets a fresh symbolic shape ``rows_B × cols_B``. Each :class:`ShapeMismatch` that involves
+a fresh dimension becomes an equation, solved by substitution (a small unification over
+symbolic dimensions); a mismatch between two fixed dimensions is a real error.
+
+>>> u = Shapes()
+>>> u.shape("B")
+(rows_B, cols_B)
+>>> u.unify([(DIMS["d_model"], u.shape("B")[0])])
+True
+>>> u.shape("B")
+(d_model, cols_B)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import sympy as sp
+
+from tensoralg.atoms import DIMS, Atom
+from tensoralg.errors import TensorAlgError
+
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+RESERVED = ("Id", "sqrt", "sum")
+
+
+def declared_table(atoms) -> dict[str, tuple]:
+    """``atoms=`` as ``{name: (rows, cols, symmetric)}``; shapes may be strings like ``"d_model"``."""
+    if atoms is None:
+        return {}
+    if isinstance(atoms, Mapping):
+        items = list(atoms.items())
+    else:
+        items = [(a.name, a) for a in atoms] if all(isinstance(a, Atom) for a in atoms) else None
+        if items is None:
+            raise TensorAlgError("atoms= takes a mapping {name: (rows, cols) or Atom} or a list of Atom objects")
+    table = {}
+    for name, spec in items:
+        if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED or name in DIMS:
+            raise TensorAlgError(
+                f"cannot declare an atom named {name!r}: a name is a letter then letters, digits or '_', "
+                f"and not one of {', '.join(RESERVED + tuple(DIMS))}"
+            )
+        if isinstance(spec, Atom):
+            base = spec.base
+            table[name] = (base.rows, base.cols, base.symmetric)
+        elif isinstance(spec, (tuple, list)) and len(spec) in (2, 3):
+            table[name] = (dimension(spec[0]), dimension(spec[1]), bool(spec[2]) if len(spec) == 3 else False)
+        else:
+            raise TensorAlgError(f"atom {name!r}: expected (rows, cols), (rows, cols, symmetric) or an Atom, got {spec!r}")
+    return table
+
+
+def dimension(value) -> sp.Expr:
+    """A declared dimension: a standard name maps to the standard symbol (with its assumptions)."""
+    if isinstance(value, str):
+        if value in DIMS:
+            return DIMS[value]
+        if value.isdigit():
+            return sp.Integer(value)
+        if not NAME.fullmatch(value):
+            raise TensorAlgError(f"a dimension is a name like 'd_model' or an integer, got {value!r}")
+        return sp.Symbol(value, positive=True, integer=True)
+    return sp.sympify(value)
+
+
+class Shapes:
+    """Fresh shapes for undeclared names, and the substitutions found so far."""
+
+    def __init__(self):
+        self.fresh: dict[str, tuple[sp.Symbol, sp.Symbol]] = {}
+        self.subst: dict[sp.Symbol, sp.Expr] = {}
+
+    def shape(self, name: str) -> tuple[sp.Expr, sp.Expr]:
+        """The current shape of the undeclared name ``name`` (fresh on first use)."""
+        if name not in self.fresh:
+            self.fresh[name] = (sp.Symbol(f"rows_{name}", positive=True, integer=True),
+                                sp.Symbol(f"cols_{name}", positive=True, integer=True))
+        rows, cols = self.fresh[name]
+        return self.resolve(rows), self.resolve(cols)
+
+    def resolve(self, dim) -> sp.Expr:
+        return sp.sympify(dim).xreplace(self.subst)
+
+    def is_fresh(self, dim) -> bool:
+        return any(dim in pair for pair in self.fresh.values())
+
+    def unify(self, pairs) -> bool:
+        """Solve the first pair that has a fresh dimension on one side; False when none has."""
+        for pair in pairs:
+            if len(pair) != 2:
+                continue
+            left, right = (self.resolve(d) for d in pair)
+            if left == right:
+                continue
+            for var, value in ((left, right), (right, left)):
+                if isinstance(var, sp.Symbol) and self.is_fresh(var):
+                    self.subst = {k: v.xreplace({var: value}) for k, v in self.subst.items()}
+                    self.subst[var] = value
+                    return True
+        return False
