@@ -11,6 +11,7 @@ and exits with status 2 — never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -65,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader went away (| head): end quietly, as other CLIs do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
+        return 141
     except TensorAlgError as error:
         print(f"tcircuits {args.command}: error: {error}", file=sys.stderr)
         return 2

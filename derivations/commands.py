@@ -14,13 +14,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tensoralg.expr import Add, Product, check_order
-from tensoralg.parse import parse
+from tensoralg.definitions import STANDARD_DEFINITIONS
 
 from derivations import catalogue
-from derivations.derivation import Chain, Derivation
+from derivations.derivation import Derivation
 from derivations.errors import DerivationError
-from derivations.render import Math
+from derivations.expansion import CLI_HINT, expansion
 
 FORMATS = ("text", "latex", "markdown", "json")
 PDFLATEX_FLAGS = ("-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape")
@@ -81,13 +80,15 @@ def first_error(log: str) -> str:
 # -- writing results --------------------------------------------------------------------
 
 
-def render(derivation: Derivation, fmt: str, max_terms: int | None) -> str:
+def render(derivation: Derivation, fmt: str, max_terms: int | None, index_from: int = 0) -> str:
+    """The document in ``fmt``; ``index_from=1`` numbers layers as the paper does."""
     if fmt not in FORMATS:
         raise DerivationError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    numbering = {"index_from": index_from} if index_from else {}
     if fmt == "json":
-        return derivation.to_json()
+        return derivation.to_json(**numbering)
     return getattr(derivation, {"text": "to_text", "latex": "to_latex", "markdown": "to_markdown"}[fmt])(
-        max_terms=max_terms)
+        max_terms=max_terms, **numbering)
 
 
 def write(path: Path, data: str | bytes) -> None:
@@ -106,7 +107,7 @@ def emit(derivation: Derivation, args) -> int:
         raise DerivationError(f"--pdf compiles LaTeX; it cannot be combined with --format {args.format}")
     fmt = "latex" if args.pdf else (args.format or "text")
     max_terms = None if args.max_terms == 0 else args.max_terms
-    document = render(derivation, fmt, max_terms)
+    document = render(derivation, fmt, max_terms, getattr(args, "index_from", 0))
     out = Path(args.output) if args.output else None
     if out is not None:
         write(out, document)
@@ -176,31 +177,11 @@ def atom_arg(text: str) -> tuple[str, tuple[str, str]]:
     return name.strip(), (dims[0], dims[1])
 
 
-def expansion(text: str, max_order: int | None = None, atoms: dict | None = None) -> Derivation:
-    """The rewrite steps of the expression ``text``, as a derivation (for teaching).
-
-    >>> d = expansion("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)")
-    >>> [s.rule.key for s in d.steps]
-    ['given', 'distributivity', 'mixed-product']
-    """
-    check_order(max_order)
-    expr = parse(text, atoms=atoms or None)
-    if isinstance(expr, (Product, Add)):
-        n = expr.count(max_order)
-        if n > catalogue.DOCUMENT_LIMIT:
-            largest = max((len(p.factors) for p in (expr.parts if isinstance(expr, Add) else (expr,))
-                           if isinstance(p, Product)), default=0)
-            catalogue.too_many("the expansion", n, [expr.count(k) for k in range(largest + 1)])
-    chain = Chain.start(None, expr, "given").expand(max_order)
-    summary = ("It is already expanded: a canonical sum of tensor terms." if len(chain.steps) == 1 else
-               "Each line applies one rule of the algebra to the line before.")
-    return Derivation("expand", f"Expansion of {text}", summary, (chain,),
-                      notes=(catalogue.NOTATION,), params=(("expression", text), ("max_order", max_order)))
-
-
 def expand(args) -> int:
     atoms = dict(args.atom or ())
-    return emit(expansion(args.expression, args.max_order, atoms), args)
+    derivation = expansion(args.expression, args.max_order, atoms, index_from=args.index_from,
+                           fold=args.fold or (), strict=args.strict, hint=CLI_HINT)
+    return emit(derivation, args)
 
 
 # -- the parsers ------------------------------------------------------------------------
@@ -214,33 +195,55 @@ Notation: A^h ⊗ W means "mix positions with head h's attention pattern A^h and
 position's vector with W"; numerically (A ⊗ W)·x = A x Wᵀ for x with one row per
 position. Σ_{h0∈H_0} sums over the heads of layer 0 (--symbolic, the default); with
 --concrete the heads are enumerated as L0H0, L0H1, … (0-indexed, as in TransformerLens;
-the paper's H_1 is our layer 0).
+--index-from 1 numbers layers as the paper does: H_1, L1H0, … for the first layer).
 """
 
 DERIVE_EPILOG = """\
 examples:
   tcircuits derive --list
+  tcircuits derive two-layer-logits --index-from 1
   tcircuits derive two-layer-logits --heads 2 --format markdown
   tcircuits derive path-expansion --layers 3 --heads 4 --concrete --max-order 1
   tcircuits derive two-layer-qk --format latex -o qk.tex --pdf
 """
 
 EXPAND_HELP = """\
-Print each rewrite step of an expression: distributivity, the mixed-product rule
-(A⊗B)(C⊗D) = (AC)⊗(BD), and collecting like terms.
+Print each rewrite step of an expression typed as the slides write it: transposes of
+products, distributivity, the mixed-product rule (A⊗B)(C⊗D) = (AC)⊗(BD), collecting like
+terms, an operator applied to an activation, and folding (--fold).
 
-The language: atoms such as A^{h1}, W_OV^{h1}, W_E, W_U (other names with --atom);
-Id; ⊗ or (x) for the tensor product; juxtaposition, · or * for the product; + and -;
-scalars (2, 1/2, 1/sqrt(d_head)); ^T or ᵀ for the transpose; parentheses. A product
-binds tighter than ⊗, which binds tighter than +.
+The language (a product binds tighter than ⊗, which binds tighter than +):
+  atoms        W_E W_U W_pos W_Q W_K W_V W_O W_OV W_QK A (n_ctx × n_ctx) N b_Q …;
+               any other name (B, C, x, …) is a matrix whose shape the products fix,
+               or declare it with --atom NAME=ROWS,COLS
+  superscript  A^h, W_OV^h, W_O^{h1} (braces optional for one symbol); ^T or ᵀ transposes
+  Id           the identity; Id + A ⊗ W means Id ⊗ Id + A ⊗ W
+  operators    ⊗ or (x) tensor product; juxtaposition, · or * product; + and -
+  scalars      2, 1/2, 1/sqrt(d_head), d_model
+  sums         Σ_{h∈H_1} A^h ⊗ W_OV^h  (ASCII: sum_{h in H_1} A^h (x) W_OV^h): a sum over
+               the heads of a layer, kept symbolic; each term is summed over its own index
+  activations  (A ⊗ W) x = A x Wᵀ: an operator applied to x, one token per row
+
+Layer numbers: with --index-from 0 (the default, as TransformerLens) H_0 is the first
+layer and H_1 the second; with --index-from 1 (the paper's numbering) H_1 is the first
+layer, in the input and in the output alike.
 """
 
 EXPAND_EPILOG = """\
 examples:
-  tcircuits expand "(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)"
-  tcircuits expand "(Id ⊗ Id + A^{1} ⊗ W_OV^{1})(Id ⊗ Id + A^{0} ⊗ W_OV^{0})" --max-order 1
-  tcircuits expand "(A ⊗ B)(C ⊗ D)" --atom B=d_model,d_model --atom C=n_ctx,n_ctx --atom D=d_model,d_model
+  tcircuits expand "(A ⊗ B)(C ⊗ D)"
+  tcircuits expand "(Id ⊗ W_U)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)"
+  tcircuits expand "(Id ⊗ W_U)(Id + Σ_{h∈H_2} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)" --index-from 1
+  tcircuits expand "(A^h ⊗ W_O^h W_V^h)·x" --fold W_OV
+  tcircuits expand "(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0)" --max-order 1
+  tcircuits expand "V Vᵀ ⊗ A" --atom V=d_model,k
 """
+
+
+def add_index_from(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index-from", type=int, choices=(0, 1), default=0, metavar="{0,1}",
+                        help="number layers from 0 (default, as TransformerLens: L0H3, H_0 = first layer) "
+                             "or from 1 (the paper's: H_1 = first layer)")
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -272,6 +275,7 @@ def register(subparsers) -> None:
                       help="enumerate the heads: L0H0, L0H1, …")
     mode.add_argument("--symbolic", dest="concrete", action="store_const", const=False,
                       help="write Σ over each layer's heads (the default)")
+    add_index_from(p)
     add_output_options(p)
     p.set_defaults(func=derive)
 
@@ -282,6 +286,12 @@ def register(subparsers) -> None:
     e.add_argument("--max-order", type=int, metavar="K", help="keep the products through at most K non-identity terms")
     e.add_argument("--atom", type=atom_arg, action="append", metavar="NAME=ROWS,COLS",
                    help="declare an atom beyond the paper's, e.g. V=d_model,k (repeatable)")
+    e.add_argument("--strict", action="store_true",
+                   help="refuse names that are neither the paper's atoms nor declared with --atom "
+                        "(catches typos such as W_0V) instead of giving them fresh shapes")
+    e.add_argument("--fold", action="append", choices=tuple(STANDARD_DEFINITIONS), metavar="NAME",
+                   help="fold a definition at the end: W_OV (W_O W_V → W_OV) or W_QK (W_Qᵀ W_K → W_QK); repeatable")
+    add_index_from(e)
     add_output_options(e)
     e.set_defaults(func=expand)
 

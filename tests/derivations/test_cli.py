@@ -121,7 +121,9 @@ def test_unwritable_output_file_is_reported(capsys, tmp_path):
 
 def test_help_explains_the_notation_with_examples(capsys):
     for argv, words in ((["derive", "--help"], ["mixed-product rule", "A^h ⊗ W", "Σ_{h0∈H_0}", "examples:"]),
-                        (["expand", "--help"], ["⊗ or (x)", "^T or ᵀ", "examples:", "--atom"])):
+                        (["expand", "--help"], ["⊗ or (x)", "^T or ᵀ", "examples:", "--atom", "Σ_{h∈H_1}",
+                                                "sum_{h in H_1}", "A^h", "(A ⊗ W) x = A x Wᵀ", "--index-from 1",
+                                                "H_1 is the first", "--fold W_OV"])):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 0
@@ -187,7 +189,11 @@ def test_expand_of_a_canonical_sum_says_so(capsys):
 
 @pytest.mark.parametrize("argv, fragments", [
     (["expand", "(A"], ["expected ')'", "position"]),
-    (["expand", "A ⊗ B"], ["unknown atom 'B'"]),
+    (["expand", "A ⊗ B", "--strict"], ["unknown atom 'B'", "declare others with --atom NAME=ROWS,COLS"]),
+    (["expand", "(A ⊗ B)(W_E ⊗ D)"], ["n_ctx x n_ctx", "d_model x d_vocab"]),
+    (["expand", "Σ h"], ["expected '_{' after 'Σ'", "position 1"]),
+    (["expand", "Σ_{h∈H_0} A^h ⊗ W_OV^h", "--index-from", "1"], ["H_0 is not a layer"]),
+    (["expand", "(A ⊗ W_OV) x", "--fold", "W_QK"], ["--fold W_QK", "nothing to fold"]),
     (["expand", "(Id ⊗ W_U)(Id ⊗ W_E)", "--max-order", "-1"], ["max_order must be >= 0"]),
     (["expand", " ".join(f"(Id ⊗ Id + A^{{{i}}} ⊗ W_OV^{{{i}}})" for i in range(13))], ["8,192 terms", "--max-order 6"]),
 ])
@@ -198,6 +204,75 @@ def test_bad_expand_requests_are_one_line_errors(capsys, argv, fragments):
     assert message.startswith("tcircuits expand: error:")
     for fragment in fragments:
         assert fragment in message
+
+
+def test_the_api_hint_is_not_given_on_the_command_line(capsys):
+    code, _, err = run(capsys, "expand", "W_0V ⊗ A", "--strict")
+    assert code == 2 and "atoms=" not in err and "--atom NAME=ROWS,COLS" in err
+
+
+def expand_json(capsys, *argv):
+    code, out, err = run(capsys, "expand", *argv, "--format", "json")
+    assert code == 0, err
+    return json.loads(out)["chains"]
+
+
+def test_generic_matrices_need_no_declaration(capsys):
+    code, out, _ = run(capsys, "expand", "(A ⊗ B)(C ⊗ D)")
+    assert code == 0 and out.rstrip().endswith("= A C ⊗ B D")
+
+
+def test_indexed_sums_expand_symbolically(capsys):
+    chains = expand_json(capsys, "(Id ⊗ W_U)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)")
+    assert chains[0]["steps"][-1]["expr"]["text"] == "Id ⊗ W_U W_E + Σ_{h1∈H_1} A^{h1} ⊗ W_U W_OV^{h1} W_E"
+    chains = expand_json(capsys, "(Id ⊗ W_U)(Id + sum_{h in H_1} A^h (x) W_OV^h)(Id + sum_{h in H_0} A^h (x) W_OV^h)"
+                                 "(Id ⊗ W_E)")
+    last = chains[0]["steps"][-1]["expr"]["text"]
+    assert "Σ_{h1∈H_1} Σ_{h0∈H_0} A^{h1} A^{h0} ⊗ W_U W_OV^{h1} W_OV^{h0} W_E" in last
+    assert last.count("⊗") == 4
+
+
+def test_an_operator_applied_to_an_activation_is_a_step(capsys):
+    code, out, _ = run(capsys, "expand", "(A ⊗ W_OV) x")
+    assert code == 0 and "[An operator applied to an activation: (A ⊗ W)·x = A x Wᵀ" in out
+    assert out.rstrip().endswith("(A ⊗ W_OV)·x = A x W_OVᵀ")
+    chains = expand_json(capsys, "(A ⊗ W_O W_V)·x", "--fold", "W_OV")
+    steps = chains[-1]["steps"]
+    assert [s["rule"] for s in steps] == ["action", "fold"]
+    assert "(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ" in json.dumps(steps[0], ensure_ascii=False)
+    assert steps[0]["expr"]["text"] == "A x W_Vᵀ W_Oᵀ" and steps[1]["expr"]["text"] == "A x W_OVᵀ"
+
+
+def test_typed_transposes_and_like_terms_are_steps(capsys):
+    steps = expand_json(capsys, "(W_O W_V)^T ⊗ A", "--fold", "W_OV")[0]["steps"]
+    assert [s["rule"] for s in steps] == ["transpose", "fold"]
+    assert steps[0]["expr"]["text"] == "W_Vᵀ W_Oᵀ ⊗ A" and steps[1]["expr"]["text"] == "W_OVᵀ ⊗ A"
+    steps = expand_json(capsys, "A ⊗ W_E + A ⊗ W_E")[0]["steps"]
+    assert [s["rule"] for s in steps] == ["given", "collect"] and steps[-1]["expr"]["text"] == "2·A ⊗ W_E"
+
+
+def test_fold_folds_w_qk_too(capsys):
+    steps = expand_json(capsys, "(Id ⊗ W_Q^h)^T (Id ⊗ W_K^h)", "--fold", "W_QK")[0]["steps"]
+    assert steps[-1]["rule"] == "fold" and steps[-1]["expr"]["text"] == "Id ⊗ W_QK^{h}"
+
+
+def test_index_from_sets_what_h_l_means(capsys):
+    zero = expand_json(capsys, "Σ_{h∈H_1} A^h ⊗ W_OV^h")[0]["steps"][0]["expr"]["text"]
+    assert zero == "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1}"  # 0-based: the second layer
+    one = commands.expansion("Σ_{h∈H_1} A^h ⊗ W_OV^h", index_from=1)
+    assert one.chains[0].sums[0].index == "h0"  # the paper's H_1 is the first layer
+
+
+def test_a_closed_pipe_ends_quietly():
+    for argv in (["derive", "two-layer-qk", "--format", "json"], ["expand", "(Id ⊗ W_U)(Id + A ⊗ W_OV)(Id ⊗ W_E)"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before anything is written, as after `| head -c 100`
+        try:
+            done = subprocess.run([sys.executable, "-m", "derivations.cli", *argv], stdout=write_end,
+                                  stderr=subprocess.PIPE, timeout=120)
+        finally:
+            os.close(write_end)
+        assert done.returncode in (0, 141) and done.stderr == b"", done.stderr.decode()
 
 
 def test_latex_of_a_hostile_expression_is_escaped(capsys):

@@ -1,0 +1,142 @@
+"""``tcircuits expand``: an expression typed in the slides' notation, rewritten step by step.
+
+Every rewrite is its own line with the rule that justifies it: transposes of products read
+from the input (``(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ``), distributivity, the mixed-product rule,
+collecting like terms (those typed in the input too), an operator applied to an
+activation (``(A ⊗ W)·x = A x Wᵀ``) and folding definitions (``W_OV := W_O W_V``).
+Indices bound by ``Σ_{h∈H_l}`` stay symbolic: each term is summed over the heads its
+indices range over, as the catalogue's derivations print it.
+
+>>> d = expansion("(Id ⊗ W_U)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)")
+>>> [s.rule.key for s in d.steps]
+['given', 'distributivity', 'mixed-product']
+>>> d.chains[0].last
+TensorSum(Id ⊗ W_U W_E + A^{h1} ⊗ W_U W_OV^{h1} W_E)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tensoralg.action import act, transposed_products
+from tensoralg.atoms import transpose_word
+from tensoralg.definitions import STANDARD_DEFINITIONS
+from tensoralg.expr import Add, Product, TensorSum, check_order, term
+from tensoralg.latex import to_latex
+from tensoralg.parse import Bound, read
+
+from derivations import catalogue
+from derivations.derivation import Chain, Derivation, Rule
+from derivations.errors import DerivationError
+from derivations.render import Math, SumIndex, prose
+
+ACTION = Rule("action", "an operator applied to an activation",
+              Math(r"(A \otimes W)\cdot x = A\, x\, W^{\top}", "(A ⊗ W)·x = A x Wᵀ"))
+TRANSPOSE = Rule("transpose", "transpose of a product", Math(r"(XY)^{\top} = Y^{\top} X^{\top}", "(XY)ᵀ = Yᵀ Xᵀ"))
+CLI_HINT = "declare others with --atom NAME=ROWS,COLS"
+
+
+def sum_indices(bound: Sequence[Bound]) -> tuple[SumIndex, ...]:
+    """The :class:`SumIndex` of each bound index, outer layers first (as the catalogue does).
+
+    >>> from tensoralg.parse import read
+    >>> [s.text() for s in sum_indices(read("Σ_{h∈H_1} A^h ⊗ W_OV^h").bound)]
+    ['Σ_{h1∈H_1}']
+    """
+    out = []
+    for b in sorted(bound, key=lambda b: (-(b.layer if b.layer is not None else -1), b.index)):
+        if b.layer is not None:
+            over = Math(f"H_{{{b.layer}}}", f"H_{b.layer}")
+        else:
+            head, _, sub = b.over.partition("_")
+            over = Math(head + (f"_{{{sub}}}" if sub else ""), b.over)
+        out.append(SumIndex(b.index, over))
+    return tuple(out)
+
+
+def transpose_math(words) -> tuple:
+    """``(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ`` for each word, through the tensoralg printer, as prose."""
+    pieces: list = []
+    for word in words:
+        before, after = term(word), term(transpose_word(word))
+        latex = rf"\left({to_latex(before)}\right)^{{\top}} = {to_latex(after)}"
+        text = f"({before})ᵀ = {after}"
+        pieces += [", " if pieces else "", Math(latex, text)]
+    return prose(*pieces)
+
+
+def expansion(text: str, max_order: int | None = None, atoms: dict | None = None, *, index_from: int = 0,
+              fold: Sequence[str] = (), strict: bool = False, hint: str | None = None) -> Derivation:
+    """The rewrite steps of the expression ``text``, as a derivation (for teaching).
+
+    ``index_from`` says how ``H_l`` in the text counts layers (0 as TransformerLens, 1 as
+    the paper); ``fold`` names definitions to fold at the end (``"W_OV"``, ``"W_QK"``);
+    ``strict`` refuses undeclared names (``hint`` says how to declare them).
+    """
+    check_order(max_order)
+    definitions = [_definition(name) for name in fold]
+    reading = read(text, atoms=atoms or None, index_from=index_from, generic=not strict,
+                   **({"hint": hint} if hint else {}))
+    expr = reading.expr
+    applied = reading.applied
+    if applied is not None and applied.coeff != 1:
+        expr = expr.scale(applied.coeff)
+    _check_size(expr, max_order)
+    sums = sum_indices(reading.bound)
+    transposes = [w for kind, w in reading.rewrites if kind == "transpose"]
+    if transposes:
+        first = Chain.start(None, expr, TRANSPOSE, detail=transpose_math(transposes), sums=sums)
+    else:
+        first = Chain.start(None, expr, "given", sums=sums)
+    chains = [first.expand(max_order)]
+    if applied is not None:
+        chains.append(_act(chains[0].last, applied.activation, sums))
+    if definitions:
+        last = chains[-1]
+        for d in definitions:
+            folded = last.fold(d)
+            if folded.last == last.last:
+                raise DerivationError(f"--fold {d.name}: {d.text.split(':=')[-1].strip()} does not occur in "
+                                      f"the expansion, so there is nothing to fold")
+            last = folded
+        chains[-1] = last
+    steps = sum(len(c.steps) for c in chains)
+    summary = ("It is already expanded: a canonical sum of tensor terms." if steps == 1 else
+               "Each line applies one rule of the algebra to the line before.")
+    params = (("expression", text), ("max_order", max_order), ("index_from", index_from), ("fold", list(fold)))
+    return Derivation("expand", f"Expansion of {text}", summary, tuple(chains),
+                      notes=(catalogue.NOTATION,), params=params)
+
+
+def _act(operator, activation, sums) -> Chain:
+    """``(Σ P ⊗ W)·x = Σ P x Wᵀ``, with the transposes of products it takes."""
+    op_latex, x_latex = to_latex(operator), to_latex(activation)
+    lhs = Math(rf"\left({op_latex}\right) \cdot {x_latex}", f"({operator})·{activation}")
+    detail = ["x holds one token per row; A mixes the rows (positions) and W maps each row's vector, "
+              "which for a row is the product by Wᵀ on the right"]
+    products = transposed_products(operator)
+    if products:
+        detail += [", with ", *transpose_math(products)]
+    result = act(operator, activation)
+    return Chain.start(lhs, result, ACTION, detail=prose(*detail), sums=sums)
+
+
+def _definition(name: str):
+    try:
+        return STANDARD_DEFINITIONS[name]
+    except KeyError:
+        raise DerivationError(f"cannot fold {name!r}; the definitions are "
+                              f"{', '.join(d.text for d in STANDARD_DEFINITIONS.values())}") from None
+
+
+def _check_size(expr, max_order) -> None:
+    if not isinstance(expr, (Product, Add)):
+        return
+    n = expr.count(max_order)
+    if n > catalogue.DOCUMENT_LIMIT:
+        parts = expr.parts if isinstance(expr, Add) else (expr,)
+        largest = max((len(p.factors) for p in parts if isinstance(p, Product)), default=0)
+        catalogue.too_many("the expansion", n, [expr.count(k) for k in range(largest + 1)])
+
+
+__all__ = ["ACTION", "CLI_HINT", "TRANSPOSE", "TensorSum", "expansion", "sum_indices", "transpose_math"]
