@@ -230,3 +230,12 @@ def factor_chain_pairs(draw, max_factors: int = 4, max_dim: int = 5) -> tuple[li
     first, second = chain(), chain()
     tensors = _fill(first + second, draw(st.integers(0, 2**31 - 1)))
     return tensors[: len(first)], tensors[len(first) :]
+
+
+@st.composite
+def fraction_matrices(draw, rows: int, cols: int, bound: int = 5):
+    """A ``rows × cols`` matrix of small exact fractions, as a tuple of row tuples."""
+    from fractions import Fraction
+
+    entry = st.builds(Fraction, st.integers(-bound, bound), st.integers(1, 4))
+    return tuple(tuple(draw(entry) for _ in range(cols)) for _ in range(rows))

@@ -19,7 +19,7 @@ def zero_layer() -> Derivation:
     return Derivation(
         "zero-layer", "A zero-layer transformer",
         "With no layers the logits are the unembedding of the embedding: each position's prediction depends "
-        "only on its own token, so W_U W_E approximates the bigram log-likelihoods.",
+        "only on its own token, so this one matrix approximates the bigram log-likelihoods.",
         (T,), notes=(NOTATION,),
     )
 
@@ -42,16 +42,17 @@ def multi_head(heads: int = 3) -> Derivation:
                     detail=prose("with the basis vectors ", Math("e_h", "e_h"), " of ", Math(rf"\mathbf{{R}}^{{{H}}}", f"R^{H}")),
                     intro=prose("Each head h writes its result ", Math("r^h", "r^h"), " (one position, ",
                                 Math("d_{head}", "d_head"), " numbers); the layer concatenates them and multiplies by ",
-                                Math("W_O", "W_O"), ", whose column blocks ", Math("W_O^h", "W_O^h"), " belong to the heads."))
+                                Math("W_O", "W_O"), ", whose column blocks ", Math("W_O^h", "W_O^h"), " belong to the heads: ",
+                                blocks, "."))
         .expand()
         .apply(rewrite_words, "orthonormality", identities,
                detail=prose(Math(r"e_h^{\top} e_h = 1", "e_hᵀ e_h = 1"), " and ",
-                            Math(r"e_h^{\top} e_k = 0", "e_hᵀ e_k = 0"), " for h ≠ k"))
+                            Math(r"e_h^{\top} e_k = 0", "e_hᵀ e_k = 0"), " for ", Math(r"h \neq k", "h ≠ k")))
     )
     return Derivation(
         "multi-head", "Multi-head attention is a sum of independent heads",
-        "Concatenating the heads' results and multiplying by W_O equals adding each head's own output W_O^h r^h: "
-        "heads are independent and additive.",
+        "Concatenating the heads' results and multiplying by the output matrix equals adding each head's own "
+        "output: heads are independent and additive.",
         (chain,),
         notes=(prose("The first slot is the block index: after the last step it is 1 x 1, and ",
                      Math(r"\mathrm{Id} \otimes X = X", "Id ⊗ X = X"), "."),),
@@ -87,5 +88,6 @@ def attention_head() -> Derivation:
         "An attention head is a tensor product: a pattern over positions times a matrix on the residual stream.",
         (head, scores),
         notes=(NOTATION, SCORES,
-               prose(Math("A^h", "A^h"), " depends on x, so the head is linear in x only once its pattern is frozen.")),
+               prose(Math("A^h", "A^h"), " depends on ", Math("x", "x"), ", so the head is linear in ", Math("x", "x"),
+                     " only once its pattern is frozen.")),
     )

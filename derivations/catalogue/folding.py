@@ -43,7 +43,7 @@ def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> 
             Math(f"T^{{{k}}}", f"T^{k}"), " := ", Math(rf"\mathrm{{Id}} + \sum_{{m_{k} \in C_{k}}} M_{{out}}^{{m_{k}}} M_{{in}}^{{m_{k}}}",
                                                          f"Id + Σ_{{m{k}∈C_{k}}} M_out^{{m{k}}} M_in^{{m{k}}}")))
     chain = chain.expand()
-    groups = [(label.replace("direct path", "direct (M_in^J M_out^I)").replace("heads", "components"), part)
+    groups = [(label.replace("heads", "components"), part)
               for label, part in _by_atom_count(chain.last, "M_in", offset=1)]
     if len(groups) > 1:
         chain = chain.regroup(groups, detail="by the number of intermediate components on the path")
@@ -52,8 +52,8 @@ def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> 
         "A component I that writes to the residual stream and a component J that reads from it, several layers "
         "later, are connected directly and through every chain of intermediate components.",
         (chain,),
-        notes=(prose("Each component c reads with ", Math(r"M_{in}^{c}", "M_in^c"), " (", Math("d_c", "d_c"),
-                     " x d_model) and writes with ", Math(r"M_{out}^{c}", "M_out^c"), "; an intermediate layer k maps "
+        notes=(prose("Each component c reads with ", Math(r"M_{in}^{c}", "M_in^c"), " (",
+                     Math(r"d_c \times d_{model}", "d_c × d_model"), ") and writes with ", Math(r"M_{out}^{c}", "M_out^c"), "; an intermediate layer k maps "
                      "the residual stream by ", Math(r"T_k = \mathrm{Id} + \sum_m M_{out}^{(k,m)} M_{in}^{(k,m)}",
                                                     "T_k = Id + Σ_m M_out^(k,m) M_in^(k,m)"),
                      " (positions and nonlinearities set aside: these are the residual-side words of the paths)."),
@@ -105,9 +105,10 @@ def subspace_deletion() -> Derivation:
         "With an OV circuit equal to minus the projection onto a subspace, a head that attends to its own position "
         "removes that subspace from the residual stream.",
         (after, read),
-        notes=(prose("Convention: the k columns of V (d_model x k) are an orthonormal basis of the subspace, so ",
+        notes=(prose("Convention: the ", Math("k", "k"), " columns of ", Math("V", "V"), " (",
+                     Math(r"d_{model} \times k", "d_model × k"), ") are an orthonormal basis of the subspace, so ",
                      Math(r"V^{\top} V = I_k", "Vᵀ V = I_k"), " and the projection onto it is ",
-                     Math(r"V V^{\top}", "V Vᵀ"), ". (With the basis as the rows of V, the same head is ",
+                     Math(r"V V^{\top}", "V Vᵀ"), ". (With the basis as the rows of ", Math("V", "V"), ", the same head is ",
                      Math(r"-V^{\top} V", "-Vᵀ V"), ".)"),
                prose("After the head the stream is ", Math(r"(\mathrm{Id} \otimes (I - V V^{\top}))\cdot x", "(Id ⊗ (I - V Vᵀ))·x"),
                      ": the projection onto the orthogonal complement.")),
@@ -150,16 +151,17 @@ def layer_norm_folding() -> Derivation:
         Chain.start(None, Product([term(A, W), term(one, beta)]), detail="the layer norm's bias, on every position",
                     intro="The layer norm's bias passes through the head as a constant, whatever the pattern:")
         .expand()
-        .apply(rewrite_words, "stochastic", {(A, one): (one,)}, detail=prose("1 is a column of ones"))
+        .apply(rewrite_words, "stochastic", {(A, one): (one,)}, detail=prose(Math("1", "1"), " is a column of ones"))
     )
     return Derivation(
         "layer-norm-folding", "Folding a layer norm into the weights",
         "With its per-position scale frozen, a layer norm is a diagonal factor on positions times a fixed map on "
         "the residual stream, which folds into the next weights; its bias becomes a constant source.",
         (scale, bias),
-        notes=(prose(Math("N", "N"), ": diagonal, one frozen 1/σ per position; ", Math("G", "G"), ": the gain, diagonal; ",
+        notes=(prose(Math("N", "N"), ": diagonal, one frozen ", Math(r"1/\sigma", "1/σ"), " per position; ", Math("G", "G"), ": the gain, diagonal; ",
                      Math(r"C = I - \tfrac{1}{d_{model}} 1 1^{\top}", "C = I - 11ᵀ/d_model"),
-                     ": centring; 1: a column of ones (n_ctx x 1)."), NOTATION),
+                     ": centring; ", Math("1", "1"), ": a column of ones (", Math(r"n_{ctx} \times 1", "n_ctx × 1"), ")."),
+               NOTATION),
         numeric=Numeric(special={"C": _centring, "1": _ones},
                         derived={"W_OV'": lambda a: term((atom("W_OV", a.index), G, C))}),
     )
@@ -181,7 +183,7 @@ def bias_folding(heads: int = 2) -> Derivation:
                                 " and the layer adds ", Math(r"(1 \otimes b_O)\cdot 1", "(1 ⊗ b_O)·1"), "."))
         .expand()
         .apply(rewrite_words, "stochastic", {(atom("A", i), one): (one,) for i in idx},
-               detail=prose("for every head's pattern; 1 is a column of ones"))
+               detail=prose("for every head's pattern; ", Math("1", "1"), " is a column of ones"))
         .apply(fold_sum, "fold", folded, definition, 1,
                detail=prose(Math(r"b_{O'} := b_O + \sum_h W_O^h b_V^h", "b_O' := b_O + Σ_h W_O^h b_V^h")))
     )
@@ -190,7 +192,8 @@ def bias_folding(heads: int = 2) -> Derivation:
         "Because every row of an attention pattern sums to one, the value biases reach the output as constants "
         "and fold into the output bias; what remains is a constant source of the residual stream.",
         (chain,),
-        notes=("1 is a column of ones (n_ctx x 1): a bias acts on it as a source that is the same at every position.",
+        notes=(prose(Math("1", "1"), " is a column of ones (", Math(r"n_{ctx} \times 1", "n_ctx × 1"),
+                     "): a bias acts on it as a source that is the same at every position."),
                INDEXING),
         params=(("heads", H),),
         numeric=Numeric(special={"1": _ones}, derived={"b_O'": lambda a: definition}),

@@ -47,8 +47,8 @@ def _source_detail(source: Source) -> tuple:
         return prose("positional embeddings ", Math(r"(\mathrm{Id} \otimes W_{pos})", "(Id ⊗ W_pos)"),
                      " acting on the identity of positions")
     if source.kind == "bias":
-        return prose(f"the output bias of layer {source.layer} (with b_V folded into it) acting on a column of ones, "
-                     "entering after that layer")
+        return prose(f"the output bias of layer {source.layer} (with ", Math("b_V", "b_V"),
+                     " folded into it) acting on a column of ones, entering after that layer")
     return prose(f"the output of the MLP of layer {source.layer}, an opaque source entering after that layer")
 
 

@@ -107,7 +107,8 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
             chains.append(chain)
     notes = [NOTATION, INDEXING, prose("A score term ", Math(r"P \otimes Q \otimes M", "P ⊗ Q ⊗ M"), " acts as ",
                                        Math(r"P\, x^{\top} M\, x\, Q^{\top}", "P xᵀ M x Qᵀ"),
-                                       " on the stream x (one column per position): an n_ctx x n_ctx matrix, "
+                                       " on the stream ", Math("x", "x"), " (one column per position): an ",
+                                       Math(r"n_{ctx} \times n_{ctx}", "n_ctx × n_ctx"), " matrix, "
                                        "entry [i, j] for query i and key j."),
              SCORES]
     if not concrete:
@@ -116,7 +117,7 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
         notes.append(prose(Math(r"N^{\mathrm{L}l}", "N^Ll"), ": the frozen per-position scale of the layer norm before "
                            "layer l; it leads both sides."))
     if arch.positional == "qk_only":
-        notes.append("Positions (qk_only) are added to the query and key inputs only, after the layer norm, so each "
+        notes.append("Positions that enter the queries and keys only are added to them after the layer norm, so each "
                      "pair of inputs (tokens, positions) has its own sum.")
     if layer > 0:
         notes.append(_induction_note(chains[-1], concrete))

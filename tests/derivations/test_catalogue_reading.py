@@ -82,3 +82,24 @@ def test_scores_have_one_meaning_across_the_catalogue(derivation):
         text = segment.text if isinstance(segment, Math) else segment if isinstance(segment, str) else ""
         if "softmax" in text and isinstance(segment, Math):
             assert "softmax*(S^h / sqrt(d_head))" in text, (derivation.name, where, text)
+
+
+MATHS_IN_TEXT = re.compile(r"[A-Za-z][_^]|[ᵀ⊗≠Σ·→←↦≤≥√λσ∈‖∑∏Π≈×]|sqrt\(|softmax\*|\b[A-Za-z]\[|\b[a-z]\d?\s*[=<>]\s*\w")
+
+
+def test_no_mathematics_is_typed_into_plain_prose(derivation):
+    """Maths in titles, summaries, notes, intros, details and labels is a Math segment, never a plain string."""
+    for where, segment in prose_parts(derivation):
+        if isinstance(segment, str):
+            found = MATHS_IN_TEXT.search(segment)
+            assert found is None, (derivation.name, where, segment, found and found.group())
+
+
+@pytest.mark.parametrize("text", ["W_O^h r^h", "M_in^J", "for h ≠ k", "(n_ctx x d_model)", "T[i,a,j,b]", "Vᵀ", "1/σ", "h = k"])
+def test_the_maths_detector_catches_the_defects_of_the_issue(text):
+    assert MATHS_IN_TEXT.search(text)
+
+
+@pytest.mark.parametrize("text", ["the direct path", "Q-composition", "L1H0 is head 0 of layer 1", "2 layers x 2 heads", "a softmax of scores"])
+def test_the_maths_detector_passes_plain_words(text):
+    assert not MATHS_IN_TEXT.search(text)
