@@ -35,7 +35,7 @@ from tensoralg.rules import expand_steps
 
 from derivations import render
 from derivations.errors import DerivationError
-from derivations.render import Math, SumIndex, prose
+from derivations.document import Math, SumIndex, as_prose, prose
 
 # -- rules ------------------------------------------------------------------------------
 
@@ -92,15 +92,6 @@ def rule(key: str | Rule) -> Rule:
         raise DerivationError(f"a rule is a Rule or a non-empty name, got {key!r}; known: {', '.join(RULES)}")
     normal = "-".join(key.strip().lower().replace("_", " ").split())
     return RULES.get(normal) or Rule(normal, normal.replace("-", " "))
-
-
-def as_prose(value) -> tuple:
-    """A paragraph from a string, a :class:`Math`, an expression, or a sequence of them."""
-    if value is None or value == ():
-        return ()
-    if isinstance(value, (str, Math, Expr)):
-        return prose(value)
-    return prose(*value)
 
 
 # -- steps and chains -------------------------------------------------------------------

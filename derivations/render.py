@@ -15,9 +15,7 @@ checked (:func:`check_math`), so no input can inject ``\\input`` or ``\\write18`
 from __future__ import annotations
 
 import json
-import re
 import textwrap
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -25,161 +23,33 @@ from typing import Iterable, Sequence
 import sympy as sp
 
 from tensoralg import Add, Expr, Product, TensorSum, Term, to_latex
-from tensoralg.latex import TensorLatexPrinter
+from tensoralg.escape import check_math, escape_text
 
+from derivations.document import Math, Piece, SumIndex, as_prose, math, prose, text_width
 from derivations.errors import DerivationError
 
-# -- safe text and mathematics ----------------------------------------------------------
+__all__ = ["Math", "Piece", "SumIndex", "as_prose", "check_math", "escape_latex", "escape_markdown", "latex_document",
+           "markdown", "math", "prose", "text", "text_width", "to_json"]
 
-_LATEX_TEXT = {
-    "\\": r"$\backslash$",
-    "{": r"\{",
-    "}": r"\}",
-    "$": r"\$",
-    "&": r"\&",
-    "#": r"\#",
-    "^": r"\^{}",
-    "_": r"\_",
-    "%": r"\%",
-    "~": r"\~{}",
-    "<": r"$<$",
-    ">": r"$>$",
-    "|": r"$\vert$",
-}
-# Unicode the documents themselves use, spelled in plain LaTeX (pdflatex has no glyphs for them).
-_UNICODE_MATH = {
-    "⊗": r"\otimes", "Σ": r"\Sigma", "∑": r"\sum", "·": r"\cdot", "ᵀ": r"^{\top}", "∈": r"\in",
-    "≤": r"\le", "≥": r"\ge", "→": r"\to", "←": r"\leftarrow", "≈": r"\approx", "×": r"\times",
-    "−": "-", "Π": r"\Pi", "∏": r"\prod", "λ": r"\lambda", "δ": r"\delta", "𝟙": r"\mathbf{1}",
-}
+# -- safe text and mathematics: one escaper, one allow-list (tensoralg.escape) ---------------
 
 
 def escape_latex(text: str) -> str:
-    """``text`` as inert LaTeX text: special characters escaped, whitespace collapsed.
+    r"""User text as inert LaTeX body text (:func:`tensoralg.escape.escape_text`, ``"latex"``).
 
-    Characters pdflatex cannot typeset are transliterated (``é`` → ``e``) or written as
-    ``[U+2603]``, so the document always compiles.
-
-    >>> escape_latex(r"\\input{/etc/passwd}")
-    '$\\\\backslash$input\\\\{/etc/passwd\\\\}'
+    >>> escape_latex(r"\input{/etc/passwd} for h ≠ k")
+    '\\textbackslash{}input\\{/etc/passwd\\} for h $\\neq$ k'
     """
-    out = []
-    for ch in re.sub(r"\s+", " ", str(text)):
-        if ch in _LATEX_TEXT:
-            out.append(_LATEX_TEXT[ch])
-        elif ch in _UNICODE_MATH:
-            out.append(f"${_UNICODE_MATH[ch]}$")
-        elif ord(ch) < 128:
-            out.append(ch if ch.isprintable() else " ")
-        else:
-            plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
-            out.append(escape_latex(plain) if plain.strip() else f"[U+{ord(ch):04X}]")
-    return "".join(out)
-
-
-_MARKDOWN_SPECIAL = set("\\`*_{}[]<>#|$~")
+    return escape_text(text, "latex")
 
 
 def escape_markdown(text: str) -> str:
-    """``text`` as inert Markdown (no emphasis, links, HTML or math can start in it).
+    r"""User text as inert Markdown, HTML escaped (:func:`tensoralg.escape.escape_text`).
 
-    >>> escape_markdown("a_b $x$")
-    'a\\\\_b \\\\$x\\\\$'
+    >>> escape_markdown("a_b $x$ <b>")
+    'a\\_b \\$x\\$ &lt;b&gt;'
     """
-    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in re.sub(r"\s+", " ", str(text)))
-
-
-# Control sequences that mathematics may contain: printing only, nothing that reads
-# files, writes, defines or executes.
-SAFE_COMMANDS = frozenset(
-    """
-    otimes oplus cdot cdots dots ldots vdots ddots times sum prod in notin le ge leq geq to top
-    mathrm mathbf mathit mathsf mathcal text textrm operatorname left right bigl bigr Bigl Bigr
-    biggl biggr big Big frac dfrac tfrac sqrt quad qquad alpha beta gamma delta epsilon varepsilon
-    lambda mu sigma tau phi varphi psi omega theta pi Sigma Pi Delta Lambda Omega Gamma Phi Psi
-    mid vert Vert lvert rvert langle rangle lbrace rbrace backslash approx equiv ne neq sim prime
-    hat tilde bar widehat widetilde overline underline vec dagger ast star circ bullet emptyset
-    infty partial nabla mathrel mathbin mathop mathord mathpunct displaystyle textstyle scriptstyle
-    begin end bmatrix pmatrix matrix vdots hphantom phantom vphantom colon ldotp cdotp odot
-    """.split()
-)
-SAFE_ENVIRONMENTS = frozenset({"bmatrix", "pmatrix", "matrix"})
-_COMMAND = re.compile(r"\\([A-Za-z@]+|.)", re.DOTALL)
-_SYMBOL_COMMANDS = frozenset(",;:! {}_#$&%|")
-
-
-def check_math(latex: str, what: str = "expression") -> str:
-    """Return ``latex`` if it is inert mathematics; raise :class:`DerivationError` if not.
-
-    Inert: only printing commands (:data:`SAFE_COMMANDS`), balanced braces, and none of
-    ``%``, ``#``, ``&``, ``$``, ``^^`` (TeX's character-code escape) or line breaks.
-
-    >>> check_math(r"A^{h} \\otimes W_{OV}^{h}")
-    'A^{h} \\\\otimes W_{OV}^{h}'
-    """
-    problem = None
-    depth = 0
-    for m in _COMMAND.finditer(latex):
-        name = m.group(1)
-        if len(name) == 1 and not name.isalpha():
-            if name not in _SYMBOL_COMMANDS:
-                problem = f"the control symbol \\{name}"
-        elif name not in SAFE_COMMANDS:
-            problem = f"the command \\{name}"
-        if problem:
-            break
-    if problem is None:
-        bare = _COMMAND.sub("", latex)
-        for bad in ("%", "#", "&", "$", "^^"):
-            if bad in bare:
-                problem = f"the character {bad!r}"
-                break
-    if problem is None:
-        for m in re.finditer(r"\\begin\{([^}]*)\}|\\end\{([^}]*)\}", latex):
-            env = m.group(1) or m.group(2)
-            if env not in SAFE_ENVIRONMENTS:
-                problem = f"the environment {env!r}"
-                break
-    if problem is None:
-        for ch in _COMMAND.sub(lambda m: "" if len(m.group(1)) == 1 else m.group(0), latex):
-            depth += {"{": 1, "}": -1}.get(ch, 0)
-            if depth < 0:
-                break
-        if depth != 0:
-            problem = "unbalanced braces"
-    if problem:
-        raise DerivationError(
-            f"refusing to print the {what} {latex!r}: it contains {problem}; names of atoms and "
-            "indices must be letters, digits and underscores"
-        )
-    return latex
-
-
-@dataclass(frozen=True)
-class Math:
-    """A piece of mathematics written by the library (trusted): LaTeX and Unicode text.
-
-    >>> Math(r"W_{OV}^{h}", "W_OV^h").text
-    'W_OV^h'
-    """
-
-    latex: str
-    text: str
-
-
-Segment = "str | Math | Expr"
-
-
-def prose(*segments) -> tuple:
-    """A paragraph: plain strings (escaped on output), :class:`Math`, and expressions.
-
-    >>> len(prose("the term ", Math("A", "A"), " of head 0"))
-    3
-    """
-    for s in segments:
-        if not isinstance(s, (str, Math, Expr)):
-            raise DerivationError(f"prose is made of strings, Math and expressions, got {s!r}")
-    return tuple(s for s in segments if s != "")
+    return escape_text(text, "markdown")
 
 
 def _prose_math(segments: Sequence, escape) -> str:
@@ -205,61 +75,6 @@ def prose_text(segments: Sequence) -> str:
 
 
 # -- expressions as pieces that lines may break between ---------------------------------
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A fragment of a laid-out expression; a line may break before any piece."""
-
-    latex: str
-    text: str
-
-    @property
-    def width(self) -> float:
-        return text_width(self.text)
-
-
-def text_width(text: str) -> float:
-    """Rough printed width in characters: scripts count 0.6, braces and markers nothing."""
-    width, script, depth = 0.0, 0, 0
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch in "^_" and i + 1 < len(text):
-            script += 1
-            if text[i + 1] == "{":
-                depth = script
-                i += 2
-                continue
-            width += 0.6
-            script -= 1
-            i += 2
-            continue
-        if ch == "}" and depth and script:
-            script -= 1
-            depth = script
-        elif ch not in "{}":
-            width += (0.6 if script else 1.0) * (0.5 if ch == " " else 1.0)
-        i += 1
-    return width
-
-
-@dataclass(frozen=True)
-class SumIndex:
-    """A head index summed over, as in the paper's ``Σ_{h ∈ H_1}``.
-
-    Atoms carrying ``index`` stand for every head of a layer; a term that contains them is
-    summed over those heads (within that term). ``over`` names the set of heads.
-    """
-
-    index: str
-    over: Math
-
-    def latex(self) -> str:
-        return rf"\sum_{{{TensorLatexPrinter().index(self.index)} \in {self.over.latex}}}"
-
-    def text(self) -> str:
-        return f"Σ_{{{self.index}∈{self.over.text}}}"
 
 
 @dataclass(frozen=True)
@@ -537,8 +352,8 @@ def latex_document(derivation, layout: Layout | None = None, **options) -> str:
 
 
 def escape_comment(text: str) -> str:
-    """Text safe inside a ``%`` comment line: letters, digits and ``-_.,:`` only."""
-    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.,: ") else "?" for ch in " ".join(str(text).split()))
+    """User text safe inside a ``%`` comment line: a newline cannot end the comment."""
+    return escape_text(text, "latex-comment")
 
 
 def latex_math(derivation, layout: Layout | None = None, **options) -> str:

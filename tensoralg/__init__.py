@@ -26,13 +26,15 @@ from tensoralg.errors import (
     UnknownAtom,
 )
 from tensoralg.expr import Add, Choice, Expr, Product, TensorSum, Term, add, identity, tensor, term
+from tensoralg.escape import UnsafeLatex, check_math, escape_text
+from tensoralg.formula import Formula, formula
 from tensoralg.latex import to_latex
 from tensoralg.numeric import to_numpy
 from tensoralg.parse import parse, to_text
 
 __all__ = [
     "Add", "Atom", "BindingError", "Choice", "DIMS", "Definition", "EmptySum", "Expr", "InvalidOrder",
-    "ParseError", "Product", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TensorAlgError",
+    "Formula", "ParseError", "Product", "UnsafeLatex", "check_math", "escape_text", "formula", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TensorAlgError",
     "TensorSum", "Term", "UnknownAtom", "W_OV", "W_QK", "Word", "add", "atom", "d_head", "d_mlp", "d_model",
     "d_vocab", "fold", "identity", "n_ctx", "parse", "sandwich", "tensor", "term", "to_latex", "to_numpy", "to_text", "unfold",
     "word_shape",

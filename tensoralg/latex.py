@@ -37,13 +37,10 @@ import sympy as sp
 from sympy.printing.latex import LatexPrinter
 
 from tensoralg.errors import TensorAlgError
+from tensoralg.escape import escape_text
 
 HEAD_STYLES = ("label", "dotted")
 
-_ESCAPES = {
-    "\\": r"\backslash{}", "{": r"\{", "}": r"\}", "#": r"\#", "$": r"\$", "%": r"\%",
-    "&": r"\&", "_": r"\_", "^": r"\hat{}", "~": r"\sim{}", " ": r"\ ",
-}
 _LETTER_DIGITS = re.compile(r"([A-Za-z])(\d+)")
 _HEAD_LABEL = re.compile(r"L(\d+)H(\d+)")
 _PLAIN = re.compile(r"[A-Za-z]|\d+")
@@ -56,15 +53,7 @@ def escape(text: str) -> str:
     >>> escape("a_b#{c}")
     'a\\_b\\#\\{c\\}'
     """
-    out = []
-    for ch in text:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif ord(ch) < 32 or 127 <= ord(ch) < 160:
-            out.append("?")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return escape_text(text, "latex-math")
 
 
 def _upright(text: str) -> str:
@@ -78,12 +67,16 @@ class TensorLatexPrinter:
     per-coefficient strings are cached, which keeps a 2,197-term sum in milliseconds.
     """
 
-    def __init__(self, max_terms: int | None = None, line_break_every: int | None = None, head_style: str = "label"):
+    def __init__(self, max_terms: int | None = None, line_break_every: int | None = None, head_style: str = "label",
+                 index_from: int = 0):
         for name, value in (("max_terms", max_terms), ("line_break_every", line_break_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise TensorAlgError(f"{name} must be None or an integer >= 1, got {value!r}")
         if head_style not in HEAD_STYLES:
             raise TensorAlgError(f"head_style must be one of {', '.join(map(repr, HEAD_STYLES))}, got {head_style!r}")
+        if isinstance(index_from, bool) or not isinstance(index_from, int) or index_from < 0:
+            raise TensorAlgError(f"index_from must be an integer >= 0 (0 as TransformerLens, 1 as the paper), got {index_from!r}")
+        self.index_from = index_from
         self.max_terms = max_terms
         self.line_break_every = line_break_every
         self.head_style = head_style
@@ -120,7 +113,10 @@ class TensorLatexPrinter:
         return text + ("_{" + escape(sub) + "}" if sep else "")
 
     def index(self, index: str) -> str:
-        r"""``h2`` → ``h_2``; ``L0H3`` → ``\mathrm{L0H3}`` (or ``0.3``); else upright."""
+        r"""``h2`` → ``h_2``; ``L0H3`` → ``\mathrm{L0H3}`` (or ``0.3``); else upright.
+
+        Layer numbers (``L0H3``'s 0, ``h0``'s 0) are shifted by ``index_from``."""
+        index = self.index_text(index)
         if not index or _PLAIN.fullmatch(index):
             return index
         if m := _HEAD_LABEL.fullmatch(index):
@@ -129,6 +125,16 @@ class TensorLatexPrinter:
             digits = m[2]
             return f"{m[1]}_{digits}" if len(digits) == 1 else f"{m[1]}_{{{digits}}}"
         return _upright(index)
+
+    def index_text(self, index: str) -> str:
+        """The index as text with its layer number shifted by ``index_from``: ``L0H3`` → ``L1H3``."""
+        if not self.index_from:
+            return index
+        if m := _HEAD_LABEL.fullmatch(index):
+            return f"L{int(m[1]) + self.index_from}H{m[2]}"
+        if m := _LETTER_DIGITS.fullmatch(index):
+            return f"{m[1]}{int(m[2]) + self.index_from}"
+        return index
 
     def _print_tuple(self, word) -> str:
         if not word:
@@ -208,15 +214,17 @@ class TensorLatexPrinter:
 
 
 
-def to_latex(expr, max_terms: int | None = None, line_break_every: int | None = None, head_style: str = "label") -> str:
+def to_latex(expr, max_terms: int | None = None, line_break_every: int | None = None, head_style: str = "label",
+             index_from: int = 0) -> str:
     r"""LaTeX (math mode, no delimiters) for an expression, term, word, atom or scalar.
 
     ``max_terms`` elides the middle of longer sums as ``\underbrace{\cdots}_{N\ \mathrm{terms}}``;
     ``line_break_every`` inserts ``\\`` and ``&\quad`` every that many terms (for ``align``);
-    ``head_style`` is ``"label"`` (``\mathrm{L0H3}``) or ``"dotted"`` (``0.3``).
+    ``head_style`` is ``"label"`` (``\mathrm{L0H3}``) or ``"dotted"`` (``0.3``);
+    ``index_from=1`` numbers layers as the paper does (``L0H3`` → ``L1H3``, ``h0`` → ``h_1``).
 
     >>> from tensoralg import atom, identity, term
     >>> to_latex(identity(2) + term(atom("A", "L0H3"), atom("W_OV", "L0H3").T))
     '\\mathrm{Id} \\otimes \\mathrm{Id} + A^{\\mathrm{L0H3}} \\otimes W_{OV}^{\\mathrm{L0H3}\\top}'
     """
-    return TensorLatexPrinter(max_terms, line_break_every, head_style).doprint(expr)
+    return TensorLatexPrinter(max_terms, line_break_every, head_style, index_from).doprint(expr)

@@ -1,0 +1,73 @@
+"""One escaper for user text in every format; one allow-list for mathematics."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tensoralg import TensorAlgError
+from tensoralg.escape import UNICODE_MATH, check_math, escape_text
+from tests.strategies import PROPERTY
+
+
+@pytest.mark.parametrize("ch, latex", [("≠", r"$\neq$"), ("σ", r"$\sigma$"), ("≤", r"$\le$"), ("→", r"$\to$"),
+                                       ("∑", r"$\sum$"), ("⊗", r"$\otimes$"), ("ᵀ", r"$^{\top}$"),
+                                       ("λ", r"$\lambda$"), ("Ω", r"$\Omega$"), ("↦", r"$\mapsto$"),
+                                       ("é", r"\'{e}"), ("—", "---")])
+def test_prose_symbols_become_the_latex_they_mean(ch, latex):
+    # regression: ≠ became '=' and σ became '[U+03C3]'
+    assert escape_text(f"a {ch} b", "latex") == f"a {latex} b"
+
+
+def test_every_greek_letter_is_typeset():
+    for code in range(0x3B1, 0x3CA):
+        ch = chr(code)
+        if ch in "ο":
+            continue
+        out = escape_text(ch, "latex")
+        assert "[U+" not in out and out.startswith("$\\"), (ch, out)
+        assert unicodedata.name(ch).split()[-1].lower().replace("lamda", "lambda").replace("final ", "") in out.lower() \
+            or ch in "ςεφ"
+
+
+def test_an_unknown_character_is_visible_never_another_symbol():
+    assert escape_text("☃", "latex") == "[U+2603]"
+
+
+def test_markdown_escapes_html():
+    out = escape_text("<img src=x onerror=alert(1)> **b** [l](u)", "markdown")
+    assert "<" not in out and ">" not in out
+    assert out.startswith("&lt;img")
+
+
+def test_a_comment_cannot_be_ended_by_a_newline():
+    out = escape_text("name\n\\input{x}\r\u2028more", "latex-comment")
+    assert "\n" not in out and "\r" not in out and "\u2028" not in out
+
+
+def test_plain_text_shows_control_characters_escaped():
+    assert escape_text("a\x07b\x1b[31m", "text") == "a\\x07b\\x1b[31m"
+
+
+def test_unknown_format_is_named():
+    with pytest.raises(TensorAlgError, match="'latex', 'latex-math'"):
+        escape_text("x", "rtf")
+
+
+@PROPERTY
+@given(st.text(max_size=30))
+def test_no_format_leaves_a_raw_control_character(text):
+    for fmt in ("latex", "latex-comment", "markdown", "text"):
+        out = escape_text(text, fmt)
+        assert not any(unicodedata.category(c) == "Cc" for c in out), (fmt, out)
+    check_math(escape_text(text, "latex-math"))
+
+
+def test_every_unicode_math_symbol_is_allowed_in_mathematics():
+    for latex in UNICODE_MATH.values():
+        check_math(latex)
+    assert not re.search(r"\[U\+", "".join(escape_text(ch, "latex") for ch in UNICODE_MATH))
