@@ -21,7 +21,7 @@ from typing import Sequence
 from tensoralg.action import act, transposed_products
 from tensoralg.atoms import transpose_word
 from tensoralg.definitions import STANDARD_DEFINITIONS
-from tensoralg.expr import Add, Product, TensorSum, check_order, term
+from tensoralg.expr import Add, Product, check_order, term
 from tensoralg.latex import to_latex
 from tensoralg.parse import Bound, read
 
@@ -139,4 +139,4 @@ def _check_size(expr, max_order) -> None:
         catalogue.too_many("the expansion", n, [expr.count(k) for k in range(largest + 1)])
 
 
-__all__ = ["ACTION", "CLI_HINT", "TRANSPOSE", "TensorSum", "expansion", "sum_indices", "transpose_math"]
+__all__ = ["ACTION", "CLI_HINT", "TRANSPOSE", "expansion", "sum_indices", "transpose_math"]

@@ -5,7 +5,7 @@ The paper's operators ``P ⊗ W`` act on an activation ``x`` that holds one toke
 which for row vectors is a right product by ``Wᵀ``. The result is a one-slot expression,
 a plain matrix product.
 
->>> from tensoralg import atom, d_model, n_ctx, term
+>>> from tensoralg import Atom, atom, d_model, n_ctx, term
 >>> x = Atom("x", n_ctx, d_model)
 >>> act(term(atom("A", "h"), (atom("W_O", "h"), atom("W_V", "h"))), term(x))
 TensorSum(A^{h} x W_V^{h}ᵀ W_O^{h}ᵀ)
@@ -13,7 +13,7 @@ TensorSum(A^{h} x W_V^{h}ᵀ W_O^{h}ᵀ)
 
 from __future__ import annotations
 
-from tensoralg.atoms import Atom, format_shape, transpose_word, word_shape
+from tensoralg.atoms import format_shape, transpose_word, word_shape
 from tensoralg.errors import ShapeMismatch, SlotMismatch
 from tensoralg.expr import Expr, TensorSum, mul
 

@@ -6,26 +6,37 @@ No ``eval``: the text is tokenized and parsed by the grammar below, and errors c
 
 Grammar, loosest binding first (the paper's precedence: product, then ⊗, then +)::
 
-    sum      := tensor (("+" | "-") tensor)*
+    sum      := summand (("+" | "-") summand)*
+    summand  := ("-" | "+")* SUM summand | tensor                     (SUM: "Σ_{h∈H_1}", "sum_{h in H_1}")
     tensor   := product (("⊗" | "(x)") product)*
     product  := ("-" | "+")* power ((("·" | "⋅" | "*" | "/")? power)*   (juxtaposition is "·")
     power    := postfix ("**" ("-")? power)?                             (scalars only)
     postfix  := primary ("^T" | "ᵀ")*
-    primary  := NUMBER | ATOM ("^{" INDEX "}")? | "Id" | DIM | "sqrt" "(" sum ")" | "(" sum ")"
+    primary  := NUMBER | NAME INDEX? | "Id" | DIM | "sqrt" "(" sum ")" | "(" sum ")"
 
 Rules worth knowing:
 
-- ``A^{h1}`` is the atom ``A`` with index ``h1``: braces always hold an index (verbatim;
-  it may not contain braces). A transpose is a postfix ``^T`` or ``ᵀ`` after the atom or
-  a parenthesised group: ``W_OV^{h1}^T``, ``W_OV^{h1}ᵀ``, ``(A B)^T``. So ``A^{T}`` is
-  the atom ``A`` with index ``T``, not a transpose.
+- Superscripts: ``A^h``, ``W_OV^h1`` and ``W_O^{h}`` are indices (braces optional for one
+  symbol of letters and digits; braces hold any index verbatim). ``^T`` and ``ᵀ`` transpose,
+  after an atom or a parenthesised group: ``W_OV^h^T``, ``(A B)^T``; ``A^{T}`` is the atom
+  ``A`` with index ``T``.
+- Names: the paper's atoms keep their shapes (``A`` is ``n_ctx × n_ctx``), atoms declared
+  with ``atoms=`` theirs; any other name is a matrix with a fresh shape ``rows_B × cols_B``
+  that the products fix (shape inference, :mod:`tensoralg.inference`).
+- ``Σ_{h∈H_l} body`` sums ``body`` over the heads of layer ``l``: it binds ``h`` as the
+  index ``h{l}`` (layers counted from ``index_from``, stored 0-based), each term being
+  summed over the indices it carries, as the catalogue prints it. Sums over the same
+  heads in two factors of a product are renamed apart (``h0``, ``h0'``). Other sets
+  (``Σ_{j∈J}``) bind the letter itself.
+- An operator applied to an activation, ``(A ⊗ W) x`` or ``(A ⊗ W)·x``, is ``A x Wᵀ``
+  (:func:`tensoralg.action.act`): ``x`` holds one token per row.
 - Juxtaposed atoms form one word at once: ``A^{h2} A^{h1} ⊗ W_OV^{h2} W_OV^{h1}`` is
   ``(A A) ⊗ (W W)``, one term. A product with a parenthesised factor stays a lazy
   :class:`~tensoralg.expr.Product`: ``(A ⊗ B)(C ⊗ D)`` is not multiplied until
   ``expand`` (so ``expand_steps`` can show the rewrite).
-- ``⊗`` builds the tensor product of its operands (:func:`~tensoralg.expr.tensor`).
 - ``+`` collects canonical sums; a sum with a lazy part is a lazy
-  :class:`~tensoralg.expr.Add` of its parts, in order.
+  :class:`~tensoralg.expr.Add` of its parts, in order. :func:`read` keeps like terms typed
+  at the top level apart, to be collected as a step.
 - Scalars: integers, decimals (SymPy ``Float``; write ``1/2`` for an exact half),
   ``/``, ``**``, ``sqrt(...)`` and the dimension symbols ``n_ctx d_model d_head d_vocab
   d_mlp`` (plus any symbol used in a shape declared with ``atoms=``).
@@ -38,6 +49,8 @@ TensorSum(A^{h2} A^{h1} ⊗ W_OV^{h2} W_OV^{h1})
 TensorSum(1/sqrt(d_head)·W_QK^{h}ᵀ)
 >>> len(parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)").expand())
 2
+>>> parse("(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)").expand()
+TensorSum(Id ⊗ W_E + A^{h0} ⊗ W_OV^{h0} W_E)
 """
 
 from __future__ import annotations
@@ -52,6 +65,9 @@ from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgE
 from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes, declared_table
 from tensoralg.lexer import Token, tokenize
+from tensoralg.text import to_text
+
+__all__ = ["Applied", "Bound", "Reading", "parse", "read", "to_text"]
 
 AtomDecl = Union[Atom, tuple]
 API_HINT = "declare others with atoms="
@@ -120,6 +136,7 @@ class _Parser:
         self.scope: dict[str, str] = {}  # bound variable -> stored index, inside a Σ
         self.bound: dict[str, Bound] = {}
         self.rewrites: list[tuple] = []
+        self.free: dict[str, int] = {}  # free index -> its first position
 
     # -- helpers --------------------------------------------------------------
     @property
@@ -158,6 +175,11 @@ class _Parser:
         value = self.sum()
         if self.tok.kind != "END":
             raise self.error(f"unexpected {self.describe(self.tok)} after a complete expression")
+        for index, pos in self.free.items():
+            if index in self.bound:
+                b = self.bound[index]
+                raise self.error(f"the index {index} is free here, but Σ_{{{b.var}∈{b.over}}} binds the same index; "
+                                 "rename one of them", pos)
         if isinstance(value, _Word):
             return term(value.atoms, coeff=value.coeff)
         if not isinstance(value, (Expr, Applied)):
@@ -442,7 +464,10 @@ class _Parser:
         if name in self.scalars:
             return self.scalars[name]
         index = index_token.text if index_token else ""
-        index = self.scope.get(index, index)
+        if index in self.scope:
+            index = self.scope[index]
+        elif index:
+            self.free.setdefault(index, index_token.pos)
         if name in self.table:
             rows, cols, *rest = self.table[name]
             return _Word(sp.S.One, (Atom(name, rows, cols, index, symmetric=bool(rest and rest[0])),))
@@ -574,45 +599,3 @@ def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = Non
     """
     r = read(text, atoms, index_from=index_from, generic=generic, visible=False)
     return r.applied.result() if r.applied else r.expr
-
-
-def to_text(expr) -> str:
-    """Text that :func:`parse` reads back to an equal expression.
-
-    Canonical sums print as ``str`` does; lazy products as ``c·(F_1)(F_2)…``; lazy sums
-    with their parts, multi-term parts in parentheses. A zero k-slot sum prints as
-    ``0·Id ⊗ … ⊗ Id``. Atoms must have names the parser knows and indices without braces.
-
-    >>> to_text(parse("(A^{1} ⊗ Id)(Id ⊗ W_E)"))
-    '(A^{1} ⊗ Id)(Id ⊗ W_E)'
-    """
-    kind = type(expr).__name__
-    if isinstance(expr, Atom):
-        return repr(expr)
-    if isinstance(expr, TensorSum):
-        _check_indices(expr)
-        return str(expr) if len(expr) else "0·" + " ⊗ ".join(["Id"] * expr.n_slots)
-    if isinstance(expr, Product):
-        return _coeff_prefix(expr.coeff) + "".join(f"({to_text(f)})" for f in expr.factors)
-    if isinstance(expr, Add):
-        return " + ".join(
-            f"({to_text(p)})" if isinstance(p, TensorSum) and len(p) != 1 else to_text(p) for p in expr.parts
-        )
-    raise TensorAlgError(f"to_text() takes an atom or an expression (TensorSum, Product, Add), got {kind}")
-
-
-def _coeff_prefix(coeff: sp.Expr) -> str:
-    if coeff == 1:
-        return ""
-    if coeff == -1:
-        return "-"
-    text = sp.sstr(coeff)
-    return f"({text})·" if isinstance(coeff, sp.Add) else f"{text}·"
-
-
-def _check_indices(expr: TensorSum) -> None:
-    for t in expr:
-        for w in t.words:
-            for a in w:
-                if "{" in a.index or "}" in a.index:
-                    raise TensorAlgError(f"atom {a!r}: an index with braces cannot be written as text")

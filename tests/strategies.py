@@ -13,6 +13,8 @@ A few indices only (``INDICES``), so like terms meet and collect.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import sympy as sp
 import torch
 from hypothesis import HealthCheck, settings
@@ -239,3 +241,57 @@ def fraction_matrices(draw, rows: int, cols: int, bound: int = 5):
 
     entry = st.builds(Fraction, st.integers(-bound, bound), st.integers(1, 4))
     return tuple(tuple(draw(entry) for _ in range(cols)) for _ in range(rows))
+
+
+# -- the slides' notation (tensoralg.parse) ----------------------------------------------------
+
+
+class SlideNotation(NamedTuple):
+    """One operator written twice: ``new`` in the slides' notation (bare superscripts,
+    indexed sums, implicit products, generic names, maybe applied to ``x``) and ``old``
+    in the braced, fully declared syntax (``atoms`` declares its generic names)."""
+
+    new: str
+    old: str
+    index_from: int
+    atoms: dict
+    applied: bool
+
+
+@st.composite
+def slide_notations(draw, max_factors: int = 3) -> SlideNotation:
+    """``(Id ⊗ W_U) F_1 … F_k (Id ⊗ W_E)`` (or ``… x``) with each ``F_i`` one of: a layer
+    ``Id + Σ_{h∈H_l} A^h ⊗ W_OV^h`` (its like term typed twice, sometimes), a head with an
+    unfolded ``W_O^i W_V^i``, a transposed head, or a generic ``Id ⊗ B``."""
+    index_from = draw(st.sampled_from((0, 1)))
+    seen_layers: dict[int, int] = {}
+    new, old = ["(Id ⊗ W_U)"], ["(Id ⊗ Id)(Id ⊗ W_U)"]
+    atoms: dict = {}
+    for _ in range(draw(st.integers(1, max_factors))):
+        kind = draw(st.sampled_from(("layer", "head", "transposed", "generic")))
+        i = draw(st.sampled_from(("1", "h", "q2")))  # free indices, never one a Σ binds
+        if kind == "layer":
+            layer = draw(st.integers(0, 2))
+            index = f"h{layer}" + "'" * seen_layers.get(layer, 0)  # a second sum over a layer: renamed apart
+            seen_layers[layer] = seen_layers.get(layer, 0) + 1
+            term = f"Σ_{{h∈H_{layer + index_from}}} A^h ⊗ W_OV^h"
+            ascii_term = f"sum_{{h in H_{{{layer + index_from}}}}} A^h (x) W_OV^{{h}}"
+            twice = draw(st.booleans())
+            body = draw(st.sampled_from((term, ascii_term)))
+            new.append(f"(Id + {body}" + (f" + {term})" if twice else ")"))
+            old.append(f"(Id ⊗ Id + {2 if twice else 1}·A^{{{index}}} ⊗ W_OV^{{{index}}})")
+        elif kind == "head":
+            new.append(f"(A^{i} ⊗ W_O^{i} W_V^{i})")
+            old.append(f"(A^{{{i}}} ⊗ W_O^{{{i}}}·W_V^{{{i}}})")
+        elif kind == "transposed":
+            new.append(f"(A^{i} ⊗ W_O^{i} W_V^{i})^T")
+            old.append(f"(A^{{{i}}}ᵀ ⊗ W_V^{{{i}}}ᵀ W_O^{{{i}}}ᵀ)")
+        else:
+            new.append("(Id ⊗ B)")
+            old.append("(Id ⊗ B)")
+            atoms["B"] = ("d_model", "d_model")
+    applied = draw(st.booleans())
+    new.append(draw(st.sampled_from((" x", "·x"))) if applied else "(Id ⊗ W_E)")
+    if not applied:
+        old.append("(Id ⊗ W_E)")
+    return SlideNotation("".join(new), "".join(old), index_from, atoms, applied)

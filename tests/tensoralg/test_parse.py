@@ -6,11 +6,18 @@ import pytest
 import sympy as sp
 from hypothesis import given
 
+import numpy as np
+
 from tensoralg import (
     Add, Atom, ParseError, Product, ShapeMismatch, SlotMismatch, TensorAlgError, TensorSum, UnknownAtom, atom,
-    d_head, d_model, identity, parse, tensor, term, to_text,
+    d_head, d_model, identity, n_ctx, parse, tensor, term, to_numpy, to_text,
 )
-from tests.strategies import PROPERTY, any_expression, layouts, tensor_sums
+from tensoralg.action import act
+from tensoralg.parse import Bound, read
+from tests.helpers import SIZES, assert_numerically_equal, numeric, random_bindings
+from tests.strategies import PROPERTY, any_expression, layouts, slide_notations, tensor_sums
+
+SLIDES = slide_notations()
 
 A1, A2 = atom("A", "h1"), atom("A", "h2")
 W1, W2 = atom("W_OV", "h1"), atom("W_OV", "h2")
@@ -190,3 +197,119 @@ def test_shape_mismatches_name_both_shapes_and_the_position():
 def test_parse_takes_text():
     with pytest.raises(TensorAlgError, match="takes a string"):
         parse(term(A1))
+
+
+# -- the slides' notation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("new, old", [
+    ("A^h ⊗ W_OV^h", "A^{h} ⊗ W_OV^{h}"),
+    ("W_O^{h} W_V^h1", "W_O^{h} W_V^{h1}"),
+    ("A^2 A^1 ⊗ W_OV^2ᵀ", "A^{2} A^{1} ⊗ W_OV^{2}ᵀ"),
+    ("W_OV^h^T", "W_OV^{h}ᵀ"),
+    ("A^T", "Aᵀ"),
+    ("A^Th", "A^{Th}"),
+])
+def test_bare_superscripts_read_as_braced_ones(new, old):
+    assert parse(new) == parse(old)
+
+
+def test_undeclared_names_get_shapes_that_the_products_fix():
+    e = parse("(A ⊗ B)(C ⊗ D)")
+    assert e.expand() == parse("A C ⊗ B D", atoms={"B": ("k", "m"), "C": ("n_ctx", "p"), "D": ("m", "q")})
+    assert e.slot_shapes[0][0] == sp.Symbol("n_ctx", positive=True, integer=True)
+    assert parse("B W_E ⊗ W_U C").slot_shapes == ((sp.Symbol("rows_B", positive=True, integer=True),
+                                                   sp.Symbol("d_vocab", positive=True, integer=True)),
+                                                  (sp.Symbol("d_vocab", positive=True, integer=True),
+                                                   sp.Symbol("cols_C", positive=True, integer=True)))
+    d_vocab = sp.Symbol("d_vocab", positive=True, integer=True)
+    assert parse("(B ⊗ C)(W_E ⊗ W_E)").slot_shapes == ((sp.Symbol("rows_B", positive=True, integer=True), d_vocab),
+                                                       (sp.Symbol("rows_C", positive=True, integer=True), d_vocab))
+
+
+def test_declared_and_paper_atoms_keep_their_shapes():
+    with pytest.raises(ShapeMismatch) as info:
+        parse("A W_E")  # the paper's A is n_ctx x n_ctx
+    assert "n_ctx x n_ctx" in str(info.value) and "d_model x d_vocab" in str(info.value)
+    with pytest.raises(ShapeMismatch, match="d_model x k"):
+        parse("V W_U", atoms={"V": ("d_model", "k")})
+
+
+def test_a_real_mismatch_between_inferred_shapes_names_both():
+    with pytest.raises(ShapeMismatch) as info:
+        parse("B W_E ⊗ B W_U")  # B's columns would be d_model and d_vocab at once
+    text = str(info.value)
+    assert "B (rows_B x d_model)" in text and "W_U (d_vocab x d_model)" in text and "at position 10" in text
+
+
+def test_an_indexed_sum_binds_its_index_per_term():
+    r = read("(Id ⊗ W_U)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)")
+    assert r.bound == (Bound("h1", "h", "H_1", 1),)
+    assert r.expr.expand() == parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h1} ⊗ W_OV^{h1})(Id ⊗ W_E)").expand()
+    ascii_sum = read("(Id ⊗ W_U)(Id + sum_{k in H_{2}} A^k (x) W_OV^k)(Id ⊗ W_E)", index_from=1)
+    assert ascii_sum.bound == (Bound("k1", "k", "H_2", 1),)
+
+
+def test_index_from_says_which_layer_h_l_is():
+    assert read("Σ_{h∈H_1} A^h ⊗ W_OV^h").bound[0].index == "h1"
+    assert read("Σ_{h∈H_1} A^h ⊗ W_OV^h", index_from=1).bound[0].index == "h0"
+    with pytest.raises(ParseError, match="H_0 is not a layer when layers are numbered from 1"):
+        parse("Σ_{h∈H_0} A^h ⊗ W_OV^h", index_from=1)
+    with pytest.raises(TensorAlgError, match="index_from is 0"):
+        parse("A", index_from=2)
+
+
+def test_sums_over_the_same_heads_are_renamed_apart_in_a_product():
+    r = read("(Σ_{h∈H_0} A^h ⊗ W_OV^h)(Σ_{h∈H_0} A^h ⊗ W_OV^h)")
+    assert {b.index for b in r.bound} == {"h0", "h0'"}
+    assert r.expr.expand() == parse("A^{h0} A^{h0'} ⊗ W_OV^{h0} W_OV^{h0'}")
+    with pytest.raises(ParseError, match="summed index h does not appear"):
+        parse("Σ_{h∈H} Σ_{h∈H} A^h ⊗ W_OV^h")  # the inner sum binds h; the outer one sums nothing
+
+
+def test_sums_over_other_sets_keep_the_letter():
+    r = read("Σ_{j∈J} W_O^j W_V^j")
+    assert r.bound == (Bound("j", "j", "J", None),) and r.expr == parse("W_O^{j} W_V^{j}")
+
+
+def test_a_free_index_may_not_reuse_a_bound_one():
+    with pytest.raises(ParseError, match="the index h1 is free here"):
+        parse("Σ_{h∈H_1} A^h ⊗ W_OV^h + A^{h1} ⊗ W_OV")
+
+
+def test_an_operator_applied_to_an_activation():
+    assert parse("(A ⊗ W_OV) x") == parse("A x W_OVᵀ", atoms={"x": ("n_ctx", "d_model")})
+    assert parse("(A^h ⊗ W_O^h W_V^h)·x") == parse("A^h x W_V^hᵀ W_O^hᵀ", atoms={"x": ("n_ctx", "d_model")})
+    r = read("2·(Id + A ⊗ W_OV) x")
+    assert r.applied is not None and r.applied.coeff == 2 and r.expr.n_slots == 2
+    assert r.applied.result() == parse("2·x + 2·A x W_OVᵀ", atoms={"x": ("n_ctx", "d_model")})
+    assert parse("(A ⊗ W_OV) x + A x") == parse("A x W_OVᵀ + A x", atoms={"x": ("n_ctx", "d_model")})
+    with pytest.raises(ShapeMismatch, match="W's columns = x's columns"):
+        parse("(A ⊗ W_OV) x", atoms={"x": ("n_ctx", "d_vocab")})
+
+
+def test_reading_records_the_rewrites_it_makes():
+    assert read("(W_O W_V)^T ⊗ A").rewrites == (("transpose", (atom("W_O"), atom("W_V"))),)
+    r = read("A ⊗ W_E + A ⊗ W_E")
+    assert r.rewrites == (("collect", 1),) and isinstance(r.expr, Add)
+    assert parse("A ⊗ W_E + A ⊗ W_E") == term(atom("A"), W_E, coeff=2)  # parse() collects at once
+
+
+@given(SLIDES)
+@PROPERTY
+def test_the_slides_notation_expands_as_the_old_syntax(case):
+    """Bare superscripts, Σ, implicit products, generic names and applied operators expand to
+    the same operator as the braced, declared syntax: the same canonical sum, the same numbers."""
+    old = parse(case.old, atoms=case.atoms).expand()
+    if not case.applied:
+        new = parse(case.new, index_from=case.index_from).expand()
+        assert new == old
+        assert_numerically_equal(new, old)
+        return
+    new = parse(case.new, index_from=case.index_from)
+    x = Atom("x", n_ctx, d_model)
+    assert new == act(old, term(x))
+    bindings = random_bindings(old, x)
+    op = numeric(old, bindings, slot_sizes={0: SIZES["n_ctx"], 1: SIZES["d_model"]})  # acts on x row by row
+    value = to_numpy(new, bindings, dims=dict(SIZES))
+    np.testing.assert_allclose(value.reshape(-1), op @ bindings["x"].reshape(-1), rtol=1e-9, atol=1e-9)
