@@ -32,6 +32,7 @@ name can never inject a command such as ``\input`` or ``\write18``.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
@@ -170,20 +171,10 @@ class TensorLatexPrinter:
         return self._print_Term(choice.term)
 
     def _print_TensorSum(self, s) -> str:
-        n = len(s)
-        if n == 0:
-            return "0"
-        terms = list(s)
-        pieces = [self.signed_term(t.coeff, t.words) for t in terms]
-        if self.max_terms is not None and n > self.max_terms:
-            head, tail = (self.max_terms + 1) // 2, self.max_terms // 2
-            omitted = n - head - tail
-            marker = (False, r"\underbrace{\cdots}_{" + f"{omitted}" + r"\ \mathrm{terms}}")
-            pieces = pieces[:head] + [marker] + (pieces[n - tail :] if tail else [])
-        return self.join(pieces)
+        return self.join([(x.negative, x.latex) for x in self.summands(s)]) if len(s) else "0"
 
     def join(self, pieces: list[tuple[bool, str]]) -> str:
-        """Signed pieces joined with ``+``/``-``, with optional line breaks for ``align``."""
+        """Signed pieces joined with ``+``/``-`` (never ``+ -``), with optional line breaks for ``align``."""
         out = []
         every = self.line_break_every
         for i, (negative, text) in enumerate(pieces):
@@ -195,23 +186,114 @@ class TensorLatexPrinter:
             out.append((" - " if negative else " + ") + text)
         return "".join(out)
 
+    # -- summands, elision and brackets (what documents lay out) ------------------------
+    def summands(self, expr) -> list["Summand"]:
+        """The summands of a sum (terms; a lazy sum's products whole), signs pulled out,
+        the middle elided to one marker when there are more than ``max_terms``."""
+        items: list = []
+        for part in getattr(expr, "parts", (expr,)):
+            if hasattr(part, "factors"):
+                items.append(part)
+            else:
+                items.extend(part)
+        n, limit = len(items), self.max_terms
+        if limit is not None and n > limit:
+            head, tail = (limit + 1) // 2, limit // 2
+            items = items[:head] + [n - head - tail] + (items[n - tail :] if tail else [])
+        return [self.gap(x) if isinstance(x, int) else self.summand(x) for x in items]
+
+    def summand(self, part) -> "Summand":
+        """One term, or one lazy product, as a :class:`Summand`."""
+        if hasattr(part, "factors"):
+            negative, latex = self.coefficient(part.coeff)
+            _, text = self.coefficient_text(part.coeff)
+            brackets = [self.bracketed(f) for f in part.factors]
+            return Summand(negative, latex + " ".join(b[0] for b in brackets), text + "".join(b[1] for b in brackets),
+                           product=part)
+        negative, latex = self.signed_term(part.coeff, part.words)
+        _, text = self.coefficient_text(part.coeff)
+        return Summand(negative, latex, text + " ⊗ ".join([self.word_text(w) for w in part.words]), term=part)
+
+    @staticmethod
+    def gap(omitted: int) -> "Summand":
+        """The marker standing for ``omitted`` elided terms."""
+        return Summand(False, r"\underbrace{\cdots}_{" + f"{omitted}" + r"\ \mathrm{terms}}", f"⋯ ({omitted} terms)",
+                       omitted=omitted)
+
+    @staticmethod
+    def needs_brackets(factor) -> bool:
+        """A factor of a product is bracketed unless it is one unscaled word (juxtaposition binds
+        tighter than ``⊗``, ``+`` and a coefficient)."""
+        terms = list(factor)
+        return len(terms) != 1 or len(terms[0].words) != 1 or terms[0].coeff != 1
+
+    def bracketed(self, factor) -> tuple[str, str]:
+        """``(latex, text)`` of a product's factor, in brackets where precedence needs them."""
+        parts = self.summands(factor) if len(factor) else []
+        latex = self.join([(x.negative, x.latex) for x in parts]) if parts else "0"
+        text = join_text([(x.negative, x.text) for x in parts]) if parts else "0"
+        if self.needs_brackets(factor):
+            return r"\left(" + latex + r"\right)", "(" + text + ")"
+        return latex, text
+
+    # -- text, by the same rules ------------------------------------------------------
+    def atom_text(self, a) -> str:
+        """``W_OV^{h0}ᵀ`` (the binding label), the layer shifted by ``index_from``."""
+        index = self.index_text(a.index)
+        return a.name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
+
+    def word_text(self, word) -> str:
+        return " ".join([self.atom_text(a) for a in word]) if word else "Id"
+
+    def coefficient_text(self, coeff) -> tuple[bool, str]:
+        """``(negative, text)``: the sign pulled out, the magnitude followed by ``·``."""
+        coeff = sp.sympify(coeff)
+        negative = bool(coeff.could_extract_minus_sign())
+        magnitude = -coeff if negative else coeff
+        if magnitude == 1:
+            return negative, ""
+        text = sp.sstr(magnitude)
+        return negative, ("(" + text + ")" if isinstance(magnitude, sp.Add) else text) + "·"
+
+    def text(self, expr) -> str:
+        """Plain text of a sum, lazy sum or product, by the same rules as the LaTeX."""
+        if hasattr(expr, "factors"):
+            x = self.summand(expr)
+            return ("-" if x.negative else "") + x.text
+        parts = self.summands(expr)
+        return join_text([(x.negative, x.text) for x in parts]) if parts else "0"
+
     # -- lazy expressions ---------------------------------------------------------
     def _print_Product(self, p) -> str:
-        negative, text = self.coefficient(p.coeff)
-        factors = " ".join([r"\left(" + self.doprint(f) + r"\right)" for f in p.factors])
-        return ("-" if negative else "") + text + factors
+        x = self.summand(p)
+        return ("-" if x.negative else "") + x.latex
 
     def _print_Add(self, a) -> str:
-        pieces = []
-        for part in a.parts:
-            text = self.doprint(part)
-            negative = text.startswith("-")
-            pieces.append((negative, text[1:] if negative else text))
-        return self.join(pieces)
+        return self.join([(x.negative, x.latex) for x in self.summands(a)])
 
     def _print_Definition(self, d) -> str:
         return self.doprint(d.atom()) + " := " + self._print_tuple(d.word())
 
+
+
+@dataclass(frozen=True)
+class Summand:
+    """One summand as the printer writes it: the sign apart, LaTeX and text of the magnitude.
+
+    ``term`` or ``product`` is what it prints; ``omitted`` > 0 marks the elided middle.
+    """
+
+    negative: bool
+    latex: str
+    text: str
+    term: object = None
+    product: object = None
+    omitted: int = 0
+
+
+def join_text(pieces: list[tuple[bool, str]]) -> str:
+    """Signed text pieces joined with ``+``/``-``: ``A - B``, never ``A + -B``."""
+    return "".join((("-" if neg else "") if i == 0 else (" - " if neg else " + ")) + t for i, (neg, t) in enumerate(pieces))
 
 
 def to_latex(expr, max_terms: int | None = None, line_break_every: int | None = None, head_style: str = "label",

@@ -48,8 +48,14 @@ W_E, W_U = atom("W_E"), atom("W_U")
             parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h1} ⊗ W_OV^{h1})"),
             r"\left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id} + A^{h_1} \otimes W_{OV}^{h_1}\right)",
         ),
-        (-2 * Product([term(A1), term(A2)]), r"-2 \left(A^{h_1}\right) \left(A^{h_2}\right)"),
-        (Add([term(A1), -1 * Product([term(A1), term(A2)])]), r"A^{h_1} - \left(A^{h_1}\right) \left(A^{h_2}\right)"),
+        # brackets by precedence: a bare word needs none, a sum, a ⊗ or a coefficient does
+        (-2 * Product([term(A1), term(A2)]), r"-2 A^{h_1} A^{h_2}"),
+        (Add([term(A1), -1 * Product([term(A1), term(A2)])]), r"A^{h_1} - A^{h_1} A^{h_2}"),
+        (Product([term(A1) + term(A2), term(A2)]), r"\left(A^{h_1} + A^{h_2}\right) A^{h_2}"),
+        (Product([term(None, W_U), identity(2) + term(A1, W1)]),
+         r"\left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id} + A^{h_1} \otimes W_{OV}^{h_1}\right)"),
+        (Product([-1 * term(A1), term(A2)]), r"\left(-A^{h_1}\right) A^{h_2}"),
+        (term(A1) - term(A2), r"A^{h_1} - A^{h_2}"),
         (W_OV, r"W_{OV} := W_{O} W_{V}"),
         (W_QK, r"W_{QK} := W_{Q}^{\top} W_{K}"),
         ((A2, A1), r"A^{h_2} A^{h_1}"),
@@ -161,3 +167,19 @@ def test_output_compiles_with_pdflatex(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-2000:]
     assert (tmp_path / "doc.pdf").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_index_from_numbers_layers_as_the_paper():
+    assert to_latex(term(atom("A", "L0H3"), atom("W_OV", "h0")), index_from=1) == r"A^{\mathrm{L1H3}} \otimes W_{OV}^{h_1}"
+    with pytest.raises(TensorAlgError, match="index_from"):
+        to_latex(term(A1), index_from=-1)
+
+
+def test_text_follows_the_same_rules_as_the_latex():
+    from tensoralg.latex import TensorLatexPrinter
+
+    p = TensorLatexPrinter(index_from=1)
+    assert p.text(term(A1, W1) - 2 * term(atom("A", "L0H3"), W2)) == "-2·A^{L1H3} ⊗ W_OV^{h3} + A^{h2} ⊗ W_OV^{h2}"
+    assert p.text(Product([term(None, W_U), identity(2) + term(A1, W1)])) == "(Id ⊗ W_U)(Id ⊗ Id + A^{h2} ⊗ W_OV^{h2})"
+    elided = TensorLatexPrinter(max_terms=2).summands(transformer_product(1, 3).expand())
+    assert [x.omitted for x in elided] == [0, 2, 0] and elided[1].text == "⋯ (2 terms)"
