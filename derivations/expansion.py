@@ -16,14 +16,18 @@ TensorSum(Id ⊗ W_U W_E + A^{h1} ⊗ W_U W_OV^{h1} W_E)
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from tensoralg.action import act, transposed_products
 from tensoralg.atoms import transpose_word
 from tensoralg.definitions import STANDARD_DEFINITIONS
+from tensoralg.errors import TensorAlgError
+from tensoralg.formula import formula
+from tensoralg.lexer import OTIMES_ASCII
 from tensoralg.expr import Add, Product, check_order, term
 from tensoralg.latex import to_latex
-from tensoralg.parse import Bound, read
+from tensoralg.parse import Bound, parse, read
 
 from derivations import catalogue
 from derivations.derivation import Chain, Derivation, Rule
@@ -34,6 +38,7 @@ ACTION = Rule("action", "an operator applied to an activation",
               Math(r"(A \otimes W)\cdot x = A\, x\, W^{\top}", "(A ⊗ W)·x = A x Wᵀ"))
 TRANSPOSE = Rule("transpose", "transpose of a product", Math(r"(XY)^{\top} = Y^{\top} X^{\top}", "(XY)ᵀ = Yᵀ Xᵀ"))
 CLI_HINT = "declare others with --atom NAME=ROWS,COLS"
+STAR = re.compile(r"(?<!\*)\*(?!\*)")
 
 
 def sum_indices(bound: Sequence[Bound]) -> tuple[SumIndex, ...]:
@@ -83,14 +88,19 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
         expr = expr.scale(applied.coeff)
     _check_size(expr, max_order)
     sums = sum_indices(reading.bound)
-    transposes = [w for kind, w in reading.rewrites if kind == "transpose"]
+    transposes = list(dict.fromkeys(w for kind, w in reading.rewrites if kind == "transpose"))
+    lhs = typed(applied.typed if applied else text, atoms, index_from)
     if transposes:
-        first = Chain.start(None, expr, TRANSPOSE, detail=transpose_math(transposes), sums=sums)
+        first = Chain.start(lhs, expr, TRANSPOSE, detail=transpose_math(transposes), sums=sums)
     else:
-        first = Chain.start(None, expr, "given", sums=sums)
+        first = Chain.start(lhs, expr, "given", sums=sums)
     chains = [first.expand(max_order)]
     if applied is not None:
-        chains.append(_act(chains[0].last, applied.activation, sums))
+        action = _act(chains[0].last, applied.activation, sums)
+        if len(chains[0].steps) == 1 and not transposes:  # nothing to expand: straight to the action
+            action = Chain(typed(text, atoms, index_from) or action.lhs, action.steps, action.intro, action.sums)
+            chains = []
+        chains.append(action)
     if definitions:
         last = chains[-1]
         for d in definitions:
@@ -101,11 +111,30 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
             last = folded
         chains[-1] = last
     steps = sum(len(c.steps) for c in chains)
-    summary = ("It is already expanded: a canonical sum of tensor terms." if steps == 1 else
+    summary = ("It is already expanded: a canonical sum of tensor terms." if steps == 1 and not applied else
                "Each line applies one rule of the algebra to the line before.")
     params = (("expression", text), ("max_order", max_order), ("index_from", index_from), ("fold", list(fold)))
-    return Derivation("expand", f"Expansion of {text}", summary, tuple(chains),
+    return Derivation("expand", "Expansion, step by step", summary, tuple(chains),
                       notes=(catalogue.NOTATION,), params=params)
+
+
+def typed(text: str, atoms: dict | None = None, index_from: int = 0) -> Math | None:
+    """The input as typed, printed by :func:`tensoralg.formula.formula`, or ``None`` when
+    what that printer shows would not read back as the same expression. Its layer numbers
+    are the reader's already, so it is never re-numbered (no ``source``).
+
+    >>> typed("sum_{h in H_1} A^h (x) W_OV^h").text
+    'Σ_{h ∈ H_1} A^h ⊗ W_OV^h'
+    """
+    if "**" in text:  # powers of scalars: the formula printer has no rule for them
+        return None
+    source = STAR.sub("·", OTIMES_ASCII.sub("⊗", text))
+    try:
+        f = formula(source)
+        same = parse(f.text, atoms or None, index_from=index_from) == parse(text, atoms or None, index_from=index_from)
+    except TensorAlgError:
+        return None
+    return Math(f.latex, f.text) if same else None
 
 
 def _act(operator, activation, sums) -> Chain:

@@ -93,11 +93,13 @@ class Bound(NamedTuple):
 
 
 class Applied(NamedTuple):
-    """``coeff · operator · activation`` as typed: ``(A ⊗ W_OV) x``."""
+    """``coeff · operator · activation`` as typed: ``(A ⊗ W_OV) x``; ``typed`` is the text
+    of ``coeff · operator`` (``"(A ⊗ W_OV)"``)."""
 
     operator: Expr
     activation: Expr
     coeff: sp.Expr
+    typed: str = ""
 
     def result(self) -> TensorSum:
         return act(self.operator, self.activation).scale(self.coeff)
@@ -330,7 +332,7 @@ class _Parser:
         factors = self.rename_apart(factors)
         split = self.activation_start(items, factors)
         if split is not None:
-            return self.applied(items, factors, split, coeff)
+            return self.applied(items, factors, split, coeff, start)
         self.check_slots(items, factors, "multiply")
         try:
             return Product(factors, coeff)
@@ -350,11 +352,12 @@ class _Parser:
             return None
         return split
 
-    def applied(self, items, factors, split: int, coeff) -> Applied:
+    def applied(self, items, factors, split: int, coeff, start: int) -> Applied:
         operator = factors[0] if split == 1 else Product(factors[:split])
         activation = factors[split] if len(factors) == split + 1 else Product(factors[split:])
         try:
-            value = Applied(operator, activation.expand(), coeff)
+            typed = self.text[start : items[split][0]].rstrip().rstrip("·⋅*").rstrip()
+            value = Applied(operator, activation.expand(), coeff, typed)
             value.result()  # checks the shapes
         except TensorAlgError as err:
             raise self.located(err, items[split][0]) from None
