@@ -89,11 +89,11 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
     _check_size(expr, max_order)
     sums = sum_indices(reading.bound)
     transposes = list(dict.fromkeys(w for kind, w in reading.rewrites if kind == "transpose"))
-    lhs = typed(applied.typed if applied else text, atoms, index_from)
-    if transposes:
+    if transposes:  # the input as typed, then the transposes of products rewritten
+        lhs = typed(applied.typed if applied else text, atoms, index_from)
         first = Chain.start(lhs, expr, TRANSPOSE, detail=transpose_math(transposes), sums=sums)
     else:
-        first = Chain.start(lhs, expr, "given", sums=sums)
+        first = Chain.start(None, expr, "given", sums=sums)
     chains = [first.expand(max_order)]
     if applied is not None:
         action = _act(chains[0].last, applied.activation, sums)
