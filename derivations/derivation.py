@@ -265,9 +265,15 @@ class Derivation:
     numeric: Numeric = field(default_factory=Numeric)
 
     def __post_init__(self) -> None:
-        for attr in ("name", "title", "summary"):
-            if not isinstance(getattr(self, attr), str):
-                raise DerivationError(f"a derivation's {attr} must be a string, got {getattr(self, attr)!r}")
+        if not isinstance(self.name, str):
+            raise DerivationError(f"a derivation's name must be a string, got {self.name!r}")
+        for attr in ("title", "summary"):  # plain text, or prose with formulae (math(...))
+            value = getattr(self, attr)
+            if not isinstance(value, str):
+                try:
+                    object.__setattr__(self, attr, as_prose(value))
+                except (DerivationError, TypeError):
+                    raise DerivationError(f"a derivation's {attr} must be a string or prose, got {value!r}") from None
         if not self.chains or not all(isinstance(c, Chain) for c in self.chains):
             raise DerivationError("a derivation needs at least one Chain")
         object.__setattr__(self, "chains", tuple(self.chains))

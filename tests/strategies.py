@@ -295,3 +295,8 @@ def slide_notations(draw, max_factors: int = 3) -> SlideNotation:
     if not applied:
         old.append("(Id ⊗ W_E)")
     return SlideNotation("".join(new), "".join(old), index_from, atoms, applied)
+
+
+def token_sequences(vocabulary: tuple[str, ...] = ("a", "b", "c"), max_size: int = 8):
+    """Short token sequences over a small vocabulary (induction examples)."""
+    return st.lists(st.sampled_from(vocabulary), min_size=1, max_size=max_size).map(tuple)

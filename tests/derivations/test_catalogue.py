@@ -41,7 +41,8 @@ IDS = [f"{name}{'-' + '-'.join(f'{k}={v}' for k, v in p.items()) if p else ''}" 
 def test_the_catalogue_lists_every_equation_of_the_issue():
     expected = {"zero-layer", "multi-head", "attention-head", "one-layer", "two-layer-logits", "two-layer-qk",
                 "virtual-weights", "subspace-deletion", "layer-norm-folding", "bias-folding",
-                "tensor-product-readings", "path-expansion", "qk-expansion"}
+                "tensor-product-readings", "path-expansion", "qk-expansion", "eigenvalue-copying",
+                "composition-scores", "induction-mechanism", "marginal-loss"}
     assert expected <= set(catalogue.names())
     for name, description in catalogue.descriptions().items():
         assert description and "\n" not in description and len(description) < 120, name
@@ -58,7 +59,7 @@ def test_every_line_of_every_entry_equals_its_first_numerically(name, params):
 
 def test_rules_are_produced_by_the_algebra_not_typed():
     rules = {s.rule.key for name in catalogue.names() for s in catalogue.get(name).steps}
-    assert {"distributivity", "mixed-product", "fold", "unfold", "substitution", "orthonormality",
+    assert {"distributivity", "mixed-product", "associativity", "fold", "unfold", "substitution", "orthonormality",
             "stochastic", "bilinear", "block", "transpose", "regroup"} <= rules
 
 

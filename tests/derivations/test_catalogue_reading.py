@@ -68,7 +68,8 @@ def test_product_rule_needs_two_slots_for_the_mixed_product():
 
 def test_scores_have_one_meaning_across_the_catalogue(derivation):
     """``S^h`` is always unscaled: a chain whose left side is a bare ``S^h`` has no 1/sqrt(d_head), one whose
-    left side is ``S^h / sqrt(d_head)`` carries it on every term; every softmax divides S by sqrt(d_head)."""
+    left side is ``S^h / sqrt(d_head)`` carries it on every term; every masked softmax (an attention pattern)
+    divides S by sqrt(d_head)."""
     for chain in derivation.chains:
         lhs = chain.lhs.text if isinstance(chain.lhs, Math) else ""
         if not lhs.startswith("S^"):
@@ -80,7 +81,7 @@ def test_scores_have_one_meaning_across_the_catalogue(derivation):
                 assert has_scale == scaled, (derivation.name, lhs, str(t))
     for where, segment in prose_parts(derivation):
         text = segment.text if isinstance(segment, Math) else segment if isinstance(segment, str) else ""
-        if "softmax" in text and isinstance(segment, Math):
+        if "softmax*" in text and isinstance(segment, Math):
             assert "softmax*(S^h / sqrt(d_head))" in text, (derivation.name, where, text)
 
 

@@ -1,0 +1,213 @@
+"""The paper's analyses of trained heads as derivations: the eigenvalue copying test and the
+composition scores (with their random baseline).
+
+The numbers the entries state are computed by the small numpy functions here, which the tests
+check against the definitions (and against :mod:`numeric_check`'s batched versions).
+
+>>> round(eigenvalue_positivity(np.array([2.0, 1.0, -1.0])), 3)
+0.5
+>>> M = np.eye(4)
+>>> composition_score(M, M)
+0.5
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensoralg import W_OV, Product, TensorSum, Term, atom, sandwich, term
+
+from derivations.catalogue.common import INDEXING, NOTATION
+from derivations.catalogue.registry import entry
+from derivations.derivation import Chain, Derivation
+from derivations.errors import DerivationError
+from derivations.render import Math, prose
+
+# -- eigenvalues --------------------------------------------------------------------------
+
+
+def nonzero_eigenvalues(M: np.ndarray, rtol: float = 1e-9) -> np.ndarray:
+    """The eigenvalues of a square matrix whose modulus exceeds ``rtol`` times the largest,
+    sorted by real part, then imaginary part.
+
+    >>> nonzero_eigenvalues(np.diag([3.0, 0.0, -1.0]))
+    array([-1.+0.j,  3.+0.j])
+    """
+    M = np.asarray(M)
+    if M.ndim != 2 or M.shape[0] != M.shape[1]:
+        raise DerivationError(f"eigenvalues need a square matrix, got shape {M.shape}")
+    values = np.linalg.eigvals(M).astype(complex)
+    scale = np.abs(values).max(initial=0.0)
+    kept = values[np.abs(values) > rtol * scale] if scale > 0 else values[:0]
+    return kept[np.lexsort((kept.imag, kept.real))]
+
+
+def eigenvalue_positivity(values: np.ndarray) -> float:
+    """``Σ_i λ_i / Σ_i |λ_i|``: 1 when every eigenvalue is positive (a copying circuit), -1 when
+    all are negative; complex pairs pull it towards 0. (The real part: a real matrix's
+    eigenvalues come in conjugate pairs, so ``Σλ`` is real.)"""
+    values = np.asarray(values, dtype=complex)
+    total = np.abs(values).sum()
+    if total == 0:
+        raise DerivationError("the positivity of a zero matrix is undefined (0/0)")
+    return float(values.sum().real / total)
+
+
+def copying_eigenvalues(W_U, W_O, W_V, W_E) -> tuple[np.ndarray, np.ndarray]:
+    """The nonzero eigenvalues of the OV circuit ``W_U W_O W_V W_E`` (``d_vocab × d_vocab``) and
+    of the small ``W_V W_E W_U W_O`` (``d_head × d_head``): equal, as ``λ(AB) = λ(BA)``."""
+    big = W_U @ W_O @ W_V @ W_E
+    small = W_V @ W_E @ W_U @ W_O
+    return nonzero_eigenvalues(big), nonzero_eigenvalues(small)
+
+
+# -- composition ----------------------------------------------------------------------------
+
+
+def composition_score(X: np.ndarray, Y: np.ndarray) -> float:
+    """``‖X Y‖_F / (‖X‖_F ‖Y‖_F)``: how much of what ``Y`` writes ``X`` reads (between 0 and 1)."""
+    X, Y = np.asarray(X, dtype=float), np.asarray(Y, dtype=float)
+    denominator = np.linalg.norm(X) * np.linalg.norm(Y)
+    if denominator == 0:
+        raise DerivationError("a composition score of a zero matrix is undefined (0/0)")
+    return float(np.linalg.norm(X @ Y) / denominator)
+
+
+def composition_scores(W_QK: np.ndarray, W_OV_reader: np.ndarray, W_OV_writer: np.ndarray) -> dict[str, float]:
+    """The paper's three scores of a writer head ``h0`` into a later reader head ``h1``:
+    Q: ``W_QK^{h1}ᵀ W_OV^{h0}``; K: ``W_QK^{h1} W_OV^{h0}``; V: ``W_OV^{h1} W_OV^{h0}``."""
+    return {"Q": composition_score(W_QK.T, W_OV_writer), "K": composition_score(W_QK, W_OV_writer),
+            "V": composition_score(W_OV_reader, W_OV_writer)}
+
+
+def random_baseline(d_model: int, d_head: int, samples: int = 256, seed: int = 0) -> tuple[float, float]:
+    """``(mean score, mean squared score)`` of random heads: ``X = W_Qᵀ W_K`` and
+    ``Y = W_O W_V`` with i.i.d. Gaussian factors of the model's shapes (the low rank kept).
+    ``E[score²] = 1/d_model`` exactly (``Y``'s law is invariant under rotations), so the mean
+    score is a little below ``1/sqrt(d_model)``."""
+    if min(d_model, d_head, samples) < 1:
+        raise DerivationError(f"d_model, d_head and samples must be >= 1, got {d_model}, {d_head}, {samples}")
+    rng = np.random.default_rng(seed)
+    scores = []
+    for _ in range(samples):
+        X = rng.standard_normal((d_head, d_model)).T @ rng.standard_normal((d_head, d_model))
+        Y = rng.standard_normal((d_model, d_head)) @ rng.standard_normal((d_head, d_model))
+        scores.append(composition_score(X, Y))
+    scores = np.array(scores)
+    return float(scores.mean()), float((scores ** 2).mean())
+
+
+# -- the entries ----------------------------------------------------------------------------
+
+
+def split_word(expr: TensorSum, at: int) -> Product:
+    """``c·X_1…X_n = c·(X_1…X_at)(X_at+1…X_n)``: a one-term, one-slot sum as a product of two
+    factors (associativity read backwards)."""
+    (t,) = expr.expand()
+    (word,) = t.words
+    if not 0 < at < len(word):
+        raise DerivationError(f"cannot split a word of {len(word)} atoms at {at}")
+    return Product([TensorSum([Term(t.coeff, (word[:at],))]), TensorSum([Term(1, (word[at:],))])])
+
+
+@entry("eigenvalue-copying", "the copying test: eigenvalues of the OV circuit from the small W_V W_E W_U W_O")
+def eigenvalue_copying() -> Derivation:
+    W_U, W_O, W_V, W_E = atom("W_U"), atom("W_O", "h"), atom("W_V", "h"), atom("W_E")
+    circuit = (
+        Chain.start(None, term((W_U, atom("W_OV", "h"), W_E)),
+                    detail="the OV circuit of head h: the vocabulary matrix of its term in the logits (see one-layer)",
+                    intro=prose("A head copies when attending to a token raises that token's own logit. Its OV "
+                                "circuit is a ", Math(r"d_{vocab} \times d_{vocab}", "d_vocab × d_vocab"),
+                                " matrix, the product of two thin factors:"))
+        .unfold(W_OV)
+        .apply(split_word, "associativity", 2,
+               detail=prose(Math(r"W_U W_O^h", "W_U W_O^h"), " is ", Math(r"d_{vocab} \times d_{head}", "d_vocab × d_head"),
+                            ", ", Math(r"W_V^h W_E", "W_V^h W_E"), " is ", Math(r"d_{head} \times d_{vocab}", "d_head × d_vocab")))
+    )
+    small = (
+        Chain.start(None, Product([term((W_V, W_E)), term((W_U, W_O))]),
+                    detail="the same two factors in the other order",
+                    intro=prose("Multiplied the other way round, the factors give a ",
+                                Math(r"d_{head} \times d_{head}", "d_head × d_head"), " matrix:"))
+        .expand()
+    )
+    return Derivation(
+        "eigenvalue-copying", "The eigenvalue copying test",
+        "Whether a head copies is read from the eigenvalues of its OV circuit; they are the eigenvalues of a "
+        "small matrix, and their signs give a score.",
+        (circuit, small),
+        notes=(
+            prose("For ", Math("X", "X"), " of size ", Math(r"m \times n", "m × n"), " and ", Math("Y", "Y"), " of size ",
+                  Math(r"n \times m", "n × m"), ", ", Math(r"XY", "XY"), " and ", Math(r"YX", "YX"),
+                  " have the same nonzero eigenvalues with the same multiplicities, ",
+                  Math(r"\lambda(XY) = \lambda(YX)", "λ(XY) = λ(YX)"), ": their characteristic polynomials satisfy ",
+                  Math(r"t^{n} \det(t I_m - XY) = t^{m} \det(t I_n - YX)", "t^n det(t I_m - XY) = t^m det(t I_n - YX)"),
+                  ". (If ", Math(r"XYv = \lambda v", "XYv = λv"), " with ", Math(r"\lambda \neq 0", "λ ≠ 0"), ", then ",
+                  Math(r"Yv \neq 0", "Yv ≠ 0"), " and ", Math(r"YX(Yv) = \lambda\, Yv", "YX(Yv) = λ Yv"), ".)"),
+            prose("So with ", Math(r"X = W_U W_O^h", "X = W_U W_O^h"), " and ", Math(r"Y = W_V^h W_E", "Y = W_V^h W_E"),
+                  ", the OV circuit, of rank at most ", Math(r"d_{head}", "d_head"), ", has at most ",
+                  Math(r"d_{head}", "d_head"), " nonzero eigenvalues, and they are those of ",
+                  Math(r"W_V^h W_E W_U W_O^h", "W_V^h W_E W_U W_O^h"), ": an eigendecomposition of a ",
+                  Math(r"d_{head} \times d_{head}", "d_head × d_head"), " matrix instead of a ",
+                  Math(r"d_{vocab} \times d_{vocab}", "d_vocab × d_vocab"), " one, and the vocabulary matrix is never formed."),
+            prose("The copying score is ", Math(r"\sum_i \lambda_i \big/ \sum_i |\lambda_i|",
+                                                "Σ_i λ_i / Σ_i |λ_i|"),
+                  ", between -1 and 1: near 1 when the eigenvalues are positive, as for a head whose circuit maps "
+                  "each token to an increase of its own logit; complex eigenvalues, which come in conjugate pairs, "
+                  "pull it towards 0."),
+            NOTATION,
+        ),
+    )
+
+
+@entry("composition-scores", "Q-, K- and V-composition scores of two heads, with the random baseline")
+def composition_scores_entry() -> Derivation:
+    QK, OV1, OV0 = atom("W_QK", "h1"), atom("W_OV", "h1"), atom("W_OV", "h0")
+    A0, A1, W_E = atom("A", "h0"), atom("A", "h1"), atom("W_E")
+    moved = term(A0, (OV0, W_E))
+    direct = term(None, W_E)
+    q = Chain.start(None, sandwich(moved, QK, direct), "bilinear",
+                    detail=prose("queries through head h0, keys direct (the Q-composition term of ",
+                                 Math(r"S^{h_1}", "S^h1"), ")"),
+                    intro=prose("Head h0 of layer 0 writes into the residual stream that head h1 of layer 1 reads "
+                                "with its queries, its keys or its values. Each way gives a term whose middle matrix "
+                                "is a product of the two heads' matrices:"))
+    q_matrix = Chain.start(Math(r"(W_{QK}^{h_1\top} W_{OV}^{h_0})^{\top}", "(W_QK^h1ᵀ W_OV^h0)ᵀ"),
+                           term((QK.T, OV0)).T, "transpose",
+                           detail="the middle matrix of the Q-composition term, between the embeddings")
+    k = Chain.start(None, sandwich(direct, QK, moved), "bilinear",
+                    detail=prose("queries direct, keys through head h0 (the K-composition term of ",
+                                 Math(r"S^{h_1}", "S^h1"), ")"))
+    v = Chain.start(None, Product([term(A1, OV1), term(A0, OV0)]),
+                    detail="head h1 applied to what head h0 wrote (the V-composition, a virtual head)").expand()
+    fro = r"\lVert {} \rVert_F"
+    def ratio(top_latex, top_text, a_latex, a_text, b_latex, b_text):
+        return Math(rf"{fro.format(top_latex)} \big/ \bigl({fro.format(a_latex)}\, {fro.format(b_latex)}\bigr)",
+                    f"‖{top_text}‖_F / (‖{a_text}‖_F ‖{b_text}‖_F)")
+    QK_l, OV1_l, OV0_l = r"W_{QK}^{h_1}", r"W_{OV}^{h_1}", r"W_{OV}^{h_0}"
+    return Derivation(
+        "composition-scores", "Composition scores",
+        "How strongly a later head reads what an earlier head writes, through its queries, keys or values: "
+        "a ratio of Frobenius norms of the matrices in the composition terms, compared with random heads.",
+        (q, q_matrix, k, v),
+        notes=(
+            prose("The scores, as the paper defines them. Q-composition: ",
+                  ratio(r"W_{QK}^{h_1\top} " + OV0_l, "W_QK^h1ᵀ W_OV^h0", QK_l, "W_QK^h1", OV0_l, "W_OV^h0"),
+                  " (the transpose of the Q-term's middle matrix: a transpose does not change a Frobenius norm); "
+                  "K-composition: ", ratio(QK_l + " " + OV0_l, "W_QK^h1 W_OV^h0", QK_l, "W_QK^h1", OV0_l, "W_OV^h0"),
+                  "; V-composition: ", ratio(OV1_l + " " + OV0_l, "W_OV^h1 W_OV^h0", OV1_l, "W_OV^h1", OV0_l, "W_OV^h0"),
+                  ". Each lies between 0 and 1, since ", Math(r"\lVert XY \rVert_F \le \lVert X \rVert_F \lVert Y \rVert_F",
+                                                             "‖XY‖_F ≤ ‖X‖_F ‖Y‖_F"), "."),
+            prose("The random baseline: if the earlier head's ", Math(r"Y = W_{OV}^{h_0}", "Y = W_OV^h0"),
+                  " is drawn with a law invariant under rotations of the residual stream (Gaussian factors ",
+                  Math(r"W_O, W_V", "W_O, W_V"), "), then ",
+                  Math(r"\mathrm{E}[Y Y^{\top} / \lVert Y \rVert_F^2] = I / d_{model}", "E[Y Yᵀ / ‖Y‖_F²] = I / d_model"),
+                  ", so for any fixed ", Math("X", "X"), " the squared score has mean ",
+                  Math(r"\mathrm{E}\bigl[\lVert XY \rVert_F^2 / (\lVert X \rVert_F^2 \lVert Y \rVert_F^2)\bigr] = 1/d_{model}",
+                       "E[‖XY‖_F² / (‖X‖_F² ‖Y‖_F²)] = 1/d_model"),
+                  ": random heads score about ", Math(r"1/\sqrt{d_{model}}", "1/sqrt(d_model)"),
+                  " (a little less, the mean of a square root being below the root of the mean). "
+                  "A pair of heads composes when its score stands clearly above that."),
+            NOTATION, INDEXING,
+        ),
+    )
