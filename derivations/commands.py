@@ -84,11 +84,10 @@ def render(derivation: Derivation, fmt: str, max_terms: int | None, index_from: 
     """The document in ``fmt``; ``index_from=1`` numbers layers as the paper does."""
     if fmt not in FORMATS:
         raise DerivationError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    numbering = {"index_from": index_from} if index_from else {}
     if fmt == "json":
-        return derivation.to_json(**numbering)
+        return derivation.to_json(index_from=index_from)
     return getattr(derivation, {"text": "to_text", "latex": "to_latex", "markdown": "to_markdown"}[fmt])(
-        max_terms=max_terms, **numbering)
+        max_terms=max_terms, index_from=index_from)
 
 
 def write(path: Path, data: str | bytes) -> None:

@@ -261,6 +261,23 @@ def test_index_from_sets_what_h_l_means(capsys):
     assert zero == "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1}"  # 0-based: the second layer
     one = commands.expansion("Σ_{h∈H_1} A^h ⊗ W_OV^h", index_from=1)
     assert one.chains[0].sums[0].index == "h0"  # the paper's H_1 is the first layer
+    two_layers = "(Id ⊗ W_U)(Id + Σ_{h∈H_2} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)"
+    code, out, _ = run(capsys, "expand", two_layers, "--index-from", "1")
+    assert code == 0  # read and printed in the paper's numbering alike
+    assert out.rstrip().endswith("Σ_{h2∈H_2} Σ_{h1∈H_1} A^{h2} A^{h1} ⊗ W_U W_OV^{h2} W_OV^{h1} W_E")
+
+
+def test_derive_numbers_layers_from_one_on_request(capsys):
+    _, zero, _ = run(capsys, "derive", "two-layer-logits")
+    code, one, _ = run(capsys, "derive", "two-layer-logits", "--index-from", "1")
+    assert code == 0
+    assert "Σ_{h1∈H_1} Σ_{h0∈H_0} A^{h1} A^{h0}" in zero and "H_2" not in zero
+    assert "Σ_{h2∈H_2} Σ_{h1∈H_1} A^{h2} A^{h1}" in one and "H_0" not in one.split("[Definition")[1]
+    code, concrete, _ = run(capsys, "derive", "two-layer-logits", "--heads", "1", "--concrete", "--index-from", "1")
+    assert code == 0 and "L2H0" in concrete and "L0H0" not in concrete
+    with pytest.raises(SystemExit) as info:
+        main(["derive", "two-layer-logits", "--index-from", "2"])
+    assert info.value.code == 2 and "invalid choice: 2" in capsys.readouterr().err
 
 
 def test_a_closed_pipe_ends_quietly():
