@@ -32,12 +32,13 @@ from tensoralg.parse import Bound, parse, read
 from derivations import catalogue
 from derivations.derivation import Chain, Derivation, Rule
 from derivations.errors import DerivationError
-from derivations.render import Math, SumIndex, prose
+from derivations.document import Math, SumIndex, math, prose
 
 ACTION = Rule("action", "an operator applied to an activation",
               Math(r"(A \otimes W)\cdot x = A\, x\, W^{\top}", "(A ⊗ W)·x = A x Wᵀ"))
 TRANSPOSE = Rule("transpose", "transpose of a product", Math(r"(XY)^{\top} = Y^{\top} X^{\top}", "(XY)ᵀ = Yᵀ Xᵀ"))
 CLI_HINT = "declare others with --atom NAME=ROWS,COLS"
+OPERATOR = Math("T", "T")  # the operator applied to an activation, when it needs expanding first
 STAR = re.compile(r"(?<!\*)\*(?!\*)")
 
 
@@ -96,11 +97,16 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
         first = Chain.start(None, expr, "given", sums=sums)
     chains = [first.expand(max_order)]
     if applied is not None:
-        action = _act(chains[0].last, applied.activation, sums)
-        if len(chains[0].steps) == 1 and not transposes:  # nothing to expand: straight to the action
-            action = Chain(typed(text, atoms, index_from) or action.lhs, action.steps, action.intro, action.sums)
-            chains = []
-        chains.append(action)
+        shown = typed(text, atoms, index_from)
+        if len(chains[0].steps) == 1 and not transposes and shown is not None:
+            chains = [_act(shown, chains[0].last, applied.activation, sums)]  # nothing to expand: act at once
+        else:  # T = the operator, expanded; then T·x
+            chains[0] = Chain(OPERATOR, chains[0].steps, chains[0].intro, chains[0].sums)
+            x_latex, x_text = to_latex(applied.activation), str(applied.activation)
+            if len(applied.activation) > 1 or any(len(w) > 1 for t in applied.activation for w in t.words):
+                x_latex, x_text = rf"\left({x_latex}\right)", f"({x_text})"
+            lhs = Math(rf"{OPERATOR.latex} \cdot {x_latex}", f"{OPERATOR.text}·{x_text}")
+            chains.append(_act(lhs, chains[0].last, applied.activation, sums))
     if definitions:
         last = chains[-1]
         for d in definitions:
@@ -137,12 +143,10 @@ def typed(text: str, atoms: dict | None = None, index_from: int = 0) -> Math | N
     return Math(f.latex, f.text) if same else None
 
 
-def _act(operator, activation, sums) -> Chain:
-    """``(Σ P ⊗ W)·x = Σ P x Wᵀ``, with the transposes of products it takes."""
-    op_latex, x_latex = to_latex(operator), to_latex(activation)
-    lhs = Math(rf"\left({op_latex}\right) \cdot {x_latex}", f"({operator})·{activation}")
-    detail = ["x holds one token per row; A mixes the rows (positions) and W maps each row's vector, "
-              "which for a row is the product by Wᵀ on the right"]
+def _act(lhs: Math, operator, activation, sums) -> Chain:
+    """``lhs = (Σ P ⊗ W)·x = Σ P x Wᵀ``, with the transposes of products it takes."""
+    detail = [math("x"), " holds one token per row; ", math("A"), " mixes the rows (positions) and ", math("W"),
+              " maps each row's vector, which for a row is the product by ", math("Wᵀ"), " on the right"]
     products = transposed_products(operator)
     if products:
         detail += [", with ", *transpose_math(products)]

@@ -35,6 +35,7 @@ def test_sum_indices_name_their_sets():
 def test_the_action_step_follows_the_expansion_of_the_operator():
     d = expansion("(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0) x", max_order=1)
     assert rules(d) == [["given", "truncation", "mixed-product"], ["action"]]
+    assert d.chains[0].lhs.text == "T" and d.chains[1].lhs.text == "T·x"  # the operator named, never shown unsummed
     assert d.chains[1].last == parse("x + A^0 x W_OV^0ᵀ + A^1 x W_OV^1ᵀ", atoms={"x": ("n_ctx", "d_model")})
 
 
@@ -61,3 +62,10 @@ def test_index_from_one_reads_h_1_as_the_first_layer():
     d = expansion("(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)", index_from=1)
     assert d.chains[0].last == parse("Id ⊗ W_E + A^{h0} ⊗ W_OV^{h0} W_E")
     assert dict(d.params)["index_from"] == 1
+
+
+def test_an_applied_sum_keeps_its_sigma():
+    d = expansion("(Id ⊗ W_U)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h) t")
+    assert [s.index for s in d.chains[1].sums] == ["h1"] and d.chains[1].lhs.text == "T·t"
+    straight = expansion("(Σ_{h∈H_1} A^h ⊗ W_OV^h) x")
+    assert rules(straight) == [["action"]] and straight.chains[0].lhs.text.startswith("(Σ_{h ∈ H_1}")
