@@ -68,4 +68,4 @@ def test_an_applied_sum_keeps_its_sigma():
     d = expansion("(Id ⊗ W_U)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h) t")
     assert [s.index for s in d.chains[1].sums] == ["h1"] and d.chains[1].lhs.text == "T·t"
     straight = expansion("(Σ_{h∈H_1} A^h ⊗ W_OV^h) x")
-    assert rules(straight) == [["action"]] and straight.chains[0].lhs.text.startswith("(Σ_{h ∈ H_1}")
+    assert rules(straight) == [["action"]] and straight.chains[0].lhs.text.startswith("(Σ_{h∈H_1} A^h")
