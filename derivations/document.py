@@ -20,6 +20,7 @@ r"""The data a derivation's documents are made of: formulae, prose, summed indic
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tensoralg import Expr
@@ -108,8 +109,9 @@ class SumIndex:
     over: Math
 
     def __post_init__(self) -> None:
-        if isinstance(self.over, str):
-            object.__setattr__(self, "over", math(self.over))
+        if isinstance(self.over, str) or (isinstance(self.over, Math) and self.over.source is None
+                                          and re.fullmatch(r"H_\{?\d+\}?", self.over.text)):
+            object.__setattr__(self, "over", math(getattr(self.over, "text", self.over)))  # H_l follows index_from
         if not isinstance(self.over, Math):
             raise DerivationError(f"a SumIndex is over a Math or a formula string, got {self.over!r}")
 
@@ -124,10 +126,15 @@ class SumIndex:
 
 @dataclass(frozen=True)
 class Piece:
-    """A fragment of a laid-out expression; a line may break before any piece."""
+    """A fragment of a laid-out expression; a line may break before any piece.
+
+    ``starts``: the piece begins a summand (a long sum puts each summand on its own line);
+    otherwise it continues one (the next factor of a product).
+    """
 
     latex: str
     text: str
+    starts: bool = True
 
     @property
     def width(self) -> float:

@@ -47,12 +47,12 @@ def one_layer(**kw) -> Derivation:
 GOLDEN_LATEX = r"""Paths.
 
 \begin{align*}
-T &= (\mathrm{Id} \otimes W_{U}) \Bigl(\mathrm{Id} \otimes \mathrm{Id} + \sum_{h_0 \in H_0} A^{h_0} \otimes W_{OV}^{h_0}\Bigr) (\mathrm{Id} \otimes W_{E})
+T &= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id} + \sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{OV}^{h_0}\right) \left(\mathrm{Id} \otimes W_{E}\right)
 \intertext{Distributivity: $X(Y + Z)W = XYW + XZW$.}
-&= (\mathrm{Id} \otimes W_{U}) (\mathrm{Id} \otimes \mathrm{Id}) (\mathrm{Id} \otimes W_{E}) + (\mathrm{Id} \otimes W_{U}) \\
-&\quad \Bigl(\sum_{h_0 \in H_0} A^{h_0} \otimes W_{OV}^{h_0}\Bigr) (\mathrm{Id} \otimes W_{E})
+&= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id}\right) \left(\mathrm{Id} \otimes W_{E}\right) \\
+&\quad + \left(\mathrm{Id} \otimes W_{U}\right) \left(\sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{OV}^{h_0}\right) \left(\mathrm{Id} \otimes W_{E}\right)
 \intertext{Mixed-product rule: $(A \otimes B)(C \otimes D) = (AC) \otimes (BD)$.}
-&= \mathrm{Id} \otimes W_{U} W_{E} + \sum_{h_0 \in H_0} A^{h_0} \otimes W_{U} W_{OV}^{h_0} W_{E}
+&= \mathrm{Id} \otimes W_{U} W_{E} + \sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{U} W_{OV}^{h_0} W_{E}
 \end{align*}
 """
 
@@ -61,17 +61,17 @@ GOLDEN_TEXT = """One layer
 
 Paths.
 
-T = (Id ⊗ W_U) · (Id ⊗ Id + Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) · (Id ⊗ W_E)
+T = (Id ⊗ W_U) (Id ⊗ Id + Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) (Id ⊗ W_E)
     [Distributivity: X(Y + Z)W = XYW + XZW.]
-  = (Id ⊗ W_U) · (Id ⊗ Id) · (Id ⊗ W_E) + (Id ⊗ W_U)
-      · (Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) · (Id ⊗ W_E)
+  = (Id ⊗ W_U) (Id ⊗ Id) (Id ⊗ W_E)
+      + (Id ⊗ W_U) (Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) (Id ⊗ W_E)
     [Mixed-product rule: (A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD).]
   = Id ⊗ W_U W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_U W_OV^{h0} W_E
 """
 
 
 def test_golden_latex_of_a_one_layer_expansion():
-    assert "\n".join(latex_body(one_layer(), Layout())) == GOLDEN_LATEX
+    assert "\n".join(latex_body(one_layer(), Layout(width=50))) == GOLDEN_LATEX
 
 
 def test_golden_text_of_a_one_layer_expansion():
@@ -90,7 +90,7 @@ def test_a_negative_first_term_and_a_scaled_product():
     pieces = expr_pieces(-1 * term(A0, W0), Layout())
     assert pieces[0].latex == r"-A^{h_0} \otimes W_{OV}^{h_0}"
     p = (term(A0, None) @ term(None, W0)).scale(sp.Rational(-1, 2))
-    assert expr_pieces(p, Layout())[0].latex.startswith(r"-\frac{1}{2} (A^{h_0}")
+    assert expr_pieces(p, Layout())[0].latex == r"-\frac{1}{2} \left(A^{h_0} \otimes \mathrm{Id}\right)"
 
 
 def test_markdown_uses_display_math_and_states_each_rule():
@@ -108,7 +108,7 @@ def test_json_has_every_step_in_full():
     assert steps[-1]["expr"]["n_terms"] == 2 and steps[-1]["expr"]["kind"] == "TensorSum"
     assert steps[-1]["expr"]["text"] == "Id ⊗ W_U W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_U W_OV^{h0} W_E"
     assert steps[1]["statement"]["text"] == "X(Y + Z)W = XYW + XZW"
-    assert data["chains"][0]["sums"] == [{"index": "h0", "over": {"latex": "H_0", "text": "H_0"}}]
+    assert data["chains"][0]["sums"] == [{"index": "h0", "over": {"latex": "H_{0}", "text": "H_0"}}]
 
 
 # -- layout -------------------------------------------------------------------------------------
@@ -130,17 +130,68 @@ def test_long_sums_break_into_lines_that_fit():
 def test_long_sums_are_elided_in_documents_but_never_in_json():
     s = long_sum(30).expand()
     pieces = expr_pieces(s, Layout(max_terms=10))
-    assert len(pieces) == 10 and "(22 more terms)" in pieces[8].text
+    assert len(pieces) == 11 and pieces[5].text == "+ ⋯ (21 terms)"
     d = Derivation("x", "x", "", (Chain.start(None, s),))
-    assert "22 more terms" in d.to_latex(max_terms=10)
-    assert "more terms" not in d.to_latex(max_terms=None)
+    assert r"\underbrace{\cdots}_{21\ \mathrm{terms}}" in d.to_latex(max_terms=10)
+    assert r"\cdots" not in d.to_latex(max_terms=None)
     assert json.loads(d.to_json())["chains"][0]["steps"][0]["expr"]["text"].count("⊗") == 31
 
 
-def test_a_term_wider_than_a_line_breaks_after_a_tensor_sign():
+def test_a_term_that_fits_a_line_is_never_split():
+    # regression: a term broke after a tensor sign (A^{q0} ⊗ A^{k0} ⊗ / newline) when it fit a line
+    word = tuple(atom("W_OV", f"h{i}") for i in range(4))
+    wide = term(word, word, word)
+    assert len(expr_pieces(wide, Layout(width=60))) == 1
+    rows = pack(expr_pieces(term(W0, W0, W0) + wide, Layout(width=60)), 60)
+    assert [len(r) for r in rows] == [1, 1]
+
+
+def test_a_term_wider_than_a_whole_line_breaks_only_after_a_tensor_sign():
     word = tuple(atom("W_OV", f"L{i}H0") for i in range(12))
     pieces = expr_pieces(term(word, word, word), Layout(width=30))
-    assert len(pieces) == 3 and pieces[0].latex.endswith(r"\otimes")
+    assert len(pieces) == 3 and pieces[0].latex.endswith(r"\otimes") and not pieces[1].starts
+
+
+def test_a_long_sum_puts_each_summand_on_its_own_line():
+    pieces = expr_pieces(long_sum(5).expand(), Layout(max_terms=None))
+    rows = pack(pieces, 50)
+    assert [len(r) for r in rows] == [1] * 6
+    assert pack(expr_pieces(identity(2) + term(A0, W0), Layout()), 50) == [expr_pieces(identity(2) + term(A0, W0), Layout())]
+
+
+def test_a_distributivity_step_keeps_each_bracketed_factor_whole():
+    layers = [identity(2) + sum((term(atom("A", f"L{l}H{h}"), atom("W_OV", f"L{l}H{h}")) for h in range(2)), start=identity(2) * 0)
+              for l in range(2)]
+    p = term(None, atom("W_U")) @ layers[1] @ layers[0] @ term(None, atom("W_E"))
+    rows = pack(expr_pieces(p, Layout(width=60)), 60)
+    for row in rows:
+        for piece in row:
+            assert piece.latex.count(r"\left(") == piece.latex.count(r"\right)")  # no factor split across lines
+    assert len(rows) > 1
+
+
+def test_index_from_one_numbers_layers_as_the_paper():
+    d = one_layer()
+    assert r"\sum_{h_1 \in H_{1}}" in d.to_latex(index_from=1) and "h_0" not in d.to_latex(index_from=1)
+    assert "Σ_{h1∈H_1}" in d.to_text(index_from=1)
+    assert "H_{1}" in d.to_markdown(index_from=1)
+    data = json.loads(d.to_json(index_from=1))
+    assert data["index_from"] == 1 and "A^{h1}" in data["chains"][0]["steps"][-1]["expr"]["text"]
+    labelled = Derivation("x", "x", "", (Chain.start(None, term(atom("A", "L0H3"), atom("W_OV", "L0H3"))),))
+    assert r"\mathrm{L1H3}" in labelled.to_latex(index_from=1) and "L0H3" in labelled.to_latex()
+    with pytest.raises(DerivationError, match="index_from"):
+        d.to_latex(index_from=2)
+
+
+def test_maths_in_prose_goes_through_the_printer():
+    from derivations.document import math
+
+    d = one_layer(summary=("The summary uses ", math("W_O^h r^h"), "."),
+                  notes=[("For ", math("e_hᵀ e_k = 0"), " when h ≠ k; σ is a scale")])
+    latex = d.to_latex()
+    assert r"$W_{O}^{h} r^{h}$" in latex and r"W\_O" not in latex
+    assert r"h $\neq$ k" in latex and r"$\sigma$ is a scale" in latex
+    assert "W_O^h r^h" in d.to_text() and "h ≠ k" in d.to_text()
 
 
 def test_layout_options_are_checked():
