@@ -8,7 +8,7 @@ from, e.g. a definition). Steps are made by applying the algebra's own functions
 and :meth:`Derivation.verify` checks every line numerically on random bindings.
 
 >>> from tensoralg import atom, term
->>> T = Chain.start(Math("T", "T"), term(None, atom("W_U")) @ term(None, atom("W_E")))
+>>> T = Chain.start(math("T"), term(None, atom("W_U")) @ term(None, atom("W_E")))
 >>> T = T.apply(lambda e: e.expand(), "mixed-product")
 >>> print(T.last)
 Id ⊗ W_U W_E
@@ -35,7 +35,7 @@ from tensoralg.rules import expand_steps
 
 from derivations import render
 from derivations.errors import DerivationError
-from derivations.document import Math, SumIndex, as_prose, prose
+from derivations.document import Math, SumIndex, as_prose, math, prose
 
 # -- rules ------------------------------------------------------------------------------
 
@@ -59,7 +59,7 @@ RULES: dict[str, Rule] = {
         Rule("mixed-product", "mixed-product rule",
              Math(r"(A \otimes B)(C \otimes D) = (AC) \otimes (BD)", "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)")),
         Rule("associativity", "associativity", Math(r"(XY)Z = X(YZ)", "(XY)Z = X(YZ)")),
-        Rule("identity", "identity", Math(r"\mathrm{Id}\, X = X\, \mathrm{Id} = X", "Id X = X Id = X")),
+        Rule("identity", "identity", math("Id X = X Id = X")),
         Rule("collect", "collecting like terms", Math(r"aX + bX = (a + b)X", "aX + bX = (a + b)X")),
         Rule("fold", "folding a definition"),
         Rule("unfold", "unfolding a definition"),
@@ -72,7 +72,7 @@ RULES: dict[str, Rule] = {
                   "[X_0 X_1] = e_0ᵀ ⊗ X_0 + e_1ᵀ ⊗ X_1")),
         Rule("orthonormality", "orthonormality",
              Math(r"Q^{\top} Q = I \text{ for orthonormal columns}", "Qᵀ Q = I for orthonormal columns")),
-        Rule("stochastic", "rows of an attention pattern sum to one", Math(r"A\, 1 = 1", "A 1 = 1")),
+        Rule("stochastic", "rows of an attention pattern sum to one", math("A 1 = 1")),
         Rule("regroup", "regrouping the terms"),
         Rule("truncation", "truncation by order"),
     )
@@ -340,7 +340,7 @@ def instantiate(expr: Expr, sums: Sequence[SumIndex], count: int) -> Expr:
     within each term that carries it, so a Σ-form can be evaluated numerically.
 
     >>> from tensoralg import atom, term
-    >>> s = instantiate(term(atom("A", "h"), atom("W_OV", "h")), [SumIndex("h", Math("H", "H"))], 2)
+    >>> s = instantiate(term(atom("A", "h"), atom("W_OV", "h")), [SumIndex("h", math("H"))], 2)
     >>> len(s)
     2
     """

@@ -21,7 +21,7 @@ from derivations.catalogue.common import INDEXING, NOTATION
 from derivations.catalogue.registry import entry
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 # -- eigenvalues --------------------------------------------------------------------------
 
@@ -117,18 +117,18 @@ def eigenvalue_copying() -> Derivation:
         Chain.start(None, term((W_U, atom("W_OV", "h"), W_E)),
                     detail="the OV circuit of head h: the vocabulary matrix of its term in the logits (see one-layer)",
                     intro=prose("A head copies when attending to a token raises that token's own logit. Its OV "
-                                "circuit is a ", Math(r"d_{vocab} \times d_{vocab}", "d_vocab × d_vocab"),
+                                "circuit is a ", math("d_vocab × d_vocab"),
                                 " matrix, the product of two thin factors:"))
         .unfold(W_OV)
         .apply(split_word, "associativity", 2,
-               detail=prose(Math(r"W_U W_O^h", "W_U W_O^h"), " is ", Math(r"d_{vocab} \times d_{head}", "d_vocab × d_head"),
-                            ", ", Math(r"W_V^h W_E", "W_V^h W_E"), " is ", Math(r"d_{head} \times d_{vocab}", "d_head × d_vocab")))
+               detail=prose(math("W_U W_O^h"), " is ", math("d_vocab × d_head"),
+                            ", ", math("W_V^h W_E"), " is ", math("d_head × d_vocab")))
     )
     small = (
         Chain.start(None, Product([term((W_V, W_E)), term((W_U, W_O))]),
                     detail="the same two factors in the other order",
                     intro=prose("Multiplied the other way round, the factors give a ",
-                                Math(r"d_{head} \times d_{head}", "d_head × d_head"), " matrix:"))
+                                math("d_head × d_head"), " matrix:"))
         .expand()
     )
     return Derivation(
@@ -137,19 +137,19 @@ def eigenvalue_copying() -> Derivation:
         "small matrix, and their signs give a score.",
         (circuit, small),
         notes=(
-            prose("For ", Math("X", "X"), " of size ", Math(r"m \times n", "m × n"), " and ", Math("Y", "Y"), " of size ",
-                  Math(r"n \times m", "n × m"), ", ", Math(r"XY", "XY"), " and ", Math(r"YX", "YX"),
+            prose("For ", math("X"), " of size ", math("m × n"), " and ", math("Y"), " of size ",
+                  math("n × m"), ", ", math("X Y"), " and ", math("Y X"),
                   " have the same nonzero eigenvalues with the same multiplicities, ",
-                  Math(r"\lambda(XY) = \lambda(YX)", "λ(XY) = λ(YX)"), ": their characteristic polynomials satisfy ",
+                  math("λ(X Y) = λ(Y X)"), ": their characteristic polynomials satisfy ",
                   Math(r"t^{n} \det(t I_m - XY) = t^{m} \det(t I_n - YX)", "t^n det(t I_m - XY) = t^m det(t I_n - YX)"),
-                  ". (If ", Math(r"XYv = \lambda v", "XYv = λv"), " with ", Math(r"\lambda \neq 0", "λ ≠ 0"), ", then ",
-                  Math(r"Yv \neq 0", "Yv ≠ 0"), " and ", Math(r"YX(Yv) = \lambda\, Yv", "YX(Yv) = λ Yv"), ".)"),
-            prose("So with ", Math(r"X = W_U W_O^h", "X = W_U W_O^h"), " and ", Math(r"Y = W_V^h W_E", "Y = W_V^h W_E"),
-                  ", the OV circuit, of rank at most ", Math(r"d_{head}", "d_head"), ", has at most ",
-                  Math(r"d_{head}", "d_head"), " nonzero eigenvalues, and they are those of ",
-                  Math(r"W_V^h W_E W_U W_O^h", "W_V^h W_E W_U W_O^h"), ": an eigendecomposition of a ",
-                  Math(r"d_{head} \times d_{head}", "d_head × d_head"), " matrix instead of a ",
-                  Math(r"d_{vocab} \times d_{vocab}", "d_vocab × d_vocab"), " one, and the vocabulary matrix is never formed."),
+                  ". (If ", math("X Y v = λ v"), " with ", math("λ ≠ 0"), ", then ",
+                  math("Y v ≠ 0"), " and ", math("Y X (Y v) = λ Y v"), ".)"),
+            prose("So with ", math("X = W_U W_O^h"), " and ", math("Y = W_V^h W_E"),
+                  ", the OV circuit, of rank at most ", math("d_head"), ", has at most ",
+                  math("d_head"), " nonzero eigenvalues, and they are those of ",
+                  math("W_V^h W_E W_U W_O^h"), ": an eigendecomposition of a ",
+                  math("d_head × d_head"), " matrix instead of a ",
+                  math("d_vocab × d_vocab"), " one, and the vocabulary matrix is never formed."),
             prose("The copying score is ", Math(r"\sum_i \lambda_i \big/ \sum_i |\lambda_i|",
                                                 "Σ_i λ_i / Σ_i |λ_i|"),
                   ", between -1 and 1: near 1 when the eigenvalues are positive, as for a head whose circuit maps "
@@ -168,16 +168,16 @@ def composition_scores_entry() -> Derivation:
     direct = term(None, W_E)
     q = Chain.start(None, sandwich(moved, QK, direct), "bilinear",
                     detail=prose("queries through head h0, keys direct (the Q-composition term of ",
-                                 Math(r"S^{h_1}", "S^h1"), ")"),
+                                 math("S^h1"), ")"),
                     intro=prose("Head h0 of layer 0 writes into the residual stream that head h1 of layer 1 reads "
                                 "with its queries, its keys or its values. Each way gives a term whose middle matrix "
                                 "is a product of the two heads' matrices:"))
-    q_matrix = Chain.start(Math(r"(W_{QK}^{h_1\top} W_{OV}^{h_0})^{\top}", "(W_QK^h1ᵀ W_OV^h0)ᵀ"),
+    q_matrix = Chain.start(math("(W_QK^h1ᵀ W_OV^h0)ᵀ"),
                            term((QK.T, OV0)).T, "transpose",
                            detail="the middle matrix of the Q-composition term, between the embeddings")
     k = Chain.start(None, sandwich(direct, QK, moved), "bilinear",
                     detail=prose("queries direct, keys through head h0 (the K-composition term of ",
-                                 Math(r"S^{h_1}", "S^h1"), ")"))
+                                 math("S^h1"), ")"))
     v = Chain.start(None, Product([term(A1, OV1), term(A0, OV0)]),
                     detail="head h1 applied to what head h0 wrote (the V-composition, a virtual head)").expand()
     fro = r"\lVert {} \rVert_F"
@@ -198,14 +198,14 @@ def composition_scores_entry() -> Derivation:
                   "; V-composition: ", ratio(OV1_l + " " + OV0_l, "W_OV^h1 W_OV^h0", OV1_l, "W_OV^h1", OV0_l, "W_OV^h0"),
                   ". Each lies between 0 and 1, since ", Math(r"\lVert XY \rVert_F \le \lVert X \rVert_F \lVert Y \rVert_F",
                                                              "‖XY‖_F ≤ ‖X‖_F ‖Y‖_F"), "."),
-            prose("The random baseline: if the earlier head's ", Math(r"Y = W_{OV}^{h_0}", "Y = W_OV^h0"),
+            prose("The random baseline: if the earlier head's ", math("Y = W_OV^h0"),
                   " is drawn with a law invariant under rotations of the residual stream (Gaussian factors ",
-                  Math(r"W_O, W_V", "W_O, W_V"), "), then ",
+                  math("W_O, W_V"), "), then ",
                   Math(r"\mathrm{E}[Y Y^{\top} / \lVert Y \rVert_F^2] = I / d_{model}", "E[Y Yᵀ / ‖Y‖_F²] = I / d_model"),
-                  ", so for any fixed ", Math("X", "X"), " the squared score has mean ",
+                  ", so for any fixed ", math("X"), " the squared score has mean ",
                   Math(r"\mathrm{E}\bigl[\lVert XY \rVert_F^2 / (\lVert X \rVert_F^2 \lVert Y \rVert_F^2)\bigr] = 1/d_{model}",
                        "E[‖XY‖_F² / (‖X‖_F² ‖Y‖_F²)] = 1/d_model"),
-                  ": random heads score about ", Math(r"1/\sqrt{d_{model}}", "1/sqrt(d_model)"),
+                  ": random heads score about ", math("1/sqrt(d_model)"),
                   " (a little less, the mean of a square root being below the root of the mean). "
                   "A pair of heads composes when its score stands clearly above that."),
             NOTATION, INDEXING,

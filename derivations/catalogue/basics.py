@@ -9,12 +9,12 @@ from tensoralg import W_OV, W_QK, Atom, Product, atom, d_head, d_model, n_ctx, t
 from derivations.catalogue.common import NOTATION, SCORES
 from derivations.catalogue.registry import check_count, entry
 from derivations.derivation import Chain, Derivation, Numeric, rewrite_words
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 
 @entry("zero-layer", "a zero-layer transformer: T = W_U W_E, the bigram table")
 def zero_layer() -> Derivation:
-    T = Chain.start(Math("T", "T"), term(None, atom("W_U")) @ term(None, atom("W_E")),
+    T = Chain.start(math("T"), term(None, atom("W_U")) @ term(None, atom("W_E")),
                     detail="embed the tokens, then unembed").expand()
     return Derivation(
         "zero-layer", "A zero-layer transformer",
@@ -38,24 +38,24 @@ def multi_head(heads: int = 3) -> Derivation:
                   + r"\end{bmatrix}", f"W_O = [W_O^0 … W_O^{H - 1}], r = [r^0; …; r^{H - 1}]")
     identities = {(e[h].T, e[k]): (() if h == k else None) for h in range(H) for k in range(H)}
     chain = (
-        Chain.start(Math("W_O r", "W_O r"), Product([W_O, stacked]), "block",
-                    detail=prose("with the basis vectors ", Math("e_h", "e_h"), " of ", Math(rf"\mathbf{{R}}^{{{H}}}", f"R^{H}")),
-                    intro=prose("Each head h writes its result ", Math("r^h", "r^h"), " (one position, ",
-                                Math("d_{head}", "d_head"), " numbers); the layer concatenates them and multiplies by ",
-                                Math("W_O", "W_O"), ", whose column blocks ", Math("W_O^h", "W_O^h"), " belong to the heads: ",
+        Chain.start(math("W_O r"), Product([W_O, stacked]), "block",
+                    detail=prose("with the basis vectors ", math("e_h"), " of ", Math(rf"\mathbf{{R}}^{{{H}}}", f"R^{H}")),
+                    intro=prose("Each head h writes its result ", math("r^h"), " (one position, ",
+                                math("d_head"), " numbers); the layer concatenates them and multiplies by ",
+                                math("W_O"), ", whose column blocks ", math("W_O^h"), " belong to the heads: ",
                                 blocks, "."))
         .expand()
         .apply(rewrite_words, "orthonormality", identities,
-               detail=prose(Math(r"e_h^{\top} e_h = 1", "e_hᵀ e_h = 1"), " and ",
-                            Math(r"e_h^{\top} e_k = 0", "e_hᵀ e_k = 0"), " for ", Math(r"h \neq k", "h ≠ k")))
+               detail=prose(math("e_hᵀ e_h = 1"), " and ",
+                            math("e_hᵀ e_k = 0"), " for ", math("h ≠ k")))
     )
     return Derivation(
         "multi-head", "Multi-head attention is a sum of independent heads",
         "Concatenating the heads' results and multiplying by the output matrix equals adding each head's own "
         "output: heads are independent and additive.",
         (chain,),
-        notes=(prose("The first slot is the block index: after the last step it is 1 x 1, and ",
-                     Math(r"\mathrm{Id} \otimes X = X", "Id ⊗ X = X"), "."),),
+        notes=(prose("The first slot is the block index: after the last step it is ", math("1 × 1"), ", and ",
+                     math("Id ⊗ X = X"), "."),),
         params=(("heads", H),),
         numeric=Numeric(special={"e": lambda a, shape, rng: np.eye(shape[0])[:, [int(a.index)]]}),
     )
@@ -65,20 +65,20 @@ def multi_head(heads: int = 3) -> Derivation:
 def attention_head() -> Derivation:
     A, W_O, W_V = atom("A", "h"), atom("W_O", "h"), atom("W_V", "h")
     head = (
-        Chain.start(Math("h", "h"), Product([term(None, W_O), term(A, None), term(None, W_V)]),
+        Chain.start(math("h"), Product([term(None, W_O), term(A, None), term(None, W_V)]),
                     detail="values, then mixing across positions, then the output map",
-                    intro=prose("Head h reads a value ", Math("W_V^h x_j", "W_V^h x_j"), " at each position, mixes "
-                                "positions with its pattern ", Math("A^h", "A^h"), " and writes with ",
-                                Math("W_O^h", "W_O^h"), ":"))
+                    intro=prose("Head h reads a value ", math("W_V^h x_j"), " at each position, mixes "
+                                "positions with its pattern ", math("A^h"), " and writes with ",
+                                math("W_O^h"), ":"))
         .expand()
         .fold(W_OV)
     )
     x = Atom("x", d_model, n_ctx)
     scores = (
-        Chain.start(Math("S^h", "S^h"), Product([term((atom("W_Q", "h"), x)).T, term((atom("W_K", "h"), x))]),
-                    "transpose", detail=Math(r"(W_Q^h x)^{\top} = x^{\top} W_Q^{h\top}", "(W_Q^h x)ᵀ = xᵀ W_Q^hᵀ"),
-                    intro=prose("The pattern comes from scores: the query ", Math("W_Q^h x_i", "W_Q^h x_i"),
-                                " of position i against the key ", Math("W_K^h x_j", "W_K^h x_j"),
+        Chain.start(math("S^h"), Product([term((atom("W_Q", "h"), x)).T, term((atom("W_K", "h"), x))]),
+                    "transpose", detail=math("(W_Q^h x)ᵀ = xᵀ W_Q^hᵀ"),
+                    intro=prose("The pattern comes from scores: the query ", math("W_Q^h x_i"),
+                                " of position i against the key ", math("W_K^h x_j"),
                                 " of position j, for all pairs at once (x holds one column per position):"))
         .expand()
         .fold(W_QK)
@@ -88,6 +88,6 @@ def attention_head() -> Derivation:
         "An attention head is a tensor product: a pattern over positions times a matrix on the residual stream.",
         (head, scores),
         notes=(NOTATION, SCORES,
-               prose(Math("A^h", "A^h"), " depends on ", Math("x", "x"), ", so the head is linear in ", Math("x", "x"),
+               prose(math("A^h"), " depends on ", math("x"), ", so the head is linear in ", math("x"),
                      " only once its pattern is frozen.")),
     )

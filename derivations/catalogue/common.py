@@ -6,23 +6,23 @@ from tensoralg import Product, TensorSum, atom, identity, term
 
 from derivations.architecture import Architecture, head_label
 from derivations.paths import Source
-from derivations.render import Math, SumIndex, prose
+from derivations.document import Math, SumIndex, math, prose
 
 NOTATION = prose(
-    "Column vectors, as in the paper: ", Math(r"x_0 = W_E t", "x_0 = W_E t"), "; ",
-    Math(r"(A \otimes W)\cdot x", "(A ⊗ W)·x"), " mixes positions with A and maps each position's vector with W. "
-    "Numerically, with one row per position, ", Math(r"(A \otimes W)\cdot x = A\,x\,W^{\top}", "(A ⊗ W)·x = A x Wᵀ"), ".",
+    "Column vectors, as in the paper: ", math("x_0 = W_E t"), "; ",
+    math("(A ⊗ W)·x"), " mixes positions with A and maps each position's vector with W. "
+    "Numerically, with one row per position, ", math("(A ⊗ W)·x = A x Wᵀ"), ".",
 )
 INDEXING = prose(
     "Layers and heads are 0-indexed, as in TransformerLens: L1H0 is head 0 of layer 1. "
-    "The paper numbers layers from 1, so its ", Math("H_1", "H_1"), " (first layer) is our ", Math("H_0", "H_0"), ".",
+    "The paper numbers layers from 1, so its ", math("H_1"), " (first layer) is our ", math("H_0"), ".",
 )
 SCORES = prose(
-    "One meaning of S everywhere: the scores ", Math(r"S^h = x^{\top} W_{QK}^h\, x", "S^h = xᵀ W_QK^h x"),
+    "One meaning of S everywhere: the scores ", math("S^h = xᵀ W_QK^h x"),
     " are unscaled, and the pattern is ",
-    Math(r"A^h = \mathrm{softmax}^{*}\!\bigl(S^h / \sqrt{d_{head}}\bigr)", "A^h = softmax*(S^h / sqrt(d_head))"),
+    math("A^h = softmax*(S^h / sqrt(d_head))"),
     ", where the * masks the scores of later keys (autoregressive). A chain whose left side is ",
-    Math(r"S^h / \sqrt{d_{head}}", "S^h / sqrt(d_head)"), " carries the scale as a coefficient.",
+    math("S^h / sqrt(d_head)"), " carries the scale as a coefficient.",
 )
 
 
@@ -36,7 +36,7 @@ def scaled_scores(head_latex: str, head_text: str, pair_latex: str = "", pair_te
 
 
 SUMS = prose(
-    Math(r"\sum_{h_l \in H_l}", "Σ_{h_l∈H_l}"), " sums over the heads ", Math("H_l", "H_l"),
+    math("Σ_{h_l∈H_l}"), " sums over the heads ", math("H_l"),
     " of layer l; it binds its index within its own term.",
 )
 

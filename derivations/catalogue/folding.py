@@ -11,7 +11,7 @@ from derivations.architecture import head_label
 from derivations.catalogue.common import INDEXING, NOTATION
 from derivations.catalogue.registry import check_count, check_flag, entry
 from derivations.derivation import Chain, Derivation, Numeric, fold_sum, fold_word, rewrite_words, substitute
-from derivations.render import Math, SumIndex, prose
+from derivations.document import Math, SumIndex, math, prose
 
 d_c = sp.Symbol("d_c", positive=True, integer=True)  # width of a generic component (virtual weights)
 k_dim = sp.Symbol("k", positive=True, integer=True)  # dimension of a deleted subspace
@@ -34,7 +34,7 @@ def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> 
 
     start = Product([term(atom("M_in", "J", shapes))] + [term(T[k]) for k in reversed(range(1, K + 1))]
                     + [term(atom("M_out", "I", shapes))])
-    chain = Chain.start(Math(r"W_{\mathrm{virt}}^{J \leftarrow I}", "W_virt^{J←I}"), start,
+    chain = Chain.start(math("W_virt^{J←I}"), start,
                         detail="what component I writes, carried through each intermediate layer, read by J",
                         sums=() if concrete else [SumIndex(f"m{k}", Math(f"C_{{{k}}}", f"C_{k}")) for k in range(K, 0, -1)])
     for k in reversed(range(1, K + 1)):
@@ -52,8 +52,8 @@ def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> 
         "A component I that writes to the residual stream and a component J that reads from it, several layers "
         "later, are connected directly and through every chain of intermediate components.",
         (chain,),
-        notes=(prose("Each component c reads with ", Math(r"M_{in}^{c}", "M_in^c"), " (",
-                     Math(r"d_c \times d_{model}", "d_c × d_model"), ") and writes with ", Math(r"M_{out}^{c}", "M_out^c"), "; an intermediate layer k maps "
+        notes=(prose("Each component c reads with ", math("M_in^c"), " (",
+                     math("d_c × d_model"), ") and writes with ", math("M_out^c"), "; an intermediate layer k maps "
                      "the residual stream by ", Math(r"T_k = \mathrm{Id} + \sum_m M_{out}^{(k,m)} M_{in}^{(k,m)}",
                                                     "T_k = Id + Σ_m M_out^(k,m) M_in^(k,m)"),
                      " (positions and nonlinearities set aside: these are the residual-side words of the paths)."),
@@ -85,32 +85,32 @@ def subspace_deletion() -> Derivation:
     A, W = atom("A", "h"), atom("W_OV", "h")
     V = Atom("V", d_model, k_dim)
     after = (
-        Chain.start(Math("R", "R"), identity(2) + term(A, W),
+        Chain.start(math("R"), identity(2) + term(A, W),
                     detail="the residual connection plus head h",
                     intro="A head can clear part of the residual stream, freeing it for later layers.")
         .apply(substitute, "substitution", A, identity(1), detail=prose("the head attends to its own position: ",
-                                                                         Math(r"A^h = \mathrm{Id}", "A^h = Id")))
+                                                                         math("A^h = Id")))
         .apply(substitute, "substitution", W, term((V, V.T), coeff=-1),
-               detail=prose("its OV circuit is ", Math(r"W_{OV}^h = -V V^{\top}", "W_OV^h = -V Vᵀ")))
+               detail=prose("its OV circuit is ", math("W_OV^h = -V Vᵀ")))
     )
     read = (
         Chain.start(None, Product([term(None, V.T), after.last]), detail="read the subspace after the head",
-                    intro=prose("Whatever was in the subspace is gone: reading it with ", Math(r"V^{\top}", "Vᵀ"),
+                    intro=prose("Whatever was in the subspace is gone: reading it with ", math("Vᵀ"),
                                 " after the head gives zero."))
         .expand()
-        .apply(rewrite_words, "orthonormality", {(V.T, V): ()}, detail=Math(r"V^{\top} V = I_k", "Vᵀ V = I_k"))
+        .apply(rewrite_words, "orthonormality", {(V.T, V): ()}, detail=math("Vᵀ V = I_k"))
     )
     return Derivation(
         "subspace-deletion", "A head that deletes a residual subspace",
         "With an OV circuit equal to minus the projection onto a subspace, a head that attends to its own position "
         "removes that subspace from the residual stream.",
         (after, read),
-        notes=(prose("Convention: the ", Math("k", "k"), " columns of ", Math("V", "V"), " (",
-                     Math(r"d_{model} \times k", "d_model × k"), ") are an orthonormal basis of the subspace, so ",
-                     Math(r"V^{\top} V = I_k", "Vᵀ V = I_k"), " and the projection onto it is ",
-                     Math(r"V V^{\top}", "V Vᵀ"), ". (With the basis as the rows of ", Math("V", "V"), ", the same head is ",
-                     Math(r"-V^{\top} V", "-Vᵀ V"), ".)"),
-               prose("After the head the stream is ", Math(r"(\mathrm{Id} \otimes (I - V V^{\top}))\cdot x", "(Id ⊗ (I - V Vᵀ))·x"),
+        notes=(prose("Convention: the ", math("k"), " columns of ", math("V"), " (",
+                     math("d_model × k"), ") are an orthonormal basis of the subspace, so ",
+                     math("Vᵀ V = I_k"), " and the projection onto it is ",
+                     math("V Vᵀ"), ". (With the basis as the rows of ", math("V"), ", the same head is ",
+                     math("-Vᵀ V"), ".)"),
+               prose("After the head the stream is ", math("(Id ⊗ (I - V Vᵀ))·x"),
                      ": the projection onto the orthogonal complement.")),
         numeric=Numeric(dims={"k": 2}, special={"A": lambda a, shape, rng: np.eye(shape[0]), "V": _orthonormal},
                         derived={"W_OV": lambda a: term((V, V.T), coeff=-1)}),
@@ -140,27 +140,26 @@ def layer_norm_folding() -> Derivation:
     scale = (
         Chain.start(None, Product([term(A, W), term(N, (G, C))]),
                     detail=prose("the layer norm before the head, with its scale frozen: ",
-                                 Math(r"\mathrm{LN}(x) = (N \otimes G C)\cdot x + (1 \otimes b_{LN})\cdot 1",
-                                      "LN(x) = (N ⊗ G C)·x + (1 ⊗ b_LN)·1")))
+                                 math("LN(x) = (N ⊗ G C)·x + (1 ⊗ b_LN)·1")))
         .expand()
         .apply(fold_word, "fold", (W, G, C), folded,
-               detail=prose(Math(r"W_{OV'}^{h} := W_{OV}^{h}\, G\, C", "W_OV'^h := W_OV^h G C"),
+               detail=prose(math("W_OV'^h := W_OV^h G C"),
                             ": gain and centring folded into the weights"))
     )
     bias = (
         Chain.start(None, Product([term(A, W), term(one, beta)]), detail="the layer norm's bias, on every position",
                     intro="The layer norm's bias passes through the head as a constant, whatever the pattern:")
         .expand()
-        .apply(rewrite_words, "stochastic", {(A, one): (one,)}, detail=prose(Math("1", "1"), " is a column of ones"))
+        .apply(rewrite_words, "stochastic", {(A, one): (one,)}, detail=prose(math("1"), " is a column of ones"))
     )
     return Derivation(
         "layer-norm-folding", "Folding a layer norm into the weights",
         "With its per-position scale frozen, a layer norm is a diagonal factor on positions times a fixed map on "
         "the residual stream, which folds into the next weights; its bias becomes a constant source.",
         (scale, bias),
-        notes=(prose(Math("N", "N"), ": diagonal, one frozen ", Math(r"1/\sigma", "1/σ"), " per position; ", Math("G", "G"), ": the gain, diagonal; ",
+        notes=(prose(math("N"), ": diagonal, one frozen ", math("1/σ"), " per position; ", math("G"), ": the gain, diagonal; ",
                      Math(r"C = I - \tfrac{1}{d_{model}} 1 1^{\top}", "C = I - 11ᵀ/d_model"),
-                     ": centring; ", Math("1", "1"), ": a column of ones (", Math(r"n_{ctx} \times 1", "n_ctx × 1"), ")."),
+                     ": centring; ", math("1"), ": a column of ones (", math("n_ctx × 1"), ")."),
                NOTATION),
         numeric=Numeric(special={"C": _centring, "1": _ones},
                         derived={"W_OV'": lambda a: term((atom("W_OV", a.index), G, C))}),
@@ -180,19 +179,19 @@ def bias_folding(heads: int = 2) -> Derivation:
                     intro=prose("With biases head h computes ", Math(r"(A^h \otimes W_O^h)\cdot\bigl((\mathrm{Id} \otimes W_V^h)"
                                                                      r"\cdot x + (1 \otimes b_V^h)\cdot 1\bigr)",
                                                                      "(A^h ⊗ W_O^h)·((Id ⊗ W_V^h)·x + (1 ⊗ b_V^h)·1)"),
-                                " and the layer adds ", Math(r"(1 \otimes b_O)\cdot 1", "(1 ⊗ b_O)·1"), "."))
+                                " and the layer adds ", math("(1 ⊗ b_O)·1"), "."))
         .expand()
         .apply(rewrite_words, "stochastic", {(atom("A", i), one): (one,) for i in idx},
-               detail=prose("for every head's pattern; ", Math("1", "1"), " is a column of ones"))
+               detail=prose("for every head's pattern; ", math("1"), " is a column of ones"))
         .apply(fold_sum, "fold", folded, definition, 1,
-               detail=prose(Math(r"b_{O'} := b_O + \sum_h W_O^h b_V^h", "b_O' := b_O + Σ_h W_O^h b_V^h")))
+               detail=prose(math("b_O' := b_O + Σ_h W_O^h b_V^h")))
     )
     return Derivation(
         "bias-folding", "Folding the value biases into the output bias",
         "Because every row of an attention pattern sums to one, the value biases reach the output as constants "
         "and fold into the output bias; what remains is a constant source of the residual stream.",
         (chain,),
-        notes=(prose(Math("1", "1"), " is a column of ones (", Math(r"n_{ctx} \times 1", "n_ctx × 1"),
+        notes=(prose(math("1"), " is a column of ones (", math("n_ctx × 1"),
                      "): a bias acts on it as a source that is the same at every position."),
                INDEXING),
         params=(("heads", H),),

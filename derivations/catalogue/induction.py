@@ -24,7 +24,7 @@ from derivations.catalogue.readings import bmatrix
 from derivations.derivation import Chain, Derivation, Numeric, rewrite_words, substitute
 from derivations.catalogue.registry import entry
 from derivations.errors import DerivationError
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 SEQUENCE = ("c", "a", "b", "a", "b")
 VOCABULARY = ("a", "b", "c")
@@ -115,17 +115,15 @@ def induction_mechanism() -> Derivation:
     k_term = (
         Chain.start(None, sandwich(term(None, W_E), QK, term(A_prev, (OV, W_E))), "bilinear",
                     detail=prose("queries direct, keys through the earlier head prev (the K-composition term of ",
-                                 Math("S^h", "S^h"), ")"),
+                                 math("S^h"), ")"),
                     intro=prose("Head h of layer 1 reads keys that head prev of layer 0 has written to. The term of ",
                                 "its scores for that path (see two-layer-qk) is:"))
         .apply(substitute, "substitution", A_prev, term(P),
-               detail=prose("the earlier head is a previous-token head: ", Math(r"A^{\mathrm{prev}} = P_{shift}",
-                                                                                  "A^prev = P_shift"),
+               detail=prose("the earlier head is a previous-token head: ", math("A^prev = P_shift"),
                             ", the shift matrix below"))
         .apply(rewrite_words, "substitution", {(W_E.T, QK, OV, W_E): ()},
                detail=prose("suppose the circuit matches tokens: ",
-                            Math(r"W_E^{\top} W_{QK}^{h} W_{OV}^{\mathrm{prev}} W_E = \mathrm{Id}",
-                                 "W_Eᵀ W_QK^h W_OV^prev W_E = Id"),
+                            math("W_Eᵀ W_QK^h W_OV^prev W_E = Id"),
                             " (an idealised induction head: in a trained one this matrix is not Id, but its eigenvalues are "
                             "mostly positive, see eigenvalue-copying)"))
     )
@@ -136,18 +134,18 @@ def induction_mechanism() -> Derivation:
         "followed an earlier copy of the current token: the mechanism of induction heads, worked on five tokens.",
         (k_term,),
         notes=(
-            prose("A score term ", Math(r"P \otimes Q \otimes M", "P ⊗ Q ⊗ M"), " acts on one-hot tokens ",
-                  Math("X", "X"), " (one row per position) as ", Math(r"P X M X^{\top} Q^{\top}", "P X M Xᵀ Qᵀ"),
-                  ". The last line, ", Math(r"\mathrm{Id} \otimes P_{shift} \otimes \mathrm{Id}", "Id ⊗ P_shift ⊗ Id"),
-                  ", adds ", Math(r"X X^{\top} P_{shift}^{\top}", "X Xᵀ P_shiftᵀ"), " to the scores ",
-                  Math("S^h", "S^h"), ": its entry [i, j] is 1 when the token before key j equals the token of "
+            prose("A score term ", math("P ⊗ Q ⊗ M"), " acts on one-hot tokens ",
+                  math("X"), " (one row per position) as ", math("P X M Xᵀ Qᵀ"),
+                  ". The last line, ", math("Id ⊗ P_shift ⊗ Id"),
+                  ", adds ", math("X Xᵀ P_shiftᵀ"), " to the scores ",
+                  math("S^h"), ": its entry [i, j] is 1 when the token before key j equals the token of "
                   "query i. "
                   "The key side carries the previous token; the query side, its own."),
             prose(f"Worked on the sequence {tokens_text} (positions 0 to {n - 1}, vocabulary a, b, c): ",
                   Math(rf"P_{{shift}} = {_matrix(ex.P)}", f"P_shift = {_rows_text(ex.P)}"),
                   " (position 0 has nothing before it and attends to itself), ",
                   Math(rf"X = {_matrix(ex.X)}", f"X = {_rows_text(ex.X)}"), " and the term's scores, later keys masked (",
-                  Math(r"\cdot", "·"), "), ", Math(rf"X X^{{\top}} P_{{shift}}^{{\top}} = {_masked(ex.scores)}",
+                  math("·"), "), ", Math(rf"X X^{{\top}} P_{{shift}}^{{\top}} = {_masked(ex.scores)}",
                                                      f"X Xᵀ P_shiftᵀ = {_masked_text(ex.scores)}"), "."),
             prose("Read row by row: query 3 (token a) scores key 2 (b), the token after the earlier a at position 1; "
                   "query 4 (b) scores key 3 (a), the token after the earlier b at position 2. Each attends to the "

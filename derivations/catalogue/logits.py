@@ -13,7 +13,7 @@ from derivations.catalogue.registry import check_count, check_flag, check_size, 
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
 from derivations.paths import POSITION, TOKEN, Source, stream_entries
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 
 def logits_chains(arch: Architecture, concrete: bool, max_order: int | None) -> list[Chain]:
@@ -25,7 +25,7 @@ def logits_chains(arch: Architecture, concrete: bool, max_order: int | None) -> 
     entries = stream_entries(arch, L)
     for e in entries:
         expr = Product([head, stream_product(arch, e.first_layer, L, e.word, concrete)])
-        lhs = source_math(e.source) if len(entries) > 1 or arch.biases else Math("T", "T")
+        lhs = source_math(e.source) if len(entries) > 1 or arch.biases else math("T")
         check_size(f"the path expansion of {lhs.text}", expr, max_order)
         chain = Chain.start(lhs, expr, detail=_source_detail(e.source),
                             sums=[s for s in sums if int(s.index[1:]) >= e.first_layer]).expand(max_order)
@@ -41,13 +41,13 @@ def logits_chains(arch: Architecture, concrete: bool, max_order: int | None) -> 
 
 def _source_detail(source: Source) -> tuple:
     if source == TOKEN:
-        return prose("the residual stream starts as ", Math(r"(\mathrm{Id} \otimes W_E)\cdot t", "(Id ⊗ W_E)·t"),
+        return prose("the residual stream starts as ", math("(Id ⊗ W_E)·t"),
                      " and each layer adds its heads to it")
     if source == POSITION:
-        return prose("positional embeddings ", Math(r"(\mathrm{Id} \otimes W_{pos})", "(Id ⊗ W_pos)"),
+        return prose("positional embeddings ", math("(Id ⊗ W_pos)"),
                      " acting on the identity of positions")
     if source.kind == "bias":
-        return prose(f"the output bias of layer {source.layer} (with ", Math("b_V", "b_V"),
+        return prose(f"the output bias of layer {source.layer} (with ", math("b_V"),
                      " folded into it) acting on a column of ones, entering after that layer")
     return prose(f"the output of the MLP of layer {source.layer}, an opaque source entering after that layer")
 
@@ -97,8 +97,7 @@ def path_expansion(layers: int = 2, heads: int = 2, positional: str = "none", la
     )
 
 
-VIRTUAL = prose("A virtual head ", Math(r"(A^{h_1} A^{h_0}) \otimes (W_U W_{OV}^{h_1} W_{OV}^{h_0} W_E)",
-                                        "(A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)"),
+VIRTUAL = prose("A virtual head ", math("(A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)"),
                 " is the composition of two heads: its pattern is the product of their patterns, its OV "
                 "circuit the product of their OV circuits.")
 
@@ -115,7 +114,7 @@ def one_layer(heads: int = 2, concrete: bool = False) -> Derivation:
                     sandwich(x0, term((atom("W_Q", h).T, atom("W_K", h)), coeff=1 / sp.sqrt(d_head)), x0),
                     "bilinear", detail=prose("the scaled scores ", Math(r"\tfrac{1}{\sqrt{d_{head}}}\, x_0^{\top} W_Q^{\top} W_K\, x_0",
                                                                        "x_0ᵀ W_Qᵀ W_K x_0 / sqrt(d_head)"),
-                                             " with ", Math(r"x_0 = (\mathrm{Id} \otimes W_E)\cdot t", "x_0 = (Id ⊗ W_E)·t")),
+                                             " with ", math("x_0 = (Id ⊗ W_E)·t")),
                     intro=prose("The QK circuit: the pattern of head ", h, " is a softmax of scores that are a "
                                 "bilinear form of the embedded tokens on the query and key sides:"))
         .fold(W_QK)

@@ -3,7 +3,7 @@ virtual heads, and the change in loss as each order is added (negative: the loss
 
 >>> rows = marginal_losses([np.zeros((2, 4)), np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0]])], [0, 1])
 >>> [round(change, 3) for _, change in rows]
-[0.0, -1.151]
+[0.0, -1.046]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from derivations.catalogue.common import INDEXING, NOTATION, SUMS, architecture,
 from derivations.catalogue.registry import entry
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 ORDER_NAMES = ("the direct path", "the individual heads", "the virtual heads")
 PAPER = (-1.8, -5.2, -0.3)  # the paper's two-layer attention-only model, nats, by order
@@ -65,7 +65,7 @@ def marginal_loss() -> Derivation:
     arch = architecture(2, 2, "none", False, False, False)
     product = Product([term(None, atom("W_U")), stream_product(arch, 0, 2, (atom("W_E"),), False)])
     sums = [sum_index(1), sum_index(0)]
-    full = Chain.start(Math("T", "T"), product, detail="two layers of heads on the embedded tokens", sums=sums,
+    full = Chain.start(math("T"), product, detail="two layers of heads on the embedded tokens", sums=sums,
                        intro="The logits of a two-layer attention-only model, split by the number of heads on "
                              "each path:").expand()
     full = full.regroup(by_order(full.last), detail="by the number of heads on the path")
@@ -82,7 +82,7 @@ def marginal_loss() -> Derivation:
         "one at a time and measuring the loss after each gives the marginal loss of each order.",
         (full, *partial),
         notes=(
-            prose("The loss of logits ", Math("T", "T"), " is the mean over positions of ",
+            prose("The loss of logits ", math("T"), " is the mean over positions of ",
                   Math(r"-\log \mathrm{softmax}(T_i)_{t_{i+1}}", "-log softmax(T_i)_(t_{i+1})"),
                   ". The marginal loss of order k is the change ",
                   Math(r"\Delta L_k = L(T_{\le k}) - L(T_{\le k-1})", "ΔL_k = L(T_≤k) - L(T_≤k-1)"),
@@ -91,7 +91,7 @@ def marginal_loss() -> Derivation:
                   ": negative when adding the order lowers the loss. The changes add up to ",
                   Math(r"L(T) - \log d_{vocab}", "L(T) - log d_vocab"), "."),
             prose("Order 0 is the direct path, order 1 the individual heads, order 2 the virtual heads; the patterns ",
-                  Math("A^h", "A^h"), " are those of the full model's forward pass, frozen, so each truncation is "
+                  math("A^h"), " are those of the full model's forward pass, frozen, so each truncation is "
                   "a sum of terms of the expansion above."),
             prose("The paper's figures for its two-layer attention-only model, as changes in loss (this sign "
                   "convention): ",

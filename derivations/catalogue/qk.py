@@ -13,7 +13,7 @@ from derivations.catalogue.registry import DOCUMENT_LIMIT, check_flag, entry, to
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
 from derivations.paths import stream_entries
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 COMPOSITION_LABELS = {(False, False): "direct", (True, False): "Q-composition",
                       (False, True): "K-composition", (True, True): "QK-composition"}
@@ -96,8 +96,8 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
             lhs = scaled_scores(_index_latex(h), h, pair, f"_({qkey[:3]},{kkey[:3]})" if pair else "")
             chain = Chain.start(lhs, sandwich(q, middle, k), "bilinear", sums=sums, detail=prose(
                 "query side: the ", qkey, " input", ", key side: the ", kkey, " input",
-                *(() if concrete else ("; query-side heads are written ", Math("q_l", "q_l"),
-                                       " and key-side heads ", Math("k_l", "k_l")))))
+                *(() if concrete else ("; query-side heads are written ", math("q_l"),
+                                       " and key-side heads ", math("k_l")))))
             if max_order is not None:
                 chain = chain.apply(truncate, "truncation", max_order,
                                     detail=f"keep the terms through at most {max_order} heads on both sides together")
@@ -105,10 +105,10 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
             if len(groups) > 1:
                 chain = chain.regroup(groups, detail="by which sides pass through heads")
             chains.append(chain)
-    notes = [NOTATION, INDEXING, prose("A score term ", Math(r"P \otimes Q \otimes M", "P ⊗ Q ⊗ M"), " acts as ",
-                                       Math(r"P\, x^{\top} M\, x\, Q^{\top}", "P xᵀ M x Qᵀ"),
-                                       " on the stream ", Math("x", "x"), " (one column per position): an ",
-                                       Math(r"n_{ctx} \times n_{ctx}", "n_ctx × n_ctx"), " matrix, "
+    notes = [NOTATION, INDEXING, prose("A score term ", math("P ⊗ Q ⊗ M"), " acts as ",
+                                       math("P xᵀ M x Qᵀ"),
+                                       " on the stream ", math("x"), " (one column per position): an ",
+                                       math("n_ctx × n_ctx"), " matrix, "
                                        "entry [i, j] for query i and key j."),
              SCORES]
     if not concrete:

@@ -9,7 +9,7 @@ paper writes it; (2) the Kronecker matrix ``kron(A, W)`` on the row-major ``vec(
 >>> ex.operator == ex.kronecker == ex.tensor
 True
 >>> ex.operator
-((Fraction(5, 1), Fraction(2, 1)), (Fraction(8, 1), Fraction(3, 1)))
+((Fraction(5, 1), Fraction(2, 1)), (Fraction(3, 1), Fraction(1, 1)))
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tensoralg import Atom, Product, atom, d_model, term
 
 from derivations.catalogue.registry import entry
 from derivations.derivation import Chain, Derivation, Numeric
-from derivations.render import Math, prose
+from derivations.document import Math, math, prose
 
 Matrix = tuple[tuple[Fraction, ...], ...]
 
@@ -119,22 +119,22 @@ def tensor_product_readings() -> Derivation:
             prose("The example: two positions and a two-dimensional residual stream, ",
                   matrix_math("A", "A", ex.A), ", ", matrix_math("W", "W", ex.W), " and the activation ",
                   matrix_math("x", "x", ex.x), " (one row per token). The chains below are checked numerically on these matrices."),
-            prose("Reading 1, an operator on ", Math("x", "x"), " with one row per token, as the paper writes it: ",
+            prose("Reading 1, an operator on ", math("x"), " with one row per token, as the paper writes it: ",
                   Math(rf"{y_latex} = A\, x\, W^{{\top}} = {bmatrix(ex.operator)}", f"{y_text} = A x Wᵀ = {_text(ex.operator)}"),
-                  ". Row i of the result is the mix of the tokens' rows by row i of ", Math("A", "A"),
-                  ", each mapped by ", Math("W", "W"), "."),
+                  ". Row i of the result is the mix of the tokens' rows by row i of ", math("A"),
+                  ", each mapped by ", math("W"), "."),
             prose("Reading 2, a Kronecker matrix on the row-major vectorisation ",
-                  Math(r"\mathrm{vec}(x) = (x_{00}, x_{01}, x_{10}, x_{11})", "vec(x) = (x_00, x_01, x_10, x_11)"), ": ",
+                  math("vec(x) = (x_00, x_01, x_10, x_11)"), ": ",
                   matrix_math(r"A \otimes_K W", "kron(A, W)", ex.kron_matrix), " and ",
                   Math(r"\mathrm{vec}\bigl((A \otimes W)\cdot x\bigr) = (A \otimes_K W)\, \mathrm{vec}(x)",
                        "vec((A ⊗ W)·x) = kron(A, W) vec(x)"),
-                  ", an ", Math(r"(n_{ctx} d_{model}) \times (n_{ctx} d_{model})", "(n_ctx d_model) × (n_ctx d_model)"),
-                  " matrix whose row (i, a) and column (j, b) hold ", Math(r"A_{ij} W_{ab}", "A_ij W_ab"), "."),
+                  ", an ", math("(n_ctx d_model) × (n_ctx d_model)"),
+                  " matrix whose row (i, a) and column (j, b) hold ", math("A_ij W_ab"), "."),
             prose("Reading 3, a 4-D tensor ", Math(r"T_{iajb} = A_{ij} W_{ab}", "T[i,a,j,b] = A[i,j] W[a,b]"),
                   " (in numpy ", Math(r"\mathrm{einsum}(ij, ab \to iajb)", "einsum('ij,ab->iajb')"),
                   ", which is also the Kronecker matrix reshaped to 2 x 2 x 2 x 2), contracted as ",
                   Math(r"y_{ia} = \sum_{j,b} T_{iajb}\, x_{jb}", "y[i,a] = Σ_{j,b} T[i,a,j,b] x[j,b]"),
-                  ": output position i takes from every position j, through ", Math("W", "W"), ". All three give ",
+                  ": output position i takes from every position j, through ", math("W"), ". All three give ",
                   matrix_math("y", "y", ex.tensor), "."),
         ),
         numeric=Numeric(dims={"n_ctx": 2, "d_model": 2}, special={"A": _bound(ex.A), "W": _bound(ex.W)}),
