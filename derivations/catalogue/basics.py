@@ -61,7 +61,7 @@ def multi_head(heads: int = 3) -> Derivation:
     )
 
 
-@entry("attention-head", "an attention head as (A ⊗ W_O W_V)·x, with A = softmax*(xᵀ W_Qᵀ W_K x)")
+@entry("attention-head", "an attention head as (A ⊗ W_O W_V)·x, with A = softmax*(S / sqrt(d_head)), S = xᵀ W_QK x")
 def attention_head() -> Derivation:
     A, W_O, W_V = atom("A", "h"), atom("W_O", "h"), atom("W_V", "h")
     head = (

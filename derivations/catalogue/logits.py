@@ -91,7 +91,8 @@ def path_expansion(layers: int = 2, heads: int = 2, positional: str = "none", la
     _check_order(max_order, arch.n_layers)
     return _logits_derivation(
         "path-expansion", f"Path expansion of the logits ({arch.describe()})",
-        "Expanding the product of the layers by the mixed-product rule writes the logits as a sum over paths: "
+        "Expanding the product of the layers by distributivity and the mixed-product rule writes the logits as a "
+        "sum over paths: "
         "the direct path, each head, and virtual heads through several layers.",
         arch, concrete, max_order,
     )
@@ -123,7 +124,7 @@ def one_layer(heads: int = 2, concrete: bool = False) -> Derivation:
         Chain.start(None, term((atom("W_U"), atom("W_OV", h), atom("W_E"))),
                     detail=prose("the residual word of the term of head ", h),
                     intro=prose("The OV circuit: head ", h, "'s term in T is ", Math(f"A^{{{_index_latex(h)}}}", f"A^{h}"),
-                                " tensored with a vocab x vocab matrix: how attending to a token changes the logits."))
+                                " tensored with a ", math("d_vocab × d_vocab"), " matrix: how attending to a token changes the logits."))
         .unfold(W_OV)
     )
     return Derivation(

@@ -134,10 +134,10 @@ def _induction_note(chain: Chain, concrete: bool) -> tuple:
     if k_terms is None:
         return prose("No K-composition terms survive this truncation.")
     example = TensorSum([k_terms.terms[0]])
-    return prose("The K-composition terms, such as ", example, ", are the induction mechanism: when the earlier "
-                 "head attends to the previous token (its pattern is the shift matrix), the key of each position "
-                 "carries the token before it, so this head can attend to the token after an earlier copy of "
-                 "the current one.")
+    return prose("The K-composition terms, such as ", example, ", can carry the induction mechanism: if the earlier "
+                 "head attends to the previous token (its pattern is the shift matrix) and the term's vocabulary "
+                 "matrix matches tokens, the key of each position carries the token before it, and this head "
+                 "attends to the token after an earlier copy of the current one (worked in induction-mechanism).")
 
 
 @entry("two-layer-qk", "second-layer QK scores: direct, Q-, K- and QK-composition, and the induction term Id ⊗ A^{h-1} ⊗ W")

@@ -104,3 +104,14 @@ def test_the_maths_detector_catches_the_defects_of_the_issue(text):
 @pytest.mark.parametrize("text", ["the direct path", "Q-composition", "L1H0 is head 0 of layer 1", "2 layers x 2 heads", "a softmax of scores"])
 def test_the_maths_detector_passes_plain_words(text):
     assert not MATHS_IN_TEXT.search(text)
+
+
+def test_descriptions_give_the_pattern_its_scale():
+    for name, description in catalogue.descriptions().items():
+        if "softmax" in description:
+            assert "/ sqrt(d_head)" in description, name
+
+
+def test_the_qk_note_does_not_claim_every_k_term_is_induction():
+    note = " ".join(s for s in catalogue.get("two-layer-qk").notes[-1] if isinstance(s, str))
+    assert "can carry the induction mechanism" in note and "induction-mechanism" in note
