@@ -244,13 +244,16 @@ def _loss(logits: Tensor, tokens: Tensor, target_mask: Tensor | None) -> float:
 
 @dataclass
 class ImportanceReport:
-    """Losses with terms up to each order and the marginal effect of each term (in nats).
+    """Losses with terms up to each order and the marginal loss of each term (in nats).
+
+    Signs as in the paper's table (−1.8 / −5.2 / −0.3 nats): a marginal loss is the *change*
+    in loss when a term is added, so a term that helps has a negative marginal loss.
 
     ``loss_by_order[k]``: loss using the terms of order ``<= k``; ``marginal_by_order[k]``:
-    the loss reduction order ``k`` adds (order 0 is measured from the uniform prediction,
-    ``log d_vocab``). ``head_marginal[(l, h)]``: loss increase when the individual-head
-    term of ``L{l}H{h}`` is removed from all terms of order ``<= 1``;
-    ``virtual_marginal[(h1, h2)]``: likewise for a virtual head, against order ``<= 2``.
+    ``loss_by_order[k] - loss_by_order[k-1]``, the change when order ``k`` is added (order 0
+    from the uniform prediction, ``log d_vocab``). ``head_marginal[(l, h)]``: the change in
+    loss when the individual-head term of ``L{l}H{h}`` is added to the other terms of order
+    ``<= 1``; ``virtual_marginal[(h1, h2)]``: likewise for a virtual head, within order ``<= 2``.
     """
 
     loss_by_order: list[float]
@@ -263,11 +266,12 @@ class ImportanceReport:
 
     @property
     def marginal_by_order(self) -> list[float]:
+        """The change in loss as each order is added (negative: the loss falls), as in the paper."""
         previous = [self.uniform_loss] + self.loss_by_order[:-1]
-        return [before - after for before, after in zip(previous, self.loss_by_order)]
+        return [after - before for before, after in zip(previous, self.loss_by_order)]
 
     def order_rows(self) -> list[tuple[str, float, float]]:
-        """``(terms, loss up to this order, marginal reduction)`` per order."""
+        """``(terms, loss up to this order, marginal loss)`` per order (negative: the loss falls)."""
         names = ["direct path (order 0)", "individual heads (order 1)", "virtual heads (order 2)"]
         names += [f"order {k} paths" for k in range(3, len(self.loss_by_order))]
         if self.truncated:
@@ -282,13 +286,13 @@ class ImportanceReport:
         lines = [
             f"Model loss {self.model_loss:.4f} nats; uniform prediction {self.uniform_loss:.4f} nats.",
             "",
-            "| terms | loss with terms up to this order | marginal loss reduction |",
+            "| terms | loss with terms up to this order | marginal loss (change when added) |",
             "|---|---:|---:|",
         ]
         lines += [f"| {name} | {loss:.4f} | {gain:+.4f} |" for name, loss, gain in self.order_rows()]
         if self.head_marginal:
             heads = sorted({h for _, h in self.head_marginal})
-            lines += ["", "Marginal loss of each individual-head term (loss increase when removed):", ""]
+            lines += ["", "Marginal loss of each individual-head term (change in loss when added; negative: it helps):", ""]
             lines += ["| layer | " + " | ".join(f"H{h}" for h in heads) + " |", "|---|" + "---:|" * len(heads)]
             for layer in sorted({l for l, _ in self.head_marginal}):
                 cells = [f"{self.head_marginal[(layer, h)]:+.4f}" if (layer, h) in self.head_marginal else "" for h in heads]
@@ -357,7 +361,7 @@ def term_importance(
     )
     for path, term in parts.by_path.items():
         if len(path) == 1 and parts.max_order >= 1:
-            report.head_marginal[path[0]] = loss(cumulative[1] - term) - loss_by_order[1]
+            report.head_marginal[path[0]] = loss_by_order[1] - loss(cumulative[1] - term)
         elif len(path) == 2 and parts.max_order >= 2:
-            report.virtual_marginal[path] = loss(cumulative[2] - term) - loss_by_order[2]
+            report.virtual_marginal[path] = loss_by_order[2] - loss(cumulative[2] - term)
     return report

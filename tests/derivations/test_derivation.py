@@ -217,7 +217,7 @@ def test_repr_methods_for_jupyter():
     d = Derivation("x", "A title", "", (Chain.start(Math("T", "T"), one_layer_product(), sums=[H0]).expand(),))
     latex = d._repr_latex_()
     assert latex.startswith("$$\\begin{aligned}") and latex.endswith("\\end{aligned}$$")
-    assert r"\sum_{h_0 \in H_0}" in latex and "[mixed-product rule]" in latex
+    assert r"\sum_{h_0 \in H_{0}}" in latex and "[mixed-product rule]" in latex
     assert d._repr_markdown_() == d.to_markdown()
 
 

@@ -86,14 +86,27 @@ def test_importance_report_losses_and_marginals():
     assert len(report.loss_by_order) == 3
     assert report.loss_by_order[-1] == pytest.approx(report.model_loss, abs=1e-9)
     assert report.uniform_loss == pytest.approx(math.log(11))
-    assert sum(report.marginal_by_order) == pytest.approx(report.uniform_loss - report.model_loss)
+    # the paper's sign: the change in loss when each order is added, so they sum to model - uniform
+    assert sum(report.marginal_by_order) == pytest.approx(report.model_loss - report.uniform_loss)
+    assert report.marginal_by_order[0] == pytest.approx(report.loss_by_order[0] - report.uniform_loss)
     assert set(report.head_marginal) == {(0, 0), (0, 1), (1, 0), (1, 1)}
     assert set(report.virtual_marginal) == {((0, a), (1, b)) for a in range(2) for b in range(2)}
-    # a head's marginal is the loss rise when its individual term alone is removed
+    # a head's marginal loss is the change in loss when its individual term is added to the others
     parts = logits_by_order(model, tokens)
     without = parts.up_to(1) - parts.by_path[((1, 0),)]
     ce = torch.nn.functional.cross_entropy(without[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
-    assert report.head_marginal[(1, 0)] == pytest.approx(float(ce) - report.loss_by_order[1])
+    assert report.head_marginal[(1, 0)] == pytest.approx(report.loss_by_order[1] - float(ce))
+
+
+def test_marginal_losses_have_the_papers_sign():
+    """Regression: "marginal loss reduction: heads +1.00" had the opposite sign to the paper's
+    table (-1.8 / -5.2 / -0.3 nats); a term that lowers the loss has a negative marginal loss."""
+    from numeric_check.importance import ImportanceReport
+
+    report = ImportanceReport(loss_by_order=[3.0, 1.0, 1.2], model_loss=1.2, uniform_loss=4.0, head_marginal={(0, 0): -0.5})
+    assert report.marginal_by_order == pytest.approx([-1.0, -2.0, 0.2])
+    md = report.to_markdown()
+    assert "| individual heads (order 1) | 1.0000 | -2.0000 |" in md and "reduction" not in md
 
 
 def test_markdown_and_dict():
