@@ -29,14 +29,16 @@ where A^h ⊗ W means "mix positions with the attention pattern A^h, and transfo
 position's vector with W" — numerically (A ⊗ W)·x = A x Wᵀ for x with one row per
 position. The mixed-product rule (A⊗B)(C⊗D) = (AC)⊗(BD) expands T into paths: the
 direct path, individual heads and virtual heads. Layers and heads are 0-indexed
-(L0H3 = layer 0, head 3), as in TransformerLens; the paper's H_1 is our layer 0.
+(L0H3 = layer 0, head 3), as in TransformerLens; the paper's H_1 is our layer 0
+(--index-from 1 numbers layers as the paper does).
 """
 
 EPILOG = """\
 examples:
   tcircuits derive --list
   tcircuits derive two-layer-logits --heads 2 --format markdown
-  tcircuits expand "(Id ⊗ Id + A^{h1} ⊗ W_OV^{h1}) (Id ⊗ W_E)"
+  tcircuits expand "(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)"
+  tcircuits expand "(A ⊗ W_O W_V)·x"
 
 'tcircuits COMMAND --help' explains each command, with more examples.
 """

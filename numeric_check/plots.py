@@ -143,7 +143,7 @@ def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, objec
 def importance_bars(report, *, top_virtual: int = 8) -> Figure:
     """Term importance (an :class:`~numeric_check.importance.ImportanceReport`) as bars.
 
-    Left: marginal loss reduction by order (direct path, individual heads, virtual
+    Left: marginal loss by order (direct path, individual heads, virtual
     heads). Middle: each individual head's marginal loss, coloured by layer. Right: the
     largest virtual-head terms.
     """
@@ -155,11 +155,11 @@ def importance_bars(report, *, top_virtual: int = 8) -> Figure:
         names[len(report.loss_by_order) - 1] = "rest"
     marginal = report.marginal_by_order
     axes[0].bar(names[: len(marginal)], marginal, color="0.45")
-    axes[0].set(title="Marginal loss reduction by order", ylabel="nats")
+    axes[0].set(title="Marginal loss by order (change when added)", ylabel="nats")
     heads = sorted(report.head_marginal)
     axes[1].bar(range(len(heads)), [report.head_marginal[h] for h in heads], color=[_colour(l) for l, _ in heads])
     axes[1].set_xticks(range(len(heads)), [head_label(*h) for h in heads], rotation=90, fontsize=7)
-    axes[1].set(title="Individual heads (loss rise when removed)", ylabel="nats")
+    axes[1].set(title="Individual heads (change in loss when added)", ylabel="nats")
     if report.virtual_marginal:
         top = report.top_virtual(top_virtual)
         axes[2].barh(range(len(top)), [value for _, value in top], color="0.6")

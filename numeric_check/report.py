@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from derivations.architecture import head_label
+from tensoralg.escape import escape_text
 from numeric_check.circuits import AnalysisError, copying_scores, eigenvalue_positivity, qk_circuit
 from numeric_check.errors import NumericCheckError
 from numeric_check.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
@@ -161,7 +162,7 @@ def analyze_model(
         analysis.importance = analysis.importance_repeat = None
     if analysis.importance_repeat is not None:
         # the head whose individual term matters most for the loss on repeated tokens
-        ranked = sorted(analysis.importance_repeat.head_marginal.items(), key=lambda item: -item[1])
+        ranked = sorted(analysis.importance_repeat.head_marginal.items(), key=lambda item: item[1])  # most negative
     else:  # the strongest copier
         ranked = sorted(((h, float(copying[h])) for h in model.arch.heads()), key=lambda item: -item[1])
     analysis.top_head = ranked[0][0]
@@ -292,7 +293,8 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
         out.append(
             Finding(
                 "virtual heads (order 2) matter far less than individual heads (order 1)",
-                f"marginal loss reduction: direct {orders[0]:+.3f}, heads {orders[1]:+.3f}, virtual {orders[2]:+.3f} nats",
+                f"marginal loss (change when each order is added): direct {orders[0]:+.3f}, heads {orders[1]:+.3f}, "
+                f"virtual {orders[2]:+.3f} nats",
                 abs(orders[2]) < 0.25 * abs(orders[1]),
             )
         )
@@ -324,20 +326,13 @@ def findings(analysis: ModelAnalysis, control: ModelAnalysis | None = None) -> l
 
 # --- rendering --------------------------------------------------------------------------------
 
-_LATEX_SPECIAL = {
-    "\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
-    "^": r"\textasciicircum{}", "_": r"\_", "%": r"\%", "~": r"\textasciitilde{}", "→": r"$\to$",
-    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
-}
-
-
 def latex_escape(text: str) -> str:
-    r"""Text safe inside a LaTeX table cell: every special character escaped.
+    r"""Text safe inside a LaTeX table cell (the one text escaper, :func:`tensoralg.escape_text`).
 
-    >>> latex_escape("a_b & 50% {x} → $")
-    'a\\_b \\& 50\\% \\{x\\} $\\to$ \\$'
+    >>> latex_escape("a_b & 50% {x} → $ ≠ σ")
+    'a\\_b \\& 50\\% \\{x\\} $\\to$ \\$ $\\neq$ $\\sigma$'
     """
-    return "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
+    return escape_text(text, "latex")
 
 
 def _latex_table(caption: str, label: str, header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
@@ -401,7 +396,8 @@ def _training_md(a: ModelAnalysis) -> list[str]:
 
 def findings_markdown(rows: Sequence[Finding]) -> str:
     """The findings as a Markdown table: claim, measured figures, holds (yes/no)."""
-    return _md_table(["claim", "measured", "holds"], [[f.claim, f.measured.replace("|", "\\|"), "yes" if f.holds else "**no**"] for f in rows], right=2)
+    return _md_table(["claim", "measured", "holds"], [[escape_text(f.claim, "markdown"), escape_text(f.measured, "markdown"),
+                                                       "yes" if f.holds else "**no**"] for f in rows], right=2)
 
 
 def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figures: dict[str, str] | None = None) -> str:
@@ -409,7 +405,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
     figures = figures or {}
     losses = a.losses
     lines = [
-        f"# Circuit analysis: {a.name}",
+        f"# Circuit analysis: {escape_text(a.name, 'markdown')}",
         "",
         f"Model: {a.model.arch.describe()}; d_model={a.model.cfg.d_model}, d_head={a.model.cfg.d_head}, "
         f"d_vocab={a.model.cfg.d_vocab}, n_ctx={a.model.cfg.n_ctx}.",
@@ -419,7 +415,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
         "",
     ]
     lines += _training_md(a)
-    lines += [f"Note: {note}" for note in a.notes] + ([""] if a.notes else [])
+    lines += [f"Note: {escape_text(note, 'markdown')}" for note in a.notes] + ([""] if a.notes else [])
     if "training" in figures:
         lines += [f"![training curve]({figures['training']})", ""]
     rows = findings(a, control)
@@ -451,7 +447,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
         lines += [f"## Skip-trigrams of the most important head, {head_label(*a.top_head)}", ""]
         lines += [table.to_markdown() for table in a.skip_trigrams]
     if control is not None:
-        lines += [f"## Control: {control.name}", "", f"Model: {control.model.arch.describe()}; loss on repeated tokens "
+        lines += [f"## Control: {escape_text(control.name, 'markdown')}", "", f"Model: {control.model.arch.describe()}; loss on repeated tokens "
                   f"{control.losses['repeat_loss']:.3f} nats (uniform {control.losses['uniform_loss']:.3f}).", "",
                   _md_table(["head", "copying", "QK positivity", "prev-token (behaviour)", "induction (behaviour)"], head_rows(control)), ""]
     return "\n".join(lines)
@@ -459,7 +455,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
 
 def render_latex(a: ModelAnalysis, control: ModelAnalysis | None = None) -> str:
     """LaTeX tables (plain LaTeX, no packages): findings, heads, composition, term importance, skip-trigrams."""
-    parts = [f"% Tables of the circuit analysis of {a.name} (\\input this file; no packages needed).", ""]
+    parts = [f"% Tables of the circuit analysis of {escape_text(a.name, 'latex-comment')} (\\input this file; no packages needed).", ""]
     rows = findings(a, control)
     if rows:
         parts.append(_latex_table(f"Findings for {a.name}", "findings",

@@ -15,6 +15,8 @@ from typing import Sequence
 
 import torch
 
+from tensoralg.escape import escape_text
+
 from numeric_check.circuits import AnalysisError, ov_circuit, qk_circuit
 
 
@@ -31,10 +33,10 @@ class TokenScore:
 
 
 def token_label(token: int, text: str | None) -> str:
-    """``"text" (id)`` (quoted, escaped, ``|`` escaped for Markdown tables) or ``#id`` without text."""
+    """``"text" (id)`` (quoted, then escaped for Markdown: ``|``, HTML, emphasis) or ``#id`` without text."""
     if text is None:
         return f"#{token}"
-    return json.dumps(text, ensure_ascii=False).replace("|", "\\|") + f" ({token})"
+    return escape_text(json.dumps(text, ensure_ascii=False), "markdown") + f" ({token})"  # no HTML, no table break
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,9 @@ def test_report_with_token_strings_escapes_them(tmp_path):
     assert r"\texttt{a\_b\&c} (0)" in tex and "tok\\_model" in tex
     assert "a_b&c" not in tex
     markdown = render_markdown(analysis)
-    assert '"50% \\| $x$" (1)' in markdown or '"a_b&c" (0)' in markdown
+    # Markdown: no maths, HTML entity or table cell can start in a token string
+    assert '"50% \\| \\$x\\$" (1)' in markdown or '"a\\_b&amp;c" (0)' in markdown
+    assert "$x$" not in markdown
 
 
 def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction_analysis, control_analysis):
@@ -232,3 +234,17 @@ def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance
     assert not any("virtual heads" in f.claim for f in findings(analysis))
     write_report(analysis, tmp_path, formats=["svg"])
     assert "Note: term importance skipped" in (tmp_path / "report.md").read_text()
+
+
+# -- one escaper (issue 9) ---------------------------------------------------------------------------
+
+
+def test_report_text_goes_through_the_one_escaper():
+    from numeric_check.report import Finding, findings_markdown
+    from numeric_check.skip_trigrams import token_label
+
+    assert latex_escape("h ≠ k, σ") == r"h $\neq$ k, $\sigma$"  # regression: no other symbol, no code point
+    label = token_label(3, "<img src=x onerror=alert(1)>")
+    assert "<" not in label and "&lt;img" in label
+    md = findings_markdown([Finding("a <b>claim</b>", "x | y", True)])
+    assert "<b>" not in md and "x \\| y" in md

@@ -54,7 +54,7 @@ def test_markdown_escapes_awkward_token_text(model):
     vocab = list(VOCAB)
     vocab[3] = "a|b\n"
     md = skip_trigram_table(model, 0, 1, 3, k=2, vocab=vocab).to_markdown()
-    assert md.splitlines()[0] == '**L0H1**, source token "a\\|b\\n" (3)'
+    assert md.splitlines()[0] == '**L0H1**, source token "a\\|b\\\\n" (3)'  # JSON's \\n, its backslash escaped
 
 
 def test_bad_input_is_a_clear_error(model):
