@@ -118,7 +118,7 @@ class Step:
         object.__setattr__(self, "rule", rule(self.rule))
         object.__setattr__(self, "detail", as_prose(self.detail))
         object.__setattr__(self, "text", as_prose(self.text))
-        groups = tuple((str(label), part) for label, part in self.groups)
+        groups = tuple((label if isinstance(label, str) else as_prose(label), part) for label, part in self.groups)
         if groups and sum_of(part for _, part in groups) != self.expr.expand():
             raise DerivationError(f"the groups of a {self.rule.name} step do not add up to its expression")
         object.__setattr__(self, "groups", groups)

@@ -224,3 +224,13 @@ def test_repr_methods_for_jupyter():
 def test_parsed_expressions_make_chains():
     chain = Chain.start(None, parse("(A^{1} ⊗ W_OV^{1})(A^{0} ⊗ W_OV^{0})"), "given").expand()
     assert str(chain.last) == "A^{1} A^{0} ⊗ W_OV^{1} W_OV^{0}"
+
+
+def test_group_labels_may_be_prose_with_formulae():
+    from derivations.document import math
+
+    chain = Chain.start(None, term(A0, W0) + term(None, W0))
+    labelled = chain.regroup([(("through ", math("A^h")), term(A0, W0)), ("direct", term(None, W0))])
+    (first, _), (second, _) = labelled.steps[-1].groups
+    assert first == ("through ", math("A^h")) and second == "direct"
+    assert "[through $A^{h}$]" in Derivation("x", "t", "", (labelled,)).to_latex()
