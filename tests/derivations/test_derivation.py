@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 import sympy as sp
+from hypothesis import given, settings
 
 from tensoralg import W_OV, Atom, Product, TensorSum, atom, d_model, identity, term, to_numpy
 from tensoralg.parse import parse
@@ -28,6 +29,8 @@ from derivations.derivation import (
 )
 from derivations.errors import DerivationError
 from derivations.render import Math, SumIndex
+
+from tests.strategies import layouts, products
 
 A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
 H0 = SumIndex("h0", Math("H_0", "H_0"))
@@ -234,3 +237,15 @@ def test_group_labels_may_be_prose_with_formulae():
     (first, _), (second, _) = labelled.steps[-1].groups
     assert first == ("through ", math("A^h")) and second == "direct"
     assert "[through $A^{h}$]" in Derivation("x", "t", "", (labelled,)).to_latex()
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts.flatmap(products))
+def test_expansion_names_associativity_for_one_slot_and_the_mixed_product_for_more(expr):
+    from derivations.derivation import product_rule
+
+    chain = Chain.start(None, expr, "given").expand()
+    named = [s.rule.key for s in chain.steps if s.rule.key in ("associativity", "mixed-product")]
+    assert named == [product_rule(expr)] * len(named)
+    assert (named == ["associativity"] * len(named)) == (expr.n_slots == 1 or not named)
+    assert chain.last == expr.expand()
