@@ -156,7 +156,7 @@ class _Parser:
     def located(self, err: TensorAlgError, pos: int) -> TensorAlgError:
         """The same kind of error with the position in the text added (shape pairs kept)."""
         pointer = " " * pos + "^"
-        message = f"{err}\nat position {pos}:\n  {self.text}\n  {pointer}"
+        message = f"{err} at position {pos}:\n  {self.text}\n  {pointer}"  # one line, then the caret
         if isinstance(err, ShapeMismatch):
             return ShapeMismatch(message, dims=err.dims)
         return type(err)(message)

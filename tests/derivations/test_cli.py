@@ -191,6 +191,7 @@ def test_expand_of_a_canonical_sum_says_so(capsys):
     (["expand", "(A"], ["expected ')'", "position"]),
     (["expand", "A ⊗ B", "--strict"], ["unknown atom 'B'", "declare others with --atom NAME=ROWS,COLS"]),
     (["expand", "(A ⊗ B)(W_E ⊗ D)"], ["n_ctx x n_ctx", "d_model x d_vocab"]),
+    (["expand", "B W_E ⊗ B W_U"], ["B (rows_B x d_model) by W_U (d_vocab x d_model)", "rows at position 10:"]),
     (["expand", "Σ h"], ["expected '_{' after 'Σ'", "position 1"]),
     (["expand", "Σ_{h∈H_0} A^h ⊗ W_OV^h", "--index-from", "1"], ["H_0 is not a layer"]),
     (["expand", "(A ⊗ W_OV) x", "--fold", "W_QK"], ["--fold W_QK", "nothing to fold"]),
@@ -202,6 +203,8 @@ def test_bad_expand_requests_are_one_line_errors(capsys, argv, fragments):
     assert code == 2 and "Traceback" not in err
     message = "\n".join(line for line in err.splitlines() if "warning: command" not in line)
     assert message.startswith("tcircuits expand: error:")
+    first = message.splitlines()[0]
+    assert "position" not in message or " at position " in first  # the position on the first line, a caret may follow
     for fragment in fragments:
         assert fragment in message
 
