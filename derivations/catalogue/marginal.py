@@ -20,7 +20,7 @@ from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
 from derivations.document import Math, math, prose
 
-ORDER_NAMES = ("the direct path", "the individual heads", "the virtual heads")
+ORDER_NAMES = ("direct path", "individual heads", "virtual heads")
 PAPER = (-1.8, -5.2, -0.3)  # the paper's two-layer attention-only model, nats, by order
 
 
@@ -60,6 +60,20 @@ def marginal_losses(parts: Sequence[np.ndarray], targets: Sequence[int]) -> list
     return rows
 
 
+def loss_table(changes: Sequence[float]) -> Math:
+    """The marginal loss table: order, the terms it adds, ``ΔL_k`` in nats (hand-built: an array).
+
+    >>> print(loss_table((-1.8, -5.2)).text)
+    k | terms added | ΔL_k (nats): 0 | direct path | -1.8; 1 | individual heads | -5.2
+    """
+    names = list(ORDER_NAMES) + [f"paths through {k} heads" for k in range(3, len(changes))]
+    rows = [(k, names[k], value) for k, value in enumerate(changes)]
+    latex = (r"\begin{array}{clr} k & \text{terms added} & \Delta L_k\ (\text{nats}) \\ \hline "
+             + r" \\ ".join(rf"{k} & \text{{{name}}} & {value:.1f}" for k, name, value in rows) + r" \end{array}")
+    text = "k | terms added | ΔL_k (nats): " + "; ".join(f"{k} | {name} | {value:.1f}" for k, name, value in rows)
+    return Math(latex, text)
+
+
 @entry("marginal-loss", "the logits by path order and the marginal loss of each order (negative: loss goes down)")
 def marginal_loss() -> Derivation:
     arch = architecture(2, 2, "none", False, False, False)
@@ -74,8 +88,6 @@ def marginal_loss() -> Derivation:
                     sums=sums, intro=intro).expand(max_order=k)
         for k, intro in ((0, "Keeping only the direct path:"), (1, "Keeping the paths through at most one head:"))
     ]
-    changes = [prose(f"{name}: ", Math(rf"\Delta L_{k} = {value:.1f}", f"ΔL_{k} = {value:.1f}"),
-                     " nats") for k, (name, value) in enumerate(zip(ORDER_NAMES, PAPER))]
     return Derivation(
         "marginal-loss", "The marginal loss of each path order",
         "The logits are the sum of the direct path, the individual heads and the virtual heads; adding the orders "
@@ -93,10 +105,9 @@ def marginal_loss() -> Derivation:
             prose("Order 0 is the direct path, order 1 the individual heads, order 2 the virtual heads; the patterns ",
                   math("A^h"), " are those of the full model's forward pass, frozen, so each truncation is "
                   "a sum of terms of the expansion above."),
-            prose("The paper's figures for its two-layer attention-only model, as changes in loss (this sign "
-                  "convention): ",
-                  *changes[0], "; ", *changes[1], "; ", *changes[2], ". The individual heads matter most; "
-                  "the virtual heads add little."),
+            prose("The paper's figures for its two-layer attention-only model, as changes in loss in this sign "
+                  "convention (the individual heads matter most, the virtual heads add little): ",
+                  loss_table(PAPER)),
             NOTATION, INDEXING, SUMS,
         ),
     )

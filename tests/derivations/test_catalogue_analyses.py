@@ -183,5 +183,6 @@ def test_the_truncations_are_the_sums_of_the_first_orders():
     assert upto1.last == groups["direct path"] + groups["individual heads"]
     assert d.verify().ok
     text = " ".join(d.to_text().split())
-    for k, value in enumerate(PAPER):
-        assert f"ΔL_{k} = {value:.1f} nats" in text and value < 0
+    for k, (name, value) in enumerate(zip(("direct path", "individual heads", "virtual heads"), PAPER)):
+        assert f"{k} | {name} | {value:.1f}" in text and value < 0
+    assert r"\begin{array}{clr}" in d.to_latex()
