@@ -90,9 +90,13 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
     _check_size(expr, max_order)
     sums = sum_indices(reading.bound)
     transposes = list(dict.fromkeys(w for kind, w in reading.rewrites if kind == "transpose"))
-    if transposes:  # the input as typed, then the transposes of products rewritten
+    collected = sum(n for kind, n in reading.rewrites if kind == "collected")
+    if transposes or collected:  # the input as typed, then what reading it rewrote
         lhs = typed(applied.typed if applied else text, atoms, index_from)
-        first = Chain.start(lhs, expr, TRANSPOSE, detail=transpose_math(transposes), sums=sums)
+        detail = transpose_math(transposes) if transposes else ()
+        if transposes and collected:
+            detail += prose("; like terms collected inside the factors")
+        first = Chain.start(lhs, expr, TRANSPOSE if transposes else "collect", detail=detail, sums=sums)
     else:
         first = Chain.start(None, expr, "given", sums=sums)
     chains = [first.expand(max_order)]

@@ -107,7 +107,9 @@ class Applied(NamedTuple):
 
 class Reading(NamedTuple):
     """What :func:`read` found: the expression, the indices its sums bind, and the
-    rewrites made while reading (``("transpose", word)``, ``("collect", n)``)."""
+    rewrites made while reading: ``("transpose", word)``; ``("collect", n)`` for like terms
+    typed at the top level, kept apart; ``("collected", n)`` for those collected inside a
+    factor while reading."""
 
     expr: Expr
     bound: tuple[Bound, ...]
@@ -214,9 +216,11 @@ class _Parser:
         except TensorAlgError as err:
             raise self.located(err, start) from None
         typed = sum(len(e) for e in exprs)
-        if isinstance(total, TensorSum) and len(total) < typed and self.visible and self.depth == 0:
-            self.rewrites.append(("collect", typed - len(total)))
-            return Add(exprs)  # like terms typed in the input collect as a visible step
+        if isinstance(total, TensorSum) and len(total) < typed:
+            if self.visible and self.depth == 0:
+                self.rewrites.append(("collect", typed - len(total)))
+                return Add(exprs)  # like terms typed in the input collect as a visible step
+            self.rewrites.append(("collected", typed - len(total)))  # inside a factor: collected on reading
         return total
 
     def summand(self):

@@ -69,3 +69,10 @@ def test_an_applied_sum_keeps_its_sigma():
     assert [s.index for s in d.chains[1].sums] == ["h1"] and d.chains[1].lhs.text == "T·t"
     straight = expansion("(Σ_{h∈H_1} A^h ⊗ W_OV^h) x")
     assert rules(straight) == [["action"]] and straight.chains[0].lhs.text.startswith("(Σ_{h∈H_1} A^h")
+
+
+def test_like_terms_typed_inside_a_factor_are_collected_as_a_step():
+    d = expansion("(Id + A ⊗ W_OV + A ⊗ W_OV)(Id ⊗ W_E)")
+    assert rules(d) == [["collect", "distributivity", "mixed-product"]]
+    assert d.chains[0].lhs.text == "(Id + A ⊗ W_OV + A ⊗ W_OV)(Id ⊗ W_E)"
+    assert d.chains[0].last == parse("Id ⊗ W_E + 2·A ⊗ W_OV W_E")

@@ -293,6 +293,7 @@ def test_reading_records_the_rewrites_it_makes():
     r = read("A ⊗ W_E + A ⊗ W_E")
     assert r.rewrites == (("collect", 1),) and isinstance(r.expr, Add)
     assert parse("A ⊗ W_E + A ⊗ W_E") == term(atom("A"), W_E, coeff=2)  # parse() collects at once
+    assert read("(A ⊗ W_E + A ⊗ W_E)(Id ⊗ Id)").rewrites == (("collected", 1),)
 
 
 @given(SLIDES)
