@@ -6,8 +6,8 @@ r"""The data a derivation's documents are made of: formulae, prose, summed indic
   Signature: ``math(source: str) -> Math``.
 - :class:`Math` — a formula as ``(latex, text)``; ``Math(latex, text)`` by hand only for what
   the notation cannot say (a ``bmatrix``).
-- :func:`prose` — a paragraph: strings (user text, escaped on output), :class:`Math` and
-  expressions.
+- :func:`prose` — a paragraph: strings (user text, escaped on output), :class:`Math`,
+  expressions and :class:`Numbered` (prose that depends on the layer numbering).
 - :class:`SumIndex` — a head index summed over, ``Σ_{h∈H_1}``.
 - :class:`Piece` — a fragment of a laid-out expression; lines break between pieces.
 
@@ -58,25 +58,63 @@ class Math:
         return Math(f.latex, f.text, self.source)
 
 
-def math(source: str) -> Math:
+def math(source: str, fixed: bool = False) -> Math:
     r"""A formula in the slides' notation (see :mod:`tensoralg.formula`), as :class:`Math`.
+
+    Its layer numbers follow the document's ``index_from``; ``fixed=True`` keeps them as
+    written (for prose about the numbering itself).
 
     >>> math("W_OV^h := W_O^h W_V^h").latex
     'W_{OV}^{h} := W_{O}^{h} W_{V}^{h}'
+    >>> math("H_0", fixed=True).at(1).text
+    'H_0'
     """
     f = formula(source)
-    return Math(f.latex, f.text, source)
+    return Math(f.latex, f.text, None if fixed else source)
+
+
+@dataclass(frozen=True)
+class Numbered:
+    """Prose that depends on the layer numbering: ``from0`` for documents numbered from 0
+    (TransformerLens), ``from1`` for the paper's numbering (``index_from=1``).
+
+    >>> Numbered("layer 0 is the first", "layer 1 is the first").at(1)
+    ('layer 1 is the first',)
+    """
+
+    from0: tuple
+    from1: tuple
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "from0", as_prose(self.from0))
+        object.__setattr__(self, "from1", as_prose(self.from1))
+
+    def at(self, index_from: int = 0) -> tuple:
+        return self.from1 if index_from else self.from0
+
+
+def resolve(segments, index_from: int = 0) -> tuple:
+    """A paragraph with its :class:`Numbered` parts chosen for ``index_from``.
+
+    >>> resolve(("a ", Numbered("b", "c")), 1)
+    ('a ', 'c')
+    """
+    out: list = []
+    for s in as_prose(segments):
+        out.extend(s.at(index_from) if isinstance(s, Numbered) else (s,))
+    return tuple(out)
 
 
 def prose(*segments) -> tuple:
-    """A paragraph: plain strings (escaped on output), :class:`Math`, and expressions.
+    """A paragraph: plain strings (escaped on output), :class:`Math`, expressions and
+    :class:`Numbered` alternatives.
 
     >>> len(prose("the term ", math("A^h"), " of head 0"))
     3
     """
     for s in segments:
-        if not isinstance(s, (str, Math, Expr)):
-            raise DerivationError(f"prose is made of strings, Math and expressions, got {s!r}")
+        if not isinstance(s, (str, Math, Expr, Numbered)):
+            raise DerivationError(f"prose is made of strings, Math, expressions and Numbered, got {s!r}")
     return tuple(s for s in segments if s != "")
 
 
@@ -88,7 +126,7 @@ def as_prose(value) -> tuple:
     """
     if value is None or value == ():
         return ()
-    if isinstance(value, (str, Math, Expr)):
+    if isinstance(value, (str, Math, Expr, Numbered)):
         return prose(value)
     return prose(*value)
 

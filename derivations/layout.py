@@ -28,7 +28,7 @@ from tensoralg import Expr, Product, TensorSum, Term
 from tensoralg.escape import check_math, escape_text
 from tensoralg.latex import Summand, TensorLatexPrinter
 
-from derivations.document import Math, Piece, SumIndex, as_prose, text_width
+from derivations.document import Math, Piece, SumIndex, resolve, text_width
 from derivations.errors import DerivationError
 
 
@@ -79,7 +79,7 @@ def check_layout(layout: Layout | None, options) -> Layout:
 
 def _prose(segments, index_from: int, escape: str) -> str:
     out = []
-    for s in as_prose(segments):
+    for s in resolve(segments, index_from):
         if isinstance(s, str):
             out.append(escape_text(s, escape))
         elif isinstance(s, Math):
@@ -107,7 +107,7 @@ def prose_markdown(segments, index_from: int = 0) -> str:
 def prose_text(segments, index_from: int = 0) -> str:
     """A paragraph as plain text: formulae in their text form, control characters escaped."""
     out = []
-    for s in as_prose(segments):
+    for s in resolve(segments, index_from):
         if isinstance(s, str):
             out.append(escape_text(s, "text"))
         elif isinstance(s, Math):
@@ -242,8 +242,11 @@ def step_rows(step, layout: Layout, first_width: float) -> list[list[Piece]]:
             negative = first.text.startswith("-")
             pieces[0] = _signed(first.latex.lstrip("-"), first.text.lstrip("-"), negative, False)
         label_latex = prose_latex(label, layout.index_from)
-        pieces.append(Piece(rf"\qquad \text{{[{label_latex}]}}", f"   [{prose_text(label, layout.index_from)}]", False))
-        rows += pack(pieces, layout.width, first_width if k == 0 else None, layout.measure)
+        tag = Piece(rf"\qquad \text{{[{label_latex}]}}", f"   [{prose_text(label, layout.index_from)}]", False)
+        packed = pack(pieces, layout.width, first_width if k == 0 else None, layout.measure)
+        # the label stays beside its terms unless the last line is already full
+        fits = sum(_measure(p, layout) + 1 for p in packed[-1]) + _measure(tag, layout) <= 1.25 * layout.width
+        rows += packed[:-1] + ([packed[-1] + [tag]] if fits else [packed[-1], [tag]])
     return rows
 
 

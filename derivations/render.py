@@ -21,12 +21,12 @@ import textwrap
 from tensoralg import TensorSum
 from tensoralg.escape import check_math, escape_text
 
-from derivations.document import Math, Piece, SumIndex, as_prose, math, prose, text_width
+from derivations.document import Math, Numbered, Piece, SumIndex, as_prose, math, prose, text_width
 from derivations.layout import (
     Layout, chain_rows, check_layout, expr_pieces, justification, lhs, pack, prose_latex, prose_markdown, prose_text,
 )
 
-__all__ = ["Layout", "Math", "Piece", "SumIndex", "as_prose", "check_math", "escape_comment", "escape_latex",
+__all__ = ["Layout", "Math", "Numbered", "Piece", "SumIndex", "as_prose", "check_math", "escape_comment", "escape_latex",
            "escape_markdown", "expr_pieces", "latex_document", "latex_math", "markdown", "math", "pack", "prose",
            "prose_latex", "prose_markdown", "prose_text", "text", "text_width", "to_json"]
 

@@ -6,17 +6,19 @@ from tensoralg import Product, TensorSum, atom, identity, term
 
 from derivations.architecture import Architecture, head_label
 from derivations.paths import Source
-from derivations.document import Math, SumIndex, math, prose
+from derivations.document import Math, Numbered, SumIndex, math, prose
 
 NOTATION = prose(
     "Column vectors, as in the paper: ", math("x_0 = W_E t"), "; ",
     math("(A ⊗ W)·x"), " mixes positions with A and maps each position's vector with W. "
     "Numerically, with one row per position, ", math("(A ⊗ W)·x = A x Wᵀ"), ".",
 )
-INDEXING = prose(
-    "Layers and heads are 0-indexed, as in TransformerLens: L1H0 is head 0 of layer 1. "
-    "The paper numbers layers from 1, so its ", math("H_1"), " (first layer) is our ", math("H_0"), ".",
-)
+INDEXING = prose(Numbered(
+    ("Layers and heads are 0-indexed, as in TransformerLens: L1H0 is head 0 of layer 1. "
+     "The paper numbers layers from 1, so its ", math("H_1", fixed=True), " (first layer) is our ", math("H_0", fixed=True), "."),
+    ("Layers are numbered from 1, as in the paper: ", math("H_1", fixed=True), " is the first layer's heads and L1H0 "
+     "is its head 0 (TransformerLens and the code number layers from 0, so L1H0 here is their L0H0)."),
+))
 SCORES = prose(
     "One meaning of S everywhere: the scores ", math("S^h = xᵀ W_QK^h x"),
     " are unscaled, and the pattern is ",
