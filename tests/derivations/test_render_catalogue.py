@@ -92,4 +92,4 @@ def test_the_numbering_note_is_true_in_both_numberings():
     d = catalogue.get("path-expansion")
     assert "its H_1 (first layer) is our H_0" in " ".join(d.to_text().split())
     one = " ".join(d.to_text(index_from=1).split())
-    assert "H_2" not in one and "numbered from 1, as in the paper" in one
+    assert "H_2 (first layer)" not in one and "numbered from 1, as in the paper: H_1 is the first layer" in one
