@@ -59,12 +59,12 @@ from typing import Iterable, Mapping, NamedTuple, Union
 
 import sympy as sp
 
-from tensoralg.action import act
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom
 from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes, declared_table
 from tensoralg.lexer import Token, tokenize
+from tensoralg.reading import Applied, Bound, Reading, reindex
 from tensoralg.text import to_text
 
 __all__ = ["Applied", "Bound", "Reading", "parse", "read", "to_text"]
@@ -78,44 +78,6 @@ class _Word(NamedTuple):
 
     coeff: sp.Expr
     atoms: Word
-
-
-class Bound(NamedTuple):
-    """An index bound by ``Σ_{var∈over}``: atoms carrying ``index`` are summed over ``over``.
-
-    ``layer`` is the layer (0-based, as stored) when ``over`` is a layer's heads ``H_l``.
-    """
-
-    index: str
-    var: str
-    over: str
-    layer: int | None
-
-
-class Applied(NamedTuple):
-    """``coeff · operator · activation`` as typed: ``(A ⊗ W_OV) x``; ``typed`` is the text
-    of ``coeff · operator`` (``"(A ⊗ W_OV)"``)."""
-
-    operator: Expr
-    activation: Expr
-    coeff: sp.Expr
-    typed: str = ""
-
-    def result(self) -> TensorSum:
-        return act(self.operator, self.activation).scale(self.coeff)
-
-
-class Reading(NamedTuple):
-    """What :func:`read` found: the expression, the indices its sums bind, and the
-    rewrites made while reading: ``("transpose", word)``; ``("collect", n)`` for like terms
-    typed at the top level, kept apart; ``("collected", n)`` for those collected inside a
-    factor while reading."""
-
-    expr: Expr
-    bound: tuple[Bound, ...]
-    rewrites: tuple[tuple, ...]
-    applied: Applied | None
-    shapes: dict
 
 
 class _Parser:
@@ -383,7 +345,7 @@ class _Parser:
                         new += "'"
                     mapping[old] = new
                     self.bound[new] = self.bound[old]._replace(index=new)
-                f = _reindex(f, mapping)
+                f = reindex(f, mapping)
                 used = (used - clash) | set(mapping.values())
             seen |= used
             out.append(f)
@@ -532,17 +494,6 @@ def _negate(value):
     if isinstance(value, Applied):
         return value._replace(coeff=-value.coeff)
     return -value
-
-
-def _reindex(expr: Expr, mapping: dict) -> Expr:
-    """``expr`` with atom indices renamed by ``mapping``."""
-    if isinstance(expr, Product):
-        return Product([_reindex(f, mapping) for f in expr.factors], expr.coeff)
-    if isinstance(expr, Add):
-        return Add([_reindex(p, mapping) for p in expr.parts])
-    words = {tuple(tuple(a.with_index(mapping.get(a.index, a.index)) for a in w) for w in t.words): t.coeff
-             for t in expr}
-    return TensorSum(words, n_slots=expr.n_slots)
 
 
 def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
