@@ -33,14 +33,17 @@ Train a small attention-only transformer on sequences that contain a repeated ra
 segment, and save it as a safetensors checkpoint (plus a JSON file beside it with the
 training configuration and the final losses).
 
-Every sequence is random tokens in which a segment of SEG_MIN..SEG_MAX tokens occurs
-twice, the second copy at a varying offset after the first. On the second copy each
-token (after the first) can be predicted by finding the previous occurrence of the
-current token and copying the token that followed it: a previous-token head in layer 0
-composed (K-composition) with an induction head in layer 1. So:
+Every sequence is random tokens in which segments recur anywhere in the context: up to
+MAX_REPEATS copies per sequence, each of SEG_MIN..SEG_MAX tokens (log-uniform, so short
+repeats are common), each copying a source that ends a varying distance before it
+(log-uniform, so sources and copies sit late in the context as often as early). On a
+copy each token (after the first) can be predicted by finding the previous occurrence of
+the current token and copying the token that followed it: a previous-token head in
+layer 0 composed (K-composition) with an induction head in layer 1. So:
   --layers 2   learns induction heads: the loss on the repeated part drops far below
                log(vocab) (the "phase change", near step 2,500 with the defaults);
-  --layers 1   cannot: its loss on repeats stays near log(vocab) (a control);
+  --layers 1   cannot: it can only copy tokens seen before, so its loss on repeats
+               stays far above (a control);
   --layers 0   is the direct path only: bigram statistics, none here.
 
 The defaults are a recipe measured on a 2-core CPU (about 4 minutes, one thread;
@@ -74,6 +77,7 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--n-ctx", type=int, default=d.n_ctx, help=f"sequence length (default {d.n_ctx})")
     p.add_argument("--seg-min", type=int, default=d.seg_min, help=f"shortest repeated segment (default {d.seg_min})")
     p.add_argument("--seg-max", type=int, default=d.seg_max, help=f"longest repeated segment; 2*seg_max <= n_ctx (default {d.seg_max})")
+    p.add_argument("--max-repeats", type=int, default=d.max_repeats, help=f"most repeats per sequence (default {d.max_repeats})")
     p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
     p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
@@ -104,6 +108,7 @@ def _run_train_toy(args) -> int:
         n_ctx=args.n_ctx,
         seg_min=args.seg_min,
         seg_max=args.seg_max,
+        max_repeats=args.max_repeats,
         positional=args.positional,
         layer_norm=args.layer_norm,
         steps=args.steps,

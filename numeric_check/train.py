@@ -33,46 +33,73 @@ from numeric_check.train_config import TrainConfig, TrainConfigError  # noqa: F4
 
 
 class RepeatBatch(NamedTuple):
-    """A batch of sequences with a repeated segment.
+    """A batch of sequences with repeated segments.
 
-    ``tokens`` ``[batch, n_ctx]``; ``first``/``second`` ``[batch]`` the start of each copy;
-    ``length`` ``[batch]`` the segment length; ``repeat_mask`` ``[batch, n_ctx]`` is True on
-    the tokens an induction head can predict: the second copy without its first token.
+    ``tokens`` ``[batch, n_ctx]``; ``copies`` ``[batch, max_repeats, 3]`` one row per
+    repeat, ``(source start, copy start, length)``, in order of the copy start, rows of
+    ``-1`` where no further repeat fitted; ``repeat_mask`` ``[batch, n_ctx]`` is True on the
+    tokens an induction head can predict: every copy without its first token.
     """
 
     tokens: torch.Tensor
-    first: torch.Tensor
-    second: torch.Tensor
-    length: torch.Tensor
+    copies: torch.Tensor
     repeat_mask: torch.Tensor
 
 
-def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torch.Generator) -> RepeatBatch:
-    """Random sequences in which a segment of ``seg_min..seg_max`` tokens occurs twice.
+def _segment_lengths(config: TrainConfig, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Lengths in ``seg_min..seg_max``, log-uniform: short repeats as common as long ones per octave."""
+    u = torch.rand(shape, generator=generator, dtype=torch.float64)
+    lo, hi = math.log(config.seg_min), math.log(config.seg_max + 1)
+    return (lo + u * (hi - lo)).exp().floor().long().clamp(config.seg_min, config.seg_max)
 
-    The first copy starts uniformly where both copies fit; the second starts uniformly
-    after the end of the first, so the offset between copies varies from sequence to
-    sequence. Deterministic given the generator's state.
+
+def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torch.Generator) -> RepeatBatch:
+    """Random sequences in which segments of ``seg_min..seg_max`` tokens recur, anywhere in the context.
+
+    Up to ``config.max_repeats`` copies are placed left to right. For each, a length is
+    drawn (log-uniform in ``seg_min..seg_max``); the copy starts after the previous copy
+    and a gap of ``0..length`` fresh tokens, at least ``length`` tokens into the sequence;
+    its source lies anywhere before it, ending ``0 .. start - length`` tokens before the
+    copy's start, that distance log-uniform, so that sources (the keys an induction head
+    must find) sit late in the context as often as early; a source may lie in an earlier
+    copy. A repeat that does not fit is skipped, and a shorter
+    one may fit later; the first always fits (``2 * seg_max <= n_ctx``), so every
+    sequence holds one repeat at least. Deterministic given the generator's state.
 
     >>> g = torch.Generator().manual_seed(0)
-    >>> b = repeated_segment_batch(TrainConfig(d_vocab=10, n_ctx=12, seg_min=2, seg_max=4), 3, g)
-    >>> i = 0; s, t, n = int(b.first[i]), int(b.second[i]), int(b.length[i])
-    >>> bool((b.tokens[i, s:s + n] == b.tokens[i, t:t + n]).all())
+    >>> b = repeated_segment_batch(TrainConfig(d_vocab=10, n_ctx=24, seg_min=2, seg_max=6), 3, g)
+    >>> src, start, n = b.copies[0, 0].tolist()
+    >>> bool((b.tokens[0, src:src + n] == b.tokens[0, start:start + n]).all())
     True
     """
-    n_ctx = config.n_ctx
-    tokens = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
-    length = torch.randint(config.seg_min, config.seg_max + 1, (batch_size,), generator=generator)
-    # first in [0, n_ctx - 2L]; second in [first + L, n_ctx - L]
-    u1, u2 = torch.rand((2, batch_size), generator=generator, dtype=torch.float64)
-    first = (u1 * (n_ctx - 2 * length + 1)).floor().long()
-    second = first + length + (u2 * (n_ctx - first - 2 * length + 1)).floor().long()
+    n_ctx, k = config.n_ctx, config.max_repeats
+    fresh = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
+    lengths = _segment_lengths(config, (k, batch_size), generator)
+    u_gap, u_src = torch.rand((2, k, batch_size), generator=generator, dtype=torch.float64)
     pos = torch.arange(n_ctx).unsqueeze(0)  # [1, n_ctx]
-    in_second = (pos >= second[:, None]) & (pos < (second + length)[:, None])  # [batch, n_ctx]
-    source = torch.where(in_second, pos - (second - first)[:, None], pos)
-    tokens = tokens.gather(1, source)
-    repeat_mask = in_second & (pos > second[:, None])
-    return RepeatBatch(tokens, first, second, length, repeat_mask)
+    source = pos.expand(batch_size, n_ctx).clone()  # [batch, n_ctx]: fresh position each token copies
+    repeat_mask = torch.zeros(batch_size, n_ctx, dtype=torch.bool)
+    copies = torch.full((batch_size, k, 3), -1, dtype=torch.long)
+    free = torch.zeros(batch_size, dtype=torch.long)  # first position after the last copy
+    for i in range(k):
+        length = lengths[i]
+        earliest = torch.maximum(free, length)  # a copy needs its whole source before it
+        room = n_ctx - length - earliest  # copy start in earliest .. earliest + room
+        fits = room >= 0
+        gap = (u_gap[i] * (torch.minimum(room.clamp(min=0), length) + 1)).floor().long()
+        start = earliest + gap
+        # the source ends 0 .. start - length tokens before the copy, log-uniformly: adjacent
+        # repeats are common and sources lie late in the context as often as copies do
+        src = start - length - ((start - length + 1).clamp(min=1).double().pow(u_src[i]).floor().long() - 1)
+        inside = fits[:, None] & (pos >= start[:, None]) & (pos < (start + length)[:, None])  # [batch, n_ctx]
+        shifted = source.gather(1, (pos - (start - src)[:, None]).clamp(min=0))
+        source = torch.where(inside, shifted, source)
+        repeat_mask |= inside & (pos > start[:, None])
+        copies[:, i] = torch.where(fits[:, None], torch.stack([src, start, length], dim=1), copies[:, i])
+        free = torch.where(fits, start + length, free)
+    order = (copies[..., 1] < 0).long().argsort(dim=1, stable=True)  # placed repeats first
+    copies = copies.gather(1, order[..., None].expand(-1, -1, 3))
+    return RepeatBatch(fresh.gather(1, source), copies, repeat_mask)
 
 
 def next_token_losses(logits: torch.Tensor, batch: RepeatBatch) -> dict[str, torch.Tensor]:

@@ -33,20 +33,28 @@ def _batch(config: TrainConfig, batch_size: int = 256, seed: int = 0):
 
 def _check_batch(config: TrainConfig, batch) -> None:
     n = config.n_ctx
-    assert batch.tokens.shape == batch.repeat_mask.shape == (batch.first.shape[0], n)
+    rows = batch.tokens.shape[0]
+    assert batch.tokens.shape == batch.repeat_mask.shape == (rows, n)
+    assert batch.copies.shape == (rows, config.max_repeats, 3)
     assert batch.tokens.dtype == torch.long
     assert int(batch.tokens.min()) >= 0 and int(batch.tokens.max()) < config.d_vocab
-    for row in range(batch.tokens.shape[0]):
-        s, t, length = int(batch.first[row]), int(batch.second[row]), int(batch.length[row])
-        assert config.seg_min <= length <= config.seg_max
-        assert 0 <= s and s + length <= t and t + length <= n  # copies fit and do not overlap
-        assert torch.equal(batch.tokens[row, s : s + length], batch.tokens[row, t : t + length])
+    for row in range(rows):
         expected = torch.zeros(n, dtype=torch.bool)
-        expected[t + 1 : t + length] = True  # second copy without its first token
+        placed = [c for c in batch.copies[row].tolist() if c[1] >= 0]
+        assert placed, "every sequence holds one repeat at least"
+        assert all(c == [-1, -1, -1] for c in batch.copies[row].tolist()[len(placed):])
+        end = 0
+        for src, start, length in placed:
+            assert config.seg_min <= length <= config.seg_max
+            assert 0 <= src and src + length <= start and start + length <= n  # source wholly before its copy
+            assert start >= end  # copies in order, never overlapping
+            assert torch.equal(batch.tokens[row, src : src + length], batch.tokens[row, start : start + length])
+            expected[start + 1 : start + length] = True  # each copy without its first token
+            end = start + length
         assert torch.equal(batch.repeat_mask[row], expected)
 
 
-def test_segment_is_repeated_and_mask_marks_second_copy():
+def test_segments_are_repeated_and_mask_marks_the_copies():
     config = TrainConfig()
     _check_batch(config, _batch(config))
 
@@ -57,24 +65,36 @@ def test_segment_is_repeated_and_mask_marks_second_copy():
     seg_min=st.integers(2, 40),
     extra=st.integers(0, 10),
     d_vocab=st.integers(2, 50),
+    max_repeats=st.integers(1, 8),
     seed=st.integers(0, 2**31),
 )
-def test_batches_are_valid_for_every_fitting_config(n_ctx, seg_min, extra, d_vocab, seed):
+def test_batches_are_valid_for_every_fitting_config(n_ctx, seg_min, extra, d_vocab, max_repeats, seed):
     seg_max = seg_min + extra
     if 2 * seg_max > n_ctx:
         with pytest.raises(TrainConfigError):
             TrainConfig(n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max, d_vocab=d_vocab)
         return
-    config = TrainConfig(n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max, d_vocab=d_vocab)
+    config = TrainConfig(n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max, d_vocab=d_vocab, max_repeats=max_repeats)
     _check_batch(config, _batch(config, batch_size=8, seed=seed))
 
 
-def test_offsets_and_positions_vary():
-    batch = _batch(TrainConfig())
-    offsets = set((batch.second - batch.first).tolist())
-    assert len(offsets) > 20, "a fixed offset would let a positional head solve the task"
-    assert len(set(batch.first.tolist())) > 10
-    assert len(set(batch.length.tolist())) == 32 - 16 + 1
+def test_repeats_cover_the_whole_context():
+    """Regression (issue 12): copies of every length sit at every offset, several per sequence,
+    so induction pays at every position; before, one 16-32-token repeat per sequence and no
+    second copy before position 16 or short repeat anywhere."""
+    config = TrainConfig()
+    batch = _batch(config, batch_size=2048)
+    placed = batch.copies[..., 1] >= 0
+    assert (placed.sum(1) >= 2).float().mean() > 0.7
+    lengths = batch.copies[..., 2][placed]
+    assert set(lengths.tolist()) == set(range(config.seg_min, config.seg_max + 1))
+    assert (lengths <= 8).float().mean() > 0.3  # short repeats are common
+    sources, starts = batch.copies[..., 0][placed], batch.copies[..., 1][placed]
+    assert set(range(0, config.n_ctx - 2 * config.seg_min - 4)) <= set(sources.tolist())  # first copies at every offset
+    assert set(starts.tolist()) == set(range(config.seg_min, config.n_ctx - config.seg_min + 1))
+    coverage = batch.repeat_mask.float().mean(0)  # [n_ctx]: how often each position is a predictable repeat
+    assert coverage[2 * config.seg_min :].min() > 0.05
+    assert len(set((starts - sources).tolist())) > 40, "a fixed offset would let a positional head solve the task"
 
 
 def test_seeded_determinism():
@@ -90,6 +110,7 @@ def test_seeded_determinism():
         (dict(n_ctx=32, seg_max=24), "seg_max=24 tokens need 48 positions, but n_ctx=32"),
         (dict(seg_min=10, seg_max=9), "seg_min=10 is larger than seg_max=9"),
         (dict(seg_min=1), "seg_min must be an int >= 2, got 1"),
+        (dict(max_repeats=0), "max_repeats must be an int >= 1, got 0"),
         (dict(n_layers=-1), "n_layers must be an int >= 0, got -1"),
         (dict(d_vocab=1), "d_vocab must be an int >= 2"),
         (dict(steps=0), "steps must be an int >= 1"),
