@@ -8,7 +8,8 @@ from tensoralg import W_OV, W_QK, Atom, Product, atom, d_head, d_model, n_ctx, t
 
 from derivations.catalogue.common import NOTATION, SCORES
 from derivations.catalogue.registry import check_count, entry
-from derivations.derivation import Chain, Derivation, Numeric, rewrite_words
+from derivations.derivation import Chain, Derivation, Numeric
+from derivations.rewrites import rewrite_words
 from derivations.document import Math, math, prose
 
 
