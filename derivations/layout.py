@@ -245,7 +245,7 @@ def step_rows(step, layout: Layout, first_width: float) -> list[list[Piece]]:
         tag = Piece(rf"\qquad \text{{[{label_latex}]}}", f"   [{prose_text(label, layout.index_from)}]", False)
         packed = pack(pieces, layout.width, first_width if k == 0 else None, layout.measure)
         # the label stays beside its terms unless the last line is already full
-        fits = sum(_measure(p, layout) + 1 for p in packed[-1]) + _measure(tag, layout) <= 1.25 * layout.width
+        fits = sum(_measure(p, layout) + 1 for p in packed[-1]) + _measure(tag, layout) <= layout.width
         rows += packed[:-1] + ([packed[-1] + [tag]] if fits else [packed[-1], [tag]])
     return rows
 
