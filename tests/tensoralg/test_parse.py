@@ -314,3 +314,11 @@ def test_the_slides_notation_expands_as_the_old_syntax(case):
     op = numeric(old, bindings, slot_sizes={0: SIZES["n_ctx"], 1: SIZES["d_model"]})  # acts on x row by row
     value = to_numpy(new, bindings, dims=dict(SIZES))
     np.testing.assert_allclose(value.reshape(-1), op @ bindings["x"].reshape(-1), rtol=1e-9, atol=1e-9)
+
+
+def test_inferred_shapes_evaluate_with_any_bound_sizes():
+    rng = np.random.default_rng(0)
+    values = {"A": rng.normal(size=(3, 3)), "B": rng.normal(size=(2, 4)), "C": rng.normal(size=(3, 5)),
+              "D": rng.normal(size=(4, 2))}
+    dense = to_numpy(parse("(A ⊗ B)(C ⊗ D)"), values, dims={"n_ctx": 3})
+    np.testing.assert_allclose(dense, np.kron(values["A"], values["B"]) @ np.kron(values["C"], values["D"]))
