@@ -15,20 +15,34 @@ from derivations.render import Math
 from tests.derivations.test_catalogue import IDS, VARIANTS
 
 
+def segments(paragraph):
+    """The segments of a paragraph (a string, or prose), with layer-numbered parts in both numberings."""
+    if isinstance(paragraph, str):
+        yield paragraph
+        return
+    for s in paragraph:
+        if hasattr(s, "from0") and hasattr(s, "from1"):  # prose that depends on the numbering
+            yield from s.from0
+            yield from s.from1
+        else:
+            yield s
+
+
 def prose_parts(d):
     """``(where, segment)`` for every piece of prose of a derivation."""
-    yield "title", d.title
-    yield "summary", d.summary
+    yield from (("title", s) for s in segments(d.title))
+    yield from (("summary", s) for s in segments(d.summary))
     for note in d.notes:
-        yield from (("note", s) for s in note)
+        yield from (("note", s) for s in segments(note))
     for chain in d.chains:
         if isinstance(chain.lhs, Math):
             yield "lhs", chain.lhs
-        yield from (("intro", s) for s in chain.intro)
+        yield from (("intro", s) for s in segments(chain.intro))
         for step in chain.steps:
-            yield from (("detail", s) for s in step.detail)
-            yield from (("text", s) for s in step.text)
-            yield from (("group label", label) for label, _ in step.groups)
+            yield from (("detail", s) for s in segments(step.detail))
+            yield from (("text", s) for s in segments(step.text))
+            for label, _ in step.groups:
+                yield from (("group label", s) for s in segments(label))
 
 
 def terms_of(expr):
