@@ -9,12 +9,13 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensoralg import Atom, atom, d_head, d_model, identity, term
+from tensoralg import Atom, TensorSum, atom, d_head, d_model, identity, term
 
 from tensoralg.escape import UnsafeLatex
 
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
+from tests.strategies import any_expression
 from derivations.render import (
     Layout,
     Math,
@@ -305,3 +306,23 @@ def test_a_document_full_of_hostile_strings_compiles(tmp_path):
     assert pdf.startswith(b"%PDF")
     assert "/etc/passwd" not in log.split("(./derivation.tex")[-1].split(")")[0]
     assert "runsystem" not in log
+
+
+# -- properties of the layout -------------------------------------------------------------------
+
+
+@given(any_expression(), st.sampled_from([20, 40, 64]), st.sampled_from([None, 3, 5]))
+@settings(max_examples=60, deadline=None)
+def test_layout_signs_terms_and_brackets_for_any_expression(expr, width, max_terms):
+    layout = Layout(max_terms=max_terms, width=width)
+    pieces = expr_pieces(expr, layout)
+    latex = " ".join(p.latex for p in pieces)
+    text = " ".join(p.text for p in pieces)
+    for bad in ("+ -", "- -", "+ +"):
+        assert bad not in latex and bad not in text
+    assert latex.count(r"\left(") == latex.count(r"\right)")
+    for row in pack(pieces, width):
+        check_math(" ".join(p.latex for p in row))
+    if max_terms is None and isinstance(expr, TensorSum) and len(expr):
+        # every term starts exactly one summand: nothing elided, nothing split across summands
+        assert sum(p.starts for p in pieces) == len(expr)
