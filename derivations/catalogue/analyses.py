@@ -162,29 +162,29 @@ def eigenvalue_copying() -> Derivation:
 
 @entry("composition-scores", "Q-, K- and V-composition scores of two heads, with the random baseline")
 def composition_scores_entry() -> Derivation:
-    QK, OV1, OV0 = atom("W_QK", "h1"), atom("W_OV", "h1"), atom("W_OV", "h0")
-    A0, A1, W_E = atom("A", "h0"), atom("A", "h1"), atom("W_E")
+    QK, OV1, OV0 = atom("W_QK", "h"), atom("W_OV", "h"), atom("W_OV", "g")
+    A0, A1, W_E = atom("A", "g"), atom("A", "h"), atom("W_E")
     moved = term(A0, (OV0, W_E))
     direct = term(None, W_E)
     q = Chain.start(None, sandwich(moved, QK, direct), "bilinear",
-                    detail=prose("queries through head h0, keys direct (the Q-composition term of ",
-                                 math("S^h1"), ")"),
-                    intro=prose("Head h0 of layer 0 writes into the residual stream that head h1 of layer 1 reads "
-                                "with its queries, its keys or its values. Each way gives a term whose middle matrix "
+                    detail=prose("queries through head g, keys direct (the Q-composition term of ",
+                                 math("S^h"), ")"),
+                    intro=prose("Head g of an earlier layer writes into the residual stream that head h of a later "
+                                "layer reads with its queries, its keys or its values. Each way gives a term whose middle matrix "
                                 "is a product of the two heads' matrices:"))
-    q_matrix = Chain.start(math("(W_QK^h1ᵀ W_OV^h0)ᵀ"),
+    q_matrix = Chain.start(math("(W_QK^hᵀ W_OV^g)ᵀ"),
                            term((QK.T, OV0)).T, "transpose",
                            detail="the middle matrix of the Q-composition term, between the embeddings")
     k = Chain.start(None, sandwich(direct, QK, moved), "bilinear",
-                    detail=prose("queries direct, keys through head h0 (the K-composition term of ",
-                                 math("S^h1"), ")"))
+                    detail=prose("queries direct, keys through head g (the K-composition term of ",
+                                 math("S^h"), ")"))
     v = Chain.start(None, Product([term(A1, OV1), term(A0, OV0)]),
-                    detail="head h1 applied to what head h0 wrote (the V-composition, a virtual head)").expand()
+                    detail="head h applied to what head g wrote (the V-composition, a virtual head)").expand()
     fro = r"\lVert {} \rVert_F"
     def ratio(top_latex, top_text, a_latex, a_text, b_latex, b_text):
         return Math(rf"{fro.format(top_latex)} \big/ \bigl({fro.format(a_latex)}\, {fro.format(b_latex)}\bigr)",
                     f"‖{top_text}‖_F / (‖{a_text}‖_F ‖{b_text}‖_F)")
-    QK_l, OV1_l, OV0_l = r"W_{QK}^{h_1}", r"W_{OV}^{h_1}", r"W_{OV}^{h_0}"
+    QK_l, OV1_l, OV0_l = r"W_{QK}^{h}", r"W_{OV}^{h}", r"W_{OV}^{g}"
     return Derivation(
         "composition-scores", "Composition scores",
         "How strongly a later head reads what an earlier head writes, through its queries, keys or values: "
@@ -192,13 +192,13 @@ def composition_scores_entry() -> Derivation:
         (q, q_matrix, k, v),
         notes=(
             prose("The scores, as the paper defines them. Q-composition: ",
-                  ratio(r"W_{QK}^{h_1\top} " + OV0_l, "W_QK^h1ᵀ W_OV^h0", QK_l, "W_QK^h1", OV0_l, "W_OV^h0"),
+                  ratio(r"W_{QK}^{h\top} " + OV0_l, "W_QK^hᵀ W_OV^g", QK_l, "W_QK^h", OV0_l, "W_OV^g"),
                   " (the transpose of the Q-term's middle matrix: a transpose does not change a Frobenius norm); "
-                  "K-composition: ", ratio(QK_l + " " + OV0_l, "W_QK^h1 W_OV^h0", QK_l, "W_QK^h1", OV0_l, "W_OV^h0"),
-                  "; V-composition: ", ratio(OV1_l + " " + OV0_l, "W_OV^h1 W_OV^h0", OV1_l, "W_OV^h1", OV0_l, "W_OV^h0"),
+                  "K-composition: ", ratio(QK_l + " " + OV0_l, "W_QK^h W_OV^g", QK_l, "W_QK^h", OV0_l, "W_OV^g"),
+                  "; V-composition: ", ratio(OV1_l + " " + OV0_l, "W_OV^h W_OV^g", OV1_l, "W_OV^h", OV0_l, "W_OV^g"),
                   ". Each lies between 0 and 1, since ", Math(r"\lVert XY \rVert_F \le \lVert X \rVert_F \lVert Y \rVert_F",
                                                              "‖XY‖_F ≤ ‖X‖_F ‖Y‖_F"), "."),
-            prose("The random baseline: if the earlier head's ", math("Y = W_OV^h0"),
+            prose("The random baseline: if the earlier head's ", math("Y = W_OV^g"),
                   " is drawn with a law invariant under rotations of the residual stream (Gaussian factors ",
                   math("W_O, W_V"), "), then ",
                   Math(r"\mathrm{E}[Y Y^{\top} / \lVert Y \rVert_F^2] = I / d_{model}", "E[Y Yᵀ / ‖Y‖_F²] = I / d_model"),

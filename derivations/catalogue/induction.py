@@ -117,7 +117,8 @@ def induction_mechanism() -> Derivation:
         Chain.start(None, sandwich(term(None, W_E), QK, term(A_prev, (OV, W_E))), "bilinear",
                     detail=prose("queries direct, keys through the earlier head prev (the K-composition term of ",
                                  math("S^h"), ")"),
-                    intro=prose("Head h of layer 1 reads keys that head prev of layer 0 has written to. The term of ",
+                    intro=prose("Head h of a later layer reads keys that head prev of an earlier layer has written to. "
+                                "The term of ",
                                 "its scores for that path (see two-layer-qk) is:"))
         .apply(substitute, "substitution", A_prev, term(P),
                detail=prose("the earlier head is a previous-token head: ", math("A^prev = P_shift"),

@@ -79,7 +79,7 @@ def test_the_copying_score_agrees_with_numeric_check():
 def test_the_composition_chains_hold_the_products_the_scores_measure():
     d = catalogue.get("composition-scores")
     q, q_matrix, k, v = d.chains
-    QK, OV0, OV1 = atom("W_QK", "h1"), atom("W_OV", "h0"), atom("W_OV", "h1")
+    QK, OV0, OV1 = atom("W_QK", "h"), atom("W_OV", "g"), atom("W_OV", "h")
     (qt,), (kt,), (vt,) = q.last, k.last, v.last
     assert qt.words[2][1:3] == (OV0.T, QK) and kt.words[2][1:3] == (QK, OV0) and vt.words[1] == (OV1, OV0)
     assert q_matrix.last == TensorSum([Term(1, ((OV0.T, QK),))])
@@ -186,3 +186,13 @@ def test_the_truncations_are_the_sums_of_the_first_orders():
     for k, (name, value) in enumerate(zip(("direct path", "individual heads", "virtual heads"), PAPER)):
         assert f"{k} | {name} | {value:.1f}" in text and value < 0
     assert r"\begin{array}{clr}" in d.to_latex()
+
+
+@pytest.mark.parametrize("name", ["composition-scores", "induction-mechanism", "eigenvalue-copying", "marginal-loss"])
+def test_the_new_entries_read_the_same_in_the_papers_layer_numbering(name):
+    """No layer number is written into their prose, so --index-from 1 cannot make it disagree with the terms."""
+    d = catalogue.get(name)
+    for numbering in (0, 1):
+        text = " ".join(d.to_text(index_from=numbering).split())
+        assert "of layer 0" not in text and "of layer 1 reads" not in text
+    assert d.to_text(index_from=1) != "" and d.verify().ok
