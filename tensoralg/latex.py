@@ -18,7 +18,13 @@ Notation (choices documented here, pinned by golden tests):
 - A transpose is ``\top`` after the index: ``W_{Q}^{h\top}``, ``W_{U}^{\top}``.
 - The identity is ``\mathrm{Id}``; coefficients go through ``sympy.latex``
   (``\frac{1}{\sqrt{d_{head}}}``), sums of terms in parentheses.
-- Lazy products print each factor in ``\left( … \right)``.
+- Brackets by precedence: juxtaposition binds tighter than ``\otimes``, which binds
+  tighter than ``+``; a lazy product's factor is bracketed unless it is one unscaled word.
+- Signs are pulled out of coefficients: ``A - 2 B``, never ``A + -2 B``.
+- ``max_terms`` elides the middle of a long sum to one marker with the count; documents
+  take the same summands (:meth:`TensorLatexPrinter.summands`) and only arrange them.
+- Every string has a text twin by the same rules (:meth:`TensorLatexPrinter.text`), and
+  ``index_from=1`` numbers layers as the paper does (``L0H3`` → ``L1H3``, ``h0`` → ``h_1``).
 
 Names and indices are arbitrary strings, so every character that means something to
 TeX (``\ { } # $ % & _ ^ ~``) is escaped and control characters are replaced: a
