@@ -326,3 +326,15 @@ def test_layout_signs_terms_and_brackets_for_any_expression(expr, width, max_ter
     if max_terms is None and isinstance(expr, TensorSum) and len(expr):
         # every term starts exactly one summand: nothing elided, nothing split across summands
         assert sum(p.starts for p in pieces) == len(expr)
+
+
+def test_regroup_labels_and_details_may_carry_formulae():
+    from derivations.document import math
+
+    chain = Chain.start(Math("T", "T"), identity(2) + term(A0, W0), sums=[H0])
+    chain = chain.regroup([(("through ", math("W_OV^h")), term(A0, W0)), ("direct", identity(2))],
+                          detail=("by ", math("h ≠ k")))
+    d = Derivation("g", "Groups", "", (chain,))
+    latex, text = d.to_latex(), d.to_text()
+    assert r"\text{[through $W_{OV}^{h}$]}" in latex and r"$h \neq k$" in latex
+    assert "[through W_OV^h]" in text and "h ≠ k" in text
