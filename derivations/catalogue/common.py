@@ -84,15 +84,24 @@ def by_order(expr: TensorSum, slot: int = 0) -> list[tuple[str, TensorSum]]:
             for k, g in sorted(groups.items())]
 
 
+def per_layer(template: str, layer: int) -> Numbered:
+    """Prose that names a layer: ``template.format(layer)``, or ``layer + 1`` in the paper's numbering.
+
+    >>> per_layer("the output of layer {}", 0).at(1)
+    ('the output of layer 1',)
+    """
+    return Numbered(template.format(layer), template.format(layer + 1))
+
+
 def source_math(source: Source) -> Math:
     kind = source.kind
     if kind in ("token", "position"):
         short = "tok" if kind == "token" else "pos"
         return Math(rf"T_{{\mathrm{{{short}}}}}", f"T_{short}")
     if kind == "bias":
-        return Math(rf"T_{{b_O^{{\mathrm{{L{source.layer}}}}}}}", f"T_(b_O^L{source.layer})")
+        return math(f"T_{{b_O^{{L{source.layer}}}}}")
     if kind == "mlp":
-        return Math(rf"T_{{\mathrm{{mlp}}^{{\mathrm{{L{source.layer}}}}}}}", f"T_(mlp^L{source.layer})")
+        return math(f"T_{{mlp^{{L{source.layer}}}}}")
     return Math(r"T_{b_U}", "T_(b_U)")
 
 

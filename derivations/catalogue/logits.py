@@ -7,8 +7,8 @@ import sympy as sp
 from tensoralg import W_OV, W_QK, Product, atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture, head_label
-from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, by_order, scaled_scores,
-                                          source_math,                                           stream_product, sum_index)
+from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, by_order, per_layer, scaled_scores,
+                                          source_math, stream_product, sum_index)
 from derivations.catalogue.registry import check_count, check_flag, check_size, entry
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
@@ -47,9 +47,10 @@ def _source_detail(source: Source) -> tuple:
         return prose("positional embeddings ", math("(Id ⊗ W_pos)"),
                      " acting on the identity of positions")
     if source.kind == "bias":
-        return prose(f"the output bias of layer {source.layer} (with ", math("b_V"),
+        return prose(per_layer("the output bias of layer {}", source.layer), " (with ", math("b_V"),
                      " folded into it) acting on a column of ones, entering after that layer")
-    return prose(f"the output of the MLP of layer {source.layer}, an opaque source entering after that layer")
+    return prose(per_layer("the output of the MLP of layer {}", source.layer),
+                 ", an opaque source entering after that layer")
 
 
 def path_notes(arch: Architecture, concrete: bool) -> tuple:
@@ -148,6 +149,6 @@ def two_layer_logits(heads: int = 2, positional: str = "none", layer_norm: bool 
     return _logits_derivation(
         "two-layer-logits", "The path expansion of a two-layer attention-only transformer",
         "Two layers give the direct path, the heads of each layer, and virtual heads that pass through a head of "
-        "layer 0 and then a head of layer 1.",
+        "the first layer and then a head of the second.",
         arch, concrete, max_order, extra_notes=(VIRTUAL,),
     )

@@ -7,7 +7,8 @@ import sympy as sp
 from tensoralg import Product, TensorSum, atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture, head_label
-from derivations.catalogue.common import INDEXING, NOTATION, SCORES, SUMS, architecture, scaled_scores, stream_product, sum_index
+from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, per_layer, scaled_scores,
+                                          stream_product, sum_index)
 from derivations.catalogue.logits import _check_order, _index_latex
 from derivations.catalogue.registry import DOCUMENT_LIMIT, check_flag, entry, too_many
 from derivations.derivation import Chain, Derivation
@@ -85,7 +86,7 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
         stream = stream_product(arch, 0, layer, (atom("W_E"),), concrete)
         sums = () if concrete else tuple(sum_index(l) for l in reversed(range(layer)))
         chains.append(Chain.start(Math(f"x_{layer}", f"x_{layer}"), stream,
-                                  detail=f"the residual stream entering layer {layer}, token source",
+                                  detail=prose(per_layer("the residual stream entering layer {}", layer), ", token source"),
                                   intro="Both sides of the scores read the residual stream; expanded into paths it is",
                                   sums=sums).expand(max_order))
     sums = () if concrete else tuple(sum_index(l, c) for c in "qk" for l in reversed(range(layer)))

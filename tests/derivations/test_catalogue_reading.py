@@ -129,3 +129,16 @@ def test_descriptions_give_the_pattern_its_scale():
 def test_the_qk_note_does_not_claim_every_k_term_is_induction():
     note = " ".join(s for s in catalogue.get("two-layer-qk").notes[-1] if isinstance(s, str))
     assert "can carry the induction mechanism" in note and "induction-mechanism" in note
+
+
+@pytest.mark.parametrize("name, params", [("path-expansion", dict(biases=True, mlp=True)), ("two-layer-qk", {}),
+                                          ("two-layer-logits", {})])
+def test_layer_numbers_in_prose_follow_the_documents_numbering(name, params):
+    d = catalogue.get(name, **params)
+    zero, one = (" ".join(d.to_text(index_from=k).split()) for k in (0, 1))
+    if name == "path-expansion":
+        assert "output bias of layer 0" in zero and "output bias of layer 1" in one
+        assert "output bias of layer 0" not in one and "b_O^L1" in one and "b_O^L0" in zero
+    if name == "two-layer-qk":
+        assert "entering layer 1" in zero and "entering layer 2" in one
+    assert "of layer 0 and then" not in zero
