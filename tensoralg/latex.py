@@ -228,10 +228,14 @@ class TensorLatexPrinter:
 
     @staticmethod
     def needs_brackets(factor) -> bool:
-        """A factor of a product is bracketed unless it is one unscaled word (juxtaposition binds
-        tighter than ``⊗``, ``+`` and a coefficient)."""
+        """A factor of a product is bracketed unless it is one unscaled atom (or ``Id``).
+
+        Juxtaposition binds tighter than ``⊗``, ``+`` and a coefficient, so a word of several
+        atoms would need no brackets for its value; it keeps them because a lazy product's
+        grouping is what an associativity step changes: ``(x^T W_Q^T)(W_K x)`` and
+        ``x^T W_Q^T W_K x`` must not print alike."""
         terms = list(factor)
-        return len(terms) != 1 or len(terms[0].words) != 1 or terms[0].coeff != 1
+        return len(terms) != 1 or len(terms[0].words) != 1 or terms[0].coeff != 1 or len(terms[0].words[0]) > 1
 
     def bracketed(self, factor) -> tuple[str, str]:
         """``(latex, text)`` of a product's factor, in brackets where precedence needs them."""

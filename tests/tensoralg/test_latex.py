@@ -183,3 +183,14 @@ def test_text_follows_the_same_rules_as_the_latex():
     assert p.text(Product([term(None, W_U), identity(2) + term(A1, W1)])) == "(Id ⊗ W_U)(Id ⊗ Id + A^{h2} ⊗ W_OV^{h2})"
     elided = TensorLatexPrinter(max_terms=2).summands(transformer_product(1, 3).expand())
     assert [x.omitted for x in elided] == [0, 2, 0] and elided[1].text == "⋯ (2 terms)"
+
+
+def test_a_product_shows_the_grouping_that_associativity_changes():
+    """Regression: ``(xᵀ W_Qᵀ)(W_K x)`` printed as ``xᵀ W_Qᵀ W_K x``, so the associativity step
+    of attention-head read as a step that changed nothing."""
+    x = Atom("x", d_head, d_head)
+    W_Q, W_K = Atom("W_Q", d_head, d_head), Atom("W_K", d_head, d_head)
+    grouped = Product([term((x.T, W_Q.T)), term((W_K, x))])
+    assert to_latex(grouped) == r"\left(x^{\top} W_{Q}^{\top}\right) \left(W_{K} x\right)"
+    assert to_latex(grouped.expand()) == r"x^{\top} W_{Q}^{\top} W_{K} x"
+    assert to_latex(Product([term(x.T), term(W_K)])) == r"x^{\top} W_{K}"  # single atoms need none
