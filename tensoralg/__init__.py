@@ -12,6 +12,7 @@ definitions to fold and unfold, a small text language, LaTeX and numeric binding
 TensorSum(Id ⊗ W_U W_E + A^{h} ⊗ W_U W_OV^{h} W_E)
 """
 
+from tensoralg.action import act
 from tensoralg.atoms import DIMS, Atom, Word, atom, d_head, d_mlp, d_model, d_vocab, n_ctx, word_shape
 from tensoralg.bilinear import sandwich
 from tensoralg.definitions import STANDARD_DEFINITIONS, W_OV, W_QK, Definition, fold, unfold
@@ -30,12 +31,13 @@ from tensoralg.escape import UnsafeLatex, check_math, escape_text
 from tensoralg.formula import Formula, formula
 from tensoralg.latex import to_latex
 from tensoralg.numeric import to_numpy
-from tensoralg.parse import parse, to_text
+from tensoralg.parse import parse, read, to_text
+from tensoralg.reading import Reading
 
 __all__ = [
-    "Add", "Atom", "BindingError", "Choice", "DIMS", "Definition", "EmptySum", "Expr", "InvalidOrder",
-    "Formula", "ParseError", "Product", "UnsafeLatex", "check_math", "escape_text", "formula", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TensorAlgError",
-    "TensorSum", "Term", "UnknownAtom", "W_OV", "W_QK", "Word", "add", "atom", "d_head", "d_mlp", "d_model",
-    "d_vocab", "fold", "identity", "n_ctx", "parse", "sandwich", "tensor", "term", "to_latex", "to_numpy", "to_text", "unfold",
-    "word_shape",
+    "Add", "Atom", "BindingError", "Choice", "DIMS", "Definition", "EmptySum", "Expr", "Formula", "InvalidOrder",
+    "ParseError", "Product", "Reading", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TensorAlgError",
+    "TensorSum", "Term", "UnknownAtom", "UnsafeLatex", "W_OV", "W_QK", "Word", "act", "add", "atom", "check_math",
+    "d_head", "d_mlp", "d_model", "d_vocab", "escape_text", "fold", "formula", "identity", "n_ctx", "parse", "read",
+    "sandwich", "tensor", "term", "to_latex", "to_numpy", "to_text", "unfold", "word_shape",
 ]
