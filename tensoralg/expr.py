@@ -24,6 +24,7 @@ import sympy as sp
 
 from tensoralg.atoms import Atom, Word, format_shape, transpose_word, word_key, word_shape
 from tensoralg.errors import EmptySum, InvalidOrder, ShapeMismatch, SlotMismatch, TensorAlgError
+from tensoralg.display import latex_repr, text_repr
 from tensoralg.latex import to_latex
 from tensoralg.sympy_bridge import sympy_of_sum
 
@@ -55,6 +56,21 @@ def canonical_coeff(coeff: sp.Expr) -> sp.Expr:
     return _expanded(coeff)
 
 
+NON_FINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
+
+
+def check_finite(coeff: sp.Expr) -> sp.Expr:
+    """Refuse a coefficient that is or contains ``zoo``, ``±oo`` or ``nan`` (a division by
+    zero, ``0**-1``, an overflowed float): no term may carry a non-finite scale.
+
+    >>> check_finite(sp.Rational(1, 2))
+    1/2
+    """
+    if coeff.has(*NON_FINITE):
+        raise TensorAlgError(f"a coefficient must be finite, got {coeff} (a division by zero or an overflow?)")
+    return coeff
+
+
 def as_coeff(value) -> sp.Expr:
     try:
         coeff = sp.sympify(value, strict=True)
@@ -62,7 +78,7 @@ def as_coeff(value) -> sp.Expr:
         raise TensorAlgError(f"a coefficient must be a number or SymPy scalar, got {value!r}") from None
     if isinstance(coeff, sp.MatrixBase) or getattr(coeff, "is_Matrix", False):
         raise TensorAlgError(f"a coefficient must be a scalar, got the matrix {value!r}")
-    return coeff
+    return check_finite(coeff)
 
 
 def as_word(slot: Slot) -> Word:
@@ -193,8 +209,12 @@ class Expr:
     def scale(self, coeff: sp.Expr) -> "Expr":  # pragma: no cover - abstract
         raise NotImplementedError
 
+    # -- notebooks (IPython): the printer's maths, a long sum's middle elided with its count --
     def _repr_latex_(self) -> str:
-        return "$\\displaystyle " + to_latex(self) + "$"
+        return latex_repr(self)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(f"{type(self).__name__}({text_repr(self)})")
 
     def to_sympy(self, dims: Mapping | None = None):
         """This expression as a SymPy matrix expression (``KroneckerProduct`` of slots)."""
@@ -284,7 +304,8 @@ class TensorSum(Expr):
         return self
 
     def scale(self, coeff: sp.Expr) -> "TensorSum":
-        if coeff == 0:
+        coeff = as_coeff(coeff)
+        if coeff.is_zero:
             return TensorSum._trusted({}, self.n_slots, self.slot_shapes)
         return TensorSum._trusted({w: mul(coeff, c) for w, c in self._terms.items()}, self.n_slots, self.slot_shapes)
 
@@ -618,7 +639,7 @@ class Product(Expr):
         return self.count()
 
     def scale(self, coeff: sp.Expr) -> "Product":
-        return Product(self.factors, mul(self.coeff, coeff))
+        return Product(self.factors, mul(self.coeff, as_coeff(coeff)))
 
     @property
     def T(self) -> "Product":

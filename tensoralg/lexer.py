@@ -36,6 +36,8 @@ BARE_INDEX = re.compile(r"[A-Za-z0-9]+")
 SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9]))")
 SUM_BODY = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*)\s*(?:∈|\s+in\s+)\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{[A-Za-z0-9]+\}|[A-Za-z0-9]+))?)\s*")
 SUM_HINT = "an indexed sum is written Σ_{h∈H_1} or sum_{h in H_1}"
+MAX_DIGITS = 100  # digits in one number literal
+MAX_EXPONENT = 300  # |e| in a literal such as 1e-300 (as a float's range)
 
 
 def tokenize(text: str) -> list[Token]:
@@ -58,7 +60,7 @@ def tokenize(text: str) -> list[Token]:
         elif m := SUM_START.match(text, i):
             token = indexed_sum(text, i, m.end())
         elif m := NUMBER.match(text, i):
-            token = Token("NUM", m.group(), i, m.end())
+            token = number(text, m)
         elif m := NAME.match(text, i):
             token = Token("NAME", m.group(), i, m.end())
         else:
@@ -67,6 +69,23 @@ def tokenize(text: str) -> list[Token]:
         i = token.end
     tokens.append(Token("END", "", n, n))
     return tokens
+
+
+def number(text: str, m: re.Match) -> Token:
+    """A number literal, refused when malformed (``1.5.5``, ``2e3.1``) or too long to be a
+    coefficient (more than :data:`MAX_DIGITS` digits, or a decimal exponent beyond
+    :data:`MAX_EXPONENT`)."""
+    i, end = m.start(), m.end()
+    if text[end : end + 1] == "." or (text[end : end + 1].isdigit()):
+        raise ParseError(f"malformed number {text[i:end + 1]!r}...: a number has at most one '.'", text, end)
+    mantissa, exponent = m.group(1), m.group(2)
+    digits = sum(c.isdigit() for c in mantissa)
+    if digits > MAX_DIGITS:
+        raise ParseError(f"a number literal has at most {MAX_DIGITS} digits, this one has {digits}", text, i)
+    if exponent and (len(exponent) > 6 or abs(int(exponent[1:])) > MAX_EXPONENT):
+        raise ParseError(f"a number's exponent must lie in -{MAX_EXPONENT}..{MAX_EXPONENT}, got {exponent[1:]}",
+                         text, m.start(2))
+    return Token("NUM", m.group(), i, end)
 
 
 def caret(text: str, i: int) -> Token:

@@ -61,7 +61,7 @@ import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom
-from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
+from tensoralg.expr import NON_FINITE, Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes, declared_table
 from tensoralg.lexer import Token, tokenize
 from tensoralg.reading import Applied, Bound, Reading, reindex
@@ -71,6 +71,9 @@ __all__ = ["Applied", "Bound", "Reading", "parse", "read", "to_text"]
 
 AtomDecl = Union[Atom, tuple]
 API_HINT = "declare others with atoms="
+MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
+MAX_SCALE_DIGITS = 300  # a number may reach 10**300 (as a float's range); larger powers are refused
+MAX_POWER = 1000  # |exponent| for a power of a symbolic base (d_head**1000 still expands cheaply)
 
 
 class _Word(NamedTuple):
@@ -88,6 +91,7 @@ class _Parser:
         self.text = text
         self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
         self.depth = 0
+        self.nesting = 0  # groups open at this point: bounded by MAX_NESTING
         self.tokens = tokenize(text)
         self.i = 0
         self.table = table
@@ -113,6 +117,23 @@ class _Parser:
         token = self.tokens[self.i]
         self.i += 1
         return token
+
+    def enter(self, pos: int, what: str) -> None:
+        """Open one more nested construct; refuse past :data:`MAX_NESTING` (the parser recurses)."""
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.error(f"{what} nested more than {MAX_NESTING} deep; simplify the expression", pos)
+
+    def scalar(self, value: sp.Expr, pos: int) -> sp.Expr:
+        """A scalar just computed: finite, and no larger than ``10**MAX_SCALE_DIGITS``."""
+        if value.has(*NON_FINITE):
+            raise self.error(f"the scalar here is {value} (a division by zero or an overflow): "
+                             "a coefficient must be finite", pos)
+        if value.is_number and not value.is_zero:
+            size = abs(sp.log(abs(value), 10).evalf(15))
+            if not size.is_finite or size > MAX_SCALE_DIGITS:
+                raise self.error(f"the scalar here is beyond 10**±{MAX_SCALE_DIGITS}: too large to be a coefficient", pos)
+        return value
 
     def error(self, message: str, pos: int | None = None) -> ParseError:
         return ParseError(message, self.text, self.tok.pos if pos is None else pos)
@@ -196,6 +217,7 @@ class _Parser:
         self.i = k
         token = self.take()
         var, over = token.text.split("∈")
+        self.enter(token.pos, "indexed sums Σ")
         index, layer = self.binding(var, over, token.pos)
         outer = self.scope.get(var)
         self.scope[var] = index
@@ -209,11 +231,14 @@ class _Parser:
                 del self.scope[var]
             else:
                 self.scope[var] = outer
+        if _is_scalar(body):
+            raise self.error(f"Σ sums tensor terms, got the scalar {body}; write '{body}·A^{var} ⊗ …'", pos)
         for t in body.expand():
             if not any(a.index == index for w in t.words for a in w):
                 raise self.error(f"the summed index {var} does not appear in every term after "
                                  f"{self.text[token.pos:token.end]!r} (a term without it is not summed)", pos)
         self.bound[index] = Bound(index, var, over, layer)
+        self.nesting -= 1
         return -body if negative else body
 
     def binding(self, var: str, over: str, pos: int) -> tuple[str, int | None]:
@@ -257,11 +282,11 @@ class _Parser:
             pos = self.tok.pos
             value = self.power()
             if op == "DIV":
-                coeff = coeff / self.divisor(value, pos)
+                coeff = self.scalar(coeff / self.divisor(value, pos), pos)
             elif _is_scalar(value):
-                coeff = coeff * value
+                coeff = self.scalar(coeff * value, pos)
             elif isinstance(value, _Word):  # juxtaposed atoms join the word before them
-                coeff = coeff * value.coeff
+                coeff = self.scalar(coeff * value.coeff, pos)
                 if items and isinstance(items[-1][1], tuple):
                     word = items[-1][1] + value.atoms
                     self.check_word(word, pos)
@@ -281,7 +306,7 @@ class _Parser:
     def divisor(self, value, pos: int) -> sp.Expr:
         if not _is_scalar(value):
             raise self.error("'/' divides by a scalar only", pos)
-        if value == 0:
+        if value.is_zero:
             raise self.error("division by zero", pos)
         return value
 
@@ -356,18 +381,31 @@ class _Parser:
         base = self.postfix()
         if self.tok.kind != "POW":
             return base
-        self.take()
+        self.enter(self.take().pos, "'**'")
         sign = 1
         if self.tok.kind == "MINUS":
             self.take()
             sign = -1
         epos = self.tok.pos
         exponent = self.power()
+        self.nesting -= 1
         if not _is_scalar(base):
             raise self.error("'**' raises a scalar to a power; tensor expressions have no powers here", pos)
         if not _is_scalar(exponent):
             raise self.error("an exponent must be a scalar", epos)
-        return base ** (sign * exponent)
+        return self.raise_to(base, sign * exponent, pos, epos)
+
+    def raise_to(self, base: sp.Expr, exponent: sp.Expr, pos: int, epos: int) -> sp.Expr:
+        """``base ** exponent``, its size estimated before SymPy computes it (``9**9**9`` is refused
+        at once, not after minutes)."""
+        if exponent.is_number:
+            if base.is_number and not base.is_zero and abs(base) != 1:
+                size = abs(exponent.evalf(15)) * abs(sp.log(abs(base), 10).evalf(15))
+                if not size.is_finite or size > MAX_SCALE_DIGITS:
+                    raise self.error(f"the power here is beyond 10**±{MAX_SCALE_DIGITS}: too large to be a coefficient", pos)
+            elif not base.is_number and abs(exponent.evalf(15)) > MAX_POWER:
+                raise self.error(f"an exponent of a symbol must lie in -{MAX_POWER}..{MAX_POWER}, got {exponent}", epos)
+        return self.scalar(base**exponent, pos)
 
     def postfix(self):
         pos = self.tok.pos
@@ -395,14 +433,17 @@ class _Parser:
         token = self.tok
         if token.kind == "NUM":
             self.take()
-            return sp.Float(token.text) if any(c in token.text for c in ".eE") else sp.Integer(token.text)
+            value = sp.Float(token.text) if any(c in token.text for c in ".eE") else sp.Integer(token.text)
+            return self.scalar(value, token.pos)
         if token.kind == "LPAREN":
             self.take()
             if self.tok.kind == "RPAREN":
                 raise self.error("empty parentheses")
+            self.enter(token.pos, "parentheses")
             self.depth += 1
             value = self.sum()
             self.depth -= 1
+            self.nesting -= 1
             self.expect("RPAREN", f"')' to close the '(' at position {token.pos}")
             # a parenthesised word is a group: a product with a group stays lazy
             return self.as_expr(value, token.pos) if isinstance(value, (_Word, Applied)) else value
@@ -424,12 +465,14 @@ class _Parser:
             return _Word(sp.S.One, ())
         if name == "sqrt":
             self.expect("LPAREN", "'(' after sqrt")
+            self.enter(token.pos, "sqrt(")
             pos = self.tok.pos
             value = self.sum()
+            self.nesting -= 1
             self.expect("RPAREN", "')' to close sqrt(")
             if not _is_scalar(value):
                 raise self.error("sqrt takes a scalar", pos)
-            return sp.sqrt(value)
+            return self.scalar(sp.sqrt(value), token.pos)
         if name in self.scalars:
             return self.scalars[name]
         index = index_token.text if index_token else ""

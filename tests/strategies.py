@@ -300,3 +300,21 @@ def slide_notations(draw, max_factors: int = 3) -> SlideNotation:
 def token_sequences(vocabulary: tuple[str, ...] = ("a", "b", "c"), max_size: int = 8):
     """Short token sequences over a small vocabulary (induction examples)."""
     return st.lists(st.sampled_from(vocabulary), min_size=1, max_size=max_size).map(tuple)
+
+
+# -- hostile text for the parser (issue 11): fragments of the grammar, numbers and junk --
+HOSTILE_FRAGMENTS = [
+    "A", "W_OV", "W_E", "W_U", "Id", "x", "B", "^h", "^{h1}", "^T", "ᵀ", "⊗", "(x)", "·", "*", "/", "**",
+    "+", "-", "(", ")", "sqrt(", "Σ_{h∈H_0} ", "sum_{h in H_1} ", "0", "0.", ".0", "0e5", "1.5", "1e300",
+    "1e-300", "9", "99999999999", "d_head", "n_ctx", " ", ".", "e", "{", "}", "^", "_",
+]
+
+
+@st.composite
+def hostile_text(draw) -> str:
+    """Text a careless user or an attacker might type: grammar fragments, numbers and junk."""
+    parts = draw(st.lists(st.one_of(st.sampled_from(HOSTILE_FRAGMENTS), st.text(max_size=3)), max_size=40))
+    if draw(st.booleans()):  # sometimes a deep or long run of one fragment
+        piece = draw(st.sampled_from(["(", "sqrt(", "2**", "A·", "Σ_{h∈H_0} "]))
+        parts.append(piece * draw(st.integers(0, 400)))
+    return "".join(parts)
