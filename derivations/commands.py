@@ -1,7 +1,7 @@
 """The ``derive`` and ``expand`` subcommands of ``tcircuits`` (see :mod:`derivations.cli`).
 
-``tcircuits derive NAME`` prints a derivation of the catalogue as LaTeX, Markdown, text or
-JSON (``--pdf`` compiles the LaTeX); ``tcircuits expand "EXPR"`` prints each rewrite step
+``tcircuits derive NAME`` prints a derivation of the catalogue as LaTeX, Markdown, text,
+JSON or a self-contained HTML page with MathML (``--pdf`` compiles the LaTeX); ``tcircuits expand "EXPR"`` prints each rewrite step
 of an expression. Bad input raises a :class:`~derivations.errors.DerivationError` (or
 another :class:`~tensoralg.errors.TensorAlgError`), which the CLI prints in one line.
 """
@@ -20,8 +20,9 @@ from derivations import catalogue
 from derivations.derivation import Derivation
 from derivations.errors import DerivationError
 from derivations.expansion import CLI_HINT, expansion
+from derivations.html import html_document
 
-FORMATS = ("text", "latex", "markdown", "json")
+FORMATS = ("text", "latex", "markdown", "json", "html")
 PDFLATEX_FLAGS = ("-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape")
 
 
@@ -86,6 +87,8 @@ def render(derivation: Derivation, fmt: str, max_terms: int | None, index_from: 
         raise DerivationError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if fmt == "json":
         return derivation.to_json(index_from=index_from)
+    if fmt == "html":
+        return html_document(derivation, max_terms=max_terms, index_from=index_from)
     return getattr(derivation, {"text": "to_text", "latex": "to_latex", "markdown": "to_markdown"}[fmt])(
         max_terms=max_terms, index_from=index_from)
 
@@ -204,6 +207,7 @@ examples:
   tcircuits derive two-layer-logits --heads 2 --format markdown
   tcircuits derive path-expansion --layers 3 --heads 4 --concrete --max-order 1
   tcircuits derive two-layer-qk --format latex -o qk.tex --pdf
+  tcircuits derive induction-mechanism --format html -o induction.html
 """
 
 EXPAND_HELP = """\
@@ -246,7 +250,8 @@ def add_index_from(parser: argparse.ArgumentParser) -> None:
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS, default=None, help="output format (default: text)")
+    parser.add_argument("--format", choices=FORMATS, default=None, help="output format (default: text; html: one self-contained page, "
+                             "maths as MathML, open it in a browser)")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
     parser.add_argument("--pdf", action="store_true",
                         help="compile the LaTeX with pdflatex; the PDF goes next to -o FILE (or NAME.pdf)")

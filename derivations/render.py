@@ -1,4 +1,5 @@
-"""Documents from derivations: a complete LaTeX file, Markdown, plain text and JSON.
+"""Documents from derivations: a complete LaTeX file, Markdown, plain text and JSON
+(HTML pages with MathML: :mod:`derivations.html`, re-exported here as ``html_document``).
 
 The tensoralg printer typesets every expression and formula; :mod:`derivations.layout`
 arranges its summands into lines; this module writes the formats: the prose, each step's
@@ -21,13 +22,14 @@ import textwrap
 from tensoralg import TensorSum
 from tensoralg.escape import check_math, escape_text
 
+from derivations.html import html_document
 from derivations.document import Math, Numbered, Piece, SumIndex, as_prose, math, prose, text_width
 from derivations.layout import (
     Layout, chain_rows, check_layout, expr_pieces, justification, lhs, pack, prose_latex, prose_markdown, prose_text,
 )
 
 __all__ = ["Layout", "Math", "Numbered", "Piece", "SumIndex", "as_prose", "check_math", "escape_comment", "escape_latex",
-           "escape_markdown", "expr_pieces", "latex_document", "latex_math", "markdown", "math", "pack", "prose",
+           "escape_markdown", "expr_pieces", "html_document", "latex_document", "latex_math", "markdown", "math", "pack", "prose",
            "prose_latex", "prose_markdown", "prose_text", "text", "text_width", "to_json"]
 
 # -- safe text and mathematics: one escaper, one allow-list (tensoralg.escape) ---------------

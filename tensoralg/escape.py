@@ -12,6 +12,8 @@ link or mathematics there:
 - ``"latex-math"``: a name inside mathematics (``W\_{}``-style escapes, no ``$``).
 - ``"latex-comment"``: the rest of a ``%`` line; a newline cannot end the comment.
 - ``"markdown"``: Markdown with HTML escaped (``<img>`` stays text).
+- ``"html"``: HTML text or a quoted attribute value: ``& < > " '`` as character
+  references, so no tag, entity or attribute can start; control characters shown escaped.
 - ``"text"``: plain text; control characters shown escaped (``\x07``), never raw.
 
 Whitespace runs (newlines included) become one space in every format.
@@ -31,7 +33,7 @@ import unicodedata
 
 from tensoralg.errors import TensorAlgError
 
-FORMATS = ("latex", "latex-math", "latex-comment", "markdown", "text")
+FORMATS = ("latex", "latex-math", "latex-comment", "markdown", "html", "text")
 
 
 class UnsafeLatex(TensorAlgError, ValueError):
@@ -154,12 +156,19 @@ def _markdown_char(ch: str) -> str:
     return _MARKDOWN.get(ch) or (_shown(ch) if _is_control(ch) else ch)
 
 
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}
+
+
+def _html_char(ch: str) -> str:
+    return _HTML.get(ch) or (_shown(ch) if _is_control(ch) else ch)
+
+
 def _text_char(ch: str) -> str:
     return _shown(ch) if _is_control(ch) else ch
 
 
 _BACKENDS = {"latex": _latex_char, "latex-math": _math_char, "latex-comment": _comment_char,
-             "markdown": _markdown_char, "text": _text_char}
+             "markdown": _markdown_char, "html": _html_char, "text": _text_char}
 
 
 def escape_text(text, fmt: str = "latex") -> str:
@@ -171,6 +180,8 @@ def escape_text(text, fmt: str = "latex") -> str:
     'bell\\x07'
     >>> escape_text("title\n\\write18{rm}", "latex-comment")
     'title \\write18{rm}'
+    >>> escape_text('<a href="x">Tom & Jerry</a>', "html")
+    '&lt;a href=&quot;x&quot;&gt;Tom &amp; Jerry&lt;/a&gt;'
     """
     backend = _BACKENDS.get(fmt)
     if backend is None:

@@ -318,3 +318,17 @@ def hostile_text(draw) -> str:
         piece = draw(st.sampled_from(["(", "sqrt(", "2**", "A·", "Σ_{h∈H_0} "]))
         parts.append(piece * draw(st.integers(0, 400)))
     return "".join(parts)
+
+
+# Markup an attacker might put in a name, a title or a token string shown on an HTML page.
+MARKUP_FRAGMENTS = [
+    "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", '"><svg onload=alert(1)>', "' onmouseover='x",
+    "&lt;", "&amp;", "&#60;", "</math>", "<math>", "<!--", "-->", "<![CDATA[", "]]>", "\\text{", "$", "\x00", "\u202e",
+]
+
+
+@st.composite
+def markup_text(draw) -> str:
+    """Text mixing HTML markup, entities, control characters and arbitrary Unicode."""
+    parts = draw(st.lists(st.one_of(st.sampled_from(MARKUP_FRAGMENTS), st.text(max_size=4)), max_size=12))
+    return "".join(parts)
