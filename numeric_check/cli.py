@@ -220,8 +220,8 @@ With a 1-layer --control, the findings also check that it copies but cannot do
 induction. Without CHECKPOINT, the 2-layer model shipped with tcircuits is analysed,
 with the shipped 1-layer model as control.
 
-Writes into OUT: report.md, tables.tex (plain LaTeX), analysis.json, and
-figures/*.png and *.svg.
+Writes into OUT: index.html (the report as a web page: open it in a browser),
+report.md, tables.tex (plain LaTeX), analysis.json, and figures/*.png and *.svg.
 """
 
 ANALYZE_EPILOG = """\
@@ -275,6 +275,7 @@ def _run_analyze(args) -> int:
 
     from numeric_check.plots import check_formats
     from numeric_check.report import analyze_model, findings, write_report
+    from numeric_check.report_html import write_html
     from numeric_check.train import shipped_checkpoint
 
     if args.threads < 1:
@@ -300,10 +301,11 @@ def _run_analyze(args) -> int:
     analysis = analyze_model(model, name=checkpoint.stem, training=record, vocab=vocab, **settings)
     control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
     written = write_report(analysis, out, control=control, formats=formats)
+    written.append(write_html(analysis, out, control))
     rows = findings(analysis, control)
     print(f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else ""))
     for f in rows:
         print(f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}")
     verdict = f"{sum(f.holds for f in rows)}/{len(rows)} findings hold" if rows else "no findings apply to a 0-layer model"
-    print(f"{verdict}; wrote {len(written)} files into {out}/ (report.md, tables.tex, analysis.json, figures/)")
+    print(f"{verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")
     return 0
