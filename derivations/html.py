@@ -15,7 +15,7 @@ User text (titles, names, token strings) goes through ``escape_text(…, "html")
 Each step shows its rule and its numerical check; long steps fold into ``<details>``.
 
 >>> print(mathml(r"A^{h} \otimes W_{OV}^{h}"))  # doctest: +ELLIPSIS
-<math display="inline"><mrow><msup><mi>A</mi><mrow><mi>h</mi></mrow></msup><mo>&#8855;</mo>...</math>
+<math display="inline"><mrow><msup><mi>A</mi><mrow><mi>h</mi></mrow></msup><mo lspace="0.2222em" rspace="0.2222em">&#8855;</mo>...</math>
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def _serialise(element: Element, out: list[str]) -> None:
     if element.tag == "mo" and text in _BINARY:
         attrib.setdefault("lspace", "0.2222em")
         attrib.setdefault("rspace", "0.2222em")
+    elif element.tag == "mo" and attrib.get("fence") == "true":  # \left( hugs its contents as in TeX
+        attrib.setdefault("lspace", "0em")
+        attrib.setdefault("rspace", "0em")
     attrs = "".join(f' {k}="{escape_text(v, "html")}"' for k, v in attrib.items() if k != "xmlns")
     if not len(element) and not text:
         out.append(f"<{element.tag}{attrs}/>" if element.tag in ("mspace",) else f"<{element.tag}{attrs}></{element.tag}>")
@@ -104,6 +107,10 @@ def mathml(latex: str, display: str = "inline", check: bool = True) -> str:
         element = convert_to_element(latex, display=display)
     except Exception as error:  # latex2mathml raises its own and plain Python errors
         raise HtmlError(f"cannot convert {latex!r} to MathML: {type(error).__name__}: {error}") from None
+    if display == "block":  # limits under Σ inside \left( … \right) too, as TeX sets them in display
+        for sub in element.iter("msub"):
+            if len(sub) and sub[0].tag == "mo" and _plain(sub[0].text) in ("\u2211", "\u220f"):
+                sub.tag = "munder"
     left = [m.group(0) for e in element.iter() for m in _COMMAND_LEFT.finditer(e.text or "")]
     if left:
         raise HtmlError(f"cannot convert {latex!r} to MathML: latex2mathml does not know {', '.join(left)}")
@@ -218,7 +225,7 @@ def _verification_html(verification, steps: int) -> str:
 def _math_row(lead: str, row: list[Piece], labels: list[str], more: bool) -> str:
     parts, label = [], ""
     for piece in row:
-        if piece.latex.startswith(r"\qquad \text{[") and labels:
+        if _is_label(piece) and labels:
             label = f' <span class="group">[{labels.pop(0)}]</span>'
         else:
             parts.append(piece.latex)
@@ -227,7 +234,19 @@ def _math_row(lead: str, row: list[Piece], labels: list[str], more: bool) -> str
             f'<div class="rhs{" more" if more else ""}">{body}{label}</div>')
 
 
+def _is_label(piece: Piece) -> bool:
+    return piece.latex.startswith(r"\qquad \text{[")
+
+
 def _step_rows(rows: list[list[Piece]], lead: str, labels: list[str], n_terms: int | None) -> list[str]:
+    # a page is wider than the layout's line: a group's label goes beside its last line
+    merged: list[list[Piece]] = []
+    for row in rows:
+        if merged and all(_is_label(p) for p in row):
+            merged[-1] = merged[-1] + row
+        else:
+            merged.append(row)
+    rows = merged
     html = [_math_row(lead if k == 0 else "", row, labels, k > 0) for k, row in enumerate(rows)]
     if len(rows) <= FOLD_ROWS:
         return html
@@ -255,6 +274,8 @@ def _chain_html(ci: int, chain, layout: Layout, errors: dict, tol) -> str:
     for i, step, rows in chain_rows(chain, layout):
         why = justification(step, first=i == 0)
         check = _check_html(errors, (ci, i), tol) if i else ""  # the first line is the reference
+        if not why and i == 0:
+            why = (step.rule.name[:1].upper() + step.rule.name[1:] + ".",)
         if why or check:
             rule = step.rule.name[:1].upper() + step.rule.name[1:]
             text = prose_html(why, k)

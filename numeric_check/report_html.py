@@ -132,8 +132,8 @@ def _detected_section(a: ModelAnalysis, figures: dict[str, str]) -> list[str]:
     out = ["<h2>Previous-token and induction heads</h2>",
            _table(["kind", "by behaviour", "by weights", "views agree"], rows)]
     out += _figure("profiles", figures)
-    if a.grid is not None:
-        g = a.grid
+    g = getattr(a, "grid", None)  # the loss on repeats by length and offset, where measured
+    if g is not None:
         grid_rows = [[str(length)] + [_num(v, 2) for v in g.loss[i].tolist()] for i, length in enumerate(g.lengths)]
         out += [f"<p>Loss (nats) on the second copy of a repeated random segment, its first token excluded, by "
                 f"segment length (rows) and offset of the first copy (columns); uniform {g.uniform:.2f}.</p>",

@@ -147,3 +147,24 @@ def test_cli_refuses_pdf_with_html(capsys):
     assert main(["derive", "zero-layer", "--format", "html", "--pdf"]) == 2
     err = capsys.readouterr().err
     assert "--pdf compiles LaTeX" in err and "Traceback" not in err
+
+
+def test_group_labels_stay_beside_their_terms():
+    document = html_document(catalogue.get("two-layer-qk"), verification=None)
+    assert document.count('<span class="group">') == 4  # direct, Q-, K- and QK-composition
+    assert not re.search(r'<div class="rhs[^"]*"> ?<span class="group">', document)  # never on a line alone
+
+
+def test_display_sums_put_limits_under_inside_brackets():
+    out = mathml(r"\left( \mathrm{Id} + \sum_{h \in H_{0}} A^{h} \right)", "block")
+    assert "<munder><mo>&#8721;</mo>" in out and "<msub><mo>&#8721;" not in out
+    assert 'fence="true" form="prefix" lspace="0em"' in out
+
+
+def test_every_line_of_an_expansion_says_its_rule():
+    from derivations.expansion import expansion
+
+    d = expansion("(A ⊗ B)(C ⊗ D)")
+    document = html_document(d, verification=None)
+    assert document.count('<p class="why">') == len(d.steps)
+    assert "The expression as given" in document

@@ -1,0 +1,116 @@
+"""HTML pages in a real browser: headless Chromium lays out the MathML of a derivation and the
+analysis page, and the test checks what a reader would see (skipped where Chromium is absent).
+
+The measuring script is added to a copy of the page for the test only (the pages themselves
+carry no script); it writes what the browser laid out into the DOM, which ``--dump-dom`` prints.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+         "--window-size=1200,2000"]
+
+MEASURE = """<script>
+window.addEventListener('load', function () {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.width, r.height]; };
+  const maths = [...document.querySelectorAll('math')];
+  // a superscript laid out as MathML sits above its base; as inline text it would not
+  const raised = [...document.querySelectorAll('msup, msubsup')].slice(0, 20).map(m =>
+      m.lastElementChild.getBoundingClientRect().top < m.firstElementChild.getBoundingClientRect().top);
+  const closed = [...document.querySelectorAll('details')].map(d => box(d)[1]);
+  const images = [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth, box(i)[0]]);
+  const result = {maths: maths.map(box), raised, closed, images,
+                  merror: document.querySelectorAll('merror').length,
+                  text: document.body.innerText.length, height: document.body.scrollHeight,
+                  width: document.documentElement.scrollWidth};
+  const out = document.createElement('pre'); out.id = 'measured'; out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def browse(tmp_path, page: str, name: str = "page.html", screenshot: bool = True) -> dict:
+    """Open ``page`` (written as ``tmp_path/name``) in Chromium; return the measurements."""
+    path = tmp_path / name
+    path.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    profile = tmp_path / "profile"
+    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=5000",
+                          "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', run.stdout, re.DOTALL)
+    assert found, f"Chromium printed no measurements (exit {run.returncode}): {run.stderr[-2000:]}"
+    measured = json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+    if screenshot:  # what a person would see: the page is not blank
+        png = tmp_path / (path.stem + ".png")
+        subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={png}", path.as_uri()],
+                       capture_output=True, timeout=120)
+        measured["ink"] = ink(png)
+    return measured
+
+
+def ink(png) -> float:
+    """The fraction of the screenshot's pixels that differ clearly from its background colour."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(png).convert("L"), dtype=np.int16)
+    values, counts = np.unique(pixels, return_counts=True)
+    background = values[counts.argmax()]
+    return float((np.abs(pixels - background) > 40).mean())
+
+
+def assert_readable(measured: dict, min_maths: int) -> None:
+    assert measured["merror"] == 0
+    assert len(measured["maths"]) >= min_maths
+    assert all(w > 0 and h > 0 for w, h in measured["maths"]), [m for m in measured["maths"] if min(m) <= 0]
+    assert measured["raised"] and all(measured["raised"])  # laid out as MathML, not as a line of text
+    assert measured["text"] > 200 and measured["height"] > 400
+    assert measured["width"] <= 1200  # nothing runs off the page sideways
+    assert measured["ink"] > 0.01
+
+
+@pytest.mark.parametrize("name, index_from", [("two-layer-qk", 0), ("induction-mechanism", 1)])
+def test_derivation_page_renders(tmp_path, name, index_from):
+    from derivations import catalogue
+    from derivations.html import html_document
+
+    measured = browse(tmp_path, html_document(catalogue.get(name), index_from=index_from))
+    assert_readable(measured, min_maths=10)
+
+
+def test_expanded_sum_folds_in_the_browser(tmp_path):
+    from derivations.expansion import expansion
+    from derivations.html import html_document
+
+    d = expansion("(Id ⊗ W_U)(Id + A^2 ⊗ W_OV^2 + A^3 ⊗ W_OV^3)(Id + A^0 ⊗ W_OV^0 + A^1 ⊗ W_OV^1)"
+                  "(Id + B ⊗ C + D ⊗ F)(Id ⊗ W_E)")
+    measured = browse(tmp_path, html_document(d, max_terms=None))
+    assert_readable(measured, min_maths=10)
+    assert measured["closed"] and all(h < 40 for h in measured["closed"])  # folded: one summary line each
+
+
+def test_analysis_page_renders_with_its_figures(tmp_path):
+    import torch
+
+    from derivations.architecture import Architecture
+    from numeric_check.model import CircuitModel
+    from numeric_check.report import analyze_model, write_report
+    from numeric_check.report_html import render_html, figure_links
+
+    torch.manual_seed(0)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+    analysis = analyze_model(model, name="random <2l>", n_sequences=4)
+    write_report(analysis, tmp_path, formats=("svg",))
+    measured = browse(tmp_path, render_html(analysis, figures=figure_links(tmp_path)), name="index.html")
+    assert_readable(measured, min_maths=8)
+    assert measured["images"], "no figures on the page"
+    for src, natural, shown in measured["images"]:
+        assert natural > 0 and shown > 100, src  # the figure loaded and shows at a readable size
