@@ -102,7 +102,7 @@ def test_bad_derive_requests_are_one_line_errors(capsys, argv, fragments):
 @pytest.mark.parametrize("argv", [["derive", "zero-layer", "--bogus"], ["derive", "path-expansion", "--heads", "two"],
                                   ["derive", "path-expansion", "--positional", "rotary"],
                                   ["derive", "one-layer", "--concrete", "--symbolic"],
-                                  ["derive", "zero-layer", "--format", "html"],
+                                  ["derive", "zero-layer", "--format", "docx"],
                                   ["expand", "A", "--atom", "V"]])
 def test_malformed_options_are_argparse_errors(capsys, argv):
     with pytest.raises(SystemExit) as info:
