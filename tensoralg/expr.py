@@ -132,6 +132,10 @@ class Term(NamedTuple):
     def T(self) -> "Term":
         return Term(self.coeff, tuple(transpose_word(w) for w in self.words))
 
+    def _repr_latex_(self) -> str:
+        """A notebook shows a term as the printer's maths."""
+        return latex_repr(TensorSum([self]))
+
     def __repr__(self) -> str:
         return f"Term({_term_text(self.coeff, self.words)})"
 
@@ -214,6 +218,8 @@ class Expr:
         return latex_repr(self)
 
     def _repr_pretty_(self, p, cycle: bool) -> None:
+        """IPython's plain text: elided like the LaTeX (IPython looks for this method before a
+        subclass's ``__repr__``, which each subclass names again below)."""
         p.text(f"{type(self).__name__}({text_repr(self)})")
 
     def to_sympy(self, dims: Mapping | None = None):
@@ -329,6 +335,8 @@ class TensorSum(Expr):
 
     def to_sympy(self, dims: Mapping | None = None):
         return sympy_of_sum(self, dims)
+
+    _repr_pretty_ = Expr._repr_pretty_
 
     def __repr__(self) -> str:
         if not self._terms:
@@ -602,24 +610,38 @@ class Product(Expr):
         table = self._factor_choices()
         n = self.n_slots
         limit = len(table) if max_order is None else max_order
-
-        def walk(i: int, indices: tuple, words: tuple, coeff: sp.Expr, order: int):
+        # depth-first with an explicit stack (a product of thousands of factors must not recurse);
+        # pushed in reverse so that the first factor's first term comes out first
+        stack = [((), ((),) * n, self.coeff, 0)]
+        while stack:
+            indices, words, coeff, order = stack.pop()
+            i = len(indices)
             if i == len(table):
                 yield Choice(indices, order, Term(coeff, words))
-                return
-            for j, (fwords, fc, inc) in enumerate(table[i]):
+                continue
+            for j in reversed(range(len(table[i]))):
+                fwords, fc, inc = table[i][j]
                 if order + inc > limit:
                     continue
                 words2 = tuple([a + b for a, b in zip(words, fwords)]) if any(fwords) else words
-                yield from walk(i + 1, indices + (j,), words2, mul(coeff, fc), order + inc)
-
-        yield from walk(0, (), ((),) * n, self.coeff, 0)
+                stack.append((indices + (j,), words2, mul(coeff, fc), order + inc))
 
     def count(self, max_order: int | None = None) -> int:
         """The number of products in the expansion, counted without building any.
 
         Exact for the products themselves; like terms that collect are counted once each
         (``len(self.expand())`` counts after collecting).
+        """
+        return sum(self.order_counts(max_order))
+
+    def order_counts(self, max_order: int | None = None) -> list[int]:
+        """``[n_0, n_1, …]``: how many products of each exact order the expansion has (up to
+        ``max_order``), in one pass with Python ints and nothing built.
+
+        >>> from tensoralg.atoms import atom
+        >>> layer = lambda l: identity(2) + term(atom("A", l), atom("W_OV", l))
+        >>> Product([layer(2), layer(1), layer(0)]).order_counts()
+        [1, 3, 3, 1]
         """
         check_order(max_order)
         poly = [1]  # poly[k] = number of partial products of order k
@@ -632,8 +654,10 @@ class Product(Expr):
                 new[k + 1] += count * n1
             if max_order is not None:
                 new = new[: max_order + 1]
+            while len(new) > 1 and new[-1] == 0:  # factors without an identity add no order
+                new.pop()
             poly = new
-        return sum(poly)
+        return poly
 
     def __len__(self) -> int:
         return self.count()
@@ -653,6 +677,8 @@ class Product(Expr):
 
     def __hash__(self) -> int:
         return hash((self.coeff, self.factors))
+
+    _repr_pretty_ = Expr._repr_pretty_
 
     def __repr__(self) -> str:
         inner = " · ".join(f"({f})" for f in self.factors)
@@ -722,6 +748,8 @@ class Add(Expr):
 
     def __hash__(self) -> int:
         return hash(self.parts)
+
+    _repr_pretty_ = Expr._repr_pretty_
 
     def __repr__(self) -> str:
         return "Add(" + " + ".join(map(repr, self.parts)) + ")"

@@ -1,0 +1,101 @@
+r"""What a notebook shows: maths from the one printer, long sums elided, text escaped.
+
+IPython asks an object for its rich forms (``_repr_latex_``, ``_repr_markdown_``,
+``_repr_pretty_``). The helpers here produce them for every package, so an expression, a
+derivation, a verification report and an analysis result all show the same thing for a long
+sum: its first and last terms and the count of the terms left out — never 30,000 terms.
+Mathematics comes only from :func:`tensoralg.latex.to_latex`; user text (names, labels,
+token strings) only through :func:`tensoralg.escape.escape_text`.
+
+>>> from tensoralg import atom, term
+>>> s = sum(term(atom("A", f"h{i}"), atom("W_OV", f"h{i}")) for i in range(50))
+>>> text_repr(s, max_terms=4)
+'A^{h0} ⊗ W_OV^{h0} + A^{h1} ⊗ W_OV^{h1} + ⋯ (46 terms) + A^{h8} ⊗ W_OV^{h8} + A^{h9} ⊗ W_OV^{h9}'
+>>> latex_repr(s, max_terms=4).count(r"\otimes"), r"46\ \mathrm{terms}" in latex_repr(s, max_terms=4)
+(4, True)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tensoralg.errors import TensorAlgError
+from tensoralg.escape import escape_text
+from tensoralg.latex import TensorLatexPrinter, to_latex
+
+#: How many terms of a sum a notebook shows (the first half and the last half; the rest counted).
+REPR_MAX_TERMS = 16
+
+
+def _check_max_terms(max_terms) -> None:
+    if max_terms is not None and (isinstance(max_terms, bool) or not isinstance(max_terms, int) or max_terms < 2):
+        raise TensorAlgError(f"max_terms must be None or an int >= 2, got {max_terms!r}")
+
+
+def latex_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
+    r"""``$\displaystyle …$`` for an expression, the middle of a long sum elided with its count."""
+    _check_max_terms(max_terms)
+    return "$\\displaystyle " + to_latex(expr, max_terms=max_terms) + "$"
+
+
+def text_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
+    """The plain-text twin of :func:`latex_repr` (same terms, same elision)."""
+    _check_max_terms(max_terms)
+    return TensorLatexPrinter(max_terms=max_terms).text(expr)
+
+
+def md_text(text) -> str:
+    r"""User text made safe in Markdown (and the HTML it becomes).
+
+    >>> md_text("<b>x_1</b>")
+    '&lt;b&gt;x\\_1&lt;/b&gt;'
+    """
+    return escape_text(str(text), "markdown")
+
+
+def md_math(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
+    """An expression as inline Markdown maths, through the printer."""
+    _check_max_terms(max_terms)
+    return "$" + to_latex(expr, max_terms=max_terms) + "$"
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """A Markdown table; cells are written as given (escape text with :func:`md_text` first).
+
+    >>> print(md_table(["a", "b"], [["1", "2"]], right=[1]))
+    | a | b |
+    |---|---:|
+    | 1 | 2 |
+    """
+    rule = ["---:" if i in right else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def head_and_tail(rows: Sequence, limit: int | None) -> tuple[list, int, list]:
+    """``(head, n_left_out, tail)``: all rows when they fit in ``limit``, else the first and last.
+
+    >>> head_and_tail(list(range(10)), 4)
+    ([0, 1], 6, [8, 9])
+    """
+    rows = list(rows)
+    if limit is None or len(rows) <= limit:
+        return rows, 0, []
+    head, tail = (limit + 1) // 2, limit // 2
+    return rows[:head], len(rows) - head - tail, rows[len(rows) - tail:] if tail else []
+
+
+def elided_table(header: Sequence[str], rows: Sequence[Sequence[str]], limit: int | None = REPR_MAX_TERMS,
+                 right: Sequence[int] = (), what: str = "rows") -> str:
+    """:func:`md_table` of the first and last rows, one row in between saying how many were left out."""
+    head, n_out, tail = head_and_tail(rows, limit)
+    gap = [[f"⋯ {n_out:,} {what} left out"] + [""] * (len(header) - 1)] if n_out else []
+    return md_table(header, head + gap + tail, right)
+
+
+def expansion_markdown(title: str, sums: dict, max_terms: int | None = REPR_MAX_TERMS) -> str:
+    """A title, then each labelled sum as display maths (what an expansion shows in a notebook)."""
+    parts = [md_text(title)]
+    for label, s in sums.items():
+        parts += [f"{md_text(label)}, {len(s):,} terms:", "$$" + to_latex(s, max_terms=max_terms) + "$$"]
+    return "\n\n".join(parts)
