@@ -31,6 +31,7 @@ import sympy as sp
 from tensoralg import Add, Atom, Definition, Expr, Product, TensorSum, Term, fold, to_numpy, unfold
 from tensoralg.atoms import DIMS
 from tensoralg.definitions import STANDARD_DEFINITIONS
+from tensoralg.display import elided_table
 from tensoralg.rules import expand_steps
 
 from derivations import render
@@ -334,6 +335,14 @@ class Verification:
     @property
     def worst(self) -> float:
         return max((e for _, _, e in self.errors), default=0.0)
+
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: the verdict, worst error and tolerance, and each line's error."""
+        verdict = "every line agrees" if self.ok else "**some lines disagree**"
+        head = (f"Checked numerically on random bindings: {verdict} (worst relative error {self.worst:.3g}, "
+                f"tolerance {self.tol:.3g}).")
+        rows = [[str(c + 1), str(i + 1), f"{e:.3g}", "ok" if e <= self.tol else "**FAIL**"] for c, i, e in self.errors]
+        return head + "\n\n" + elided_table(["chain", "line", "relative error", "ok"], rows, right=[0, 1, 2], what="lines")
 
 
 def instantiate(expr: Expr, sums: Sequence[SumIndex], count: int) -> Expr:

@@ -41,6 +41,7 @@ from typing import Iterator, NamedTuple
 import sympy as sp
 
 from tensoralg.atoms import Atom, Word, atom, d_model, d_vocab, n_ctx, word_shape
+from tensoralg.display import expansion_markdown
 from tensoralg.errors import InvalidOrder
 from tensoralg.expr import Term, TensorSum, check_order
 
@@ -473,6 +474,10 @@ class LogitExpansion:
         for t in self:
             groups.setdefault(t.source.input_key, {})[t.term.words] = t.term.coeff
         return {k: group_sum(v, 2, f"input {k}") for k, v in groups.items()}
+
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: the count, then one sum per input as maths (long ones elided)."""
+        return expansion_markdown(repr(self), {f"input {k}": s for k, s in self.to_tensor_sums().items()})
 
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"

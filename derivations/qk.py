@@ -39,6 +39,7 @@ from typing import Iterator, NamedTuple
 import sympy as sp
 
 from tensoralg.atoms import Word, d_head
+from tensoralg.display import expansion_markdown
 from tensoralg.expr import Term, TensorSum
 
 from derivations.architecture import Architecture, head_label
@@ -271,6 +272,10 @@ class QKExpansion:
         for q, k, _, term in self._terms():
             groups.setdefault((q.path.source.input_key, k.path.source.input_key), {})[term.words] = term.coeff
         return {k: group_sum(v, 3, f"inputs {k}") for k, v in groups.items()}
+
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: the count, then one sum per input as maths (long ones elided)."""
+        return expansion_markdown(repr(self), {f"query input {k[0]}, key input {k[1]}": s for k, s in self.to_tensor_sums().items()})
 
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"
