@@ -263,6 +263,10 @@ class HeadReport:
     def notes(self) -> tuple[str, ...]:
         return self.weights.notes
 
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: :meth:`to_markdown`."""
+        return self.to_markdown()
+
     def to_markdown(self) -> str:
         """A per-head table of both views, the classifications and the agreement."""
         lines = [

@@ -78,6 +78,10 @@ class ModelAnalysis:
     skip_trigrams: list[SkipTrigramTable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: the report's Markdown (findings, heads, composition scores), no figures."""
+        return render_markdown(self)
+
     @property
     def n_layers(self) -> int:
         return self.model.arch.n_layers
@@ -184,6 +188,11 @@ class Finding:
     claim: str
     measured: str
     holds: bool
+
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: the claim, the figures measured for it and the verdict."""
+        verdict = "holds" if self.holds else "**does not hold**"
+        return f"{escape_text(self.claim, 'markdown')}: {verdict} ({escape_text(self.measured, 'markdown')})"
 
 
 def _heads_text(heads: Sequence[Head], values: Tensor | None = None) -> str:

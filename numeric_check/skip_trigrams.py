@@ -60,6 +60,10 @@ class SkipTrigramTable:
         """``(source, destination, out)`` labels, the i-th destination with the i-th out."""
         return [(token_label(self.source_token, self.source_text), d.label(), o.label()) for d, o in zip(self.destinations, self.outputs)]
 
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: :meth:`to_markdown`."""
+        return self.to_markdown()
+
     def to_markdown(self) -> str:
         """A Markdown table: rank, destination (QK) and score, out (OV) and logit."""
         lines = [

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from derivations.errors import TooManyTerms
 from derivations.paths import LogitExpansion, PathTerm, expand_logits
 from derivations.qk import QKExpansion, QKTerm, expand_qk
+from tensoralg.display import REPR_MAX_TERMS, elided_table, md_table, md_text
 from numeric_check.bind import Binder, Recording, record
 from numeric_check.errors import NumericCheckError
 from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator
@@ -202,6 +203,27 @@ class VerifyReport:
 
     def __str__(self) -> str:
         return self.to_text()
+
+    def _repr_markdown_(self, max_rows: int | None = REPR_MAX_TERMS) -> str:
+        """What a notebook shows: the verdict, each check with its worst error and tolerance, and the
+        first and last terms (the count of the rest) with their norms and errors."""
+        order = "all orders" if self.max_order is None else f"up to order {self.max_order} ({self.n_omitted:,} terms omitted)"
+        lines = [f"**verify {md_text(self.target)}** of {md_text(self.model)}: "
+                 + ("**PASSED**" if self.passed else "**FAILED**"), "",
+                 md_text(f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, "
+                         f"{self.dtype} on {self.device}"), ""]
+        checks = []
+        for c in self.checks:
+            status = "skipped" if c.passed is None else ("PASS" if c.passed else "**FAIL**")
+            le = "≤ " if c.bounded else ""
+            cells = ["" if v is None else f"{le}{v:.3g}" for v in (c.max_abs_error, c.rel_error)]
+            checks.append([md_text(_CHECK_TITLES[c.name]), status, *cells,
+                           "" if c.tolerance is None else f"{c.tolerance:.3g}", md_text(c.detail)])
+        lines += [md_table(["check", "result", "max abs error", "relative", "tolerance", "detail"], checks, right=[2, 3, 4]), ""]
+        lines += [f"- note: {md_text(n)}" for n in self.notes] + ([""] if self.notes else [])
+        rows = [[md_text(label), order_, norm, err, ok if ok != "FAIL" else "**FAIL**"] for label, order_, norm, err, ok in self.rows()]
+        lines.append(elided_table(["term", "order", "norm", "max abs error", "ok"], rows, max_rows, right=[1, 2, 3], what="terms"))
+        return "\n".join(lines)
 
 
 _CHECK_TITLES = {
@@ -533,7 +555,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
                    exact_errors: bool | None) -> VerifyReport:
     arch, rec = s.model.arch, s.rec
     kept: list[PathTerm] = list(expansion)
-    n_omitted = len(LogitExpansion(arch)) - len(kept)
+    n_omitted = LogitExpansion(arch).n_terms - len(kept)  # an int past 2**63 too
     full = _full_terms(build, len(kept), len(kept) + n_omitted, s.notes)
     omitted = [t for t in full if t.order > expansion.max_order] if full else []
     start = time.perf_counter()
@@ -728,7 +750,7 @@ def verify_qk(
 def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progress, chunk_bytes: int) -> VerifyReport:
     arch, rec, layer, head = s.model.arch, s.rec, expansion.layer, expansion.head
     kept: list[QKTerm] = list(expansion)
-    n_omitted = len(QKExpansion(arch, layer, head)) - len(kept)
+    n_omitted = QKExpansion(arch, layer, head).n_terms - len(kept)
     full = _full_terms(build, len(kept), len(kept) + n_omitted, s.notes)
     omitted = [t for t in full if t.order > expansion.max_order] if full else []
     start = time.perf_counter()
