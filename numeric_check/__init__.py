@@ -32,6 +32,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.composition": ("COMPOSITION_KINDS", "composition_baseline", "composition_scores"),
     "numeric_check.skip_trigrams": ("SkipTrigramTable", "skip_trigram_table"),
     "numeric_check.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
+    "numeric_check.behaviour": ("LossGrid", "PositionProfile", "position_profiles", "repeat_loss_grid"),
     "numeric_check.verify": ("ExpansionMismatch", "VerifyError", "VerifyReport", "default_rtol", "verify_logits", "verify_qk"),
     "numeric_check.bind": ("Binder", "Recording", "record"),
     "numeric_check.train": ("shipped_checkpoint", "train_toy"),

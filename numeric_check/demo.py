@@ -5,9 +5,12 @@
 3. every term of that expansion checked against the model's own forward pass;
 4. one induction head's attention scores as Q-, K- and QK-composition terms, checked too;
 5. its induction circuit: a previous-token head in layer 0 that K-composes with
-   induction heads in layer 1, found from the weights and from behaviour.
+   induction heads in layer 1, found from the weights and from behaviour, and
+   measured at every query position and on repeats of every length and offset.
 
-The command exits 0 when every check passes and the induction circuit is found.
+The command exits 0 when every check passes and the induction circuit is found and
+works across the whole context (at every query position, one of its heads puts at
+least 0.4 of its attention where it should).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     from derivations import catalogue, expand_logits, expand_qk, text
     from numeric_check.checkpoint import load_checkpoint
+    from numeric_check.behaviour import ACROSS_CONTEXT, best_head_floor, profile_rows, repeat_loss_grid
     from numeric_check.composition import composition_scores
     from numeric_check.detect import detect_heads, repeated_tokens
     from numeric_check.errors import NumericCheckError
@@ -71,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     record = training_record_for(path)
     if record:
         final, train = record.get("final", {}), record["train_config"]
-        out(f"trained by `tcircuits train-toy` for {train.get('steps', '?')} steps on random sequences that contain a "
-            f"repeated segment of {train.get('seg_min', '?')}-{train.get('seg_max', '?')} tokens; held-out loss on the "
+        out(f"trained by `tcircuits train-toy` for {train.get('steps', '?')} steps on random sequences in which segments "
+            f"of {train.get('seg_min', '?')}-{train.get('seg_max', '?')} tokens recur anywhere; held-out loss on the "
             f"repeats {final.get('repeat_loss', float('nan')):.2f} nats, elsewhere {final.get('other_loss', float('nan')):.2f} "
             f"(uniform: ln {cfg.d_vocab} = {math.log(cfg.d_vocab):.2f})")
 
@@ -118,10 +122,22 @@ def run(args: argparse.Namespace) -> int:
                     f"{float(k_scores[pl, ph, layer, head]):+.3f} above the random baseline")
 
     found = bool(induction) and bool(heads.by_behaviour.labels()["previous_token"]) and heads.agree
+    out(_section("6. Across the context"))
+    classes, profile = heads.by_behaviour, heads.behaviour.profile
+    out("\n".join(profile_rows(profile, sorted(set(classes.previous_token) | set(classes.induction)))))
+    floors = {kind: best_head_floor(profile, kind, [h for h in getattr(classes, kind) if (h[0] == 0) == (kind == "previous_token")])
+              for kind in ("previous_token", "induction")}
+    for kind, (floor, where) in floors.items():
+        out(f"{kind.replace('_', '-')}: the best head's lowest attention over positions is {floor:.2f} (at {where}; bar {ACROSS_CONTEXT})")
+    grid = repeat_loss_grid(model, seed=args.seed)
+    out(f"loss on the second copy of a repeat, by length (rows) and offset of the first copy (columns):\n{grid.to_markdown()}")
+    across = all(floor >= ACROSS_CONTEXT for floor, _ in floors.values())
+    found = found and across
     passed = report.passed and (qk_report is None or qk_report.passed)
     out(_section("Verdict"))
     out(f"every term verified: {'yes' if passed else 'NO'}; induction circuit found by weights and behaviour: "
-        f"{'yes' if found else 'no'}  ({time.perf_counter() - started:.1f} s)")
+        f"{'yes' if found else 'no'}; working at every position: {'yes' if across else 'no'}  "
+        f"({time.perf_counter() - started:.1f} s)")
     sys.stdout.flush()
     return 0 if passed and found else 1
 

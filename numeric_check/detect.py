@@ -1,10 +1,12 @@
 """Previous-token and induction heads, found two ways: from behaviour and from weights.
 
-**Behaviour** (:func:`behaviour_scores`): attention patterns on random sequences whose
-second half repeats the first (``[batch, 2 * seg_len]``, seeded). Previous-token score:
-the mean attention from position ``i`` to ``i - 1``. Induction score: the mean attention
-from a second-copy position ``i`` to the token after that token's earlier occurrence,
-``i - seg_len + 1``.
+**Behaviour** (:func:`behaviour_scores`): attention patterns on random sequences that
+repeat a segment, its first copy swept over the whole context (seeded; see
+:mod:`numeric_check.behaviour`). Previous-token score: attention from query ``i`` to
+``i - 1``; induction score: attention from ``i`` to the tokens that followed earlier
+occurrences of its token. Both are measured at every query position: the score is the
+mean over positions, and :attr:`HeadScores.profile` keeps the by-position profile and its
+minimum, so a head that works in only part of the context is seen as such.
 
 **Weights** (:func:`weight_scores`):
 
@@ -32,6 +34,7 @@ import torch
 from torch import Tensor
 
 from derivations.architecture import head_label
+from numeric_check.behaviour import PositionProfile, position_profiles, profile_length
 from numeric_check.circuits import (
     AnalysisError,
     Head,
@@ -47,10 +50,18 @@ from numeric_check.factored import Factored
 
 @dataclass(frozen=True)
 class HeadScores:
-    """Per-head scores ``[n_layers, n_heads]`` of one view (NaN for heads a layer lacks)."""
+    """Per-head scores ``[n_layers, n_heads]`` of one view (NaN for heads a layer lacks).
+
+    ``profile``: the behaviour view's scores by query position (None for the weight view).
+    """
 
     previous_token: Tensor
     induction: Tensor
+    profile: PositionProfile | None = None
+
+    def minimum(self, kind: str) -> Tensor:
+        """The lowest score of each head over query positions (the score itself without a profile)."""
+        return getattr(self, kind) if self.profile is None else self.profile.minimum(kind)
 
 
 @dataclass(frozen=True)
@@ -74,50 +85,25 @@ def repeated_tokens(model, seg_len: int, batch: int, seed: int = 0) -> Tensor:
     return torch.cat([first, first], dim=1).to(model.device)
 
 
-def _check_seg_len(model, seg_len: int | None) -> int:
-    n_ctx = model.cfg.n_ctx
-    if seg_len is None:
-        seg_len = min(n_ctx // 2, 32)
-    if isinstance(seg_len, bool) or not isinstance(seg_len, int) or not 2 <= seg_len <= n_ctx // 2:
-        raise AnalysisError(
-            f"seg_len must be an int in 2..{n_ctx // 2} so that two copies fit n_ctx={n_ctx}, got {seg_len!r}"
-            if n_ctx >= 4
-            else f"repeated sequences need n_ctx >= 4 (two copies of at least 2 tokens); the model has n_ctx={n_ctx}"
-        )
-    return seg_len
+def behaviour_scores(
+    model, *, seg_len: int | None = None, batch: int = 64, seed: int = 0, n_positions: int | None = None
+) -> HeadScores:
+    """Previous-token and induction scores from attention at every position of repeated random sequences.
 
-
-def behaviour_scores(model, *, seg_len: int | None = None, batch: int = 16, seed: int = 0) -> HeadScores:
-    """Previous-token and induction scores from attention on repeated random sequences.
-
-    ``seg_len`` defaults to ``min(n_ctx // 2, 32)``; ``batch`` sequences drawn with ``seed``.
+    The scores are means over query positions of :func:`~numeric_check.behaviour.position_profiles`
+    (``seg_len``, ``batch``, ``seed`` and ``n_positions`` are passed on), which the result keeps.
 
     >>> from derivations import Architecture
     >>> from numeric_check.model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=8)
     >>> scores = behaviour_scores(model, batch=4)
-    >>> scores.previous_token.shape, scores.induction.shape
-    (torch.Size([2, 2]), torch.Size([2, 2]))
+    >>> scores.previous_token.shape, scores.profile.previous_token.shape
+    (torch.Size([2, 2]), torch.Size([2, 2, 8]))
     """
-    seg_len = _check_seg_len(model, seg_len)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise AnalysisError(f"batch must be an int >= 1, got {batch!r}")
-    tokens = repeated_tokens(model, seg_len, batch, seed)
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.arch.n_layers)]
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=names)
-    n_heads = max(model.arch.heads_per_layer, default=0)
-    shape = (model.arch.n_layers, n_heads)
-    previous = torch.full(shape, float("nan"), dtype=torch.float64)
-    induction = previous.clone()
-    positions = torch.arange(2 * seg_len)
-    second = positions[seg_len:]
-    for layer, name in enumerate(names):
-        pattern = cache[name].to(device="cpu", dtype=torch.float64)  # [batch, heads, query, key]
-        count = pattern.shape[1]
-        previous[layer, :count] = pattern[:, :, positions[1:], positions[1:] - 1].mean(dim=(0, 2))
-        induction[layer, :count] = pattern[:, :, second, second - seg_len + 1].mean(dim=(0, 2))
-    return HeadScores(previous, induction)
+    profile = position_profiles(model, seg_len=seg_len, batch=batch, seed=seed, n_positions=n_positions)
+    return HeadScores(profile.mean("previous_token"), profile.mean("induction"), profile)
 
 
 # --- weights ----------------------------------------------------------------------------------------
@@ -270,14 +256,16 @@ class HeadReport:
     def to_markdown(self) -> str:
         """A per-head table of both views, the classifications and the agreement."""
         lines = [
-            "| head | prev-token (behaviour) | prev-token (weights) | induction (behaviour) | induction (weights) | copying | K-comp excess | same-matching | partner |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| head | prev-token (behaviour) | min over positions | prev-token (weights) | induction (behaviour) "
+            "| min over positions | induction (weights) | copying | K-comp excess | same-matching | partner |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         b, w = self.behaviour, self.weights
+        low_prev, low_ind = b.minimum("previous_token"), b.minimum("induction")
         for l, h in _heads(b.previous_token):
             partner = w.partner[l][h]
-            cells = [b.previous_token[l, h], w.scores.previous_token[l, h], b.induction[l, h], w.scores.induction[l, h],
-                     w.copying[l, h], w.k_composition[l, h], w.same_matching[l, h]]
+            cells = [b.previous_token[l, h], low_prev[l, h], w.scores.previous_token[l, h], b.induction[l, h], low_ind[l, h],
+                     w.scores.induction[l, h], w.copying[l, h], w.k_composition[l, h], w.same_matching[l, h]]
             lines.append(f"| {head_label(l, h)} | " + " | ".join(_number(c) for c in cells)
                          + f" | {head_label(*partner) if partner else '-'} |")
         lines.append("")
@@ -303,8 +291,9 @@ def detect_heads(
     model,
     *,
     seg_len: int | None = None,
-    batch: int = 16,
+    batch: int = 64,
     seed: int = 0,
+    n_positions: int | None = None,
     previous_token_threshold: float = 0.4,
     induction_threshold: float = 0.4,
     weight_previous_token_threshold: float | None = None,
@@ -313,6 +302,8 @@ def detect_heads(
 ) -> HeadReport:
     """Previous-token and induction heads by behaviour and by weights, with their agreement.
 
+    Behaviour is measured on ``batch`` sequences of ``n_positions`` tokens (see
+    :func:`behaviour_scores`), and the weights' previous-token score over the same positions.
     Thresholds for the weight view default to the behaviour ones; ``seed`` seeds both the
     random sequences and the composition baseline.
 
@@ -323,8 +314,8 @@ def detect_heads(
     >>> sorted(report.agreement)
     ['induction', 'previous_token']
     """
-    behaviour = behaviour_scores(model, seg_len=seg_len, batch=batch, seed=seed)
-    weights = weight_scores(model, n_positions=2 * _check_seg_len(model, seg_len), n_samples=n_samples, seed=seed)
+    behaviour = behaviour_scores(model, seg_len=seg_len, batch=batch, seed=seed, n_positions=n_positions)
+    weights = weight_scores(model, n_positions=profile_length(model, n_positions), n_samples=n_samples, seed=seed)
     by_behaviour = classify_heads(behaviour, previous_token_threshold=previous_token_threshold, induction_threshold=induction_threshold)
     by_weights = classify_heads(
         weights.scores,

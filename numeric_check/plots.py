@@ -173,6 +173,46 @@ def importance_bars(report, *, top_virtual: int = 8) -> Figure:
     return fig
 
 
+def position_profiles_figure(
+    previous_token,
+    induction,
+    *,
+    previous_heads: Sequence[tuple[int, int]],
+    induction_heads: Sequence[tuple[int, int]],
+    threshold: float | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Attention by query position: to ``i - 1`` for ``previous_heads`` (left), inductive for ``induction_heads`` (right).
+
+    ``previous_token`` and ``induction`` are ``[n_layers, n_heads, n_positions]`` profiles
+    (NaN where not measured, as in :class:`~numeric_check.behaviour.PositionProfile`); a
+    head that works in only part of the context shows as a curve that falls away.
+    ``threshold`` draws the classification bar.
+    """
+    panels = {"attention to i-1": (_array(previous_token, "previous_token", 3), previous_heads),
+              "attention to the token after an earlier occurrence": (_array(induction, "induction", 3), induction_heads)}
+    fig = Figure(figsize=(9.6, 3.4), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, (label, (values, heads)) in zip(axes, panels.items()):
+        for layer, head in heads:
+            if not (0 <= layer < values.shape[0] and 0 <= head < values.shape[1]):
+                raise PlotError(f"head {head_label(layer, head)} is outside profiles of shape {values.shape}")
+            curve = values[layer, head]
+            ax.plot(np.arange(len(curve)), curve, lw=1.2, label=head_label(layer, head),
+                    color=_colour(layer) if len(heads) == 1 else None)
+        if threshold is not None:
+            ax.axhline(threshold, color="0.6", ls="--", lw=0.8)
+        ax.set(xlabel="query position i", ylim=(-0.02, 1.02), title=label)
+        if heads:
+            ax.legend(frameon=False, fontsize=7, ncol=2)
+        else:
+            ax.text(0.5, 0.5, "no such head", ha="center", va="center", transform=ax.transAxes, color="0.5")
+    axes[0].set_ylabel("mean attention")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
 def training_curve(curve: Sequence[dict], *, uniform_loss: float | None = None, title: str = "Training loss") -> Figure:
     """Loss and loss on repeated tokens against step, from a training record's ``curve``."""
     if not curve:

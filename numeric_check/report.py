@@ -29,6 +29,15 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from tensoralg.escape import escape_text
+from numeric_check.behaviour import (
+    ACROSS_CONTEXT,
+    MIN_REPEAT,
+    LossGrid,
+    best_head_floor,
+    profile_rows,
+    repeat_loss_grid,
+    usable_positions,
+)
 from numeric_check.circuits import AnalysisError, copying_scores, eigenvalue_positivity, qk_circuit
 from numeric_check.errors import NumericCheckError
 from numeric_check.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
@@ -75,6 +84,7 @@ class ModelAnalysis:
     importance: ImportanceReport | None = None
     importance_repeat: ImportanceReport | None = None
     top_head: Head | None = None
+    grid: LossGrid | None = None
     skip_trigrams: list[SkipTrigramTable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -158,6 +168,7 @@ def analyze_model(
                 analysis.composition[kind] = composition_scores(model, kind, dtype=torch.float64).cpu()
                 analysis.baseline[kind] = composition_baseline(model, kind, seed=seed)
     analysis.heads = detect_heads(model, seed=seed)
+    analysis.grid = repeat_loss_grid(model, seed=seed)
     try:
         analysis.importance = term_importance(model, batch.tokens)
         analysis.importance_repeat = term_importance(model, batch.tokens, target_mask=batch.repeat_mask)
@@ -226,7 +237,24 @@ def _one_layer_findings(a: ModelAnalysis, role: str) -> list[Finding]:
             repeat >= bar and not found,
         )
     )
+    if a.grid is not None:
+        out.append(Finding(f"the 1-layer {role} cannot do induction at any length or offset (loss on the second copy of a repeat)",
+                           f"{a.grid.describe()}; induction bar < {bar:.2f}", a.grid.best[2] >= bar))
     return out
+
+
+def _across_context(a: ModelAnalysis, kind: str, heads: Sequence[Head], claim: str) -> Finding:
+    """Whether, at every measured query position, one of ``heads`` scores at least ``ACROSS_CONTEXT``."""
+    profile = a.heads.behaviour.profile
+    if profile is None or not heads:
+        return Finding(claim, "no such head by behaviour", False)
+    floor, where = best_head_floor(profile, kind, heads)
+    first, last = profile.measured(kind)
+    usable = usable_positions(kind, last + 1)
+    per_head = "; ".join(f"{head_label(*h)} {profile.summary(kind, h)}" for h in heads)
+    return Finding(claim, f"{per_head}; best head's lowest {floor:.2f} at position {where} of {max(first, usable[0])}-"
+                          f"{min(last, usable[-1])} (bar {ACROSS_CONTEXT}" + (f"; later keys serve only repeats shorter than "
+                          f"{MIN_REPEAT} tokens" if kind == "previous_token" else "") + ")", floor >= ACROSS_CONTEXT)
 
 
 def _composition_with(a: ModelAnalysis, kind: str, writer: Head, reader: Head) -> float:
@@ -242,12 +270,16 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
     ):
         layer0 = [h for h in classes.previous_token if h[0] == 0]
         out.append(Finding(f"layer 0 has a previous-token head (by {view})", f"attention to i-1: {_heads_text(layer0, values)}", bool(layer0)))
+    out.append(_across_context(a, "previous_token", [h for h in hr.by_behaviour.previous_token if h[0] == 0],
+                               "the previous-token head attends to i-1 at every query position"))
     for view, classes, values in (
         ("behaviour", hr.by_behaviour, hr.behaviour.induction),
         ("weights", hr.by_weights, hr.weights.scores.induction),
     ):
         later = [h for h in classes.induction if h[0] >= 1]
         out.append(Finding(f"a later layer has induction heads (by {view})", f"induction scores: {_heads_text(later, values)}", bool(later)))
+    out.append(_across_context(a, "induction", [h for h in hr.by_behaviour.induction if h[0] >= 1],
+                               "induction heads attend inductively at every position of a repeat"))
     found = bool(hr.by_behaviour.previous_token) and bool(hr.by_behaviour.induction)
     out.append(
         Finding(
@@ -297,6 +329,10 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
             repeat < INDUCTION_LOSS_FRACTION * uniform,
         )
     )
+    if a.grid is not None:
+        out.append(Finding(f"the {a.n_layers}-layer model does induction at every length and offset (loss on the second copy of a repeat)",
+                           f"{a.grid.describe()}; induction bar < {INDUCTION_LOSS_FRACTION * uniform:.2f}",
+                           a.grid.worst[2] < INDUCTION_LOSS_FRACTION * uniform))
     if a.importance is not None and len(a.importance.loss_by_order) > 2:
         orders = a.importance.marginal_by_order
         out.append(
@@ -446,6 +482,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
             lines += [f"![composition]({figures['composition']})", ""]
     if a.heads is not None:
         lines += ["## Previous-token and induction heads", "", a.heads.to_markdown(), ""]
+        lines += _context_md(a, figures)
     if a.importance is not None:
         lines += ["## Term importance by order", "", "Patterns frozen; loss on all tokens:", "", a.importance.to_markdown(), ""]
         if a.importance_repeat is not None:
@@ -459,7 +496,25 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
         lines += [f"## Control: {escape_text(control.name, 'markdown')}", "", f"Model: {control.model.arch.describe()}; loss on repeated tokens "
                   f"{control.losses['repeat_loss']:.3f} nats (uniform {control.losses['uniform_loss']:.3f}).", "",
                   _md_table(["head", "copying", "QK positivity", "prev-token (behaviour)", "induction (behaviour)"], head_rows(control)), ""]
+        if control.grid is not None:
+            lines += ["Loss on the second copy of a repeat, by length and offset:", "", control.grid.to_markdown(), ""]
     return "\n".join(lines)
+
+
+def _context_md(a: ModelAnalysis, figures: dict[str, str]) -> list[str]:
+    """Behaviour by query position of the heads found, and the loss grid on repeats."""
+    profile, found = a.heads.behaviour.profile, a.heads.by_behaviour
+    lines = ["## Behaviour across the context", ""]
+    if profile is not None:
+        heads = sorted(set(found.previous_token) | set(found.induction))
+        lines += [f"Attention at every query position, on {profile.seg_len}-token segments repeated with the first "
+                  "copy swept over the context:", ""] + [f"- {row}" for row in profile_rows(profile, heads)] + [""]
+    if "profiles" in figures:
+        lines += [f"![attention by position]({figures['profiles']})", ""]
+    if a.grid is not None:
+        lines += [f"Loss (nats) on the second copy of a repeated random segment, its first token excluded, by segment "
+                  f"length and offset of the first copy (uniform {a.grid.uniform:.2f}):", "", a.grid.to_markdown(), ""]
+    return lines
 
 
 def render_latex(a: ModelAnalysis, control: ModelAnalysis | None = None) -> str:
@@ -515,11 +570,14 @@ def analysis_to_dict(a: ModelAnalysis, control: ModelAnalysis | None = None) -> 
         "importance": a.importance.to_dict() if a.importance else None,
         "importance_repeated": a.importance_repeat.to_dict() if a.importance_repeat else None,
         "findings": [vars(f) for f in findings(a, control)],
+        "repeat_loss_grid": a.grid.to_dict() if a.grid else None,
         "notes": a.notes,
     }
     if a.heads is not None:
         data["heads"] = {"by_behaviour": a.heads.by_behaviour.labels(), "by_weights": a.heads.by_weights.labels(),
-                         "agreement": a.heads.agreement}
+                         "agreement": a.heads.agreement,
+                         "minimum_over_positions": {kind: tensor(a.heads.behaviour.minimum(kind))
+                                                    for kind in ("previous_token", "induction")}}
     return data
 
 
@@ -547,6 +605,11 @@ def make_figures(a: ModelAnalysis) -> dict[str, object]:
         induction = a.heads.by_behaviour.induction + a.heads.by_behaviour.previous_token if a.heads else ()
         figures["positivity"] = plots.positivity_scatter(a.copying, a.scatter_y, ylabel=ylabel,
                                                          title=f"{a.name}: copying vs matching", highlight=induction)
+    if a.heads is not None and a.heads.behaviour.profile is not None:
+        profile, found = a.heads.behaviour.profile, a.heads.by_behaviour
+        figures["profiles"] = plots.position_profiles_figure(
+            profile.previous_token, profile.induction, previous_heads=found.previous_token,
+            induction_heads=found.induction, threshold=ACROSS_CONTEXT, title=f"{a.name}: attention by query position")
     if a.composition:
         baseline = {k: torch.full_like(v, a.baseline[k]) for k, v in a.composition.items()}
         figures["composition"] = plots.composition_heatmaps(a.composition, baseline=baseline,

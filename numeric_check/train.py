@@ -56,15 +56,17 @@ def _segment_lengths(config: TrainConfig, shape: tuple[int, ...], generator: tor
 def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torch.Generator) -> RepeatBatch:
     """Random sequences in which segments of ``seg_min..seg_max`` tokens recur, anywhere in the context.
 
-    Up to ``config.max_repeats`` copies are placed left to right. For each, a length is
-    drawn (log-uniform in ``seg_min..seg_max``); the copy starts after the previous copy
-    and a gap of ``0..length`` fresh tokens, at least ``length`` tokens into the sequence;
-    its source lies anywhere before it, ending ``0 .. start - length`` tokens before the
-    copy's start, that distance log-uniform, so that sources (the keys an induction head
-    must find) sit late in the context as often as early; a source may lie in an earlier
-    copy. A repeat that does not fit is skipped, and a shorter
-    one may fit later; the first always fits (``2 * seg_max <= n_ctx``), so every
-    sequence holds one repeat at least. Deterministic given the generator's state.
+    Up to ``config.max_repeats`` copies per sequence, each of a length drawn log-uniformly in
+    ``seg_min..seg_max``. Half of the sequences (a coin per sequence) place their copies left
+    to right: each starts after the previous copy and a gap of ``0..length`` fresh tokens,
+    at least ``length`` tokens into the sequence; the other half place them right to left:
+    each ends before the previous copy, less a gap of ``0..length``, starting from the end
+    of the context — so that copies and their sources are as dense at the end of the
+    context as at its start. A copy's source ends ``0 .. start - length`` tokens before the
+    copy's start, that distance log-uniform (adjacent repeats are common); a source may lie
+    in an earlier copy. A repeat that does not fit is skipped, and a shorter one may fit
+    later; the first always fits (``2 * seg_max <= n_ctx``), so every sequence holds one
+    repeat at least. Deterministic given the generator's state.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> b = repeated_segment_batch(TrainConfig(d_vocab=10, n_ctx=24, seg_min=2, seg_max=6), 3, g)
@@ -76,29 +78,34 @@ def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torc
     fresh = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
     lengths = _segment_lengths(config, (k, batch_size), generator)
     u_gap, u_src = torch.rand((2, k, batch_size), generator=generator, dtype=torch.float64)
-    pos = torch.arange(n_ctx).unsqueeze(0)  # [1, n_ctx]
-    source = pos.expand(batch_size, n_ctx).clone()  # [batch, n_ctx]: fresh position each token copies
-    repeat_mask = torch.zeros(batch_size, n_ctx, dtype=torch.bool)
+    from_right = torch.rand(batch_size, generator=generator) < 0.5
     copies = torch.full((batch_size, k, 3), -1, dtype=torch.long)
-    free = torch.zeros(batch_size, dtype=torch.long)  # first position after the last copy
+    free = torch.zeros(batch_size, dtype=torch.long)  # left to right: first position after the last copy
+    bound = torch.full((batch_size,), n_ctx, dtype=torch.long)  # right to left: start of the last copy
     for i in range(k):
         length = lengths[i]
         earliest = torch.maximum(free, length)  # a copy needs its whole source before it
-        room = n_ctx - length - earliest  # copy start in earliest .. earliest + room
+        latest = torch.where(from_right, bound, torch.full_like(bound, n_ctx)) - length
+        room = latest - earliest  # the copy starts in earliest .. latest
         fits = room >= 0
         gap = (u_gap[i] * (torch.minimum(room.clamp(min=0), length) + 1)).floor().long()
-        start = earliest + gap
-        # the source ends 0 .. start - length tokens before the copy, log-uniformly: adjacent
-        # repeats are common and sources lie late in the context as often as copies do
+        start = torch.where(from_right, latest - gap, earliest + gap)
         src = start - length - ((start - length + 1).clamp(min=1).double().pow(u_src[i]).floor().long() - 1)
-        inside = fits[:, None] & (pos >= start[:, None]) & (pos < (start + length)[:, None])  # [batch, n_ctx]
-        shifted = source.gather(1, (pos - (start - src)[:, None]).clamp(min=0))
+        copies[:, i] = torch.where(fits[:, None], torch.stack([src, start, length], dim=1), copies[:, i])
+        free = torch.where(fits & ~from_right, start + length, free)
+        bound = torch.where(fits & from_right, start, bound)
+    # in order of the copy's start, placed repeats first: every source is final when copied
+    order = torch.where(copies[..., 1] < 0, n_ctx, copies[..., 1]).argsort(dim=1, stable=True)
+    copies = copies.gather(1, order[..., None].expand(-1, -1, 3))
+    pos = torch.arange(n_ctx).unsqueeze(0)  # [1, n_ctx]
+    source = pos.expand(batch_size, n_ctx).clone()  # [batch, n_ctx]: the fresh position each token copies
+    repeat_mask = torch.zeros(batch_size, n_ctx, dtype=torch.bool)
+    for i in range(k):
+        src, start, length = copies[:, i].unbind(-1)
+        inside = (start[:, None] >= 0) & (pos >= start[:, None]) & (pos < (start + length)[:, None])  # [batch, n_ctx]
+        shifted = source.gather(1, (pos - (start - src)[:, None]).clamp(min=0, max=n_ctx - 1))
         source = torch.where(inside, shifted, source)
         repeat_mask |= inside & (pos > start[:, None])
-        copies[:, i] = torch.where(fits[:, None], torch.stack([src, start, length], dim=1), copies[:, i])
-        free = torch.where(fits, start + length, free)
-    order = (copies[..., 1] < 0).long().argsort(dim=1, stable=True)  # placed repeats first
-    copies = copies.gather(1, order[..., None].expand(-1, -1, 3))
     return RepeatBatch(fresh.gather(1, source), copies, repeat_mask)
 
 

@@ -22,17 +22,16 @@ class TrainConfigError(NumericCheckError, ValueError):
 class TrainConfig:
     """Everything that defines a training run; validated on construction.
 
-    Defaults give induction heads that work across the whole context, in about two
-    minutes of CPU time on one thread: vocab 128, context 64, up to ``max_repeats`` 6
-    repeats per sequence of 4–32 tokens (``seg_min``–``seg_max``, log-uniform; about half
-    the tokens are repeats, at every position), ``d_model`` 64, 4 heads of 16, ``qk_only``
-    positions, no layer norm, weights drawn ``N(0, 0.1²)`` (``init_std``; as
-    TransformerLens' ``0.8/sqrt(d_model)``), AdamW lr 1e-3, batch 64, 4,000 steps; the
-    phase change comes near step 2,000. Measured here: with one repeat of 16–32 tokens
-    per sequence the previous-token head only learnt the first half of the context (the
-    first copy never started past position 32); with sources drawn uniformly before their
-    copy (mostly early) it still stopped at position 32; with segments of 8–24 tokens and
-    one repeat no phase change came within 4,000 steps.
+    Defaults give induction heads across the context in about six minutes of CPU time on
+    one thread (2-layer model): vocab 128, context 64, up to ``max_repeats`` 6 repeats per
+    sequence of 3–32 tokens (``seg_min``–``seg_max``, log-uniform; half the tokens are
+    repeats), ``d_model`` 64, 4 heads of 16, ``qk_only`` positions, no layer norm, weights
+    drawn ``N(0, 0.1²)`` (``init_std``; as TransformerLens' ``0.8/sqrt(d_model)``), AdamW
+    lr 1e-3, batch 64, 5,000 steps. Measured here: with one repeat of 16–32 tokens per
+    sequence (the first copy never past position 32) the previous-token head learnt only
+    the first half of the context; with repeats placed left to right only, sources were
+    rare near the end and it stopped near position 54–60; with segments of 8–24 tokens
+    and one repeat no phase change came within 4,000 steps.
 
     >>> TrainConfig(n_layers=1).arch.describe()
     '1 layers x 4 heads, qk_only positions'
@@ -48,12 +47,12 @@ class TrainConfig:
     d_head: int = 16
     d_vocab: int = 128
     n_ctx: int = 64
-    seg_min: int = 4
+    seg_min: int = 3
     seg_max: int = 32
     max_repeats: int = 6
     positional: str = "qk_only"
     layer_norm: bool = False
-    steps: int = 4000
+    steps: int = 5000
     batch_size: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.01

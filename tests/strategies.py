@@ -297,6 +297,14 @@ def slide_notations(draw, max_factors: int = 3) -> SlideNotation:
     return SlideNotation("".join(new), "".join(old), index_from, atoms, applied)
 
 
+@st.composite
+def token_rows(draw, max_rows: int = 3, max_len: int = 12, max_vocab: int = 6) -> torch.Tensor:
+    """Small ``[rows, n]`` token tensors over a small vocabulary (so that tokens recur)."""
+    rows, n, vocab = draw(st.integers(1, max_rows)), draw(st.integers(1, max_len)), draw(st.integers(1, max_vocab))
+    flat = draw(st.lists(st.integers(0, vocab - 1), min_size=rows * n, max_size=rows * n))
+    return torch.tensor(flat, dtype=torch.long).view(rows, n)
+
+
 def token_sequences(vocabulary: tuple[str, ...] = ("a", "b", "c"), max_size: int = 8):
     """Short token sequences over a small vocabulary (induction examples)."""
     return st.lists(st.sampled_from(vocabulary), min_size=1, max_size=max_size).map(tuple)

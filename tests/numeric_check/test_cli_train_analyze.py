@@ -23,20 +23,20 @@ def _subparser_help(name: str) -> str:
 
 def test_train_toy_help_teaches_the_task():
     text = _subparser_help("train-toy")
-    for phrase in ("repeated random", "varying offset", "previous-token head", "induction head", "--layers", "examples:"):
+    for phrase in ("repeated random", "anywhere in the context", "varying distance", "--max-repeats", "previous-token head", "induction head", "--layers", "examples:"):
         assert phrase in text
 
 
 def test_train_toy_writes_checkpoint_and_record(tmp_path, capsys):
     out = tmp_path / "sub" / "tiny.safetensors"
-    code = main(["train-toy", "--layers", "1", "--steps", "5", "--quiet", "--out", str(out), *TINY])
+    code = main(["train-toy", "--layers", "1", "--steps", "5", "--quiet", "--max-repeats", "2", "--out", str(out), *TINY])
     assert code == 0
     stdout = capsys.readouterr().out
     assert "trained 1 layers x 2 heads" in stdout and "on repeated tokens" in stdout and str(out) in stdout
     model = load_checkpoint(out)
     assert model.arch.n_layers == 1 and model.cfg.d_vocab == 12
     record = json.loads(out.with_suffix(".json").read_text())
-    assert record["train_config"]["steps"] == 5
+    assert record["train_config"]["steps"] == 5 and record["train_config"]["max_repeats"] == 2
     assert set(record["final"]) == {"loss", "repeat_loss", "other_loss"}
     assert record["curve"][-1]["step"] == 5
 
@@ -102,6 +102,9 @@ def test_analyze_writes_the_report(tmp_path, capsys, handmade_checkpoints):
     assert code == 0
     stdout = capsys.readouterr().out
     assert "[x] layer 0 has a previous-token head (by behaviour)" in stdout
+    assert "[x] the previous-token head attends to i-1 at every query position" in stdout
+    assert "[x] the 2-layer model does induction at every length and offset" in stdout
+    assert (out / "figures" / "profiles.svg").exists()
     assert "findings hold" in stdout
     assert (out / "report.md").exists() and (out / "tables.tex").exists() and (out / "analysis.json").exists()
     assert (out / "figures" / "positivity.svg").exists() and not (out / "figures" / "positivity.png").exists()

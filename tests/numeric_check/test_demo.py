@@ -20,6 +20,19 @@ def test_demo_on_the_shipped_model_verifies_every_term_and_finds_the_induction_c
     assert "FAIL" not in out
     assert "previous-token L0H0" in out
     assert "every term verified: yes; induction circuit found by weights and behaviour: yes" in out
+    assert "6. Across the context" in out and "working at every position: yes" in out
+
+
+def test_demo_fails_a_circuit_that_works_in_half_the_context(tmp_path, capsys):
+    """Regression (issue 12): a previous-token head that works for the first half of the
+    context only passed the averaged score, and the demo exited 0."""
+    from tests.numeric_check.test_behaviour import half_working_model
+
+    path = tmp_path / "half.safetensors"
+    save_checkpoint(half_working_model(), path)
+    assert main(["demo", "--checkpoint", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "every term verified: yes; induction circuit found by weights and behaviour: no; working at every position: no" in out
 
 
 def test_demo_on_a_random_model_verifies_but_finds_no_circuit(tmp_path, capsys):

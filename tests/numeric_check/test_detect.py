@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from derivations.architecture import Architecture
+from numeric_check.behaviour import repeat_sweep
 from numeric_check.circuits import AnalysisError
 from numeric_check.detect import (
     HeadScores,
@@ -56,6 +57,7 @@ def induction_model(positional: str = "qk_only", beta: float = 40.0, noise: floa
         a0.W_O[0, prev, :V] = eye(V)
         a1.W_Q[0, :V, tok] = beta * eye(V)
         a1.W_K[0, :V, prev] = eye(V)
+        a1.W_K[0, :V, pos.start] = -1.0  # key 0 has no previous token (L0H0 copies its own there): ignored
         a1.W_V[0, :V, tok] = eye(V)
         a1.W_O[0, tok, :V] = 3 * eye(V)
     return model
@@ -83,19 +85,32 @@ def test_behaviour_finds_the_built_heads(model):
     assert all(scores.previous_token[h] < 0.3 and scores.induction[h] < 0.3 for h in others)
 
 
-def test_behaviour_scores_read_the_right_pattern_entries():
-    """The scores are the means of the cached pattern entries [i, i - 1] and [i, i - seg_len + 1]."""
+def test_behaviour_scores_are_the_means_of_the_position_profiles():
+    """The scores average the by-position profiles (read from the cached patterns in
+    test_behaviour), and keep them, so the minimum over positions is at hand."""
     m = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=12, dtype=torch.float64)
-    tokens = repeated_tokens(m, 6, 2, seed=0)
+    tokens, _ = repeat_sweep(20, 12, 3, 4, seed=0)
     _, cache = m.run_with_cache(tokens)
     pattern = cache["blocks.0.attn.hook_pattern"]
-    i = torch.arange(12)
-    expected_prev = pattern[:, :, i[1:], i[1:] - 1].mean(dim=(0, 2))
-    q = i[6:]
-    expected_ind = pattern[:, :, q, q - 5].mean(dim=(0, 2))
-    scores = behaviour_scores(m, seg_len=6, batch=2, seed=0)
+    i = torch.arange(1, 12)
+    expected_prev = pattern[:, :, i, i - 1].mean(0).mean(-1)
+    scores = behaviour_scores(m, seg_len=3, batch=4, seed=0)
     torch.testing.assert_close(scores.previous_token[0], expected_prev)
-    torch.testing.assert_close(scores.induction[0], expected_ind)
+    torch.testing.assert_close(scores.induction, scores.profile.induction.nanmean(-1))
+    assert scores.profile.previous_token.shape == (1, 2, 12)
+    torch.testing.assert_close(scores.minimum("previous_token")[0], pattern[:, :, i, i - 1].mean(0).amin(-1))
+
+
+def test_detect_heads_reports_the_minimum_over_positions():
+    """Regression (issue 12): a previous-token head working in half the context passes the
+    averaged score, and the report now shows its minimum over positions beside it."""
+    m = induction_model()
+    with torch.no_grad():
+        m.blocks[0].attn.W_Q[0, N // 2 : N] = 0.0  # no positional query from N/2 on
+    report = detect_heads(m, seg_len=4, batch=16)
+    assert report.by_behaviour.previous_token == ((0, 0),)  # the mean alone still passes
+    low = report.behaviour.minimum("previous_token")[0, 0]
+    assert float(low) < 0.2 and f"| {float(low):.3f} |" in report.to_markdown()
 
 
 def test_weights_find_the_built_heads(model):
@@ -155,7 +170,7 @@ def test_classify_heads_thresholds():
 
 
 def test_bad_options_are_clear_errors(model):
-    with pytest.raises(AnalysisError, match=r"seg_len must be an int in 2..8 so that two copies fit n_ctx=16"):
+    with pytest.raises(AnalysisError, match=r"seg_len must be an int in 2..8 so that two copies fit 16 positions"):
         behaviour_scores(model, seg_len=9)
     with pytest.raises(AnalysisError, match="batch must be an int >= 1"):
         behaviour_scores(model, batch=0)

@@ -52,6 +52,7 @@ def induction_model(d_vocab: int = 48, n_ctx: int = 24, sharp: float = 100.0) ->
         a0.W_O[0][prev, :V] = torch.eye(V)
         a1.W_Q[0][:V, tok] = sharp * torch.eye(V)
         a1.W_K[0][:V, prev] = torch.eye(V)
+        a1.W_K[0][:V, pos.start] = -1.0  # key 0 has no previous token (L0H0 copies its own there): ignored
         a1.W_V[0][:V, tok] = torch.eye(V)
         a1.W_O[0][tok, :V] = 2 * torch.eye(V)
     return model
@@ -100,8 +101,9 @@ def test_measured_figures_are_exact_for_the_hand_built_model(induction_analysis)
     assert float(a.copying[1, 0]) == pytest.approx(1.0)
     assert float(a.composition["Q"][0, 0, 1, 0]) == pytest.approx(0.0, abs=1e-12)
     assert float(a.composition["V"][0, 0, 1, 0]) == pytest.approx(0.0, abs=1e-12)
-    # W_QK W_OV = Id on tokens: ||Id_V|| / (||Id_V|| ||Id_V||) = 1 / sqrt(V)
-    assert float(a.composition["K"][0, 0, 1, 0]) == pytest.approx(48**-0.5)
+    # W_QK W_OV = Id on tokens: ||Id_V|| / (||W_QK|| ||Id_V||), where W_QK also holds key 0's
+    # column of -1s (as large as Id_V): 1 / sqrt(2 V)
+    assert float(a.composition["K"][0, 0, 1, 0]) == pytest.approx((2 * 48) ** -0.5)
     assert a.losses["repeat_loss"] < 0.5 * a.losses["uniform_loss"]
     assert a.top_head == (1, 0) and len(a.skip_trigrams) == 3
     # the induction head's OV circuit copies: source token 0 raises its own logit most
@@ -161,7 +163,7 @@ def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction
     paths = write_report(induction_analysis, tmp_path, control=control_analysis, formats=["png"])
     names = sorted(p.relative_to(tmp_path).as_posix() for p in paths)
     assert names == ["analysis.json", "figures/composition.png", "figures/importance.png", "figures/positivity.png",
-                     "report.md", "tables.tex"]
+                     "figures/profiles.png", "report.md", "tables.tex"]
     report = (tmp_path / "report.md").read_text()
     for heading in ("## Findings", "## Heads", "## Composition scores", "## Previous-token and induction heads",
                     "## Term importance by order", "## Skip-trigrams of the most important head, L1H0", "## Control: control"):
@@ -211,6 +213,11 @@ def test_shipped_models_bear_out_the_papers_findings():
         "the 2-layer model does induction (loss on repeated tokens far below uniform)",
         "the 1-layer control's heads copy (OV eigenvalue positivity clearly positive)",
         "the 1-layer control cannot do induction (loss on repeated tokens stays high)",
+        # issue 12: across the whole context, not on average
+        "the previous-token head attends to i-1 at every query position",
+        "induction heads attend inductively at every position of a repeat",
+        "the 2-layer model does induction at every length and offset (loss on the second copy of a repeat)",
+        "the 1-layer control cannot do induction at any length or offset (loss on the second copy of a repeat)",
     ]
     failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
     assert not failed

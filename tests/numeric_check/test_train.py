@@ -95,6 +95,14 @@ def test_repeats_cover_the_whole_context():
     coverage = batch.repeat_mask.float().mean(0)  # [n_ctx]: how often each position is a predictable repeat
     assert coverage[2 * config.seg_min :].min() > 0.05
     assert len(set((starts - sources).tolist())) > 40, "a fixed offset would let a positional head solve the task"
+    # sources (the keys an induction head must find) reach the end of the context too: half the
+    # sequences place their copies from the right, so repeats there are common
+    last_end = (batch.copies[..., 1] + batch.copies[..., 2]).amax(1)
+    assert (last_end >= config.n_ctx - 2).float().mean() > 0.3
+    keys = torch.zeros(config.n_ctx)
+    for src, length in zip(sources.tolist(), batch.copies[..., 2][placed].tolist()):
+        keys[src + 1 : src + length] += 1  # positions an induction head reads as keys
+    assert keys[1 : config.n_ctx - 6].min() > 0 and keys[config.n_ctx - 10] / len(batch.tokens) > 0.03
 
 
 def test_seeded_determinism():
