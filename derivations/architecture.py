@@ -13,6 +13,10 @@ from typing import Iterator
 from derivations.errors import ArchitectureError
 
 POSITIONAL_KINDS = ("none", "standard", "qk_only")
+# Bounds checked before anything per layer or per head is built (GPT-3 has 96 layers of 96 heads).
+MAX_LAYERS = 1024
+MAX_HEADS = 1024  # in one layer
+MAX_HEADS_TOTAL = 16384  # in all layers together
 
 
 def head_label(layer: int, head: int) -> str:
@@ -51,10 +55,14 @@ class Architecture:
             raise ArchitectureError(f"n_layers must be an int >= 0, got {self.n_layers!r}")
         if self.n_layers < 0:
             raise ArchitectureError(f"n_layers must be >= 0, got {self.n_layers}")
+        if self.n_layers > MAX_LAYERS:
+            raise ArchitectureError(f"n_layers must be at most {MAX_LAYERS}, got {self.n_layers}")
         heads = self.n_heads
         if isinstance(heads, bool):
             raise ArchitectureError(f"n_heads must be an int or one int per layer, got {heads!r}")
         if isinstance(heads, int):
+            _check_heads(0, heads)
+            _check_total(heads * self.n_layers)
             per_layer = (heads,) * self.n_layers
         else:
             try:
@@ -69,10 +77,8 @@ class Architecture:
                     "give one per layer or a single int"
                 )
         for layer, count in enumerate(per_layer):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ArchitectureError(
-                    f"layer {layer} must have at least one head (an int >= 1), got {count!r}"
-                )
+            _check_heads(layer, count)
+        _check_total(sum(per_layer))
         if self.positional not in POSITIONAL_KINDS:
             raise ArchitectureError(
                 f"unknown positional kind {self.positional!r}; expected one of "
@@ -122,3 +128,15 @@ class Architecture:
         extras = [f"{self.positional} positions"]
         extras += [name for name, on in (("layer norm", self.layer_norm), ("biases", self.biases), ("MLPs", self.mlp)) if on]
         return f"{self.n_layers} layers x {heads}, " + ", ".join(extras)
+
+
+def _check_heads(layer: int, count) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ArchitectureError(f"layer {layer} must have at least one head (an int >= 1), got {count!r}")
+    if count > MAX_HEADS:
+        raise ArchitectureError(f"layer {layer} has {count} heads; at most {MAX_HEADS} heads per layer are supported")
+
+
+def _check_total(total: int) -> None:
+    if total > MAX_HEADS_TOTAL:
+        raise ArchitectureError(f"the model has {total:,} heads in all; at most {MAX_HEADS_TOTAL:,} are supported")

@@ -44,8 +44,17 @@ examples:
 """
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block), exit status 2; the
+    subcommands' parsers are of the same class, so every command reports alike."""
+
+    def error(self, message: str):
+        message = " ".join(message.split())  # argparse may quote a bad value with a newline in it
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tcircuits",
         description=DESCRIPTION,
         epilog=EPILOG,

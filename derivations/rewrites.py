@@ -76,23 +76,27 @@ def rewrite_words(expr: Expr, identities: Mapping[tuple, tuple | None]) -> Expr:
     Vᵀ
     """
     rules = sorted(identities.items(), key=lambda kv: -len(kv[0]))
+    # the first rule (longest keys first) that occurs anywhere applies at its first position;
+    # found by hashing each slice, so the cost does not grow with the number of rules
+    by_length: dict[int, dict] = {}
+    for rank, (key, value) in enumerate(rules):
+        by_length.setdefault(len(key), {}).setdefault(tuple(key), (rank, value))
+    lengths = sorted(by_length, reverse=True)
 
     def rewrite(word):
-        changed = True
-        while changed:
-            changed = False
-            for key, value in rules:
-                k = len(key)
-                for i in range(len(word) - k + 1):
-                    if word[i : i + k] == key:
-                        if value is None:
-                            return None
-                        word = word[:i] + tuple(value) + word[i + k :]
-                        changed = True
-                        break
-                if changed:
+        while True:
+            for k in lengths:
+                table = by_length[k]
+                found = [(table[word[i : i + k]][0], i) for i in range(len(word) - k + 1) if word[i : i + k] in table]
+                if found:
                     break
-        return word
+            else:
+                return word
+            rank, i = min(found)
+            value = rules[rank][1]
+            if value is None:
+                return None
+            word = word[:i] + tuple(value) + word[i + k :]
 
     def fn(t: Term) -> dict:
         words = tuple(rewrite(w) for w in t.words)

@@ -20,7 +20,9 @@ from derivations.catalogue.registry import (
     Entry,
     check_count,
     check_flag,
+    check_power_terms,
     check_size,
+    check_terms,
     descriptions,
     entry,
     get,
@@ -34,6 +36,6 @@ from derivations.catalogue.qk import by_composition, qk_derivation, truncate
 
 __all__ = [
     "DOCUMENT_LIMIT", "ENTRIES", "Entry", "INDEXING", "NOTATION", "SUMS", "by_composition", "by_order",
-    "check_count", "check_flag", "check_size", "descriptions", "entry", "get", "layer_factor", "lookup", "names",
+    "check_count", "check_flag", "check_power_terms", "check_size", "check_terms", "descriptions", "entry", "get", "layer_factor", "lookup", "names",
     "qk_derivation", "stream_product", "sum_index", "too_many", "truncate",
 ]

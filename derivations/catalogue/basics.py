@@ -7,7 +7,7 @@ import numpy as np
 from tensoralg import W_OV, W_QK, Atom, Product, atom, d_head, d_model, n_ctx, term
 
 from derivations.catalogue.common import NOTATION, SCORES
-from derivations.catalogue.registry import check_count, entry
+from derivations.catalogue.registry import check_count, check_terms, entry
 from derivations.derivation import Chain, Derivation, Numeric
 from derivations.rewrites import rewrite_words
 from derivations.document import Math, math, prose
@@ -28,6 +28,7 @@ def zero_layer() -> Derivation:
 @entry("multi-head", "multi-head attention: concatenate-and-multiply is a sum of independent heads")
 def multi_head(heads: int = 3) -> Derivation:
     H = check_count("heads", heads, 1)
+    check_terms(f"multi-head with {H:,} heads", H * H, "use fewer heads")  # W_O r expands to H² terms
     shapes = {"e": (H, 1), "r": (d_head, 1)}
     e = [atom("e", h, shapes) for h in range(H)]
     r = [atom("r", h, shapes) for h in range(H)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensoralg import Product, TensorSum, atom, identity, term
+from tensoralg import Product, TensorSum, add, atom, identity, term
 
 from derivations.architecture import Architecture, head_label
 from derivations.paths import Source
@@ -56,11 +56,9 @@ def sum_index(layer: int, letter: str = "h") -> SumIndex:
 
 def layer_factor(arch: Architecture, layer: int, concrete: bool, letter: str = "h") -> TensorSum:
     """``Id ⊗ Id + Σ_h (A^h N^l) ⊗ W_OV^h`` (``N^l`` only with layer norm)."""
-    factor = identity(2)
     scale = (atom("N", f"L{layer}"),) if arch.layer_norm else ()
-    for index in heads_of(arch, layer, concrete, letter):
-        factor = factor + term((atom("A", index),) + scale, atom("W_OV", index))
-    return factor
+    heads = [term((atom("A", index),) + scale, atom("W_OV", index)) for index in heads_of(arch, layer, concrete, letter)]
+    return add(identity(2), *heads)  # one sum, not one per head (linear in the heads)
 
 
 def stream_product(arch: Architecture, first: int, upto: int, word: tuple, concrete: bool, letter: str = "h"):

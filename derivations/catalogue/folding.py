@@ -9,7 +9,7 @@ from tensoralg import Atom, Product, TensorSum, atom, d_model, identity, n_ctx, 
 
 from derivations.architecture import head_label
 from derivations.catalogue.common import INDEXING, NOTATION
-from derivations.catalogue.registry import check_count, check_flag, entry
+from derivations.catalogue.registry import check_count, check_flag, check_power_terms, check_terms, entry
 from derivations.derivation import Chain, Derivation, Numeric
 from derivations.rewrites import fold_sum, fold_word, rewrite_words, substitute
 from derivations.document import Math, SumIndex, math, prose
@@ -23,6 +23,9 @@ def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> 
     K = check_count("layers", layers, 1)
     M = check_count("heads", heads, 1)
     concrete = check_flag("concrete", concrete)
+    per_layer = 1 + (M if concrete else 1)  # Id and each component (or one symbolic sum) per layer
+    check_power_terms(f"virtual-weights over {K} layers", per_layer, K,
+                      "use fewer layers" + (" or heads" if concrete else ""))
     shapes = {"M_in": (d_c, d_model), "M_out": (d_model, d_c), "T": (d_model, d_model)}
     T = {k: atom("T", str(k), shapes) for k in range(1, K + 1)}
 
@@ -170,6 +173,7 @@ def layer_norm_folding() -> Derivation:
 @entry("bias-folding", "biases: b_V of every head folds into the output bias, b_O' = b_O + Σ_h W_O^h b_V^h")
 def bias_folding(heads: int = 2) -> Derivation:
     H = check_count("heads", heads, 1)
+    check_terms(f"bias-folding with {H:,} heads", H + 1, "use fewer heads")
     one, b_O, folded = atom("1", "", ONES), atom("b_O"), Atom("b_O'", d_model, 1)
     idx = [head_label(0, h) for h in range(H)]
     parts = [Product([term(atom("A", i), atom("W_O", i)), term(one, atom("b_V", i))]) for i in idx]

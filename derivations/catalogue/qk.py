@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import sympy as sp
 
 from tensoralg import Product, TensorSum, atom, d_head, sandwich, term
@@ -53,18 +55,23 @@ def exact_counts(expr, top: int) -> list[int]:
     """``[n_0, …, n_top]``: how many terms of each exact order an expression expands to."""
     if not isinstance(expr, Product):
         return [len(expr)] + [0] * top
-    cumulative = [expr.count(k) for k in range(top + 1)]
-    return [cumulative[0]] + [b - a for a, b in zip(cumulative, cumulative[1:])]
+    counts = expr.order_counts(top)
+    return counts + [0] * (top + 1 - len(counts))
 
 
 def check_pairs(what: str, q, k, layer: int, max_order: int | None) -> None:
-    """Refuse a bilinear form of more than :data:`DOCUMENT_LIMIT` terms before building it."""
-    qn, kn = exact_counts(q, layer), exact_counts(k, layer)
-    cumulative = [sum(qn[i] * kn[j] for i in range(layer + 1) for j in range(layer + 1) if i + j <= top)
-                  for top in range(2 * layer + 1)]
-    total = cumulative[-1 if max_order is None else max_order]
-    if total > DOCUMENT_LIMIT:
-        too_many(what, total, cumulative[: None if max_order is None else max_order + 1])
+    """Refuse a bilinear form of more than :data:`DOCUMENT_LIMIT` terms before building it
+    (counted by order with Python ints: O(layers × max_order), nothing built)."""
+    top = 2 * layer if max_order is None else min(max_order, 2 * layer)
+    qn, kn = exact_counts(q, min(layer, top)), exact_counts(k, min(layer, top))
+    pairs = [0] * (top + 1)  # pairs[t]: the terms of exact order t = i + j
+    for i, a in enumerate(qn):
+        if a:
+            for j, b in enumerate(kn[: top + 1 - i]):
+                pairs[i + j] += a * b
+    cumulative = list(accumulate(pairs))
+    if cumulative[-1] > DOCUMENT_LIMIT:
+        too_many(what, cumulative[-1], cumulative)
 
 
 def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concrete: bool,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Callable
 
@@ -98,10 +100,31 @@ def check_size(what: str, expr, max_order: int | None) -> None:
     """Refuse chains above :data:`DOCUMENT_LIMIT` terms, suggesting a ``max_order`` that fits."""
     if not isinstance(expr, Product):
         return
-    total = expr.count(max_order)
+    exact = expr.order_counts(max_order)  # one pass, Python ints, nothing built
+    total = sum(exact)
     if total > DOCUMENT_LIMIT:
-        cumulative = [expr.count(k) for k in range(len(expr.factors) + 1)]
-        too_many(what, total, cumulative[: (len(cumulative) if max_order is None else max_order + 1)])
+        too_many(what, total, list(accumulate(exact)))
+
+
+def check_terms(what: str, total: int, fix: str) -> None:
+    """Refuse a derivation of ``total`` terms, counted before anything is built, above
+    :data:`DOCUMENT_LIMIT`; ``fix`` says what to pass instead.
+
+    >>> check_terms("multi-head with 3 heads", 9, "use fewer heads")
+    """
+    if total > DOCUMENT_LIMIT:
+        raise TooManyTerms(f"{what} has {total:,} terms, more than a document holds ({DOCUMENT_LIMIT:,}); {fix}")
+
+
+def check_power_terms(what: str, base: int, exponent: int, fix: str) -> None:
+    """:func:`check_terms` for ``base ** exponent`` terms, never computing a huge power
+    (``2**10_000_000`` is refused as such, in no time).
+
+    >>> check_power_terms("virtual weights over 3 layers", 2, 3, "use fewer layers")
+    """
+    if base > 1 and exponent * math.log2(base) > 64:
+        raise TooManyTerms(f"{what} has {base}^{exponent:,} terms, more than a document holds ({DOCUMENT_LIMIT:,}); {fix}")
+    check_terms(what, base**exponent, fix)
 
 
 def too_many(what: str, total: int, cumulative: list[int]) -> None:

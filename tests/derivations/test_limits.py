@@ -1,0 +1,195 @@
+"""Term limits and sizes (issue 11): every path that can grow is counted first, with
+Python ints and nothing built, and refused with a size or ``max_order`` that fits."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from derivations.architecture import MAX_HEADS, MAX_HEADS_TOTAL, MAX_LAYERS, Architecture
+from derivations.catalogue import DOCUMENT_LIMIT, ENTRIES, get
+from derivations.catalogue.qk import check_pairs
+from derivations.cli import main
+from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
+from derivations.rewrites import rewrite_words
+from tensoralg import Product, identity, term
+from tensoralg.atoms import Atom, atom
+from tensoralg.errors import TensorAlgError
+from tests.strategies import LAYOUTS, products
+
+
+class quickly:
+    """Assert that the block ends within ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        assert time.perf_counter() - self.start < self.seconds
+        return False
+
+
+@pytest.mark.parametrize("name, params, fragment", [
+    ("virtual-weights", dict(layers=18), "262,144 terms"),
+    ("virtual-weights", dict(layers=1000), "2^1,000 terms"),
+    ("virtual-weights", dict(layers=10_000_000), "2^10,000,000 terms"),
+    ("virtual-weights", dict(layers=3, heads=100, concrete=True), "1,030,301 terms"),
+    ("multi-head", dict(heads=200), "40,000 terms"),
+    ("bias-folding", dict(heads=10_000), "10,001 terms"),
+])
+def test_catalogue_entries_count_before_building(name, params, fragment):
+    with quickly(1), pytest.raises(TooManyTerms, match=re.escape(fragment)):
+        get(name, **params)
+
+
+def test_entries_at_their_limit_still_build():
+    assert len(get("virtual-weights", layers=12).chains[0].last) == 2**12
+    assert get("multi-head", heads=70).chains[0].steps
+    assert get("bias-folding", heads=300).chains[0].steps
+
+
+@pytest.mark.parametrize("layers, heads, fragment", [
+    (10_000_000, 1, f"n_layers must be at most {MAX_LAYERS}"),
+    (2, 10**9, f"at most {MAX_HEADS} heads per layer"),
+    (200, 100, f"at most {MAX_HEADS_TOTAL:,} are supported"),
+    (20, (1000,) * 20, f"at most {MAX_HEADS_TOTAL:,} are supported"),
+])
+def test_architecture_refuses_huge_models_before_building_per_layer_data(layers, heads, fragment):
+    with quickly(0.5), pytest.raises(ArchitectureError, match=fragment):
+        Architecture(layers, heads)
+
+
+def test_deep_models_at_max_order_0_are_cheap():
+    with quickly(20):
+        d = get("qk-expansion", layers=MAX_LAYERS, heads=1, max_order=0)
+    assert len(d.chains[-1].last) >= 1
+    with quickly(20):
+        get("path-expansion", layers=MAX_LAYERS, heads=1, max_order=0)
+
+
+def test_a_product_of_thousands_of_factors_iterates_without_recursion():
+    layer = identity(2) + term(atom("A"), atom("W_OV"))
+    p = Product([layer] * 3000)
+    choices = list(p.iter_terms(max_order=1))
+    assert len(choices) == 3001 == p.count(max_order=1)
+    assert [c.order for c in choices[:2]] == [0, 1]
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.sampled_from(LAYOUTS).flatmap(products), st.one_of(st.none(), st.integers(0, 4)))
+def test_order_counts_are_exact(p, max_order):
+    counts = p.order_counts(max_order)
+    assert sum(counts) == p.count(max_order) == sum(1 for _ in p.iter_terms(max_order))
+    by_order: dict[int, int] = {}
+    for c in p.iter_terms(max_order):
+        by_order[c.order] = by_order.get(c.order, 0) + 1
+    assert {k: n for k, n in enumerate(counts) if n} == by_order
+
+
+def test_qk_pairs_are_counted_without_cubic_work():
+    layer = identity(2) + term(atom("A"), atom("W_OV"))
+    q = Product([layer] * 1000)
+    with quickly(2), pytest.raises(TooManyTerms, match="pass max_order=1"):
+        check_pairs("a deep head", q, q, 1000, None)
+    with quickly(2):
+        check_pairs("a deep head", q, q, 1000, 1)  # 1 + 1000 + 1000 terms fit
+
+
+def _old_rewrite(word, identities):
+    """The rewrite before it hashed slices: rules longest first, the first that occurs applies."""
+    rules = sorted(identities.items(), key=lambda kv: -len(kv[0]))
+    changed = True
+    while changed:
+        changed = False
+        for key, value in rules:
+            k = len(key)
+            for i in range(len(word) - k + 1):
+                if word[i : i + k] == key:
+                    if value is None:
+                        return None
+                    word = word[:i] + tuple(value) + word[i + k :]
+                    changed = True
+                    break
+            if changed:
+                break
+    return word
+
+
+LETTERS = [Atom(c, "d_model", "d_model") for c in "abc"]
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(st.sampled_from(LETTERS), max_size=8).map(tuple),
+       st.dictionaries(st.lists(st.sampled_from(LETTERS), min_size=2, max_size=3).map(tuple),  # shrinking rules end
+                       st.one_of(st.none(), st.lists(st.sampled_from(LETTERS), max_size=1).map(tuple)), max_size=4))
+def test_rewrite_words_agrees_with_the_quadratic_rewrite(word, identities):
+    expected = _old_rewrite(word, identities)
+    got = rewrite_words(term(word), identities)
+    assert got == (term(expected) if expected is not None else term(word).scale(0))
+
+
+def test_rewrite_words_is_linear_in_the_rules():
+    heads = [Atom(f"e{h}", "d_model", "d_model") for h in range(300)]
+    identities = {(a, b): (() if a == b else None) for a in heads for b in heads}
+    expr = sum((term((a, b)) for a in heads[:50] for b in heads[:50]), start=term(()).scale(0))
+    with quickly(5):
+        assert len(rewrite_words(expr, identities)) == 1
+
+
+# -- the CLI, in-process -----------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["derive", "virtual-weights", "--layers", "1000"],
+    ["derive", "multi-head", "--heads", "200"],
+    ["derive", "bias-folding", "--heads", "10000"],
+    ["derive", "qk-expansion", "--layers", "1000000", "--max-order", "0"],
+    ["derive", "path-expansion", "--layers", "10000000"],
+    ["derive", "path-expansion", "--heads", "x"],
+    ["expand", "A ⊗ W_OV · 1.5.5"],
+    ["nope"],
+])
+def test_refusals_are_one_line(capsys, argv):
+    with quickly(5):
+        code, out, err = run(capsys, *argv)
+    lines = [line for line in err.splitlines() if "warning: command" not in line]
+    assert code == 2 and "Traceback" not in err
+    assert len(lines) in (1, 3), lines  # one line, or a parse error's line with the text and its caret
+    assert "error" in lines[0]
+
+
+@settings(deadline=10_000, max_examples=60)
+@given(st.sampled_from(sorted(n for n, e in ENTRIES.items() if "heads" in e.params or "layers" in e.params)),
+       st.sampled_from(["--layers", "--heads", "--max-order"]),
+       st.one_of(st.integers(-3, 40), st.integers(-(2**70), 2**70), st.sampled_from(["1.5", "nan", "", "1e9", "2,3"])))
+def test_random_numbers_to_derive_give_a_result_or_a_clean_error(entry, flag, value):
+    code = None
+    try:
+        code = main(["derive", entry, flag, str(value)])
+    except SystemExit as exit:
+        code = exit.code
+    assert code in (0, 2)
+
+
+def test_max_order_fits_the_limit():
+    assert DOCUMENT_LIMIT >= 5000
+    with pytest.raises(DerivationError, match="max_order"):
+        get("path-expansion", layers=12, heads=4, concrete=True)
+    with pytest.raises(TensorAlgError):
+        get("virtual-weights", layers=2, heads=-1)
