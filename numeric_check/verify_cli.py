@@ -8,10 +8,11 @@ prints without a traceback (exit 2). Exit 0 when every check passes, 1 when one 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import TYPE_CHECKING
 
-from derivations.architecture import POSITIONAL_KINDS, Architecture
+from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
 from numeric_check.errors import NumericCheckError
 
 if TYPE_CHECKING:
@@ -69,6 +70,47 @@ class VerifyCLIError(NumericCheckError, ValueError):
     """A ``tcircuits verify`` option that cannot be used; the message names it."""
 
 
+MAX_SEED = 2**63 - 1  # torch and numpy seeds fit in a signed 64-bit int
+MAX_PARAMETERS = 50_000_000  # a random model larger than this is refused before it is allocated
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def int_in(low: int, high: int | None = None):
+    """An argparse ``type``: an integer in ``low..high`` (no upper bound when ``high`` is None).
+
+    >>> int_in(1, 10)("3")
+    3
+    >>> int_in(0)("-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer >= 0, got '-1'
+    """
+    expected = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 40 else None
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected  # argparse names the type in its messages
+    return parse
+
+
+def finite_float(text: str) -> float:
+    """An argparse ``type``: a finite number >= 0 (a tolerance)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def register(subparsers) -> None:
     """Add ``verify`` to the ``tcircuits`` parser."""
     p = subparsers.add_parser(
@@ -80,32 +122,32 @@ def register(subparsers) -> None:
     )
     model = p.add_argument_group("model (a random one, or --checkpoint)")
     model.add_argument("--checkpoint", metavar="PATH", help="a tcircuits checkpoint (.safetensors, or a .pt saved with weights only)")
-    model.add_argument("--layers", type=int, help=f"number of layers (default {_RANDOM_DEFAULTS['layers']})")
+    model.add_argument("--layers", type=int_in(0, MAX_LAYERS), help=f"number of layers (default {_RANDOM_DEFAULTS['layers']})")
     model.add_argument("--heads", help="heads per layer: one int, or one per layer as '2,4' (default 4)")
     for name, text in (("d-model", "residual stream width"), ("d-head", "head width"), ("d-vocab", "vocabulary size"),
                        ("n-ctx", "context length")):
-        model.add_argument(f"--{name}", type=int, help=f"{text} (default {_RANDOM_DEFAULTS[name.replace('-', '_')]})")
+        model.add_argument(f"--{name}", type=int_in(1), help=f"{text} (default {_RANDOM_DEFAULTS[name.replace('-', '_')]})")
     model.add_argument("--positional", choices=POSITIONAL_KINDS, help="positional embeddings (default none)")
     model.add_argument("--layer-norm", action="store_true", default=None, help="a layer norm before attention, MLPs and unembedding")
     model.add_argument("--biases", action="store_true", default=None, help="biases b_Q, b_K, b_V, b_O, b_U")
     model.add_argument("--mlp", action="store_true", default=None, help="an MLP after each attention layer (an opaque source)")
-    model.add_argument("--seed", type=int, help="seed of the random weights (default 0)")
+    model.add_argument("--seed", type=int_in(0, MAX_SEED), help="seed of the random weights (default 0)")
     tokens = p.add_argument_group("tokens")
     tokens.add_argument("--tokens", help='token ids, "1,2,3"; several sequences of equal length as "1,2;3,4"')
-    tokens.add_argument("--batch", type=int, default=2, help="random sequences (default 2)")
-    tokens.add_argument("--seq-len", type=int, help="positions per random sequence (default: min(8, n_ctx))")
-    tokens.add_argument("--token-seed", type=int, default=0, help="seed of the random tokens (default 0)")
+    tokens.add_argument("--batch", type=int_in(1, 4096), default=2, help="random sequences (default 2)")
+    tokens.add_argument("--seq-len", type=int_in(1), help="positions per random sequence (default: min(8, n_ctx))")
+    tokens.add_argument("--token-seed", type=int_in(0, MAX_SEED), default=0, help="seed of the random tokens (default 0)")
     check = p.add_argument_group("what to check")
-    check.add_argument("--max-order", type=int, help="keep paths through at most this many heads (check 3 covers the rest)")
-    check.add_argument("--qk", nargs=2, type=int, metavar=("LAYER", "HEAD"), help="verify this head's attention scores instead of the logits")
+    check.add_argument("--max-order", type=int_in(0), help="keep paths through at most this many heads (check 3 covers the rest)")
+    check.add_argument("--qk", nargs=2, type=int_in(0), metavar=("LAYER", "HEAD"), help="verify this head's attention scores instead of the logits")
     check.add_argument("--no-isolation", action="store_true", help="skip check 2 (a forward pass per chunk of terms; slow on large vocabularies)")
-    check.add_argument("--dtype", default="float64", help="dtype of the verification (default float64)")
+    check.add_argument("--dtype", default="float64", choices=DTYPES, help="dtype of the verification (default float64)")
     check.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    check.add_argument("--rtol", type=float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
-    check.add_argument("--atol", type=float, help="absolute tolerance added to rtol x scale (default 0)")
+    check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
+    check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
-    out.add_argument("--max-rows", type=int, help="print at most this many terms in the table")
+    out.add_argument("--max-rows", type=int_in(1), help="print at most this many terms in the table")
     out.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=run)
 
@@ -155,8 +197,22 @@ def build_model(args: argparse.Namespace) -> CircuitModel:
             for name, default in _RANDOM_DEFAULTS.items()}
     arch = Architecture(opts["layers"], parse_heads(opts["heads"]), positional=opts["positional"],
                         layer_norm=opts["layer_norm"], biases=opts["biases"], mlp=opts["mlp"])
+    check_model_size(arch, opts)
     return CircuitModel.random(arch, d_model=opts["d_model"], d_head=opts["d_head"], d_vocab=opts["d_vocab"],
                                n_ctx=opts["n_ctx"], seed=opts["seed"], dtype=torch.float64)
+
+
+def check_model_size(arch: Architecture, opts: dict) -> None:
+    """Refuse a random model of more than :data:`MAX_PARAMETERS` weights before allocating it
+    (the count: embeddings, unembedding, positions and each head's four matrices; MLPs of 4 d_model)."""
+    d_model, d_head, d_vocab, n_ctx = (opts[k] for k in ("d_model", "d_head", "d_vocab", "n_ctx"))
+    total = 2 * d_vocab * d_model + n_ctx * d_model + 4 * arch.n_heads_total * d_head * d_model
+    if arch.mlp:
+        total += arch.n_layers * 8 * d_model * d_model
+    if total > MAX_PARAMETERS:
+        raise VerifyCLIError(f"a random model of --d-model {d_model} --d-head {d_head} --d-vocab {d_vocab} --n-ctx {n_ctx} "
+                             f"with {arch.n_heads_total} heads has {total:,} weights, more than {MAX_PARAMETERS:,}; "
+                             "use smaller dimensions")
 
 
 def parse_heads(text: str) -> int | tuple[int, ...]:
@@ -180,6 +236,11 @@ def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
             raise VerifyCLIError(f'--tokens must be comma-separated ids such as "1,2,3" (sequences separated by ";"); got {args.tokens!r}') from None
         if len({len(r) for r in rows}) != 1:
             raise VerifyCLIError(f"--tokens sequences must have equal lengths, got {[len(r) for r in rows]}")
+        bad = [t for row in rows for t in row if not 0 <= t < cfg.d_vocab]
+        if bad:
+            raise VerifyCLIError(f"--tokens holds the id {bad[0]}, outside the vocabulary 0..{cfg.d_vocab - 1}")
+        if len(rows[0]) > cfg.n_ctx:
+            raise VerifyCLIError(f"--tokens sequences have {len(rows[0])} positions, more than the context n_ctx={cfg.n_ctx}")
         return torch.tensor(rows)
     seq_len = args.seq_len if args.seq_len is not None else min(8, cfg.n_ctx)
     if args.batch < 1 or seq_len < 1:
