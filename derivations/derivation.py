@@ -36,7 +36,6 @@ from tensoralg.rules import expand_steps
 
 from derivations import render
 from derivations.errors import DerivationError
-from derivations.rewrites import fold_sum, fold_word, rewrite_words, substitute  # noqa: F401  (re-exported)
 from derivations.document import Math, SumIndex, as_prose, math, prose
 
 # -- rules ------------------------------------------------------------------------------

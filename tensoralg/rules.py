@@ -19,10 +19,24 @@ products are dropped), ``mixed_product``, ``collect``.
 ['distributivity', 'mixed_product', 'collect']
 >>> expand_steps(p)[-1][1]
 TensorSum(Id ⊗ W_U W_E + A^{h} ⊗ W_U W_OV^{h} W_E)
+
+Rules that rewrite words rather than products (used by derivations for substitutions,
+orthonormality, stochastic rows and folds); each keeps lazy products and sums lazy:
+
+- :func:`substitute`: an atom replaced by a matrix (and its transpose by the matrix's transpose);
+- :func:`rewrite_words`: word identities such as ``Vᵀ V = Id`` or ``A 1 = 1``;
+- :func:`fold_word` and :func:`fold_sum`: a definition ``name := word`` or ``name := Σ terms`` folded.
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import Callable, Mapping
+
+import sympy as sp
+
+from tensoralg.atoms import Atom, transpose_word
+from tensoralg.errors import EmptySum, SlotMismatch
 from tensoralg.expr import Add, Expr, Product, TensorSum, Term, check_order, mul, sum_tensor_sums
 
 
@@ -151,3 +165,133 @@ def expand_steps(expr: Expr, max_order: int | None = None) -> list[tuple[str, Ex
             steps.append((name, new))
             current = new
     return steps
+
+
+# -- word rewrites --------------------------------------------------------------------
+
+
+def _map_terms(expr: Expr, fn: Callable[[Term], dict]) -> Expr:
+    """Apply ``fn`` (term -> {words: coeff}) to every term, keeping lazy structure lazy."""
+    if isinstance(expr, Product):
+        return Product([_map_terms(f, fn) for f in expr.factors], expr.coeff)
+    if isinstance(expr, Add):
+        return Add([_map_terms(p, fn) for p in expr.parts])
+    out: dict = {}
+    for t in expr.expand():
+        for words, c in fn(t).items():
+            out[words] = out.get(words, 0) + c
+    return TensorSum(out, n_slots=expr.n_slots)
+
+
+def substitute(expr: Expr, target: Atom, replacement: Expr) -> Expr:
+    """Replace the atom ``target`` by a matrix (a 1-slot expression) everywhere, ``targetᵀ``
+    by its transpose, and distribute.
+
+    >>> from tensoralg import atom, identity, term
+    >>> print(substitute(term(atom("A", "h"), atom("W_OV", "h")), atom("A", "h"), identity(1)))
+    Id ⊗ W_OV^{h}
+    """
+    rep = replacement.expand()
+    if rep.n_slots != 1:
+        raise SlotMismatch(f"a substitution replaces an atom by a matrix (1 slot), got {rep.n_slots} slots")
+    forward = [(t.words[0], t.coeff) for t in rep]
+    backward = [(transpose_word(w), c) for w, c in forward]
+    target = target.base if not target.transposed else target.T
+
+    def word_options(word):
+        options = [((), sp.S.One)]
+        for a in word:
+            choices = forward if a == target else backward if a == target.T else [((a,), sp.S.One)]
+            options = [(w + cw, c * cc) for w, c in options for cw, cc in choices]
+        return options
+
+    def fn(t: Term) -> dict:
+        out: dict = {}
+        for combo in itertools.product(*(word_options(w) for w in t.words)):
+            words = tuple(w for w, _ in combo)
+            coeff = t.coeff * sp.Mul(*(c for _, c in combo))
+            out[words] = out.get(words, 0) + coeff
+        return out
+
+    return _map_terms(expr, fn)
+
+
+def rewrite_words(expr: Expr, identities: Mapping[tuple, tuple | None]) -> Expr:
+    """Apply word identities: each occurrence of a key (a tuple of atoms) becomes its value
+    (a tuple of atoms, ``()`` for Id), or the term vanishes when the value is ``None``.
+
+    >>> from tensoralg import Atom, term
+    >>> V = Atom("V", "d_model", "k")
+    >>> print(rewrite_words(term((V.T, V, V.T)), {(V.T, V): ()}))
+    Vᵀ
+    """
+    rules = sorted(identities.items(), key=lambda kv: -len(kv[0]))
+    # the first rule (longest keys first) that occurs anywhere applies at its first position;
+    # found by hashing each slice, so the cost does not grow with the number of rules
+    by_length: dict[int, dict] = {}
+    for rank, (key, value) in enumerate(rules):
+        by_length.setdefault(len(key), {}).setdefault(tuple(key), (rank, value))
+    lengths = sorted(by_length, reverse=True)
+
+    def rewrite(word):
+        while True:
+            for k in lengths:
+                table = by_length[k]
+                found = [(table[word[i : i + k]][0], i) for i in range(len(word) - k + 1) if word[i : i + k] in table]
+                if found:
+                    break
+            else:
+                return word
+            rank, i = min(found)
+            value = rules[rank][1]
+            if value is None:
+                return None
+            word = word[:i] + tuple(value) + word[i + k :]
+
+    def fn(t: Term) -> dict:
+        words = tuple(rewrite(w) for w in t.words)
+        return {} if any(w is None for w in words) else {words: t.coeff}
+
+    return _map_terms(expr, fn)
+
+
+def fold_word(expr: Expr, word: tuple, name: Atom) -> Expr:
+    """Replace each occurrence of the product ``word`` by the single atom ``name``
+    (and ``wordᵀ`` by ``nameᵀ``): folding a definition ``name := word``.
+
+    >>> from tensoralg import atom, term
+    >>> W_O, W_V, W_OV = atom("W_O", "h"), atom("W_V", "h"), atom("W_OV", "h")
+    >>> print(fold_word(term((W_O, W_V)) + term((W_V.T, W_O.T)), (W_O, W_V), W_OV))
+    W_OV^{h} + W_OV^{h}ᵀ
+    """
+    return rewrite_words(expr, {tuple(word): (name,), transpose_word(tuple(word)): (name.T,)})
+
+
+def fold_sum(expr: Expr, name: Atom, definition: Expr, slot: int) -> TensorSum:
+    """Fold ``name := definition`` (a 1-slot sum) where the terms of ``expr`` that agree
+    outside ``slot`` hold, in ``slot``, a multiple of the definition's terms.
+
+    >>> from tensoralg import Atom, term
+    >>> b, c, s = Atom("b", 3, 1), Atom("c", 3, 1), Atom("s", 3, 1)
+    >>> print(fold_sum(term(None, b) + term(None, c), s, term(b) + term(c), 1))
+    Id ⊗ s
+    """
+    total, defined = expr.expand(), definition.expand()
+    if defined.n_slots != 1:
+        raise SlotMismatch(f"a folded definition is a matrix (1 slot), got {defined.n_slots} slots")
+    if defined.is_zero:
+        raise EmptySum(f"cannot fold {name.label} := 0: the definition has no terms")
+    rhs = {t.words[0]: t.coeff for t in defined}
+    first_word, first_coeff = next(iter(rhs.items()))
+    out = dict(total.as_dict())
+    for words, coeff in total.as_dict().items():
+        if words[slot] != first_word or words not in out:
+            continue
+        scale = out[words] / first_coeff
+        matches = {words[:slot] + (w,) + words[slot + 1:]: c * scale for w, c in rhs.items()}
+        if all(sp.simplify(out.get(k, 0) - v) == 0 for k, v in matches.items()):
+            for k, v in matches.items():
+                out[k] = out[k] - v
+            key = words[:slot] + ((name,),) + words[slot + 1:]
+            out[key] = out.get(key, 0) + scale
+    return TensorSum(out, n_slots=total.n_slots)

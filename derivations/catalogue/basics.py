@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from tensoralg import W_OV, W_QK, Atom, Product, atom, d_head, d_model, n_ctx, term
+from tensoralg.rules import rewrite_words
 
 from derivations.catalogue.common import NOTATION, SCORES
 from derivations.catalogue.registry import check_count, check_terms, entry
 from derivations.derivation import Chain, Derivation, Numeric
-from derivations.rewrites import rewrite_words
 from derivations.document import Math, math, prose
 
 

@@ -6,12 +6,12 @@ import numpy as np
 import sympy as sp
 
 from tensoralg import Atom, Product, TensorSum, atom, d_model, identity, n_ctx, term
+from tensoralg.rules import fold_sum, fold_word, rewrite_words, substitute
 
 from derivations.architecture import head_label
 from derivations.catalogue.common import INDEXING, NOTATION
 from derivations.catalogue.registry import check_count, check_flag, check_power_terms, check_terms, entry
 from derivations.derivation import Chain, Derivation, Numeric
-from derivations.rewrites import fold_sum, fold_word, rewrite_words, substitute
 from derivations.document import Math, SumIndex, math, prose
 
 d_c = sp.Symbol("d_c", positive=True, integer=True)  # width of a generic component (virtual weights)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensoralg import Atom, atom, n_ctx, sandwich, term
+from tensoralg.rules import rewrite_words, substitute
 
 from derivations.catalogue.common import INDEXING, NOTATION, SCORES
 from derivations.catalogue.readings import bmatrix
 from derivations.derivation import Chain, Derivation, Numeric
-from derivations.rewrites import rewrite_words, substitute
 from derivations.catalogue.registry import entry
 from derivations.errors import DerivationError
 from derivations.document import Math, math, prose

@@ -1,4 +1,4 @@
-"""Derivations as values: rules, steps, chains, numeric verification, and the rewrites."""
+"""Derivations as values: rules, steps, chains, numeric verification."""
 
 import dataclasses
 
@@ -19,12 +19,8 @@ from derivations.derivation import (
     Rule,
     Step,
     causal_pattern,
-    fold_sum,
-    fold_word,
     instantiate,
-    rewrite_words,
     rule,
-    substitute,
     verify,
 )
 from derivations.errors import DerivationError
@@ -159,61 +155,6 @@ def test_verify_reports_missing_sizes():
     with pytest.raises(DerivationError, match="Numeric\\(dims"):
         d.verify()
     assert Derivation("x", "x", "", d.chains, numeric=Numeric(dims={"q_dim": 2})).verify().ok
-
-
-# -- rewrites -------------------------------------------------------------------------------
-
-
-def bindings_for(*exprs, seed=0):
-    binder = Binder(Numeric(dims={"k": 2}), np.random.default_rng(seed))
-    for e in exprs:
-        for t in e.expand():
-            for w in t.words:
-                for a in w:
-                    binder.bind(a)
-    return binder.values
-
-
-def test_substitute_replaces_an_atom_and_its_transpose_and_distributes():
-    X, Y, M = (Atom(n, d_model, d_model) for n in "XYM")
-    expr = term((X.T, M, X))
-    out = substitute(expr, X, term(X) + term(Y))
-    assert len(out) == 4
-    values = bindings_for(expr, out)
-    replaced = {**values, X: values[X] + values[Y]}  # X bound to the replacement's value
-    np.testing.assert_allclose(to_numpy(expr, replaced), to_numpy(out, values))
-
-
-def test_substitute_keeps_products_lazy_and_rejects_multi_slot_replacements():
-    p = term(None, atom("W_U")) @ term(A0, W0)
-    out = substitute(p, A0, identity(1))
-    assert isinstance(out, Product) and out.expand() == term(None, (atom("W_U"), W0))
-    with pytest.raises(DerivationError, match="1 slot"):
-        substitute(p, A0, identity(2))
-
-
-def test_rewrite_words_applies_identities_and_drops_vanishing_terms():
-    V = Atom("V", d_model, sp.Symbol("k"))
-    e = [Atom("e", 2, 1, str(i)) for i in range(2)]
-    rules = {(e[i].T, e[j]): (() if i == j else None) for i in range(2) for j in range(2)}
-    s = sum((term((e[i].T, e[j]), atom("W_O", i)) for i in range(2) for j in range(2)), start=0)
-    assert rewrite_words(s, rules) == term(None, atom("W_O", 0)) + term(None, atom("W_O", 1))
-    assert rewrite_words(term((V.T, V, V.T, V)), {(V.T, V): ()}) == identity(1)
-
-
-def test_fold_word_folds_a_product_and_its_transpose():
-    G = Atom("G", d_model, d_model, symmetric=True)
-    new = Atom("W_OV'", d_model, d_model, "h0")
-    expr = term(A0, (W0, G)) + term(A0, (G, W0.T))
-    assert fold_word(expr, (W0, G), new) == term(A0, new) + term(A0, new.T)
-
-
-def test_fold_sum_folds_only_complete_multiples_of_the_definition():
-    b, c, s = Atom("b", 3, 1), Atom("c", 3, 1), Atom("s", 3, 1)
-    definition = term(b) + term(c)
-    assert fold_sum(2 * term(A0, b) + 2 * term(A0, c), s, definition, 1) == 2 * term(A0, s)
-    partial = term(A0, b) + 2 * term(A0, c)
-    assert fold_sum(partial, s, definition, 1) == partial
 
 
 def test_repr_methods_for_jupyter():

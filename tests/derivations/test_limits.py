@@ -17,10 +17,10 @@ from derivations.catalogue import DOCUMENT_LIMIT, ENTRIES, get
 from derivations.catalogue.qk import check_pairs
 from derivations.cli import main
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
-from derivations.rewrites import rewrite_words
 from tensoralg import Product, identity, term
 from tensoralg.atoms import Atom, atom
 from tensoralg.errors import TensorAlgError
+from tensoralg.rules import rewrite_words
 from tests.strategies import LAYOUTS, products
 
 

@@ -7,9 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tensoralg import Add, Product, TensorSum, atom, identity, term
+import sympy as sp
+
+from tensoralg import Add, Atom, Product, TensorSum, atom, d_model, identity, term
+from tensoralg.errors import EmptySum, SlotMismatch
 from tensoralg.definitions import W_OV, W_QK, fold, unfold
-from tensoralg.rules import collect, distribute, expand_steps, mixed_product, transpose
+from tensoralg.rules import (
+    collect, distribute, expand_steps, fold_sum, fold_word, mixed_product, rewrite_words, substitute, transpose,
+)
 from tests.helpers import assert_numerically_equal, numeric, random_bindings, transformer_product
 from tests.strategies import PROPERTY, any_expression, layouts, products, seeds
 
@@ -129,7 +134,7 @@ def test_fold_recognises_transposed_definitions():
     assert fold(term((wo, atom("W_V", "other"))), W_OV) == term((wo, atom("W_V", "other")))  # indices differ
 
 
-@pytest.mark.parametrize("rule", [distribute, mixed_product, collect, transpose])
+@pytest.mark.parametrize("rule", [distribute, mixed_product, collect, transpose, substitute, rewrite_words, fold_word, fold_sum])
 def test_rules_have_a_docstring_with_an_example(rule):
     assert rule.__doc__ and ">>>" in rule.__doc__
 
@@ -142,3 +147,58 @@ def test_transpose_of_a_canonical_sum_is_a_canonical_sum():
 def test_fold_adds_terms_that_fold_to_the_same_words():
     e = term(atom("W_OV", "1")) + term((atom("W_O", "1"), atom("W_V", "1")))
     assert fold(e, W_OV) == 2 * term(atom("W_OV", "1"))
+
+
+# -- word rewrites: substitution, word identities, folds -------------------------------------
+
+A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
+
+
+def test_substitute_replaces_an_atom_and_its_transpose_and_distributes():
+    X, Y, M = (Atom(n, d_model, d_model) for n in "XYM")
+    expr = term((X.T, M, X))
+    out = substitute(expr, X, term(X) + term(Y))
+    assert len(out) == 4
+    values = random_bindings(expr, out)
+    replaced = {**values, "X": values["X"] + values["Y"]}  # X bound to the replacement's value
+    np.testing.assert_allclose(numeric(expr, replaced), numeric(out, values), atol=1e-12)
+
+
+def test_substitute_keeps_products_lazy_and_rejects_multi_slot_replacements():
+    p = term(None, atom("W_U")) @ term(A0, W0)
+    out = substitute(p, A0, identity(1))
+    assert isinstance(out, Product) and out.expand() == term(None, (atom("W_U"), W0))
+    with pytest.raises(SlotMismatch, match="replaces an atom by a matrix \\(1 slot\\), got 2 slots"):
+        substitute(p, A0, identity(2))
+
+
+def test_rewrite_words_applies_identities_and_drops_vanishing_terms():
+    V = Atom("V", d_model, sp.Symbol("k"))
+    e = [Atom("e", 2, 1, str(i)) for i in range(2)]
+    rules = {(e[i].T, e[j]): (() if i == j else None) for i in range(2) for j in range(2)}
+    s = sum((term((e[i].T, e[j]), atom("W_O", i)) for i in range(2) for j in range(2)), start=0)
+    assert rewrite_words(s, rules) == term(None, atom("W_O", 0)) + term(None, atom("W_O", 1))
+    assert rewrite_words(term((V.T, V, V.T, V)), {(V.T, V): ()}) == identity(1)
+
+
+def test_fold_word_folds_a_product_and_its_transpose():
+    G = Atom("G", d_model, d_model, symmetric=True)
+    new = Atom("W_OV'", d_model, d_model, "h0")
+    expr = term(A0, (W0, G)) + term(A0, (G, W0.T))
+    assert fold_word(expr, (W0, G), new) == term(A0, new) + term(A0, new.T)
+
+
+def test_fold_sum_folds_only_complete_multiples_of_the_definition():
+    b, c, s = Atom("b", 3, 1), Atom("c", 3, 1), Atom("s", 3, 1)
+    definition = term(b) + term(c)
+    assert fold_sum(2 * term(A0, b) + 2 * term(A0, c), s, definition, 1) == 2 * term(A0, s)
+    partial = term(A0, b) + 2 * term(A0, c)
+    assert fold_sum(partial, s, definition, 1) == partial
+
+
+def test_fold_sum_refuses_an_empty_or_multi_slot_definition():
+    b, s = Atom("b", 3, 1), Atom("s", 3, 1)
+    with pytest.raises(EmptySum, match="cannot fold s := 0"):
+        fold_sum(term(A0, b), s, TensorSum([], n_slots=1), 1)
+    with pytest.raises(SlotMismatch, match="a folded definition is a matrix \\(1 slot\\), got 2 slots"):
+        fold_sum(term(A0, b), s, term(None, b), 1)
