@@ -50,9 +50,11 @@ class Formula:
 
 
 _UPRIGHT_WORDS = frozenset(
-    "Id softmax exp log ln tr diag vec max min argmax argmin det rank ReLU GELU LN rms mean var std sin cos "
-    "for and or if otherwise where all".split()
+    "Id softmax exp log ln tr diag vec max min argmax argmin det rank ReLU GELU LN rms mean var std sin cos".split()
 )
+# words that join a formula to a condition, spaced as prose: "= 0 for h ≠ k"
+_CLAUSE_WORDS = frozenset("for if where otherwise when unless".split())
+_JOINING_WORDS = frozenset("and or all each some with".split())
 _SPELLED_GREEK = frozenset(
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi rho sigma tau upsilon phi chi "
     "psi omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega".split()
@@ -200,6 +202,10 @@ class _Parser:
             return self.scripts("\\sqrt{" + " ".join(latex) + "}", "sqrt(" + "".join(text) + ")")
         if name in _SPELLED_GREEK:
             return self.scripts("\\" + name, name)
+        if name in _CLAUSE_WORDS:  # a condition after the formula: a quad before, a space after
+            return "\\quad \\text{" + name + "}\\ ", name
+        if name in _JOINING_WORDS:
+            return "\\ \\text{" + name + "}\\ ", name
         base = "\\mathrm{" + name + "}" if name in _UPRIGHT_WORDS else self.printer.name(name)
         text = name
         if self.peek() == "_":  # the subscript belongs to the name: W_OV, d_head, H_0
@@ -231,9 +237,22 @@ class _Parser:
         transposed = star = False
         while True:
             ch = self.peek()
+            if transposed and (ch == "ᵀ" or self.src.startswith("^T", self.pos) or self.src.startswith("**", self.pos)):
+                # a second script on a transpose applies to the transposed matrix: (Wᵀ)ᵀ, (Wᵀ)²
+                base, text = "(" + base + "^{\\top})", "(" + text + "ᵀ)"
+                transposed = False
+                if sup:
+                    self.error("write a power of a transposed power with brackets, as in ((W^2)^T)^2")
             if ch == "ᵀ":
                 self.pos += 1
                 transposed = True
+            elif self.src.startswith("**", self.pos):  # Python's power: x**2 is x^2
+                self.pos += 2
+                if sup:
+                    self.error("a second power needs brackets, as in (x^2)^3")
+                latex, raw = self.power()
+                sup.append(latex)
+                sup_text = raw
             elif ch == "'":
                 self.pos += 1
                 base, text = base + "'", text + "'"
@@ -246,6 +265,8 @@ class _Parser:
                 latex, raw = self.superscript()
                 if latex == "\\top":
                     transposed = True
+                elif sup:
+                    self.error("a second superscript needs brackets, as in (x^a)^b")
                 else:
                     sup.append(latex)
                     sup_text = raw
@@ -267,6 +288,22 @@ class _Parser:
             if sup_text:
                 text += "^" + (sup_text if _SCRIPT_RUN.fullmatch(sup_text) or sup_text == "*" else "{" + sup_text + "}")
         return base, text + ("ᵀ" if transposed else "")
+
+    def power(self) -> tuple[str, str]:
+        """The exponent after ``**``: a number, a name, or a bracketed expression."""
+        self.skip_space()
+        if self.peek() == "(":
+            self.pos += 1
+            latex, text = self.sequence(")")
+            self.pos += 1
+            return " ".join(latex), "".join(text)
+        m = _NUMBER.match(self.src, self.pos) or _IDENT.match(self.src, self.pos)
+        if m is None:
+            m = re.compile(r"-\d+(?:\.\d+)?").match(self.src, self.pos)
+        if m is None:
+            self.error("a power ** needs a number, a name or a bracketed exponent, as in x**2")
+        self.pos = m.end()
+        return m.group(), m.group()
 
     def superscript(self) -> tuple[str, str]:
         if self.peek() == "{":

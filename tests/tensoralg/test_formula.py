@@ -69,3 +69,30 @@ def test_text_round_trips_and_latex_is_inert(atoms, ops):
     check_math(f.latex)
     # the text is itself a formula that prints the same LaTeX: the two cannot disagree
     assert formula(f.text).latex == f.latex
+
+
+@pytest.mark.parametrize("source, latex, text", [
+    ("x**2", r"x^{2}", "x^2"),  # Python's power is a power, never two stars
+    ("x**(n+1)", r"x^{n + 1}", "x^{n+1}"),
+    ("x**-1", r"x^{-1}", "x^{-1}"),
+    ("W^T^T", r"(W^{\top})^{\top}", "(Wᵀ)ᵀ"),  # a double transpose stays two transposes
+    ("Wᵀᵀ", r"(W^{\top})^{\top}", "(Wᵀ)ᵀ"),
+    ("W^T**2", r"(W^{\top})^{2}", "(Wᵀ)^2"),
+])
+def test_powers_and_repeated_transposes_print_what_was_written(source, latex, text):
+    f = formula(source)
+    assert (f.latex, f.text) == (latex, text)
+    check_math(f.latex)
+
+
+def test_a_condition_is_spaced_as_words_not_run_into_the_symbols():
+    f = formula("e_h^T e_k = 0 for h ≠ k and h, k ∈ H")
+    assert r"0 \quad \text{for}\  h \neq k \ \text{and}\  h" in f.latex
+    assert f.text == "e_hᵀ e_k = 0 for h ≠ k and h, k ∈ H"
+    check_math(f.latex)
+
+
+@pytest.mark.parametrize("bad", ["x^2^3", "x**2**3", "x**"])
+def test_stacked_powers_need_brackets(bad):
+    with pytest.raises(ParseError, match="brackets|needs a number"):
+        formula(bad)
