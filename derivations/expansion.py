@@ -37,6 +37,10 @@ from derivations.document import Math, SumIndex, math, prose
 ACTION = Rule("action", "an operator applied to an activation",
               Math(r"(A \otimes W)\cdot x = A\, x\, W^{\top}", "(A ⊗ W)·x = A x Wᵀ"))
 TRANSPOSE = Rule("transpose", "transpose of a product", Math(r"(XY)^{\top} = Y^{\top} X^{\top}", "(XY)ᵀ = Yᵀ Xᵀ"))
+GROUPS_UNDER_OTIMES = prose("read backwards: a product inside one slot is a product of factors acting on that "
+                             "slot alone, ", Math(r"(FG) \otimes H = (F \otimes \mathrm{Id})(G \otimes \mathrm{Id})"
+                                                 r"(\mathrm{Id} \otimes H)", "(FG) ⊗ H = (F ⊗ Id)(G ⊗ Id)(Id ⊗ H)"),
+                             ", so truncation by order counts the groups' factors too")
 CLI_HINT = "declare others with --atom NAME=ROWS,COLS"
 OPERATOR = Math("T", "T")  # the operator applied to an activation, when it needs expanding first
 STAR = re.compile(r"(?<!\*)\*(?!\*)")
@@ -97,6 +101,9 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
         if transposes and collected:
             detail += prose("; like terms collected inside the factors")
         first = Chain.start(lhs, expr, TRANSPOSE if transposes else "collect", detail=detail, sums=sums)
+    elif any(kind == "tensor" for kind, _ in reading.rewrites):  # groups under ⊗ became slot-wise factors
+        lhs = typed(applied.typed if applied else text, atoms, index_from)
+        first = Chain.start(lhs, expr, "mixed-product", detail=GROUPS_UNDER_OTIMES, sums=sums)
     else:
         first = Chain.start(None, expr, "given", sums=sums)
     chains = [first.expand(max_order)]

@@ -55,13 +55,14 @@ TensorSum(Id ⊗ W_E + A^{h0} ⊗ W_OV^{h0} W_E)
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Mapping, NamedTuple, Union
 
 import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom
-from tensoralg.expr import NON_FINITE, Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
+from tensoralg.expr import NON_FINITE, Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes, declared_table
 from tensoralg.lexer import Token, tokenize
 from tensoralg.reading import Applied, Bound, Reading, reindex
@@ -73,6 +74,7 @@ AtomDecl = Union[Atom, tuple]
 API_HINT = "declare others with atoms="
 MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
 MAX_SCALE_DIGITS = 300  # a number may reach 10**300 (as a float's range); larger powers are refused
+MAX_EXPANDED = 20_000  # terms the reader may multiply out itself (a Σ's body, a group in a product)
 MAX_POWER = 1000  # |exponent| for a power of a symbolic base (d_head**1000 still expands cheaply)
 
 
@@ -134,6 +136,15 @@ class _Parser:
             if not size.is_finite or size > MAX_SCALE_DIGITS:
                 raise self.error(f"the scalar here is beyond 10**±{MAX_SCALE_DIGITS}: too large to be a coefficient", pos)
         return value
+
+    def expanded(self, expr: Expr, pos: int, what: str) -> TensorSum:
+        """``expr`` multiplied out by the reader itself, its terms counted first: more than
+        :data:`MAX_EXPANDED` is refused before anything is built."""
+        n = expr.count() if isinstance(expr, (Product, Add)) else len(expr)
+        if n > MAX_EXPANDED:
+            raise self.error(f"{what} here multiplies out to {n:,} terms, more than the {MAX_EXPANDED:,} "
+                             "the reader expands itself; split the expression", pos)
+        return expr.expand()
 
     def error(self, message: str, pos: int | None = None) -> ParseError:
         return ParseError(message, self.text, self.tok.pos if pos is None else pos)
@@ -233,7 +244,7 @@ class _Parser:
                 self.scope[var] = outer
         if _is_scalar(body):
             raise self.error(f"Σ sums tensor terms, got the scalar {body}; write '{body}·A^{var} ⊗ …'", pos)
-        for t in body.expand():
+        for t in self.expanded(body, pos, "the terms of a Σ"):
             if not any(a.index == index for w in t.words for a in w):
                 raise self.error(f"the summed index {var} does not appear in every term after "
                                  f"{self.text[token.pos:token.end]!r} (a term without it is not summed)", pos)
@@ -265,10 +276,43 @@ class _Parser:
         for pos, value in operands:
             if _is_scalar(value):
                 raise self.error(f"⊗ needs tensor operands, got the scalar {value}; write '{value}·A ⊗ B'", pos)
+        exprs = [self.as_expr(v, p) for p, v in operands]
         try:
-            return tensor(*[self.as_expr(v, p) for p, v in operands])
+            if any(isinstance(e, (Product, Add)) for e in exprs):  # keep groups lazy: truncation sees them
+                return self.tensor_lazily(exprs, start)
+            return tensor(*exprs)
         except TensorAlgError as err:
             raise self.located(err, start) from None
+
+    def tensor_lazily(self, exprs: list, pos: int) -> Expr:
+        """``X_1 ⊗ … ⊗ X_k`` without expanding a lazy operand, by the mixed-product rule
+        read backwards: ``(F G) ⊗ (H K) = (F ⊗ Id)(G ⊗ Id)(Id ⊗ H)(Id ⊗ K)`` and
+        ``(P + Q) ⊗ R = P ⊗ R + Q ⊗ R``. Every factor keeps its identity term, so
+        ``max_order`` truncates inside the groups as it does in a flat product, and the
+        size of the result is counted before anything is multiplied.
+
+        >>> parse("((Id + A^{0})(Id + A^{1})) ⊗ Id").expand(max_order=1)
+        TensorSum(Id ⊗ Id + A^{0} ⊗ Id + A^{1} ⊗ Id)
+        """
+        choices = [e.parts if isinstance(e, Add) else (e,) for e in exprs]
+        combinations = 1
+        for parts in choices:
+            combinations *= len(parts)
+        if combinations > MAX_EXPANDED:
+            raise self.error(f"the tensor product here distributes over {combinations:,} sums of products, "
+                             f"more than {MAX_EXPANDED:,}; expand fewer groups at once", pos)
+        n = sum(e.n_slots for e in exprs)
+        summands = []
+        for picked in itertools.product(*choices):
+            coeff, factors, offset = sp.S.One, [], 0
+            for part in picked:
+                part_factors = part.factors if isinstance(part, Product) else (part.expand(),)
+                coeff = coeff * part.coeff if isinstance(part, Product) else coeff
+                factors += [_in_slots(f, offset, n) for f in part_factors if not _is_bare_identity(f)]
+                offset += part.n_slots
+            summands.append(Product(factors or [_in_slots(identity(1), 0, n)], coeff))
+        self.rewrites.append(("tensor", len(exprs)))
+        return summands[0] if len(summands) == 1 else Add(summands)
 
     def product(self):
         start = self.tok.pos
@@ -325,6 +369,9 @@ class _Parser:
         if split is not None:
             return self.applied(items, factors, split, coeff, start)
         self.check_slots(items, factors, "multiply")
+        for (pos, _), f in zip(items, factors):
+            if isinstance(f, Add):  # a lazy sum inside a product is multiplied out: count it first
+                self.expanded(f, pos, "a sum of products inside a product")
         try:
             return Product(factors, coeff)
         except TensorAlgError as err:
@@ -346,6 +393,8 @@ class _Parser:
     def applied(self, items, factors, split: int, coeff, start: int) -> Applied:
         operator = factors[0] if split == 1 else Product(factors[:split])
         activation = factors[split] if len(factors) == split + 1 else Product(factors[split:])
+        self.expanded(operator, start, "an operator applied to an activation")
+        self.expanded(activation, items[split][0], "an activation")
         try:
             typed = self.text[start : items[split][0]].rstrip().rstrip("·⋅*").rstrip()
             value = Applied(operator, activation.expand(), coeff, typed)
@@ -360,7 +409,7 @@ class _Parser:
         seen: set[str] = set()
         out = []
         for f in factors:
-            used = {a.index for t in f.expand() for w in t.words for a in w if a.index in self.bound}
+            used = {index for index in _indices(f) if index in self.bound}
             clash = used & seen
             if clash:
                 mapping = {}
@@ -420,10 +469,9 @@ class _Parser:
                 value = _Word(value.coeff, transpose_word(value.atoms))
             else:
                 value = self.as_expr(value, pos)
-                for t in value.expand():
-                    for w in t.words:
-                        if len(w) > 1:
-                            self.rewrites.append(("transpose", w))
+                for w in _words(value):
+                    if len(w) > 1:
+                        self.rewrites.append(("transpose", w))
                 value = value.T
         if self.tok.kind == "INDEX":
             raise self.error("an index '^{...}' must directly follow an atom name")
@@ -523,8 +571,37 @@ class _Parser:
                 )
 
 
+def _in_slots(factor: TensorSum, offset: int, n_slots: int) -> TensorSum:
+    """``factor`` placed at slots ``offset…`` of ``n_slots``, with ``Id`` in the others."""
+    before, after = ((),) * offset, ((),) * (n_slots - offset - factor.n_slots)
+    return TensorSum({before + t.words + after: t.coeff for t in factor}, n_slots)
+
+
+def _indices(expr) -> set[str]:
+    """The indices an expression's terms carry, read off its factors without expanding it."""
+    if isinstance(expr, Product):
+        return set().union(*(_indices(f) for f in expr.factors))
+    if isinstance(expr, Add):
+        return set().union(*(_indices(p) for p in expr.parts))
+    return {a.index for t in expr for w in t.words for a in w}
+
+
+def _words(expr) -> Iterable[Word]:
+    """The words written in an expression (each factor's and part's), without expanding it."""
+    if isinstance(expr, Product):
+        return [w for f in expr.factors for w in _words(f)]
+    if isinstance(expr, Add):
+        return [w for p in expr.parts for w in _words(p)]
+    return [w for t in expr for w in t.words]
+
+
 def _is_scalar(value) -> bool:
     return isinstance(value, sp.Basic)
+
+
+def _is_bare_identity(factor: TensorSum) -> bool:
+    """``Id`` itself (one term, coefficient 1): a factor that multiplies by nothing."""
+    return len(factor) == 1 and factor.terms[0].is_identity and factor.terms[0].coeff == 1
 
 
 def _is_identity(expr: Expr) -> bool:

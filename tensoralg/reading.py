@@ -47,7 +47,8 @@ class Reading(NamedTuple):
     """What :func:`read` found: the expression, the indices its sums bind, and the
     rewrites made while reading: ``("transpose", word)``; ``("collect", n)`` for like terms
     typed at the top level, kept apart; ``("collected", n)`` for those collected inside a
-    factor while reading."""
+    factor while reading; ``("tensor", k)`` for a tensor product of ``k`` operands with a
+    lazy group among them, rewritten as a product of factors on their own slots."""
 
     expr: Expr
     bound: tuple[Bound, ...]

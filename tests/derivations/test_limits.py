@@ -4,6 +4,7 @@ Python ints and nothing built, and refused with a size or ``max_order`` that fit
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 import sys
 import time
@@ -17,9 +18,11 @@ from derivations.catalogue import DOCUMENT_LIMIT, ENTRIES, get
 from derivations.catalogue.qk import check_pairs
 from derivations.cli import main
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
+from derivations.expansion import expansion
 from tensoralg import Product, identity, term
 from tensoralg.atoms import Atom, atom
-from tensoralg.errors import TensorAlgError
+from tensoralg.errors import ParseError, TensorAlgError
+from tensoralg.parse import parse
 from tensoralg.rules import rewrite_words
 from tests.strategies import LAYOUTS, products
 
@@ -202,3 +205,55 @@ def test_max_order_fits_the_limit():
         get("path-expansion", layers=12, heads=4, concrete=True)
     with pytest.raises(TensorAlgError):
         get("virtual-weights", layers=2, heads=-1)
+
+
+# -- truncation inside groups ------------------------------------------------------------
+
+
+def group_product(names: list[str]) -> str:
+    """``((Id + A^{0})(Id + A^{1}))``: a parenthesised product of ``Id + atom`` factors."""
+    return "(" + "".join(f"(Id + {n})" for n in names) + ")"
+
+
+def test_max_order_truncates_inside_parenthesised_groups():
+    d = expansion("((Id + A^{0})(Id + A^{1})(Id + A^{2})) ⊗ Id", max_order=1)
+    assert d.chains[-1].last == parse("Id ⊗ Id + A^{0} ⊗ Id + A^{1} ⊗ Id + A^{2} ⊗ Id")
+    assert d.chains[0].steps[0].rule.key == "mixed-product"  # the groups become slot-wise factors, shown
+
+
+def test_twenty_four_groups_answer_at_once(capsys):
+    text = group_product([f"A^{{{i}}}" for i in range(24)]) + " ⊗ Id"
+    with quickly(5):
+        code, out, err = run(capsys, "expand", text, "--max-order", "1")
+    assert code == 0 and "A^{23} ⊗ Id" in out
+    with quickly(5):
+        code, out, err = run(capsys, "expand", text)  # 2^24 terms: counted, refused with an order that fits
+    assert code == 2 and "16,777,216 terms" in err and "--max-order 3" in err
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=3).filter(lambda sizes: max(sizes) > 1),
+       st.one_of(st.none(), st.integers(0, 4)))
+def test_truncation_inside_groups_keeps_exactly_the_low_order_products(sizes, max_order):
+    """``(Π_i (Id + X_i)) ⊗ (Π_j (Id + Y_j)) ⊗ …`` (a product among the groups) truncated at
+    order k is the sum over the sets of at most k factors of the non-identity picks, slot by
+    slot."""
+    slot_atoms = [[f"{'AWB'[s]}_{s}{i}" for i in range(n)] for s, n in enumerate(sizes)]
+    text = " ⊗ ".join(group_product(names) for names in slot_atoms)
+    got = parse(text).expand(max_order)
+    picks = [(s, name) for s, names in enumerate(slot_atoms) for name in names]
+    expected = []
+    for k in range(len(picks) + 1 if max_order is None else min(max_order, len(picks)) + 1):
+        for chosen in itertools.combinations(picks, k):
+            words = [" ".join(name for s2, name in chosen if s2 == s) or "Id" for s in range(len(sizes))]
+            expected.append(" ⊗ ".join(words))
+    assert got == parse(" + ".join(expected))
+
+
+def test_a_lazy_group_is_counted_before_the_reader_multiplies_it_out():
+    huge = group_product([f"A^{{{i}}}" for i in range(20)])
+    for text in (f"Σ_{{h∈H_0}} {huge} ⊗ A^h", f"({huge} ⊗ Id + A ⊗ Id)(A ⊗ W_E)"):
+        with quickly(5), pytest.raises(ParseError, match="multiplies out to 1,048,57"):
+            parse(text)
+    with quickly(5):  # a transpose and a product of groups stay lazy
+        assert parse(f"({huge} ⊗ Id)ᵀ ({huge} ⊗ Id)").count(max_order=1) == 41
