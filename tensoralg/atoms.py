@@ -36,7 +36,7 @@ class Atom:
     ``symmetric`` atoms (diagonal scales, for instance) are their own transpose.
     """
 
-    __slots__ = ("name", "index", "rows", "cols", "transposed", "symmetric", "key", "_hash")
+    __slots__ = ("name", "index", "rows", "cols", "transposed", "symmetric", "key", "_hash", "_T")
 
     def __init__(self, name: str, rows, cols, index: str = "", transposed: bool = False, symmetric: bool = False):
         if not isinstance(name, str) or not name:
@@ -52,6 +52,7 @@ class Atom:
         object.__setattr__(self, "symmetric", bool(symmetric))
         object.__setattr__(self, "key", (name, self.index, self.transposed))
         object.__setattr__(self, "_hash", hash(self.key))
+        object.__setattr__(self, "_T", None)  # the transpose, made once (an atom costs SymPy work)
 
     def __setattr__(self, name, value):
         raise AttributeError("Atom is immutable")
@@ -76,7 +77,11 @@ class Atom:
         """The transpose: ``(Wᵀ)ᵀ = W``; a symmetric atom is its own transpose."""
         if self.symmetric:
             return self
-        return Atom(self.name, self.rows, self.cols, self.index, not self.transposed, False)
+        if self._T is None:
+            t = Atom(self.name, self.rows, self.cols, self.index, not self.transposed, False)
+            object.__setattr__(t, "_T", self)
+            object.__setattr__(self, "_T", t)
+        return self._T
 
     def with_index(self, index: str) -> "Atom":
         return Atom(self.name, self.rows, self.cols, index, self.transposed, self.symmetric)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 from functools import lru_cache
-from typing import Iterable, Iterator, Mapping, NamedTuple, Union
+from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence, Union
 
 import sympy as sp
 
@@ -149,24 +149,44 @@ def sort_key(words: tuple[Word, ...]) -> str:
     return f"{sum(map(len, words)):06d}\x02" + "\x02".join([word_key(w) for w in words])
 
 
-def merge_shapes(shapes: list[Shape], words: tuple[Word, ...], where: str) -> None:
-    """Unify the per-slot shapes of ``words`` into ``shapes`` in place, or raise."""
-    for i, w in enumerate(words):
-        shape = word_shape(w)
-        known = shapes[i]
-        if shape is None:
-            if known is not None and known[0] != known[1]:
-                raise ShapeMismatch(f"slot {i} of {where}: Id (square) cannot be added to a {format_shape(known)} term",
-                                    dims=[known])
-            continue
-        if known is None:
-            shapes[i] = shape
-        elif known != shape:
-            raise ShapeMismatch(
-                f"slot {i} of {where}: a {format_shape(shape)} term ({_word_text(w)}) cannot be added to "
-                f"{format_shape(known)} terms",
-                dims=list(zip(shape, known)),
-            )
+def join_words(left: tuple[Word, ...], right: tuple[Word, ...]) -> tuple[Word, ...]:
+    """The words of ``(A⊗B)(C⊗D) = (AC)⊗(BD)``: slot by slot, the left word then the right.
+
+    >>> from tensoralg.atoms import atom
+    >>> join_words(((atom("A", 1),), ()), ((atom("A", 2),), (atom("W_E"),)))
+    ((A^{1}, A^{2}), (W_E,))
+    """
+    return tuple([a + b for a, b in zip(left, right)])
+
+
+def unify_shape(slot: int, known: Shape, shape: Shape) -> Shape:
+    """The shape of slot ``slot`` of a sum whose terms so far have the shape ``known`` once a
+    term of shape ``shape`` joins them (``None``: no term with a fixed shape yet, or ``Id``).
+
+    Raises :class:`ShapeMismatch` naming both shapes when they differ:
+
+    >>> from tensoralg.atoms import d_model, d_vocab
+    >>> unify_shape(0, None, (d_model, d_vocab))
+    (d_model, d_vocab)
+    >>> unify_shape(1, (d_vocab, d_model), (d_model, d_vocab))
+    Traceback (most recent call last):
+    ...
+    tensoralg.errors.ShapeMismatch: slot 1: cannot add d_model x d_vocab terms to d_vocab x d_model terms
+    """
+    if shape is None or shape == known:
+        return known
+    if known is None:
+        return shape
+    raise ShapeMismatch(
+        f"slot {slot}: cannot add {format_shape(shape)} terms to {format_shape(known)} terms",
+        dims=list(zip(shape, known)),
+    )
+
+
+def unify_slot_shapes(known: Sequence[Shape], shapes: Sequence[Shape]) -> tuple[Shape, ...]:
+    """The slot shapes of a sum of two parts with slot shapes ``known`` and ``shapes``
+    (:func:`unify_shape` slot by slot): the one check that terms added together agree."""
+    return tuple([unify_shape(i, k, s) for i, (k, s) in enumerate(zip(known, shapes))])
 
 
 class Expr:
@@ -258,9 +278,9 @@ class TensorSum(Expr):
             raise EmptySum("an empty sum has no number of slots; give n_slots or at least one term")
         if n_slots < 1:
             raise SlotMismatch(f"a term needs at least one slot, got {n_slots}")
-        shapes: list[Shape] = [None] * n_slots
+        shapes: tuple[Shape, ...] = (None,) * n_slots
         for words in collected:
-            merge_shapes(shapes, words, "a sum")
+            shapes = unify_slot_shapes(shapes, [word_shape(w) for w in words])
         check_identity_slots(shapes, collected)
         self._terms = _nonzero(collected)
         self.n_slots = n_slots
@@ -423,30 +443,20 @@ def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
     sums = list(sums)
     if not sums:
         raise EmptySum("cannot sum no expressions")
-    shapes: list[Shape] = list(sums[0].slot_shapes)
+    shapes = sums[0].slot_shapes
     collected: dict = {}
     for s in sums:
         if s.n_slots != sums[0].n_slots:
             raise SlotMismatch(f"cannot add {s.n_slots}-slot terms to {sums[0].n_slots}-slot terms")
-        for i, shape in enumerate(s.slot_shapes):
-            if shape is None:
-                continue
-            known = shapes[i]
-            if known is None:
-                shapes[i] = shape
-            elif known != shape:
-                raise ShapeMismatch(
-                    f"slot {i}: cannot add {format_shape(shape)} terms to {format_shape(known)} terms",
-                    dims=list(zip(shape, known)),
-                )
+        shapes = unify_slot_shapes(shapes, s.slot_shapes)
         for w, c in s._terms.items():
             prev = collected.get(w)
             collected[w] = c if prev is None else prev + c
     check_identity_slots(shapes, collected)
-    return TensorSum._trusted(collected, sums[0].n_slots, tuple(shapes))
+    return TensorSum._trusted(collected, sums[0].n_slots, shapes)
 
 
-def check_identity_slots(shapes: list[Shape], words_list: Iterable[tuple[Word, ...]]) -> None:
+def check_identity_slots(shapes: Sequence[Shape], words_list: Iterable[tuple[Word, ...]]) -> None:
     """``Id`` is square: it cannot share a slot with rectangular terms."""
     rectangular = [i for i, s in enumerate(shapes) if s is not None and s[0] != s[1]]
     if not rectangular:
@@ -593,7 +603,7 @@ class Product(Expr):
             get = new.get
             for (words, order), c in states.items():
                 for fwords, moves, fc, inc in (table if max_order is None or order < max_order else no_order):
-                    key = (tuple([a + b for a, b in zip(words, fwords)]) if moves else words, order + inc)
+                    key = (join_words(words, fwords) if moves else words, order + inc)
                     value = c if fc is ONE else mul(c, fc)
                     prev = get(key)
                     new[key] = value if prev is None else prev + value
@@ -623,7 +633,7 @@ class Product(Expr):
                 fwords, fc, inc = table[i][j]
                 if order + inc > limit:
                     continue
-                words2 = tuple([a + b for a, b in zip(words, fwords)]) if any(fwords) else words
+                words2 = join_words(words, fwords) if any(fwords) else words
                 stack.append((indices + (j,), words2, mul(coeff, fc), order + inc))
 
     def count(self, max_order: int | None = None) -> int:
@@ -686,9 +696,13 @@ class Product(Expr):
 
 
 class Add(Expr):
-    """A lazy sum of expressions (products among them) with the same number of slots."""
+    """A lazy sum of expressions (products among them) with the same number of slots.
 
-    __slots__ = ("parts", "n_slots")
+    The parts' shapes are checked when the sum is made (slot by slot they must agree), so a
+    sum that could never be expanded is never built.
+    """
+
+    __slots__ = ("parts", "n_slots", "slot_shapes")
 
     def __init__(self, parts):
         flat: list[Expr] = []
@@ -704,26 +718,16 @@ class Add(Expr):
         slots = {p.n_slots for p in flat}
         if len(slots) > 1:
             raise SlotMismatch(f"cannot add expressions with different numbers of slots: {sorted(slots)}")
+        shapes = flat[0].slot_shapes
+        for p in flat[1:]:
+            shapes = unify_slot_shapes(shapes, p.slot_shapes)
         self.parts = tuple(flat)
         self.n_slots = flat[0].n_slots
+        self.slot_shapes = shapes
 
     @classmethod
     def of(cls, *parts: Expr) -> "Add":
         return cls(parts)
-
-    @property
-    def slot_shapes(self) -> tuple:
-        shapes: list[Shape] = [None] * self.n_slots
-        for p in self.parts:
-            for i, s in enumerate(p.slot_shapes):
-                if s is None:
-                    continue
-                if shapes[i] is None:
-                    shapes[i] = s
-                elif shapes[i] != s:
-                    raise ShapeMismatch(f"slot {i}: cannot add {format_shape(s)} terms to {format_shape(shapes[i])} terms",
-                                        dims=list(zip(s, shapes[i])))
-        return tuple(shapes)
 
     def expand(self, max_order: int | None = None) -> TensorSum:
         return sum_tensor_sums(p.expand(max_order) for p in self.parts)

@@ -37,7 +37,7 @@ import sympy as sp
 
 from tensoralg.atoms import Atom, transpose_word
 from tensoralg.errors import EmptySum, SlotMismatch
-from tensoralg.expr import Add, Expr, Product, TensorSum, Term, check_order, mul, sum_tensor_sums
+from tensoralg.expr import Add, Expr, Product, TensorSum, Term, check_order, join_words, mul, sum_tensor_sums
 
 
 def _single(t: Term, n_slots: int, slot_shapes: tuple) -> TensorSum:
@@ -104,7 +104,7 @@ def mixed_product(expr: Expr) -> Expr:
             for f in part.factors:
                 (t,) = f
                 coeff = mul(coeff, t.coeff)
-                words = tuple([a + b for a, b in zip(words, t.words)])
+                words = join_words(words, t.words)
             parts.append(TensorSum._trusted({words: coeff}, part.n_slots, part.slot_shapes))
         else:
             parts.append(part)

@@ -15,6 +15,7 @@ from tensoralg import (
     Add, EmptySum, InvalidOrder, Product, ShapeMismatch, SlotMismatch, TensorSum, add, atom, identity,
     d_head, d_model, d_vocab, tensor, term, to_latex,
 )
+from tensoralg.atoms import transpose_word
 from tensoralg.expr import Term, sum_tensor_sums
 from tensoralg.rules import collect, distribute, expand_steps
 from tests.helpers import assert_numerically_equal, numeric, random_bindings, slot_sizes_of, transformer_product
@@ -88,6 +89,8 @@ def test_confluence_of_rewrite_orders(pair, data):
 
 def test_transpose_of_atoms_words_and_identity():
     assert W1.T.T == W1 and W1.T != W1
+    assert W1.T.T is W1 and W1.T is W1.T  # an atom's transpose is made once
+    assert transpose_word((W_U, W1, W_E)) == (W_E.T, W1.T, W_U.T) and transpose_word(()) == ()
     assert atom("N", 1).T == atom("N", 1)  # symmetric
     assert identity(2).T == identity(2)
     assert term((A2, A1), (W_U, W1)).T == term((A1.T, A2.T), (W1.T, W_U.T))
@@ -191,6 +194,42 @@ def test_shape_mismatches_name_both_shapes(build, shapes):
         build()
     for shape in shapes:
         assert shape in str(info.value)
+
+
+ADDING_D_VOCAB_TO_D_MODEL = "slot 1: cannot add d_model x d_model terms to d_vocab x d_vocab terms"
+
+
+@pytest.mark.parametrize("build", [
+    lambda: TensorSum([Term(1, ((), (W_U, W_E))), Term(1, ((A1,), (W1,)))]),
+    lambda: term(None, (W_U, W_E)) + term(A1, W1),
+    lambda: sum_tensor_sums([term(None, (W_U, W_E)), term(A1, W1)]),
+    lambda: add(term(None, W_U) @ term(None, W_E), term(A1, W1)),
+    lambda: Add([term(None, W_U) @ term(None, W_E), term(A1, W1)]),
+    lambda: Add([term(None, (W_U, W_E)), term(A1, None) @ term(None, W1)]),
+], ids=["TensorSum", "+", "sum_tensor_sums", "add", "Add of a product", "Add of a sum"])
+def test_adding_different_shapes_has_one_wording_naming_both(build):
+    with pytest.raises(ShapeMismatch) as info:
+        build()
+    assert str(info.value) == ADDING_D_VOCAB_TO_D_MODEL
+    assert set(info.value.dims) == {(d_model, d_vocab)}  # the disagreeing dimensions, for shape inference
+
+
+def test_a_lazy_sum_checks_its_shapes_when_it_is_made():
+    # regression: Add used to accept parts of different shapes and fail only when its
+    # slot_shapes were read (or never, if nothing read them)
+    with pytest.raises(ShapeMismatch, match="slot 1: cannot add"):
+        Add([term(None, W_U) @ term(None, W_E), term(A1, W1)])
+    lazy = Add([term(None, W_U) @ (identity(2) + term(A1, W1)), term(A2, W_U)])
+    assert lazy.slot_shapes == lazy.expand().slot_shapes
+
+
+@PROPERTY
+@given(layouts.flatmap(lambda lay: st.lists(expressions(lay), min_size=1, max_size=3)))
+def test_a_lazy_sums_shapes_are_those_of_its_expansion(parts):
+    lazy = Add(parts)
+    expanded = lazy.expand()
+    for known, after in zip(lazy.slot_shapes, expanded.slot_shapes):
+        assert after is None or known == after
 
 
 def test_slot_mismatch():

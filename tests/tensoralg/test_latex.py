@@ -152,7 +152,7 @@ def test_output_compiles_with_pdflatex(tmp_path):
     nasty = Atom("x\\input{/etc/passwd}#%&$~^_", 1, 1, index="}\\write18{touch pwned}{\n")
     body = [
         to_latex(transformer_product(2, 2).expand(), line_break_every=3),
-        to_latex(parse("(Id ⊗ W_U)(Id ⊗ Id + A^{L0H3} ⊗ W_OV^{L0H3}ᵀ) - 1/sqrt(d_head)·A^{h2} ⊗ W_QK^{h12}")),
+        to_latex(parse("(Id ⊗ W_U)(Id ⊗ Id + A^{L0H3} ⊗ W_OV^{L0H3}ᵀ) - 1/sqrt(d_head)·A^{h2} ⊗ W_U W_QK^{h12}")),
         to_latex(transformer_product(3, 12).expand(), max_terms=4),
         to_latex(nasty), to_latex(W_QK),
     ]
