@@ -16,12 +16,13 @@ True
 
 from __future__ import annotations
 
+import numbers
 import re
 from typing import Mapping
 
 import sympy as sp
 
-from tensoralg.atoms import DIMS, Atom
+from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom
 from tensoralg.errors import TensorAlgError
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -47,25 +48,48 @@ def declared_table(atoms) -> dict[str, tuple]:
             )
         if isinstance(spec, Atom):
             base = spec.base
-            table[name] = (base.rows, base.cols, base.symmetric)
+            table[name] = (dimension(base.rows), dimension(base.cols), base.symmetric)
         elif isinstance(spec, (tuple, list)) and len(spec) in (2, 3):
             table[name] = (dimension(spec[0]), dimension(spec[1]), bool(spec[2]) if len(spec) == 3 else False)
         else:
             raise TensorAlgError(f"atom {name!r}: expected (rows, cols), (rows, cols, symmetric) or an Atom, got {spec!r}")
+        paper = STANDARD_SHAPES.get(name)
+        if paper is not None and table[name] != paper:  # the same shape again is harmless
+            rows, cols, _ = paper
+            raise TensorAlgError(
+                f"cannot redeclare the paper's atom {name!r} ({rows} × {cols}) as "
+                f"{table[name][0]} × {table[name][1]}; declare the new matrix under another name"
+            )
     return table
 
 
 def dimension(value) -> sp.Expr:
-    """A declared dimension: a standard name maps to the standard symbol (with its assumptions)."""
+    """A declared dimension: a standard name maps to the standard symbol (with its assumptions);
+    a number must be a positive integer (``-1``, ``1.5``, NaN and ∞ are refused).
+
+    >>> dimension("d_model"), dimension("3"), dimension(4)
+    (d_model, 3, 4)
+    """
     if isinstance(value, str):
         if value in DIMS:
             return DIMS[value]
-        if value.isdigit():
-            return sp.Integer(value)
+        if value.isascii() and value.isdigit():
+            return positive_size(int(value), value)
         if not NAME.fullmatch(value):
-            raise TensorAlgError(f"a dimension is a name like 'd_model' or an integer, got {value!r}")
+            raise TensorAlgError(f"a dimension is a name like 'd_model' or a positive integer, got {value!r}")
         return sp.Symbol(value, positive=True, integer=True)
-    return sp.sympify(value)
+    if isinstance(value, sp.Symbol) and value.name in DIMS:  # Atom("V", "n_ctx", …) means the paper's n_ctx
+        return DIMS[value.name]
+    if isinstance(value, sp.Basic) and value.free_symbols:  # a symbolic size: its value is bound later
+        return value
+    return positive_size(value, value)
+
+
+def positive_size(value, shown) -> sp.Integer:
+    """``value`` as a positive integer size, or a :class:`TensorAlgError` naming ``shown``."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, sp.Integer)) or int(value) < 1:
+        raise TensorAlgError(f"a dimension must be a positive integer or a name like 'd_model', got {shown!r}")
+    return sp.Integer(int(value))
 
 
 class Shapes:

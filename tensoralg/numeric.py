@@ -6,6 +6,7 @@ activation with one row per position, since ``vec(A x Wᵀ) = (A ⊗ W) vec(x)``
 
 from __future__ import annotations
 
+import numbers
 from functools import reduce
 from typing import Mapping
 
@@ -26,7 +27,32 @@ def _bound(bindings: Mapping, a: Atom) -> np.ndarray:
         raise BindingError(f"no value bound to atom {base.label!r}; bound: {sorted(str(k) for k in bindings)}")
     if value.ndim != 2:
         raise BindingError(f"atom {base.label!r} must be bound to a 2-D array, got shape {value.shape}")
-    return value.T if a.transposed else value
+    return as_float(value, base.label).T if a.transposed else as_float(value, base.label)
+
+
+def as_float(value: np.ndarray, label: str) -> np.ndarray:
+    """A bound array in a dtype that products cannot overflow silently: integers and booleans
+    become float64 (int8 ``100 · 100`` is ``10000.0``, not ``16``); complex stays complex;
+    anything else (strings, objects) is refused.
+
+    >>> as_float(np.array([[100]], dtype=np.int8), "A") @ as_float(np.array([[100]], dtype=np.int8), "A")
+    array([[10000.]])
+    """
+    kind = value.dtype.kind
+    if kind in "biu":
+        return value.astype(np.float64)
+    if kind == "f":
+        return value if value.dtype.itemsize >= 8 else value.astype(np.float64)
+    if kind == "c":
+        return value if value.dtype.itemsize >= 16 else value.astype(np.complex128)
+    raise BindingError(f"atom {label!r} must be bound to numbers, got an array of dtype {value.dtype}")
+
+
+def _positive_int(value, what: str) -> int:
+    """A size given by the caller (``dims=``, ``slot_sizes=``): a positive integer, else refused."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, sp.Integer)) or int(value) < 1:
+        raise BindingError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
@@ -34,7 +60,7 @@ def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
     sizes: dict = {}
     for name, value in (dims or {}).items():
         symbol = sp.Symbol(name) if isinstance(name, str) else name
-        sizes[sp.sympify(symbol)] = int(value)
+        sizes[sp.sympify(symbol)] = _positive_int(value, f"dims[{str(name)!r}]")
     by_name = {str(k): v for k, v in sizes.items()}
     bases = {a.base for t in expr for w in t.words for a in w}  # each atom checked once
     for base in sorted(bases, key=lambda a: a.key):
@@ -90,7 +116,7 @@ def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: M
         if shape is None:
             if not slot_sizes or i not in slot_sizes:
                 raise BindingError(f"slot {i} holds only Id; give its size with slot_sizes={{{i}: n}}")
-            n = int(slot_sizes[i])
+            n = _positive_int(slot_sizes[i], f"slot_sizes[{i}]")
             slot_dims.append((n, n))
         else:
             slot_dims.append((_size(shape[0], sizes), _size(shape[1], sizes)))

@@ -175,6 +175,8 @@ def run(capsys, *argv):
     ["derive", "path-expansion", "--layers", "10000000"],
     ["derive", "path-expansion", "--heads", "x"],
     ["expand", "A ⊗ W_OV · 1.5.5"],
+    ["expand", "A ⊗ W_E", "--atom", "A=2,3"],
+    ["expand", "V", "--atom", "V=-1,2"],
     ["nope"],
 ])
 def test_refusals_are_one_line(capsys, argv):

@@ -6,13 +6,14 @@ from __future__ import annotations
 import sys
 import time
 
+import numpy as np
 import pytest
 import sympy as sp
 from hypothesis import given, settings
 
-from tensoralg import parse, term
-from tensoralg.atoms import atom
-from tensoralg.errors import ParseError, TensorAlgError
+from tensoralg import parse, term, to_numpy
+from tensoralg.atoms import Atom, atom
+from tensoralg.errors import BindingError, ParseError, TensorAlgError
 from tensoralg.lexer import MAX_DIGITS
 from tensoralg.parse import MAX_NESTING
 from tests.strategies import hostile_text
@@ -97,3 +98,49 @@ def test_random_text_gives_a_result_or_our_error(text):
         parse(text)
     except TensorAlgError:
         pass
+
+
+# -- numbers bound to atoms and declared sizes ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.bool_, np.float16, np.float32])
+def test_to_numpy_computes_small_dtypes_in_float64(dtype):
+    value = np.full((2, 2), 100 if dtype is not np.bool_ else 1, dtype=dtype)
+    expected = value.astype(np.float64) @ value.astype(np.float64)
+    np.testing.assert_array_equal(to_numpy(parse("A A"), {"A": value}), expected)  # int8: 20000, not 64
+
+
+def test_to_numpy_refuses_arrays_that_are_not_numbers():
+    with pytest.raises(BindingError, match="dtype <U1"):
+        to_numpy(parse("A"), {"A": np.array([["a", "b"], ["c", "d"]])})
+
+
+@pytest.mark.parametrize("size", [-1, 0, 1.5, float("nan"), float("inf"), True, "3"])
+def test_sizes_given_to_to_numpy_are_positive_integers(size):
+    A = np.eye(2)
+    with pytest.raises(BindingError, match="must be a positive integer"):
+        to_numpy(parse("A"), {"A": A}, dims={"n_ctx": size})
+    with pytest.raises(BindingError, match="must be a positive integer"):
+        to_numpy(parse("Id ⊗ A"), {"A": A}, slot_sizes={0: size})
+
+
+@pytest.mark.parametrize("size", [-1, 0, 1.5, float("nan"), float("inf"), sp.nan, sp.oo, "0", "-1", "٣"])
+def test_declared_dimensions_are_positive_integers_or_names(size):
+    with pytest.raises(TensorAlgError, match="positive integer"):
+        parse("V", atoms={"V": (size, "d_model")})
+    if not isinstance(size, str):
+        with pytest.raises(TensorAlgError, match="positive integer"):
+            parse("V", atoms=[Atom("V", size, "d_model")])
+
+
+def test_declared_dimensions_that_make_sense_still_read():
+    k = sp.Symbol("k", positive=True, integer=True)
+    assert parse("V", atoms={"V": (np.int64(3), 2 * k)}).slot_shapes == ((3, 2 * k),)
+    assert parse("A V", atoms=[Atom("V", "n_ctx", "d_model")]).slot_shapes[0][0] == parse("A").slot_shapes[0][0]
+
+
+def test_the_papers_atoms_cannot_be_redeclared_with_another_shape():
+    with pytest.raises(TensorAlgError, match=r"cannot redeclare the paper's atom 'A' \(n_ctx × n_ctx\) as 2 × 3"):
+        parse("A ⊗ W_E", atoms={"A": (2, 3)})
+    assert parse("A", atoms={"A": ("n_ctx", "n_ctx")}) == parse("A")  # the same shape again is harmless
+    assert parse("N", atoms=[atom("N")]) == parse("N")
