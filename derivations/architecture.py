@@ -13,6 +13,8 @@ from typing import Iterator
 from derivations.errors import ArchitectureError
 
 POSITIONAL_KINDS = ("none", "standard", "qk_only")
+NORMS = ("none", "layer_norm", "rms_norm")
+ROTARY_STYLES = ("neox", "gptj")
 # Bounds checked before anything per layer or per head is built (GPT-3 has 96 layers of 96 heads).
 MAX_LAYERS = 1024
 MAX_HEADS = 1024  # in one layer
@@ -22,6 +24,11 @@ MAX_HEADS_TOTAL = 16384  # in all layers together
 def head_label(layer: int, head: int) -> str:
     """The label of a head, as in TransformerLens: ``head_label(1, 3) == 'L1H3'``."""
     return f"L{layer}H{head}"
+
+
+def kv_group_label(layer: int, group: int) -> str:
+    """The label of a key/value head shared by a group of query heads: ``'L1KV0'``."""
+    return f"L{layer}KV{group}"
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,31 @@ class Architecture:
     unembedding; its per-position scale is frozen (a diagonal position-side factor) and
     its gain and centring are folded into the weights.
     ``biases``: ``b_Q, b_K, b_V, b_O`` per layer and ``b_U``; ``b_V`` folds into ``b_O``.
-    ``mlp``: an MLP after each attention layer, an opaque source in the expansion.
+    ``mlp``: an MLP after each attention layer, an opaque source in the expansion. A gated
+    MLP (SwiGLU, GeGLU) is an opaque source too: its output enters the stream as one source
+    and its input is where paths end, whatever it computes in between.
+
+    The options of the models studied today (GPT-NeoX/Pythia, GPT-J, Llama, Qwen2, Mistral):
+
+    ``norm``: ``"none"``, ``"layer_norm"`` or ``"rms_norm"``. Either norm is a frozen
+    per-position scale ``N`` (diagonal, position side); layer norm also centres, RMSNorm
+    does not; gains fold into the weights. ``layer_norm=True`` is ``norm="layer_norm"``.
+    ``n_kv_heads``: key/value heads per layer (an int or one per layer; default: one per
+    query head). Grouped-query attention: query head ``h`` of a layer with ``n`` query and
+    ``g`` key/value heads reads key/value head ``h // (n // g)``, so ``W_K``, ``W_V`` (and
+    ``b_K``, ``b_V``) are named once per group (``W_K^{L0KV1}``) and shared by the
+    ``W_QK^{h} = W_Q^{h}ᵀ W_K^{g}`` and ``W_OV^{h} = W_O^{h} W_V^{g}`` of its heads.
+    ``parallel``: attention and MLP read the same stream (GPT-NeoX, GPT-J); needs MLPs.
+    The logits' path expansion is the same (an MLP is an opaque source either way); the
+    MLP's input loses the paths through its own layer's heads (:func:`derivations.paths.expand_mlp_input`).
+    ``rotary``: the fraction of each head's dimensions rotated by position (``None``: no
+    rotary); ``rotary_style``: ``"neox"`` (rotate-half pairs ``(i, i + d/2)``, GPT-NeoX
+    and Llama) or ``"gptj"`` (interleaved pairs ``(2i, 2i + 1)``). Rotary enters the QK
+    expansion as one operator per head (:mod:`tensoralg.rotary`); the logits' path
+    expansion is unchanged (patterns are frozen).
+
+    >>> Architecture(2, 8, norm="rms_norm", n_kv_heads=2, rotary=0.25, mlp=True, parallel=True).describe()
+    '2 layers x 8 heads, none positions, RMSNorm, MLPs, 2 key/value heads (4 query heads each), parallel attention and MLP, rotary on 0.25 of each head (neox)'
     """
 
     n_layers: int
@@ -48,7 +79,13 @@ class Architecture:
     layer_norm: bool = False
     biases: bool = False
     mlp: bool = False
+    norm: str | None = None
+    n_kv_heads: int | tuple[int, ...] | None = None
+    parallel: bool = False
+    rotary: float | None = None
+    rotary_style: str = "neox"
     heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
+    kv_heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.n_layers, bool) or not isinstance(self.n_layers, int):
@@ -89,6 +126,99 @@ class Architecture:
                 raise ArchitectureError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         object.__setattr__(self, "n_heads", heads if isinstance(heads, int) else per_layer)
         object.__setattr__(self, "heads_per_layer", per_layer)
+        self._check_norm()
+        self._check_kv_heads()
+        if not isinstance(self.parallel, bool):
+            raise ArchitectureError(f"parallel must be True or False, got {self.parallel!r}")
+        if self.parallel and not self.mlp:
+            raise ArchitectureError(
+                "parallel=True means attention and MLP read the same stream, but the model has no MLPs; "
+                "pass mlp=True, or parallel=False"
+            )
+        self._check_rotary()
+
+    def _check_norm(self) -> None:
+        norm = self.norm
+        if norm is None:
+            norm = "layer_norm" if self.layer_norm else "none"
+        elif norm not in NORMS:
+            raise ArchitectureError(f"unknown norm {norm!r}; expected one of " + ", ".join(map(repr, NORMS)))
+        elif self.layer_norm and norm != "layer_norm":
+            raise ArchitectureError(
+                f"layer_norm=True contradicts norm={norm!r}; pass norm alone (one of "
+                + ", ".join(map(repr, NORMS)) + ")"
+            )
+        object.__setattr__(self, "norm", norm)
+        object.__setattr__(self, "layer_norm", norm == "layer_norm")
+
+    def _check_kv_heads(self) -> None:
+        kv = self.n_kv_heads
+        if kv is None:
+            object.__setattr__(self, "kv_heads_per_layer", self.heads_per_layer)
+            return
+        if isinstance(kv, bool):
+            raise ArchitectureError(f"n_kv_heads must be an int or one int per layer, got {kv!r}")
+        if isinstance(kv, int):
+            per_layer = (kv,) * self.n_layers
+        else:
+            try:
+                per_layer = tuple(kv)
+            except TypeError:
+                raise ArchitectureError(f"n_kv_heads must be an int or one int per layer, got {kv!r}") from None
+            if len(per_layer) != self.n_layers:
+                raise ArchitectureError(
+                    f"n_kv_heads gives {len(per_layer)} counts for {self.n_layers} layers; give one per layer or a single int"
+                )
+        for layer, (groups, heads) in enumerate(zip(per_layer, self.heads_per_layer)):
+            if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+                raise ArchitectureError(f"layer {layer} must have at least one key/value head (an int >= 1), got {groups!r}")
+            if heads % groups:
+                raise ArchitectureError(
+                    f"layer {layer} has {heads} query heads and {groups} key/value heads; grouped-query attention needs "
+                    f"the query heads to split evenly into the groups (n_heads divisible by n_kv_heads)"
+                )
+        object.__setattr__(self, "n_kv_heads", kv if isinstance(kv, int) else per_layer)
+        object.__setattr__(self, "kv_heads_per_layer", per_layer)
+
+    def _check_rotary(self) -> None:
+        fraction = self.rotary
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+                raise ArchitectureError(
+                    f"rotary is the fraction of each head's dimensions rotated by position, a number in (0, 1] "
+                    f"(or None for no rotary), got {fraction!r}"
+                )
+        if self.rotary_style not in ROTARY_STYLES:
+            raise ArchitectureError(
+                f"unknown rotary_style {self.rotary_style!r}; expected one of " + ", ".join(map(repr, ROTARY_STYLES))
+            )
+
+    @property
+    def normalised(self) -> bool:
+        """True with a layer norm or an RMSNorm: either puts a frozen scale ``N`` on the position side."""
+        return self.norm != "none"
+
+    @property
+    def grouped(self) -> bool:
+        """True when some layer has fewer key/value heads than query heads (grouped-query attention)."""
+        return self.kv_heads_per_layer != self.heads_per_layer
+
+    def kv_head(self, layer: int, head: int) -> int:
+        """The key/value head that query head ``head`` of ``layer`` reads.
+
+        >>> Architecture(1, 8, n_kv_heads=2).kv_head(0, 5)
+        1
+        """
+        self.check_head(layer, head)
+        return head // (self.heads_per_layer[layer] // self.kv_heads_per_layer[layer])
+
+    def kv_label(self, layer: int, head: int) -> str:
+        """The index of the key/value factors query head ``head`` reads: its own label
+        (``L0H5``) without grouping, its group's (``L0KV1``) with it."""
+        if self.kv_heads_per_layer[layer] == self.heads_per_layer[layer]:
+            self.check_head(layer, head)
+            return head_label(layer, head)
+        return kv_group_label(layer, self.kv_head(layer, head))
 
     @property
     def n_heads_total(self) -> int:
@@ -126,7 +256,18 @@ class Architecture:
         else:
             heads = "heads " + "/".join(map(str, self.heads_per_layer)) if self.n_layers else "no heads"
         extras = [f"{self.positional} positions"]
-        extras += [name for name, on in (("layer norm", self.layer_norm), ("biases", self.biases), ("MLPs", self.mlp)) if on]
+        norm = {"layer_norm": "layer norm", "rms_norm": "RMSNorm"}.get(self.norm)
+        extras += [name for name, on in ((norm, norm), ("biases", self.biases), ("MLPs", self.mlp)) if on]
+        if self.grouped:
+            kv = self.kv_heads_per_layer
+            if len(set(kv)) == 1 and self.uniform:
+                extras.append(f"{kv[0]} key/value heads ({self.heads_per_layer[0] // kv[0]} query heads each)")
+            else:
+                extras.append("key/value heads " + "/".join(map(str, kv)))
+        if self.parallel:
+            extras.append("parallel attention and MLP")
+        if self.rotary is not None:
+            extras.append(f"rotary on {self.rotary:g} of each head ({self.rotary_style})")
         return f"{self.n_layers} layers x {heads}, " + ", ".join(extras)
 
 

@@ -9,7 +9,8 @@ the mixed-product rule a path's term is
 
     (A^{hk} N … A^{h1} N) ⊗ (W_OV^{hk} … W_OV^{h1} W_src),
 
-and the logits are ``(N^{final} ⊗ W_U) · stream + (Id ⊗ b_U)·1``. Each
+and the logits are ``(N^{final} ⊗ W_U) · stream + (Id ⊗ b_U)·1``. ``N`` is the frozen scale of a
+layer norm or of an RMSNorm alike (:attr:`Architecture.normalised`). Each
 :class:`PathTerm` is a 2-slot term ``P ⊗ W`` whose contribution to the logits is
 ``coeff · P X Wᵀ`` where ``X`` (one row per position) is its source's input:
 
@@ -243,6 +244,75 @@ def ln_scale(layer: int) -> Atom:
     return layer_atom("N", f"L{layer}")
 
 
+def mlp_ln_scale(arch: Architecture, layer: int) -> Atom:
+    """The frozen scale of the norm before layer ``l``'s MLP: ``N^{Ll,mlp}`` for a sequential
+    block; ``N^{Ll}`` itself for a parallel one, whose MLP normalises the very stream its
+    attention does (a separate norm with other gains has the same per-position scale)."""
+    return ln_scale(layer) if arch.parallel else layer_atom("N", f"L{layer}mlp")
+
+
+# -- grouped-query attention: the factors of each head, each named once ----------------
+
+
+def kv_atom(arch: Architecture, name: str, layer: int, head: int) -> Atom:
+    """The key/value factor ``name`` (``W_K``, ``W_V``, ``b_K``, ``b_V``) that query head
+    ``head`` reads: ``W_K^{L0KV1}``, shared by its group, or ``W_K^{L0H3}`` without grouping."""
+    return atom(name, arch.kv_label(layer, head))
+
+
+def head_factors(arch: Architecture, layer: int, head: int) -> dict[str, Word]:
+    """What a head's derived weights are made of: ``W_OV^{h} = W_O^{h} W_V^{g}`` and
+    ``W_QK^{h} = W_Q^{h}ᵀ W_K^{g}``, ``g`` the key/value head it reads.
+
+    >>> head_factors(Architecture(1, 4, n_kv_heads=2), 0, 3)
+    {'W_OV': (W_O^{L0H3}, W_V^{L0KV1}), 'W_QK': (W_Q^{L0H3}ᵀ, W_K^{L0KV1})}
+    """
+    return {"W_OV": (head_atom("W_O", layer, head), kv_atom(arch, "W_V", layer, head)),
+            "W_QK": (transposed(head_atom("W_Q", layer, head)), kv_atom(arch, "W_K", layer, head))}
+
+
+def weight_factors(arch: Architecture) -> tuple[Atom, ...]:
+    """Every attention weight matrix of the model once: ``W_Q``, ``W_O`` per query head and
+    ``W_K``, ``W_V`` per key/value head, layer by layer. What a parameter count or a
+    norm sums over: a key/value factor shared by a group counts once, not once per head.
+
+    >>> len(weight_factors(Architecture(2, 8, n_kv_heads=2)))  # 2 x (8 W_Q + 8 W_O + 2 W_K + 2 W_V)
+    40
+    """
+    out: dict[Atom, None] = {}
+    for layer, head in arch.heads():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            out[atom(name, arch.kv_label(layer, head)) if name in ("W_K", "W_V") else head_atom(name, layer, head)] = None
+    return tuple(out)
+
+
+def unfold_heads(expr, arch: Architecture) -> TensorSum:
+    """Replace every ``W_OV^{h}`` and ``W_QK^{h}`` by its factors (:func:`head_factors`):
+    with grouped-query attention the heads of a group share their ``W_K``/``W_V`` atom.
+
+    >>> from tensoralg import term
+    >>> unfold_heads(term(head_atom("W_QK", 0, 1)), Architecture(1, 2, n_kv_heads=1))
+    TensorSum(W_Q^{L0H1}ᵀ W_K^{L0KV0})
+    """
+    s = expr.expand()
+    labels = {head_label(layer, head): (layer, head) for layer, head in arch.heads()}
+    out: dict = {}
+    for t in s:
+        words = []
+        for w in t.words:
+            new: list[Atom] = []
+            for a in w:
+                if a.name in ("W_OV", "W_QK") and a.index in labels:
+                    factors = head_factors(arch, *labels[a.index])[a.name]
+                    new.extend(transpose_word(factors) if a.transposed else factors)
+                else:
+                    new.append(a)
+            words.append(tuple(new))
+        key = tuple(words)
+        out[key] = out.get(key, 0) + t.coeff
+    return TensorSum(out, n_slots=s.n_slots)
+
+
 # -- streams ------------------------------------------------------------------------
 
 
@@ -296,7 +366,7 @@ def order_counts(arch: Architecture, first: int, upto: int, max_order: int | Non
 def stream_terms(arch: Architecture, upto: int, max_order: int | None) -> Iterator[tuple[int, StreamTerm]]:
     """``(order, term)`` for the residual stream entering layer ``upto``, source by source,
     then by order, then by layers and heads. Position words carry no final scale."""
-    ln = arch.layer_norm
+    ln = arch.normalised
     for entry in stream_entries(arch, upto):
         top = upto - entry.first_layer
         if max_order is not None:
@@ -407,7 +477,7 @@ class LogitExpansion:
 
     def __iter__(self) -> Iterator[PathTerm]:
         arch = self.arch
-        head = ((layer_atom("N", "final"),) if arch.layer_norm else (), (layer_atom("W_U", ""),))
+        head = ((layer_atom("N", "final"),) if arch.normalised else (), (layer_atom("W_U", ""),))
         for _, st in stream_terms(arch, arch.n_layers, self.max_order):
             yield PathTerm(st.path, Term(ONE, (head[0] + st.position, head[1] + st.residual)))
         if arch.biases:
@@ -526,3 +596,68 @@ def expand_logits(arch: Architecture, max_order: int | None = None, *, limit: in
             limit,
         )
     return expansion
+
+
+# -- the input of an MLP ----------------------------------------------------------------
+
+
+def _mlp_entries(arch: Architecture, layer: int) -> tuple[int, list[StreamEntry]]:
+    """``(upto, entries)``: the MLP of ``layer`` reads the stream entering layer ``upto`` —
+    ``layer + 1`` in a sequential block (after its own attention), ``layer`` in a parallel
+    one — less its own output."""
+    if not arch.mlp:
+        raise ArchitectureError(f"the model has no MLPs, so layer {layer} has no MLP input; pass mlp=True")
+    arch.check_head(layer, 0)
+    upto = layer if arch.parallel else layer + 1
+    own = Source("mlp", layer)
+    return upto, [e for e in stream_entries(arch, upto) if e.source != own]
+
+
+def estimate_mlp_input_terms(arch: Architecture, layer: int, max_order: int | None = None) -> int:
+    """The number of terms :func:`expand_mlp_input` builds, counted without building.
+
+    A parallel block's MLP misses every path through its own layer's heads:
+
+    >>> sequential = Architecture(2, 3, mlp=True)
+    >>> estimate_mlp_input_terms(sequential, 1), estimate_mlp_input_terms(Architecture(2, 3, mlp=True, parallel=True), 1)
+    (20, 5)
+    """
+    check_arch(arch)
+    upto, entries = _mlp_entries(arch, layer)
+    check_max_order(max_order, upto, f"the input of layer {layer}'s MLP")
+    return sum(sum(order_counts(arch, e.first_layer, upto, max_order)) for e in entries)
+
+
+def mlp_input_terms(arch: Architecture, layer: int, max_order: int | None = None) -> Iterator[PathTerm]:
+    """The input of layer ``layer``'s MLP as path terms ``(N^{mlp} P) ⊗ W`` (``N^{mlp}`` with
+    a norm: :func:`mlp_ln_scale`), source by source, then by order, lazily. Paths end here:
+    the MLP is opaque (gated ones too), and its output is a source of its own."""
+    check_arch(arch)
+    upto, entries = _mlp_entries(arch, layer)
+    check_max_order(max_order, upto, f"the input of layer {layer}'s MLP")
+    own = Source("mlp", layer)
+    lead = (mlp_ln_scale(arch, layer),) if arch.normalised else ()
+    for _, st in stream_terms(arch, upto, max_order):
+        if st.path.source != own:
+            yield PathTerm(st.path, Term(ONE, (lead + st.position, st.residual)))
+
+
+def expand_mlp_input(arch: Architecture, layer: int, max_order: int | None = None, *,
+                     limit: int = 1_000_000) -> list[PathTerm]:
+    """The terms of :func:`mlp_input_terms`, built after checking there are at most ``limit``.
+
+    >>> [t.label for t in expand_mlp_input(Architecture(1, 2, mlp=True), 0)]
+    ['tok (direct)', 'tok→L0H0', 'tok→L0H1']
+    >>> [t.label for t in expand_mlp_input(Architecture(1, 2, mlp=True, parallel=True), 0)]
+    ['tok (direct)']
+    """
+    check_limit(limit)
+    n = estimate_mlp_input_terms(arch, layer, max_order)
+    if n > limit:
+        upto, entries = _mlp_entries(arch, layer)
+        per_order = [0] * (upto + 1)
+        for e in entries:
+            for k, c in enumerate(order_counts(arch, e.first_layer, upto, None)):
+                per_order[k] += c
+        refuse_oversize(f"the input of layer {layer}'s MLP in {arch.describe()}", per_order, limit)
+    return list(mlp_input_terms(arch, layer, max_order))

@@ -22,6 +22,18 @@ Extras, each an order-0 entry of the sides:
   and position word ``Id``; their terms use ``W_K``/``W_Q`` unfolded:
   ``Id ⊗ Q ⊗ (b_Qᵀ W_K W_q)``, ``P ⊗ Id ⊗ (W_pᵀ W_Qᵀ b_K)``, ``Id ⊗ Id ⊗ (b_Qᵀ b_K)``.
 
+The models studied today:
+
+- a norm (layer norm or RMSNorm) leads both sides with its frozen scale ``N^{Ll}``;
+- grouped-query attention: ``W_QK^{h} = W_Q^{h}ᵀ W_K^{g}`` with ``g`` the key/value head of
+  ``h``'s group, so unfolded words (biases, rotary) name ``W_K^{g}``/``b_K^{g}`` once per group;
+- rotary: the queries and keys are rotated by position after ``W_Q``/``W_K`` (and their
+  biases), so ``W_QK`` unfolds around the head's rotary operator ``R^{h}``
+  (:mod:`tensoralg.rotary`): a term reads ``P ⊗ Q ⊗ (W_pᵀ W_Qᵀ R^{h} W_K W_q)``, which stands
+  for ``Σ (D_a P) ⊗ (D_b Q) ⊗ (W_pᵀ W_Qᵀ B W_K W_q)`` over the terms of ``R``
+  (:func:`tensoralg.rotary.expand_rotary`) and is evaluated factored
+  (:func:`tensoralg.rotary.rotary_scores`). The number of terms is unchanged.
+
 >>> from derivations.architecture import Architecture
 >>> e = expand_qk(Architecture(2, 1), 1, 0)
 >>> [(t.composition, t.label) for t in e]  # doctest: +NORMALIZE_WHITESPACE
@@ -39,6 +51,7 @@ from typing import Iterator, NamedTuple
 import sympy as sp
 
 from tensoralg.atoms import Word, d_head
+from tensoralg.rotary import rotary_atom
 from tensoralg.display import expansion_markdown
 from tensoralg.expr import Term, TensorSum
 
@@ -53,6 +66,7 @@ from derivations.paths import (
     check_max_order,
     group_sum,
     head_atom,
+    kv_atom,
     layer_atom,
     ln_scale,
     order_counts,
@@ -110,14 +124,17 @@ class _Side(NamedTuple):
 def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, query: bool) -> list[list[_Side]]:
     """The query (or key) side of head ``(layer, head)``, by order."""
     qk_only = arch.positional == "qk_only"
-    scale = (ln_scale(layer),) if arch.layer_norm else ()
-    W_QK = head_atom("W_QK", layer, head)
+    scale = (ln_scale(layer),) if arch.normalised else ()
+    W_K = kv_atom(arch, "W_K", layer, head)
+    # rotary turns the query (and key) after W_Q and b_Q: W_QK unfolds around R^{h}
+    R = (rotary_atom(head_label(layer, head)),) if arch.rotary is not None else ()
+    W_QK = (transposed(head_atom("W_Q", layer, head)),) + R + (W_K,) if R else (head_atom("W_QK", layer, head),)
     if query:
-        W_Q_T = transposed(head_atom("W_Q", layer, head))
+        W_Q_T = (transposed(head_atom("W_Q", layer, head)),) + R
 
         def side(path, position, word, lead=scale):
             wt = transpose_word(word)
-            return _Side(path, lead + position, wt + (W_QK,), wt + (W_Q_T,), False)
+            return _Side(path, lead + position, wt + W_QK, wt + W_Q_T, False)
     else:
 
         def side(path, position, word, lead=scale):
@@ -133,9 +150,9 @@ def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, que
     if arch.biases:
         if query:
             b = transposed(head_atom("b_Q", layer, head))
-            out[0].append(_Side(Path(Source("query_bias", layer, head)), (), (b, head_atom("W_K", layer, head)), (b,), True))
+            out[0].append(_Side(Path(Source("query_bias", layer, head)), (), (b,) + R + (W_K,), (b,) + R, True))
         else:
-            b = head_atom("b_K", layer, head)
+            b = kv_atom(arch, "b_K", layer, head)
             out[0].append(_Side(Path(Source("key_bias", layer, head)), (), (b,), (b,), True))
     return out
 
