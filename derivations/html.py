@@ -295,7 +295,7 @@ def html_document(derivation, layout: Layout | None = None, verification="run", 
 
     ``verification``: ``"run"`` (the default) evaluates every line with
     :meth:`~derivations.derivation.Derivation.verify` and shows the worst error and the
-    tolerance; a :class:`~derivations.derivation.Verification` is shown as given; ``None``
+    tolerance; a :class:`~derivations.numeric.Verification` is shown as given; ``None``
     shows that no check ran.
 
     >>> from derivations import catalogue

@@ -11,7 +11,7 @@ from tensoralg import TensorSum, Term, atom, to_numpy
 
 from derivations import catalogue
 from derivations.architecture import Architecture
-from derivations.derivation import Binder, Numeric, instantiate
+from derivations.numeric import Numeric, RandomBindings, instantiate
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms, UnknownDerivation
 from derivations.paths import expand_logits
 from derivations.qk import expand_qk
@@ -152,10 +152,10 @@ def test_qk_terms_act_as_the_bilinear_form_of_the_model():
     """S = (x W_Qᵀ)(x W_Kᵀ)ᵀ/√d from a forward pass equals Σ c·P X M Xᵀ Qᵀ over the derived terms."""
     d = catalogue.get("two-layer-qk", heads=2, concrete=True)
     final = d.chains[-1].last
-    binder = Binder(Numeric(), np.random.default_rng(3))
-    n, vocab, dh = 4, 6, binder.dims["d_head"]
+    bindings = RandomBindings(Numeric(), np.random.default_rng(3))
+    n, vocab, dh = 4, 6, bindings.dims["d_head"]
     X = np.eye(vocab)[[1, 4, 1, 2]]  # one-hot tokens, one row per position
-    value = lambda name, i="": binder.bind(atom(name, i))
+    value = lambda name, i="": bindings.bind(atom(name, i))
     x = X @ value("W_E").T
     x = x + sum(value("A", f"L0H{h}") @ x @ value("W_OV", f"L0H{h}").T for h in range(2))
     q, k = x @ value("W_Q", "L1H0").T, x @ value("W_K", "L1H0").T
@@ -163,8 +163,8 @@ def test_qk_terms_act_as_the_bilinear_form_of_the_model():
     value("W_QK", "L1H0")  # bound from its definition, W_Qᵀ W_K
     derived = np.zeros((n, n))
     for t in final:
-        P, Q, M = (to_numpy(TensorSum([Term(1, (w,))]), binder.values, slot_sizes={0: n}) for w in t.words)
-        derived += binder.number(t.coeff).real * P @ X @ M @ X.T @ Q.T
+        P, Q, M = (to_numpy(TensorSum([Term(1, (w,))]), bindings.values, slot_sizes={0: n}) for w in t.words)
+        derived += bindings.number(t.coeff).real * P @ X @ M @ X.T @ Q.T
     np.testing.assert_allclose(derived, direct, atol=1e-12)
 
 

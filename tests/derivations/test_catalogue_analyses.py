@@ -12,14 +12,14 @@ from derivations.catalogue.analyses import (composition_score, composition_score
                                             eigenvalue_positivity, nonzero_eigenvalues, random_baseline)
 from derivations.catalogue.induction import induction_example, shift_matrix
 from derivations.catalogue.marginal import PAPER, cross_entropy, marginal_losses
-from derivations.derivation import Binder
+from derivations.numeric import RandomBindings
 from derivations.errors import DerivationError
 
 from tests.strategies import token_sequences
 
 
 def bound(d, seed=0):
-    return Binder(d.numeric, np.random.default_rng(seed))
+    return RandomBindings(d.numeric, np.random.default_rng(seed))
 
 
 def operator(binder, expr, rows=None):

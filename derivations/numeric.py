@@ -1,0 +1,240 @@
+"""Checking a derivation numerically: every line evaluated on random bindings of its atoms.
+
+Each atom gets a random matrix of its shape (:class:`RandomBindings`: attention patterns
+causal and row-stochastic, symmetric atoms positive diagonal, derived atoms such as
+``W_OV`` computed from their definitions); a lazy product is evaluated as the matrix
+product of its factors' operators, so the mixed-product rule itself is checked, not
+assumed. :func:`verify` compares every line of a chain with its first line (or with the
+last truncation, which drops terms on purpose).
+
+These random matrices stand in for nothing: checking against a real model's weights and
+attention patterns is :mod:`numeric_check`'s work (its ``Binder`` binds atoms to a model).
+
+>>> from tensoralg import atom, term
+>>> bindings = RandomBindings(Numeric(), np.random.default_rng(0))
+>>> bindings.operator(term(atom("A", "h"), atom("W_OV", "h")), {0: 4, 1: 5}).shape   # n_ctx·d_model
+(20, 20)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import sympy as sp
+
+from tensoralg import Add, Atom, Expr, Product, TensorSum, Term, to_numpy
+from tensoralg.atoms import DIMS
+from tensoralg.definitions import STANDARD_DEFINITIONS
+from tensoralg.display import elided_table
+
+from derivations.document import SumIndex
+from derivations.errors import DerivationError
+
+if TYPE_CHECKING:  # only for annotations: derivation.py imports this module
+    from derivations.derivation import Chain, Derivation
+
+
+@dataclass(frozen=True)
+class Numeric:
+    """How to bind atoms for a numeric check.
+
+    ``dims``: sizes of symbolic dimensions (defaults for the standard ones); ``special``:
+    per atom name, ``f(atom, shape, rng) -> array`` (e.g. orthonormal columns);
+    ``derived``: per atom name, ``f(atom) -> 1-slot expression`` that defines it (the
+    standard ``W_OV``/``W_QK`` are included). ``count``: how many heads each summed
+    index (:class:`SumIndex`) stands for.
+    """
+
+    dims: Mapping[str, int] = field(default_factory=dict)
+    special: Mapping[str, Callable] = field(default_factory=dict)
+    derived: Mapping[str, Callable] = field(default_factory=dict)
+    count: int = 2
+
+
+
+DEFAULT_DIMS = {"n_ctx": 4, "d_model": 5, "d_head": 3, "d_vocab": 6, "d_mlp": 7}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Per step ``(chain, step, error)``: the largest difference from the chain's first line
+    (or from the last truncation, which drops terms on purpose), relative to its largest entry."""
+
+    errors: tuple[tuple[int, int, float], ...]
+    tol: float
+
+    @property
+    def ok(self) -> bool:
+        return all(e <= self.tol for _, _, e in self.errors)
+
+    @property
+    def worst(self) -> float:
+        return max((e for _, _, e in self.errors), default=0.0)
+
+    def _repr_markdown_(self) -> str:
+        """What a notebook shows: the verdict, worst error and tolerance, and each line's error."""
+        verdict = "every line agrees" if self.ok else "**some lines disagree**"
+        head = (f"Checked numerically on random bindings: {verdict} (worst relative error {self.worst:.3g}, "
+                f"tolerance {self.tol:.3g}).")
+        rows = [[str(c + 1), str(i + 1), f"{e:.3g}", "ok" if e <= self.tol else "**FAIL**"] for c, i, e in self.errors]
+        return head + "\n\n" + elided_table(["chain", "line", "relative error", "ok"], rows, right=[0, 1, 2], what="lines")
+
+
+def instantiate(expr: Expr, sums: Sequence[SumIndex], count: int) -> Expr:
+    """Replace each summed index by ``count`` concrete heads (``h_0`` → ``h_0=0``, ``h_0=1``…)
+    within each term that carries it, so a Σ-form can be evaluated numerically.
+
+    >>> from tensoralg import atom, term
+    >>> from derivations.document import math
+    >>> s = instantiate(term(atom("A", "h"), atom("W_OV", "h")), [SumIndex("h", math("H"))], 2)
+    >>> len(s)
+    2
+    """
+    names = [s.index for s in sums]
+    if isinstance(expr, Product):
+        return Product([instantiate(f, sums, count) for f in expr.factors], expr.coeff)
+    if isinstance(expr, Add):
+        return Add([instantiate(p, sums, count) for p in expr.parts])
+    out: dict = {}
+    for t in expr.expand():
+        present = [n for n in names if any(a.index == n for w in t.words for a in w)]
+        for values in itertools.product(range(count), repeat=len(present)):
+            rename = {n: f"{n}={v}" for n, v in zip(present, values)}
+            words = tuple(tuple(a.with_index(rename[a.index]) if a.index in rename else a for a in w) for w in t.words)
+            out[words] = out.get(words, 0) + t.coeff
+    return TensorSum(out, n_slots=expr.n_slots)
+
+
+def atoms_in(expr: Expr) -> Iterator[Atom]:
+    if isinstance(expr, Product):
+        for f in expr.factors:
+            yield from atoms_in(f)
+    elif isinstance(expr, Add):
+        for p in expr.parts:
+            yield from atoms_in(p)
+    else:
+        for t in expr.expand():
+            for w in t.words:
+                yield from (a.base for a in w)
+
+
+class RandomBindings:
+    """Random arrays for atoms, made on first use and kept: patterns are causal and
+    row-stochastic, symmetric atoms positive diagonal, derived atoms computed from their
+    definitions (so ``W_OV^{h} = W_O^{h} W_V^{h}`` holds numerically)."""
+
+    def __init__(self, numeric: Numeric, rng: np.random.Generator, sums: Sequence[SumIndex] = ()):
+        self.numeric = numeric
+        self.sums = tuple(sums)
+        self.rng = rng
+        self.dims = {**DEFAULT_DIMS, **numeric.dims}
+        self.values: dict[Atom, np.ndarray] = {}
+        self.derived = {name: (lambda a, d=d: TensorSum([Term(1, (d.word(a.index),))]))
+                        for name, d in STANDARD_DEFINITIONS.items()}
+        self.derived.update(numeric.derived)
+
+    def number(self, value) -> complex:
+        """A symbolic size or coefficient with the sizes substituted."""
+        value = sp.sympify(value)
+        value = value.subs({s: self.dims[s.name] for s in value.free_symbols if s.name in self.dims})
+        if not value.is_number:
+            raise DerivationError(f"no numeric value for {value}; give its sizes in Numeric(dims=...)")
+        return complex(value)
+
+    def size(self, dim) -> int:
+        return int(self.number(dim).real)
+
+    def bind(self, a: Atom) -> np.ndarray:
+        a = a.base
+        if a in self.values:
+            return self.values[a]
+        shape = (self.size(a.rows), self.size(a.cols))
+        if a.name in self.derived:
+            value = self.operator(instantiate(self.derived[a.name](a), self.sums, self.numeric.count), {0: shape[0]})
+        elif a.name in self.numeric.special:
+            value = np.asarray(self.numeric.special[a.name](a, shape, self.rng), dtype=float)
+        elif a.name == "A":
+            value = causal_pattern(shape[0], self.rng)
+        elif a.symmetric:
+            value = np.diag(self.rng.uniform(0.5, 1.5, shape[0]))
+        else:
+            value = self.rng.standard_normal(shape) / np.sqrt(shape[1])
+        if value.shape != shape:
+            raise DerivationError(f"the value bound to {a.label} has shape {value.shape}, expected {shape}")
+        self.values[a] = value
+        return value
+
+    def operator(self, expr: Expr, rows: Mapping[int, int]) -> np.ndarray:
+        """The dense operator of ``expr``; a product is the matrix product of its factors'
+        operators (so the mixed-product rule itself is checked, not assumed)."""
+        if isinstance(expr, Add):
+            return sum(self.operator(p, rows) for p in expr.parts)
+        if isinstance(expr, Product):
+            total, current = None, dict(rows)
+            for f in expr.factors:
+                m = self.operator(f, current)
+                total = m if total is None else total @ m
+                current = {i: self.size(s[1]) if s is not None else current[i] for i, s in enumerate(f.slot_shapes)}
+            return complex_to_real(self.number(expr.coeff)) * total
+        s = expr.expand()
+        bindings = {a: self.bind(a) for a in atoms_in(s)}
+        sizes = {i: rows[i] for i in range(s.n_slots)}
+        return to_numpy(s, bindings, dims=self.dims, slot_sizes=sizes)
+
+
+def complex_to_real(c: complex):
+    return c.real if c.imag == 0 else c
+
+
+def causal_pattern(n: int, rng: np.random.Generator) -> np.ndarray:
+    """A random attention pattern: lower-triangular, rows summing to 1."""
+    scores = rng.standard_normal((n, n))
+    scores[np.triu_indices(n, 1)] = -np.inf
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def slot_rows(chain: Chain, bindings: RandomBindings) -> dict[int, int]:
+    """Rows of each slot, from the first line that fixes them (a position slot defaults to ``n_ctx``)."""
+    n_slots = chain.first.n_slots
+    rows: dict[int, int] = {}
+    for step in chain.steps:
+        for i, shape in enumerate(step.expr.slot_shapes):
+            if shape is not None and i not in rows:
+                rows[i] = bindings.size(shape[0])
+    for i in range(n_slots):
+        rows.setdefault(i, bindings.size(DIMS["n_ctx"]))
+    return rows
+
+
+def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verification:
+    """Evaluate every line of every chain on random bindings and compare with the first.
+
+    Summed indices stand for ``numeric.count`` heads each. Returns a :class:`Verification`.
+    """
+    sums = [s for c in derivation.chains for s in c.sums]
+    bindings = RandomBindings(derivation.numeric, np.random.default_rng(seed), sums)
+    count = derivation.numeric.count
+    errors = []
+    for ci, chain in enumerate(derivation.chains):
+        rows = slot_rows(chain, bindings)
+        reference = None
+        for si, step in enumerate(chain.steps):
+            expr = instantiate(step.expr, chain.sums, count)
+            if isinstance(expr, TensorSum) and expr.is_zero and reference is not None:
+                value = np.zeros_like(reference)
+            else:
+                value = bindings.operator(expr, rows)
+            if reference is None or step.rule.key == "truncation":
+                reference = value
+                scale = max(float(np.abs(value).max(initial=0.0)), 1.0)
+            if value.shape != reference.shape:
+                raise DerivationError(
+                    f"step {si} of chain {ci} ({step.rule.name}) has an operator of shape {value.shape}, "
+                    f"the first line {reference.shape}"
+                )
+            errors.append((ci, si, float(np.abs(value - reference).max(initial=0.0)) / scale))
+    return Verification(tuple(errors), tol)
