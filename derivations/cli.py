@@ -5,7 +5,9 @@ Subcommands live beside the code they drive. ``derive`` and ``expand`` are defin
 ``tcircuits.commands`` (each entry is a function ``register(subparsers)`` that adds one
 subparser and sets ``func``), so this module never imports them. Every error the
 library raises is a :class:`tensoralg.errors.TensorAlgError`; the CLI prints its message
-and exits with status 2 — never a traceback.
+and exits with status 2 — never a traceback. Whatever reaches the terminal (messages that
+quote the input, documents) goes through :func:`tensoralg.escape.terminal_safe`: a
+control character in the input is shown escaped, never sent raw.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from importlib.metadata import entry_points
 
 from tensoralg.errors import TensorAlgError
+from tensoralg.escape import terminal_safe
 
 from derivations import commands
 
@@ -49,7 +52,7 @@ class OneLineParser(argparse.ArgumentParser):
     subcommands' parsers are of the same class, so every command reports alike."""
 
     def error(self, message: str):
-        message = " ".join(message.split())  # argparse may quote a bad value with a newline in it
+        message = terminal_safe(" ".join(message.split()))  # argparse quotes bad values, newlines and all
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             register = entry.load()
         except (ImportError, AttributeError) as error:  # a broken plugin must not take the others down
-            print(f"tcircuits: warning: command {entry.name!r} is unavailable: {error}", file=sys.stderr)
+            print(f"tcircuits: warning: command {entry.name!r} is unavailable: {terminal_safe(error)}", file=sys.stderr)
             continue
         register(subparsers)
     return parser
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
         return 141
     except TensorAlgError as error:
-        print(f"tcircuits {args.command}: error: {error}", file=sys.stderr)
+        print(f"tcircuits {args.command}: error: {terminal_safe(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tcircuits: interrupted", file=sys.stderr)

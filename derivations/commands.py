@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from tensoralg.definitions import STANDARD_DEFINITIONS
+from tensoralg.escape import terminal_safe
 
 from derivations import catalogue
 from derivations.derivation import Derivation
@@ -114,7 +115,7 @@ def emit(derivation: Derivation, args) -> int:
     if out is not None:
         write(out, document)
     elif not args.pdf:
-        print(document, end="" if document.endswith("\n") else "\n")
+        print(terminal_safe(document), end="" if document.endswith("\n") else "\n")
     if args.pdf:
         pdf, _ = compile_latex(document)
         target = (out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"))

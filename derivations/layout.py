@@ -77,15 +77,29 @@ def check_layout(layout: Layout | None, options) -> Layout:
 # -- prose -----------------------------------------------------------------------------------
 
 
+#: What mathematics may not carry into Markdown as such: ``<`` and ``>`` would start raw
+#: HTML (a tag, an autolink), ``[`` and ``]`` a link; KaTeX and MathJax read the commands.
+_MARKDOWN_MATH = {"<": r"\lt ", ">": r"\gt ", "[": r"\lbrack ", "]": r"\rbrack "}
+
+
+def markdown_math(latex: str) -> str:
+    r"""Mathematics for Markdown's ``$…$`` and ``$$…$$``: the same LaTeX, with the characters
+    that Markdown would read as HTML or a link written as commands.
+
+    >>> markdown_math(r"A^{\mathrm{<img\ src=x>}}")
+    'A^{\\mathrm{\\lt img\\ src=x\\gt }}'
+    """
+    return "".join([_MARKDOWN_MATH.get(ch, ch) for ch in latex])
+
+
 def _prose(segments, index_from: int, escape: str) -> str:
     out = []
     for s in resolve(segments, index_from):
         if isinstance(s, str):
             out.append(escape_text(s, escape))
-        elif isinstance(s, Math):
-            out.append("$" + s.at(index_from).latex + "$")
-        else:
-            out.append("$" + check_math(printer(None, index_from).doprint(s)) + "$")
+            continue
+        latex = s.at(index_from).latex if isinstance(s, Math) else check_math(printer(None, index_from).doprint(s))
+        out.append("$" + (markdown_math(latex) if escape == "markdown" else latex) + "$")
     return "".join(out)
 
 

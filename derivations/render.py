@@ -25,7 +25,7 @@ from tensoralg.escape import check_math, escape_text
 from derivations.html import html_document
 from derivations.document import Math, Numbered, Piece, SumIndex, as_prose, math, prose, text_width
 from derivations.layout import (
-    Layout, chain_rows, check_layout, expr_pieces, justification, lhs, pack, prose_latex, prose_markdown, prose_text,
+    Layout, chain_rows, check_layout, expr_pieces, justification, lhs, markdown_math, pack, prose_latex, prose_markdown, prose_text,
 )
 
 __all__ = ["Layout", "Math", "Numbered", "Piece", "SumIndex", "as_prose", "check_math", "escape_comment", "escape_latex",
@@ -165,7 +165,7 @@ def markdown(derivation, layout: Layout | None = None, **options) -> str:
             why = justification(step, first=i == 0)
             out += [prose_markdown(why, k), ""] if why else []
             rows = _latex_rows(packed, _lead(chain, i, k))
-            out += ["$$", r"\begin{aligned}", " \\\\\n".join(rows), r"\end{aligned}", "$$", ""]
+            out += ["$$", r"\begin{aligned}", markdown_math(" \\\\\n".join(rows)), r"\end{aligned}", "$$", ""]
     return "\n".join(out)
 
 

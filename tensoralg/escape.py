@@ -195,6 +195,17 @@ def escape_text(text, fmt: str = "latex") -> str:
     return out
 
 
+def terminal_safe(text) -> str:
+    r"""``text`` (a message, a document) safe to print on a terminal: every control character
+    (escape sequences, carriage returns, bells, bidirectional overrides, …) shown escaped,
+    as :func:`escape_text` does; line breaks and tabs kept, so a message keeps its lines.
+
+    >>> terminal_safe("bad \x1b[2J input\nnext line\u202e")
+    'bad \\x1b[2J input\nnext line\\u202e'
+    """
+    return "".join([ch if ch in "\n\t" or not _is_control(ch) else _shown(ch) for ch in str(text)])
+
+
 # -- the allow-list for mathematics ---------------------------------------------------------
 
 #: Control sequences mathematics may contain: printing only, nothing that reads files,

@@ -101,6 +101,10 @@ def caret(text: str, i: int) -> Token:
         index = text[i + 2 : close]
         if not index.strip():
             raise ParseError("empty index '^{}'", text, i)
+        unprintable = next((k for k, ch in enumerate(index) if not ch.isprintable()), None)
+        if unprintable is not None:  # a control character would reach the terminal and the documents
+            raise ParseError(f"an index holds printable characters only, not {index[unprintable]!r}",
+                             text, i + 2 + unprintable)
         return Token("INDEX", index, i, close + 1)
     m = BARE_INDEX.match(text, i + 1)
     if m is None:

@@ -536,10 +536,9 @@ class _Parser:
             return _Word(sp.S.One, (Atom(name, rows, cols, index),))
         known = ", ".join(sorted(self.table))
         pointer = " " * token.pos + "^"
-        raise UnknownAtom(
-            f"unknown atom {name!r} at position {token.pos}:\n  {self.text}\n  {pointer}\n"
-            f"known atoms: {known} ({self.hint}); also Id, sqrt and the scalars "
-            f"{', '.join(sorted(self.scalars))}"
+        raise UnknownAtom(  # one line, then the text and its caret, as every parse error
+            f"unknown atom {name!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
+            f"and the scalars {', '.join(sorted(self.scalars))}:\n  {self.text}\n  {pointer}"
         )
 
     # -- checks ---------------------------------------------------------------

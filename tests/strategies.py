@@ -340,3 +340,38 @@ def markup_text(draw) -> str:
     """Text mixing HTML markup, entities, control characters and arbitrary Unicode."""
     parts = draw(st.lists(st.one_of(st.sampled_from(MARKUP_FRAGMENTS), st.text(max_size=4)), max_size=12))
     return "".join(parts)
+
+
+# -- command lines (tests/test_fuzz.py) -------------------------------------------------------
+
+#: Values a careless user or an attacker might give a flag: numbers of every size, special
+#: floats, lists, non-ASCII digits, control characters, the formats, and junk.
+HOSTILE_VALUES = st.one_of(
+    st.integers(-3, 30).map(str),
+    st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(["", "nan", "inf", "-inf", "1.5", "1e9", "2,3", "1,1,1", "0x10", "1_000", "٣", "1\x07", "\x1b[2J",
+                     "text", "latex", "markdown", "json", "html", "standard", "qk_only", "W_OV", "V=d_model,k",
+                     "A=2,3", "V=-1,2", "x=n_ctx,d_model"]),
+    st.text(max_size=6).filter(lambda v: not v.startswith("-") or v[1:2].isdigit()),  # never an option: no -o FILE
+)
+EXPAND_FLAGS = ("--max-order", "--atom", "--fold", "--index-from", "--format", "--max-terms", "--strict")
+DERIVE_FLAGS = ("--layers", "--heads", "--layer", "--head", "--max-order", "--positional", "--index-from", "--format",
+                "--max-terms", "--concrete", "--symbolic", "--layer-norm", "--biases", "--mlp")
+SWITCHES = ("--strict", "--concrete", "--symbolic", "--layer-norm", "--biases", "--mlp")
+EXPAND_EXAMPLES = ["(Id ⊗ W_U)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)", "(A ⊗ W_O W_V)·x", "V Vᵀ ⊗ A",
+                   "((Id + A^{0})(Id + A^{1})(Id + A^{2})) ⊗ Id", "(A^h ⊗ W_O^h W_V^h)·x"]
+
+
+@st.composite
+def cli_arguments(draw, entries: list[str]) -> list[str]:
+    """``tcircuits derive NAME …`` or ``tcircuits expand EXPR …`` with up to three flags, each
+    with a hostile value; never ``-o`` or ``--pdf`` (nothing is written)."""
+    if draw(st.booleans()):
+        argv = ["expand", draw(st.one_of(hostile_text(), st.sampled_from(EXPAND_EXAMPLES)))]
+        flags = EXPAND_FLAGS
+    else:
+        argv = ["derive", draw(st.one_of(st.sampled_from(entries), st.sampled_from(entries), st.text(max_size=8)))]
+        flags = DERIVE_FLAGS
+    for flag in draw(st.lists(st.sampled_from(flags), max_size=3, unique=True)):
+        argv += [flag] if flag in SWITCHES else [flag, draw(HOSTILE_VALUES)]
+    return argv

@@ -1,0 +1,148 @@
+"""Hostile input end to end (issue 11).
+
+Random text, numbers and flag values fed to :func:`tensoralg.parse` and to ``tcircuits
+derive`` / ``tcircuits expand`` (in-process) give a result or one of our errors — a
+:class:`TensorAlgError`, or argparse's exit status 2 with a one-line message — within
+seconds; Markdown output carries no raw HTML (rendered with a CommonMark parser); no
+control character reaches the terminal raw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import unicodedata
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from markdown_it import MarkdownIt
+
+from derivations.catalogue import ENTRIES, get
+from derivations.cli import main
+from derivations.expansion import expansion
+from tensoralg import parse
+from tensoralg.errors import TensorAlgError
+from tensoralg.escape import terminal_safe
+from tests.strategies import cli_arguments, hostile_text, markup_text
+
+SECONDS = 10  # one input: a result or an error within seconds, never minutes
+
+
+def raw_controls(text: str) -> list[str]:
+    """The control characters of ``text`` other than line breaks and tabs."""
+    return [ch for ch in text if ch not in "\n\t" and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")]
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """``tcircuits ARGV`` in-process: (exit status, stdout, stderr), any other exception raised."""
+    out, err = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+    assert time.perf_counter() - start < SECONDS, argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_clean_answer(argv: list[str]) -> None:
+    """A result (status 0), or one error of ours: status 2, one line (a parse error adds the
+    text and its caret), nothing raw for the terminal."""
+    code, out, err = run(argv)
+    assert code in (0, 2), (argv, code, err)
+    assert not raw_controls(out) and not raw_controls(err), argv
+    errors = [line for line in err.splitlines() if "warning: command" not in line]
+    if code == 2:
+        assert "Traceback" not in err
+        assert len(errors) in (1, 3) and "error" in errors[0], (argv, errors)
+        if len(errors) == 3:
+            assert errors[2].strip() == "^", errors
+
+
+# -- parse --------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(hostile_text(), st.text(max_size=30)))
+def test_parse_gives_an_expression_or_one_of_our_errors(text):
+    start = time.perf_counter()
+    try:
+        parse(text)
+    except TensorAlgError:
+        pass
+    assert time.perf_counter() - start < SECONDS
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cli_arguments(sorted(ENTRIES)))
+def test_tcircuits_gives_a_result_or_a_one_line_error(argv):
+    assert_clean_answer(argv)
+
+
+@pytest.mark.parametrize("argv", [
+    ["expand", "A \x1b[2J ⊗ B"],
+    ["expand", "A^{a\x1b[31mb} ⊗ B"],
+    ["expand", "A^{a\u202eb} ⊗ B"],
+    ["expand", "A ⊗ B\r\x07"],
+    ["derive", "nope\x1b[2J"],
+    ["derive", "path-expansion", "--layers", "1\x07"],
+    ["expand", "A", "--atom", "V\x1b=2,3"],
+])
+def test_control_characters_never_reach_the_terminal_raw(argv):
+    code, out, err = run(argv)
+    assert code == 2 and not raw_controls(err) and not raw_controls(out)
+    assert "\\x1b" in err or "\\x07" in err or "\\u202e" in err
+
+
+def test_terminal_safe_escapes_controls_and_keeps_lines():
+    assert terminal_safe("a\x1b[2Jb\rc\u202ed\x00") == "a\\x1b[2Jb\\rc\\u202ed\\x00"
+    assert terminal_safe("line one\n\tline two ⊗ σ") == "line one\n\tline two ⊗ σ"
+
+
+# -- Markdown -----------------------------------------------------------------------------
+
+
+def html_in_markdown(markdown: str) -> list[str]:
+    """What a CommonMark parser reads as raw HTML or a link in ``markdown``."""
+    found = []
+    for token in MarkdownIt("commonmark").parse(markdown):
+        for t in [token, *(token.children or ())]:
+            if t.type.startswith("html") or t.type == "link_open":
+                found.append(t.content or t.attrs.get("href", ""))
+    return found
+
+
+@pytest.mark.parametrize("index", [
+    "<img src=x onerror=alert(1)>", "<script>alert(1)</script>", "[x](javascript:alert(1))", "<http://evil.example>",
+    "&lt;b&gt;", "</math>", "<!-- x", "a<b", "<a href=x>",
+])
+def test_markdown_of_an_expansion_has_no_raw_html(index):
+    text = f"A^{{{index}}} ⊗ W_OV + Σ_{{h∈H_0}} A^h ⊗ W_OV^h"
+    assert html_in_markdown(expansion(text).to_markdown()) == []
+    code, out, _ = run(["expand", text, "--format", "markdown"])
+    assert code == 0 and html_in_markdown(out) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(markup_text())
+def test_markdown_of_any_index_that_reads_has_no_raw_html(index):
+    try:
+        d = expansion(f"A^{{{index}}} ⊗ W_OV")
+    except TensorAlgError:
+        return
+    assert html_in_markdown(d.to_markdown()) == []
+
+
+def test_the_catalogues_markdown_has_no_raw_html():
+    for name in ("path-expansion", "two-layer-qk", "induction-mechanism", "tensor-product-readings"):
+        assert html_in_markdown(get(name).to_markdown()) == [], name
+
+
+def test_the_markdown_renderer_finds_raw_html_when_it_is_there():
+    assert html_in_markdown("$$\nA^{<img src=x onerror=alert(1)>}\n$$") != []
