@@ -4,7 +4,7 @@ Subcommands live beside the code they drive. ``derive`` and ``expand`` are defin
 :mod:`derivations.commands`; other packages add theirs through the entry-point group
 ``tcircuits.commands`` (each entry is a function ``register(subparsers)`` that adds one
 subparser and sets ``func``), so this module never imports them. Every error the
-library raises is a :class:`tensoralg.errors.TensorAlgError`; the CLI prints its message
+library raises is a :class:`tensoralg.errors.TCircuitsError`; the CLI prints its message
 and exits with status 2 — never a traceback. Whatever reaches the terminal (messages that
 quote the input, documents) goes through :func:`tensoralg.escape.terminal_safe`: a
 control character in the input is shown escaped, never sent raw.
@@ -17,7 +17,7 @@ import os
 import sys
 from importlib.metadata import entry_points
 
-from tensoralg.errors import TensorAlgError
+from tensoralg.errors import TCircuitsError
 from tensoralg.escape import terminal_safe
 
 from derivations import commands
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
         return 141
-    except TensorAlgError as error:
+    except TCircuitsError as error:
         print(f"tcircuits {args.command}: error: {terminal_safe(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@
 ``tcircuits derive NAME`` prints a derivation of the catalogue as LaTeX, Markdown, text,
 JSON or a self-contained HTML page with MathML (``--pdf`` compiles the LaTeX); ``tcircuits expand "EXPR"`` prints each rewrite step
 of an expression. Bad input raises a :class:`~derivations.errors.DerivationError` (or
-another :class:`~tensoralg.errors.TensorAlgError`), which the CLI prints in one line.
+another :class:`~tensoralg.errors.TCircuitsError`), which the CLI prints in one line.
 """
 
 from __future__ import annotations
@@ -19,20 +19,12 @@ from tensoralg.escape import terminal_safe
 
 from derivations import catalogue
 from derivations.derivation import Derivation
-from derivations.errors import DerivationError
+from derivations.errors import DerivationError, LatexError, OutputError
 from derivations.expansion import CLI_HINT, expansion
 from derivations.html import html_document
 
 FORMATS = ("text", "latex", "markdown", "json", "html")
 PDFLATEX_FLAGS = ("-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape")
-
-
-class OutputError(DerivationError, OSError):
-    """A result that cannot be written where asked."""
-
-
-class LatexError(DerivationError):
-    """pdflatex is missing, or failed on a document."""
 
 
 # -- compiling LaTeX --------------------------------------------------------------------

@@ -1,9 +1,14 @@
-"""Errors raised by :mod:`derivations`. Every message says what was wrong and what was expected."""
+"""Errors raised by :mod:`derivations`. Every message says what was wrong and what was expected.
 
-from tensoralg.errors import TensorAlgError
+:class:`DerivationError` is a :class:`~tensoralg.errors.TCircuitsError` but not a
+:class:`~tensoralg.errors.TensorAlgError`: the algebra's errors pass through derivations
+unchanged, and a program that wants every error of the project catches ``TCircuitsError``.
+"""
+
+from tensoralg.errors import TCircuitsError
 
 
-class DerivationError(TensorAlgError):
+class DerivationError(TCircuitsError):
     """Base class of every error raised by :mod:`derivations`."""
 
 
@@ -20,3 +25,15 @@ class UnknownDerivation(DerivationError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class OutputError(DerivationError, OSError):
+    """A result that cannot be written where asked."""
+
+
+class LatexError(DerivationError):
+    """pdflatex is missing, or failed on a document."""
+
+
+class HtmlError(DerivationError):
+    """Mathematics that cannot be converted to MathML."""

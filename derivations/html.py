@@ -29,7 +29,7 @@ from tensoralg import TensorSum
 from tensoralg.escape import check_math, escape_text
 
 from derivations.document import Math, Piece, resolve
-from derivations.errors import DerivationError
+from derivations.errors import DerivationError, HtmlError
 from derivations.layout import Layout, chain_rows, check_layout, justification, lhs, printer, prose_text
 
 __all__ = ["FOLD_ROWS", "HtmlError", "html_document", "mathml", "page", "prose_html"]
@@ -37,10 +37,6 @@ __all__ = ["FOLD_ROWS", "HtmlError", "html_document", "mathml", "page", "prose_h
 #: A step with more lines than this shows its first and last lines and folds the rest.
 FOLD_ROWS = 10
 _HEAD_ROWS, _TAIL_ROWS = 4, 2
-
-
-class HtmlError(DerivationError):
-    """Mathematics that cannot be converted to MathML."""
 
 
 # -- MathML ----------------------------------------------------------------------------------

@@ -48,10 +48,9 @@ from derivations.paths import Source
 from numeric_check.errors import NumericCheckError
 from numeric_check.model import CircuitModel
 from tensoralg.atoms import Atom
-from tensoralg.errors import BindingError
 
 
-class AtomBindingError(NumericCheckError, BindingError):
+class AtomBindingError(NumericCheckError, ValueError):
     """An atom or coefficient that cannot be bound to this model: an unknown name, a layer
     or head the model does not have, a frozen value the forward pass did not record."""
 

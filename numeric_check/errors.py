@@ -1,13 +1,14 @@
 """Errors raised by :mod:`numeric_check`. Every message says what was wrong and what was expected.
 
 All derive from :class:`NumericCheckError`, itself a
-:class:`~tensoralg.errors.TensorAlgError`, so the CLI reports them without a traceback.
+:class:`~tensoralg.errors.TCircuitsError` (the project's root, not an algebra error), so the
+CLI reports them without a traceback.
 """
 
-from tensoralg.errors import TensorAlgError
+from tensoralg.errors import TCircuitsError
 
 
-class NumericCheckError(TensorAlgError):
+class NumericCheckError(TCircuitsError):
     """Base class of every error raised by :mod:`numeric_check`."""
 
 

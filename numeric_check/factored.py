@@ -40,14 +40,13 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import NumericCheckError
-from tensoralg.errors import ShapeMismatch
 
 
 class FactoredError(NumericCheckError, ValueError):
     """A factored product that cannot be built or cannot answer (no factors, non-square eigenvalues, bad index)."""
 
 
-class FactoredShapeError(FactoredError, ShapeMismatch):
+class FactoredShapeError(FactoredError):
     """Factors whose shapes do not chain (``[a, b] @ [c, d]`` with ``b != c``); the message names both."""
 
 
@@ -556,4 +555,3 @@ def eigenvalue_multiset_distance(a: Tensor, b: Tensor) -> float:
         used[j] = True
         worst = max(worst, float(row[j]))
     return worst
-

@@ -23,11 +23,13 @@ from tensoralg.errors import (
     ParseError,
     ShapeMismatch,
     SlotMismatch,
+    TCircuitsError,
     TensorAlgError,
     UnknownAtom,
+    UnsafeLatex,
 )
 from tensoralg.expr import Add, Choice, Expr, Product, TensorSum, Term, add, identity, tensor, term
-from tensoralg.escape import UnsafeLatex, check_math, escape_text
+from tensoralg.escape import check_math, escape_text
 from tensoralg.formula import Formula, formula
 from tensoralg.latex import to_latex
 from tensoralg.numeric import to_numpy
@@ -36,8 +38,9 @@ from tensoralg.reading import Reading
 
 __all__ = [
     "Add", "Atom", "BindingError", "Choice", "DIMS", "Definition", "EmptySum", "Expr", "Formula", "InvalidOrder",
-    "ParseError", "Product", "Reading", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TensorAlgError",
-    "TensorSum", "Term", "UnknownAtom", "UnsafeLatex", "W_OV", "W_QK", "Word", "act", "add", "atom", "check_math",
-    "d_head", "d_mlp", "d_model", "d_vocab", "escape_text", "fold", "formula", "identity", "n_ctx", "parse", "read",
-    "sandwich", "tensor", "term", "to_latex", "to_numpy", "to_text", "unfold", "word_shape",
+    "ParseError", "Product", "Reading", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TCircuitsError",
+    "TensorAlgError", "TensorSum", "Term", "UnknownAtom", "UnsafeLatex", "W_OV", "W_QK", "Word", "act", "add",
+    "atom", "check_math", "d_head", "d_mlp", "d_model", "d_vocab", "escape_text", "fold", "formula", "identity",
+    "n_ctx", "parse", "read", "sandwich", "tensor", "term", "to_latex", "to_numpy", "to_text", "unfold",
+    "word_shape",
 ]

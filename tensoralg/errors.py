@@ -1,8 +1,23 @@
-"""One exception hierarchy for the algebra. Messages quote the bad input and what was expected."""
+"""One exception hierarchy for the algebra, under the project's root. Messages quote the bad
+input and what was expected.
+
+Every error tcircuits raises is a :class:`TCircuitsError`, through exactly one package root:
+:class:`TensorAlgError` (the algebra), ``derivations.errors.DerivationError`` (derivations,
+documents, the CLI) or ``numeric_check.errors.NumericCheckError`` (models and checks). The
+roots do not derive from one another: a checkpoint that will not load is not an algebra error.
+A program that wants every error of ours, and nothing else, catches :class:`TCircuitsError`.
+
+>>> issubclass(ShapeMismatch, TCircuitsError), issubclass(ShapeMismatch, ValueError)
+(True, True)
+"""
 
 
-class TensorAlgError(Exception):
-    """Base class of every error raised by tcircuits."""
+class TCircuitsError(Exception):
+    """The root of every error raised by tcircuits (the three packages' roots derive from it)."""
+
+
+class TensorAlgError(TCircuitsError):
+    """Base class of every error raised by :mod:`tensoralg`."""
 
 
 class ShapeMismatch(TensorAlgError, ValueError):
@@ -47,3 +62,7 @@ class EmptySum(TensorAlgError, ValueError):
 
 class BindingError(TensorAlgError, ValueError):
     """Numeric bindings that are missing or do not fit the atoms' shapes."""
+
+
+class UnsafeLatex(TensorAlgError, ValueError):
+    """LaTeX offered as mathematics that could do more than print (a command, ``%``, ``$`` …)."""

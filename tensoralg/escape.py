@@ -31,13 +31,9 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from tensoralg.errors import TensorAlgError
+from tensoralg.errors import TensorAlgError, UnsafeLatex
 
 FORMATS = ("latex", "latex-math", "latex-comment", "markdown", "html", "text")
-
-
-class UnsafeLatex(TensorAlgError, ValueError):
-    """LaTeX offered as mathematics that could do more than print (a command, ``%``, ``$`` …)."""
 
 
 _GREEK = (

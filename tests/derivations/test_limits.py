@@ -21,7 +21,7 @@ from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
 from derivations.expansion import expansion
 from tensoralg import Product, identity, term
 from tensoralg.atoms import Atom, atom
-from tensoralg.errors import ParseError, TensorAlgError
+from tensoralg.errors import ParseError, TCircuitsError
 from tensoralg.parse import parse
 from tensoralg.rules import rewrite_words
 from tests.strategies import LAYOUTS, products
@@ -205,7 +205,7 @@ def test_max_order_fits_the_limit():
     assert DOCUMENT_LIMIT >= 5000
     with pytest.raises(DerivationError, match="max_order"):
         get("path-expansion", layers=12, heads=4, concrete=True)
-    with pytest.raises(TensorAlgError):
+    with pytest.raises(TCircuitsError):
         get("virtual-weights", layers=2, heads=-1)
 
 

@@ -15,7 +15,6 @@ from numeric_check.errors import ModelInputError
 from numeric_check.model import CircuitModel, ModelConfig
 from tensoralg import atom
 from tensoralg.atoms import d_head, d_model
-from tensoralg.errors import BindingError
 
 torch.set_num_threads(1)
 ARCH = Architecture(2, (2, 3), positional="standard", layer_norm=True, biases=True, mlp=True)
@@ -118,7 +117,7 @@ def test_unknown_atoms_and_missing_parts():
         b.factors(atom("W_pos"))
     with pytest.raises(AtomBindingError, match="no MLPs"):
         b.factors(atom("W_in", "L0"))
-    with pytest.raises(BindingError, match="no binding for atom 'Z'"):
+    with pytest.raises(AtomBindingError, match="no binding for atom 'Z'"):
         b.factors(atom("Z", shapes={"Z": (d_model, d_model)}))
     with pytest.raises(AtomBindingError, match="did not record"):
         b.recording.get("blocks.0.ln1_qk.hook_scale", "atom N^{L0,qk}")
