@@ -18,6 +18,7 @@ from tensoralg.definitions import STANDARD_DEFINITIONS
 from tensoralg.escape import terminal_safe
 
 from derivations import catalogue
+from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
 from derivations.errors import DerivationError, LatexError, OutputError
 from derivations.expansion import CLI_HINT, expansion
@@ -133,6 +134,9 @@ OPTIONS = {
     "mlp": ("--mlp", "MLP layers, as opaque sources"),
     "max_order": ("--max-order", "keep the paths through at most K heads"),
     "concrete": ("--concrete/--symbolic", "enumerate the heads (L0H0, L0H1, …) or write Σ over a layer's heads"),
+    "frequencies": ("--frequencies", "rotary: number of rotated frequency pairs"),
+    "partial": ("--partial", "rotary: some features of each head pass unrotated"),
+    "style": ("--style", "rotary: which features pair up, neox (halves) or gptj (neighbours)"),
 }
 
 
@@ -264,8 +268,10 @@ def register(subparsers) -> None:
     p.add_argument(OPTIONS["layer"][0], type=int, help=OPTIONS["layer"][1])
     p.add_argument(OPTIONS["head"][0], type=int, help=OPTIONS["head"][1])
     p.add_argument(OPTIONS["positional"][0], choices=("none", "standard", "qk_only"), help=OPTIONS["positional"][1])
-    for key in ("layer_norm", "biases", "mlp"):
+    for key in ("layer_norm", "biases", "mlp", "partial"):
         p.add_argument(OPTIONS[key][0], dest=key, action="store_const", const=True, default=None, help=OPTIONS[key][1])
+    p.add_argument(OPTIONS["frequencies"][0], type=int, metavar="F", help=OPTIONS["frequencies"][1])
+    p.add_argument(OPTIONS["style"][0], choices=ROTARY_STYLES, help=OPTIONS["style"][1])
     p.add_argument(OPTIONS["max_order"][0], type=int, metavar="K", help=OPTIONS["max_order"][1])
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--concrete", dest="concrete", action="store_const", const=True, default=None,

@@ -350,14 +350,15 @@ HOSTILE_VALUES = st.one_of(
     st.integers(-3, 30).map(str),
     st.integers(-(2**70), 2**70).map(str),
     st.sampled_from(["", "nan", "inf", "-inf", "1.5", "1e9", "2,3", "1,1,1", "0x10", "1_000", "٣", "1\x07", "\x1b[2J",
-                     "text", "latex", "markdown", "json", "html", "standard", "qk_only", "W_OV", "V=d_model,k",
+                     "text", "latex", "markdown", "json", "html", "standard", "qk_only", "neox", "gptj", "W_OV", "V=d_model,k",
                      "A=2,3", "V=-1,2", "x=n_ctx,d_model"]),
     st.text(max_size=6).filter(lambda v: not v.startswith("-") or v[1:2].isdigit()),  # never an option: no -o FILE
 )
 EXPAND_FLAGS = ("--max-order", "--atom", "--fold", "--index-from", "--format", "--max-terms", "--strict")
 DERIVE_FLAGS = ("--layers", "--heads", "--layer", "--head", "--max-order", "--positional", "--index-from", "--format",
-                "--max-terms", "--concrete", "--symbolic", "--layer-norm", "--biases", "--mlp")
-SWITCHES = ("--strict", "--concrete", "--symbolic", "--layer-norm", "--biases", "--mlp")
+                "--max-terms", "--concrete", "--symbolic", "--layer-norm", "--biases", "--mlp", "--frequencies", "--partial",
+                "--style")
+SWITCHES = ("--strict", "--concrete", "--symbolic", "--layer-norm", "--biases", "--mlp", "--partial")
 EXPAND_EXAMPLES = ["(Id ⊗ W_U)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)", "(A ⊗ W_O W_V)·x", "V Vᵀ ⊗ A",
                    "((Id + A^{0})(Id + A^{1})(Id + A^{2})) ⊗ Id", "(A^h ⊗ W_O^h W_V^h)·x"]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from derivations.architecture import MAX_HEADS, MAX_HEADS_TOTAL, MAX_LAYERS, Architecture
 from derivations.catalogue import DOCUMENT_LIMIT, ENTRIES, get
 from derivations.catalogue.qk import check_pairs
-from derivations.cli import main
+from derivations.cli import build_parser, main
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
 from derivations.expansion import expansion
 from tensoralg import Product, identity, term
@@ -186,6 +186,19 @@ def test_refusals_are_one_line(capsys, argv):
     assert code == 2 and "Traceback" not in err
     assert len(lines) in (1, 3), lines  # one line, or a parse error's line with the text and its caret
     assert "error" in lines[0]
+
+
+def test_every_parameter_of_the_catalogue_has_an_option():
+    """A parameter without a ``tcircuits derive`` option is unreachable (and once made the
+    refusal of a wrong option a KeyError)."""
+    from derivations.commands import OPTIONS
+
+    missing = {(name, p) for name, e in ENTRIES.items() for p in e.params if p not in OPTIONS}
+    assert not missing
+    parser = build_parser()
+    derive = parser._subparsers._group_actions[0].choices["derive"]
+    flags = {s for action in derive._actions for s in action.option_strings}
+    assert {flag for option, _ in OPTIONS.values() for flag in option.split("/")} <= flags
 
 
 @settings(deadline=10_000, max_examples=60)
