@@ -43,7 +43,6 @@ import sympy as sp
 
 from tensoralg.atoms import Atom, Word, atom, d_model, d_vocab, n_ctx, transpose_word, word_shape
 from tensoralg.display import expansion_markdown
-from tensoralg.errors import InvalidOrder
 from tensoralg.expr import Term, TensorSum, check_order
 
 from derivations.architecture import Architecture, head_label
@@ -391,16 +390,6 @@ def check_arch(arch) -> None:
         raise ArchitectureError(f"expected a derivations.Architecture, got {type(arch).__name__} {arch!r}")
 
 
-def check_max_order(max_order, largest: int, what: str) -> None:
-    """``max_order`` is ``None`` or an int in ``0..largest`` (the deepest term of ``what``)."""
-    check_order(max_order)
-    if max_order is not None and max_order > largest:
-        raise InvalidOrder(
-            f"max_order={max_order} is larger than the deepest term of {what}, which has order {largest}; "
-            f"pass max_order in 0..{largest}, or None for every term"
-        )
-
-
 def check_limit(limit) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise DerivationError(f"limit must be an int >= 1 (the most terms to build), got {limit!r}")
@@ -454,7 +443,7 @@ class LogitExpansion:
 
     def __init__(self, arch: Architecture, max_order: int | None = None):
         check_arch(arch)
-        check_max_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
+        check_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
         self.arch = arch
         self.max_order = max_order
         L = arch.n_layers
@@ -624,7 +613,7 @@ def estimate_mlp_input_terms(arch: Architecture, layer: int, max_order: int | No
     """
     check_arch(arch)
     upto, entries = _mlp_entries(arch, layer)
-    check_max_order(max_order, upto, f"the input of layer {layer}'s MLP")
+    check_order(max_order, upto, f"the input of layer {layer}'s MLP")
     return sum(sum(order_counts(arch, e.first_layer, upto, max_order)) for e in entries)
 
 
@@ -634,7 +623,7 @@ def mlp_input_terms(arch: Architecture, layer: int, max_order: int | None = None
     the MLP is opaque (gated ones too), and its output is a source of its own."""
     check_arch(arch)
     upto, entries = _mlp_entries(arch, layer)
-    check_max_order(max_order, upto, f"the input of layer {layer}'s MLP")
+    check_order(max_order, upto, f"the input of layer {layer}'s MLP")
     own = Source("mlp", layer)
     lead = (mlp_ln_scale(arch, layer),) if arch.normalised else ()
     for _, st in stream_terms(arch, upto, max_order):

@@ -53,7 +53,7 @@ import sympy as sp
 from tensoralg.atoms import Word, d_head
 from tensoralg.rotary import rotary_atom
 from tensoralg.display import expansion_markdown
-from tensoralg.expr import Term, TensorSum
+from tensoralg.expr import TensorSum, Term, check_order
 
 from derivations.architecture import Architecture, head_label
 from derivations.errors import DerivationError
@@ -63,7 +63,6 @@ from derivations.paths import (
     Source,
     check_arch,
     check_limit,
-    check_max_order,
     group_sum,
     head_atom,
     kv_atom,
@@ -188,7 +187,7 @@ class QKExpansion:
     def __init__(self, arch: Architecture, layer: int, head: int, max_order: int | None = None):
         check_arch(arch)
         arch.check_head(layer, head)
-        check_max_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
+        check_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
         self.arch = arch
         self.layer = layer
         self.head = head

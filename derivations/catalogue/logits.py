@@ -5,13 +5,13 @@ from __future__ import annotations
 import sympy as sp
 
 from tensoralg import W_OV, W_QK, Product, atom, d_head, sandwich, term
+from tensoralg.expr import check_order
 
 from derivations.architecture import Architecture, head_label
 from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, by_order, per_layer, scaled_scores,
                                           source_math, stream_product, sum_index)
-from derivations.catalogue.registry import check_count, check_flag, check_size, entry
+from derivations.catalogue.registry import check_flag, check_size, entry
 from derivations.derivation import Chain, Derivation
-from derivations.errors import DerivationError
 from derivations.paths import POSITION, TOKEN, Source, stream_entries
 from derivations.document import Math, math, prose
 
@@ -75,21 +75,13 @@ def _logits_derivation(name, title, summary, arch, concrete, max_order, extra_no
                       params=params)
 
 
-def _check_order(max_order, largest: int):
-    if max_order is not None:
-        check_count("max_order", max_order, 0)
-        if max_order > largest:
-            raise DerivationError(f"max_order={max_order} is more than the deepest path ({largest} heads); "
-                                  f"pass 0..{largest} or leave it out")
-
-
 @entry("path-expansion", "the logits of any attention-only model as a sum over paths (direct, heads, virtual heads)")
 def path_expansion(layers: int = 2, heads: int = 2, positional: str = "none", layer_norm: bool = False,
                    biases: bool = False, mlp: bool = False, concrete: bool = False,
                    max_order: int | None = None) -> Derivation:
     arch = architecture(layers, heads, positional, layer_norm, biases, mlp)
     concrete = check_flag("concrete", concrete)
-    _check_order(max_order, arch.n_layers)
+    check_order(max_order, arch.n_layers, f"the logits of a {arch.n_layers}-layer model")
     return _logits_derivation(
         "path-expansion", f"Path expansion of the logits ({arch.describe()})",
         "Expanding the product of the layers by distributivity and the mixed-product rule writes the logits as a "
@@ -145,7 +137,7 @@ def two_layer_logits(heads: int = 2, positional: str = "none", layer_norm: bool 
                      max_order: int | None = None) -> Derivation:
     arch = architecture(2, heads, positional, layer_norm, False, False)
     concrete = check_flag("concrete", concrete)
-    _check_order(max_order, 2)
+    check_order(max_order, 2, "the logits of a two-layer model")
     return _logits_derivation(
         "two-layer-logits", "The path expansion of a two-layer attention-only transformer",
         "Two layers give the direct path, the heads of each layer, and virtual heads that pass through a head of "

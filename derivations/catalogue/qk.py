@@ -7,11 +7,12 @@ from itertools import accumulate
 import sympy as sp
 
 from tensoralg import Product, TensorSum, atom, d_head, sandwich, term
+from tensoralg.expr import check_order
 
 from derivations.architecture import Architecture, head_label
 from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, per_layer, scaled_scores,
                                           stream_product, sum_index)
-from derivations.catalogue.logits import _check_order, _index_latex
+from derivations.catalogue.logits import _index_latex
 from derivations.catalogue.registry import DOCUMENT_LIMIT, check_flag, entry, too_many
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
@@ -80,7 +81,7 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
         raise DerivationError(f"{name} covers attention-only models without biases; for biases and MLPs use "
                               "derivations.expand_qk, which includes their terms")
     arch.check_head(layer, head)
-    _check_order(max_order, 2 * layer)
+    check_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
     h = head_label(layer, head) if concrete else "h"
     middle = term(atom("W_QK", h), coeff=1 / sp.sqrt(d_head))
     chains = []

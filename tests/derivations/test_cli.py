@@ -89,7 +89,7 @@ def test_output_file(capsys, tmp_path):
     (["derive", "multi-head", "--layers", "2"], ["does not take --layers; it takes: --heads"]),
     (["derive", "path-expansion", "--layers", "12", "--heads", "12", "--concrete"],
      ["23,298,085,122,481 terms", "--max-order 1"]),
-    (["derive", "path-expansion", "--max-order", "7"], ["max_order=7 is more than the deepest path"]),
+    (["derive", "path-expansion", "--max-order", "7"], ["an integer in 0..2 (the deepest term of the logits", "got 7"]),
     (["derive", "two-layer-logits", "-o", "/nonexistent-dir/x.tex"], ["cannot write '/nonexistent-dir/x.tex'"]),
     (["derive", "one-layer", "--pdf", "--format", "json"], ["--pdf compiles LaTeX"]),
     (["derive"], ["give a derivation NAME"]),
@@ -195,7 +195,7 @@ def test_expand_of_a_canonical_sum_says_so(capsys):
     (["expand", "Σ h"], ["expected '_{' after 'Σ'", "position 1"]),
     (["expand", "Σ_{h∈H_0} A^h ⊗ W_OV^h", "--index-from", "1"], ["H_0 is not a layer"]),
     (["expand", "(A ⊗ W_OV) x", "--fold", "W_QK"], ["--fold W_QK", "nothing to fold"]),
-    (["expand", "(Id ⊗ W_U)(Id ⊗ W_E)", "--max-order", "-1"], ["max_order must be >= 0"]),
+    (["expand", "(Id ⊗ W_U)(Id ⊗ W_E)", "--max-order", "-1"], ["max_order must be None (every term) or an integer >= 0, got -1"]),
     (["expand", " ".join(f"(Id ⊗ Id + A^{{{i}}} ⊗ W_OV^{{{i}}})" for i in range(13))], ["8,192 terms", "--max-order 6"]),
 ])
 def test_bad_expand_requests_are_one_line_errors(capsys, argv, fragments):

@@ -209,8 +209,8 @@ def test_bad_max_order(bad):
 
 
 def test_max_order_beyond_the_deepest_term():
-    with pytest.raises(InvalidOrder, match=r"max_order=3 is larger than the deepest term of the logits of a 2-layer model, "
-                                           r"which has order 2; pass max_order in 0\.\.2, or None for every term"):
+    with pytest.raises(InvalidOrder, match=r"max_order must be None \(every term\) or an integer in 0\.\.2 \(the deepest "
+                                           r"term of the logits of a 2-layer model has order 2\), got 3"):
         estimate_logit_terms(Architecture(2, 2), 3)
 
 
