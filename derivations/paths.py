@@ -426,7 +426,7 @@ def group_sum(collected: dict[tuple[Word, ...], sp.Expr], n_slots: int, what: st
     if not collected:
         raise DerivationError(f"{what} has no terms")
     shapes = tuple(word_shape(next((w[i] for w in collected if w[i]), ())) for i in range(n_slots))
-    return TensorSum._trusted(collected, n_slots, shapes)
+    return TensorSum.from_canonical(collected, n_slots, shapes)
 
 
 # -- the logits ------------------------------------------------------------------------

@@ -61,4 +61,4 @@ def sandwich(left: Expr, middle, right: Expr) -> TensorSum:
                 prev = out.get(key)
                 out[key] = value if prev is None else prev + value
     shape3 = chain_shapes(chain_shapes(lt, mid.slot_shapes[0], 2), rshape, 2)
-    return TensorSum._trusted(out, 3, (lsum.slot_shapes[0], rsum.slot_shapes[0], shape3))
+    return TensorSum.from_canonical(out, 3, (lsum.slot_shapes[0], rsum.slot_shapes[0], shape3))

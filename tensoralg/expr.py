@@ -289,12 +289,30 @@ class TensorSum(Expr):
         self._hash = None
 
     @classmethod
-    def _trusted(cls, terms: dict, n_slots: int, slot_shapes: tuple) -> "TensorSum":
-        """Build from already-collected, already-checked terms (internal fast path)."""
+    def from_canonical(cls, terms: Mapping[tuple[Word, ...], sp.Expr], n_slots: int, slot_shapes: tuple) -> "TensorSum":
+        """A sum from terms already checked, without checking them again: the fast path for
+        code that builds large expansions whose shapes hold by construction (the mixed-product
+        rule, the path and QK expansions).
+
+        ``terms`` maps each tuple of ``n_slots`` words (tuples of atoms) to a SymPy
+        coefficient, like terms already added (a mapping has each key once); ``slot_shapes``
+        holds each slot's shape (``None`` where every word is ``Id``). The promise is the
+        caller's: words that chain, one shape per slot, ``Id`` only in square slots.
+        Coefficients are brought to canonical form and zeros dropped, so the result equals
+        ``TensorSum(terms)``, which checks everything.
+
+        >>> from tensoralg.atoms import atom
+        >>> A, W = atom("A", "h"), atom("W_OV", "h")
+        >>> s = TensorSum.from_canonical({((A,), (W,)): sp.Integer(2)}, 2, (A.shape, W.shape))
+        >>> s == TensorSum({((A,), (W,)): 2}), s
+        (True, TensorSum(2·A^{h} ⊗ W_OV^{h}))
+        """
+        if len(slot_shapes) != n_slots:
+            raise SlotMismatch(f"a {n_slots}-slot sum needs {n_slots} slot shapes, got {len(slot_shapes)}")
         obj = object.__new__(cls)
         obj._terms = _nonzero(terms)
         obj.n_slots = n_slots
-        obj.slot_shapes = slot_shapes
+        obj.slot_shapes = tuple(slot_shapes)
         obj._sorted = None
         obj._hash = None
         return obj
@@ -332,14 +350,14 @@ class TensorSum(Expr):
     def scale(self, coeff: sp.Expr) -> "TensorSum":
         coeff = as_coeff(coeff)
         if coeff.is_zero:
-            return TensorSum._trusted({}, self.n_slots, self.slot_shapes)
-        return TensorSum._trusted({w: mul(coeff, c) for w, c in self._terms.items()}, self.n_slots, self.slot_shapes)
+            return TensorSum.from_canonical({}, self.n_slots, self.slot_shapes)
+        return TensorSum.from_canonical({w: mul(coeff, c) for w, c in self._terms.items()}, self.n_slots, self.slot_shapes)
 
     @property
     def T(self) -> "TensorSum":
         """Transpose slot by slot: each word reversed, each atom transposed."""
         shapes = tuple(None if s is None else (s[1], s[0]) for s in self.slot_shapes)
-        return TensorSum._trusted(
+        return TensorSum.from_canonical(
             {tuple(transpose_word(w) for w in words): c for words, c in self._terms.items()}, self.n_slots, shapes
         )
 
@@ -453,7 +471,7 @@ def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
             prev = collected.get(w)
             collected[w] = c if prev is None else prev + c
     check_identity_slots(shapes, collected)
-    return TensorSum._trusted(collected, sums[0].n_slots, shapes)
+    return TensorSum.from_canonical(collected, sums[0].n_slots, shapes)
 
 
 def check_identity_slots(shapes: Sequence[Shape], words_list: Iterable[tuple[Word, ...]]) -> None:
@@ -485,7 +503,7 @@ def tensor(*factors: Expr | Atom | Word) -> TensorSum:
         result = {w + fw: mul(c, fc) for w, c in result.items() for fw, fc in f._terms.items()}
         shapes += f.slot_shapes  # each factor is a checked sum, so the slots are too
         # collect: different left parts never collide, so no merge is needed
-    return TensorSum._trusted(result, len(shapes), shapes)
+    return TensorSum.from_canonical(result, len(shapes), shapes)
 
 
 # -- products and lazy sums --------------------------------------------------------
@@ -623,7 +641,7 @@ class Product(Expr):
         for (words, _), c in states.items():
             prev = collected.get(words)
             collected[words] = c if prev is None else prev + c
-        return TensorSum._trusted(collected, n, self.slot_shapes)
+        return TensorSum.from_canonical(collected, n, self.slot_shapes)
 
     def iter_terms(self, max_order: int | None = None) -> Iterator[Choice]:
         """Each product of the expansion, lazily, in factor-major order, uncollected."""

@@ -42,7 +42,7 @@ from tensoralg.expr import Add, Expr, Product, TensorSum, Term, check_order, joi
 
 def _single(t: Term, n_slots: int, slot_shapes: tuple) -> TensorSum:
     """A one-term sum; its shapes are those of the factor it came from (already checked)."""
-    return TensorSum._trusted({t.words: t.coeff}, n_slots, slot_shapes)
+    return TensorSum.from_canonical({t.words: t.coeff}, n_slots, slot_shapes)
 
 
 def _parts(expr: Expr) -> tuple[Expr, ...]:
@@ -82,7 +82,7 @@ def distribute(expr: Expr, max_order: int | None = None) -> Expr:
             factors = [_single(tables[k][j], n, shapes[k]) for k, j in enumerate(choice.indices)]
             parts.append(Product(factors, part.coeff))
     if not parts:  # truncation dropped every product
-        return TensorSum._trusted({}, expr.n_slots, expr.slot_shapes)
+        return TensorSum.from_canonical({}, expr.n_slots, expr.slot_shapes)
     return _rebuild(parts)
 
 
@@ -105,7 +105,7 @@ def mixed_product(expr: Expr) -> Expr:
                 (t,) = f
                 coeff = mul(coeff, t.coeff)
                 words = join_words(words, t.words)
-            parts.append(TensorSum._trusted({words: coeff}, part.n_slots, part.slot_shapes))
+            parts.append(TensorSum.from_canonical({words: coeff}, part.n_slots, part.slot_shapes))
         else:
             parts.append(part)
     return _rebuild(parts)

@@ -84,6 +84,24 @@ def test_confluence_of_rewrite_orders(pair, data):
     assert_numerically_equal(p @ q, whole, seed=data.draw(seeds()))
 
 
+@PROPERTY
+@given(any_expression())
+def test_from_canonical_rebuilds_a_checked_sum_without_checking_it_again(e):
+    s = e.expand()
+    rebuilt = TensorSum.from_canonical(s.as_dict(), s.n_slots, s.slot_shapes)
+    assert rebuilt == s and hash(rebuilt) == hash(s) and rebuilt.slot_shapes == s.slot_shapes
+    assert list(rebuilt) == list(s)  # the same canonical order
+
+
+def test_from_canonical_drops_zeros_and_brings_coefficients_to_canonical_form():
+    x = sp.Symbol("x")
+    terms = {((A1,), (W1,)): x * (x + 1) - x**2, ((A2,), (W2,)): x - x}
+    s = TensorSum.from_canonical(terms, 2, (A1.shape, W1.shape))
+    assert s == TensorSum(terms) == term(A1, W1, coeff=x)
+    with pytest.raises(SlotMismatch, match="a 2-slot sum needs 2 slot shapes, got 1"):
+        TensorSum.from_canonical(terms, 2, (A1.shape,))
+
+
 # -- transpose ------------------------------------------------------------------
 
 
