@@ -43,11 +43,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from derivations.paths import expand_logits  # noqa: E402
-from numeric_check.adapters import from_transformer_lens  # noqa: E402
-from numeric_check.bind import Binder, record  # noqa: E402
-from numeric_check.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone  # noqa: E402
-from numeric_check.isolate import isolate_final_streams  # noqa: E402
-from numeric_check.verify import _LogitSpace, verify_logits, verify_qk, working_copy  # noqa: E402
+from numeric_check.model.adapters import from_transformer_lens  # noqa: E402
+from numeric_check.verification.bind import Binder  # noqa: E402
+from numeric_check.model.hook_paths import record
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone  # noqa: E402
+from numeric_check.verification.isolate import isolate_final_streams  # noqa: E402
+from numeric_check.verification.verify import LogitSpace, verify_logits, verify_qk  # noqa: E402
 
 SIZES = dict(n_layers=2, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=128)
 BATCH, SEQ = 4, 128
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
 
     # 3. shared-prefix evaluation against each term alone
     with torch.no_grad():
-        work = working_copy(model, torch.float64, device)
+        work = model.working_copy(torch.float64, device)
         rec = record(work, tokens)
         binder = Binder(work, rec)
         terms = list(expand_logits(work.arch))
@@ -194,7 +195,7 @@ def main(argv=None) -> int:
     print(f"\n4. check 2 as verify_logits runs it (every term, certified by a rigorous bound): "
           f"{report.timings['isolation']:.2f} s of 2a")
     with torch.no_grad():  # the exact alternative, per term as exact_errors=True does it
-        space = _LogitSpace(work, rec)
+        space = LogitSpace(work, rec)
         space.product.max_abs([space.model])  # builds the float32 factor once, as a call does
         chosen = terms if args.full_isolation else picked
         values = {v.index: v for v in ev.values() if terms[v.index] in chosen}

@@ -16,29 +16,34 @@ from typing import TYPE_CHECKING
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.errors": (
-        "CheckpointError", "ConfigError", "DeviceError", "HookError", "ModelInputError", "NumericCheckError",
-        "UnsupportedModel", "WeightError",
+        "AnalysisError", "CheckpointError", "ConfigError", "DeviceError", "ExpansionMismatch", "FactoredError",
+        "FactoredShapeError", "HookError", "ModelInputError", "NumericCheckError", "UnsupportedModel", "VerifyError",
+        "WeightError",
     ),
-    "numeric_check.model": ("CircuitModel", "ModelConfig", "resolve_device", "resolve_dtype"),
-    "numeric_check.hooks": ("Constant", "HookPoint"),
-    "numeric_check.adapters": ("from_hf_gpt2", "from_transformer_lens", "to_transformer_lens"),
-    "numeric_check.checkpoint": ("load_checkpoint", "save_checkpoint"),
-    "numeric_check.factored": ("Factored", "FactoredError", "FactoredShapeError", "eigenvalue_multiset_distance"),
-    "numeric_check.circuits": (
-        "AnalysisError", "copying_scores", "eigenvalue_positivity", "k_composition_circuit", "ov_circuit",
+    "numeric_check.model.circuit_model": ("CircuitModel",),
+    "numeric_check.model.config": ("ModelConfig", "resolve_device", "resolve_dtype"),
+    "numeric_check.model.hooks": ("Constant", "HookPoint"),
+    "numeric_check.model.adapters": ("from_hf_gpt2", "from_transformer_lens", "to_transformer_lens"),
+    "numeric_check.model.checkpoint": ("load_checkpoint", "save_checkpoint"),
+    "numeric_check.circuits.factored": ("Factored", "eigenvalue_multiset_distance"),
+    "numeric_check.circuits.ov_qk": (
+        "copying_scores", "eigenvalue_positivity", "k_composition_circuit", "ov_circuit",
         "ov_circuit_eigenvalues", "ov_circuits", "ov_eigenvalues", "positional_qk_circuit", "qk_circuit",
         "same_matching_scores", "virtual_ov_circuit",
     ),
-    "numeric_check.composition": ("COMPOSITION_KINDS", "composition_baseline", "composition_scores"),
-    "numeric_check.skip_trigrams": ("SkipTrigramTable", "skip_trigram_table"),
-    "numeric_check.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
-    "numeric_check.behaviour": ("LossGrid", "PositionProfile", "position_profiles", "repeat_loss_grid"),
-    "numeric_check.verify": ("ExpansionMismatch", "VerifyError", "VerifyReport", "default_rtol", "verify_logits", "verify_qk"),
-    "numeric_check.bind": ("Binder", "Recording", "record"),
-    "numeric_check.train": ("shipped_checkpoint", "train_toy"),
-    "numeric_check.train_config": ("TrainConfig",),
-    "numeric_check.importance": ("term_importance",),
-    "numeric_check.report": ("analyze_model", "findings", "write_report"),
+    "numeric_check.circuits.composition": ("COMPOSITION_KINDS", "composition_baseline", "composition_scores"),
+    "numeric_check.circuits.skip_trigrams": ("SkipTrigramTable", "skip_trigram_table"),
+    "numeric_check.circuits.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
+    "numeric_check.circuits.behaviour": ("LossGrid", "PositionProfile", "position_profiles", "repeat_loss_grid"),
+    "numeric_check.verification.verify": ("default_rtol", "verify_logits", "verify_qk"),
+    "numeric_check.verification.results": ("VerifyReport",),
+    "numeric_check.verification.bind": ("Binder",),
+    "numeric_check.model.hook_paths": ("Recording", "record"),
+    "numeric_check.training.toy": ("shipped_checkpoint", "train_toy"),
+    "numeric_check.training.config": ("TrainConfig",),
+    "numeric_check.circuits.importance": ("term_importance",),
+    "numeric_check.reports.analysis": ("analyze_model", "write_report"),
+    "numeric_check.reports.findings": ("findings",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
@@ -58,7 +63,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above
-    from numeric_check.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens  # noqa: F401
-    from numeric_check.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
-    from numeric_check.model import CircuitModel, ModelConfig  # noqa: F401
-    from numeric_check.verify import VerifyReport, verify_logits, verify_qk  # noqa: F401
+    from numeric_check.model.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens  # noqa: F401
+    from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
+    from numeric_check.model.circuit_model import CircuitModel  # noqa: F401
+    from numeric_check.model.config import ModelConfig  # noqa: F401
+    from numeric_check.verification.verify import VerifyReport, verify_logits, verify_qk  # noqa: F401

@@ -17,7 +17,7 @@ class ModelInputError(NumericCheckError, ValueError):
 
 
 class ConfigError(NumericCheckError, ValueError):
-    """A :class:`~numeric_check.model.ModelConfig` field that cannot be used (a size < 1, an unknown ``act_fn``)."""
+    """A :class:`~numeric_check.model.config.ModelConfig` field that cannot be used (a size < 1, an unknown ``act_fn``)."""
 
 
 class WeightError(NumericCheckError, ValueError):
@@ -38,3 +38,44 @@ class CheckpointError(NumericCheckError, ValueError):
 
 class DeviceError(NumericCheckError, ValueError):
     """A dtype or device that cannot be used (CUDA requested but absent, an integer dtype)."""
+
+
+class VerifyError(NumericCheckError, ValueError):
+    """Arguments of a verification that cannot be used (a tolerance, a model of another type)."""
+
+
+class ExpansionMismatch(VerifyError):
+    """An expansion built for another architecture (or head) than the model's."""
+
+
+class AtomBindingError(NumericCheckError, ValueError):
+    """An atom or coefficient that cannot be bound to this model: an unknown name, a layer
+    or head the model does not have, a frozen value the forward pass did not record."""
+
+
+class TrainConfigError(NumericCheckError, ValueError):
+    """A training configuration that cannot be used (e.g. segments that cannot fit ``n_ctx``)."""
+
+
+class VerifyCLIError(NumericCheckError, ValueError):
+    """A ``tcircuits verify`` option that cannot be used; the message names it."""
+
+
+class OutputPathError(NumericCheckError, ValueError):
+    """An output file or folder that cannot be written; the message names it."""
+
+
+class AnalysisError(NumericCheckError, ValueError):
+    """An analysis asked of something the model cannot give (no positional embedding, bad head order, bad option)."""
+
+
+class FactoredError(NumericCheckError, ValueError):
+    """A factored product that cannot be built or cannot answer (no factors, non-square eigenvalues, bad index)."""
+
+
+class FactoredShapeError(FactoredError):
+    """Factors whose shapes do not chain (``[a, b] @ [c, d]`` with ``b != c``); the message names both."""
+
+
+class PlotError(NumericCheckError, ValueError):
+    """Numbers that cannot be plotted (wrong shapes, an unknown format)."""

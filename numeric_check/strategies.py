@@ -2,7 +2,7 @@
 
 For testing code built on tcircuits (and for tcircuits' own tests): draw any
 :class:`~derivations.architecture.Architecture`, a seeded random
-:class:`~numeric_check.model.CircuitModel`, and token batches that fit it. Needs
+:class:`~numeric_check.model.circuit_model.CircuitModel`, and token batches that fit it. Needs
 ``hypothesis`` (``pip install tcircuits[test]``).
 
 The default ranges are those of the project's property tests: 0–3 layers, 1–4 heads per
@@ -10,7 +10,7 @@ layer, ``d_head`` 1–8, vocabularies of 2–30 tokens, contexts of 1–10 posit
 positional kind, with or without layer norm, biases and MLPs.
 
 >>> from hypothesis import given, settings
->>> from numeric_check.verify import verify_logits
+>>> from numeric_check.verification.verify import verify_logits
 >>> @settings(max_examples=3, deadline=None)
 ... @given(models_and_tokens())
 ... def test_expansion_adds_up(pair):
@@ -29,7 +29,8 @@ except ImportError as error:  # pragma: no cover - exercised only without hypoth
 import torch
 
 from derivations.architecture import POSITIONAL_KINDS, Architecture
-from numeric_check.model import ACT_FNS, CircuitModel, ModelConfig
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ACT_FNS, ModelConfig
 
 __all__ = ["architectures", "model_configs", "circuit_models", "token_batches", "models_and_tokens"]
 

@@ -101,9 +101,9 @@ def test_analysis_page_renders_with_its_figures(tmp_path):
     import torch
 
     from derivations.architecture import Architecture
-    from numeric_check.model import CircuitModel
-    from numeric_check.report import analyze_model, write_report
-    from numeric_check.report_html import render_html, figure_links
+    from numeric_check.model.circuit_model import CircuitModel
+    from numeric_check.reports.analysis import analyze_model, write_report
+    from numeric_check.reports.html import render_html, figure_links
 
     torch.manual_seed(0)
     model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)

@@ -58,7 +58,7 @@ def test_every_public_exception_has_the_project_root_and_exactly_one_package_roo
         assert roots == [ROOTS[package.__name__]], f"{name} derives from {[r.__name__ for r in roots]}"
 
 
-@pytest.mark.parametrize("package", [tensoralg, derivations], ids=lambda p: p.__name__)
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)
 def test_exception_classes_live_in_their_packages_errors_module(package):
     misplaced = [name for name, cls in public_exceptions(package).items()
                  if cls.__module__ != f"{package.__name__}.errors"]

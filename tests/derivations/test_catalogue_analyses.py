@@ -63,7 +63,7 @@ def test_the_copying_score_is_one_for_a_copying_circuit_and_minus_one_for_its_ne
 
 
 def test_the_copying_score_agrees_with_numeric_check():
-    from numeric_check.circuits import eigenvalue_positivity as torch_positivity
+    from numeric_check.circuits.ov_qk import eigenvalue_positivity as torch_positivity
 
     values = np.linalg.eigvals(np.random.default_rng(5).standard_normal((5, 5)))
     assert eigenvalue_positivity(values) == pytest.approx(float(torch_positivity(torch.tensor(values))))
@@ -88,7 +88,7 @@ def test_the_composition_chains_hold_the_products_the_scores_measure():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_scores_are_the_papers_and_agree_with_numeric_check(seed):
-    from numeric_check.composition import pair_composition_scores
+    from numeric_check.circuits.composition import pair_composition_scores
 
     g = torch.Generator().manual_seed(seed)
     d_model, d_head = 7, 3

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from numeric_check.adapters import from_hf_gpt2, from_transformer_lens
+from numeric_check.model.adapters import from_hf_gpt2, from_transformer_lens
 from numeric_check.errors import UnsupportedModel
 
 tl = pytest.importorskip("transformer_lens")
@@ -236,7 +236,7 @@ def test_gpt2_unsupported():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from numeric_check.adapters import to_transformer_lens  # noqa: E402
+from numeric_check.model.adapters import to_transformer_lens  # noqa: E402
 from tests.strategies import circuit_models, token_batches  # noqa: E402
 
 
@@ -258,7 +258,7 @@ def test_property_round_trip_through_transformer_lens(data):
 
 
 def test_to_transformer_lens_needs_uniform_heads():
-    from numeric_check.model import CircuitModel
+    from numeric_check.model.circuit_model import CircuitModel
     from derivations.architecture import Architecture
 
     model = CircuitModel.random(Architecture(2, (1, 3)), d_model=4, d_head=2, d_vocab=5, n_ctx=3)

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 
-from numeric_check.behaviour import (
+from numeric_check.circuits.behaviour import (
     best_head_floor,
     induction_targets,
     position_profiles,
     repeat_loss_grid,
     repeat_sweep,
 )
-from numeric_check.checkpoint import load_checkpoint
-from numeric_check.circuits import AnalysisError
-from numeric_check.train import shipped_checkpoint
+from numeric_check.model.checkpoint import load_checkpoint
+from numeric_check.circuits.ov_qk import AnalysisError
+from numeric_check.training.toy import shipped_checkpoint
 from tests.numeric_check.test_detect import N, induction_model
 from tests.strategies import token_rows
 

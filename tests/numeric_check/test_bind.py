@@ -10,9 +10,11 @@ import torch
 
 from derivations.architecture import Architecture
 from derivations.paths import Source
-from numeric_check.bind import AtomBindingError, Binder, record
+from numeric_check.verification.bind import AtomBindingError, Binder
+from numeric_check.model.hook_paths import record
 from numeric_check.errors import ModelInputError
-from numeric_check.model import CircuitModel, ModelConfig
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ModelConfig
 from tensoralg import atom
 from tensoralg.atoms import d_head, d_model
 

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import save_file
 
 from derivations.architecture import Architecture
-from numeric_check.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from numeric_check.model.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from numeric_check.errors import CheckpointError, WeightError
-from numeric_check.model import CircuitModel
+from numeric_check.model.circuit_model import CircuitModel
 
 torch.set_num_threads(1)
 
@@ -43,15 +43,15 @@ def test_round_trip_and_methods(saved, tmp_path):
     assert loaded.dtype == torch.float64 and loaded.device.type == "cpu"
     toks = torch.tensor([[0, 4, 12, 3, 1]])
     assert torch.equal(loaded(toks), model(toks))
-    model.save(tmp_path / "again.safetensors")
-    assert_same(model, CircuitModel.load(tmp_path / "again.safetensors"))
+    save_checkpoint(model, tmp_path / "again.safetensors")
+    assert_same(model, load_checkpoint(tmp_path / "again.safetensors"))
     assert load_checkpoint(str(path), dtype="float32").dtype == torch.float32
 
 
 def test_round_trip_without_optional_weights(tmp_path):
     model = make(arch=Architecture(1, 2), dtype=torch.float32)
-    model.save(tmp_path / "bare")
-    loaded = CircuitModel.load(tmp_path / "bare")
+    save_checkpoint(model, tmp_path / "bare")
+    loaded = load_checkpoint(tmp_path / "bare")
     assert_same(model, loaded)
     assert loaded.W_pos is None and loaded.b_U is None and loaded.dtype == torch.float32
 
@@ -200,5 +200,5 @@ from tests.strategies import circuit_models  # noqa: E402
 @given(circuit_models())
 def test_property_round_trip(tmp_path, model):
     path = tmp_path / "model.safetensors"
-    model.save(path)
-    assert_same(model, CircuitModel.load(path))
+    save_checkpoint(model, path)
+    assert_same(model, load_checkpoint(path))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError
-from numeric_check.circuits import (
+from numeric_check.circuits.ov_qk import (
     AnalysisError,
     copying_scores,
     eigenvalue_positivity,
@@ -23,8 +23,8 @@ from numeric_check.circuits import (
     same_matching_scores,
     virtual_ov_circuit,
 )
-from numeric_check.factored import Factored, eigenvalue_multiset_distance
-from numeric_check.model import CircuitModel
+from numeric_check.circuits.factored import Factored, eigenvalue_multiset_distance
+from numeric_check.model.circuit_model import CircuitModel
 from tests.strategies import circuit_models
 
 torch.set_num_threads(1)
@@ -151,7 +151,7 @@ def test_eigenvalues_match_transformer_lens():
     pytest.importorskip("transformer_lens")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from numeric_check.adapters import from_transformer_lens
+    from numeric_check.model.adapters import from_transformer_lens
 
     cfg = HookedTransformerConfig(
         n_layers=2, n_heads=3, d_model=16, d_head=4, d_vocab=20, n_ctx=8, attn_only=True,
@@ -189,8 +189,8 @@ def test_bad_heads_and_orders_are_clear_errors():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_analyses_on_cuda_match_cpu():
-    from numeric_check.composition import composition_scores
-    from numeric_check.detect import detect_heads
+    from numeric_check.circuits.composition import composition_scores
+    from numeric_check.circuits.detect import detect_heads
 
     cpu = make()
     gpu = make().to("cuda")

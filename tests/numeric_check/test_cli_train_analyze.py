@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from derivations.cli import build_parser, main
-from numeric_check.checkpoint import load_checkpoint
+from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint
 
 torch.set_num_threads(1)
 
@@ -85,7 +85,7 @@ def handmade_checkpoints(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
     paths = folder / "induction.safetensors", folder / "control.safetensors"
     for model, path in zip((induction_model(d_vocab=32, n_ctx=16), copying_model(d_vocab=32, n_ctx=16)), paths):
-        model.save(path)
+        save_checkpoint(model, path)
     return paths
 
 

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from derivations.architecture import Architecture
-from numeric_check.circuits import AnalysisError, head_weights
-from numeric_check.composition import composition_baseline, composition_scores, pair_composition_scores
-from numeric_check.model import CircuitModel
+from numeric_check.circuits.ov_qk import AnalysisError, head_weights
+from numeric_check.circuits.composition import composition_baseline, composition_scores, pair_composition_scores
+from numeric_check.model.circuit_model import CircuitModel
 from tests.strategies import circuit_models
 
 torch.set_num_threads(1)
@@ -85,7 +85,7 @@ def test_agrees_with_transformer_lens(convert):
     )
     tl = HookedTransformer(cfg)
     if convert == "adapter":
-        from numeric_check.adapters import from_transformer_lens
+        from numeric_check.model.adapters import from_transformer_lens
 
         model = from_transformer_lens(tl)
     else:  # by hand: TransformerLens rows -> paper columns

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from derivations.architecture import Architecture
-from numeric_check.model import CircuitModel
-from numeric_check.verify import verify_logits, verify_qk
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.verification.verify import verify_logits, verify_qk
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -6,8 +6,8 @@ import pytest
 
 from derivations import Architecture
 from derivations.cli import main
-from numeric_check.checkpoint import save_checkpoint
-from numeric_check.model import CircuitModel
+from numeric_check.model.checkpoint import save_checkpoint
+from numeric_check.model.circuit_model import CircuitModel
 
 
 def test_demo_on_the_shipped_model_verifies_every_term_and_finds_the_induction_circuit(capsys):

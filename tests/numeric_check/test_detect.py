@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from derivations.architecture import Architecture
-from numeric_check.behaviour import repeat_sweep
-from numeric_check.circuits import AnalysisError
-from numeric_check.detect import (
+from numeric_check.circuits.behaviour import repeat_sweep
+from numeric_check.circuits.ov_qk import AnalysisError
+from numeric_check.circuits.detect import (
     HeadScores,
     behaviour_scores,
     classify_heads,
@@ -17,7 +17,7 @@ from numeric_check.detect import (
     repeated_tokens,
     weight_scores,
 )
-from numeric_check.model import CircuitModel
+from numeric_check.model.circuit_model import CircuitModel
 
 torch.set_num_threads(1)
 

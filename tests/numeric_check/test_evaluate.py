@@ -12,9 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from derivations.architecture import Architecture
 from derivations.paths import expand_logits
 from derivations.qk import expand_qk
-from numeric_check.bind import Binder, record
-from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
-from numeric_check.model import CircuitModel
+from numeric_check.verification.bind import Binder
+from numeric_check.model.hook_paths import record
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
+from numeric_check.model.circuit_model import CircuitModel
 from tests.strategies import heads_of, models_and_tokens
 
 torch.set_num_threads(1)

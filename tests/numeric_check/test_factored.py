@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numeric_check.errors import NumericCheckError
-from numeric_check.factored import (
+from numeric_check.circuits.factored import (
     Factored,
     FactoredError,
     FactoredShapeError,

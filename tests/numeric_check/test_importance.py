@@ -1,4 +1,4 @@
-"""Tests for numeric_check.importance: the frozen-pattern split of logits by order, and term importance."""
+"""Tests for numeric_check.circuits.importance: the frozen-pattern split of logits by order, and term importance."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from derivations.architecture import Architecture
 from numeric_check.errors import ModelInputError, NumericCheckError
-from numeric_check.importance import count_paths, logits_by_order, path_label, term_importance
-from numeric_check.model import CircuitModel
+from numeric_check.circuits.importance import count_paths, logits_by_order, path_label, term_importance
+from numeric_check.model.circuit_model import CircuitModel
 
 torch.set_num_threads(1)
 
@@ -101,7 +101,7 @@ def test_importance_report_losses_and_marginals():
 def test_marginal_losses_have_the_papers_sign():
     """Regression: "marginal loss reduction: heads +1.00" had the opposite sign to the paper's
     table (-1.8 / -5.2 / -0.3 nats); a term that lowers the loss has a negative marginal loss."""
-    from numeric_check.importance import ImportanceReport
+    from numeric_check.circuits.importance import ImportanceReport
 
     report = ImportanceReport(loss_by_order=[3.0, 1.0, 1.2], model_loss=1.2, uniform_loss=4.0, head_marginal={(0, 0): -0.5})
     assert report.marginal_by_order == pytest.approx([-1.0, -2.0, 0.2])

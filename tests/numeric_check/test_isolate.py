@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from derivations.architecture import Architecture
 from derivations.paths import TOKEN, Path, Source, expand_logits
 from derivations.qk import expand_qk
-from numeric_check.bind import record
+from numeric_check.model.hook_paths import record
 from numeric_check.errors import NumericCheckError
-from numeric_check.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
-from numeric_check.model import CircuitModel
+from numeric_check.verification.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
+from numeric_check.model.circuit_model import CircuitModel
 from tests.strategies import heads_of, models_and_tokens
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numeric_check.maxabs import MaxAbsProduct
+from numeric_check.verification.bounds import MaxAbsProduct
 
 torch.set_num_threads(1)
 

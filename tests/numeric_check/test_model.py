@@ -7,8 +7,9 @@ import torch
 
 from derivations.architecture import Architecture
 from numeric_check.errors import ConfigError, DeviceError, HookError, ModelInputError, WeightError
-from numeric_check.hooks import Constant
-from numeric_check.model import CircuitModel, ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.hooks import Constant
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 
 torch.set_num_threads(1)
 
@@ -228,6 +229,44 @@ def test_layer_norm_centres_writing_weights():
         assert cache[name].mean(-1).abs().max() < 1e-12
     uncentred = make(Architecture(1, 2, positional="standard", biases=True))
     assert uncentred.W_E.mean(0).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("positional", ["standard", "qk_only"])
+def test_random_models_and_working_copies_centre_the_same_residual_writers(positional):
+    """Regression: ``random`` centred ``W_pos`` of ``qk_only`` models too, which is added after the
+    layer norm and never writes to the residual stream, while the working copy left it alone."""
+    model = make(Architecture(2, 2, positional=positional, layer_norm=True, biases=True, mlp=True))
+    writers = model.residual_writers()
+    assert ("W_pos" in {name for _, name, _ in writers}) == (positional == "standard")
+    for module, name, axis in writers:
+        assert getattr(module, name).mean(axis).abs().max() < 1e-12, name
+    if positional == "qk_only":
+        assert model.W_pos.mean(0).abs().max() > 1e-3  # not a writer: left as drawn
+    copy = model.working_copy(torch.float64, "cpu")
+    for (name, before), (_, after) in zip(model.named_parameters(), copy.named_parameters()):
+        assert torch.equal(before, after), f"the working copy changed {name} of a model already centred"
+
+
+def test_working_copy_centres_writing_weights_only_with_layer_norm():
+    model = make(dtype=torch.float32)
+    copy = model.working_copy(torch.float64, "cpu")
+    assert copy is not model and copy.dtype == torch.float64 and model.dtype == torch.float32
+    assert float(copy.W_E.detach().mean(0).abs().max()) < 1e-15
+    assert not any(p.requires_grad for p in copy.parameters())
+    plain = make(Architecture(1, 1), dtype=torch.float32)
+    assert torch.equal(plain.working_copy(torch.float64, "cpu").W_E, plain.W_E.double())
+
+
+def test_working_copy_leaves_the_hooks_behind_and_on_the_model():
+    model = make()
+    seen = []
+    model.hook_embed.add_hook(lambda x, hook: seen.append(hook) or x)
+    copy = model.working_copy(torch.float64, "cpu")
+    assert not copy.hook_embed.has_hooks and len(model.hook_embed.hooks) == 1
+    copy(tokens())
+    assert not seen
+    model(tokens())
+    assert seen
 
 
 def test_folded_b_O_moves_value_biases():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import numeric_check as nc
-from numeric_check.report import Finding
-from numeric_check.verify import CheckResult, TermResult, VerifyReport
+from numeric_check.reports.findings import Finding
+from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
 
 def _report(n_terms: int, label: str = "tok→L0H{i}", passed: bool = True) -> VerifyReport:

@@ -1,4 +1,4 @@
-"""Tests for numeric_check.plots: figures are built headless and written as PNG and SVG."""
+"""Tests for numeric_check.reports.plots: figures are built headless and written as PNG and SVG."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from derivations.architecture import Architecture
-from numeric_check.importance import term_importance
-from numeric_check.model import CircuitModel
-from numeric_check.plots import (
+from numeric_check.circuits.importance import term_importance
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.reports.plots import (
     PlotError,
     composition_heatmaps,
     importance_bars,

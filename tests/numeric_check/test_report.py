@@ -1,4 +1,4 @@
-"""Tests for numeric_check.report: analyses gathered, the paper's findings judged, the report written.
+"""Tests for numeric_check.reports.analysis: analyses gathered, the paper's findings judged, the report written.
 
 A hand-built 2-layer model with an exact previous-token head (L0H0) and an exact
 induction head (L1H0) must bear out every finding; a random model must not.
@@ -14,18 +14,19 @@ import pytest
 import torch
 
 from derivations.architecture import Architecture
-from numeric_check.circuits import AnalysisError
-from numeric_check.model import CircuitModel, ModelConfig
-from numeric_check.report import (
+from numeric_check.circuits.ov_qk import AnalysisError
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ModelConfig
+from numeric_check.reports.analysis import (
     analysis_to_dict,
     analyze_model,
     data_config_for,
-    findings,
     latex_escape,
     render_latex,
     render_markdown,
     write_report,
 )
+from numeric_check.reports.findings import findings
 
 torch.set_num_threads(1)
 
@@ -188,8 +189,8 @@ def test_latex_tables_compile(tmp_path, induction_analysis, control_analysis):
 
 def test_shipped_models_bear_out_the_papers_findings():
     """The models trained by train-toy and shipped in numeric_check/data (see their JSON records)."""
-    from numeric_check.checkpoint import load_checkpoint
-    from numeric_check.train import shipped_checkpoint, training_record_for
+    from numeric_check.model.checkpoint import load_checkpoint
+    from numeric_check.training.toy import shipped_checkpoint, training_record_for
 
     analyses = {}
     for layers in (2, 1):
@@ -225,7 +226,7 @@ def test_shipped_models_bear_out_the_papers_findings():
 
 
 def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance_with_a_note(monkeypatch, tmp_path):
-    import numeric_check.report as report
+    import numeric_check.reports.analysis as report
     from numeric_check.errors import NumericCheckError
 
     model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=300)
@@ -247,8 +248,9 @@ def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance
 
 
 def test_report_text_goes_through_the_one_escaper():
-    from numeric_check.report import Finding, findings_markdown
-    from numeric_check.skip_trigrams import token_label
+    from numeric_check.reports.analysis import findings_markdown
+    from numeric_check.reports.findings import Finding
+    from numeric_check.circuits.skip_trigrams import token_label
 
     assert latex_escape("h ≠ k, σ") == r"h $\neq$ k, $\sigma$"  # regression: no other symbol, no code point
     label = token_label(3, "<img src=x onerror=alert(1)>")

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from derivations.architecture import Architecture
-from numeric_check.model import CircuitModel
-from numeric_check.report import analyze_model, findings
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.checkpoint import save_checkpoint
+from numeric_check.reports.analysis import analyze_model
+from numeric_check.reports.findings import findings
 from tensoralg.escape import escape_text
-from numeric_check.report_html import FIGURES, figure_links, render_html, write_html
+from numeric_check.reports.html import FIGURES, figure_links, render_html, write_html
 
 HOSTILE = "<script>alert(1)</script>&amp;"
 
@@ -68,7 +70,7 @@ def test_analyze_cli_writes_index_html(tmp_path, capsys):
     from tests.numeric_check.test_report import induction_model
 
     checkpoint = tmp_path / "m<2l>.safetensors"
-    induction_model(d_vocab=32, n_ctx=16).save(checkpoint)
+    save_checkpoint(induction_model(d_vocab=32, n_ctx=16), checkpoint)
     out = tmp_path / "report"
     assert main(["analyze", str(checkpoint), "--out", str(out), "--sequences", "4", "--formats", "svg"]) == 0
     assert "index.html" in capsys.readouterr().out

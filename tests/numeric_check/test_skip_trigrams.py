@@ -7,9 +7,9 @@ import torch
 
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError
-from numeric_check.circuits import AnalysisError, head_weights
-from numeric_check.model import CircuitModel
-from numeric_check.skip_trigrams import SkipTrigramTable, skip_trigram_table
+from numeric_check.circuits.ov_qk import AnalysisError, head_weights
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.circuits.skip_trigrams import SkipTrigramTable, skip_trigram_table
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Tests for numeric_check.train: the repeated-segment data, the config, a tiny training run."""
+"""Tests for numeric_check.training.toy: the repeated-segment data, the config, a tiny training run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numeric_check.train import (
+from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint
+from numeric_check.training.toy import (
     TrainConfig,
     TrainConfigError,
     evaluate,
@@ -189,13 +190,11 @@ def test_zero_and_two_layer_models_train(n_layers):
 
 
 def test_checkpoint_round_trip(tmp_path):
-    checkpoint = pytest.importorskip("numeric_check.checkpoint")
-
     config = TrainConfig(**TINY, steps=3)
     model, _ = train_toy(config)
     path = tmp_path / "tiny.safetensors"
-    checkpoint.save_checkpoint(model, path)
-    loaded = checkpoint.load_checkpoint(path)
+    save_checkpoint(model, path)
+    loaded = load_checkpoint(path)
     tokens = _batch(config, batch_size=2).tokens
     with torch.no_grad():
         assert torch.equal(model(tokens), loaded(tokens))

@@ -11,14 +11,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import numeric_check.verify as verify_module
+import numeric_check.verification.verify as verify_module
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError, TooManyTerms
 from derivations.paths import expand_logits
 from derivations.qk import expand_qk
 from numeric_check.errors import DeviceError, ModelInputError, WeightError
-from numeric_check.model import CircuitModel
-from numeric_check.verify import ExpansionMismatch, VerifyError, verify_logits, verify_qk, working_copy
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.errors import ExpansionMismatch, VerifyError
+from numeric_check.verification.verify import verify_logits, verify_qk
 from tests.strategies import heads_of, max_orders, models_and_tokens
 
 torch.set_num_threads(1)
@@ -126,7 +127,7 @@ def test_a_wrong_isolation_fails_check_2(monkeypatch):
 
 
 def test_qk_coefficient_is_bound_to_the_models_attention_scale():
-    from numeric_check.model import ModelConfig
+    from numeric_check.model.config import ModelConfig
 
     model = small_model(Architecture(2, 2))
     cfg = ModelConfig(model.arch, d_model=8, d_head=4, d_vocab=12, n_ctx=6, attn_scale=3.0)
@@ -218,15 +219,6 @@ def test_model_is_not_modified():
     assert seen  # the user's hook is still there
 
 
-def test_working_copy_centres_writing_weights_only_with_layer_norm():
-    model = small_model(dtype=torch.float32)
-    copy = working_copy(model, torch.float64, "cpu")
-    assert copy is not model and copy.dtype == torch.float64
-    assert float(copy.W_E.detach().mean(0).abs().max()) < 1e-15
-    plain = small_model(Architecture(1, 1), dtype=torch.float32)
-    assert torch.equal(working_copy(plain, torch.float64, "cpu").W_E, plain.W_E.double())
-
-
 # --- bad input --------------------------------------------------------------------------------
 
 
@@ -309,7 +301,7 @@ def test_check_1_skipped_when_the_untruncated_expansion_is_too_large(monkeypatch
 
 def test_transformer_lens_models_verify():
     tl = pytest.importorskip("transformer_lens")
-    from numeric_check.adapters import from_transformer_lens
+    from numeric_check.model.adapters import from_transformer_lens
 
     for kwargs in ({"attn_only": True, "normalization_type": None, "positional_embedding_type": "standard"},
                    {"attn_only": True, "normalization_type": "LN", "positional_embedding_type": "shortformer"},
@@ -330,7 +322,7 @@ def test_transformer_lens_models_verify():
 
 def test_gpt2_models_verify():
     transformers = pytest.importorskip("transformers")
-    from numeric_check.adapters import from_hf_gpt2
+    from numeric_check.model.adapters import from_hf_gpt2
 
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=12, n_head=3, n_positions=8,

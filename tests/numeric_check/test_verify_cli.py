@@ -9,8 +9,8 @@ import torch
 
 from derivations.architecture import Architecture
 from derivations.cli import main
-from numeric_check.checkpoint import save_checkpoint
-from numeric_check.model import CircuitModel
+from numeric_check.model.checkpoint import save_checkpoint
+from numeric_check.model.circuit_model import CircuitModel
 
 torch.set_num_threads(1)
 SMALL = ["--layers", "2", "--heads", "2", "--d-model", "8", "--d-head", "4", "--d-vocab", "11", "--n-ctx", "6"]

@@ -32,6 +32,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from numeric_check.model.circuit_model import max_abs
+
 _U32 = 2.0**-24
 _TINY32 = 2.0**-126  # smallest normal float32
 
@@ -100,7 +102,7 @@ class MaxAbsProduct:
     def _screen_factor(self) -> tuple[Tensor, float, float]:
         """``Fᵀ`` scaled by a power of two into [-1, 1], in float32, ``[m, k]`` padded to a multiple of 8."""
         if self._screen is None:
-            top = max((_max_abs(b) for b in self.blocks), default=0.0)
+            top = max((max_abs(b) for b in self.blocks), default=0.0)
             scale = 2.0 ** -math.frexp(top)[1] if top > 0 else 1.0
             safe = 2.0**-60 <= top <= 2.0**60  # scaling after the conversion to float32 is exact
             Ft = torch.empty(self.m, -(-self.k // 8) * 8, dtype=torch.float32, device=self.blocks[0].device)
@@ -135,8 +137,8 @@ class MaxAbsProduct:
 
     def _finite(self, rows: list[Tensor]) -> bool:
         if self._blocks_finite is None:
-            self._blocks_finite = all(math.isfinite(_max_abs(b)) for b in self.blocks)
-        return self._blocks_finite and all(math.isfinite(_max_abs(r)) for r in rows)
+            self._blocks_finite = all(math.isfinite(max_abs(b)) for b in self.blocks)
+        return self._blocks_finite and all(math.isfinite(max_abs(r)) for r in rows)
 
     def _screened(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Per row: the screened maximum and a bound on its error, both in true units."""
@@ -163,11 +165,3 @@ class MaxAbsProduct:
         if not candidates.numel():  # cannot happen with finite bounds; never trust an empty screen
             return self._direct(r)
         return self._direct(r[candidates])
-
-
-def _max_abs(t: Tensor) -> float:
-    """``max |t|`` (0 when empty), reading ``t`` in memory order (fast on transposed views too)."""
-    if not t.numel():
-        return 0.0
-    low, high = torch.aminmax(t.T if t.ndim == 2 and t.T.is_contiguous() else t)
-    return float(torch.maximum(low.abs(), high.abs()))

@@ -7,7 +7,7 @@ pass, and runs three checks:
 1. **sum** — the sum of all terms equals the model's logits (relative error ≤ ``rtol``,
    by default 1e-9 in float64, 1e-4 in float32: :func:`default_rtol`);
 2. **isolation** — each kept term equals the same path computed by the model itself with
-   hooks (:mod:`numeric_check.isolate`: frozen patterns and scales, only the path's source
+   hooks (:mod:`numeric_check.verification.isolate`: frozen patterns and scales, only the path's source
    and heads on, residual connections dropped at the path's layers) — not by our evaluator;
 3. **truncation** — at ``max_order=k``, the model's logits minus the kept terms equal the
    omitted terms, computed by the model (an order-graded forward pass), not by the expansion.
@@ -25,11 +25,11 @@ their scale: check 1 (for logits check 3 too) is then relative to the largest te
 
 With layer norm the expansion treats each scale as a frozen diagonal factor, which is
 exact when the residual stream is centred: the working copy's writing weights are
-centred in the verification dtype (see :func:`working_copy`; this does not change what
+centred in the verification dtype (see :meth:`~numeric_check.model.circuit_model.CircuitModel.working_copy`; this does not change what
 the model computes).
 
 >>> from derivations.architecture import Architecture
->>> from numeric_check.model import CircuitModel
+>>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2, layer_norm=True), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
 >>> report = verify_logits(model, torch.tensor([[1, 2, 3, 4]]))
 >>> report.passed, len(report.terms), report.rel_error < 1e-12
@@ -40,207 +40,30 @@ the model computes).
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from copy import deepcopy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from derivations.errors import TooManyTerms
 from derivations.paths import LogitExpansion, PathTerm, expand_logits
 from derivations.qk import QKExpansion, QKTerm, expand_qk
-from tensoralg.display import REPR_MAX_TERMS, elided_table, md_table, md_text
-from numeric_check.bind import Binder, Recording, record
-from numeric_check.errors import NumericCheckError
-from numeric_check.evaluate import LogitEvaluator, LogitSum, QKEvaluator
-from numeric_check.hooks import HookPoint
-from numeric_check.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
-from numeric_check.maxabs import MaxAbsProduct
-from numeric_check.model import CircuitModel, resolve_device, resolve_dtype
+from numeric_check.errors import ExpansionMismatch, VerifyError
+from numeric_check.model.circuit_model import CircuitModel, max_abs
+from numeric_check.model.config import resolve_dtype
+from numeric_check.verification.bind import Binder
+from numeric_check.model.hook_paths import Recording, record
+from numeric_check.verification.bounds import MaxAbsProduct
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator
+from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
+from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
 CANCELLING = 64  # terms this many times larger than the logits or scores: their sum cancels
 EXACT_LIMIT = 2**31  # terms x batch x pos x d_vocab x d_model up to which errors are computed exactly by default
-
-
-class VerifyError(NumericCheckError, ValueError):
-    """Arguments of a verification that cannot be used (a tolerance, a model of another type)."""
-
-
-class ExpansionMismatch(VerifyError):
-    """An expansion built for another architecture (or head) than the model's."""
-
-
-@dataclass
-class TermResult:
-    """One term of a verified expansion.
-
-    ``norm``: Frobenius norm of the term's contribution over the batch (for scores, over
-    the causal lower triangle); ``max_abs_error``: the largest absolute difference from the
-    path isolated through the model, computed exactly (``None`` when isolation was skipped,
-    or when the logits term was certified by ``error_bound`` alone); ``error_bound``: a
-    rigorous upper bound on that difference for logits terms (see :func:`verify_logits`).
-    For QK terms ``source``/``heads`` are the query side's and ``key_source``/``key_heads``
-    the key side's.
-    """
-
-    label: str
-    source: str
-    heads: tuple[tuple[int, int], ...]
-    order: int
-    norm: float = math.nan
-    max_abs_error: float | None = None
-    passed: bool | None = None
-    composition: str | None = None
-    key_source: str | None = None
-    key_heads: tuple[tuple[int, int], ...] | None = None
-    error_bound: float | None = None
-
-
-@dataclass
-class CheckResult:
-    """One of the three checks. ``passed`` is ``None`` when it did not run (``detail`` says why).
-
-    ``bounded``: ``max_abs_error`` is a rigorous upper bound on the largest absolute error
-    (the check passed on it), not the error itself; see :func:`verify_logits`.
-    """
-
-    name: str
-    passed: bool | None
-    max_abs_error: float | None
-    rel_error: float | None
-    tolerance: float | None
-    detail: str
-    bounded: bool = False
-
-
-@dataclass
-class VerifyReport:
-    """What :func:`verify_logits` or :func:`verify_qk` found; ``passed`` when every check that ran passed."""
-
-    target: str
-    model: str
-    n_batch: int
-    n_pos: int
-    max_order: int | None
-    dtype: str
-    device: str
-    passed: bool
-    max_abs_error: float
-    rel_error: float
-    scale: float
-    terms: list[TermResult]
-    checks: list[CheckResult]
-    n_omitted: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def check(self, name: str) -> CheckResult:
-        """The check called ``name`` (``sum``, ``isolation`` or ``truncation``)."""
-        for c in self.checks:
-            if c.name == name:
-                return c
-        raise KeyError(f"no check {name!r}; checks: {[c.name for c in self.checks]}")
-
-    def to_dict(self) -> dict:
-        return _jsonable(asdict(self))
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """The report as JSON (non-finite numbers as ``null``)."""
-        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
-
-    def summary_lines(self) -> list[str]:
-        order = "all orders" if self.max_order is None else f"max_order={self.max_order} ({self.n_omitted:,} terms omitted)"
-        lines = [
-            f"verify {self.target} of {self.model}",
-            f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, {self.dtype} on {self.device}",
-        ]
-        for c in self.checks:
-            status = "skipped" if c.passed is None else ("PASS" if c.passed else "FAIL")
-            le = "≤ " if c.bounded else ""
-            err = "" if c.max_abs_error is None else (
-                f": max |error| {le}{c.max_abs_error:.3g} (relative {le}{c.rel_error:.3g}, tolerance {c.tolerance:.3g})")
-            lines.append(f"  {_CHECK_TITLES[c.name]:<47} {status}{err}")
-            if c.detail:
-                lines.append(f"      {c.detail}")
-        lines += [f"  note: {n}" for n in self.notes]
-        lines.append("PASSED" if self.passed else "FAILED")
-        return lines
-
-    def rows(self) -> list[tuple[str, str, str, str, str]]:
-        out = []
-        for t in self.terms:
-            err = "—" if t.max_abs_error is None and t.error_bound is None else (
-                f"≤ {t.error_bound:.2e}" if t.max_abs_error is None else f"{t.max_abs_error:.2e}")
-            ok = "—" if t.passed is None else ("ok" if t.passed else "FAIL")
-            out.append((t.label, str(t.order), f"{t.norm:.4g}", err, ok))
-        return out
-
-    def to_markdown(self, max_rows: int | None = None) -> str:
-        """A summary and a Markdown table of the terms (the first ``max_rows``, or all)."""
-        lines = ["```", *self.summary_lines(), "```", "", "| term | order | norm | max abs error | ok |", "|---|---:|---:|---:|---|"]
-        rows = self.rows()
-        for label, order, norm, err, ok in rows[:max_rows]:
-            lines.append(f"| `{label}` | {order} | {norm} | {err} | {ok} |")
-        if max_rows is not None and len(rows) > max_rows:
-            lines.append(f"| … {len(rows) - max_rows:,} more | | | | |")
-        return "\n".join(lines)
-
-    def to_text(self, max_rows: int | None = None) -> str:
-        """A summary and an aligned plain-text table of the terms."""
-        rows = [("term", "order", "norm", "max abs error", "ok")] + self.rows()
-        shown = rows if max_rows is None else rows[: max_rows + 1]
-        widths = [max(len(r[i]) for r in shown) for i in range(5)]
-        table = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in shown]
-        if len(shown) < len(rows):
-            table.append(f"… {len(rows) - len(shown):,} more terms")
-        return "\n".join(self.summary_lines() + [""] + table)
-
-    def __str__(self) -> str:
-        return self.to_text()
-
-    def _repr_markdown_(self, max_rows: int | None = REPR_MAX_TERMS) -> str:
-        """What a notebook shows: the verdict, each check with its worst error and tolerance, and the
-        first and last terms (the count of the rest) with their norms and errors."""
-        order = "all orders" if self.max_order is None else f"up to order {self.max_order} ({self.n_omitted:,} terms omitted)"
-        lines = [f"**verify {md_text(self.target)}** of {md_text(self.model)}: "
-                 + ("**PASSED**" if self.passed else "**FAILED**"), "",
-                 md_text(f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, "
-                         f"{self.dtype} on {self.device}"), ""]
-        checks = []
-        for c in self.checks:
-            status = "skipped" if c.passed is None else ("PASS" if c.passed else "**FAIL**")
-            le = "≤ " if c.bounded else ""
-            cells = ["" if v is None else f"{le}{v:.3g}" for v in (c.max_abs_error, c.rel_error)]
-            checks.append([md_text(_CHECK_TITLES[c.name]), status, *cells,
-                           "" if c.tolerance is None else f"{c.tolerance:.3g}", md_text(c.detail)])
-        lines += [md_table(["check", "result", "max abs error", "relative", "tolerance", "detail"], checks, right=[2, 3, 4]), ""]
-        lines += [f"- note: {md_text(n)}" for n in self.notes] + ([""] if self.notes else [])
-        rows = [[md_text(label), order_, norm, err, ok if ok != "FAIL" else "**FAIL**"] for label, order_, norm, err, ok in self.rows()]
-        lines.append(elided_table(["term", "order", "norm", "max abs error", "ok"], rows, max_rows, right=[1, 2, 3], what="terms"))
-        return "\n".join(lines)
-
-
-_CHECK_TITLES = {
-    "sum": "1. sum of all terms = model",
-    "isolation": "2. each term = its path isolated in the model",
-    "truncation": "3. model - kept terms = omitted terms",
-}
-
-
-def _jsonable(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 # --- shared machinery ------------------------------------------------------------------------
@@ -265,64 +88,6 @@ def _check_tolerance(name: str, value, allow_none: bool) -> float:
     return float(value)
 
 
-def working_copy(model: CircuitModel, dtype, device) -> CircuitModel:
-    """A copy of ``model`` in ``dtype`` on ``device`` (``None``: CUDA when available); the model is not touched.
-
-    With layer norm, the copy's weights that write to the residual stream are centred over
-    ``d_model`` in the new dtype. Every reader of the stream is then a layer norm, which
-    removes the mean anyway, so the copy computes the same function; but its stream is
-    centred to the precision of ``dtype`` (weights centred in float32 are centred only to
-    about 1e-8 in float64), which makes each layer norm exactly a per-position scale, as
-    the expansion treats it.
-
-    Raises :class:`~numeric_check.errors.DeviceError` for a dtype or device that cannot be
-    used and :class:`~numeric_check.errors.WeightError` for NaN/Inf weights.
-    """
-    if not isinstance(model, CircuitModel):
-        raise VerifyError(
-            f"expected a numeric_check.CircuitModel, got {type(model).__name__}; convert TransformerLens or "
-            "Hugging Face models with numeric_check.from_transformer_lens / from_hf_gpt2"
-        )
-    dtype = resolve_dtype(dtype)
-    device = resolve_device(device, prefer_cuda=True)
-    with torch.no_grad():
-        if not all(_finite(p) for p in model.parameters()):
-            model.check_finite()  # names the parameter
-        # new modules and hook points, the same weight tensors; the user's hook functions stay behind
-        memo = {id(p): p for p in model.parameters()}
-        memo.update({id(point._hooks): [] for point in model.modules() if isinstance(point, HookPoint)})
-        copy = deepcopy(model, memo=memo)
-        for module in copy.modules():
-            for name, p in module._parameters.items():
-                if p is not None:  # no copy when dtype and device already match: never modified in place
-                    module._parameters[name] = nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False)
-        if model.arch.layer_norm:
-            for module, name, axis in _residual_writers(copy):
-                p = module._parameters[name]
-                mean = p.mean(axis, keepdim=True)
-                if _max_abs(mean) > 16 * torch.finfo(dtype).eps * _max_abs(p):  # not centred to this precision yet
-                    module._parameters[name] = nn.Parameter(p - mean, requires_grad=False)
-    return copy
-
-
-def _finite(p: Tensor) -> bool:
-    """Whether every entry is finite: ``aminmax`` propagates NaN and sees ±Inf (faster than ``isfinite``)."""
-    low, high = torch.aminmax(p.detach())
-    return bool(torch.isfinite(low) & torch.isfinite(high))
-
-
-def _residual_writers(model: CircuitModel) -> list[tuple[nn.Module, str, int]]:
-    """Every weight and bias that writes to the residual stream: ``(module, name, d_model axis)``."""
-    writers = [(model, "W_E", 0)]
-    if model.arch.positional == "standard":  # qk_only positions are added after the layer norm
-        writers.append((model, "W_pos", 0))
-    for block in model.blocks:
-        writers += [(block.attn, "W_O", 1), (block.attn, "b_O", 0)]
-        if block.mlp is not None:
-            writers += [(block.mlp, "W_out", 0), (block.mlp, "b_out", 0)]
-    return [(m, name, axis) for m, name, axis in writers if getattr(m, name) is not None]
-
-
 def default_rtol(dtype: str | torch.dtype) -> float:
     """The relative tolerance used when none is given: 1e-9 in float64, 1e-4 in float32, 1e-2 below.
 
@@ -332,12 +97,22 @@ def default_rtol(dtype: str | torch.dtype) -> float:
     return {torch.float64: 1e-9, torch.float32: 1e-4}.get(resolve_dtype(dtype), 1e-2)
 
 
+def _checked(model) -> CircuitModel:
+    """``model`` itself when it is a :class:`CircuitModel`; otherwise a :class:`VerifyError` that says how to get one."""
+    if not isinstance(model, CircuitModel):
+        raise VerifyError(
+            f"expected a numeric_check.CircuitModel, got {type(model).__name__}; convert TransformerLens or "
+            "Hugging Face models with numeric_check.from_transformer_lens / from_hf_gpt2"
+        )
+    return model
+
+
 def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
     atol = _check_tolerance("atol", atol, True)
     rtol = default_rtol(dtype) if rtol is None else _check_tolerance("rtol", rtol, False)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    work = working_copy(model, dtype, device)
+    work = _checked(model).working_copy(dtype, device)
     rec = record(work, tokens)
     timings["forward"] = time.perf_counter() - start
     return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec))
@@ -362,16 +137,8 @@ def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:
     ]
 
 
-def _max_abs(x: Tensor) -> float:
-    """``max |x|`` without a temporary ``|x|`` (nan when ``x`` holds a nan)."""
-    if not x.numel():
-        return 0.0
-    low, high = torch.aminmax(x)
-    return float(torch.maximum(low.abs(), high.abs()))
-
-
 def _result(name: str, error: Tensor, scale: float, s: _Setup, detail: str = "") -> CheckResult:
-    err = _max_abs(error)
+    err = max_abs(error)
     tol = s.atol + s.rtol * scale
     return CheckResult(name, bool(err <= tol), err, _relative(err, scale), tol, detail)
 
@@ -464,7 +231,7 @@ def verify_logits(
     Every comparison is made before the unembedding, where it is exactly equivalent (the
     logits are ``x W_Uᵀ + c b_U``, linear in what reaches ``W_U``): the model's forward passes
     stop at ``ln_final``'s output, and only the differences are unembedded, for their largest
-    entries (:class:`~numeric_check.maxabs.MaxAbsProduct`: float64 figures from a float32
+    entries (:class:`~numeric_check.verification.bounds.MaxAbsProduct`: float64 figures from a float32
     screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (float64, once per call).
 
     ``isolation=False`` skips check 2 (a batched forward pass of the model per chunk of
@@ -492,8 +259,7 @@ def verify_logits(
     """
     arch = getattr(model, "arch", None)
     build = lambda k: expand_logits(model.arch, k, limit=limit)  # noqa: E731
-    if not isinstance(model, CircuitModel):
-        working_copy(model, dtype, device)  # raises the type error
+    _checked(model)
     expansion = _resolve_expansion(expansion, LogitExpansion, arch, max_order, build)
     max_order = expansion.max_order
     s = _setup(model, tokens, dtype, device, atol, rtol)
@@ -501,13 +267,13 @@ def verify_logits(
         return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes, exact_errors)
 
 
-class _LogitSpace:
+class LogitSpace:
     """Logits seen from before the unembedding: ``[x, c] ↦ x W_Uᵀ + c b_Uᵀ``.
 
     A contribution to the logits is kept as its *augmented* input ``[batch, pos, d_model (+1)]``:
     what it gives ``W_Uᵀ``, and its coefficient of ``b_U`` when the model has one. Every check
     compares these (exactly equivalent, by linearity) and unembeds only what it reports:
-    largest absolute entries, by :class:`~numeric_check.maxabs.MaxAbsProduct` (exact float64).
+    largest absolute entries, by :class:`~numeric_check.verification.bounds.MaxAbsProduct` (exact float64).
     """
 
     def __init__(self, model: CircuitModel, rec: Recording):
@@ -524,7 +290,7 @@ class _LogitSpace:
         return torch.cat([x, torch.full_like(x[..., :1], bias)], -1)
 
     def aug(self, parts: dict) -> Tensor:
-        """The augmented input of ``Σ y @ R`` for ``{R: y}`` (:meth:`~numeric_check.evaluate.LogitSum.parts`)."""
+        """The augmented input of ``Σ y @ R`` for ``{R: y}`` (:meth:`~numeric_check.verification.evaluate.LogitSum.parts`)."""
         pieces = {ref[0].name: y for ref, y in parts.items()}
         unknown = sorted(set(pieces) - set(self.names))
         if unknown:
@@ -538,7 +304,7 @@ class _LogitSpace:
 
     def norm(self, ev: LogitEvaluator, x: Tensor) -> float:
         """``‖x W_Uᵀ‖_F`` for ``x`` before the unembedding, from the evaluator's Gram matrix."""
-        ref = next((left[-1] for left in ev._left if left[-1][0].name == "W_U"), None)
+        ref = ev.last_factor_named("W_U")
         if ref is None:
             return float((x @ self.product.blocks[0]).norm())
         return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
@@ -562,7 +328,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     ev = LogitEvaluator(s.binder, kept + omitted)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
-    space = _LogitSpace(s.model, rec)
+    space = LogitSpace(s.model, rec)
     (scale,) = space.product.max_abs([space.model])
     exact = _exact_by_default(rec, s.model, len(kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []
@@ -627,9 +393,9 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
 
 
-def _logit_checks(space: _LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
+def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
                   full, n_omitted: int, scale: float, s: _Setup, exact: bool, term_scale: float = 0.0) -> list[CheckResult]:
-    """Checks 1 and 3 on augmented inputs (see :class:`_LogitSpace`): the differences are formed
+    """Checks 1 and 3 on augmented inputs (see :class:`LogitSpace`): the differences are formed
     before the unembedding. Each passes on its rigorous bound when that is within the tolerance
     (unless ``exact``); otherwise one pass finds every largest logit-space entry exactly.
 
@@ -692,7 +458,7 @@ def _truncation_check(rest: Callable[[], Tensor], model_omitted: Tensor | None, 
     """Check 3: ``rest()`` (the model minus the kept terms) against the omitted part computed by the model."""
     if model_omitted is None:
         return CheckResult("truncation", None, None, None, None, "no term omitted")
-    return _result("truncation", rest().sub_(model_omitted), max(scale, _max_abs(model_omitted)), s,
+    return _result("truncation", rest().sub_(model_omitted), max(scale, max_abs(model_omitted)), s,
                    f"{n_omitted:,} omitted terms, computed by the model (order-graded forward pass); "
                    f"their norm is {float(model_omitted.norm()):.4g}")
 
@@ -722,7 +488,7 @@ def verify_qk(
     The reference is the model's ``blocks.{layer}.attn.hook_attn_scores`` (scaled by the
     model's own ``1/attn_scale``, to which the terms' ``1/sqrt(d_head)`` is bound), compared
     on the causal lower triangle (the model holds ``-inf`` above it). Check 2 isolates both
-    sides of each term through the model (:func:`numeric_check.isolate.isolate_qk`: the
+    sides of each term through the model (:func:`numeric_check.verification.isolate.isolate_qk`: the
     model's attention module computes ``q`` and ``k`` from the isolated streams, and its
     ``hook_attn_scores`` gives the term); check 3 uses the order-graded forward pass, with
     a term's order the heads on both sides together. Other arguments and errors as for
@@ -735,8 +501,7 @@ def verify_qk(
     (True, 36, ['K', 'Q', 'QK', 'direct'])
     """
     arch = getattr(model, "arch", None)
-    if not isinstance(model, CircuitModel):
-        working_copy(model, dtype, device)  # raises the type error
+    _checked(model)
     arch.check_head(layer, head)
     build = lambda k: expand_qk(arch, layer, head, k, limit=limit)  # noqa: E731
     expansion = _resolve_expansion(expansion, QKExpansion, arch, max_order, build)
@@ -757,14 +522,14 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     ev = QKEvaluator(s.binder, kept + omitted)
     below = torch.ones(rec.n_pos, rec.n_pos, dtype=torch.bool, device=s.model.device).tril()  # causal lower triangle
     reference = rec.get(f"blocks.{layer}.attn.hook_attn_scores", "the scores")[:, head]  # [b, q, k]
-    scale = _max_abs(reference[:, below])
+    scale = max_abs(reference[:, below])
     results = []
     kept_sum = torch.zeros_like(reference)
     largest = 0.0  # the largest entry of any term: sums that cancel are rounded at that scale
     for i, t in enumerate(kept):
         scores = ev.scores(i)
         kept_sum = kept_sum + scores
-        largest = max(largest, _max_abs(scores[:, below]))
+        largest = max(largest, max_abs(scores[:, below]))
         results.append(TermResult(t.label, t.query.source.label, t.query.heads, t.order, float(scores[:, below].norm()),
                                   composition=t.composition, key_source=t.key.source.label, key_heads=t.key.heads))
         _tick(progress, "terms", i + 1, len(kept))
@@ -776,8 +541,8 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
         for i, iso in isolate_qk(s.model, rec, layer, head, pairs, chunk_bytes=chunk_bytes):
             ours = ev.scores(i)[:, below]
             r = results[i]
-            r.max_abs_error = _max_abs(ours - iso[:, below])
-            r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, _max_abs(ours))
+            r.max_abs_error = max_abs(ours - iso[:, below])
+            r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, max_abs(ours))
             _tick(progress, "isolation", i + 1, len(kept))
     s.timings["isolation"] = time.perf_counter() - start
     cancels = largest > CANCELLING * scale  # as for logits: then the sum is rounded at the terms' scale

@@ -28,7 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from numeric_check.errors import CheckpointError, ConfigError, DeviceError, WeightError
-from numeric_check.model import CircuitModel, ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 
 FORMAT = "tcircuits.CircuitModel"
 FORMAT_VERSION = 1

@@ -2,7 +2,7 @@
 
 **Behaviour** (:func:`behaviour_scores`): attention patterns on random sequences that
 repeat a segment, its first copy swept over the whole context (seeded; see
-:mod:`numeric_check.behaviour`). Previous-token score: attention from query ``i`` to
+:mod:`numeric_check.circuits.behaviour`). Previous-token score: attention from query ``i`` to
 ``i - 1``; induction score: attention from ``i`` to the tokens that followed earlier
 occurrences of its token. Both are measured at every query position: the score is the
 mean over positions, and :attr:`HeadScores.profile` keeps the by-position profile and its
@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from derivations.architecture import head_label
-from numeric_check.behaviour import PositionProfile, position_profiles, profile_length
-from numeric_check.circuits import (
-    AnalysisError,
+from numeric_check.circuits.behaviour import PositionProfile, position_profiles, profile_length
+from numeric_check.errors import AnalysisError
+from numeric_check.circuits.ov_qk import (
     Head,
     copying_scores,
     head_mask,
@@ -44,8 +44,8 @@ from numeric_check.circuits import (
     same_matching_scores,
     stacked_head_weights,
 )
-from numeric_check.composition import composition_scores
-from numeric_check.factored import Factored
+from numeric_check.circuits.composition import composition_scores
+from numeric_check.circuits.factored import Factored
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,11 @@ def behaviour_scores(
 ) -> HeadScores:
     """Previous-token and induction scores from attention at every position of repeated random sequences.
 
-    The scores are means over query positions of :func:`~numeric_check.behaviour.position_profiles`
+    The scores are means over query positions of :func:`~numeric_check.circuits.behaviour.position_profiles`
     (``seg_len``, ``batch``, ``seed`` and ``n_positions`` are passed on), which the result keeps.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=8)
     >>> scores = behaviour_scores(model, batch=4)
     >>> scores.previous_token.shape, scores.profile.previous_token.shape
@@ -117,7 +117,7 @@ def previous_token_scores_by_weights(model, *, n_positions: int | None = None) -
     :class:`AnalysisError` when the model has no positional embedding.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(1, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=20, n_ctx=8)
     >>> previous_token_scores_by_weights(model).shape
     torch.Size([1, 2])
@@ -164,7 +164,7 @@ def weight_scores(model, *, n_positions: int | None = None, n_samples: int = 64,
     ``n_samples`` and ``seed`` estimate the random K-composition baseline.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=8)
     >>> evidence = weight_scores(model)
     >>> evidence.notes[0][:40]
@@ -308,7 +308,7 @@ def detect_heads(
     random sequences and the composition baseline.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=20, n_ctx=8)
     >>> report = detect_heads(model, batch=4)
     >>> sorted(report.agreement)

@@ -3,7 +3,7 @@
 For one head and a source (key) token, the QK circuit ``W_Eᵀ W_QK W_E`` ranks the
 destination (query) tokens that most want to attend to it, and the OV circuit
 ``W_U W_OV W_E`` ranks the out tokens whose logits it raises when attended to. Each is one
-column of a ``d_vocab × d_vocab`` :class:`~numeric_check.factored.Factored` circuit,
+column of a ``d_vocab × d_vocab`` :class:`~numeric_check.circuits.factored.Factored` circuit,
 computed by matrix–vector products; the circuits are never materialised.
 """
 
@@ -17,7 +17,8 @@ import torch
 
 from tensoralg.escape import escape_text
 
-from numeric_check.circuits import AnalysisError, ov_circuit, qk_circuit
+from numeric_check.circuits.ov_qk import ov_circuit, qk_circuit
+from numeric_check.errors import AnalysisError
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def skip_trigram_table(
     one string per token id, labels the table.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=6, n_ctx=4)
     >>> table = skip_trigram_table(model, 0, 1, "c", k=2, vocab=list("abcdef"))
     >>> table.source_token, len(table.destinations), len(table.outputs)

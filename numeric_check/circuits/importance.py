@@ -16,7 +16,7 @@ virtual-head term (how much the loss rises when that one term is removed from th
 of all terms of its order and below).
 
 >>> from derivations.architecture import Architecture
->>> from numeric_check.model import CircuitModel
+>>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
 >>> report = term_importance(model, torch.tensor([[1, 2, 3, 1, 2, 3]]))
 >>> len(report.loss_by_order)   # orders 0, 1, 2
@@ -36,8 +36,9 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from numeric_check.errors import ModelInputError, NumericCheckError
-from numeric_check.hooks import Constant
-from numeric_check.model import CircuitModel
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.hook_paths import Recording, frozen_hooks, keep, record, run_blocks, unembed
+from numeric_check.model.hooks import block_hook
 
 Head = tuple[int, int]
 Path = tuple[Head, ...]  # heads in the order the signal passes through them; () is the direct path
@@ -45,10 +46,6 @@ Path = tuple[Head, ...]  # heads in the order the signal passes through them; ()
 # Streams per chunk of a hooked forward pass: bounds memory at about
 # CHUNK * batch * pos * n_heads * d_model floats.
 _CHUNK = 16
-
-
-class _Stop(Exception):
-    """Raised inside a hook to end a forward pass once the wanted activation is read."""
 
 
 def path_label(path: Path) -> str:
@@ -135,21 +132,22 @@ def logits_by_order(
             f"would hold {elements:,} logits (limit {max_elements:,}); give fewer tokens or a lower max_order"
         )
     with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens)
-        streams: dict[Path, Tensor] = {(): cache["blocks.0.hook_resid_pre"] if n_layers else _embedded(model, cache)}
+        rec = record(model, tokens)
+        logits, cache = rec.logits, rec.cache
+        streams: dict[Path, Tensor] = {(): cache[block_hook(0, "hook_resid_pre")] if n_layers else _embedded(model, cache)}
         for layer in range(n_layers):
             growing = [path for path in streams if len(path) < max_order]
-            results, const = _heads_on(model, tokens, cache, layer, [streams[p] for p in growing])
+            results, const = _heads_on(model, rec, layer, [streams[p] for p in growing])
             streams[()] = streams[()] + const
-            if f"blocks.{layer}.hook_mlp_out" in cache:
-                streams[()] = streams[()] + cache[f"blocks.{layer}.hook_mlp_out"]
+            if block_hook(layer, "hook_mlp_out") in cache:
+                streams[()] = streams[()] + cache[block_hook(layer, "hook_mlp_out")]
             for path, result in zip(growing, results):
                 for head in range(result.shape[-2]):
                     streams[path + ((layer, head),)] = result[..., head, :]
-        final = cache[f"blocks.{n_layers - 1}.hook_resid_post"] if n_layers else streams[()]
+        final = cache[block_hook(n_layers - 1, "hook_resid_post")] if n_layers else streams[()]
         rest = final - sum(streams.values())
         paths = list(streams)
-        outputs, const = _unembed(model, tokens, cache, [streams[p] for p in paths] + [rest])
+        outputs, const = _unembed(model, rec, [streams[p] for p in paths] + [rest])
         by_path = {path: out for path, out in zip(paths, outputs)}
         by_path[()] = by_path[()] + const
         remainder = outputs[-1] if max_order < n_layers else torch.zeros_like(logits)
@@ -162,74 +160,40 @@ def _embedded(model: CircuitModel, cache: dict[str, Tensor]) -> Tensor:
     return x + cache["hook_pos_embed"] if model.arch.positional == "standard" else x
 
 
-def _frozen_hooks(cache: dict[str, Tensor], names: list[str], copies: int) -> list:
-    """Hooks that replace each named activation by its cached value, tiled over ``copies`` streams."""
+def _heads_on(model: CircuitModel, rec: Recording, layer: int, inputs: list[Tensor]):
+    """Each head of ``layer`` applied linearly to each input stream (patterns, scales frozen).
 
-    def freeze(name: str):
-        value = cache[name]
-        return name, Constant(value.repeat(copies, *([1] * (value.ndim - 1))))
-
-    return [freeze(name) for name in names if name in cache]
-
-
-def _run_stopping(model: CircuitModel, tokens: Tensor, hooks: list) -> None:
-    try:
-        model.run_with_hooks(tokens, hooks)
-    except _Stop:
-        pass
-
-
-def _heads_on(model: CircuitModel, tokens: Tensor, cache: dict, layer: int, inputs: list[Tensor]):
-    """Each head of ``layer`` applied linearly to each input stream (pattern, scales frozen).
-
+    The model's own block ``layer`` runs over the input streams stacked as copies of the batch
+    (:func:`~numeric_check.model.hook_paths.run_blocks`), and each head's ``hook_result`` is read.
     Returns per-input results ``[batch, pos, n_heads, d_model]`` with the constant part
     (value biases) removed, and the layer's constant output (``attn_out`` on a zero input).
     """
-    zero = torch.zeros_like(cache[f"blocks.{layer}.hook_resid_pre"])
+    zero = torch.zeros_like(rec.cache[block_hook(layer, "hook_resid_pre")])
     stacked = inputs + [zero]
     results, outs = [], []
-    frozen = [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.ln1.hook_scale"]
+    result, attn_out = block_hook(layer, "attn.hook_result"), block_hook(layer, "hook_attn_out")
     for start in range(0, len(stacked), _CHUNK):
         chunk = torch.cat(stacked[start : start + _CHUNK])  # [n * batch, pos, d_model]
-        copies = chunk.shape[0] // tokens.shape[0]
+        copies = chunk.shape[0] // rec.n_batch
         seen: dict[str, Tensor] = {}
-
-        def read(x: Tensor, hook) -> None:
-            seen[str(hook)] = x
-
-        def stop(x: Tensor, hook) -> None:
-            seen[str(hook)] = x
-            raise _Stop
-
-        hooks = [(f"blocks.{layer}.hook_resid_pre", lambda x, hook, chunk=chunk: chunk)]
-        hooks += _frozen_hooks(cache, frozen, copies)
-        hooks += [(f"blocks.{layer}.attn.hook_result", read), (f"blocks.{layer}.hook_attn_out", stop)]
-        _run_stopping(model, tokens.repeat(copies, 1), hooks)
-        results += seen[f"blocks.{layer}.attn.hook_result"].chunk(copies)
-        outs += seen[f"blocks.{layer}.hook_attn_out"].chunk(copies)
+        hooks = frozen_hooks(rec, copies) + [(result, keep(seen)), (attn_out, keep(seen, stop=True))]
+        run_blocks(model, rec, chunk, layer, hooks)
+        results += seen[result].chunk(copies)
+        outs += seen[attn_out].chunk(copies)
     const_heads = results[-1]
     return [r - const_heads for r in results[:-1]], outs[-1]
 
 
-def _unembed(model: CircuitModel, tokens: Tensor, cache: dict, inputs: list[Tensor]):
+def _unembed(model: CircuitModel, rec: Recording, inputs: list[Tensor]):
     """The unembedding (final layer norm scale frozen) applied linearly to each stream.
 
     Returns per-input logits without the constant part, and the constant (``b_U``).
     """
-    n_layers = model.arch.n_layers
     stacked = inputs + [torch.zeros_like(inputs[0])]
     outputs = []
     for start in range(0, len(stacked), _CHUNK):
         chunk = torch.cat(stacked[start : start + _CHUNK])
-        copies = chunk.shape[0] // tokens.shape[0]
-        if n_layers:
-            hooks = [(f"blocks.{n_layers - 1}.hook_resid_post", lambda x, hook, chunk=chunk: chunk)]
-        else:
-            hooks = [("hook_embed", lambda x, hook, chunk=chunk: chunk)]
-            if model.arch.positional == "standard":
-                hooks.append(("hook_pos_embed", lambda x, hook: torch.zeros_like(x)))
-        hooks += _frozen_hooks(cache, ["ln_final.hook_scale"], copies)
-        outputs += model.run_with_hooks(tokens.repeat(copies, 1), hooks).chunk(copies)
+        outputs += unembed(model, rec, chunk).chunk(chunk.shape[0] // rec.n_batch)
     const = outputs[-1]
     return [out - const for out in outputs[:-1]], const
 
@@ -326,7 +290,7 @@ def term_importance(
     """The paper's term-importance table for ``model`` on ``tokens`` ``[batch, pos]``.
 
     ``target_mask`` (bool ``[batch, pos]``, optional) restricts the loss to some target
-    tokens — e.g. :attr:`numeric_check.train.RepeatBatch.repeat_mask` for the loss on
+    tokens — e.g. :attr:`numeric_check.training.toy.RepeatBatch.repeat_mask` for the loss on
     repeated segments. ``max_order`` bounds the orders expanded one by one (default 2,
     as the paper's table: direct path, individual heads, virtual heads; higher orders
     form one remainder row). ``max_elements``: see :func:`logits_by_order`.

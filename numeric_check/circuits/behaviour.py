@@ -14,7 +14,7 @@ behaviour is measured position by position:
   (its first token excluded) for every (length, offset) pair of a grid.
 
 >>> from derivations import Architecture
->>> from numeric_check.model import CircuitModel
+>>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=20, n_ctx=16)
 >>> profile = position_profiles(model, seg_len=4, batch=8)
 >>> profile.previous_token.shape
@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from derivations.architecture import head_label
-from numeric_check.circuits import AnalysisError
+from numeric_check.errors import AnalysisError
+
 
 # Sequences longer than this are cut for behaviour measurements, so large models stay quick.
 PROFILE_N_CTX = 128

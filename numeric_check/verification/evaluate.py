@@ -25,8 +25,9 @@ heads share prefixes.
 
 >>> from derivations.architecture import Architecture
 >>> from derivations.paths import expand_logits
->>> from numeric_check.bind import Binder, record
->>> from numeric_check.model import CircuitModel
+>>> from numeric_check.verification.bind import Binder
+>>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
 >>> rec = record(model, torch.tensor([[1, 2, 3, 4]]))
 >>> ev = LogitEvaluator(Binder(model, rec), list(expand_logits(model.arch)))
@@ -46,7 +47,7 @@ from torch import Tensor
 
 from derivations.paths import PathTerm, Source
 from derivations.qk import QKTerm
-from numeric_check.bind import Binder, SourceInput
+from numeric_check.verification.bind import Binder, SourceInput
 from tensoralg.atoms import Atom, Word
 
 # A right-multiplier ``R`` of a stream: ``(base atom, factor index j, transposed)`` stands for
@@ -300,6 +301,10 @@ class LogitEvaluator:
             for stream in ids:
                 for index in self._stream_of[stream]:
                     yield LogitTermValue(index, self._coeffs[index], y, self._left[index])
+
+    def last_factor_named(self, name: str) -> FactorRef | None:
+        """The reference of the last right-multiplier named ``name`` (e.g. ``"W_U"``) that ends some term, or None."""
+        return next((left[-1] for left in self._left if left[-1][0].name == name), None)
 
     def apply_left(self, y: Tensor, left: Sequence[FactorRef]) -> Tensor:
         for ref in left:

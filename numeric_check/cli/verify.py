@@ -1,6 +1,6 @@
 """``tcircuits verify``: check a path expansion against a real model from the command line.
 
-Registered through the entry point ``verify = numeric_check.verify_cli:register``; bad
+Registered through the entry point ``verify = numeric_check.cli.verify:register``; bad
 input raises :class:`~tensoralg.errors.TensorAlgError` subclasses, which ``tcircuits``
 prints without a traceback (exit 2). Exit 0 when every check passes, 1 when one fails.
 """
@@ -13,12 +13,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
-from numeric_check.errors import NumericCheckError
+from numeric_check.errors import VerifyCLIError
 
 if TYPE_CHECKING:
     import torch
 
-    from numeric_check.model import CircuitModel
+    from numeric_check.model.circuit_model import CircuitModel
 
 # torch is imported inside the functions that run the command, not here: the CLI imports
 # this module to build its parser, and `tcircuits --help` should not wait for torch.
@@ -64,10 +64,6 @@ examples:
 
 _RANDOM_DEFAULTS = {"layers": 2, "heads": "4", "d_model": 32, "d_head": 8, "d_vocab": 50, "n_ctx": 16,
                     "positional": "none", "layer_norm": False, "biases": False, "mlp": False, "seed": 0}
-
-
-class VerifyCLIError(NumericCheckError, ValueError):
-    """A ``tcircuits verify`` option that cannot be used; the message names it."""
 
 
 MAX_SEED = 2**63 - 1  # torch and numpy seeds fit in a signed 64-bit int
@@ -154,7 +150,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the model and tokens, verify, print the report; 0 if every check passed, else 1."""
-    from numeric_check.verify import verify_logits, verify_qk
+    from numeric_check.verification.verify import verify_logits, verify_qk
 
     model = build_model(args)
     tokens = build_tokens(args, model)
@@ -173,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def default_rtol(dtype) -> float:
-    """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision (:func:`numeric_check.verify.default_rtol`)."""
-    from numeric_check.verify import default_rtol as rtol_for
+    """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision (:func:`numeric_check.verification.verify.default_rtol`)."""
+    from numeric_check.verification.verify import default_rtol as rtol_for
 
     return rtol_for(dtype)
 
@@ -183,14 +179,14 @@ def build_model(args: argparse.Namespace) -> CircuitModel:
     """The checkpoint, or a random model from the options (defaults filled in)."""
     import torch
 
-    from numeric_check.model import CircuitModel
+    from numeric_check.model.circuit_model import CircuitModel
 
     given = [name for name in _RANDOM_DEFAULTS if getattr(args, name, None) is not None]
     if args.checkpoint is not None:
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise VerifyCLIError(f"--checkpoint describes the model; do not also give {flags}")
-        from numeric_check.checkpoint import load_checkpoint
+        from numeric_check.model.checkpoint import load_checkpoint
 
         return load_checkpoint(args.checkpoint)
     opts = {name: getattr(args, name) if getattr(args, name, None) is not None else default

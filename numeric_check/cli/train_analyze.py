@@ -13,11 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from numeric_check.errors import NumericCheckError
+from numeric_check.errors import NumericCheckError, OutputPathError
 
-
-class OutputPathError(NumericCheckError, ValueError):
-    """An output file or folder that cannot be written; the message names it."""
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
     """A subparser whose description and examples keep their line breaks."""
@@ -65,7 +62,7 @@ examples:
 
 def register_train_toy(subparsers) -> None:
     """Add ``train-toy`` to the ``tcircuits`` parser."""
-    from numeric_check.train_config import TrainConfig  # torch-free: --help stays fast
+    from numeric_check.training.config import TrainConfig  # torch-free: --help stays fast
 
     d = TrainConfig()
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
@@ -98,8 +95,8 @@ def register_train_toy(subparsers) -> None:
 def _run_train_toy(args) -> int:
     import torch
 
-    from numeric_check.model import resolve_device
-    from numeric_check.train import TrainConfig, train_toy, training_record
+    from numeric_check.model.config import resolve_device
+    from numeric_check.training.toy import TrainConfig, train_toy, training_record
 
     config = TrainConfig(
         n_layers=args.layers,
@@ -129,7 +126,7 @@ def _run_train_toy(args) -> int:
     with _progress_bar(config.steps, disabled=args.quiet) as progress:
         model, history = train_toy(config, progress, device=device)
     seconds = time.perf_counter() - start
-    from numeric_check.checkpoint import save_checkpoint
+    from numeric_check.model.checkpoint import save_checkpoint
 
     save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
     info = training_record(config, history, seconds)
@@ -266,8 +263,8 @@ def _read_vocab(path: Path) -> list[str]:
 
 
 def _load_model(path: Path):
-    from numeric_check.checkpoint import load_checkpoint
-    from numeric_check.train import training_record_for
+    from numeric_check.model.checkpoint import load_checkpoint
+    from numeric_check.training.toy import training_record_for
 
     return load_checkpoint(path), training_record_for(path)
 
@@ -275,10 +272,11 @@ def _load_model(path: Path):
 def _run_analyze(args) -> int:
     import torch
 
-    from numeric_check.plots import check_formats
-    from numeric_check.report import analyze_model, findings, write_report
-    from numeric_check.report_html import write_html
-    from numeric_check.train import shipped_checkpoint
+    from numeric_check.reports.plots import check_formats
+    from numeric_check.reports.analysis import analyze_model, write_report
+    from numeric_check.reports.findings import findings
+    from numeric_check.reports.html import write_html
+    from numeric_check.training.toy import shipped_checkpoint
 
     if args.threads < 1:
         raise NumericCheckError(f"--threads must be >= 1, got {args.threads}")

@@ -24,8 +24,9 @@ layer-norm scale it skips the variance (the paper's path isolation freezes both)
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Iterator, Union
 
 import torch
 from torch import Tensor, nn
@@ -86,6 +87,11 @@ class HookPoint(nn.Module):
     def remove_hooks(self) -> None:
         self._hooks.clear()
 
+    @property
+    def hooks(self) -> tuple[HookFn, ...]:
+        """The registered hook functions, in the order they run."""
+        return tuple(self._hooks)
+
     def forward(self, x: Tensor) -> Tensor:
         return self._run_hooks(self._hooks, x)
 
@@ -128,6 +134,15 @@ class HookPoint(nn.Module):
         return f"{self.name!s}, {len(self._hooks)} hooks" if self._hooks else str(self.name)
 
 
+def block_hook(layer: int, name: str) -> str:
+    """The full name of hook ``name`` of block ``layer``.
+
+    >>> block_hook(1, "attn.hook_pattern")
+    'blocks.1.attn.hook_pattern'
+    """
+    return f"blocks.{layer}.{name}"
+
+
 def name_hook_points(module: nn.Module) -> dict[str, HookPoint]:
     """Give every :class:`HookPoint` under ``module`` its module path as name; return them by name."""
     points = {}
@@ -164,3 +179,30 @@ def names_filter_to_predicate(names_filter: None | str | Iterable[str] | Callabl
         return lambda name: name == names_filter
     wanted = set(names_filter)
     return lambda name: name in wanted
+
+
+@contextlib.contextmanager
+def hooks_set_aside(module: nn.Module) -> Iterator[None]:
+    """Take every hook function off ``module``'s hook points for the block; put them back, in order, after.
+
+    For copying a model without the hook functions registered on it (``deepcopy`` inside the
+    block gives hook points with no hooks, and never copies a user's closures).
+
+    >>> point = HookPoint()
+    >>> point.add_hook(Constant(torch.zeros(1)))
+    >>> with hooks_set_aside(point):
+    ...     point.has_hooks
+    False
+    >>> point.has_hooks
+    True
+    """
+    saved = [(point, point.hooks) for point in module.modules() if isinstance(point, HookPoint)]
+    for point, _ in saved:
+        point.remove_hooks()
+    try:
+        yield
+    finally:
+        for point, fns in saved:
+            point.remove_hooks()
+            for fn in fns:
+                point.add_hook(fn)

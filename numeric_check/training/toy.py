@@ -28,8 +28,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from numeric_check.model import CircuitModel
-from numeric_check.train_config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.training.config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
 
 
 class RepeatBatch(NamedTuple):

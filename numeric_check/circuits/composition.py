@@ -23,8 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from numeric_check.circuits import AnalysisError, layer_pairs, scatter_pairs, stacked_head_weights
-from numeric_check.factored import Factored
+from numeric_check.errors import AnalysisError
+from numeric_check.circuits.ov_qk import layer_pairs, scatter_pairs, stacked_head_weights
+from numeric_check.circuits.factored import Factored
 
 COMPOSITION_KINDS = ("Q", "K", "V")
 
@@ -75,7 +76,7 @@ def composition_scores(
     ``dtype`` (default: the model's) is the precision of the computation.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 3), d_model=16, d_head=4, d_vocab=20, n_ctx=8)
     >>> scores = composition_scores(model, "K")
     >>> scores.shape
@@ -107,7 +108,7 @@ def composition_baseline(
     baseline is a little below ``1/sqrt(d_model)``; the three kinds have the same baseline.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 1), d_model=64, d_head=8, d_vocab=20, n_ctx=8)
     >>> round(composition_baseline(model, "K", n_samples=256) * 8, 1)  # ~ sqrt(d_model) * baseline
     1.0

@@ -1,6 +1,6 @@
 """The configuration of a toy training run, validated on construction.
 
-Kept apart from :mod:`numeric_check.train` so that the command line can show the
+Kept apart from :mod:`numeric_check.training.toy` so that the command line can show the
 defaults in ``tcircuits train-toy --help`` without importing torch.
 """
 
@@ -11,11 +11,7 @@ import math
 from dataclasses import dataclass
 
 from derivations.architecture import POSITIONAL_KINDS, Architecture
-from numeric_check.errors import NumericCheckError
-
-
-class TrainConfigError(NumericCheckError, ValueError):
-    """A training configuration that cannot be used (e.g. segments that cannot fit ``n_ctx``)."""
+from numeric_check.errors import TrainConfigError
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class TrainConfig:
     >>> TrainConfig(n_ctx=32, seg_max=24)
     Traceback (most recent call last):
     ...
-    numeric_check.train_config.TrainConfigError: two copies of a segment of up to seg_max=24 tokens need 48 positions, but n_ctx=32; lower seg_max to at most 16 or raise n_ctx
+    numeric_check.errors.TrainConfigError: two copies of a segment of up to seg_max=24 tokens need 48 positions, but n_ctx=32; lower seg_max to at most 16 or raise n_ctx
     """
 
     n_layers: int = 2

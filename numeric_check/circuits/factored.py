@@ -39,15 +39,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from numeric_check.errors import NumericCheckError
-
-
-class FactoredError(NumericCheckError, ValueError):
-    """A factored product that cannot be built or cannot answer (no factors, non-square eigenvalues, bad index)."""
-
-
-class FactoredShapeError(FactoredError):
-    """Factors whose shapes do not chain (``[a, b] @ [c, d]`` with ``b != c``); the message names both."""
+from numeric_check.errors import FactoredError, FactoredShapeError
 
 
 class TopK(NamedTuple):
@@ -555,3 +547,4 @@ def eigenvalue_multiset_distance(a: Tensor, b: Tensor) -> float:
         used[j] = True
         worst = max(worst, float(row[j]))
     return worst
+

@@ -4,14 +4,14 @@ The page holds what ``report.md`` holds — the findings with their verdicts, ea
 and QK circuits (the circuit as MathML from the tensoralg printer, with its eigenvalue
 positivity and behaviour scores), composition scores against their random baselines,
 previous-token and induction heads, term importance by order, the loss on repeats and the
-skip-trigram tables — and shows the figures that :func:`numeric_check.report.write_report`
+skip-trigram tables — and shows the figures that :func:`numeric_check.reports.analysis.write_report`
 wrote beside it (``figures/NAME.svg``, else ``.png``), so it needs no Markdown tooling and
 no network. Model names and token strings are escaped (``escape_text(…, "html")``); the
 page shell, the CSS and the MathML conversion are :mod:`derivations.html`'s.
 
 >>> from derivations.architecture import Architecture
->>> from numeric_check.model import CircuitModel
->>> from numeric_check.report import analyze_model
+>>> from numeric_check.model.circuit_model import CircuitModel
+>>> from numeric_check.reports.analysis import analyze_model
 >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
 >>> page = render_html(analyze_model(model, name="<b>m</b>", n_sequences=2))
 >>> "&lt;b&gt;m&lt;/b&gt;" in page and "<b>m</b>" not in page
@@ -29,8 +29,9 @@ from derivations.document import math as formula
 from derivations.html import mathml, page
 from tensoralg.escape import escape_text
 
-from numeric_check.importance import path_label
-from numeric_check.report import ModelAnalysis, composition_rows, findings
+from numeric_check.circuits.importance import path_label
+from numeric_check.reports.analysis import ModelAnalysis, composition_rows
+from numeric_check.reports.findings import findings
 
 __all__ = ["FIGURES", "figure_links", "render_html", "write_html"]
 

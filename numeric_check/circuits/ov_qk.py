@@ -1,4 +1,4 @@
-"""The paper's circuits of a model as :class:`~numeric_check.factored.Factored` products, and their positivity.
+"""The paper's circuits of a model as :class:`~numeric_check.circuits.factored.Factored` products, and their positivity.
 
 Every circuit is a word of weights, never materialised (``d_vocab × d_vocab`` stays factored):
 
@@ -24,12 +24,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from numeric_check.errors import NumericCheckError
-from numeric_check.factored import Factored
-
-
-class AnalysisError(NumericCheckError, ValueError):
-    """An analysis asked of something the model cannot give (no positional embedding, bad head order, bad option)."""
+from numeric_check.errors import AnalysisError
+from numeric_check.circuits.factored import Factored
 
 
 Head = tuple[int, int]
@@ -92,7 +88,7 @@ def ov_circuit(model, layer: int, head: int, *, dtype: torch.dtype | None = None
     """``W_U W_O^h W_V^h W_E`` ``[d_vocab (out), d_vocab (source)]``: how a source token moves the logits.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=2, d_vocab=10, n_ctx=4)
     >>> ov_circuit(model, 0, 1)
     Factored([10×8] @ [8×2] @ [2×8] @ [8×10], shape [10×10])
@@ -108,7 +104,7 @@ def qk_circuit(model, layer: int, head: int, *, dtype: torch.dtype | None = None
     between tokens and positions are not included; see :func:`positional_qk_circuit`.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=2, d_vocab=10, n_ctx=4)
     >>> qk_circuit(model, 0, 0).shape
     torch.Size([10, 10])
@@ -124,7 +120,7 @@ def positional_qk_circuit(model, layer: int, head: int, *, dtype: torch.dtype | 
     Raises :class:`AnalysisError` when the model has no positional embedding.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> arch = Architecture(1, 1, positional="qk_only")
     >>> model = CircuitModel.random(arch, d_model=8, d_head=2, d_vocab=10, n_ctx=5)
     >>> positional_qk_circuit(model, 0, 0).shape
@@ -141,7 +137,7 @@ def virtual_ov_circuit(model, heads: Sequence[Head], *, dtype: torch.dtype | Non
     Layers must strictly increase (a head reads what earlier layers wrote).
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=2, d_vocab=10, n_ctx=4)
     >>> virtual_ov_circuit(model, [(0, 1), (1, 0)]).dims
     [10, 8, 2, 8, 2, 8, 10]
@@ -170,7 +166,7 @@ def k_composition_circuit(model, reader: Head, writer: Head, *, dtype: torch.dty
     was moved": same-matching, the induction-head mechanism.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=2, d_vocab=10, n_ctx=4)
     >>> k_composition_circuit(model, (1, 0), (0, 1)).shape
     torch.Size([10, 10])
@@ -239,7 +235,7 @@ def copying_scores(model, *, dtype: torch.dtype | None = None) -> Tensor:
     Near 1: the head copies (a source token raises its own logit).
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, (2, 1)), d_model=8, d_head=2, d_vocab=10, n_ctx=4)
     >>> copying_scores(model).shape
     torch.Size([2, 2])
@@ -260,7 +256,7 @@ def same_matching_scores(model, *, dtype: torch.dtype | None = None) -> Tensor:
     ``W_QK W_OV (W_E W_Eᵀ)``, so ``W_E W_Eᵀ`` is formed once.
 
     >>> from derivations import Architecture
-    >>> from numeric_check.model import CircuitModel
+    >>> from numeric_check.model.circuit_model import CircuitModel
     >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=2, d_vocab=10, n_ctx=4)
     >>> scores = same_matching_scores(model)
     >>> scores.shape, bool(scores[1, 0, 0, 0].isnan())

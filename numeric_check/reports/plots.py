@@ -21,15 +21,11 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from derivations.architecture import head_label
-from numeric_check.errors import NumericCheckError
+from numeric_check.errors import PlotError
 
 LAYER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 FORMATS = ("png", "svg")
 ALLOWED_FORMATS = ("png", "svg", "pdf")
-
-
-class PlotError(NumericCheckError, ValueError):
-    """Numbers that cannot be plotted (wrong shapes, an unknown format)."""
 
 
 def _array(values, name: str, ndim: int) -> np.ndarray:
@@ -141,7 +137,7 @@ def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, objec
 
 
 def importance_bars(report, *, top_virtual: int = 8) -> Figure:
-    """Term importance (an :class:`~numeric_check.importance.ImportanceReport`) as bars.
+    """Term importance (an :class:`~numeric_check.circuits.importance.ImportanceReport`) as bars.
 
     Left: marginal loss by order (direct path, individual heads, virtual
     heads). Middle: each individual head's marginal loss, coloured by layer. Right: the
@@ -185,7 +181,7 @@ def position_profiles_figure(
     """Attention by query position: to ``i - 1`` for ``previous_heads`` (left), inductive for ``induction_heads`` (right).
 
     ``previous_token`` and ``induction`` are ``[n_layers, n_heads, n_positions]`` profiles
-    (NaN where not measured, as in :class:`~numeric_check.behaviour.PositionProfile`); a
+    (NaN where not measured, as in :class:`~numeric_check.circuits.behaviour.PositionProfile`); a
     head that works in only part of the context shows as a curve that falls away.
     ``threshold`` draws the classification bar.
     """

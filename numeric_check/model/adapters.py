@@ -30,9 +30,10 @@ from torch import Tensor
 
 from derivations.architecture import Architecture
 from numeric_check.errors import UnsupportedModel, WeightError
-from numeric_check.model import CircuitModel, ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.circuit_model import CircuitModel
 
 # source activation names -> ours; gelu_pytorch_tanh is gelu_new's formula, gelu_fast the same
+from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 # formula with sqrt(2/pi) rounded to 10 digits (relative difference ~1e-12)
 ACT_FN_ALIASES = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 
@@ -87,7 +88,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
     >>> tl = HookedTransformer(HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_head=4,
     ...     n_heads=2, d_vocab=10, attn_only=True, normalization_type=None))
     >>> from_transformer_lens(tl).arch
-    Architecture(n_layers=1, n_heads=2, positional='standard', layer_norm=False, biases=False, mlp=False)
+    Architecture(n_layers=1, n_heads=2, positional='standard', layer_norm=False, biases=False, mlp=False...)
     """
     if not _is_instance(model, "transformer_lens", "HookedTransformer"):
         raise UnsupportedModel(

@@ -5,7 +5,7 @@ Shapes (paper convention, DESIGN.md): ``W_E [d_model, d_vocab]``, ``W_pos [d_mod
 ``W_O [n_heads, d_model, d_head]``. Activations have one row per position:
 ``[batch, pos, d_model]``; a weight ``W`` acts as ``x @ W.T``.
 
-The forward pass (every named tensor passes through a :class:`~numeric_check.hooks.HookPoint`):
+The forward pass (every named tensor passes through a :class:`~numeric_check.model.hooks.HookPoint`):
 
 - ``x_0 = W_E t (+ W_pos)``; hooks ``hook_embed``, ``hook_pos_embed``.
 - Per block ``l``: ``hook_resid_pre``; a parameter-free layer norm ``ln1`` (centre, then
@@ -22,7 +22,7 @@ The forward pass (every named tensor passes through a :class:`~numeric_check.hoo
 
 The layer-norm scale and the attention pattern used downstream are the hooks' outputs,
 so a hook that replaces them freezes them (the paper's path-isolation procedure). When that
-hook is a :class:`~numeric_check.hooks.Constant`, the model skips what it would discard:
+hook is a :class:`~numeric_check.model.hooks.Constant`, the model skips what it would discard:
 queries, keys and scores (``hook_q``, ``hook_k``, ``hook_attn_scores`` then do not fire), or
 the variance of a layer norm.
 """
@@ -31,155 +31,24 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, fields
+from copy import deepcopy
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from derivations.architecture import Architecture
-from derivations.errors import ArchitectureError
-from numeric_check.errors import ConfigError, DeviceError, ModelInputError, WeightError
-from numeric_check.hooks import (
+from numeric_check.errors import ConfigError, ModelInputError, WeightError
+from numeric_check.model.config import ACT_FNS, ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.hooks import (
     HookFn,
     HookPoint,
     NameFilter,
+    hooks_set_aside,
     name_hook_points,
     names_filter_to_predicate,
     select_hook_points,
 )
-
-ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu": F.gelu,  # exact (erf) GELU
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
-    "relu": F.relu,
-}
-
-
-def resolve_device(device: str | torch.device | None = None, *, prefer_cuda: bool = False) -> torch.device:
-    """A usable ``torch.device``; ``None`` means CPU (or CUDA when present, if ``prefer_cuda``).
-
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    """
-    if device is None:
-        return torch.device("cuda" if prefer_cuda and torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise DeviceError(f"unknown device {device!r}; expected e.g. 'cpu', 'cuda' or 'cuda:0'") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"device {str(device)!r} requested but CUDA is not available here; use 'cpu'")
-    if device.type not in ("cpu", "cuda"):
-        raise DeviceError(f"device type {device.type!r} is not supported; expected 'cpu' or 'cuda'")
-    return device
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """A floating-point ``torch.dtype`` from a dtype or its name (``"float64"``).
-
-    >>> resolve_dtype("float64")
-    torch.float64
-    """
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, dtype)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise DeviceError(
-            f"dtype {dtype!r} cannot hold weights; expected a floating dtype "
-            "(torch.float64, torch.float32, torch.float16, torch.bfloat16)"
-        )
-    return dtype
-
-
-def _check_int(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes and options of a :class:`CircuitModel`; validated on construction.
-
-    >>> cfg = ModelConfig(Architecture(1, 2, mlp=True), d_model=8, d_head=4, d_vocab=10, n_ctx=5)
-    >>> cfg.d_mlp
-    32
-    >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
-    True
-    """
-
-    arch: Architecture
-    d_model: int
-    d_head: int
-    d_vocab: int
-    n_ctx: int
-    d_mlp: int | None = None
-    act_fn: str = "gelu"
-    ln_eps: float = 1e-5
-    attn_scale: float | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.arch, Architecture):
-            raise ConfigError(f"arch must be a derivations.Architecture, got {self.arch!r}")
-        for name in ("d_model", "d_head", "d_vocab", "n_ctx"):
-            _check_int(name, getattr(self, name))
-        if self.arch.mlp:
-            if self.d_mlp is None:
-                object.__setattr__(self, "d_mlp", 4 * self.d_model)
-            _check_int("d_mlp", self.d_mlp)
-        elif self.d_mlp is not None:
-            raise ConfigError(f"d_mlp={self.d_mlp!r} given but the architecture has no MLPs; leave it None")
-        if self.act_fn not in ACT_FNS:
-            raise ConfigError(f"unknown act_fn {self.act_fn!r}; expected one of {', '.join(map(repr, ACT_FNS))}")
-        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float)) or not (
-            math.isfinite(self.ln_eps) and self.ln_eps >= 0
-        ):
-            raise ConfigError(f"ln_eps must be a finite number >= 0, got {self.ln_eps!r}")
-        if self.attn_scale is not None and (
-            isinstance(self.attn_scale, bool)
-            or not isinstance(self.attn_scale, (int, float))
-            or not (math.isfinite(self.attn_scale) and self.attn_scale > 0)
-        ):
-            raise ConfigError(f"attn_scale must be None or a finite number > 0, got {self.attn_scale!r}")
-        object.__setattr__(self, "ln_eps", float(self.ln_eps))
-
-    @property
-    def scale(self) -> float:
-        """The divisor of ``q·k``: ``attn_scale``, or ``sqrt(d_head)`` when that is None."""
-        return math.sqrt(self.d_head) if self.attn_scale is None else float(self.attn_scale)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data; :meth:`from_dict` inverts it."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
-        arch = asdict(self.arch)
-        arch.pop("heads_per_layer")
-        arch["n_heads"] = arch["n_heads"] if isinstance(arch["n_heads"], int) else list(arch["n_heads"])
-        return {"arch": arch, **data}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        """Rebuild a config from :meth:`to_dict` output; unknown or missing keys are errors."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"a model config must be a dict, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown model config keys {unknown}; expected some of {sorted(known)}")
-        arch = data.get("arch")
-        if not isinstance(arch, dict):
-            raise ConfigError(f"model config needs 'arch' as a dict of Architecture fields, got {arch!r}")
-        try:
-            arch = Architecture(**{**arch, "n_heads": _heads_from_json(arch.get("n_heads"))})
-            return cls(**{**data, "arch": arch})
-        except TypeError as err:  # a missing or unexpected field
-            raise ConfigError(f"bad model config {data!r}: {err}") from None
-        except ArchitectureError as err:
-            raise ConfigError(f"bad architecture in model config: {err}") from None
-
-
-def _heads_from_json(n_heads: Any) -> Any:
-    return tuple(n_heads) if isinstance(n_heads, list) else n_heads
-
 
 class LayerNorm(nn.Module):
     """Parameter-free layer norm: centre, then divide by ``hook_scale = sqrt(mean(x²) + eps)``."""
@@ -406,14 +275,66 @@ class CircuitModel(nn.Module):
     @torch.no_grad()
     def _centre_writing_weights(self) -> None:
         """Subtract the mean over ``d_model`` from every weight and bias that writes to the residual stream."""
-        writers = [(self.W_E, 0), (self.W_pos, 0)]
+        for module, name, axis in self.residual_writers():
+            tensor = getattr(module, name)
+            tensor.sub_(tensor.mean(axis, keepdim=True))
+
+    def residual_writers(self) -> list[tuple[nn.Module, str, int]]:
+        """Every weight and bias that writes to the residual stream: ``(module, name, d_model axis)``.
+
+        ``W_E``, ``W_pos`` for ``standard`` positions (``qk_only`` positions are added after the
+        layer norm, to the queries' and keys' input only), and per block ``W_O``, ``b_O`` and the
+        MLP's ``W_out``, ``b_out``; absent ones are left out.
+
+        >>> m = CircuitModel.random(Architecture(1, 1, positional="qk_only", biases=True), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+        >>> [name for _, name, _ in m.residual_writers()]
+        ['W_E', 'W_O', 'b_O']
+        """
+        writers: list[tuple[nn.Module, str, int]] = [(self, "W_E", 0)]
+        if self.arch.positional == "standard":
+            writers.append((self, "W_pos", 0))
         for block in self.blocks:
-            writers += [(block.attn.W_O, 1), (block.attn.b_O, 0)]
+            writers += [(block.attn, "W_O", 1), (block.attn, "b_O", 0)]
             if block.mlp is not None:
-                writers += [(block.mlp.W_out, 0), (block.mlp.b_out, 0)]
-        for tensor, axis in writers:
-            if tensor is not None:
-                tensor.sub_(tensor.mean(axis, keepdim=True))
+                writers += [(block.mlp, "W_out", 0), (block.mlp, "b_out", 0)]
+        return [(module, name, axis) for module, name, axis in writers if getattr(module, name) is not None]
+
+    def working_copy(self, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None) -> "CircuitModel":
+        """A copy in ``dtype`` on ``device`` (``None``: CUDA when available) for verification; ``self`` is not touched.
+
+        The copy has its own modules and hook points (the hook functions registered here stay
+        behind) and frozen parameters. With layer norm, its weights that write to the residual
+        stream (:meth:`residual_writers`) are centred over ``d_model`` in the new dtype. Every
+        reader of the stream is then a layer norm, which removes the mean anyway, so the copy
+        computes the same function; but its stream is centred to the precision of ``dtype``
+        (weights centred in float32 are centred only to about 1e-8 in float64), which makes
+        each layer norm exactly a per-position scale, as the expansion treats it.
+
+        Raises :class:`~numeric_check.errors.DeviceError` for a dtype or device that cannot be
+        used and :class:`~numeric_check.errors.WeightError` for NaN/Inf weights.
+
+        >>> m = CircuitModel.random(Architecture(1, 1, layer_norm=True), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+        >>> w = m.working_copy(torch.float64, "cpu")
+        >>> w.W_E.dtype, w.W_E.requires_grad, bool(w.W_E.mean(0).abs().max() < 1e-15)
+        (torch.float64, False, True)
+        """
+        dtype = resolve_dtype(dtype)
+        device = resolve_device(device, prefer_cuda=True)
+        self.check_finite()
+        with torch.no_grad(), hooks_set_aside(self):
+            copy = deepcopy(self, memo={id(p): p for p in self.parameters()})  # new modules, the same weight tensors
+        with torch.no_grad():
+            for module in copy.modules():
+                for name, p in list(module.named_parameters(recurse=False)):
+                    # no copy when dtype and device already match: never modified in place
+                    setattr(module, name, nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False))
+            if self.arch.layer_norm:
+                for module, name, axis in copy.residual_writers():
+                    p = getattr(module, name)
+                    mean = p.mean(axis, keepdim=True)
+                    if max_abs(mean) > 16 * torch.finfo(dtype).eps * max_abs(p):  # not centred to this precision yet
+                        setattr(module, name, nn.Parameter(p - mean, requires_grad=False))
+        return copy
 
     # --- weights ------------------------------------------------------------------------
     def folded_b_O(self, layer: int) -> Tensor:
@@ -541,20 +462,6 @@ class CircuitModel(nn.Module):
         logits = self.run_with_hooks(tokens, [(name, save) for name in self._hook_points if keep(name)])
         return logits, cache
 
-    # --- checkpoints --------------------------------------------------------------------
-    def save(self, path: Any) -> None:
-        """Save as a safetensors checkpoint; see :func:`numeric_check.checkpoint.save_checkpoint`."""
-        from numeric_check.checkpoint import save_checkpoint  # checkpoint imports this module
-
-        save_checkpoint(self, path)
-
-    @classmethod
-    def load(cls, path: Any, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> "CircuitModel":
-        """Load a checkpoint; see :func:`numeric_check.checkpoint.load_checkpoint`."""
-        from numeric_check.checkpoint import load_checkpoint  # checkpoint imports this module
-
-        return load_checkpoint(path, device=device, dtype=dtype)
-
 
 def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float | None) -> Tensor:
     """Seeded draw for one parameter: weights N(0, 1/fan_in), embeddings N(0, 1), biases N(0, 0.1²)."""
@@ -568,3 +475,17 @@ def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float
     else:  # [out, in]
         std = init_std or 1 / math.sqrt(param.shape[-1])
     return torch.randn(param.shape, generator=gen, dtype=torch.float64) * std
+
+
+def max_abs(t: Tensor) -> float:
+    """``max |t|`` (0 when empty; nan when ``t`` holds a nan) without a temporary ``|t|``.
+
+    Reads ``t`` in memory order, so a transposed view is as fast as a contiguous tensor.
+
+    >>> max_abs(torch.tensor([[1.0, -3.0], [2.0, 0.5]]).T)
+    3.0
+    """
+    if not t.numel():
+        return 0.0
+    low, high = torch.aminmax(t.T if t.ndim == 2 and t.T.is_contiguous() else t)
+    return float(torch.maximum(low.abs(), high.abs()))

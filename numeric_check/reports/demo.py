@@ -54,13 +54,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from derivations import catalogue, expand_logits, expand_qk, text
-    from numeric_check.checkpoint import load_checkpoint
-    from numeric_check.behaviour import ACROSS_CONTEXT, best_head_floor, profile_rows, repeat_loss_grid
-    from numeric_check.composition import composition_scores
-    from numeric_check.detect import detect_heads, repeated_tokens
+    from numeric_check.model.checkpoint import load_checkpoint
+    from numeric_check.circuits.behaviour import ACROSS_CONTEXT, best_head_floor, profile_rows, repeat_loss_grid
+    from numeric_check.circuits.composition import composition_scores
+    from numeric_check.circuits.detect import detect_heads, repeated_tokens
     from numeric_check.errors import NumericCheckError
-    from numeric_check.train import shipped_checkpoint, training_record_for
-    from numeric_check.verify import verify_logits, verify_qk
+    from numeric_check.training.toy import shipped_checkpoint, training_record_for
+    from numeric_check.verification.verify import verify_logits, verify_qk
 
     if args.batch < 1:
         raise NumericCheckError(f"--batch must be >= 1, got {args.batch}")

@@ -34,8 +34,8 @@ layer's heads read the copy of order ``j`` and write to the copy of order ``j + 
 
 >>> from derivations.architecture import Architecture
 >>> from derivations.paths import TOKEN, Path
->>> from numeric_check.bind import record
->>> from numeric_check.model import CircuitModel
+>>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
 >>> rec = record(model, torch.tensor([[1, 2, 3]]))
 >>> parts = dict(isolate_logit_paths(model, rec, [Path(TOKEN, ((0, 1), (1, 0))), Path(TOKEN)]))
@@ -51,51 +51,29 @@ import torch
 from torch import Tensor
 
 from derivations.paths import Path
-from numeric_check.bind import Recording, unembedding_input
 from numeric_check.errors import NumericCheckError
-from numeric_check.hooks import Constant
-from numeric_check.model import CircuitModel
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.hook_paths import (
+    Hook,
+    Recording,
+    StopForward,
+    final_norm,
+    frozen_hooks,
+    keep,
+    per_copy,
+    run_blocks,
+    run_frozen,
+    unembedding_input,
+)
+from numeric_check.model.hooks import Constant, block_hook
 
-Hook = tuple[str, Callable]
 DEFAULT_CHUNK_BYTES = 1 << 28  # activations of the largest tensor of one batched pass (256 MiB)
-
-
-class _Stop(Exception):
-    """Raised inside a hook to end a forward pass once the wanted activation is read."""
 
 
 def _chunks(n_items: int, bytes_per_item: int, chunk_bytes: int) -> Iterator[range]:
     size = max(1, chunk_bytes // max(1, bytes_per_item))
     for start in range(0, n_items, size):
         yield range(start, min(n_items, start + size))
-
-
-def _rows(values: Sequence[float], n_batch: int, like: Tensor, ndim: int) -> Tensor:
-    """A per-group factor, one value per copy of the batch, shaped to broadcast over ``ndim`` dims."""
-    column = torch.tensor(values, dtype=like.dtype, device=like.device).repeat_interleave(n_batch)
-    return column.reshape(-1, *([1] * (ndim - 1)))
-
-
-def _frozen(rec: Recording, copies: int, live: int | None = None) -> list[Hook]:
-    """Hooks replacing every attention pattern and layer-norm scale by its recorded value
-    (:class:`~numeric_check.hooks.Constant`: the model skips queries, keys and scores), except
-    the pattern of layer ``live``, whose queries, keys or scores are read."""
-    hooks: list[Hook] = []
-    for name in rec.cache:
-        if name.endswith(("hook_pattern", "hook_scale")) and name != f"blocks.{live}.attn.hook_pattern":
-            hooks.append((name, Constant(rec.tiled(name, copies))))
-    return hooks
-
-
-def _run(model: CircuitModel, rec: Recording, copies: int, hooks: list[Hook], live: int | None = None) -> Tensor | None:
-    """One forward pass over ``copies`` copies of the batch, patterns frozen but at layer ``live``;
-    ``None`` when a hook stopped it."""
-    tokens = rec.tokens.repeat(copies, 1)
-    try:
-        with torch.no_grad():
-            return model.run_with_hooks(tokens, _frozen(rec, copies, live) + hooks)
-    except _Stop:
-        return None
 
 
 class _SourceHooks:
@@ -117,9 +95,9 @@ class _SourceHooks:
         n_batch, hooks = self.n_batch, []
         if self.start == 0:
             token_on = self._on("token")
-            hooks.append(("hook_embed", lambda x, hook: x * _rows(token_on, n_batch, x, 3)))
+            hooks.append(("hook_embed", lambda x, hook: x * per_copy(token_on, n_batch, x, 3)))
             if self.model.W_pos is not None:
-                hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(self.position_on, n_batch, x, 3)))
+                hooks.append(("hook_pos_embed", lambda x, hook: x * per_copy(self.position_on, n_batch, x, 3)))
         for layer in range(self.start, self.model.arch.n_layers):
             hooks += self._layer_hooks(layer)
         return hooks
@@ -127,18 +105,18 @@ class _SourceHooks:
     def _layer_hooks(self, layer: int) -> list[Hook]:
         """No head on: the layer adds nothing to a copy, except all its heads and ``b_O`` (through
         the model's own attention output) to its own bias source, and its MLP output to its own."""
-        block, n_batch, p = self.model.blocks[layer], self.n_batch, f"blocks.{layer}."
+        block, n_batch = self.model.blocks[layer], self.n_batch
         bias_on, mlp_on = self._on("bias", layer), self._on("mlp", layer)
         hooks: list[Hook] = []
         if block.attn.b_V is not None:
-            hooks.append((p + "attn.hook_v", lambda v, hook: v - (1 - _rows(bias_on, n_batch, v, 4)) * block.attn.b_V))
+            hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_on, n_batch, v, 4)) * block.attn.b_V))
         if block.mlp is not None:
-            recorded = self.rec.tiled(p + "hook_mlp_out", len(self.prefixes))
-            hooks.append((p + "hook_mlp_out", lambda x, hook: recorded * _rows(mlp_on, n_batch, x, 3)))
+            recorded = self.rec.tiled(block_hook(layer, "hook_mlp_out"), len(self.prefixes))
+            hooks.append((block_hook(layer, "hook_mlp_out"), lambda x, hook: recorded * per_copy(mlp_on, n_batch, x, 3)))
         if any(bias_on):
-            return hooks + [(p + "hook_attn_out", lambda x, hook: x * _rows(bias_on, n_batch, x, 3))]
+            return hooks + [(block_hook(layer, "hook_attn_out"), lambda x, hook: x * per_copy(bias_on, n_batch, x, 3))]
         shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
-        return hooks + [(p + "hook_attn_out", Constant(self.rec.final.new_zeros(shape)))]
+        return hooks + [(block_hook(layer, "hook_attn_out"), Constant(self.rec.final.new_zeros(shape)))]
 
 
 def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
@@ -159,7 +137,7 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
     layer: the model's own blocks run from the stream its parent copy read there (the
     stream a full pass would carry into that layer), so every layer is computed once per
     prefix rather than once per path. Patterns and scales are frozen by
-    :class:`~numeric_check.hooks.Constant` hooks, so queries and keys are never computed.
+    :class:`~numeric_check.model.hooks.Constant` hooks, so queries and keys are never computed.
 
     ``model`` must be the model ``rec`` was recorded from. Copies run in batched chunks of
     about ``chunk_bytes`` of activations each; every path comes exactly once, chunk by
@@ -226,27 +204,22 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         def hook(x: Tensor, _) -> None:
             results[layer] = x  # every head's z: the model's head_output gives each head's result from it
             if not whole and layer == max(last):
-                raise _Stop
+                raise StopForward
         return hook
 
-    hooks = [(f"blocks.{layer}.attn.hook_z", capture(layer)) for layer in sorted(last)]
+    hooks = [(block_hook(layer, "attn.hook_z"), capture(layer)) for layer in sorted(last)]
     ph = _SourceHooks(model, rec, prefixes, start)
     hooks += ph.hooks()
     final = None  # the unembedding input (or stream entering block upto), when a prefix through no head is a path
     if start == 0 and whole and upto is not None:
         seen: dict[str, Tensor] = {}
-
-        def stop(x: Tensor, _) -> None:
-            seen["x"] = x
-            raise _Stop
-
-        _run(model, rec, n, hooks + [(f"blocks.{upto}.hook_resid_pre", stop)])
+        run_frozen(model, rec, n, hooks + [(block_hook(upto, "hook_resid_pre"), keep(seen, "x", stop=True))])
         final = seen["x"]
     elif start == 0:
         tokens = rec.tokens.repeat(n, 1)
-        final = unembedding_input(model, tokens, _frozen(rec, n) + hooks) if whole else _run(model, rec, n, hooks)
+        final = unembedding_input(model, tokens, frozen_hooks(rec, n) + hooks) if whole else run_frozen(model, rec, n, hooks)
     else:
-        _run_blocks(model, rec, ph.position_on, torch.cat([entering[q] for q in prefixes]), start, _frozen(rec, n) + hooks)
+        run_blocks(model, rec, torch.cat([entering[q] for q in prefixes]), start, frozen_hooks(rec, n) + hooks, ph.position_on)
     where = {q: c for c, q in enumerate(prefixes)}
 
     def head_stream(c: int, layer: int, head: int) -> Tensor:
@@ -264,34 +237,8 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         else:
             x = streams.pop(path, None)
             x = head_stream(c, *path.heads[-1]) if x is None else x
-            x = x if upto is not None else _final_norm(model, rec, x)
+            x = x if upto is not None else final_norm(model, rec, x)
         yield i, x
-
-
-def _run_blocks(model: CircuitModel, rec: Recording, position_on: Sequence[float], x: Tensor, start: int,
-                hooks: list[Hook]) -> None:
-    """The model's blocks from ``start`` on, over the stacked streams ``x`` entering it (one copy of
-    the batch per entry of ``position_on``), with ``hooks``, until a hook stops them. Queries and
-    keys read the recorded ``hook_pos_embed`` for ``qk_only`` positions, on where ``position_on``."""
-    qk_pos = None
-    if model.arch.positional == "qk_only":
-        pos = rec.tiled("hook_pos_embed", len(position_on))
-        qk_pos = pos * _rows(position_on, rec.n_batch, pos, 3)
-    try:
-        with torch.no_grad(), model.hooks(hooks):
-            for block in model.blocks[start:]:
-                x = block(x, qk_pos)
-    except _Stop:
-        return
-
-
-def _final_norm(model: CircuitModel, rec: Recording, stream: Tensor) -> Tensor:
-    """The model's ``ln_final`` on a final residual stream of the batch, its scale frozen."""
-    name = "ln_final.hook_scale"
-    if name not in rec.cache:
-        return model.ln_final(stream)
-    with torch.no_grad(), model.hooks([(name, Constant(rec.cache[name]))]):
-        return model.ln_final(stream)
 
 
 def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
@@ -332,26 +279,26 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
     stacked = torch.cat(streams)
     copies = len(streams)
     seen: dict[str, Tensor] = {}
-    p = f"blocks.{layer}."
 
     def read(name: str, bias: Tensor | None, on: list[float], last: bool):
         def hook(x: Tensor, _) -> None:
             if bias is not None:
-                x = x - (1 - _rows(on, b, x, 4)) * bias
+                x = x - (1 - per_copy(on, b, x, 4)) * bias
             seen[name] = x[:, :, head]  # [copies * b, pos, d_head]
             if last:
-                raise _Stop
+                raise StopForward
         return hook
 
-    hooks = [(p + "attn.hook_q", read("q", attn.b_Q, q_bias_on, False)), (p + "attn.hook_k", read("k", attn.b_K, k_bias_on, True))]
-    _run_blocks(model, rec, position_on, stacked, layer, _frozen(rec, copies, live=layer) + hooks)  # the block alone
+    hooks = [(block_hook(layer, "attn.hook_q"), read("q", attn.b_Q, q_bias_on, False)),
+             (block_hook(layer, "attn.hook_k"), read("k", attn.b_K, k_bias_on, True))]
+    run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, position_on)  # the block alone
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 
 
 def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Tensor, Tensor]], *,
             chunk_bytes: int) -> Iterator[Tensor]:
     """The head's scores ``[batch, q, k]`` for each pair ``(q, k)`` of its queries and keys
-    ``[batch, pos, d_head]``, by the model's own :meth:`~numeric_check.model.Attention.scores`
+    ``[batch, pos, d_head]``, by the model's own :meth:`~numeric_check.model.circuit_model.Attention.scores`
     (scale and causal mask, through ``hook_attn_scores``), pairs stacked in chunks."""
     b, p = rec.n_batch, rec.n_pos
     attn = model.blocks[layer].attn
@@ -405,7 +352,7 @@ class _GradedHooks:
         self.model, self.rec, self.k = model, rec, max_order
         self.copies = max_order + 3
         self.bias_copy = max_order + 2
-        self.captured: dict[str, Tensor] = {}
+        self.captured: dict[int, Tensor] = {}  # by layer: every head's hook_result
 
     def _only(self, index: int) -> list[float]:
         return [float(g == index) for g in range(self.copies)]
@@ -413,39 +360,39 @@ class _GradedHooks:
     def hooks(self) -> list[Hook]:
         b, arch = self.rec.n_batch, self.model.arch
         first = self._only(0)
-        hooks: list[Hook] = [("hook_embed", lambda x, hook: x * _rows(first, b, x, 3))]
+        hooks: list[Hook] = [("hook_embed", lambda x, hook: x * per_copy(first, b, x, 3))]
         if self.model.W_pos is not None:
-            hooks.append(("hook_pos_embed", lambda x, hook: x * _rows(first, b, x, 3)))
+            hooks.append(("hook_pos_embed", lambda x, hook: x * per_copy(first, b, x, 3)))
         for layer in range(arch.n_layers):
             hooks += self._layer_hooks(layer)
         return hooks
 
     def _layer_hooks(self, layer: int) -> list[Hook]:
-        b, k, block, p = self.rec.n_batch, self.k, self.model.blocks[layer], f"blocks.{layer}."
+        b, k, block = self.rec.n_batch, self.k, self.model.blocks[layer]
         bias_only = self._only(self.bias_copy)
 
         def resid_pre(x: Tensor, hook) -> Tensor:
-            return x * (1 - _rows(bias_only, b, x, 3))
+            return x * (1 - per_copy(bias_only, b, x, 3))
 
-        hooks: list[Hook] = [(p + "hook_resid_pre", resid_pre)]
+        hooks: list[Hook] = [(block_hook(layer, "hook_resid_pre"), resid_pre)]
         if block.attn.b_V is not None:
-            hooks.append((p + "attn.hook_v", lambda v, hook: v - (1 - _rows(bias_only, b, v, 4)) * block.attn.b_V))
+            hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_only, b, v, 4)) * block.attn.b_V))
 
         def result(x: Tensor, hook) -> None:
-            self.captured[p + "result"] = x
+            self.captured[layer] = x  # every head's result of this layer
 
         def attn_out(x: Tensor, hook) -> Tensor:
-            heads = list(self.captured.pop(p + "result").sum(-2).split(b))  # per copy: Σ_h result
+            heads = list(self.captured.pop(layer).sum(-2).split(b))  # per copy: Σ_h result
             out = [x[self.bias_copy * b:(self.bias_copy + 1) * b]]  # the model's own Σ result + b_O there
             out += [heads[j - 1] for j in range(1, k + 1)]
             out += [heads[k] + heads[k + 1], torch.zeros_like(out[0])]
             return torch.cat(out)
 
-        hooks.append((p + "attn.hook_result", result))
-        hooks.append((p + "hook_attn_out", attn_out))
+        hooks.append((block_hook(layer, "attn.hook_result"), result))
+        hooks.append((block_hook(layer, "hook_attn_out"), attn_out))
         if block.mlp is not None:
-            recorded = self.rec.cache[p + "hook_mlp_out"]
-            hooks.append((p + "hook_mlp_out", lambda x, hook: torch.cat([recorded] + [torch.zeros_like(recorded)] * (self.copies - 1))))
+            recorded = self.rec.cache[block_hook(layer, "hook_mlp_out")]
+            hooks.append((block_hook(layer, "hook_mlp_out"), lambda x, hook: torch.cat([recorded] + [torch.zeros_like(recorded)] * (self.copies - 1))))
         return hooks
 
 
@@ -455,7 +402,7 @@ def graded_final(model: CircuitModel, rec: Recording, max_order: int) -> Tensor:
     computed in one forward pass over ``max_order + 3`` copies of the batch, stopped before the
     unembedding."""
     hooks = _GradedHooks(model, rec, max_order)
-    final = unembedding_input(model, rec.tokens.repeat(hooks.copies, 1), _frozen(rec, hooks.copies) + hooks.hooks())
+    final = unembedding_input(model, rec.tokens.repeat(hooks.copies, 1), frozen_hooks(rec, hooks.copies) + hooks.hooks())
     return final.split(rec.n_batch)[max_order + 1]
 
 
@@ -472,12 +419,7 @@ def graded_qk(model: CircuitModel, rec: Recording, layer: int, head: int, max_or
     Entries above the diagonal are meaningless (``nan``)."""
     hooks = _GradedHooks(model, rec, max_order)
     seen: dict[str, Tensor] = {}
-
-    def stop(x: Tensor, _) -> None:
-        seen["x"] = x
-        raise _Stop
-
-    _run(model, rec, hooks.copies, hooks.hooks() + [(f"blocks.{layer}.hook_resid_pre", stop)])
+    run_frozen(model, rec, hooks.copies, hooks.hooks() + [(block_hook(layer, "hook_resid_pre"), keep(seen, "x", stop=True))])
     streams = list(seen["x"].split(rec.n_batch))[: max_order + 2]  # orders 0..k and > k
     order0 = [1.0] + [0.0] * (max_order + 1)
     q, k = _queries_keys(model, rec, layer, head, streams, order0, order0, order0)

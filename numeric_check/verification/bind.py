@@ -23,7 +23,8 @@ matrix, so that ``W_OV = W_O W_V`` is applied as two thin products (``d_head`` w
 becomes the model's own ``1/attn_scale`` (``d_head`` is replaced by ``attn_scale²``).
 
 >>> from derivations.architecture import Architecture
->>> from numeric_check.model import CircuitModel
+>>> from numeric_check.model.circuit_model import CircuitModel
+>>> from numeric_check.model.hook_paths import record
 >>> from tensoralg import atom
 >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0)
 >>> binder = Binder(model, record(model, torch.tensor([[1, 2, 3]])))
@@ -36,153 +37,22 @@ becomes the model's own ``1/attn_scale`` (``d_head`` is replaced by ``attn_scale
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import sympy as sp
 import torch
 from torch import Tensor
 
 from derivations.paths import Source
-from numeric_check.errors import NumericCheckError
-from numeric_check.model import CircuitModel
+from numeric_check.errors import AtomBindingError
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.hook_paths import Recording
+from numeric_check.model.hooks import block_hook
 from tensoralg.atoms import Atom
-
-
-class AtomBindingError(NumericCheckError, ValueError):
-    """An atom or coefficient that cannot be bound to this model: an unknown name, a layer
-    or head the model does not have, a frozen value the forward pass did not record."""
 
 
 _INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|(?P<qk>,qk))?$")
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V")
-
-
-# --- the recorded forward pass ------------------------------------------------------------
-
-
-def _recorded_hook(name: str) -> bool:
-    leaf = name.rsplit(".", 1)[-1]
-    return leaf in ("hook_pattern", "hook_scale", "hook_mlp_out", "hook_attn_scores", "hook_resid_pre") or name in (
-        "hook_embed",
-        "hook_pos_embed",
-    ) or name.endswith("hook_resid_post")
-
-
-@dataclass(frozen=True)
-class Recording:
-    """One real forward pass: the tokens, the unembedding's input, and the hook values that get frozen.
-
-    ``final`` is what the model multiplies by ``W_Uᵀ``: ``ln_final``'s output ``[batch, pos,
-    d_model]`` (the final residual stream without layer norm). The forward pass stops there;
-    :attr:`logits` finishes it on demand (``final @ W_U.T + b_U``, the model's own expression,
-    so the values are the model's logits bit for bit). ``cache`` holds (by hook name) every
-    attention pattern and score, layer-norm scale, MLP output, embedding and residual stream
-    entering or leaving a block.
-    """
-
-    tokens: Tensor  # [batch, pos], long
-    final: Tensor  # [batch, pos, d_model]
-    cache: dict[str, Tensor]
-    W_U: Tensor  # [d_vocab, d_model]
-    b_U: Tensor | None  # [d_vocab]
-
-    @property
-    def n_batch(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def n_pos(self) -> int:
-        return self.tokens.shape[1]
-
-    def tiled(self, name: str, copies: int) -> Tensor:
-        """``cache[name]`` repeated along the batch for ``copies`` stacked copies of the batch
-        (kept, for the few copy counts a verification uses: re-tiling costs more than the memory)."""
-        if copies == 1:
-            return self.cache[name]
-        tiles = self.__dict__.setdefault("_tiles", {})
-        key = (name, copies)
-        if key not in tiles:
-            if len(tiles) >= 64:
-                tiles.clear()
-            value = self.cache[name]
-            tiles[key] = value.repeat(copies, *([1] * (value.ndim - 1)))
-        return tiles[key]
-
-    @cached_property
-    def logits(self) -> Tensor:
-        """The model's logits ``[batch, pos, d_vocab]`` (an unembedding: computed once, when first asked for)."""
-        logits = self.final @ self.W_U.T
-        return logits if self.b_U is None else logits + self.b_U
-
-    def get(self, name: str, why: str) -> Tensor:
-        """The recorded value of hook ``name``; :class:`AtomBindingError` saying ``why`` it was needed."""
-        try:
-            return self.cache[name]
-        except KeyError:
-            raise AtomBindingError(
-                f"{why} needs hook {name!r}, which the model's forward pass did not record; "
-                "the expansion and the model disagree about the architecture"
-            ) from None
-
-
-class _Unembedding(Exception):
-    """Raised after ``ln_final`` to end a forward pass before the unembedding."""
-
-
-def unembedding_input(model: CircuitModel, tokens: Tensor, fwd_hooks: Iterable = ()) -> Tensor | None:
-    """The model's forward pass with ``fwd_hooks`` (as :meth:`CircuitModel.run_with_hooks`), stopped
-    before the unembedding: ``ln_final``'s output ``[batch, pos, d_model]``, so that the logits
-    are ``unembedding_input(...) @ W_U.T + b_U``. ``None`` when a hook ended the pass earlier
-    by raising an exception, which propagates.
-
-    >>> from derivations.architecture import Architecture
-    >>> model = CircuitModel.random(Architecture(1, 1, layer_norm=True), d_model=4, d_head=2, d_vocab=6, n_ctx=4)
-    >>> x = unembedding_input(model, torch.tensor([[0, 1, 2]]))
-    >>> torch.equal(x @ model.W_U.T, model(torch.tensor([[0, 1, 2]])))
-    True
-    """
-    seen: dict[str, Tensor] = {}
-
-    def stop(module, args, output: Tensor) -> None:
-        seen["final"] = output
-        raise _Unembedding
-
-    handle = model.ln_final.register_forward_hook(stop)
-    try:
-        with torch.no_grad():
-            model.run_with_hooks(tokens, fwd_hooks)
-    except _Unembedding:
-        pass
-    finally:
-        handle.remove()
-    return seen.get("final")
-
-
-def record(model: CircuitModel, tokens: Tensor | Iterable) -> Recording:
-    """Run ``model`` on ``tokens`` (``[batch, pos]`` or ``[pos]``) up to its unembedding and keep
-    what verification freezes.
-
-    Raises :class:`~numeric_check.errors.ModelInputError` for bad tokens (the model's
-    :meth:`~numeric_check.model.CircuitModel.check_tokens`).
-
-    >>> from derivations.architecture import Architecture
-    >>> model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=6, n_ctx=4, seed=0)
-    >>> rec = record(model, [0, 1, 2])
-    >>> rec.tokens.shape, rec.final.shape, rec.logits.shape
-    (torch.Size([1, 3]), torch.Size([1, 3, 4]), torch.Size([1, 3, 6]))
-    """
-    tokens = model.check_tokens(tokens)
-    tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]
-    cache: dict[str, Tensor] = {}
-
-    def save(x: Tensor, hook: str) -> None:
-        cache[str(hook)] = x.detach()
-
-    final = unembedding_input(model, tokens, [(_recorded_hook, save)])
-    b_U = None if model.b_U is None else model.b_U.detach()
-    return Recording(tokens, final.detach(), cache, model.W_U.detach(), b_U)
 
 
 # --- bound values ---------------------------------------------------------------------------
@@ -292,14 +162,14 @@ class Binder:
         rec = self.recording
         if a.name == "A":
             layer, head, _ = self._layer_head(a, need_head=True)
-            pattern = rec.get(f"blocks.{layer}.attn.hook_pattern", f"atom {a.label}")
+            pattern = rec.get(block_hook(layer, "attn.hook_pattern"), f"atom {a.label}")
             return PositionValue(pattern[:, head], False)  # [b, q, k]
         if a.name == "N":
             if a.index == "final":
                 name = "ln_final.hook_scale"
             else:
                 layer, _, qk = self._layer_head(a, need_head=False)
-                name = f"blocks.{layer}.{'ln1_qk' if qk else 'ln1'}.hook_scale"
+                name = block_hook(layer, "ln1_qk.hook_scale" if qk else "ln1.hook_scale")
             if not self.model.arch.layer_norm:
                 raise AtomBindingError(f"atom {a.label!r} is a layer-norm scale but the model has no layer norm")
             scale = rec.get(name, f"atom {a.label}")
@@ -373,6 +243,6 @@ class Binder:
         if source.kind == "mlp":
             if source.layer >= model.arch.n_layers:
                 raise AtomBindingError(f"source {source.label} refers to layer {source.layer}, but the model has {model.arch.n_layers} layers")
-            dense = rec.get(f"blocks.{source.layer}.hook_mlp_out", f"source {source.label}")
+            dense = rec.get(block_hook(source.layer, "hook_mlp_out"), f"source {source.label}")
             return SourceInput("dense", b, p, dense=dense, width=self.cfg.d_model, **common)
         return SourceInput("ones", b, p, **common)

@@ -1,0 +1,3 @@
+"""The reference model in the paper's convention: :class:`CircuitModel` and its config, hook points,
+adapters from TransformerLens and Hugging Face GPT-2, and safetensors checkpoints.
+"""

@@ -1,0 +1,151 @@
+"""A model's sizes and how to run it: :class:`ModelConfig`, activation functions, dtypes and devices.
+
+A config is the architecture (:class:`~derivations.architecture.Architecture`) plus the sizes
+the algebra leaves symbolic (``d_model``, ``d_head``, ``d_vocab``, ``n_ctx``, ``d_mlp``); it
+is validated when built and round-trips through JSON (checkpoints store it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from derivations.architecture import Architecture
+from derivations.errors import ArchitectureError
+from numeric_check.errors import ConfigError, DeviceError
+
+
+ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,  # exact (erf) GELU
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
+    "relu": F.relu,
+}
+
+
+def resolve_device(device: str | torch.device | None = None, *, prefer_cuda: bool = False) -> torch.device:
+    """A usable ``torch.device``; ``None`` means CPU (or CUDA when present, if ``prefer_cuda``).
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cuda" if prefer_cuda and torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise DeviceError(f"unknown device {device!r}; expected e.g. 'cpu', 'cuda' or 'cuda:0'") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"device {str(device)!r} requested but CUDA is not available here; use 'cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device type {device.type!r} is not supported; expected 'cpu' or 'cuda'")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A floating-point ``torch.dtype`` from a dtype or its name (``"float64"``).
+
+    >>> resolve_dtype("float64")
+    torch.float64
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise DeviceError(
+            f"dtype {dtype!r} cannot hold weights; expected a floating dtype "
+            "(torch.float64, torch.float32, torch.float16, torch.bfloat16)"
+        )
+    return dtype
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of a :class:`CircuitModel`; validated on construction.
+
+    >>> cfg = ModelConfig(Architecture(1, 2, mlp=True), d_model=8, d_head=4, d_vocab=10, n_ctx=5)
+    >>> cfg.d_mlp
+    32
+    >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
+    True
+    """
+
+    arch: Architecture
+    d_model: int
+    d_head: int
+    d_vocab: int
+    n_ctx: int
+    d_mlp: int | None = None
+    act_fn: str = "gelu"
+    ln_eps: float = 1e-5
+    attn_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arch, Architecture):
+            raise ConfigError(f"arch must be a derivations.Architecture, got {self.arch!r}")
+        for name in ("d_model", "d_head", "d_vocab", "n_ctx"):
+            _check_int(name, getattr(self, name))
+        if self.arch.mlp:
+            if self.d_mlp is None:
+                object.__setattr__(self, "d_mlp", 4 * self.d_model)
+            _check_int("d_mlp", self.d_mlp)
+        elif self.d_mlp is not None:
+            raise ConfigError(f"d_mlp={self.d_mlp!r} given but the architecture has no MLPs; leave it None")
+        if self.act_fn not in ACT_FNS:
+            raise ConfigError(f"unknown act_fn {self.act_fn!r}; expected one of {', '.join(map(repr, ACT_FNS))}")
+        if isinstance(self.ln_eps, bool) or not isinstance(self.ln_eps, (int, float)) or not (
+            math.isfinite(self.ln_eps) and self.ln_eps >= 0
+        ):
+            raise ConfigError(f"ln_eps must be a finite number >= 0, got {self.ln_eps!r}")
+        if self.attn_scale is not None and (
+            isinstance(self.attn_scale, bool)
+            or not isinstance(self.attn_scale, (int, float))
+            or not (math.isfinite(self.attn_scale) and self.attn_scale > 0)
+        ):
+            raise ConfigError(f"attn_scale must be None or a finite number > 0, got {self.attn_scale!r}")
+        object.__setattr__(self, "ln_eps", float(self.ln_eps))
+
+    @property
+    def scale(self) -> float:
+        """The divisor of ``q·k``: ``attn_scale``, or ``sqrt(d_head)`` when that is None."""
+        return math.sqrt(self.d_head) if self.attn_scale is None else float(self.attn_scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; :meth:`from_dict` inverts it."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+        # the architecture's constructor arguments only: fields it derives (heads_per_layer, ...) are rebuilt
+        arch = {f.name: getattr(self.arch, f.name) for f in fields(self.arch) if f.init}
+        arch = {name: list(value) if isinstance(value, tuple) else value for name, value in arch.items()}
+        return {"arch": arch, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        """Rebuild a config from :meth:`to_dict` output; unknown or missing keys are errors."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a model config must be a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config keys {unknown}; expected some of {sorted(known)}")
+        arch = data.get("arch")
+        if not isinstance(arch, dict):
+            raise ConfigError(f"model config needs 'arch' as a dict of Architecture fields, got {arch!r}")
+        try:
+            arch = Architecture(**{**arch, "n_heads": _heads_from_json(arch.get("n_heads"))})
+            return cls(**{**data, "arch": arch})
+        except TypeError as err:  # a missing or unexpected field
+            raise ConfigError(f"bad model config {data!r}: {err}") from None
+        except ArchitectureError as err:
+            raise ConfigError(f"bad architecture in model config: {err}") from None
+
+
+def _heads_from_json(n_heads: Any) -> Any:
+    return tuple(n_heads) if isinstance(n_heads, list) else n_heads

@@ -1,0 +1,180 @@
+"""What a verification found: one :class:`TermResult` per term, one :class:`CheckResult` per check,
+and the :class:`VerifyReport` that holds them (text, Markdown for notebooks, JSON).
+
+Plain data: :mod:`numeric_check.verification.verify` fills them in; nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from tensoralg.display import REPR_MAX_TERMS, elided_table, md_table, md_text
+
+
+@dataclass
+class TermResult:
+    """One term of a verified expansion.
+
+    ``norm``: Frobenius norm of the term's contribution over the batch (for scores, over
+    the causal lower triangle); ``max_abs_error``: the largest absolute difference from the
+    path isolated through the model, computed exactly (``None`` when isolation was skipped,
+    or when the logits term was certified by ``error_bound`` alone); ``error_bound``: a
+    rigorous upper bound on that difference for logits terms (see :func:`verify_logits`).
+    For QK terms ``source``/``heads`` are the query side's and ``key_source``/``key_heads``
+    the key side's.
+    """
+
+    label: str
+    source: str
+    heads: tuple[tuple[int, int], ...]
+    order: int
+    norm: float = math.nan
+    max_abs_error: float | None = None
+    passed: bool | None = None
+    composition: str | None = None
+    key_source: str | None = None
+    key_heads: tuple[tuple[int, int], ...] | None = None
+    error_bound: float | None = None
+
+
+@dataclass
+class CheckResult:
+    """One of the three checks. ``passed`` is ``None`` when it did not run (``detail`` says why).
+
+    ``bounded``: ``max_abs_error`` is a rigorous upper bound on the largest absolute error
+    (the check passed on it), not the error itself; see :func:`verify_logits`.
+    """
+
+    name: str
+    passed: bool | None
+    max_abs_error: float | None
+    rel_error: float | None
+    tolerance: float | None
+    detail: str
+    bounded: bool = False
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_logits` or :func:`verify_qk` found; ``passed`` when every check that ran passed."""
+
+    target: str
+    model: str
+    n_batch: int
+    n_pos: int
+    max_order: int | None
+    dtype: str
+    device: str
+    passed: bool
+    max_abs_error: float
+    rel_error: float
+    scale: float
+    terms: list[TermResult]
+    checks: list[CheckResult]
+    n_omitted: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def check(self, name: str) -> CheckResult:
+        """The check called ``name`` (``sum``, ``isolation`` or ``truncation``)."""
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check {name!r}; checks: {[c.name for c in self.checks]}")
+
+    def to_dict(self) -> dict:
+        return _jsonable(asdict(self))
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON (non-finite numbers as ``null``)."""
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def summary_lines(self) -> list[str]:
+        order = "all orders" if self.max_order is None else f"max_order={self.max_order} ({self.n_omitted:,} terms omitted)"
+        lines = [
+            f"verify {self.target} of {self.model}",
+            f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, {self.dtype} on {self.device}",
+        ]
+        for c in self.checks:
+            status = "skipped" if c.passed is None else ("PASS" if c.passed else "FAIL")
+            le = "≤ " if c.bounded else ""
+            err = "" if c.max_abs_error is None else (
+                f": max |error| {le}{c.max_abs_error:.3g} (relative {le}{c.rel_error:.3g}, tolerance {c.tolerance:.3g})")
+            lines.append(f"  {_CHECK_TITLES[c.name]:<47} {status}{err}")
+            if c.detail:
+                lines.append(f"      {c.detail}")
+        lines += [f"  note: {n}" for n in self.notes]
+        lines.append("PASSED" if self.passed else "FAILED")
+        return lines
+
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        out = []
+        for t in self.terms:
+            err = "—" if t.max_abs_error is None and t.error_bound is None else (
+                f"≤ {t.error_bound:.2e}" if t.max_abs_error is None else f"{t.max_abs_error:.2e}")
+            ok = "—" if t.passed is None else ("ok" if t.passed else "FAIL")
+            out.append((t.label, str(t.order), f"{t.norm:.4g}", err, ok))
+        return out
+
+    def to_markdown(self, max_rows: int | None = None) -> str:
+        """A summary and a Markdown table of the terms (the first ``max_rows``, or all)."""
+        lines = ["```", *self.summary_lines(), "```", "", "| term | order | norm | max abs error | ok |", "|---|---:|---:|---:|---|"]
+        rows = self.rows()
+        for label, order, norm, err, ok in rows[:max_rows]:
+            lines.append(f"| `{label}` | {order} | {norm} | {err} | {ok} |")
+        if max_rows is not None and len(rows) > max_rows:
+            lines.append(f"| … {len(rows) - max_rows:,} more | | | | |")
+        return "\n".join(lines)
+
+    def to_text(self, max_rows: int | None = None) -> str:
+        """A summary and an aligned plain-text table of the terms."""
+        rows = [("term", "order", "norm", "max abs error", "ok")] + self.rows()
+        shown = rows if max_rows is None else rows[: max_rows + 1]
+        widths = [max(len(r[i]) for r in shown) for i in range(5)]
+        table = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in shown]
+        if len(shown) < len(rows):
+            table.append(f"… {len(rows) - len(shown):,} more terms")
+        return "\n".join(self.summary_lines() + [""] + table)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_markdown_(self, max_rows: int | None = REPR_MAX_TERMS) -> str:
+        """What a notebook shows: the verdict, each check with its worst error and tolerance, and the
+        first and last terms (the count of the rest) with their norms and errors."""
+        order = "all orders" if self.max_order is None else f"up to order {self.max_order} ({self.n_omitted:,} terms omitted)"
+        lines = [f"**verify {md_text(self.target)}** of {md_text(self.model)}: "
+                 + ("**PASSED**" if self.passed else "**FAILED**"), "",
+                 md_text(f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, "
+                         f"{self.dtype} on {self.device}"), ""]
+        checks = []
+        for c in self.checks:
+            status = "skipped" if c.passed is None else ("PASS" if c.passed else "**FAIL**")
+            le = "≤ " if c.bounded else ""
+            cells = ["" if v is None else f"{le}{v:.3g}" for v in (c.max_abs_error, c.rel_error)]
+            checks.append([md_text(_CHECK_TITLES[c.name]), status, *cells,
+                           "" if c.tolerance is None else f"{c.tolerance:.3g}", md_text(c.detail)])
+        lines += [md_table(["check", "result", "max abs error", "relative", "tolerance", "detail"], checks, right=[2, 3, 4]), ""]
+        lines += [f"- note: {md_text(n)}" for n in self.notes] + ([""] if self.notes else [])
+        rows = [[md_text(label), order_, norm, err, ok if ok != "FAIL" else "**FAIL**"] for label, order_, norm, err, ok in self.rows()]
+        lines.append(elided_table(["term", "order", "norm", "max abs error", "ok"], rows, max_rows, right=[1, 2, 3], what="terms"))
+        return "\n".join(lines)
+
+
+_CHECK_TITLES = {
+    "sum": "1. sum of all terms = model",
+    "isolation": "2. each term = its path isolated in the model",
+    "truncation": "3. model - kept terms = omitted terms",
+}
+
+
+def _jsonable(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,152 @@
+"""The shape of the numeric_check package: rooms by purpose, imports that run one way.
+
+The package is read as source (``ast``), not imported, so a cycle hidden behind an import
+inside a function counts as much as one at the top of a module. Layers, from the bottom:
+
+========================  ==========================================================
+``errors``, ``strategies`` the exception hierarchy; hypothesis strategies for users' tests
+``model``                  the reference model, hook points, hook paths, adapters, checkpoints
+``verification``           binding, evaluation, isolation, bounds, verification reports
+``circuits``               factored matrices, OV/QK circuits and the paper's analyses
+``training``               toy training and its configuration
+``reports``                analysis reports, HTML, plots, the demo
+``cli``                    the ``tcircuits`` subcommands
+========================  ==========================================================
+
+A module may import from its own layer and from layers below it, never from above.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "numeric_check"
+TESTS = ROOT / "tests"
+MAX_LINES = 600
+
+#: Subpackages from the bottom layer up; ``strategies`` draws random models for tests, so it
+#: sits with the model. Each layer may import only from itself and the layers before it.
+LAYERS = ("errors", "model", "verification", "circuits", "training", "reports", "cli")
+LAYER_OF_TOP_MODULE = {"errors": "errors", "strategies": "model"}
+
+
+def module_name(path: Path) -> str:
+    """``numeric_check/model/hooks.py`` -> ``numeric_check.model.hooks`` (a package is its ``__init__``)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Every numeric_check module that ``path`` imports, at any depth (functions included).
+
+    ``from numeric_check.model import hooks`` names the module ``numeric_check.model.hooks``;
+    ``from numeric_check.model.hooks import Constant`` names ``numeric_check.model.hooks``.
+    Imports under ``if TYPE_CHECKING:`` are for type checkers only and are left out.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_checking_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_checking_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    known = set(modules)
+    return {name: imported_modules(path, known) - {name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None when the graph is acyclic."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once fully explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def layer(module: str) -> int | None:
+    """Index in :data:`LAYERS` of a numeric_check module; None for the package root."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    name = LAYER_OF_TOP_MODULE.get(parts[1], parts[1])
+    return LAYERS.index(name)
+
+
+def test_find_cycle_finds_one_and_only_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+
+
+def test_every_module_belongs_to_a_layer():
+    unplaced = [m for m in package_modules() if m.count(".") and m.split(".")[1] not in LAYERS + tuple(LAYER_OF_TOP_MODULE)]
+    assert not unplaced, f"modules outside the subpackages {LAYERS}: {unplaced}"
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_imports_run_downhill():
+    uphill = [
+        f"{src} imports {dst}"
+        for src, targets in import_graph().items()
+        for dst in targets
+        if layer(src) is not None and layer(dst) is not None and layer(dst) > layer(src)
+    ]
+    assert not uphill, "imports from a higher layer " + str(LAYERS) + ":\n" + "\n".join(sorted(uphill))
+
+
+def test_no_module_over_the_line_limit():
+    long = {name: n for name, path in package_modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+@pytest.mark.parametrize("package", ["numeric_check", "derivations", "tensoralg", "tests"])
+def test_own_modules_are_imported_plainly(package):
+    """``importorskip`` of a project module would turn a broken import into a silent skip."""
+    skipping = [
+        str(path.relative_to(ROOT))
+        for path in sorted(TESTS.rglob("*.py"))
+        if f'importorskip("{package}' in path.read_text() or f"importorskip('{package}" in path.read_text()
+    ]
+    assert not skipping, f"import {package} plainly instead of pytest.importorskip in: {skipping}"
