@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: numeric bindings, numeric equality, standard expressions."""
+"""Helpers shared by the tests: numeric bindings, numeric equality, standard expressions, hand-built models."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import sympy as sp
+import torch
 
+from derivations.architecture import Architecture
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ModelConfig
 from tensoralg import Add, Atom, Expr, Product, TensorSum, add, atom, identity, term, to_numpy
 
 # Small numeric sizes of the symbolic dimensions; all different, so a transposed or
@@ -107,3 +111,103 @@ def transformer_product(n_layers: int, n_heads: int) -> Product:
         for l in range(n_layers)
     ]
     return Product([term(None, atom("W_U")), *reversed(layers), term(None, atom("W_E"))])
+
+
+# --- hand-built models ----------------------------------------------------------------------
+# Circuits set by hand, so a test knows which head does what: induction (a previous-token head
+# in layer 0, an induction head in layer 1), with or without noise, and a copying control.
+
+NOISY_VOCAB, NOISY_CONTEXT = 20, 16  # sizes of noisy_induction_model
+
+
+def noisy_induction_model(positional: str = "qk_only", beta: float = 40.0, noise: float = 0.05, seed: int = 0) -> CircuitModel:
+    """2 layers x 2 heads: L0H0 a previous-token head, L1H0 an induction head, the others small noise.
+
+    The residual stream has three blocks: the token (``W_E``), the previous token (written by
+    L0H0) and, for the QK input, the position. L0H0's queries at position i match keys at
+    i - 1 and copy their token into the previous-token block; L1H0's query token matches a
+    key's previous token and copies the key's token to the logits.
+    """
+    V, N = NOISY_VOCAB, NOISY_CONTEXT
+    d_model = 2 * V + N
+    model = CircuitModel.random(
+        Architecture(2, 2, positional=positional), d_model=d_model, d_head=max(V, N), d_vocab=V, n_ctx=N, seed=seed, dtype=torch.float64
+    )
+    tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, d_model)
+
+    def eye(n):
+        return torch.eye(n, dtype=torch.float64)
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(noise)
+        model.W_E[tok] += eye(V)
+        model.W_U[:, tok] += eye(V)
+        if model.W_pos is not None:
+            model.W_pos[pos] += eye(N)
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        for W in (a0.W_Q, a0.W_K, a0.W_V, a0.W_O, a1.W_Q, a1.W_K, a1.W_V, a1.W_O):
+            W[0].zero_()
+        a0.W_Q[0, :N, pos] = beta * eye(N)  # query at position i -> head direction i
+        a0.W_K[0, 1:N, pos][:, : N - 1] = eye(N - 1)  # key at position j -> head direction j + 1
+        a0.W_V[0, :V, tok] = eye(V)
+        a0.W_O[0, prev, :V] = eye(V)
+        a1.W_Q[0, :V, tok] = beta * eye(V)
+        a1.W_K[0, :V, prev] = eye(V)
+        a1.W_K[0, :V, pos.start] = -1.0  # key 0 has no previous token (L0H0 copies its own there): ignored
+        a1.W_V[0, :V, tok] = eye(V)
+        a1.W_O[0, tok, :V] = 3 * eye(V)
+    return model
+
+
+def half_working_induction_model():
+    """The hand-built induction model with L0H0's positional query switched off from position N/2 on:
+    a previous-token head for the first half of the context only (issue 12's shipped model)."""
+    N = NOISY_CONTEXT
+    model = noisy_induction_model()
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, N // 2 : N] = 0.0
+    return model
+
+
+def exact_induction_model(d_vocab: int = 48, n_ctx: int = 24, sharp: float = 100.0) -> CircuitModel:
+    """Residual = [token | previous token | position]; L0H0 moves the previous token, L1H0 does induction.
+
+    L0H0 attends from position i to i - 1 (positional QK) and writes the token it reads into
+    the "previous token" slot; L1H0's query (its token) matches keys whose previous token is
+    the same (K-composition with L0H0) and copies the key's token into the logits.
+    """
+    V, n = d_vocab, n_ctx
+    tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, 2 * V + n)
+    cfg = ModelConfig(Architecture(2, 1, positional="qk_only"), d_model=2 * V + n, d_head=max(V, n), d_vocab=V, n_ctx=n)
+    model = CircuitModel(cfg, dtype=torch.float64)
+    with torch.no_grad():
+        model.W_E[tok] = torch.eye(V)
+        model.W_pos[pos] = torch.eye(n)
+        model.W_U[:, tok] = 10 * torch.eye(V)
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        a0.W_Q[0][:n, pos] = sharp * torch.eye(n)
+        a0.W_K[0][:n, pos] = torch.diag(torch.ones(n - 1), -1)  # key position j scores against query j + 1
+        a0.W_V[0][:V, tok] = torch.eye(V)
+        a0.W_O[0][prev, :V] = torch.eye(V)
+        a1.W_Q[0][:V, tok] = sharp * torch.eye(V)
+        a1.W_K[0][:V, prev] = torch.eye(V)
+        a1.W_K[0][:V, pos.start] = -1.0  # key 0 has no previous token (L0H0 copies its own there): ignored
+        a1.W_V[0][:V, tok] = torch.eye(V)
+        a1.W_O[0][tok, :V] = 2 * torch.eye(V)
+    return model
+
+
+def copying_model(d_vocab: int = 48, n_ctx: int = 24) -> CircuitModel:
+    """A 1-layer control: one head attends uniformly and copies (W_OV = identity)."""
+    V = d_vocab
+    cfg = ModelConfig(Architecture(1, 1, positional="qk_only"), d_model=V, d_head=V, d_vocab=V, n_ctx=n_ctx)
+    model = CircuitModel(cfg, dtype=torch.float64)
+    with torch.no_grad():
+        model.W_E.copy_(torch.eye(V))
+        model.W_U.copy_(torch.eye(V))
+        model.W_pos.normal_(generator=torch.Generator().manual_seed(0))
+        attn = model.blocks[0].attn
+        attn.W_V[0].copy_(torch.eye(V))
+        attn.W_O[0].copy_(torch.eye(V))
+    return model

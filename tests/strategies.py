@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import sympy as sp
 import torch
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from numeric_check.strategies import (  # noqa: F401 - re-exported for the suite
@@ -31,6 +30,7 @@ from numeric_check.strategies import (  # noqa: F401 - re-exported for the suite
 from tensoralg import Add, Product, TensorSum, atom, d_head
 from tensoralg.expr import Term
 from tests.helpers import random_bindings
+from tests.conftest import PROPERTY  # noqa: F401 - re-exported for the algebra's property tests
 
 INDICES = ("", "1", "2", "h1", "L0H3")
 
@@ -149,10 +149,6 @@ def seeds():
 def numeric_bindings(draw, *exprs):
     """Random arrays for every atom of ``exprs`` (``W_OV = W_O W_V`` and ``W_QK = W_Qᵀ W_K`` hold)."""
     return random_bindings(*exprs, seed=draw(seeds()))
-
-
-PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-"""Settings for the algebra's property tests: enough examples to find bugs, fast enough for CI."""
 
 
 # -- architectures and models -----------------------------------------------------------

@@ -2,7 +2,6 @@
 the path expansions of :mod:`derivations.paths` and :mod:`derivations.qk`."""
 
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -15,8 +14,8 @@ from derivations.numeric import Numeric, RandomBindings, instantiate
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms, UnknownDerivation
 from derivations.paths import expand_logits
 from derivations.qk import expand_qk
+from tests.conftest import needs_pdflatex
 
-needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 
 VARIANTS = [(name, {}) for name in catalogue.names()] + [
     ("path-expansion", dict(layers=3, heads=2, concrete=True)),
@@ -63,7 +62,6 @@ def test_rules_are_produced_by_the_algebra_not_typed():
             "stochastic", "bilinear", "block", "transpose", "regroup"} <= rules
 
 
-@pytest.mark.latex
 @needs_pdflatex
 @pytest.mark.parametrize("name, params", VARIANTS, ids=IDS)
 def test_every_entry_compiles_with_pdflatex_without_bad_overflow(name, params):

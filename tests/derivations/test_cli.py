@@ -11,8 +11,7 @@ import pytest
 
 from derivations import catalogue, commands
 from derivations.cli import main
-
-needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+from tests.conftest import needs_pdflatex
 
 
 def run(capsys, *argv):
@@ -135,7 +134,6 @@ def test_help_explains_the_notation_with_examples(capsys):
 # -- --pdf ------------------------------------------------------------------------------------
 
 
-@pytest.mark.latex
 @needs_pdflatex
 def test_pdf_is_written_next_to_the_output(capsys, tmp_path):
     target = tmp_path / "qk.tex"

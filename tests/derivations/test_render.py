@@ -2,7 +2,6 @@
 
 import json
 import re
-import shutil
 
 import pytest
 import sympy as sp
@@ -30,10 +29,10 @@ from derivations.render import (
     prose,
     text_width,
 )
+from tests.conftest import needs_pdflatex
 
 A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
 H0 = SumIndex("h0", Math("H_0", "H_0"))
-needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 
 
 def one_layer(**kw) -> Derivation:
@@ -297,7 +296,6 @@ def test_hostile_strings_never_reach_the_document_as_commands():
     assert document.count(r"\end{document}") == 1
 
 
-@pytest.mark.latex
 @needs_pdflatex
 def test_a_document_full_of_hostile_strings_compiles(tmp_path):
     from derivations.commands import compile_latex

@@ -12,7 +12,10 @@ tl = pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
 
 torch.set_num_threads(1)
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+pytestmark = [
+    pytest.mark.slow,  # loads TransformerLens and transformers: left out by pytest -m "not slow"
+    pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning"),
+]
 
 D_VOCAB, N_CTX = 11, 6
 

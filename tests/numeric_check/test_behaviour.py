@@ -17,21 +17,12 @@ from numeric_check.circuits.behaviour import (
     repeat_sweep,
 )
 from numeric_check.model.checkpoint import load_checkpoint
-from numeric_check.circuits.ov_qk import AnalysisError
+from numeric_check.errors import AnalysisError
 from numeric_check.training.toy import shipped_checkpoint
-from tests.numeric_check.test_detect import N, induction_model
+from tests.helpers import NOISY_CONTEXT as N, half_working_induction_model, noisy_induction_model
 from tests.strategies import token_rows
 
 torch.set_num_threads(1)
-
-
-def half_working_model():
-    """The hand-built induction model with L0H0's positional query switched off from position N/2 on:
-    a previous-token head for the first half of the context only (issue 12's shipped model)."""
-    model = induction_model()
-    with torch.no_grad():
-        model.blocks[0].attn.W_Q[0, N // 2 : N] = 0.0
-    return model
 
 
 def test_repeat_sweep_spreads_offsets_and_repeats():
@@ -58,7 +49,7 @@ def test_induction_targets_match_a_brute_force(tokens):
 
 
 def test_profiles_of_the_hand_built_circuit_hold_at_every_position():
-    profile = position_profiles(induction_model(), seg_len=4, batch=16)
+    profile = position_profiles(noisy_induction_model(), seg_len=4, batch=16)
     assert profile.previous_token.shape == (2, 2, N)
     assert profile.previous_token[:, :, 0].isnan().all()  # query 0 has no previous token
     assert float(profile.minimum("previous_token")[0, 0]) > 0.95
@@ -70,7 +61,7 @@ def test_profiles_of_the_hand_built_circuit_hold_at_every_position():
 def test_a_head_working_in_half_the_context_passes_the_mean_but_not_the_minimum():
     """Regression (issue 12): one average over positions hid a previous-token head that works
     for the first half of the context only; the profile's minimum shows it."""
-    profile = position_profiles(half_working_model(), seg_len=4, batch=16)
+    profile = position_profiles(half_working_induction_model(), seg_len=4, batch=16)
     assert float(profile.mean("previous_token")[0, 0]) > 0.4  # the old, averaged score passes
     assert float(profile.minimum("previous_token")[0, 0]) < 0.2
     assert int(profile.argmin("previous_token")[0, 0]) >= N // 2
@@ -79,7 +70,7 @@ def test_a_head_working_in_half_the_context_passes_the_mean_but_not_the_minimum(
 
 
 def test_profiles_read_the_cached_patterns():
-    model = induction_model(noise=0.5, seed=3)
+    model = noisy_induction_model(noise=0.5, seed=3)
     tokens, starts = repeat_sweep(model.cfg.d_vocab, N, 3, 5, seed=1)
     _, cache = model.run_with_cache(tokens)
     profile = position_profiles(model, seg_len=3, batch=5, seed=1)
@@ -92,7 +83,7 @@ def test_profiles_read_the_cached_patterns():
 
 
 def test_loss_grid_cells_are_the_loss_on_the_second_copy():
-    model = induction_model()
+    model = noisy_induction_model()
     grid = repeat_loss_grid(model, lengths=(3, 8), offsets=(0, 2, 5), batch=6, seed=2)
     assert grid.loss.shape == (2, 3)
     assert grid.loss[1, 1:].isnan().all() and not grid.loss[0].isnan().any()  # 8-token repeats fit at offset 0 only

@@ -10,7 +10,8 @@ import torch
 
 from derivations.architecture import Architecture
 from derivations.paths import Source
-from numeric_check.verification.bind import AtomBindingError, Binder
+from numeric_check.errors import AtomBindingError
+from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import record
 from numeric_check.errors import ModelInputError
 from numeric_check.model.circuit_model import CircuitModel

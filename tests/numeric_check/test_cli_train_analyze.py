@@ -10,6 +10,8 @@ import torch
 from derivations.cli import build_parser, main
 from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint
 
+pytestmark = pytest.mark.slow  # training and analysing through the CLI: left out by pytest -m "not slow"
+
 torch.set_num_threads(1)
 
 TINY = ["--vocab", "12", "--n-ctx", "16", "--seg-min", "2", "--seg-max", "6", "--d-model", "16", "--d-head", "8", "--heads", "2"]
@@ -80,11 +82,11 @@ def test_train_toy_bad_output_path(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def handmade_checkpoints(tmp_path_factory):
-    from tests.numeric_check.test_report import copying_model, induction_model
+    from tests.helpers import copying_model, exact_induction_model
 
     folder = tmp_path_factory.mktemp("models")
     paths = folder / "induction.safetensors", folder / "control.safetensors"
-    for model, path in zip((induction_model(d_vocab=32, n_ctx=16), copying_model(d_vocab=32, n_ctx=16)), paths):
+    for model, path in zip((exact_induction_model(d_vocab=32, n_ctx=16), copying_model(d_vocab=32, n_ctx=16)), paths):
         save_checkpoint(model, path)
     return paths
 

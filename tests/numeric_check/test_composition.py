@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from derivations.architecture import Architecture
-from numeric_check.circuits.ov_qk import AnalysisError, head_weights
+from numeric_check.circuits.ov_qk import head_weights
+from numeric_check.errors import AnalysisError
 from numeric_check.circuits.composition import composition_baseline, composition_scores, pair_composition_scores
 from numeric_check.model.circuit_model import CircuitModel
 from tests.strategies import circuit_models

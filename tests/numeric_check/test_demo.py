@@ -9,6 +9,8 @@ from derivations.cli import main
 from numeric_check.model.checkpoint import save_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 
+pytestmark = pytest.mark.slow  # the demo's full analysis: left out by pytest -m "not slow"
+
 
 def test_demo_on_the_shipped_model_verifies_every_term_and_finds_the_induction_circuit(capsys):
     assert main(["demo"]) == 0
@@ -26,10 +28,10 @@ def test_demo_on_the_shipped_model_verifies_every_term_and_finds_the_induction_c
 def test_demo_fails_a_circuit_that_works_in_half_the_context(tmp_path, capsys):
     """Regression (issue 12): a previous-token head that works for the first half of the
     context only passed the averaged score, and the demo exited 0."""
-    from tests.numeric_check.test_behaviour import half_working_model
+    from tests.helpers import half_working_induction_model
 
     path = tmp_path / "half.safetensors"
-    save_checkpoint(half_working_model(), path)
+    save_checkpoint(half_working_induction_model(), path)
     assert main(["demo", "--checkpoint", str(path)]) == 1
     out = capsys.readouterr().out
     assert "every term verified: yes; induction circuit found by weights and behaviour: no; working at every position: no" in out

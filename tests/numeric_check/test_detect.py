@@ -7,7 +7,7 @@ import torch
 
 from derivations.architecture import Architecture
 from numeric_check.circuits.behaviour import repeat_sweep
-from numeric_check.circuits.ov_qk import AnalysisError
+from numeric_check.errors import AnalysisError
 from numeric_check.circuits.detect import (
     HeadScores,
     behaviour_scores,
@@ -18,58 +18,20 @@ from numeric_check.circuits.detect import (
     weight_scores,
 )
 from numeric_check.model.circuit_model import CircuitModel
+from tests.helpers import NOISY_CONTEXT, NOISY_VOCAB, noisy_induction_model
 
 torch.set_num_threads(1)
 
-V, N = 20, 16  # vocabulary, context
-
-
-def induction_model(positional: str = "qk_only", beta: float = 40.0, noise: float = 0.05, seed: int = 0) -> CircuitModel:
-    """2 layers x 2 heads: L0H0 a previous-token head, L1H0 an induction head, the others small noise.
-
-    The residual stream has three blocks: the token (``W_E``), the previous token (written by
-    L0H0) and, for the QK input, the position. L0H0's queries at position i match keys at
-    i - 1 and copy their token into the previous-token block; L1H0's query token matches a
-    key's previous token and copies the key's token to the logits.
-    """
-    d_model = 2 * V + N
-    model = CircuitModel.random(
-        Architecture(2, 2, positional=positional), d_model=d_model, d_head=max(V, N), d_vocab=V, n_ctx=N, seed=seed, dtype=torch.float64
-    )
-    tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, d_model)
-
-    def eye(n):
-        return torch.eye(n, dtype=torch.float64)
-
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(noise)
-        model.W_E[tok] += eye(V)
-        model.W_U[:, tok] += eye(V)
-        if model.W_pos is not None:
-            model.W_pos[pos] += eye(N)
-        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
-        for W in (a0.W_Q, a0.W_K, a0.W_V, a0.W_O, a1.W_Q, a1.W_K, a1.W_V, a1.W_O):
-            W[0].zero_()
-        a0.W_Q[0, :N, pos] = beta * eye(N)  # query at position i -> head direction i
-        a0.W_K[0, 1:N, pos][:, : N - 1] = eye(N - 1)  # key at position j -> head direction j + 1
-        a0.W_V[0, :V, tok] = eye(V)
-        a0.W_O[0, prev, :V] = eye(V)
-        a1.W_Q[0, :V, tok] = beta * eye(V)
-        a1.W_K[0, :V, prev] = eye(V)
-        a1.W_K[0, :V, pos.start] = -1.0  # key 0 has no previous token (L0H0 copies its own there): ignored
-        a1.W_V[0, :V, tok] = eye(V)
-        a1.W_O[0, tok, :V] = 3 * eye(V)
-    return model
+V, N = NOISY_VOCAB, NOISY_CONTEXT  # vocabulary, context
 
 
 @pytest.fixture(scope="module")
 def model():
-    return induction_model()
+    return noisy_induction_model()
 
 
 def test_repeated_tokens_are_seeded_and_repeat():
-    m = induction_model()
+    m = noisy_induction_model()
     tokens = repeated_tokens(m, 5, 3, seed=7)
     assert tokens.shape == (3, 10)
     assert torch.equal(tokens[:, :5], tokens[:, 5:])
@@ -104,7 +66,7 @@ def test_behaviour_scores_are_the_means_of_the_position_profiles():
 def test_detect_heads_reports_the_minimum_over_positions():
     """Regression (issue 12): a previous-token head working in half the context passes the
     averaged score, and the report now shows its minimum over positions beside it."""
-    m = induction_model()
+    m = noisy_induction_model()
     with torch.no_grad():
         m.blocks[0].attn.W_Q[0, N // 2 : N] = 0.0  # no positional query from N/2 on
     report = detect_heads(m, seg_len=4, batch=16)
@@ -126,7 +88,7 @@ def test_weights_find_the_built_heads(model):
 
 @pytest.mark.parametrize("positional", ["qk_only", "standard"])
 def test_detect_heads_agree(positional):
-    report = detect_heads(induction_model(positional), seg_len=8, batch=8)
+    report = detect_heads(noisy_induction_model(positional), seg_len=8, batch=8)
     assert report.by_behaviour.labels() == {"previous_token": ["L0H0"], "induction": ["L1H0"]}
     assert report.by_weights == report.by_behaviour
     assert report.agreement == {"previous_token": True, "induction": True} and report.agree
@@ -136,7 +98,7 @@ def test_detect_heads_agree(positional):
 
 
 def test_model_without_positions_is_said_clearly():
-    m = induction_model("none")
+    m = noisy_induction_model("none")
     with pytest.raises(AnalysisError, match="no positional embedding"):
         previous_token_scores_by_weights(m)
     report = detect_heads(m, seg_len=8, batch=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -16,10 +16,10 @@ from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import record
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
 from numeric_check.model.circuit_model import CircuitModel
+from tests.conftest import FAST
 from tests.strategies import heads_of, models_and_tokens
 
 torch.set_num_threads(1)
-FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def dense_position(binder, word, n_batch, n_pos):

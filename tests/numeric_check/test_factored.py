@@ -7,23 +7,21 @@ from functools import reduce
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from numeric_check.errors import NumericCheckError
 from numeric_check.circuits.factored import (
     Factored,
-    FactoredError,
-    FactoredShapeError,
     chain_cost,
     chain_product,
     eigenvalue_multiset_distance,
 )
+from numeric_check.errors import FactoredError, FactoredShapeError, NumericCheckError
 from tensoralg.errors import TCircuitsError, TensorAlgError
+from tests.conftest import PROPERTY
 from tests.strategies import factor_chain_pairs, factor_chains
 
 torch.set_num_threads(1)
-FAST = settings(deadline=None, max_examples=60)
 
 
 def dense(factors):
@@ -43,7 +41,7 @@ def batch_items(tensor: torch.Tensor, n_trailing: int) -> torch.Tensor:
 # --- properties against the dense product ----------------------------------------------------
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(batched=True))
 def test_materialize_shape_and_transpose(factors):
     F, M = Factored(*factors), dense(factors)
@@ -53,7 +51,7 @@ def test_materialize_shape_and_transpose(factors):
     torch.testing.assert_close(F.T.materialize(), M.mT)
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(square=True, batched=True))
 def test_eigenvalues_are_the_dense_multiset_with_zeros(factors):
     F, M = Factored(*factors), dense(factors)
@@ -65,7 +63,7 @@ def test_eigenvalues_are_the_dense_multiset_with_zeros(factors):
         assert eigenvalue_multiset_distance(ours, torch.linalg.eigvals(full)) <= 1e-6 * scale(factors)
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(square=True, batched=True))
 def test_trace_and_diag(factors):
     F, M = Factored(*factors), dense(factors)
@@ -73,7 +71,7 @@ def test_trace_and_diag(factors):
     torch.testing.assert_close(F.trace(), M.diagonal(dim1=-2, dim2=-1).sum(-1))
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(batched=True))
 def test_frobenius_norm_through_grams(factors):
     F, M = Factored(*factors), dense(factors)
@@ -83,7 +81,7 @@ def test_frobenius_norm_through_grams(factors):
     assert float((ours**2 - theirs**2).abs().max()) <= 1e-10 * scale(factors) ** 2
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(batched=True))
 def test_svd_singular_values_and_reconstruction(factors):
     F, M = Factored(*factors), dense(factors)
@@ -100,7 +98,7 @@ def test_svd_singular_values_and_reconstruction(factors):
     torch.testing.assert_close(V.mT @ V, eye.expand(V.shape[:-2] + (r, r)), atol=1e-9, rtol=0)
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(batched=True), st.data())
 def test_rows_columns_and_topk(factors, data):
     F, M = Factored(*factors), dense(factors)
@@ -117,7 +115,7 @@ def test_rows_columns_and_topk(factors, data):
     torch.testing.assert_close(F.topk_col(j, k).values, torch.topk(M[..., :, j], k).values)
 
 
-@FAST
+@PROPERTY
 @given(factor_chain_pairs())
 def test_sums_stack_factors(pair):
     first, second = pair
@@ -130,7 +128,7 @@ def test_sums_stack_factors(pair):
     torch.testing.assert_close((-Q).materialize(), -dense(second))
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(max_factors=3), factor_chains(max_factors=2), st.integers(0, 2**31 - 1))
 def test_matmul_keeps_products_factored(left, right, seed):
     gen = torch.Generator().manual_seed(seed)
@@ -147,7 +145,7 @@ def test_matmul_keeps_products_factored(left, right, seed):
     torch.testing.assert_close(u @ F, u @ dense(left))
 
 
-@FAST
+@PROPERTY
 @given(factor_chains(min_factors=2, max_factors=6, max_dim=30, batched=True))
 def test_chain_product_is_optimal_order_and_exact(factors):
     torch.testing.assert_close(chain_product(factors), dense(factors))

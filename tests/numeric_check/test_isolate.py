@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from derivations.architecture import Architecture
@@ -14,10 +14,10 @@ from numeric_check.model.hook_paths import record
 from numeric_check.errors import NumericCheckError
 from numeric_check.verification.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
 from numeric_check.model.circuit_model import CircuitModel
+from tests.conftest import FAST
 from tests.strategies import heads_of, models_and_tokens
 
 torch.set_num_threads(1)
-FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOKENS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]])
 
 

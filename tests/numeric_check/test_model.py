@@ -343,15 +343,15 @@ def test_repr_is_honest():
 
 
 # --- properties over random architectures --------------------------------------------------------
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tests.conftest import FAST  # noqa: E402
 from tests.strategies import circuit_models, token_batches  # noqa: E402
 
-PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@PROPERTY
+@FAST
 @given(st.data())
 def test_property_freezing_every_scale_and_pattern_is_exact(data):
     model = data.draw(circuit_models())
@@ -366,7 +366,7 @@ def test_property_freezing_every_scale_and_pattern_is_exact(data):
             torch.testing.assert_close(cache[name].sum(-1), torch.ones_like(cache[name][..., 0]))
 
 
-@PROPERTY
+@FAST
 @given(st.data())
 def test_property_folded_b_O_and_centring(data):
     model = data.draw(circuit_models())

@@ -10,14 +10,16 @@ import torch
 from derivations.architecture import Architecture
 from numeric_check.circuits.importance import term_importance
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.errors import PlotError
 from numeric_check.reports.plots import (
-    PlotError,
     composition_heatmaps,
     importance_bars,
     positivity_scatter,
     save_figure,
     training_curve,
 )
+
+pytestmark = pytest.mark.slow  # analysis figures: left out by pytest -m "not slow"
 
 torch.set_num_threads(1)
 

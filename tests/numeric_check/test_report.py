@@ -7,16 +7,14 @@ induction head (L1H0) must bear out every finding; a random model must not.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
 import torch
 
 from derivations.architecture import Architecture
-from numeric_check.circuits.ov_qk import AnalysisError
+from numeric_check.errors import AnalysisError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.config import ModelConfig
 from numeric_check.reports.analysis import (
     analysis_to_dict,
     analyze_model,
@@ -27,56 +25,17 @@ from numeric_check.reports.analysis import (
     write_report,
 )
 from numeric_check.reports.findings import findings
+from tests.conftest import needs_pdflatex
+from tests.helpers import copying_model, exact_induction_model
+
+pytestmark = pytest.mark.slow  # full model analyses: left out by pytest -m "not slow"
 
 torch.set_num_threads(1)
 
 
-def induction_model(d_vocab: int = 48, n_ctx: int = 24, sharp: float = 100.0) -> CircuitModel:
-    """Residual = [token | previous token | position]; L0H0 moves the previous token, L1H0 does induction.
-
-    L0H0 attends from position i to i - 1 (positional QK) and writes the token it reads into
-    the "previous token" slot; L1H0's query (its token) matches keys whose previous token is
-    the same (K-composition with L0H0) and copies the key's token into the logits.
-    """
-    V, n = d_vocab, n_ctx
-    tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, 2 * V + n)
-    cfg = ModelConfig(Architecture(2, 1, positional="qk_only"), d_model=2 * V + n, d_head=max(V, n), d_vocab=V, n_ctx=n)
-    model = CircuitModel(cfg, dtype=torch.float64)
-    with torch.no_grad():
-        model.W_E[tok] = torch.eye(V)
-        model.W_pos[pos] = torch.eye(n)
-        model.W_U[:, tok] = 10 * torch.eye(V)
-        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
-        a0.W_Q[0][:n, pos] = sharp * torch.eye(n)
-        a0.W_K[0][:n, pos] = torch.diag(torch.ones(n - 1), -1)  # key position j scores against query j + 1
-        a0.W_V[0][:V, tok] = torch.eye(V)
-        a0.W_O[0][prev, :V] = torch.eye(V)
-        a1.W_Q[0][:V, tok] = sharp * torch.eye(V)
-        a1.W_K[0][:V, prev] = torch.eye(V)
-        a1.W_K[0][:V, pos.start] = -1.0  # key 0 has no previous token (L0H0 copies its own there): ignored
-        a1.W_V[0][:V, tok] = torch.eye(V)
-        a1.W_O[0][tok, :V] = 2 * torch.eye(V)
-    return model
-
-
-def copying_model(d_vocab: int = 48, n_ctx: int = 24) -> CircuitModel:
-    """A 1-layer control: one head attends uniformly and copies (W_OV = identity)."""
-    V = d_vocab
-    cfg = ModelConfig(Architecture(1, 1, positional="qk_only"), d_model=V, d_head=V, d_vocab=V, n_ctx=n_ctx)
-    model = CircuitModel(cfg, dtype=torch.float64)
-    with torch.no_grad():
-        model.W_E.copy_(torch.eye(V))
-        model.W_U.copy_(torch.eye(V))
-        model.W_pos.normal_(generator=torch.Generator().manual_seed(0))
-        attn = model.blocks[0].attn
-        attn.W_V[0].copy_(torch.eye(V))
-        attn.W_O[0].copy_(torch.eye(V))
-    return model
-
-
 @pytest.fixture(scope="module")
 def induction_analysis():
-    return analyze_model(induction_model(), name="handmade", n_sequences=16)
+    return analyze_model(exact_induction_model(), name="handmade", n_sequences=16)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +106,7 @@ def test_latex_escape():
 
 
 def test_report_with_token_strings_escapes_them(tmp_path):
-    model = induction_model(d_vocab=24, n_ctx=12)
+    model = exact_induction_model(d_vocab=24, n_ctx=12)
     vocab = [f"t{i}" for i in range(24)]
     vocab[0], vocab[1] = "a_b&c", "50% | $x$"
     analysis = analyze_model(model, name="tok_model", n_sequences=4, vocab=vocab)
@@ -176,8 +135,7 @@ def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction
     assert data == json.loads(json.dumps(analysis_to_dict(induction_analysis, control_analysis)))
 
 
-@pytest.mark.latex
-@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+@needs_pdflatex
 def test_latex_tables_compile(tmp_path, induction_analysis, control_analysis):
     body = render_latex(induction_analysis, control_analysis)
     document = "\\documentclass{article}\n\\begin{document}\n" + body + "\n\\end{document}\n"

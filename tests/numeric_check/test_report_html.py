@@ -14,6 +14,8 @@ from numeric_check.reports.findings import findings
 from tensoralg.escape import escape_text
 from numeric_check.reports.html import FIGURES, figure_links, render_html, write_html
 
+pytestmark = pytest.mark.slow  # full model analyses: left out by pytest -m "not slow"
+
 HOSTILE = "<script>alert(1)</script>&amp;"
 
 
@@ -67,10 +69,10 @@ def test_figures_beside_the_page_prefer_svg(tmp_path, analyses):
 
 def test_analyze_cli_writes_index_html(tmp_path, capsys):
     from derivations.cli import main
-    from tests.numeric_check.test_report import induction_model
+    from tests.helpers import exact_induction_model
 
     checkpoint = tmp_path / "m<2l>.safetensors"
-    save_checkpoint(induction_model(d_vocab=32, n_ctx=16), checkpoint)
+    save_checkpoint(exact_induction_model(d_vocab=32, n_ctx=16), checkpoint)
     out = tmp_path / "report"
     assert main(["analyze", str(checkpoint), "--out", str(out), "--sequences", "4", "--formats", "svg"]) == 0
     assert "index.html" in capsys.readouterr().out

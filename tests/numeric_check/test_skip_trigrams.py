@@ -7,7 +7,8 @@ import torch
 
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError
-from numeric_check.circuits.ov_qk import AnalysisError, head_weights
+from numeric_check.circuits.ov_qk import head_weights
+from numeric_check.errors import AnalysisError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.circuits.skip_trigrams import SkipTrigramTable, skip_trigram_table
 

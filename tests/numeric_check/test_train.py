@@ -23,6 +23,8 @@ from numeric_check.training.toy import (
     training_record_for,
 )
 
+pytestmark = pytest.mark.slow  # toy training: left out by pytest -m "not slow"
+
 torch.set_num_threads(1)
 
 TINY = dict(n_layers=1, n_heads=2, d_model=16, d_head=8, d_vocab=12, n_ctx=16, seg_min=2, seg_max=6, batch_size=16)

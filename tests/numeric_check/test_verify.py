@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import numeric_check.verification.verify as verify_module
@@ -20,10 +20,10 @@ from numeric_check.errors import DeviceError, ModelInputError, WeightError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.verification.verify import verify_logits, verify_qk
+from tests.conftest import FAST
 from tests.strategies import heads_of, max_orders, models_and_tokens
 
 torch.set_num_threads(1)
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def small_model(arch=None, seed=0, **kw) -> CircuitModel:

@@ -76,7 +76,7 @@ def test_checkpoint(tmp_path, capsys):
     (["--batch", "0"], "expected an integer in 1.."),
     (["--heads", "two"], "--heads must be an int"),
     (["--qk", "2", "0"], "layer 2 does not exist"),
-    (["--max-order", "5"], "max_order=5"),
+    (["--max-order", "5"], "an integer in 0..2 (the deepest term of the logits of a 2-layer model has order 2), got 5"),
     (["--dtype", "int8"], "invalid choice: 'int8'"),
     (["--device", "abacus"], "abacus"),
 ])
