@@ -39,6 +39,7 @@ from numeric_check.errors import ModelInputError, NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording, frozen_hooks, keep, record, run_blocks, unembed
 from numeric_check.model.hooks import block_hook
+from tensoralg.expr import check_order
 
 Head = tuple[int, int]
 Path = tuple[Head, ...]  # heads in the order the signal passes through them; () is the direct path
@@ -119,8 +120,7 @@ def logits_by_order(
     """
     n_layers = model.arch.n_layers
     max_order = n_layers if max_order is None else max_order
-    if isinstance(max_order, bool) or not isinstance(max_order, int) or max_order < 0:
-        raise NumericCheckError(f"max_order must be an int >= 0, got {max_order!r}")
+    check_order(max_order)
     max_order = min(max_order, n_layers)
     tokens = model.check_tokens(tokens)
     tokens = tokens if tokens.ndim == 2 else tokens[None]  # [batch, pos]

@@ -10,6 +10,7 @@ import torch
 from derivations.architecture import Architecture
 from numeric_check.errors import ModelInputError, NumericCheckError
 from numeric_check.circuits.importance import count_paths, logits_by_order, path_label, term_importance
+from tensoralg.errors import InvalidOrder
 from numeric_check.model.circuit_model import CircuitModel
 
 torch.set_num_threads(1)
@@ -137,7 +138,7 @@ def test_target_mask_restricts_the_loss():
 
 def test_bad_max_order_and_tokens_are_rejected():
     model = _model(Architecture(1, 2))
-    with pytest.raises(NumericCheckError, match="max_order must be an int >= 0, got -1"):
+    with pytest.raises(InvalidOrder, match=r"max_order must be None \(every term\) or an integer >= 0, got -1"):
         logits_by_order(model, _tokens(), max_order=-1)
     with pytest.raises(ModelInputError):
         logits_by_order(model, torch.tensor([[11, 0]]))
