@@ -36,6 +36,7 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from numeric_check.errors import AnalysisError
+from numeric_check.model.hooks import block_hook
 
 
 # Sequences longer than this are cut for behaviour measurements, so large models stay quick.
@@ -177,7 +178,7 @@ def position_profiles(
     if isinstance(seg_len, bool) or not isinstance(seg_len, int) or not 2 <= seg_len <= n // 2:
         raise AnalysisError(f"seg_len must be an int in 2..{n // 2} so that two copies fit {n} positions, got {seg_len!r}")
     tokens, starts = repeat_sweep(model.cfg.d_vocab, n, seg_len, batch, seed)
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.arch.n_layers)]
+    names = [block_hook(layer, "attn.hook_pattern") for layer in range(model.arch.n_layers)]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens.to(model.device), names_filter=names)
     n_heads = max(model.arch.heads_per_layer, default=0)

@@ -55,6 +55,7 @@ from numeric_check.model.circuit_model import CircuitModel, max_abs
 from numeric_check.model.config import resolve_dtype
 from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import Recording, record
+from numeric_check.model.hooks import block_hook
 from numeric_check.verification.bounds import MaxAbsProduct
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
@@ -521,7 +522,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     start = time.perf_counter()
     ev = QKEvaluator(s.binder, kept + omitted)
     below = torch.ones(rec.n_pos, rec.n_pos, dtype=torch.bool, device=s.model.device).tril()  # causal lower triangle
-    reference = rec.get(f"blocks.{layer}.attn.hook_attn_scores", "the scores")[:, head]  # [b, q, k]
+    reference = rec.get(block_hook(layer, "attn.hook_attn_scores"), "the scores")[:, head]  # [b, q, k]
     scale = max_abs(reference[:, below])
     results = []
     kept_sum = torch.zeros_like(reference)

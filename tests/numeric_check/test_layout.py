@@ -150,3 +150,12 @@ def test_own_modules_are_imported_plainly(package):
         if f'importorskip("{package}' in path.read_text() or f"importorskip('{package}" in path.read_text()
     ]
     assert not skipping, f"import {package} plainly instead of pytest.importorskip in: {skipping}"
+
+
+def test_hook_names_are_built_by_block_hook():
+    """``block_hook(layer, "attn.hook_z")``, not a hand-written ``f"blocks.{layer}.attn.hook_z"``
+    (the adapters name TransformerLens' and Hugging Face's own parameters, not our hooks)."""
+    allowed = {"numeric_check.model.hooks", "numeric_check.model.adapters"}
+    hand_written = [name for name, path in package_modules().items()
+                    if name not in allowed and 'f"blocks.{' in path.read_text()]
+    assert not hand_written, f"hook names written by hand in {hand_written}; use numeric_check.model.hooks.block_hook"
