@@ -2,7 +2,7 @@
 
 Each ``register_*`` function adds one subparser to ``tcircuits`` and sets ``func``;
 ``func(args)`` returns an exit code. Bad input raises a
-:class:`~tensoralg.errors.TensorAlgError`, which the CLI prints without a traceback.
+:class:`~tensoralg.errors.TCircuitsError`, which the CLI prints without a traceback.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``tcircuits verify``: check a path expansion against a real model from the command line.
 
 Registered through the entry point ``verify = numeric_check.cli.verify:register``; bad
-input raises :class:`~tensoralg.errors.TensorAlgError` subclasses, which ``tcircuits``
+input raises :class:`~tensoralg.errors.TCircuitsError` subclasses, which ``tcircuits``
 prints without a traceback (exit 2). Exit 0 when every check passes, 1 when one fails.
 """
 
