@@ -84,3 +84,18 @@ def test_the_project_root_is_exported_and_catches_every_package():
     for failing in (lambda: tensoralg.parse("A ⊗"), lambda: get("virtual-weights", layers=2, heads=-1)):
         with pytest.raises(TCircuitsError):
             failing()
+
+
+def test_the_cli_reports_each_packages_errors_in_one_line(tmp_path, capsys):
+    from derivations.cli import main
+
+    missing = tmp_path / "missing.safetensors"
+    for argv, message in (
+        (["expand", "(Id ⊗ W_U)(Id ⊗ W_E)", "--max-order", "-1"], "error: max_order must be None"),  # tensoralg
+        (["derive", "no-such-derivation"], "error: "),  # derivations
+        (["verify", "--checkpoint", str(missing)], f"error: checkpoint {missing} does not exist"),  # numeric_check
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tcircuits {argv[0]}: error: ") and message in err
+        assert err.count("\n") == 1 and "Traceback" not in err
