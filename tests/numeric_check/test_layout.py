@@ -159,3 +159,18 @@ def test_hook_names_are_built_by_block_hook():
     hand_written = [name for name, path in package_modules().items()
                     if name not in allowed and 'f"blocks.{' in path.read_text()]
     assert not hand_written, f"hook names written by hand in {hand_written}; use numeric_check.model.hooks.block_hook"
+
+
+def test_exception_classes_live_in_errors_or_are_the_one_stop_signal():
+    """Errors in ``errors.py``; the only other exception is the signal that ends a forward pass
+    (``model.hook_paths.StopForward``), so no module keeps a stop exception of its own."""
+    found = {
+        (name, node.name)
+        for name, path in package_modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(b, ast.Name) and (b.id.endswith(("Error", "Exception", "Mismatch")) or b.id == "UnsupportedModel")
+                for b in node.bases)
+    }
+    elsewhere = {pair for pair in found if pair[0] != "numeric_check.errors"}
+    assert elsewhere == {("numeric_check.model.hook_paths", "StopForward")}, sorted(elsewhere)
