@@ -36,6 +36,11 @@ class CheckpointError(NumericCheckError, ValueError):
     """A checkpoint that is missing, corrupt, truncated or incompatible; the message names the path."""
 
 
+class InputFileError(NumericCheckError, ValueError):
+    """A file given as input besides a checkpoint (a vocabulary) that cannot be read or
+    holds the wrong content; the message names it."""
+
+
 class DeviceError(NumericCheckError, ValueError):
     """A dtype or device that cannot be used (CUDA requested but absent, an integer dtype)."""
 

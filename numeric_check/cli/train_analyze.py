@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from numeric_check.errors import NumericCheckError, OutputPathError
+from numeric_check.errors import InputFileError, NumericCheckError, OutputPathError
 
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -250,16 +250,22 @@ def register_analyze(subparsers) -> None:
 
 
 def _read_vocab(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise OutputPathError(f"cannot read the vocabulary file {str(path)!r}: {error.strerror or error}") from None
-    if text.lstrip().startswith("["):
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise NumericCheckError(f"vocabulary file {str(path)!r} is not valid JSON: {error}") from None
-    return text.splitlines()
+    """Token strings from ``--vocab``: a JSON list of strings, or one token per line. The file
+    is read within bounds (:func:`~numeric_check.model.checkpoint.read_json`); every problem
+    is an :class:`InputFileError` naming it."""
+    from numeric_check.model.checkpoint import read_json, read_text_file
+
+    what = "the vocabulary file"
+    text = read_text_file(path, what, InputFileError)
+    if not text.lstrip().startswith("["):
+        return text.splitlines()
+    vocab = read_json(text, f"{what} {str(path)!r}", InputFileError)
+    if not isinstance(vocab, list):
+        raise InputFileError(f"{what} {str(path)!r} must be a JSON list of strings, got a {type(vocab).__name__}")
+    bad = next((i for i, t in enumerate(vocab) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise InputFileError(f"{what} {str(path)!r} must be a JSON list of strings; entry {bad} is {vocab[bad]!r}")
+    return vocab
 
 
 def _load_model(path: Path):

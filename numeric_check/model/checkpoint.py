@@ -1,10 +1,15 @@
 """Checkpoints: a :class:`CircuitModel` as a safetensors file, its config as JSON in the metadata.
 
-The metadata holds ``format`` (``"tcircuits.CircuitModel"``), ``format_version`` and
-``config`` (:meth:`ModelConfig.to_dict` as JSON); the tensors are the model's
-``state_dict``. Torch files (``.pt``/``.pth``, a dict ``{"config": dict, "state_dict": ...}``)
+The metadata holds ``format`` (``"tcircuits.CircuitModel"``), ``format_version``,
+``config`` (:meth:`ModelConfig.to_dict` as JSON) and ``content_sha256`` (a hash of every
+tensor's name, dtype, shape and bytes: safetensors has no checksum of its own, so a flipped
+byte would load silently); the tensors are the model's ``state_dict``. Torch files (``.pt``/``.pth``, a dict ``{"config": dict, "state_dict": ...}``)
 are read with ``torch.load(..., weights_only=True)`` only: arbitrary objects are never
-unpickled. Anything wrong with a file raises :class:`CheckpointError` naming the path.
+unpickled. Anything wrong with a file raises :class:`CheckpointError` naming the path, and
+before anything is allocated: the config is read as bounded JSON (:func:`read_json`), and
+its sizes are checked against the stored tensors' real shapes (the model the config
+describes is built with fake tensors first, :func:`expected_shapes`). A file saved before
+content hashes loads with a :class:`UncheckedCheckpoint` warning.
 
 >>> import tempfile, os
 >>> from derivations.architecture import Architecture
@@ -17,15 +22,19 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import pickle
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from numeric_check.errors import CheckpointError, ConfigError, DeviceError, WeightError
 from numeric_check.model.circuit_model import CircuitModel
@@ -34,6 +43,12 @@ from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtyp
 FORMAT = "tcircuits.CircuitModel"
 FORMAT_VERSION = 1
 TORCH_SUFFIXES = (".pt", ".pth")
+#: The dtypes a checkpoint's weights may have (float8 and integer tensors cannot run the model).
+WEIGHT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+class UncheckedCheckpoint(UserWarning):
+    """A checkpoint without a content hash (saved by an older tcircuits) was loaded unchecked."""
 
 
 def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
@@ -50,7 +65,8 @@ def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
         raise CheckpointError(f"cannot save {path}: directory {path.parent} does not exist")
     model.check_finite()
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(model.cfg.to_dict())}
+    metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(model.cfg.to_dict()),
+                "content_sha256": content_hash(tensors)}
     tmp = path.with_name(path.name + ".tmp")
     try:
         save_file(tensors, str(tmp), metadata=metadata)
@@ -74,17 +90,24 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None =
         target_device, target_dtype = resolve_device(device), None if dtype is None else resolve_dtype(dtype)
     except DeviceError as err:
         raise CheckpointError(f"cannot load {path}: {err}") from None
+    if target_dtype is not None and target_dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(f"cannot load {path} as {target_dtype}: {_dtypes_expected()}")
     if path.suffix in TORCH_SUFFIXES:
-        config, tensors = _read_torch(path)
+        config, tensors, stored_hash = _read_torch(path)
     else:
-        config, tensors = _read_safetensors(path)
+        config, tensors, stored_hash = _read_safetensors(path)
+    _check_plain(config, f"the config of checkpoint {path}")
     try:
         cfg = ModelConfig.from_dict(config)
     except ConfigError as err:
         raise CheckpointError(f"checkpoint {path} has a bad config: {err}") from None
-    stored_dtype = tensors["W_E"].dtype if "W_E" in tensors else torch.float32
+    _check_tensors(expected_shapes(cfg), tensors, path, cfg)  # before the model is allocated
+    _check_hash(stored_hash, tensors, path)
+    stored_dtype = tensors["W_E"].dtype
     model = CircuitModel(cfg, dtype=target_dtype or stored_dtype, device="cpu")
-    _load_tensors(model, tensors, path)
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            param.copy_(tensors[name])
     try:
         model.check_finite()
     except WeightError as err:
@@ -92,7 +115,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None =
     return model.to(target_device)
 
 
-def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
+def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | None]:
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
@@ -102,11 +125,14 @@ def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
         raise
     except Exception as err:  # safetensors raises its own error types for corrupt or truncated files
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a readable safetensors file): {err}") from None
+    if "config" not in metadata:
+        raise CheckpointError(f"checkpoint {path} has no model config in its metadata")
     try:
-        config = json.loads(metadata["config"])
-    except (KeyError, json.JSONDecodeError) as err:
+        config = read_json(metadata["config"], "the config")
+    except CheckpointError as err:
         raise CheckpointError(f"checkpoint {path} has no readable model config in its metadata: {err}") from None
-    return config, tensors
+    stored_hash = metadata.get("content_sha256")
+    return config, tensors, stored_hash
 
 
 def _unpickler_detail(message: str) -> str:
@@ -119,7 +145,7 @@ def _unpickler_detail(message: str) -> str:
     return lines[-1] if lines else "unreadable"
 
 
-def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
+def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | None]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -132,6 +158,8 @@ def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
                 "refusing to unpickle them: only weights_only=True loading is allowed"
             ) from None
         raise CheckpointError(f"checkpoint {path} is corrupt or not a torch checkpoint ({detail})") from None
+    except RecursionError:  # containers nested ever deeper: the unpickler recurses
+        raise CheckpointError(f"checkpoint {path} nests its containers too deep to be a checkpoint") from None
     except Exception as err:  # zip and pickle errors for corrupt or truncated files
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a readable torch file): {err}") from None
     if not isinstance(data, dict) or not {"config", "state_dict"} <= set(data):
@@ -142,7 +170,10 @@ def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     state = data["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"torch checkpoint {path}: 'state_dict' must map names to tensors")
-    return data["config"], state
+    stored_hash = data.get("content_sha256")
+    if stored_hash is not None and not isinstance(stored_hash, str):
+        raise CheckpointError(f"torch checkpoint {path}: 'content_sha256' must be a string, got {type(stored_hash).__name__}")
+    return data["config"], state, stored_hash
 
 
 def _check_format(path: Path, fmt: Any, version: Any) -> None:
@@ -152,21 +183,185 @@ def _check_format(path: Path, fmt: Any, version: Any) -> None:
         raise CheckpointError(f"checkpoint {path} has format version {version!r}; this version of tcircuits reads version {FORMAT_VERSION}")
 
 
-def _load_tensors(model: CircuitModel, tensors: dict[str, torch.Tensor], path: Path) -> None:
-    expected = model.state_dict()
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor of a model of ``cfg``, found without allocating
+    them: the model is built from fake tensors (shapes and dtypes only), so a config that
+    claims ``d_vocab=10**8`` costs nothing until its sizes have met the file's tensors.
+    """
+    with FakeTensorMode():
+        model = CircuitModel(cfg, dtype=torch.float32, device="cpu")
+        return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _check_tensors(expected: Mapping[str, tuple], tensors: Mapping[str, torch.Tensor], path: Path, cfg: ModelConfig) -> None:
+    """Names, shapes, dtypes and storage of the stored tensors against those the config implies."""
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {path} does not match its config ({model.arch.describe()}): "
+            f"checkpoint {path} does not match its config ({cfg.arch.describe()}): "
             f"missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
         )
     for name, tensor in tensors.items():
-        if tensor.shape != expected[name].shape:
+        if tensor.layout != torch.strided or tensor.is_meta or tensor.is_quantized:
+            kind = "a meta tensor (no data)" if tensor.is_meta else f"a {tensor.layout} tensor"
+            raise CheckpointError(f"checkpoint {path}: {name} is {kind}; expected a dense tensor with its values")
+        if tuple(tensor.shape) != expected[name]:
             raise CheckpointError(
-                f"checkpoint {path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
+                f"checkpoint {path}: {name} has shape {tuple(tensor.shape)}, expected {expected[name]} from its config "
+                f"(d_model={cfg.d_model}, d_head={cfg.d_head}, d_vocab={cfg.d_vocab}, n_ctx={cfg.n_ctx})"
             )
-        if not tensor.dtype.is_floating_point:
-            raise CheckpointError(f"checkpoint {path}: {name} has dtype {tensor.dtype}, expected a floating dtype")
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            param.copy_(tensors[name])
+        if tensor.dtype not in WEIGHT_DTYPES:
+            raise CheckpointError(f"checkpoint {path}: {name} has dtype {tensor.dtype}; {_dtypes_expected()}")
+
+
+def _dtypes_expected() -> str:
+    return "expected one of " + ", ".join(str(d).removeprefix("torch.") for d in WEIGHT_DTYPES)
+
+
+def content_hash(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 of every tensor's name, dtype, shape and bytes, in name order (what
+    ``content_sha256`` in a checkpoint's metadata holds).
+
+    >>> content_hash({"W": torch.zeros(2, 2)}) == content_hash({"W": torch.zeros(2, 2)})
+    True
+    >>> content_hash({"W": torch.zeros(2, 2)}) == content_hash({"W": torch.ones(2, 2)})
+    False
+    """
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{str(t.dtype)}\0{tuple(t.shape)}\0".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _check_hash(stored: str | None, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Compare the stored content hash; a safetensors file without one loads with a warning
+    (a torch file is someone else's format: without a hash it loads quietly)."""
+    if stored is None and path.suffix in TORCH_SUFFIXES:
+        return
+    if stored is None:
+        warnings.warn(f"checkpoint {path} has no content hash (saved by an older tcircuits): its tensors were "
+                      "loaded unchecked; save it again to add one", UncheckedCheckpoint, stacklevel=3)
+        return
+    if content_hash(tensors) != stored:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its tensors do not match the content hash stored "
+                              "when it was saved (the file changed after saving)")
+
+
+def _check_plain(config: Any, what: str) -> None:
+    """A config from a torch file is unpickled, not parsed: the same bounds as
+    :func:`read_json` (nesting, integer sizes, finite numbers), walked without recursion."""
+    stack = [(config, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise CheckpointError(f"{what} nests deeper than the {MAX_JSON_DEPTH} levels a config may")
+        if isinstance(value, dict):
+            stack += [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, (list, tuple)):
+            stack += [(v, depth + 1) for v in value]
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        elif isinstance(value, int):
+            if abs(value) >= 10**MAX_INT_DIGITS:  # str() of a 5,001-digit int would itself raise
+                digits = math.floor(abs(value).bit_length() * math.log10(2)) + 1
+                raise CheckpointError(f"{what} holds an integer of about {digits:,} digits; sizes have at most {MAX_INT_DIGITS}")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise CheckpointError(f"{what} holds the number {value}; a config's numbers are finite")
+        else:
+            raise CheckpointError(f"{what} holds a {type(value).__name__}; a config holds numbers, strings, lists and dicts")
+
+# -- JSON from files a user hands us: bounded before it is parsed ---------------------------
+
+MAX_JSON_CHARS = 10_000_000  # a config is a few hundred characters, a training record a few thousand
+MAX_JSON_DEPTH = 32  # a config nests three deep; the C parser would recurse ~100,000 deep on '[[[[…'
+MAX_INT_DIGITS = 18  # every size and count fits in 10**18; 10**400 or 5,001 digits are refused as text
+
+
+def read_json(text: str | bytes, what: str, error: type[Exception] = CheckpointError) -> Any:
+    """``text`` as JSON, within bounds checked before and while parsing: at most
+    :data:`MAX_JSON_CHARS` characters, nesting at most :data:`MAX_JSON_DEPTH` deep, integers
+    of at most :data:`MAX_INT_DIGITS` digits, finite numbers only (no ``NaN``/``Infinity``).
+    Anything else raises ``error`` (:class:`CheckpointError`) naming ``what`` — never a
+    ``RecursionError``, ``OverflowError`` or ``UnicodeDecodeError``.
+
+    >>> read_json('{"d_model": 4, "ln_eps": 1e-05}', "a config")
+    {'d_model': 4, 'ln_eps': 1e-05}
+    >>> read_json('{"d_vocab": 1' + '0' * 400 + '}', "a config")
+    Traceback (most recent call last):
+    numeric_check.errors.CheckpointError: a config is not usable JSON: the integer 1000000000000000000… has 401 digits; sizes have at most 18
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise error(f"{what} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+    if len(text) > MAX_JSON_CHARS:
+        raise error(f"{what} holds {len(text):,} characters, more than the {MAX_JSON_CHARS:,} read as JSON")
+    depth = _json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"{what} nests {depth:,} deep, more than the {MAX_JSON_DEPTH} a JSON file of ours may")
+    try:
+        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError, as are the hooks' refusals
+        raise error(f"{what} is not usable JSON: {err}") from None
+
+
+def read_text_file(path: Path, what: str, error: type[Exception] = CheckpointError) -> str:
+    """The UTF-8 text of a small input file (a training record, a vocabulary): its size
+    checked before it is read, every failure an ``error`` naming ``what`` and the path."""
+    try:
+        if not path.is_file():
+            raise error(f"{what} {str(path)!r} is not a file")
+        size = path.stat().st_size
+        if size > MAX_JSON_CHARS:
+            raise error(f"{what} {str(path)!r} holds {size:,} bytes, more than the {MAX_JSON_CHARS:,} read")
+        data = path.read_bytes()
+    except OSError as err:
+        raise error(f"cannot read {what} {str(path)!r}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} {str(path)!r} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` outside strings, in one pass."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _json_int(digits: str) -> int:
+    n = len(digits.lstrip("-"))
+    if n > MAX_INT_DIGITS:
+        raise ValueError(f"the integer {digits[:19]}… has {n:,} digits; sizes have at most {MAX_INT_DIGITS}")
+    return int(digits)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:20]} is beyond a float's range")
+    return value
+
+
+def _json_constant(name: str):
+    raise ValueError(f"{name} is not a number a file of ours may hold")

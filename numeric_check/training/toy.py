@@ -28,6 +28,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from numeric_check.errors import CheckpointError
+from numeric_check.model.checkpoint import read_json, read_text_file
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
 
@@ -260,10 +262,44 @@ def shipped_checkpoint(n_layers: int = 2) -> Path:
 
 
 def training_record_for(checkpoint: Path | str) -> dict | None:
-    """The JSON training record written beside ``checkpoint`` by ``train-toy`` (None when absent or unreadable)."""
+    """The JSON training record written beside ``checkpoint`` by ``train-toy``, or None when
+    there is none. A record that is there but malformed (not JSON, nested or sized beyond
+    reason, fields of the wrong type) raises :class:`CheckpointError` naming it: analysing
+    with data other than those it records would be silently wrong."""
     sidecar = Path(checkpoint).with_suffix(".json")
-    try:
-        record = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    if not sidecar.exists():
         return None
-    return record if isinstance(record, dict) and "train_config" in record else None
+    what = "the training record"
+    record = read_json(read_text_file(sidecar, what), f"{what} {str(sidecar)!r}")
+    check_training_record(record, f"{what} {str(sidecar)!r}")
+    return record
+
+
+def check_training_record(record, where: str) -> None:
+    """The shape of what :func:`training_record` writes: ``train_config`` (a valid
+    :class:`TrainConfig`), and optionally ``final`` (losses by name), ``uniform_loss``,
+    ``seconds`` and ``curve`` (points with ``step``, ``loss``, ``repeat_loss``)."""
+    def fail(message: str):
+        raise CheckpointError(f"{where} {message}; fix it or delete it to analyse without it")
+
+    def is_number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not isinstance(record, dict) or not isinstance(record.get("train_config"), dict):
+        fail("must be an object with 'train_config' (as train-toy writes it)")
+    try:
+        TrainConfig.from_dict(record["train_config"])
+    except (TrainConfigError, TypeError) as err:
+        fail(f"has an unusable train_config: {err}")
+    final = record.get("final", {})
+    if not isinstance(final, dict) or not all(isinstance(k, str) and is_number(v) for k, v in final.items()):
+        fail("has 'final' that is not an object of losses by name")
+    for key in ("uniform_loss", "seconds"):
+        if key in record and not is_number(record[key]):
+            fail(f"has {key} {record[key]!r}, not a number")
+    curve = record.get("curve", [])
+    point = {"step", "loss", "repeat_loss"}
+    if not isinstance(curve, list) or not all(
+        isinstance(p, dict) and point <= set(p) and all(is_number(p[k]) for k in point) for p in curve
+    ):
+        fail("has a 'curve' that is not a list of points with step, loss and repeat_loss")

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numeric_check.errors import CheckpointError
 from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint
 from numeric_check.training.toy import (
     TrainConfig,
@@ -212,7 +213,8 @@ def test_training_record_and_its_file(tmp_path):
     checkpoint = tmp_path / "m.safetensors"
     assert training_record_for(checkpoint) is None  # no file beside it
     checkpoint.with_suffix(".json").write_text("{not json")
-    assert training_record_for(checkpoint) is None
+    with pytest.raises(CheckpointError, match="m.json' is not usable JSON"):  # not silently the default data
+        training_record_for(checkpoint)
     checkpoint.with_suffix(".json").write_text(json.dumps(record))
     assert training_record_for(checkpoint) == record
 

@@ -1,0 +1,196 @@
+"""Hostile and corrupt input to numeric_check (issue 11): checkpoints, training records and
+vocabulary files. Every bad file raises our error, before anything large is allocated."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from derivations.architecture import Architecture
+from numeric_check.errors import CheckpointError, InputFileError
+from numeric_check.model.checkpoint import (
+    FORMAT, MAX_INT_DIGITS, MAX_JSON_DEPTH, UncheckedCheckpoint, content_hash, load_checkpoint, read_json,
+    save_checkpoint,
+)
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.training.toy import shipped_checkpoint, training_record_for
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A small model saved, with its config as a dict and its tensors."""
+    model = CircuitModel.random(Architecture(1, 2, positional="standard"), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=1)
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(model, path)
+    with safe_open(str(path), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return path, model.cfg.to_dict(), tensors
+
+
+def rewrite(path, tensors, config, **metadata):
+    """A safetensors file with our format, ``config`` (a dict or raw text) and ``tensors``."""
+    text = config if isinstance(config, str) else json.dumps(config)
+    meta = {"format": FORMAT, "format_version": "1", "config": text, **metadata}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
+    return path
+
+
+class quickly:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        assert time.perf_counter() - self.start < self.seconds
+        return False
+
+
+# -- the config in the metadata ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("make_text, fragment", [
+    (lambda c: '{"arch":' * 100_000 + "1" + "}" * 100_000, "nests 100,000 deep"),
+    (lambda c: json.dumps(c)[:-1] + ', "ln_eps": 1' + "0" * 400 + "}", "has 401 digits"),
+    (lambda c: json.dumps(c)[:-1] + ', "attn_scale": 1' + "0" * 400 + "}", "has 401 digits"),
+    (lambda c: json.dumps(c).replace('"d_vocab": 5', '"d_vocab": ' + "1" * 5001), "has 5,001 digits"),
+    (lambda c: json.dumps(c).replace('"ln_eps": 1e-05', '"ln_eps": NaN'), "NaN is not a number"),
+    (lambda c: json.dumps(c).replace('"ln_eps": 1e-05', '"ln_eps": 1e999'), "beyond a float's range"),
+    (lambda c: "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), f"more than the {MAX_JSON_DEPTH}"),
+])
+def test_a_hostile_config_is_a_checkpoint_error(saved, tmp_path, make_text, fragment):
+    _, config, tensors = saved
+    path = rewrite(tmp_path / "bad.safetensors", tensors, make_text(config))
+    with quickly(2), pytest.raises(CheckpointError, match=fragment):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("field, value", [("d_vocab", 10**12), ("d_model", 10**9), ("n_ctx", 10**12), ("d_head", 10**10)])
+def test_huge_sizes_are_checked_against_the_tensors_before_allocation(saved, tmp_path, field, value):
+    """A 10**12-entry embedding would be a MemoryError (or swap) if the model were built first."""
+    _, config, tensors = saved
+    path = rewrite(tmp_path / "huge.safetensors", tensors, {**config, field: value})
+    with quickly(5), pytest.raises(CheckpointError, match=r"has shape .*, expected .* from its config"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("convert", [lambda t: t.to(torch.float8_e4m3fn), lambda t: t.to(torch.int8)])
+def test_weights_of_an_unusable_dtype_are_refused(saved, tmp_path, convert):
+    _, config, tensors = saved
+    path = rewrite(tmp_path / "f8.safetensors", {k: convert(v) for k, v in tensors.items()}, config)
+    with pytest.raises(CheckpointError, match="expected one of float64, float32, float16, bfloat16"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="cannot load .* as torch.float8_e4m3fn"):
+        load_checkpoint(saved[0], dtype="float8_e4m3fn")
+
+
+@pytest.mark.parametrize("convert, fragment", [
+    (lambda t: torch.empty_like(t, device="meta"), "a meta tensor"),
+    (lambda t: t.to_sparse(), "sparse_coo tensor"),
+    (lambda t: t.to(torch.float8_e5m2), "float8_e5m2"),
+])
+def test_torch_files_with_meta_sparse_or_float8_tensors_are_refused(saved, tmp_path, convert, fragment):
+    _, config, tensors = saved
+    path = tmp_path / "odd.pt"
+    torch.save({"config": config, "state_dict": {k: convert(v) for k, v in tensors.items()}}, path)
+    with pytest.raises(CheckpointError, match=fragment):
+        load_checkpoint(path)
+
+
+def test_a_torch_config_is_held_to_the_same_bounds(saved, tmp_path):
+    _, config, tensors = saved
+    for bad, fragment in ((dict(config, ln_eps=10**400), "about 401 digits"), (dict(config, d_vocab=10**5000), "bad.pt"),  # the weights-only unpickler refuses it itself
+                          (dict(config, ln_eps=float("nan")), "nan")):
+        path = tmp_path / "bad.pt"
+        torch.save({"config": bad, "state_dict": tensors}, path)
+        with pytest.raises(CheckpointError, match=fragment):
+            load_checkpoint(path)
+
+
+# -- the content hash ----------------------------------------------------------------------
+
+
+def test_save_stores_a_content_hash_and_load_checks_it(saved, tmp_path):
+    path, _, tensors = saved
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata()["content_sha256"] == content_hash(tensors)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40  # one bit of the last weight
+    flipped = tmp_path / "flipped.safetensors"
+    flipped.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="do not match the content hash"):
+        load_checkpoint(flipped)
+
+
+def test_a_file_without_a_hash_loads_with_a_note(saved, tmp_path):
+    _, config, tensors = saved
+    old = rewrite(tmp_path / "old.safetensors", tensors, config)
+    with pytest.warns(UncheckedCheckpoint, match="no content hash"):
+        model = load_checkpoint(old)
+    assert torch.equal(model.W_E, tensors["W_E"])
+
+
+def test_the_shipped_models_carry_their_hash():
+    for layers in (0, 1, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UncheckedCheckpoint)
+            load_checkpoint(shipped_checkpoint(layers))
+
+
+# -- training records and vocabulary files ---------------------------------------------------
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"\xff\xfe not utf-8", "not UTF-8"),
+    (b"[" * 5000 + b"]" * 5000, "nests 5,000 deep"),
+    (b'{"train_config": {"d_vocab": 1' + b"0" * 400 + b"}}", "401 digits"),
+    (b"[1, 2]", "must be an object with 'train_config'"),
+    (b'{"final": {}}', "must be an object with 'train_config'"),
+    (b'{"train_config": {"d_vocab": "x"}}', "unusable train_config"),
+    (b'{"train_config": {"nope": 1}}', "unusable train_config"),
+    (b'{"train_config": {}, "final": "fast"}', "'final' that is not an object"),
+    (b'{"train_config": {}, "final": {"loss": "low"}}', "'final' that is not an object"),
+    (b'{"train_config": {}, "curve": [{"step": 1}]}', "'curve' that is not a list"),
+    (b'{"train_config": {}, "uniform_loss": null}', "uniform_loss None, not a number"),
+])
+def test_a_malformed_training_record_is_a_checkpoint_error(tmp_path, content, fragment):
+    checkpoint = tmp_path / "m.safetensors"
+    checkpoint.with_suffix(".json").write_bytes(content)
+    with quickly(2), pytest.raises(CheckpointError, match=fragment):
+        training_record_for(checkpoint)
+
+
+def test_a_training_record_that_is_a_folder_is_a_checkpoint_error(tmp_path):
+    (tmp_path / "m.json").mkdir()
+    with pytest.raises(CheckpointError, match="is not a file"):
+        training_record_for(tmp_path / "m.safetensors")
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"\xff\xfe\x00", "not UTF-8"),
+    (b"[" * 5000, "nests 5,000 deep"),
+    (b'[{"a": 1}]', "entry 0 is {'a': 1}"),
+    (b'["a", 2]', "entry 1 is 2"),
+    (b'["a", ' + b"1" * 5001 + b"]", "5,001 digits"),
+])
+def test_a_malformed_vocabulary_file_is_an_input_file_error(tmp_path, content, fragment):
+    from numeric_check.cli.train_analyze import _read_vocab
+
+    path = tmp_path / "vocab.json"
+    path.write_bytes(content)
+    with pytest.raises(InputFileError, match=fragment):
+        _read_vocab(path)
+
+
+def test_read_json_keeps_strings_that_look_nested():
+    assert read_json('{"s": "' + "[" * 100 + '"}', "text") == {"s": "[" * 100}
+    assert read_json(str(10**MAX_INT_DIGITS - 1), "text") == 10**MAX_INT_DIGITS - 1
