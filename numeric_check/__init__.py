@@ -24,6 +24,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.model.config": ("ModelConfig", "resolve_device", "resolve_dtype"),
     "numeric_check.model.hooks": ("Constant", "HookPoint"),
     "numeric_check.model.adapters": ("from_hf_gpt2", "from_transformer_lens", "to_transformer_lens"),
+    "numeric_check.model.hf": ("from_hf",),
     "numeric_check.model.checkpoint": ("load_checkpoint", "save_checkpoint"),
     "numeric_check.circuits.factored": ("Factored", "eigenvalue_multiset_distance"),
     "numeric_check.circuits.ov_qk": (
@@ -64,6 +65,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above
     from numeric_check.model.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens  # noqa: F401
+    from numeric_check.model.hf import from_hf  # noqa: F401
     from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from numeric_check.model.circuit_model import CircuitModel  # noqa: F401
     from numeric_check.model.config import ModelConfig  # noqa: F401

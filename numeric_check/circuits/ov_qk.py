@@ -46,7 +46,7 @@ def head_weights(model, layer: int, head: int, dtype: torch.dtype | None = None)
     """``W_Q, W_K, W_V [d_head, d_model]`` and ``W_O [d_model, d_head]`` of one head (checked to exist)."""
     model.arch.check_head(layer, head)
     attn = model.blocks[layer].attn
-    return {name: getattr(attn, name)[head].detach().to(dtype or model.dtype) for name in ("W_Q", "W_K", "W_V", "W_O")}
+    return {name: attn.per_head(getattr(attn, name))[head].detach().to(dtype or model.dtype) for name in ("W_Q", "W_K", "W_V", "W_O")}
 
 
 def stacked_head_weights(
@@ -62,7 +62,7 @@ def stacked_head_weights(
     d_model, d_head = model.cfg.d_model, model.cfg.d_head
     out = {}
     for name in names:
-        weights = [getattr(block.attn, name).detach() for block in model.blocks]
+        weights = [block.attn.per_head(getattr(block.attn, name)).detach() for block in model.blocks]  # shared key/value heads repeated
         if model.arch.uniform and weights:
             out[name] = torch.stack(weights).to(dtype)
             continue

@@ -35,14 +35,16 @@ from numeric_check.model.circuit_model import CircuitModel
 # source activation names -> ours; gelu_pytorch_tanh is gelu_new's formula, gelu_fast the same
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 # formula with sqrt(2/pi) rounded to 10 digits (relative difference ~1e-12)
-ACT_FN_ALIASES = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
+ACT_FN_ALIASES = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
+                  "silu": "silu", "swish": "silu"}
 
 LayerNormWeights = tuple[Tensor, Tensor] | None  # (w, b); None for a parameter-free norm
 
 
 @dataclass
 class LayerWeights:
-    """One block in TransformerLens' convention: ``W_Q [h, d_model, d_head]``, ``W_O [h, d_head, d_model]``."""
+    """One block in TransformerLens' convention: ``W_Q [h, d_model, d_head]``, ``W_O [h, d_head, d_model]``;
+    ``W_K``, ``W_V`` ``[g, d_model, d_head]`` with ``g`` key/value heads (``g = h`` without grouping)."""
 
     W_Q: Tensor
     W_K: Tensor
@@ -54,7 +56,7 @@ class LayerWeights:
     b_O: Tensor
     ln1: LayerNormWeights = None
     ln2: LayerNormWeights = None
-    mlp: dict[str, Tensor] | None = None  # W_in [d_model, d_mlp], b_in, W_out [d_mlp, d_model], b_out
+    mlp: dict[str, Tensor] | None = None  # W_in [d_model, d_mlp], b_in, W_out [d_mlp, d_model], b_out (+ W_gate, b_gate)
 
 
 @dataclass
@@ -75,6 +77,16 @@ class SourceWeights:
     d_head: int
     n_ctx: int
     d_mlp: int | None = None
+    norm: str | None = None  # "layer_norm", "rms_norm" or "none"; None: from layer_norm
+    parallel: bool = False  # attention and MLP read the same stream
+    rotary: float | None = None  # the fraction of each head rotated by position
+    rotary_style: str = "neox"
+    rotary_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.norm is None:
+            self.norm = "layer_norm" if self.layer_norm else "none"
+        self.layer_norm = self.norm == "layer_norm"
 
 
 def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None, biases: bool | None = None) -> CircuitModel:
@@ -372,6 +384,9 @@ def _build(src: SourceWeights, dtype: Any, device: Any, biases: bool | None) -> 
         if layer.mlp is not None:
             W_in, b_in = _fold_norm(layer.ln2, layer.mlp["W_in"], layer.mlp["b_in"], 0)
             paper[p + "mlp.W_in"], paper[p + "mlp.b_in"] = W_in.T, b_in  # [d_mlp, d_model]
+            if "W_gate" in layer.mlp:
+                W_gate, b_gate = _fold_norm(layer.ln2, layer.mlp["W_gate"], layer.mlp["b_gate"], 0)
+                paper[p + "mlp.W_gate"], paper[p + "mlp.b_gate"] = W_gate.T, b_gate
             paper[p + "mlp.W_out"] = centre(layer.mlp["W_out"], 1).T  # [d_model, d_mlp]
             paper[p + "mlp.b_out"] = centre(layer.mlp["b_out"], 0)
     has_biases = _decide_biases(paper, biases)
@@ -379,12 +394,16 @@ def _build(src: SourceWeights, dtype: Any, device: Any, biases: bool | None) -> 
         paper = {k: v for k, v in paper.items() if not k.rsplit(".", 1)[-1].startswith("b_")}
     d_vocab, d_model = paper["W_U"].shape
     heads = tuple(layer.W_Q.shape[0] for layer in src.layers)
+    kv_heads = tuple(layer.W_K.shape[0] for layer in src.layers)
+    mlp = bool(src.layers) and src.layers[0].mlp is not None
     arch = Architecture(len(src.layers), heads[0] if len(set(heads)) == 1 else heads or 1,
-                        positional=src.positional, layer_norm=src.layer_norm, biases=has_biases,
-                        mlp=bool(src.layers) and src.layers[0].mlp is not None)
+                        positional=src.positional, norm=src.norm, biases=has_biases, mlp=mlp,
+                        n_kv_heads=None if kv_heads == heads else (kv_heads[0] if len(set(kv_heads)) == 1 else kv_heads),
+                        parallel=src.parallel and mlp, rotary=src.rotary, rotary_style=src.rotary_style)
     scale = None if math.isclose(src.attn_scale, math.sqrt(src.d_head), rel_tol=1e-12) else src.attn_scale
     cfg = ModelConfig(arch, d_model=d_model, d_head=src.d_head, d_vocab=d_vocab, n_ctx=src.n_ctx,
-                      d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale)
+                      d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale,
+                      gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base)
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     missing = model.load_state_dict({k: v.cpu() for k, v in paper.items()}, strict=False)
     if missing.missing_keys or missing.unexpected_keys:  # a bug here, not the user's

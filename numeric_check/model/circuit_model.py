@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from derivations.architecture import Architecture
 from numeric_check.errors import ConfigError, ModelInputError, WeightError
 from numeric_check.model.config import ACT_FNS, ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.rotary import rotate
 from numeric_check.model.hooks import (
     HookFn,
     HookPoint,
@@ -51,19 +52,29 @@ from numeric_check.model.hooks import (
 )
 
 class LayerNorm(nn.Module):
-    """Parameter-free layer norm: centre, then divide by ``hook_scale = sqrt(mean(x²) + eps)``."""
+    """Parameter-free layer norm: centre, then divide by ``hook_scale = sqrt(mean(x²) + eps)``.
 
-    def __init__(self, eps: float):
+    ``centre=False`` is RMSNorm: the same frozen per-position scale, without the centring."""
+
+    def __init__(self, eps: float, centre: bool = True):
         super().__init__()
-        self.eps = eps
+        self.eps, self.centre = eps, centre
         self.hook_scale = HookPoint()  # [batch, pos, 1]
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x - x.mean(-1, keepdim=True)
+        if self.centre:
+            x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale.fixed((*x.shape[:-1], 1))  # frozen by a Constant hook: no variance needed
         if scale is None:
             scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return x / scale
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The model's parameter-free norm: layer norm, RMSNorm (no centring) or none (``Identity``)."""
+    if cfg.arch.norm == "none":
+        return nn.Identity()
+    return LayerNorm(cfg.ln_eps, centre=cfg.arch.norm == "layer_norm")
 
 
 def _param(*shape: int, **factory: Any) -> nn.Parameter:
@@ -75,24 +86,52 @@ def _optional_param(present: bool, *shape: int, **factory: Any) -> nn.Parameter 
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention in the paper's weight convention."""
+    """Causal multi-head attention in the paper's weight convention.
 
-    def __init__(self, n_heads: int, cfg: ModelConfig, **factory: Any):
+    Grouped-query attention: ``W_K``, ``W_V`` (and ``b_K``, ``b_V``) hold one matrix per
+    key/value head, ``[n_kv_heads, d_head, d_model]``; query head ``h`` reads key/value head
+    :attr:`kv_index` ``[h]`` (Hugging Face's ``repeat_kv``). ``hook_k`` and ``hook_v`` carry one
+    entry per *query* head, ``[b, p, n_heads, d_head]``, the shared ones repeated, so every
+    reader indexes them by query head. Rotary turns the queries and keys by position in
+    :meth:`scores` (``hook_q``/``hook_k`` hold them unrotated).
+    """
+
+    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
         super().__init__()
         self.n_heads, self.scale = n_heads, cfg.scale
+        g = n_heads if n_kv_heads is None else n_kv_heads
+        self.n_kv_heads = g
         h, e, d, bias = n_heads, cfg.d_head, cfg.d_model, cfg.arch.biases
-        self.W_Q, self.W_K, self.W_V = (_param(h, e, d, **factory) for _ in range(3))
+        self.W_Q, self.W_K, self.W_V = _param(h, e, d, **factory), _param(g, e, d, **factory), _param(g, e, d, **factory)
         self.W_O = _param(h, d, e, **factory)
-        self.b_Q, self.b_K, self.b_V = (_optional_param(bias, h, e, **factory) for _ in range(3))
+        self.b_Q = _optional_param(bias, h, e, **factory)
+        self.b_K, self.b_V = (_optional_param(bias, g, e, **factory) for _ in range(2))
         self.b_O = _optional_param(bias, d, **factory)
+        self.register_buffer("kv_index", torch.arange(h, device=factory.get("device")) // (h // g), persistent=False)
+        self.rotary = None if cfg.arch.rotary is None else (cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
         for name in ("q", "k", "v", "attn_scores", "pattern", "z", "result"):
             setattr(self, f"hook_{name}", HookPoint())
 
-    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        out = torch.einsum("bpd,hed->bphe", x, W)  # [batch, pos, n_heads, d_head]
-        return out if b is None else out + b
+    @property
+    def grouped(self) -> bool:
+        return self.n_kv_heads != self.n_heads
 
-    def forward(self, qk_in: Tensor, v_in: Tensor) -> Tensor:
+    def per_head(self, t: Tensor | None) -> Tensor | None:
+        """A parameter with one entry per query head: a key/value one (``W_K``, ``W_V``, ``b_K``,
+        ``b_V``) with its shared entries repeated; a query-head one (``W_Q``, ``W_O``…) as it is."""
+        return t if t is None or t.shape[0] == self.n_heads else t[self.kv_index]
+
+    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        out = torch.einsum("bpd,hed->bphe", x, W)  # [batch, pos, heads of W, d_head]
+        out = out if b is None else out + b
+        return out[:, :, self.kv_index] if W.shape[0] != self.n_heads else out  # shared heads repeated
+
+    def forward(self, qk_in: Tensor, v_in: Tensor, discarded: bool = False) -> Tensor | None:
+        """The attention output ``[batch, pos, d_model]``; ``discarded``: the caller replaces it
+        (a Constant on ``hook_attn_out``), so only what a hook on ``hook_z`` reads is computed
+        (nothing, when none) and ``None`` is returned."""
+        if discarded and not (self.hook_z.has_hooks or self.hook_result.has_hooks):
+            return None
         n_batch, n_pos = v_in.shape[:2]
         # a pattern frozen by a Constant hook (path isolation) needs no queries, keys or scores
         pattern = self.hook_pattern.fixed((n_batch, self.n_heads, n_pos, n_pos))
@@ -103,6 +142,8 @@ class Attention(nn.Module):
         if pattern is None:
             pattern = self.hook_pattern(self.scores(q, k).softmax(-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
+        if discarded and not self.hook_result.has_hooks:
+            return None
         out = None
         if self.hook_result.has_hooks:  # each head's result, formed only when hooked (TL's use_attn_result)
             result = torch.einsum("bqhe,hde->bqhd", z, self.W_O)  # [batch, pos, n_heads, d_model]
@@ -113,8 +154,11 @@ class Attention(nn.Module):
         return out if self.b_O is None else out + self.b_O
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        """Pre-softmax scores ``[batch, heads, q, k]`` from queries and keys ``[batch, pos, heads, d_head]``:
-        ``q·k / attn_scale``, causally masked with ``-inf``; through ``hook_attn_scores``."""
+        """Pre-softmax scores ``[batch, heads, q, k]`` from queries and keys ``[batch, pos, heads, d_head]``
+        (rotated by position first, with rotary): ``q·k / attn_scale``, causally masked with ``-inf``;
+        through ``hook_attn_scores``."""
+        if self.rotary is not None:
+            q, k = (rotate(x, *self.rotary, pos_dim=1) for x in (q, k))
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale
         n_pos = scores.shape[-1]
         causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
@@ -123,11 +167,32 @@ class Attention(nn.Module):
     def head_output(self, z: Tensor, head: int) -> Tensor:
         """One head's result ``z W_O^hᵀ`` ``[..., d_model]`` from its ``z`` ``[..., d_head]`` (no ``b_O``):
         what ``hook_result[..., head, :]`` holds."""
-        return z @ self.W_O[head].T.contiguous()  # (a contiguous Wᵀ: 2x faster in float64 on a CPU)
+        return z @ self._W_O_transposed()[head]  # (a contiguous Wᵀ: 2x faster in float64 on a CPU)
+
+    def head_outputs(self, z: Tensor, heads: list[int]) -> Tensor:
+        """:meth:`head_output` of several heads at once: ``z [..., n, d_head]`` (head ``heads[i]`` at
+        ``i``) gives ``[n, ..., d_model]``."""
+        W = self._W_O_transposed()  # [n_heads, d_head, d_model]
+        if list(heads) != list(range(len(W))):  # a subset: gathered (every head in order: no copy)
+            W = W[heads]
+        return torch.matmul(z.movedim(-2, 0), W[(slice(None),) + (None,) * (z.ndim - 3)])
+
+    def _W_O_transposed(self) -> Tensor:
+        """``W_O`` as ``[n_heads, d_head, d_model]``, contiguous, made once per version of ``W_O``."""
+        key = (self.W_O.data_ptr(), self.W_O._version, self.W_O.dtype, self.W_O.device)
+        cached = self.__dict__.get("_W_O_T")
+        if cached is None or cached[0] != key:
+            cached = (key, self.W_O.detach().transpose(1, 2).contiguous())
+            self.__dict__["_W_O_T"] = cached
+        return cached[1]
 
 
 class MLP(nn.Module):
-    """``W_out act(W_in x + b_in) + b_out``, with hooks before and after the activation."""
+    """``W_out act(W_in x + b_in) + b_out``, with hooks before and after the activation.
+
+    Gated (``cfg.gated_mlp``: SwiGLU, GeGLU): ``W_out (act(W_gate x + b_gate) * (W_in x + b_in)) + b_out``,
+    with ``hook_pre`` the gate before its activation and ``hook_pre_linear`` the linear part
+    (TransformerLens' names). Either way an opaque source to the algebra."""
 
     def __init__(self, cfg: ModelConfig, **factory: Any):
         super().__init__()
@@ -135,27 +200,38 @@ class MLP(nn.Module):
         self.act_fn = ACT_FNS[cfg.act_fn]
         self.W_in, self.W_out = _param(m, d, **factory), _param(d, m, **factory)
         self.b_in, self.b_out = _optional_param(bias, m, **factory), _optional_param(bias, d, **factory)
-        self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # [batch, pos, d_mlp]
+        self.W_gate = _optional_param(cfg.gated_mlp, m, d, **factory)
+        self.b_gate = _optional_param(cfg.gated_mlp and bias, m, **factory)
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_pre_linear = HookPoint() if cfg.gated_mlp else None
+        self.hook_post = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         pre = x @ self.W_in.T
-        pre = self.hook_pre(pre if self.b_in is None else pre + self.b_in)
-        out = self.hook_post(self.act_fn(pre)) @ self.W_out.T
+        pre = pre if self.b_in is None else pre + self.b_in
+        if self.W_gate is None:
+            post = self.act_fn(self.hook_pre(pre))
+        else:
+            gate = x @ self.W_gate.T
+            gate = self.hook_pre(gate if self.b_gate is None else gate + self.b_gate)
+            post = self.act_fn(gate) * self.hook_pre_linear(pre)
+        out = self.hook_post(post) @ self.W_out.T
         return out if self.b_out is None else out + self.b_out
 
 
 class Block(nn.Module):
     """One residual block: attention, then (optionally) an MLP, each reading a layer norm."""
 
-    def __init__(self, n_heads: int, cfg: ModelConfig, **factory: Any):
+    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
         super().__init__()
-        norm = (lambda: LayerNorm(cfg.ln_eps)) if cfg.arch.layer_norm else nn.Identity
+        self.parallel = cfg.arch.parallel
         # registered in forward order, so hook_names lists them that way
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.ln1 = norm()
-        self.attn = Attention(n_heads, cfg, **factory)
+        self.ln1 = make_norm(cfg)
+        self.attn = Attention(n_heads, cfg, n_kv_heads, **factory)
         self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
-        self.ln2 = norm() if cfg.arch.mlp else None
+        # a parallel block's MLP reads ln1's output: a parameter-free norm of the same stream
+        self.ln2 = make_norm(cfg) if cfg.arch.mlp and not self.parallel else None
         self.mlp = MLP(cfg, **factory) if cfg.arch.mlp else None
         self.hook_mlp_out = HookPoint() if cfg.arch.mlp else None
         self.hook_resid_post = HookPoint()
@@ -164,10 +240,17 @@ class Block(nn.Module):
         resid_pre = self.hook_resid_pre(resid_pre)
         normed = self.ln1(resid_pre)
         qk_in = normed if qk_pos is None else normed + qk_pos
-        resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(self.attn(qk_in, normed)))
+        attn_out = self.hook_attn_out.fixed(resid_pre.shape)  # a Constant (path isolation): computed only if read
+        if attn_out is None:
+            attn_out = self.hook_attn_out(self.attn(qk_in, normed))
+        else:
+            self.attn(qk_in, normed, discarded=True)
+        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         if self.mlp is None:
             return self.hook_resid_post(resid_mid)
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        mlp_out = self.hook_mlp_out.fixed(resid_mid.shape)  # a Constant (a recorded output): the MLP is not run
+        if mlp_out is None:
+            mlp_out = self.hook_mlp_out(self.mlp(normed if self.parallel else self.ln2(resid_mid)))
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
@@ -198,8 +281,8 @@ class CircuitModel(nn.Module):
         self.b_U = _optional_param(arch.biases, cfg.d_vocab, **factory)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint() if self.W_pos is not None else None  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(n, cfg, **factory) for n in arch.heads_per_layer)
-        self.ln_final = LayerNorm(cfg.ln_eps) if arch.layer_norm else nn.Identity()
+        self.blocks = nn.ModuleList(Block(n, cfg, g, **factory) for n, g in zip(arch.heads_per_layer, arch.kv_heads_per_layer))
+        self.ln_final = make_norm(cfg)
         self._hook_points = name_hook_points(self)
 
     # --- properties ---------------------------------------------------------------------
@@ -241,6 +324,8 @@ class CircuitModel(nn.Module):
         n_ctx: int,
         d_mlp: int | None = None,
         act_fn: str = "gelu",
+        gated_mlp: bool = False,
+        rotary_base: float = 10000.0,
         seed: int = 0,
         dtype: str | torch.dtype = torch.float32,
         device: str | torch.device | None = None,
@@ -258,7 +343,8 @@ class CircuitModel(nn.Module):
         >>> torch.equal(a.W_E, b.W_E)
         True
         """
-        cfg = ModelConfig(arch, d_model=d_model, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx, d_mlp=d_mlp, act_fn=act_fn)
+        cfg = ModelConfig(arch, d_model=d_model, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx, d_mlp=d_mlp, act_fn=act_fn,
+                          gated_mlp=gated_mlp, rotary_base=rotary_base)
         if init_std is not None and not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
             raise ConfigError(f"init_std must be None or a finite number > 0, got {init_std!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -346,7 +432,7 @@ class CircuitModel(nn.Module):
         attn = self.blocks[layer].attn
         if attn.b_O is None:
             return torch.zeros(self.cfg.d_model, dtype=self.dtype, device=self.device)
-        return attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.b_V)
+        return attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.per_head(attn.b_V))
 
     def check_finite(self) -> None:
         """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries.

@@ -17,6 +17,8 @@ from torch import Tensor
 
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError
+from tensoralg.errors import TensorAlgError
+from tensoralg.rotary import rotary_dims
 from numeric_check.errors import ConfigError, DeviceError
 
 
@@ -24,6 +26,7 @@ ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact (erf) GELU
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
     "relu": F.relu,
+    "silu": F.silu,  # SwiGLU's gate (Llama, Qwen2, Mistral)
 }
 
 
@@ -87,6 +90,8 @@ class ModelConfig:
     act_fn: str = "gelu"
     ln_eps: float = 1e-5
     attn_scale: float | None = None
+    gated_mlp: bool = False
+    rotary_base: float = 10000.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, Architecture):
@@ -112,6 +117,25 @@ class ModelConfig:
         ):
             raise ConfigError(f"attn_scale must be None or a finite number > 0, got {self.attn_scale!r}")
         object.__setattr__(self, "ln_eps", float(self.ln_eps))
+        if not isinstance(self.gated_mlp, bool):
+            raise ConfigError(f"gated_mlp must be True or False, got {self.gated_mlp!r}")
+        if self.gated_mlp and not self.arch.mlp:
+            raise ConfigError("gated_mlp=True but the architecture has no MLPs; pass mlp=True in the Architecture")
+        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, (int, float)) or not (
+            math.isfinite(self.rotary_base) and self.rotary_base > 1
+        ):
+            raise ConfigError(f"rotary_base must be a finite number > 1, got {self.rotary_base!r}")
+        object.__setattr__(self, "rotary_base", float(self.rotary_base))
+        if self.arch.rotary is not None:
+            try:
+                rotary_dims(self.d_head, self.arch.rotary)
+            except TensorAlgError as err:
+                raise ConfigError(f"bad rotary for d_head={self.d_head}: {err}") from None
+
+    @property
+    def rotary_dims(self) -> int | None:
+        """The rotated dimensions of each head (``int(d_head · rotary)``, even), or ``None`` without rotary."""
+        return None if self.arch.rotary is None else rotary_dims(self.d_head, self.arch.rotary)
 
     @property
     def scale(self) -> float:

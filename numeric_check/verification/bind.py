@@ -13,7 +13,8 @@ atom                bound to                                                   k
 ``N^{final}``       ``1 / ln_final.hook_scale``                                diagonal ``[b, pos]``
 ``W_E``, ``W_U``…   the model's weights (paper convention)                     factors
 ``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                          factors
-``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^h)``, kept factored                         factors
+``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                         factors
+``W_K^{LlKVg}``…    key/value head ``g``'s own (grouped-query attention)       factors
 ``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                factors ``[d_model, 1]``
 ==================  =========================================================  ======================
 
@@ -51,8 +52,9 @@ from numeric_check.model.hooks import block_hook
 from tensoralg.atoms import Atom
 
 
-_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|(?P<qk>,qk))?$")
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+)|(?P<qk>,qk))?$")
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V")
+_KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V")  # one per key/value head: indexed by group when grouped
 
 
 # --- bound values ---------------------------------------------------------------------------
@@ -134,7 +136,11 @@ class Binder:
     # -- parsing ---------------------------------------------------------------
     def _layer_head(self, a: Atom, need_head: bool) -> tuple[int, int | None, bool]:
         match = _INDEX.match(a.index)
-        if match is None or (need_head and match["head"] is None) or (not need_head and match["head"] is not None):
+        if match is not None and match["group"] is not None and need_head:
+            return self._layer_group(a, match)
+        if match is None or (need_head and match["head"] is None) or (
+            not need_head and (match["head"] is not None or match["group"] is not None)
+        ):
             want = "L{layer}H{head}" if need_head else "L{layer}"
             raise AtomBindingError(f"atom {a.label!r} has index {a.index!r}; expected {want} (e.g. {want.format(layer=0, head=1)})")
         layer = int(match["layer"])
@@ -146,6 +152,19 @@ class Binder:
                 "the expansion was built for another architecture"
             )
         return layer, head, match["qk"] is not None
+
+    def _layer_group(self, a: Atom, match) -> tuple[int, int, bool]:
+        """``(layer, group, False)`` for a key/value atom of a grouped layer, ``W_K^{L0KV1}``."""
+        layer, group = int(match["layer"]), int(match["group"])
+        arch = self.model.arch
+        if a.name not in _KV_WEIGHTS:
+            raise AtomBindingError(f"atom {a.label!r} has a key/value index, but only {', '.join(_KV_WEIGHTS)} are shared by a group")
+        if layer >= arch.n_layers or group >= arch.kv_heads_per_layer[layer]:
+            raise AtomBindingError(
+                f"atom {a.label!r} refers to a key/value head this model does not have ({arch.describe()}); "
+                "the expansion was built for another architecture"
+            )
+        return layer, group, False
 
     # -- position side ----------------------------------------------------------
     def position(self, a: Atom) -> PositionValue:
@@ -170,8 +189,8 @@ class Binder:
             else:
                 layer, _, qk = self._layer_head(a, need_head=False)
                 name = block_hook(layer, "ln1_qk.hook_scale" if qk else "ln1.hook_scale")
-            if not self.model.arch.layer_norm:
-                raise AtomBindingError(f"atom {a.label!r} is a layer-norm scale but the model has no layer norm")
+            if not self.model.arch.normalised:
+                raise AtomBindingError(f"atom {a.label!r} is a norm's scale but the model has no layer norm or RMSNorm")
             scale = rec.get(name, f"atom {a.label}")
             return PositionValue(1.0 / scale[..., 0], True)  # [b, pos]
         raise AtomBindingError(f"unknown position-side atom {a.label!r}; expected A^{{L<l>H<h>}} or N^{{...}}")
@@ -196,9 +215,12 @@ class Binder:
             layer, head, _ = self._layer_head(a, need_head=True)
             attn = model.blocks[layer].attn
             if name == "W_OV":
-                return (attn.W_O[head], attn.W_V[head])
+                return (attn.W_O[head], attn.W_V[int(attn.kv_index[head])])
             if name == "W_QK":
-                return (attn.W_Q[head].T, attn.W_K[head])
+                return (attn.W_Q[head].T, attn.W_K[int(attn.kv_index[head])])
+            if name in _KV_WEIGHTS and attn.grouped and "KV" not in a.index:
+                raise AtomBindingError(f"atom {a.label!r}: layer {layer} shares its keys and values between heads; "
+                                       f"name them by group, {a.name}^{{L{layer}KV{int(attn.kv_index[head])}}}")
             value = getattr(attn, name)
             if value is None:
                 raise AtomBindingError(f"atom {a.label!r} is a bias but the model has no biases")
@@ -222,6 +244,8 @@ class Binder:
     # -- coefficients and sources ------------------------------------------------
     def coeff(self, c) -> float:
         """A term's coefficient as a float, with the model's sizes (``sqrt(d_head)`` → attention scale)."""
+        if c is sp.S.One:  # nearly every logits term: no SymPy hashing
+            return 1.0
         c = sp.sympify(c)
         if c not in self._coeffs:
             subs = {s: self._dims[s.name] for s in c.free_symbols if self._dims.get(s.name) is not None}

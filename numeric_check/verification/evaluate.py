@@ -48,7 +48,9 @@ from torch import Tensor
 from derivations.paths import PathTerm, Source
 from derivations.qk import QKTerm
 from numeric_check.verification.bind import Binder, SourceInput
+from numeric_check.model.rotary import rotate
 from tensoralg.atoms import Atom, Word
+from tensoralg.rotary import is_rotary
 
 # A right-multiplier ``R`` of a stream: ``(base atom, factor index j, transposed)`` stands for
 # factor ``j`` of the base atom's binding, transposed when the flag is set.
@@ -440,6 +442,10 @@ class QKEvaluator:
     (after ``W_Qᵀ``, or ``b_Qᵀ``): ``M = M_L M_R``. The two sides are streams,
     ``U = P X_q M_L`` (queries) and ``V = Q X_k M_Rᵀ`` (keys), shared between all terms and
     evaluated once each; a term's scores are ``c · U Vᵀ`` ``[batch, q, k]``.
+
+    A rotary head's terms hold one operator ``R^{h}`` (:mod:`tensoralg.rotary`): ``M = M_L R M_R``
+    is cut at it, and each side is rotated by position before the product, ``c · rot(U) rot(V)ᵀ``
+    (the model's own rotation): the operator is never written out.
     """
 
     def __init__(self, binder: Binder, terms: Sequence[QKTerm]):
@@ -447,6 +453,7 @@ class QKEvaluator:
         self.terms = list(terms)
         self.trie = StreamTrie(binder)
         self._sides: list[tuple[int, int]] = []
+        self._rotated = [any(map(is_rotary, t.term.words[2])) for t in self.terms]
         self._coeffs = [binder.coeff(t.term.coeff) for t in self.terms]
         streams: dict[StreamSpec, int] = {}
         for t in self.terms:
@@ -461,6 +468,12 @@ class QKEvaluator:
 
     def plan(self, t: QKTerm) -> tuple[StreamSpec, StreamSpec]:
         P, Q, M = t.term.words
+        at = [i for i, a in enumerate(M) if is_rotary(a)]
+        if at:  # the cut is the operator itself: U = P X_q M_L, V = Q X_k M_Rᵀ
+            left, right = word_factors(self.binder, M[: at[0]]), word_factors(self.binder, M[at[0] + 1:])
+            q_rights = [(f.ref, f.atom, f.rows, f.cols) for f in left]
+            k_rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(right)]
+            return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
         factors = word_factors(self.binder, M)
         q_width = self.binder.source_input(t.query.source).width
         k_width = self.binder.source_input(t.key.source).width
@@ -486,4 +499,15 @@ class QKEvaluator:
         """Term ``index``'s contribution to the scores, ``[batch, q, k]`` (every entry, masked or not)."""
         values = self.side_values()
         q, k = self._sides[index]
-        return self._coeffs[index] * (values[q] @ values[k].transpose(-1, -2))
+        U, V = values[q], values[k]
+        if self._rotated[index]:
+            U, V = self.rotated(q), self.rotated(k)
+        return self._coeffs[index] * (U @ V.transpose(-1, -2))
+
+    def rotated(self, stream: int) -> Tensor:
+        """A side stream ``[batch, pos, d_head]`` turned by position as the model turns its queries and keys."""
+        cache = self.__dict__.setdefault("_rotations", {})
+        if stream not in cache:
+            cfg = self.binder.model.cfg
+            cache[stream] = rotate(self.side_values()[stream], cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
+        return cache[stream]

@@ -109,10 +109,11 @@ class _SourceHooks:
         bias_on, mlp_on = self._on("bias", layer), self._on("mlp", layer)
         hooks: list[Hook] = []
         if block.attn.b_V is not None:
-            hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_on, n_batch, v, 4)) * block.attn.b_V))
+            hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_on, n_batch, v, 4)) * block.attn.per_head(block.attn.b_V)))
         if block.mlp is not None:
             recorded = self.rec.tiled(block_hook(layer, "hook_mlp_out"), len(self.prefixes))
-            hooks.append((block_hook(layer, "hook_mlp_out"), lambda x, hook: recorded * per_copy(mlp_on, n_batch, x, 3)))
+            # a Constant: the recorded output in its own source's copy, zeros elsewhere; the MLP is not run
+            hooks.append((block_hook(layer, "hook_mlp_out"), Constant(recorded * per_copy(mlp_on, n_batch, recorded, 3))))
         if any(bias_on):
             return hooks + [(block_hook(layer, "hook_attn_out"), lambda x, hook: x * per_copy(bias_on, n_batch, x, 3))]
         shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
@@ -229,16 +230,31 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
     streams: dict[Path, Tensor] = {}
     for child, parent in children.items():
         streams[child] = entering[child] = head_stream(where[parent], *child.heads[-1])
-    order = sorted((i, c) for c, prefix in enumerate(prefixes) for i in copies[prefix])
-    for i, c in order:
-        path = paths[i]
-        if path == prefixes[c]:
-            x = final[c * b:(c + 1) * b]
+    for c, prefix in enumerate(prefixes):  # copy by copy, each copy's paths in index order
+        ends = [i for i in copies[prefix] if paths[i] != prefix]
+        outputs = dict(_head_streams(model, results, c, b, [paths[i] for i in ends], streams))
+        if upto is None and outputs:  # the model's ln_final (scale frozen) on all of them at once
+            normed = final_norm(model, rec, torch.cat([outputs[paths[i]] for i in ends])).split(b)
+            outputs = {paths[i]: x for i, x in zip(ends, normed)}
+        for i in copies[prefix]:
+            yield i, final[c * b:(c + 1) * b] if paths[i] == prefix else outputs[paths[i]]
+
+
+def _head_streams(model: CircuitModel, results: dict[int, Tensor], c: int, b: int, ends: Sequence[Path],
+                  streams: dict[Path, Tensor]) -> Iterator[tuple[Path, Tensor]]:
+    """What each path's last head writes in copy ``c`` (its stream from there on): the heads of one
+    layer at once, each the module's own ``head_output`` of its ``hook_z`` (``streams``: already made)."""
+    by_layer: dict[int, list[Path]] = {}
+    for path in ends:
+        if path in streams:
+            yield path, streams.pop(path)
         else:
-            x = streams.pop(path, None)
-            x = head_stream(c, *path.heads[-1]) if x is None else x
-            x = x if upto is not None else final_norm(model, rec, x)
-        yield i, x
+            by_layer.setdefault(path.heads[-1][0], []).append(path)
+    for layer, group in by_layer.items():
+        heads = [path.heads[-1][1] for path in group]
+        z = results[layer][c * b:(c + 1) * b, :, heads]  # [b, pos, n, d_head]
+        out = model.blocks[layer].attn.head_outputs(z, heads)  # [n, b, pos, d_model]
+        yield from zip(group, out.unbind(0))
 
 
 def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
@@ -290,7 +306,7 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
         return hook
 
     hooks = [(block_hook(layer, "attn.hook_q"), read("q", attn.b_Q, q_bias_on, False)),
-             (block_hook(layer, "attn.hook_k"), read("k", attn.b_K, k_bias_on, True))]
+             (block_hook(layer, "attn.hook_k"), read("k", attn.per_head(attn.b_K), k_bias_on, True))]
     run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, position_on)  # the block alone
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 
@@ -376,7 +392,7 @@ class _GradedHooks:
 
         hooks: list[Hook] = [(block_hook(layer, "hook_resid_pre"), resid_pre)]
         if block.attn.b_V is not None:
-            hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_only, b, v, 4)) * block.attn.b_V))
+            hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_only, b, v, 4)) * block.attn.per_head(block.attn.b_V)))
 
         def result(x: Tensor, hook) -> None:
             self.captured[layer] = x  # every head's result of this layer
@@ -391,8 +407,8 @@ class _GradedHooks:
         hooks.append((block_hook(layer, "attn.hook_result"), result))
         hooks.append((block_hook(layer, "hook_attn_out"), attn_out))
         if block.mlp is not None:
-            recorded = self.rec.cache[block_hook(layer, "hook_mlp_out")]
-            hooks.append((block_hook(layer, "hook_mlp_out"), lambda x, hook: torch.cat([recorded] + [torch.zeros_like(recorded)] * (self.copies - 1))))
+            recorded = self.rec.cache[block_hook(layer, "hook_mlp_out")]  # in copy 0 (order 0) only; the MLP is not run
+            hooks.append((block_hook(layer, "hook_mlp_out"), Constant(torch.cat([recorded] + [torch.zeros_like(recorded)] * (self.copies - 1)))))
         return hooks
 
 

@@ -166,7 +166,7 @@ def _with(model, **attrs):
         (lambda: tl_model(normalization_type="RMS"), "normalization_type RMSNorm"),
         (lambda: tl_model(gated_mlp=True), "gated MLP"),
         (lambda: tl_model(parallel_attn_mlp=True), "parallel attention and MLP"),
-        (lambda: tl_model(act_fn="silu"), "activation function 'silu'"),
+        (lambda: tl_model(act_fn="solu_ln"), "activation function 'solu_ln'"),
         (lambda: tl_model(attn_scores_soft_cap=30.0), "attention-score soft-capping"),
         (lambda: _with(tl_model(), positional_embedding_type="alibi"), "ALiBi"),
         (lambda: _with(tl_model(), use_local_attn=True), r"local \(windowed\) attention"),
@@ -229,8 +229,8 @@ def test_gpt2_matches_transformer_lens_patterns():
 def test_gpt2_unsupported():
     with pytest.raises(UnsupportedModel, match=r"scale_attn_by_inverse_layer_idx"):
         from_hf_gpt2(gpt2_model(scale_attn_by_inverse_layer_idx=True))
-    with pytest.raises(UnsupportedModel, match=r"activation function 'silu'"):
-        from_hf_gpt2(gpt2_model(activation_function="silu"))
+    with pytest.raises(UnsupportedModel, match=r"activation function 'quick_gelu'"):
+        from_hf_gpt2(gpt2_model(activation_function="quick_gelu"))
     with pytest.raises(UnsupportedModel, match=r"from_hf_gpt2 expects a transformers.GPT2LMHeadModel, got HookedTransformer"):
         from_hf_gpt2(tl_model())
 

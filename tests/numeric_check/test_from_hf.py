@@ -1,0 +1,158 @@
+"""``from_hf``: each family built offline from its config with random weights (float64, tiny,
+one thread) converts to a CircuitModel whose logits equal Hugging Face's, whose path expansion
+verifies to order 2 and whose rotary heads' QK expansion verifies; bad input names its feature."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from numeric_check import UnsupportedModel, from_hf, from_hf_gpt2, verify_logits, verify_qk
+from numeric_check.errors import WeightError
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1]])
+
+
+def exact_float64(hf):
+    """Hugging Face's RMSNorm and rotary embeddings round through float32 even in a float64
+    model (about 1e-8 of the logits); the reference here replaces those round trips by
+    float64, nothing else."""
+    params = getattr(hf.config, "rope_parameters", None) or {}
+    base = float(params.get("rope_theta", 10000.0))
+    for module in hf.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            gemma = name.startswith("Gemma")
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+
+            def norm(self, x, gemma=gemma, eps=eps):
+                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                return y * ((1.0 + self.weight) if gemma else self.weight)
+
+            module.forward = types.MethodType(norm, module)
+        elif name.endswith("RotaryEmbedding"):
+            dim = 2 * module.inv_freq.shape[0]
+            inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+            def rotary(self, x, position_ids, inv=inv):
+                freqs = position_ids[..., None].to(torch.float64) * inv
+                emb = torch.cat((freqs, freqs), dim=-1)
+                return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+            module.forward = types.MethodType(rotary, module)
+    return hf
+
+
+def randomise(hf, seed: int):
+    """Every parameter random (norm gains and biases too, so that folding is exercised)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * (0.3 if p.ndim == 1 else 0.5))
+    return hf
+
+
+SMALL = dict(vocab_size=13, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+             max_position_embeddings=8)
+
+
+def build(family: str, seed: int = 0, **options):
+    torch.manual_seed(seed)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=4, n_positions=8, vocab_size=13, **options)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config_class, model_class = FAMILIES[family]
+        model = model_class(config_class(**{**SMALL, **options}))
+    return exact_float64(randomise(model.double().eval(), seed))
+
+
+FAMILIES = {
+    "gpt_neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+}
+CASES = [
+    ("gpt2", {}),
+    ("gpt_neox", {"use_parallel_residual": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    ("gpt_neox", {"use_parallel_residual": False, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                                                      "partial_rotary_factor": 1.0}}),
+    ("llama", {"num_key_value_heads": 2}),
+    ("llama", {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
+    ("qwen2", {"num_key_value_heads": 2}),
+    ("mistral", {"num_key_value_heads": 2, "sliding_window": None, "head_dim": 8}),
+    ("gemma", {"num_key_value_heads": 1, "head_dim": 8}),
+]
+
+
+def relative(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("family, options", CASES)
+def test_logits_equal_hugging_faces(family, options):
+    torch.set_num_threads(1)
+    hf = build(family, **options)
+    ours = from_hf(hf, dtype=torch.float64)
+    with torch.no_grad():
+        assert relative(ours(TOKENS), hf(TOKENS).logits) < 1e-12
+    if family == "gpt2":
+        assert ours.arch == from_hf_gpt2(hf).arch
+
+
+@pytest.mark.parametrize("family, options", CASES)
+def test_paths_and_rotary_scores_verify(family, options):
+    torch.set_num_threads(1)
+    model = from_hf(build(family, seed=1, **options), dtype=torch.float64)
+    report = verify_logits(model, TOKENS, max_order=2)
+    assert report.passed, report
+    qk = verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1)
+    assert qk.passed, qk
+
+
+@st.composite
+def llama_options(draw):
+    kv = draw(st.sampled_from([1, 2, 4]))
+    return {"num_key_value_heads": kv, "attention_bias": draw(st.booleans()),
+            "tie_word_embeddings": draw(st.booleans()),
+            "rope_parameters": {"rope_type": "default", "rope_theta": draw(st.sampled_from([100.0, 10000.0])),
+                                "partial_rotary_factor": draw(st.sampled_from([0.5, 1.0]))}}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(llama_options(), st.integers(0, 1000))
+def test_drawn_options_convert_and_verify(options, seed):
+    torch.set_num_threads(1)
+    hf = build("llama", seed, **options)
+    model = from_hf(hf, dtype=torch.float64)
+    with torch.no_grad():
+        assert relative(model(TOKENS), hf(TOKENS).logits) < 1e-12
+    assert verify_qk(model, TOKENS, 1, 3).passed
+
+
+def test_unsupported_features_are_named():
+    with pytest.raises(UnsupportedModel, match=r"sliding-window attention \(window 4 < 8 positions\)"):
+        from_hf(build("mistral", sliding_window=4))
+    with pytest.raises(UnsupportedModel, match="rope scaling 'linear'"):
+        from_hf(build("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
+    bloom = transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=13, hidden_size=16, n_layer=1, n_head=4))
+    with pytest.raises(UnsupportedModel, match="ALiBi positional biases"):
+        from_hf(bloom)
+    with pytest.raises(UnsupportedModel, match="from_hf does not know Linear"):
+        from_hf(torch.nn.Linear(2, 2))
+
+
+def test_a_config_that_disagrees_with_its_weights_is_refused():
+    hf = build("llama", num_key_value_heads=2)
+    hf.config.num_key_value_heads = 1
+    with pytest.raises(WeightError, match=r"k_proj.weight has shape \(8, 16\) but the config says \(4, 16\)"):
+        from_hf(hf)
