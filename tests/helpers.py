@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -211,3 +212,18 @@ def copying_model(d_vocab: int = 48, n_ctx: int = 24) -> CircuitModel:
         attn.W_V[0].copy_(torch.eye(V))
         attn.W_O[0].copy_(torch.eye(V))
     return model
+
+
+class quickly:
+    """Assert that the block ends within ``seconds`` (a bound of the "seconds, not hours"
+    kind for hostile input, never a timing)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        assert time.perf_counter() - self.start < self.seconds, f"took more than {self.seconds} s"
+        return False

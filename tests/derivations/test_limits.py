@@ -7,7 +7,6 @@ import inspect
 import itertools
 import re
 import sys
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -24,21 +23,8 @@ from tensoralg.atoms import Atom, atom
 from tensoralg.errors import ParseError, TCircuitsError
 from tensoralg.parse import parse
 from tensoralg.rules import rewrite_words
+from tests.helpers import quickly
 from tests.strategies import LAYOUTS, products
-
-
-class quickly:
-    """Assert that the block ends within ``seconds``."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        assert time.perf_counter() - self.start < self.seconds
-        return False
 
 
 @pytest.mark.parametrize("name, params, fragment", [

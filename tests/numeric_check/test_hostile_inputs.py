@@ -4,7 +4,6 @@ vocabulary files. Every bad file raises our error, before anything large is allo
 from __future__ import annotations
 
 import json
-import time
 import warnings
 
 import pytest
@@ -20,6 +19,7 @@ from numeric_check.model.checkpoint import (
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.toy import shipped_checkpoint, training_record_for
+from tests.helpers import quickly
 
 torch.set_num_threads(1)
 
@@ -41,18 +41,6 @@ def rewrite(path, tensors, config, **metadata):
     meta = {"format": FORMAT, "format_version": "1", "config": text, **metadata}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
     return path
-
-
-class quickly:
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        assert time.perf_counter() - self.start < self.seconds
-        return False
 
 
 # -- the config in the metadata ----------------------------------------------------------
