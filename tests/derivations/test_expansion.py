@@ -46,7 +46,7 @@ def test_typed_transposes_head_the_chain_as_typed():
 
 
 def test_typed_input_is_shown_only_when_it_reads_back_the_same():
-    assert typed("W_OV^Tᵀ ⊗ A") is None  # a double transpose the formula printer would drop
+    assert typed("W_OV^Tᵀ ⊗ A").text == "(W_OVᵀ)ᵀ ⊗ A"  # a double transpose stays two
     assert typed("d_head**2·A") is None
     assert typed("2*A ⊗ W_E").text == "2·A ⊗ W_E"
 
