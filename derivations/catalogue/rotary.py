@@ -61,7 +61,7 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
             intro=prose("Rotary turns the query and the key of each position by an angle that grows with the "
                         "position, plane by plane (", str(F), " planes of two dimensions here", *(
                             (", the other dimensions of the head passing through",) if partial else ()),
-                        "). As an operator on a stream, position ⊗ head dimension, that rotation is ",
+                        "). As an operator on a stream (the position slot ", math("⊗"), " the head-dimension slot) that rotation is ",
                         R, ":"))
         .expand()
     )
