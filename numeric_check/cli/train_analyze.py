@@ -13,7 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from numeric_check.errors import InputFileError, NumericCheckError, OutputPathError
+from tensoralg.escape import terminal_safe
+
+from numeric_check.reports.flags import check_batch, finite_float, int_in, seed, threads
+from numeric_check.errors import InputFileError, NumericCheckError
+from numeric_check.reports.files import writable_dir, writable_file, write_atomic
 
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -80,12 +84,12 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
     p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
-    p.add_argument("--init-std", type=float, default=d.init_std, help=f"std of the initial weights (default {d.init_std})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the machine is shared)")
+    p.add_argument("--batch-size", type=int_in(1), default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
+    p.add_argument("--lr", type=finite_float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
+    p.add_argument("--weight-decay", type=finite_float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
+    p.add_argument("--init-std", type=finite_float, default=d.init_std, help=f"std of the initial weights (default {d.init_std})")
+    p.add_argument("--seed", type=seed, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
+    p.add_argument("--threads", type=threads, default=1, help="torch CPU threads (default 1: the machine is shared)")
     p.add_argument("--device", default=None, help="'cpu' (default) or 'cuda'")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "float16"], help="dtype of the saved weights (default float32)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -117,10 +121,10 @@ def _run_train_toy(args) -> int:
         seed=args.seed,
         init_std=args.init_std,
     )
-    if args.threads < 1:
-        raise NumericCheckError(f"--threads must be >= 1, got {args.threads}")
     device = resolve_device(args.device)
-    out = _writable_file(args.out, ".safetensors")
+    check_batch("--batch-size", config.batch_size, config.n_ctx, config.d_vocab)
+    out = writable_file(args.out, ".safetensors")  # both outputs checked before the training, not after
+    sidecar = writable_file(out.with_suffix(".json"))
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     with _progress_bar(config.steps, disabled=args.quiet) as progress:
@@ -128,17 +132,21 @@ def _run_train_toy(args) -> int:
     seconds = time.perf_counter() - start
     from numeric_check.model.checkpoint import save_checkpoint
 
-    save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
     info = training_record(config, history, seconds)
-    sidecar = out.with_suffix(".json")
-    sidecar.write_text(json.dumps(info, indent=2) + "\n")
+    try:  # strict JSON, ready before either file is written
+        record_text = json.dumps(info, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise NumericCheckError("the training diverged (its losses are not finite numbers); nothing was written: "
+                                "try a smaller --lr or --init-std") from None
+    save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
+    write_atomic(sidecar, record_text)
     final = history.final
-    print(
+    print(terminal_safe(
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
         f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
         f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
         f"wrote {out} and {sidecar}"
-    )
+    ))
     return 0
 
 
@@ -171,30 +179,6 @@ class _progress_bar:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _writable_file(path: Path, suffix: str) -> Path:
-    """``path`` with ``suffix``, its folder created; a clear error when it cannot be written."""
-    path = Path(path)
-    if path.suffix != suffix:
-        raise OutputPathError(f"output {str(path)!r} should end in {suffix!r}")
-    if path.is_dir():
-        raise OutputPathError(f"output {str(path)!r} is a directory; give a file name ending in {suffix!r}")
-    _writable_dir(path.parent)
-    return path
-
-
-def _writable_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) and check it can be written; a clear error otherwise."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".tcircuits-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise OutputPathError(f"cannot write to {str(path)!r}: {error.strerror or error}") from None
-    return path
 
 
 # --- analyze ---------------------------------------------------------------------------
@@ -242,10 +226,10 @@ def register_analyze(subparsers) -> None:
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
     p.add_argument("--vocab", type=Path, metavar="FILE",
                    help="token strings: a JSON list, or one token per line (d_vocab entries)")
-    p.add_argument("--sequences", type=int, default=64, metavar="N", help="repeated-segment sequences to evaluate on (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation data and the random baselines (default 0)")
+    p.add_argument("--sequences", type=int_in(1), default=64, metavar="N", help="repeated-segment sequences to evaluate on (default 64)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the evaluation data and the random baselines (default 0)")
     p.add_argument("--formats", default="png,svg", help="figure formats, comma-separated: png, svg, pdf (default png,svg)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", type=threads, default=1, help="torch CPU threads (default 1)")
     p.set_defaults(func=_run_analyze)
 
 
@@ -279,13 +263,11 @@ def _run_analyze(args) -> int:
     import torch
 
     from numeric_check.reports.plots import check_formats
-    from numeric_check.reports.analysis import analyze_model, write_report
+    from numeric_check.reports.analysis import analyze_model, data_config_for, report_folder, write_report
     from numeric_check.reports.findings import findings
     from numeric_check.reports.html import write_html
     from numeric_check.training.toy import shipped_checkpoint
 
-    if args.threads < 1:
-        raise NumericCheckError(f"--threads must be >= 1, got {args.threads}")
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     check_formats(formats)
     checkpoint, control_path = args.checkpoint, args.control
@@ -293,7 +275,7 @@ def _run_analyze(args) -> int:
         checkpoint = shipped_checkpoint(2)
         control_path = control_path or shipped_checkpoint(1)
     vocab = _read_vocab(args.vocab) if args.vocab else None
-    out = _writable_dir(args.out)
+    out = report_folder(args.out)
     torch.set_num_threads(args.threads)
     model, record = _load_model(checkpoint)
     control_model = control_record = None
@@ -303,15 +285,19 @@ def _run_analyze(args) -> int:
             raise NumericCheckError(
                 f"the control must be a 1-layer model; {str(control_path)!r} has {control_model.arch.n_layers} layers"
             )
+    for m, r in ((model, record), (control_model, control_record)):
+        if m is not None:
+            data = data_config_for(m, r)
+            check_batch("--sequences", args.sequences, data.n_ctx, m.cfg.d_vocab)
     settings = {"n_sequences": args.sequences, "seed": args.seed}
     analysis = analyze_model(model, name=checkpoint.stem, training=record, vocab=vocab, **settings)
     control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
     written = write_report(analysis, out, control=control, formats=formats)
     written.append(write_html(analysis, out, control))
     rows = findings(analysis, control)
-    print(f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else ""))
-    for f in rows:
-        print(f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}")
+    lines = [f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
+    lines += [f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}" for f in rows]
     verdict = f"{sum(f.holds for f in rows)}/{len(rows)} findings hold" if rows else "no findings apply to a 0-layer model"
-    print(f"{verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")
+    lines.append(f"{verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")
+    print(terminal_safe("\n".join(lines)))  # file names may hold control characters
     return 0

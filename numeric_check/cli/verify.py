@@ -8,11 +8,11 @@ prints without a traceback (exit 2). Exit 0 when every check passes, 1 when one 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import TYPE_CHECKING
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
+from numeric_check.reports.flags import MAX_SEED, finite_float, int_in
 from numeric_check.errors import VerifyCLIError
 
 if TYPE_CHECKING:
@@ -66,45 +66,8 @@ _RANDOM_DEFAULTS = {"layers": 2, "heads": "4", "d_model": 32, "d_head": 8, "d_vo
                     "positional": "none", "layer_norm": False, "biases": False, "mlp": False, "seed": 0}
 
 
-MAX_SEED = 2**63 - 1  # torch and numpy seeds fit in a signed 64-bit int
 MAX_PARAMETERS = 50_000_000  # a random model larger than this is refused before it is allocated
 DTYPES = ("float64", "float32", "float16", "bfloat16")
-
-
-def int_in(low: int, high: int | None = None):
-    """An argparse ``type``: an integer in ``low..high`` (no upper bound when ``high`` is None).
-
-    >>> int_in(1, 10)("3")
-    3
-    >>> int_in(0)("-1")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: expected an integer >= 0, got '-1'
-    """
-    expected = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text) if len(text) <= 40 else None
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    parse.__name__ = expected  # argparse names the type in its messages
-    return parse
-
-
-def finite_float(text: str) -> float:
-    """An argparse ``type``: a finite number >= 0 (a tolerance)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
 
 
 def register(subparsers) -> None:

@@ -36,6 +36,7 @@ from numeric_check.circuits.composition import COMPOSITION_KINDS, composition_ba
 from numeric_check.circuits.detect import HeadReport, detect_heads
 from numeric_check.circuits.importance import ImportanceReport, path_label, term_importance
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.reports.files import writable_dir, writable_file, write_atomic
 from numeric_check.circuits.skip_trigrams import SkipTrigramTable, check_vocab, skip_trigram_table
 from numeric_check.training.toy import TrainConfig, next_token_losses, repeated_segment_batch
 from numeric_check.reports.findings import Finding, composition_with, findings
@@ -135,6 +136,7 @@ def analyze_model(
     batch = type(batch)(*(t.to(model.device) for t in batch))
     with torch.no_grad():
         losses = {k: float(v) for k, v in next_token_losses(model(batch.tokens), batch).items()}
+        check_finite_losses(model, losses)
         losses["uniform_loss"] = math.log(model.cfg.d_vocab)
         copying = copying_scores(model, dtype=torch.float64).cpu()
         qk = torch.full_like(copying, float("nan"))
@@ -169,6 +171,32 @@ def analyze_model(
         if 0 <= source < model.cfg.d_vocab
     ]
     return analysis
+
+
+def check_finite_losses(model: CircuitModel, losses: dict[str, float]) -> None:
+    """Refuse to analyse a model whose forward pass overflows: finite float32 weights near
+    1e37 give infinite logits and NaN losses, and every number after would be meaningless."""
+    bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
+    if bad:
+        largest = max(float(p.detach().abs().max()) for p in model.parameters())
+        raise AnalysisError(
+            f"the model's forward pass overflows in {str(model.dtype).removeprefix('torch.')}: its losses are "
+            + ", ".join(f"{k}={v}" for k, v in bad.items())
+            + f" (largest weight magnitude {largest:.3g}); nothing was written. A model this large "
+            "needs float64 or smaller weights"
+        )
+
+
+def strict_json(value):
+    """``value`` as strict JSON data: a float that is not finite (a quantity that does not
+    apply, such as a 0-layer model's composition) becomes ``null``, never ``NaN``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -421,6 +449,20 @@ def make_figures(a: ModelAnalysis) -> dict[str, object]:
     return figures
 
 
+REPORT_FILES = ("report.md", "tables.tex", "analysis.json", "index.html")  # and figures/
+
+
+def report_folder(out_dir: Path | str) -> Path:
+    """``out_dir``, checked before any analysis: a folder that can be written, in which every
+    file of the report (and ``figures/``) can be replaced — a directory named ``report.md``
+    is found now, not after minutes of work."""
+    out_dir = writable_dir(out_dir)
+    for name in REPORT_FILES:
+        writable_file(out_dir / name)
+    writable_dir(out_dir / "figures")
+    return out_dir
+
+
 def write_report(
     a: ModelAnalysis, out_dir: Path | str, *, control: ModelAnalysis | None = None, formats: Sequence[str] = ("png", "svg")
 ) -> list[Path]:
@@ -428,7 +470,7 @@ def write_report(
     from numeric_check.reports.plots import save_figure
 
     out_dir = Path(out_dir)
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    writable_dir(out_dir / "figures")
     written, links = [], {}
     for name, figure in make_figures(a).items():
         paths = save_figure(figure, out_dir / "figures", name, formats)
@@ -437,9 +479,7 @@ def write_report(
     for filename, text in (
         ("report.md", render_markdown(a, control, links)),
         ("tables.tex", render_latex(a, control)),
-        ("analysis.json", json.dumps(analysis_to_dict(a, control), indent=2) + "\n"),
+        ("analysis.json", json.dumps(strict_json(analysis_to_dict(a, control)), indent=2, allow_nan=False) + "\n"),
     ):
-        path = out_dir / filename
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+        written.append(write_atomic(out_dir / filename, text))
     return written

@@ -20,6 +20,12 @@ import math
 import sys
 import time
 
+from tensoralg.escape import terminal_safe
+
+from numeric_check.reports.flags import check_batch, int_in, seed
+
+MAX_BATCH = 1024  # sequences verified term by term: each term holds a batch of logits
+
 EPILOG = """\
 examples:
   tcircuits demo                          # the shipped 2-layer model
@@ -37,9 +43,9 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--checkpoint", metavar="PATH", help="a CircuitModel checkpoint (default: the shipped 2-layer model)")
-    parser.add_argument("--batch", type=int, default=4, help="sequences of repeated random tokens to verify on (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of those sequences (default 0)")
-    parser.add_argument("--rows", type=int, default=12, help="terms to list, largest first (default 12)")
+    parser.add_argument("--batch", type=int_in(1, MAX_BATCH), default=4, help="sequences of repeated random tokens to verify on (default 4)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of those sequences (default 0)")
+    parser.add_argument("--rows", type=int_in(0), default=12, help="terms to list, largest first (default 12; 0: the summary only)")
     parser.set_defaults(func=run)
 
 
@@ -58,17 +64,14 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.circuits.behaviour import ACROSS_CONTEXT, best_head_floor, profile_rows, repeat_loss_grid
     from numeric_check.circuits.composition import composition_scores
     from numeric_check.circuits.detect import detect_heads, repeated_tokens
-    from numeric_check.errors import NumericCheckError
     from numeric_check.training.toy import shipped_checkpoint, training_record_for
     from numeric_check.verification.verify import verify_logits, verify_qk
 
-    if args.batch < 1:
-        raise NumericCheckError(f"--batch must be >= 1, got {args.batch}")
     torch.set_num_threads(1)
     path = args.checkpoint or shipped_checkpoint(2)
     model = load_checkpoint(path)
     arch, cfg = model.arch, model.cfg
-    out = print
+    out = lambda text: print(terminal_safe(text))  # a checkpoint's path may hold control characters
 
     out(_section("1. The model"))
     out(f"{path}\n{model!r}")
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     out(_section("3. Every term against the model"))
     seg = max(2, min(cfg.n_ctx // 2, 16))
+    check_batch("--batch", args.batch, 2 * seg, cfg.d_vocab)
     tokens = repeated_tokens(model, seg_len=seg, batch=args.batch, seed=args.seed)
     report = verify_logits(model, tokens, expansion=expansion)
     out(f"tokens: {args.batch} sequences of {seg} random tokens, each repeated once")

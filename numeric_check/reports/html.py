@@ -29,6 +29,7 @@ from derivations.document import math as formula
 from derivations.html import mathml, page
 from tensoralg.escape import escape_text
 
+from numeric_check.reports.files import write_atomic
 from numeric_check.circuits.importance import path_label
 from numeric_check.reports.analysis import ModelAnalysis, composition_rows
 from numeric_check.reports.findings import findings
@@ -208,6 +209,4 @@ def render_html(a: ModelAnalysis, control: ModelAnalysis | None = None, figures:
 
 def write_html(a: ModelAnalysis, out_dir: Path | str, control: ModelAnalysis | None = None) -> Path:
     """Write ``out_dir/index.html``, linking the figures already in ``out_dir/figures``; return its path."""
-    path = Path(out_dir) / "index.html"
-    path.write_text(render_html(a, control, figure_links(out_dir)), encoding="utf-8")
-    return path
+    return write_atomic(Path(out_dir) / "index.html", render_html(a, control, figure_links(out_dir)))

@@ -17,10 +17,13 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib import rc_context
+from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from derivations.architecture import head_label
+from tensoralg.escape import escape_text
+from numeric_check.reports.files import replace_atomic
 from numeric_check.errors import PlotError
 
 LAYER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -76,7 +79,8 @@ def positivity_scatter(
                 crowd = sum(abs(point[0] - p[0]) < 0.12 and abs(point[1] - p[1]) < 0.06 for p in placed)
                 ax.annotate(head_label(layer, int(head)), point, xytext=(5, 3 - 9 * crowd), textcoords="offset points", fontsize=7)
                 placed.append(point)
-    ax.set(xlim=(-1.05, 1.05), ylim=(-1.05, 1.05), xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set(xlim=(-1.05, 1.05), ylim=(-1.05, 1.05), xlabel=xlabel, ylabel=ylabel)
+    plain_title(ax, title)
     ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.8)
     return fig
 
@@ -132,7 +136,7 @@ def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, objec
         ax.set_title(f"{kind}-composition" + (" minus baseline" if baseline is not None else ""))
     fig.colorbar(image, ax=list(axes), shrink=0.8)
     if title:
-        fig.suptitle(title)
+        plain_title(fig, title)
     return fig
 
 
@@ -205,7 +209,7 @@ def position_profiles_figure(
             ax.text(0.5, 0.5, "no such head", ha="center", va="center", transform=ax.transAxes, color="0.5")
     axes[0].set_ylabel("mean attention")
     if title:
-        fig.suptitle(title)
+        plain_title(fig, title)
     return fig
 
 
@@ -220,7 +224,8 @@ def training_curve(curve: Sequence[dict], *, uniform_loss: float | None = None, 
     ax.plot(steps, [p["repeat_loss"] for p in curve], label="repeated tokens")
     if uniform_loss is not None:
         ax.axhline(uniform_loss, color="0.6", ls="--", lw=0.8, label="uniform")
-    ax.set(xlabel="step", ylabel="loss (nats)", title=title)
+    ax.set(xlabel="step", ylabel="loss (nats)")
+    plain_title(ax, title)
     ax.legend(frameon=False, fontsize=8)
     return fig
 
@@ -236,14 +241,26 @@ def check_formats(formats: Sequence[str]) -> None:
         )
 
 
+def plain_title(target: Axes | Figure, text: str) -> None:
+    r"""Title ``target`` (an axes, or a figure's suptitle) with user text such as a checkpoint's
+    name, as plain text: never Matplotlib's mathtext (``$\bad$`` would be parsed, and fail),
+    control characters shown escaped and whitespace runs as one space."""
+    text = escape_text(text, "text")
+    if isinstance(target, Figure):
+        target.suptitle(text, parse_math=False)
+    else:
+        target.set_title(text, parse_math=False)
+
+
 def save_figure(fig: Figure, out_dir: Path | str, name: str, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Write ``fig`` as ``out_dir/name.png`` and ``.svg`` (or ``formats``); return the paths."""
     check_formats(formats)
     paths = []
     for fmt in formats:
         path = Path(out_dir) / f"{name}.{fmt}"
+        tmp = path.with_name(f".{path.name}.tmp")
         metadata = {"Date": None} if fmt == "svg" else None
         with rc_context({"svg.hashsalt": "tcircuits"}):  # reproducible SVG ids, scoped to this call
-            fig.savefig(path, format=fmt, dpi=150, metadata=metadata)
-        paths.append(path)
+            fig.savefig(tmp, format=fmt, dpi=150, metadata=metadata)
+        paths.append(replace_atomic(tmp, path))  # complete, then renamed: never half a figure
     return paths

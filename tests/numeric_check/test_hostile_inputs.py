@@ -182,3 +182,101 @@ def test_a_malformed_vocabulary_file_is_an_input_file_error(tmp_path, content, f
 def test_read_json_keeps_strings_that_look_nested():
     assert read_json('{"s": "' + "[" * 100 + '"}', "text") == {"s": "[" * 100}
     assert read_json(str(10**MAX_INT_DIGITS - 1), "text") == 10**MAX_INT_DIGITS - 1
+
+
+# -- outputs: plain titles, strict JSON, paths checked first, atomic files --------------------
+
+
+def test_a_name_with_mathtext_is_a_plain_title(tmp_path):
+    from numeric_check.reports import plots
+
+    name = "$\\bad$ \x1b[2J {x}^2"
+    figure = plots.training_curve([{"step": 1, "loss": 2.0, "repeat_loss": 1.0}], title=name)
+    (path,) = plots.save_figure(figure, tmp_path, "curve", ["png"])  # mathtext would raise ParseFatalException
+    assert path.exists() and [p.name for p in tmp_path.iterdir()] == ["curve.png"]
+    assert figure.axes[0].get_title() == "$\\bad$ \\x1b[2J {x}^2"
+
+
+def test_weights_near_the_float32_limit_are_an_overflow_error_not_nan():
+    from numeric_check.errors import AnalysisError
+    from numeric_check.reports.analysis import analyze_model
+
+    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=6, n_ctx=8, seed=0, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.sign(p) * 1e37)  # finite weights near float32's limit; the logits are not
+    with pytest.raises(AnalysisError, match="forward pass overflows in float32"):
+        analyze_model(model, n_sequences=2)
+
+
+def test_report_json_is_strict():
+    from numeric_check.reports.analysis import strict_json
+
+    data = strict_json({"a": [1.0, float("nan"), float("inf")], "b": {"c": -float("inf")}, "d": "x"})
+    assert data == {"a": [1.0, None, None], "b": {"c": None}, "d": "x"}
+    json.dumps(data, allow_nan=False)
+
+
+def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    from numeric_check.reports import files
+
+    target = files.write_atomic(tmp_path / "report.md", "old")
+    monkeypatch.setattr(files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(files.OutputPathError, match="No space left on device"):
+        files.write_atomic(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+def test_a_report_folder_is_checked_before_the_analysis(tmp_path):
+    from numeric_check.errors import OutputPathError
+    from numeric_check.reports.analysis import REPORT_FILES, report_folder
+
+    for name in REPORT_FILES:
+        (tmp_path / name).mkdir()
+        with pytest.raises(OutputPathError, match=f"{name}' is a directory"):
+            report_folder(tmp_path)
+        (tmp_path / name).rmdir()
+    assert report_folder(tmp_path) == tmp_path
+
+
+# -- flags of the numeric commands --------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    from derivations.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["demo", "--seed", "18446744073709551616"], "argument --seed: expected an integer in 0..9223372036854775807"),
+    (["demo", "--batch", "100000000"], "argument --batch: expected an integer in 1..1024"),
+    (["demo", "--rows", "-1"], "argument --rows: expected an integer >= 0"),
+    (["analyze", "--seed", "18446744073709551616", "--out", "x"], "argument --seed: expected an integer in 0.."),
+    (["analyze", "--sequences", "100000000", "--out", "REPORT"], "--sequences 100,000,000 would need"),
+    (["analyze", "--threads", "100000", "--out", "x"], "argument --threads: expected an integer in 1.."),
+    (["train-toy", "--threads", "100000", "--out", "m.safetensors"], "argument --threads: expected an integer in 1.."),
+    (["train-toy", "--seed", str(2**64), "--out", "m.safetensors"], "argument --seed"),
+    (["train-toy", "--lr", "nan", "--out", "m.safetensors"], "argument --lr: expected a finite number"),
+    (["train-toy", "--batch-size", "100000000", "--out", "OUT"], "--batch-size 100,000,000 would need"),
+])
+def test_numeric_flags_are_refused_in_one_line_before_any_work(capsys, tmp_path, argv, fragment):
+    argv = [str(tmp_path / a) if a in ("REPORT", "OUT") else a for a in argv]
+    argv = [str(tmp_path / "OUT.safetensors") if a.endswith("OUT") else a for a in argv]
+    with quickly(30):
+        code, out, err = run(capsys, *argv)
+    lines = [line for line in err.splitlines() if "warning: command" not in line]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0], err
+
+
+def test_train_toy_checks_its_record_path_before_training(capsys, tmp_path):
+    (tmp_path / "m.json").mkdir()
+    with quickly(10):
+        code, out, err = run(capsys, "train-toy", "--steps", "100000", "--out", str(tmp_path / "m.safetensors"))
+    assert code == 2 and "m.json' is a directory" in err
+    assert not (tmp_path / "m.safetensors").exists()  # nothing trained, nothing written
