@@ -227,3 +227,15 @@ class quickly:
     def __exit__(self, *exc):
         assert time.perf_counter() - self.start < self.seconds, f"took more than {self.seconds} s"
         return False
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``tcircuits ARGV`` in-process: ``(exit status, stdout, stderr)``; argparse's exit is a status too."""
+    from derivations.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err

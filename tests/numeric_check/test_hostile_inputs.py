@@ -19,7 +19,7 @@ from numeric_check.model.checkpoint import (
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.toy import shipped_checkpoint, training_record_for
-from tests.helpers import quickly
+from tests.helpers import quickly, run_cli as run
 
 torch.set_num_threads(1)
 
@@ -240,17 +240,6 @@ def test_a_report_folder_is_checked_before_the_analysis(tmp_path):
 
 
 # -- flags of the numeric commands --------------------------------------------------------------
-
-
-def run(capsys, *argv):
-    from derivations.cli import main
-
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("argv, fragment", [
