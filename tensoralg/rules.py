@@ -53,6 +53,11 @@ def _rebuild(parts: list[Expr]) -> Expr:
     return parts[0] if len(parts) == 1 else Add(parts)
 
 
+def _is_identity(t: Term) -> bool:
+    """``Id ⊗ … ⊗ Id`` with coefficient 1: the identity operator."""
+    return t.coeff == 1 and not any(t.words)
+
+
 def _is_monomial(p: Product) -> bool:
     return all(len(f) == 1 for f in p.factors)
 
@@ -60,7 +65,9 @@ def _is_monomial(p: Product) -> bool:
 def distribute(expr: Expr, max_order: int | None = None) -> Expr:
     """``(Σ_i a_i)(Σ_j b_j) = Σ_{i,j} (a_i)(b_j)``: a lazy sum of products of single terms.
 
-    Each product keeps its factors unmultiplied (so the next step, :func:`mixed_product`,
+    An identity factor ``Id ⊗ … ⊗ Id`` chosen from a sum is left out of its product
+    (``X Id Y = X Y``), as a derivation written by hand leaves it out. Each product keeps
+    its other factors unmultiplied (so the next step, :func:`mixed_product`,
     is visible); products already made of single terms, and canonical sums, are left
     alone. ``max_order`` keeps only the products that choose a non-identity term from at
     most that many factors (the truncation of :meth:`Product.expand`).
@@ -79,8 +86,10 @@ def distribute(expr: Expr, max_order: int | None = None) -> Expr:
         shapes = [f.slot_shapes for f in part.factors]
         n = part.n_slots
         for choice in part.iter_terms(max_order):
-            factors = [_single(tables[k][j], n, shapes[k]) for k, j in enumerate(choice.indices)]
-            parts.append(Product(factors, part.coeff))
+            chosen = [(k, tables[k][j]) for k, j in enumerate(choice.indices)]
+            # Id X = X: an identity factor is left out of a product that has others
+            kept = [(k, t) for k, t in chosen if not _is_identity(t)] or chosen[:1]
+            parts.append(Product([_single(t, n, shapes[k]) for k, t in kept], part.coeff))
     if not parts:  # truncation dropped every product
         return TensorSum.from_canonical({}, expr.n_slots, expr.slot_shapes)
     return _rebuild(parts)

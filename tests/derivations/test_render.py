@@ -48,8 +48,8 @@ GOLDEN_LATEX = r"""Paths.
 
 \begin{align*}
 T &= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id} + \sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{OV}^{h_0}\right) \left(\mathrm{Id} \otimes W_{E}\right)
-\intertext{Distributivity: $X(Y + Z)W = XYW + XZW$.}
-&= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id}\right) \left(\mathrm{Id} \otimes W_{E}\right) \\
+\intertext{Distributivity: $X(Y + Z)W = XYW + XZW, \quad X \mathrm{Id} W = XW$.}
+&= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes W_{E}\right) \\
 &\quad + \left(\mathrm{Id} \otimes W_{U}\right) \left(\sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{OV}^{h_0}\right) \left(\mathrm{Id} \otimes W_{E}\right)
 \intertext{Mixed-product rule: $(A \otimes B)(C \otimes D) = (AC) \otimes (BD)$.}
 &= \mathrm{Id} \otimes W_{U} W_{E} + \sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{U} W_{OV}^{h_0} W_{E}
@@ -62,8 +62,8 @@ GOLDEN_TEXT = """One layer
 Paths.
 
 T = (Id ⊗ W_U) (Id ⊗ Id + Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) (Id ⊗ W_E)
-    [Distributivity: X(Y + Z)W = XYW + XZW.]
-  = (Id ⊗ W_U) (Id ⊗ Id) (Id ⊗ W_E)
+    [Distributivity: X(Y + Z)W = XYW + XZW,  X Id W = XW.]
+  = (Id ⊗ W_U) (Id ⊗ W_E)
       + (Id ⊗ W_U) (Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0}) (Id ⊗ W_E)
     [Mixed-product rule: (A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD).]
   = Id ⊗ W_U W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_U W_OV^{h0} W_E
@@ -107,7 +107,7 @@ def test_json_has_every_step_in_full():
     assert [s["rule"] for s in steps] == ["definition", "distributivity", "mixed-product"]
     assert steps[-1]["expr"]["n_terms"] == 2 and steps[-1]["expr"]["kind"] == "TensorSum"
     assert steps[-1]["expr"]["text"] == "Id ⊗ W_U W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_U W_OV^{h0} W_E"
-    assert steps[1]["statement"]["text"] == "X(Y + Z)W = XYW + XZW"
+    assert steps[1]["statement"]["text"] == "X(Y + Z)W = XYW + XZW,  X Id W = XW"
     assert data["chains"][0]["sums"] == [{"index": "h0", "over": {"latex": "H_{0}", "text": "H_0"}}]
 
 

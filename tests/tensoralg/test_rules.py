@@ -202,3 +202,16 @@ def test_fold_sum_refuses_an_empty_or_multi_slot_definition():
         fold_sum(term(A0, b), s, TensorSum([], n_slots=1), 1)
     with pytest.raises(SlotMismatch, match="a folded definition is a matrix \\(1 slot\\), got 2 slots"):
         fold_sum(term(A0, b), s, term(None, b), 1)
+
+
+
+def test_distribute_leaves_identity_factors_out_of_products():
+    from tensoralg.parse import parse
+    from tensoralg.rules import distribute
+    given_ = parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)")
+    two_slot = distribute(given_)
+    assert [len(p.factors) for p in two_slot.parts] == [2, 3]  # (Id ⊗ W_U)(Id ⊗ W_E), not three factors
+    assert collect(two_slot) == given_.expand()
+    only_identities = distribute(parse("(Id + A ⊗ W)(Id + B ⊗ V)"))
+    assert [len(p.factors) for p in only_identities.parts] == [1, 1, 1, 2]  # Id ⊗ Id alone is kept once
+    assert collect(only_identities) == parse("(Id + A ⊗ W)(Id + B ⊗ V)").expand()
