@@ -372,3 +372,12 @@ def cli_arguments(draw, entries: list[str]) -> list[str]:
     for flag in draw(st.lists(st.sampled_from(flags), max_size=3, unique=True)):
         argv += [flag] if flag in SWITCHES else [flag, draw(HOSTILE_VALUES)]
     return argv
+
+
+#: Any JSON value a careless or hostile writer might put in a config: huge integers,
+#: special floats (NaN, infinities), strings, nested lists and objects.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)

@@ -3,29 +3,39 @@
 Random text, numbers and flag values fed to :func:`tensoralg.parse` and to ``tcircuits
 derive`` / ``tcircuits expand`` (in-process) give a result or one of our errors — a
 :class:`TensorAlgError`, or argparse's exit status 2 with a one-line message — within
-seconds; Markdown output carries no raw HTML (rendered with a CommonMark parser); no
-control character reaches the terminal raw.
+seconds; random bytes, configs and flipped bits given to the checkpoint loader give a
+model or a :class:`CheckpointError`; Markdown output carries no raw HTML (rendered with a
+CommonMark parser); no control character reaches the terminal raw.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import tempfile
 import time
 import unicodedata
+import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
+from safetensors.torch import save_file
 
+from derivations.architecture import Architecture
 from derivations.catalogue import ENTRIES, get
 from derivations.cli import main
 from derivations.expansion import expansion
 from tensoralg import parse
 from tensoralg.errors import TCircuitsError, TensorAlgError
 from tensoralg.escape import terminal_safe
-from tests.strategies import cli_arguments, hostile_text, markup_text
+from numeric_check.errors import CheckpointError
+from numeric_check.model.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from numeric_check.model.circuit_model import CircuitModel
+from tests.strategies import cli_arguments, hostile_text, json_values, markup_text
 
 SECONDS = 10  # one input: a result or an error within seconds, never minutes
 
@@ -146,3 +156,58 @@ def test_the_catalogues_markdown_has_no_raw_html():
 
 def test_the_markdown_renderer_finds_raw_html_when_it_is_there():
     assert html_in_markdown("$$\nA^{<img src=x onerror=alert(1)>}\n$$") != []
+
+
+# -- the checkpoint loader ---------------------------------------------------------------------
+
+SMALL = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0)
+SMALL_CONFIG = SMALL.cfg.to_dict()
+
+
+def load_or_refuse(path: Path) -> None:
+    """A model, or a CheckpointError — nothing else, within seconds."""
+    start = time.perf_counter()
+    try:
+        load_checkpoint(path)
+    except CheckpointError:
+        pass
+    assert time.perf_counter() - start < SECONDS
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=600), st.sampled_from([".safetensors", ".pt"]))
+def test_random_bytes_are_a_checkpoint_error(data, suffix):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"random{suffix}"
+        path.write_bytes(data)
+        with pytest.raises(CheckpointError):
+            load_checkpoint(path)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(SMALL_CONFIG) + ["arch"]), json_values, st.sampled_from(["", "arch"]))
+def test_a_config_with_a_random_field_loads_or_is_refused(field, value, where):
+    config = json.loads(json.dumps(SMALL_CONFIG))
+    target = config["arch"] if where == "arch" else config
+    target[field if where == "" else field.replace("arch", "n_layers")] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.safetensors"
+        text = json.dumps(config)  # NaN and Infinity included, as a careless writer would
+        save_file({k: v.contiguous() for k, v in SMALL.state_dict().items()}, str(path),
+                  metadata={"format": FORMAT, "format_version": "1", "config": text})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no content hash in these files
+            load_or_refuse(path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4))
+def test_a_saved_checkpoint_with_flipped_bytes_loads_or_is_refused(flips):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.safetensors"
+        save_checkpoint(SMALL, path)
+        data = bytearray(path.read_bytes())
+        for position, mask in flips:
+            data[position % len(data)] ^= mask
+        path.write_bytes(bytes(data))
+        load_or_refuse(path)
