@@ -255,6 +255,14 @@ class Binder:
             self._coeffs[c] = float(value)
         return self._coeffs[c]
 
+    def input_width(self, source: Source) -> int:
+        """The columns of ``source``'s input ``X`` (``d_vocab``, ``n_ctx``, ``d_model`` or 1), cached by input."""
+        cache = self.__dict__.setdefault("_widths", {})
+        key = source.input_key
+        if key not in cache:
+            cache[key] = self.source_input(source).width
+        return cache[key]
+
     def source_input(self, source: Source) -> SourceInput:
         """The input ``X`` of ``source`` for this batch (see :mod:`derivations.paths`)."""
         rec, model = self.recording, self.model

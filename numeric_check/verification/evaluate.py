@@ -60,8 +60,18 @@ OpKey = tuple  # ("P", atom), ("R", base atom, j, transposed) or ("F", ref, ref)
 _LAST = 10**9  # stage of W_U, b_U, N^{final}: after every layer
 
 
+_STAGES: dict[Atom, int] = {}
+
+
 def _stage(a: Atom) -> int:
     """The layer an atom belongs to, for ordering operations (``W_E``, ``W_pos``: -1; output: last)."""
+    stage = _STAGES.get(a)
+    if stage is None:
+        stage = _STAGES[a] = _stage_of(a)
+    return stage
+
+
+def _stage_of(a: Atom) -> int:
     index = a.index
     if index.startswith("L"):
         digits = ""
@@ -196,17 +206,27 @@ def right_multiplier(binder: Binder, ref: FactorRef) -> Tensor:
 
 
 def word_factors(binder: Binder, word: Word) -> list[_Factor]:
-    """The factors of a word, left to right, each with its reference and size."""
-    out = []
+    """The factors of a word, left to right, each with its reference and size (each atom's
+    made once per binder: an expansion repeats a few hundred atoms in tens of thousands of words)."""
+    cache = binder.__dict__.setdefault("_atom_factors", {})
+    out: list[_Factor] = []
     for a in word:
-        base = a.base
-        base_factors = binder.factors(base)
-        n = len(base_factors)
-        js = range(n - 1, -1, -1) if a.transposed else range(n)
-        for j in js:
-            F = base_factors[j]
-            rows, cols = (F.shape[1], F.shape[0]) if a.transposed else (F.shape[0], F.shape[1])
-            out.append(_Factor((base, j, a.transposed), a, rows, cols))
+        factors = cache.get(a)
+        if factors is None:
+            factors = cache[a] = _atom_factors(binder, a)
+        out += factors
+    return out
+
+
+def _atom_factors(binder: Binder, a: Atom) -> list[_Factor]:
+    base = a.base
+    base_factors = binder.factors(base)
+    n = len(base_factors)
+    out = []
+    for j in (range(n - 1, -1, -1) if a.transposed else range(n)):
+        F = base_factors[j]
+        rows, cols = (F.shape[1], F.shape[0]) if a.transposed else (F.shape[0], F.shape[1])
+        out.append(_Factor((base, j, a.transposed), a, rows, cols))
     return out
 
 
@@ -259,7 +279,7 @@ def _narrowest(widths: Sequence[int], prefer: Sequence[bool] = ()) -> int:
     preferred = [i for i, p in enumerate(prefer) if p]
     if preferred:
         return preferred[0]
-    return min(range(len(widths)), key=lambda i: (widths[i], i))
+    return widths.index(min(widths))
 
 
 # --- logits ---------------------------------------------------------------------------------
@@ -291,7 +311,7 @@ class LogitEvaluator:
         position, residual = t.term.words
         factors = word_factors(self.binder, residual)
         # cut c (1..m): left F_1..F_c, applied F_{c+1}..F_m; its width is cols(F_c)
-        widths = [f.cols for f in factors[:-1]] + [self.binder.source_input(t.source).width]
+        widths = [f.cols for f in factors[:-1]] + [self.binder.input_width(t.source)]
         c = _narrowest(widths) + 1
         rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(factors[c:])]  # Y ← Y Fᵀ
         left = tuple(_flip(f.ref) for f in reversed(factors[:c]))
@@ -475,8 +495,8 @@ class QKEvaluator:
             k_rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(right)]
             return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
         factors = word_factors(self.binder, M)
-        q_width = self.binder.source_input(t.query.source).width
-        k_width = self.binder.source_input(t.key.source).width
+        q_width = self.binder.input_width(t.query.source)
+        k_width = self.binder.input_width(t.key.source)
         # cut c (0..m): U = X_q F_1..F_c, V = X_k F_m^T..F_{c+1}^T; width rows(F_{c+1})
         widths = [q_width] + [f.cols for f in factors[:-1]] + [k_width]
         prefer = [False] + [_is_query_end(f.atom, f.ref[1]) for f in factors[:-1]] + [False]
