@@ -19,6 +19,7 @@ from numeric_check.model.checkpoint import (
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.toy import shipped_checkpoint, training_record_for
+from tests.conftest import needs_pdflatex
 from tests.helpers import quickly, run_cli as run
 
 torch.set_num_threads(1)
@@ -269,3 +270,52 @@ def test_train_toy_checks_its_record_path_before_training(capsys, tmp_path):
         code, out, err = run(capsys, "train-toy", "--steps", "100000", "--out", str(tmp_path / "m.safetensors"))
     assert code == 2 and "m.json' is a directory" in err
     assert not (tmp_path / "m.safetensors").exists()  # nothing trained, nothing written
+
+
+# -- injection into the report ---------------------------------------------------------------
+
+HOSTILE_NAME = "evil\n\\input{secret}\n\\immediate\\write18{touch pwned}<img src=x onerror=alert(1)>$\\bad$ \x1b[2J"
+HOSTILE_TOKENS = ["a\n\nb", "<script>alert(1)</script>", "x|y", "\x07\x1b[2J\x00", "\\input{secret}", "$\\bad$", "%", "#&_^~{}",
+                  "\u202e", "\\\\", "]]>", "\r"]
+
+
+@pytest.fixture(scope="module")
+def hostile_analysis():
+    from numeric_check.reports.analysis import analyze_model
+    from tests.helpers import exact_induction_model
+
+    model = exact_induction_model(d_vocab=24, n_ctx=12)
+    vocab = HOSTILE_TOKENS + [f"t{i}" for i in range(len(HOSTILE_TOKENS), 24)]
+    return analyze_model(model, name=HOSTILE_NAME, n_sequences=4, vocab=vocab, sources=range(len(HOSTILE_TOKENS)))
+
+
+@pytest.mark.slow
+def test_the_markdown_report_has_no_raw_html(hostile_analysis):
+    from markdown_it import MarkdownIt
+
+    from numeric_check.reports.analysis import render_markdown
+
+    markdown = render_markdown(hostile_analysis)
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    raw = [t.content for token in tokens for t in [token, *(token.children or ())] if t.type.startswith("html")]
+    assert raw == [] and "\x1b" not in markdown and "\x07" not in markdown
+
+
+@pytest.mark.slow
+@needs_pdflatex
+def test_the_latex_tables_with_hostile_names_and_tokens_compile_inertly(tmp_path, hostile_analysis):
+    import subprocess
+
+    from numeric_check.reports.analysis import render_latex
+
+    (tmp_path / "secret.tex").write_text("SECRET-CONTENT")
+    tables = render_latex(hostile_analysis)
+    assert tables.splitlines()[0].startswith("% Tables of") and "\\input{secret}" in tables.splitlines()[0]  # inert
+    assert "\\input{secret}" not in "\n".join(tables.splitlines()[1:])
+    (tmp_path / "tables.tex").write_text(tables)
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\n\\begin{document}\n\\input{tables}\n\\end{document}\n")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-shell-escape", "doc.tex"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+    log = (tmp_path / "doc.log").read_text(errors="replace")
+    assert "SECRET-CONTENT" not in log and "runsystem" not in log and not (tmp_path / "pwned").exists()
