@@ -1,10 +1,10 @@
 """``from_hf``: a Hugging Face causal language model as a :class:`CircuitModel`, by family.
 
-One entry point recognises the model's family by its class (GPT-2, GPT-NeoX/Pythia, Llama,
-Qwen2, Mistral, Gemma), reads its weights into :class:`~numeric_check.model.adapters.SourceWeights`
+One entry point recognises the model's family by its class (GPT-2, GPT-NeoX/Pythia, GPT-J,
+Llama, Qwen2, Mistral, Gemma), reads its weights into :class:`~numeric_check.model.adapters.SourceWeights`
 (TransformerLens' row convention, float64) and builds the model with the architecture's
-options: RMSNorm, grouped-query attention, parallel attention and MLP, rotary (partial,
-``neox`` pairing), gated MLPs. What a family's config asks for that the algebra cannot
+options: RMSNorm, grouped-query attention, parallel attention and MLP, rotary (partial;
+``neox`` pairs, or GPT-J's interleaved ``gptj`` pairs), gated MLPs. What a family's config asks for that the algebra cannot
 express — ALiBi, sliding windows, rope scaling, soft-capping, a model class it does not
 know — raises :class:`UnsupportedModel` naming that one feature; a config whose sizes
 disagree with the weights raises :class:`WeightError` naming both.
@@ -41,7 +41,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
             biases: bool | None = None) -> CircuitModel:
     """A :class:`CircuitModel` computing the same logits as a Hugging Face causal LM.
 
-    Recognised: ``GPT2LMHeadModel``, ``GPTNeoXForCausalLM`` (Pythia), ``LlamaForCausalLM``,
+    Recognised: ``GPT2LMHeadModel``, ``GPTNeoXForCausalLM`` (Pythia), ``GPTJForCausalLM``, ``LlamaForCausalLM``,
     ``Qwen2ForCausalLM``, ``MistralForCausalLM``, ``GemmaForCausalLM``. ``dtype`` of the
     result (folding is done in float64), ``device`` defaults to the source's; ``biases`` as
     for :func:`~numeric_check.model.adapters.from_hf_gpt2`.
@@ -188,6 +188,42 @@ def _read_gpt_neox(model: Any) -> SourceWeights:
     )
 
 
+# --- GPT-J: interleaved rotary pairs, one layer norm read by attention and MLP in parallel --------
+
+
+def _read_gptj(model: Any) -> SourceWeights:
+    config, source = model.config, "the GPT-J model"
+    d_model, n_heads = config.n_embd, config.n_head
+    d_head = d_model // n_heads
+    if config.rotary_dim is None or not 2 <= config.rotary_dim <= d_head or config.rotary_dim % 2:
+        raise _unsupported(f"rotary_dim={config.rotary_dim!r} (rotary on an even number of at most d_head={d_head} "
+                           "dimensions is what GPT-J's attention can run)", source)
+    layers = []
+    for i, block in enumerate(model.transformer.h):
+        a, where = block.attn, f"h.{i}.attn."
+        ln = _norm(block.ln_1, "layer_norm")  # attention and MLP both read ln_1
+        zeros = lambda n: torch.zeros(n, d_head, dtype=torch.float64)  # noqa: E731
+        o = _shape(_f64(a.out_proj.weight), (d_model, d_model), where + "out_proj.weight", source)
+        layers.append(LayerWeights(
+            W_Q=_split_heads(a.q_proj.weight, n_heads, d_head, d_model, where + "q_proj.weight", source),
+            W_K=_split_heads(a.k_proj.weight, n_heads, d_head, d_model, where + "k_proj.weight", source),
+            W_V=_split_heads(a.v_proj.weight, n_heads, d_head, d_model, where + "v_proj.weight", source),
+            W_O=o.T.reshape(n_heads, d_head, d_model), b_Q=zeros(n_heads), b_K=zeros(n_heads), b_V=zeros(n_heads),
+            b_O=torch.zeros(d_model, dtype=torch.float64), ln1=ln, ln2=ln,
+            mlp={"W_in": _f64(block.mlp.fc_in.weight).T, "b_in": _f64(block.mlp.fc_in.bias),
+                 "W_out": _f64(block.mlp.fc_out.weight).T, "b_out": _f64(block.mlp.fc_out.bias)},
+        ))
+    W_U, b_U = _unembed(model, d_model, config.vocab_size, source)
+    return SourceWeights(
+        W_E=_f64(model.transformer.wte.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
+        ln_final=_norm(model.transformer.ln_f, "layer_norm"), positional="none", layer_norm=True,
+        act_fn=_act(config.activation_function, source), eps=float(config.layer_norm_epsilon),
+        attn_scale=math.sqrt(d_head), d_head=d_head, n_ctx=config.n_positions,
+        d_mlp=config.n_inner if config.n_inner is not None else 4 * d_model, parallel=True,
+        rotary=config.rotary_dim / d_head, rotary_style="gptj", rotary_base=10000.0,  # GPT-J's base is fixed
+    )
+
+
 # --- Llama, Qwen2, Mistral, Gemma: RMSNorm, grouped-query attention, rotary, gated MLPs ---------
 
 
@@ -259,6 +295,7 @@ def _read_gemma(model: Any) -> SourceWeights:
 READERS: dict[str, Callable[[Any], SourceWeights]] = {
     "GPT2LMHeadModel": _read_hf_gpt2,
     "GPTNeoXForCausalLM": _read_gpt_neox,
+    "GPTJForCausalLM": _read_gptj,
     "LlamaForCausalLM": lambda m: _read_llama_like(m, "the Llama model"),
     "Qwen2ForCausalLM": lambda m: _read_llama_like(m, "the Qwen2 model"),
     "MistralForCausalLM": lambda m: _read_llama_like(m, "the Mistral model"),

@@ -37,6 +37,11 @@ def exact_float64(hf):
                 return y * ((1.0 + self.weight) if gemma else self.weight)
 
             module.forward = types.MethodType(norm, module)
+        elif name == "GPTJRotaryEmbedding":  # its sin/cos table, made in float32
+            dim = module.pos_embd_dim
+            inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+            angles = torch.arange(module.max_positions, dtype=torch.float64)[:, None] * inv
+            module.embed_positions = torch.cat((angles.sin(), angles.cos()), dim=1)
         elif name.endswith("RotaryEmbedding"):
             dim = 2 * module.inv_freq.shape[0]
             inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
@@ -68,6 +73,10 @@ def build(family: str, seed: int = 0, **options):
     if family == "gpt2":
         config = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=4, n_positions=8, vocab_size=13, **options)
         model = transformers.GPT2LMHeadModel(config)
+    elif family == "gptj":
+        config = transformers.GPTJConfig(n_layer=2, n_embd=16, n_head=4, n_positions=8, vocab_size=13, n_inner=24,
+                                         bos_token_id=0, eos_token_id=0, **options)
+        model = transformers.GPTJForCausalLM(config)
     else:
         config_class, model_class = FAMILIES[family]
         model = model_class(config_class(**{**SMALL, **options}))
@@ -86,6 +95,7 @@ CASES = [
     ("gpt_neox", {"use_parallel_residual": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
     ("gpt_neox", {"use_parallel_residual": False, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
                                                                       "partial_rotary_factor": 1.0}}),
+    ("gptj", {"rotary_dim": 2}),
     ("llama", {"num_key_value_heads": 2}),
     ("llama", {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
     ("qwen2", {"num_key_value_heads": 2}),
