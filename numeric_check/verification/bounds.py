@@ -91,12 +91,26 @@ class MaxAbsProduct:
 
     def bound(self, x: Tensor) -> float:
         """A rigorous upper bound on ``max |x F|`` (Cauchy-Schwarz per entry, rounding allowed for)."""
-        rows = x.reshape(-1, self.k)
+        return self.bounds(x.reshape(1, -1, self.k))[0]
+
+    def bounds(self, xs: Tensor) -> list[float]:
+        """:meth:`bound` of each ``xs[i]`` (``xs``: ``[n, ..., w]``) in one pass. ``w`` may be less than
+        ``k``: the missing last columns are zeros (a residual-stream difference whose ``b_U``
+        coefficient is 0), which leave every row norm unchanged.
+
+        >>> product = MaxAbsProduct([torch.eye(3, dtype=torch.float64)])
+        >>> [round(b, 9) for b in product.bounds(torch.tensor([[[3.0, 4.0, 0.0]], [[0.0, 0.0, 1.0]]], dtype=torch.float64))]
+        [5.0, 1.0]
+        """
+        if xs.shape[-1] > self.k:
+            raise ValueError(f"rows of width at most {self.k} expected, got shape {tuple(xs.shape)}")
+        rows = xs.reshape(xs.shape[0], -1, xs.shape[-1])
         if not rows.numel():
-            return 0.0
-        norm = float(torch.linalg.vector_norm(rows, dim=1).max())
+            return [0.0] * xs.shape[0]
+        norms = torch.linalg.vector_norm(rows, dim=2).amax(1).tolist()
         eps = torch.finfo(rows.dtype).eps if rows.dtype.is_floating_point else 0.0
-        return norm * self.column_norm * (1 + 4 * (self.k + 2) * eps)
+        factor = self.column_norm * (1 + 4 * (self.k + 2) * eps)
+        return [norm * factor for norm in norms]
 
     # -- the screen --------------------------------------------------------------------------
     def _screen_factor(self) -> tuple[Tensor, float, float]:

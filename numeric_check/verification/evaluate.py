@@ -340,12 +340,7 @@ class LogitEvaluator:
     def part_minus(self, value: LogitTermValue, x: Tensor) -> Tensor:
         """``parts(value)[R] - x`` for the term's last right-multiplier ``R``, the subtraction fused
         into the product before it (one pass over ``[batch, pos, width]`` fewer)."""
-        y, left = _scaled(value), value.left[:-1]
-        if not left:
-            return y - x
-        y = self.apply_left(y, left[:-1])
-        R = right_multiplier(self.binder, left[-1])
-        return torch.addmm(x.reshape(-1, R.shape[1]), y.reshape(-1, R.shape[0]), R, beta=-1).view(x.shape)
+        return self.batch_parts_minus(_batch([value], value.left), x[None])[0]
 
     def logits(self, value: LogitTermValue) -> Tensor:
         """The term's contribution to the logits, ``[batch, pos, d_vocab]``."""
@@ -364,15 +359,72 @@ class LogitEvaluator:
     def max_row_norm(self, value: LogitTermValue) -> float:
         """The largest row norm (over positions) of ``parts(value)``, the term's input to its last
         multiplier, from the Gram matrix of the left part before it (no full-width product)."""
-        y, inner = value.y, value.left[:-1]
-        squared = ((y @ self.gram(inner)) * y).sum(-1) if inner else y.pow(2).sum(-1)
-        return abs(value.coeff) * max(float(squared.max()), 0.0) ** 0.5 if squared.numel() else 0.0
+        return self.batch_max_row_norm(_batch([value], value.left))
 
     def norm(self, value: LogitTermValue) -> float:
         """The Frobenius norm of the term's logits over the batch, from the Gram matrix of its left part."""
-        y = value.y
-        squared = float(((y @ self.gram(value.left)) * y).sum())
-        return abs(value.coeff) * max(squared, 0.0) ** 0.5
+        return self.batch_norms(_batch([value], value.left))[0]
+
+    # -- many terms at once --------------------------------------------------------------------
+    def batches(self, values: Sequence[LogitTermValue]) -> list["TermBatch"]:
+        """``values`` grouped by their remaining multipliers ``left`` and stacked, one
+        :class:`TermBatch` per group (first appearance order; within a group, the given order):
+        what follows is one product per group instead of one per term."""
+        groups: dict[tuple[FactorRef, ...], list[LogitTermValue]] = {}
+        for value in values:
+            groups.setdefault(value.left, []).append(value)
+        out = []
+        for left, group in groups.items():
+            if len({tuple(v.y.shape) for v in group}) > 1:  # cannot stack: one batch per term
+                out += [_batch([v], left) for v in group]
+            else:
+                out.append(_batch(group, left))
+        return out
+
+    def batch_parts_minus(self, batch: "TermBatch", x: Tensor) -> Tensor:
+        """Each term before its last right-multiplier (as :meth:`parts`) minus ``x``, stacked
+        ``[n, batch, pos, width]``, the subtraction fused into the last product (:meth:`part_minus`
+        for many terms: one product for the group)."""
+        inner = batch.left[:-1]
+        if not inner:
+            return batch.y - x
+        y = batch.y
+        for ref in inner[:-1]:
+            y = y @ right_multiplier(self.binder, ref)
+        R = right_multiplier(self.binder, inner[-1])
+        return torch.addmm(x.reshape(-1, R.shape[1]), y.reshape(-1, R.shape[0]), R, beta=-1).view(x.shape)
+
+    def batch_norms(self, batch: "TermBatch") -> list[float]:
+        """Each term's Frobenius norm over the batch (:meth:`norm` for many terms)."""
+        y = batch.y
+        squared = ((y @ self.gram(batch.left)) * y).flatten(1).sum(1)
+        return squared.clamp_min(0).sqrt().tolist()
+
+    def batch_max_row_norm(self, batch: "TermBatch") -> float:
+        """The largest :meth:`max_row_norm` of the batch's terms."""
+        y, inner = batch.y, batch.left[:-1]
+        if not y.numel():
+            return 0.0
+        squared = ((y @ self.gram(inner)) * y).sum(-1) if inner else y.pow(2).sum(-1)
+        return max(float(squared.max()), 0.0) ** 0.5
+
+
+class TermBatch(NamedTuple):
+    """Terms that share their remaining right-multipliers ``left``, stacked: ``y`` is
+    ``[n, batch, pos, r]``, each term's stream already times its coefficient, so that term ``i``'s
+    logits are ``y[i] @ R_1 @ … @ R_k``; ``values`` are the terms in the order stacked."""
+
+    values: list[LogitTermValue]
+    left: tuple[FactorRef, ...]
+    y: Tensor
+
+
+def _batch(values: list[LogitTermValue], left: tuple[FactorRef, ...]) -> TermBatch:
+    y = torch.stack([v.y for v in values])
+    coeffs = [v.coeff for v in values]
+    if any(c != 1 for c in coeffs):
+        y = y * y.new_tensor(coeffs).view(-1, *([1] * (y.dim() - 1)))
+    return TermBatch(values, left, y)
 
 
 def _scaled(value: LogitTermValue) -> Tensor:
@@ -411,6 +463,12 @@ class LogitSum:
         part = (sign * value.coeff) * value.y
         previous = self.groups.get(value.left)
         self.groups[value.left] = part if previous is None else previous + part
+
+    def add_batch(self, batch: TermBatch) -> None:
+        """Add every term of ``batch`` (:meth:`add` for many terms: one sum for the group)."""
+        part = batch.y.sum(0)
+        previous = self.groups.get(batch.left)
+        self.groups[batch.left] = part if previous is None else previous + part
 
     def parts(self) -> dict[FactorRef, Tensor]:
         """The sum before its last right-multiplier: ``{R: y}`` with logits ``Σ y @ R``.

@@ -57,7 +57,7 @@ from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import Recording, record
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.bounds import MaxAbsProduct
-from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator, TermBatch
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
@@ -333,52 +333,37 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     (scale,) = space.product.max_abs([space.model])
     exact = _exact_by_default(rec, s.model, len(kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []
-    spent = {"isolation": 0.0}
+    spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
 
-    def flush() -> None:  # check 2 for the pending terms: one batched isolation pass per chunk
-        t0 = time.perf_counter()
-        paths = [kept[v.index].path for v in pending]
-        unsettled = []
-        for j, x, bias in isolate_final_streams(s.model, rec, paths, chunk_bytes=chunk_bytes):
-            v = pending[j]
-            if len(space.names) == 1 and not exact:  # no b_U: the error alone, fused into the term's last product
-                ours, error = None, ev.part_minus(v, x)
-            else:
-                ours = space.aug(ev.parts(v))
-                error = ours - space.of(x, bias)
-            r = results[v.index]
-            r.error_bound = space.product.bound(error)
-            if not exact and r.error_bound <= s.atol + s.rtol * scale:
-                r.passed = True  # certified: every entry of the error is at most the bound
-            else:
-                unsettled.append((r, error, ours, j))
-        if unsettled:
-            unsettled = [(r, error, space.aug(ev.parts(pending[j])) if ours is None else ours) for r, error, ours, j in unsettled]
-            maxima = space.product.max_abs([t for _, error, ours in unsettled for t in (error, ours)])
-            for j, (r, _, _) in enumerate(unsettled):
-                r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
-                r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, own)
+    def flush() -> None:  # the pending terms, grouped by their last multipliers: norms, sum, then check 2
+        batches = ev.batches(pending)
+        for batch in batches:
+            kept_sum.add_batch(batch)
+            for v, norm in zip(batch.values, ev.batch_norms(batch)):
+                results[v.index].norm = norm
+            spent["largest"] = max(spent["largest"], ev.batch_max_row_norm(batch))
+        if isolation:
+            t0 = time.perf_counter()
+            _check_isolated(s, ev, space, [kept[v.index].path for b in batches for v in b.values], batches, results,
+                            scale, exact, chunk_bytes)
+            spent["isolation"] += time.perf_counter() - t0
         pending.clear()
-        spent["isolation"] += time.perf_counter() - t0
 
-    # paths per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
+    # terms per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
     per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
-    done, largest = 0, 0.0  # largest: the largest row of any term before the unembedding
-    for v in ev.values():  # depth first through the shared trie; only the current branch is held
+    done = 0
+    for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
         if v.index >= len(kept):
             omitted_sum.add(v)
             continue
-        kept_sum.add(v)
-        results[v.index].norm = ev.norm(v)
-        largest = max(largest, ev.max_row_norm(v))
-        if isolation:
-            pending.append(v)
-            if len(pending) >= per_chunk:
-                flush()
+        pending.append(v)
+        if len(pending) >= per_chunk:
+            flush()
         done += 1
         _tick(progress, "terms", done, len(kept))
     if pending:
         flush()
+    largest = spent["largest"]
     kept_aug = space.aug(kept_sum.parts())
     omitted_aug = space.aug(omitted_sum.parts()) if omitted else None
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]
@@ -392,6 +377,40 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     s.timings["unembed"] = time.perf_counter() - start
     checks.insert(1, _isolation_check(results, isolation, scale, s))
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
+
+
+def _check_isolated(s: _Setup, ev: LogitEvaluator, space: LogitSpace, paths: list, batches: list[TermBatch],
+                    results: list[TermResult], scale: float, exact: bool, chunk_bytes: int) -> None:
+    """Check 2 for a chunk of terms (``paths``: theirs, batch after batch): one batched isolation pass
+    through the model, then each batch's errors before the unembedding in one product (the
+    subtraction fused into it), certified by their bounds or else computed exactly."""
+    isolated: list = [None] * len(paths)
+    for j, x, bias in isolate_final_streams(s.model, s.rec, paths, chunk_bytes=chunk_bytes):
+        isolated[j] = (x, bias)
+    tol = s.atol + s.rtol * scale
+    unsettled, at = [], 0
+    for batch in batches:
+        mine, at = isolated[at:at + len(batch.values)], at + len(batch.values)
+        if batch.left[-1][0].name == space.names[0] and not any(bias for _, bias in mine):  # W_U; b_U off: stacked
+            stacked = ev.batch_parts_minus(batch, torch.stack([x for x, _ in mine]))
+            errors, ours = stacked.unbind(0), [None] * len(mine)  # widened by a zero b_U column if unsettled
+            bounds = space.product.bounds(stacked)
+        else:
+            ours = [space.aug(ev.parts(v)) for v in batch.values]
+            errors = [o - space.of(x, bias) for o, (x, bias) in zip(ours, mine)]
+            bounds = [space.product.bound(e) for e in errors]
+        for v, error, own, bound in zip(batch.values, errors, ours, bounds):
+            r = results[v.index]
+            r.error_bound = bound
+            if not exact and bound <= tol:
+                r.passed = True  # certified: every entry of the error is at most the bound
+            else:
+                unsettled.append((r, space.of(error, 0.0), space.aug(ev.parts(v))) if own is None else (r, error, own))
+    if unsettled:
+        maxima = space.product.max_abs([t for _, error, own in unsettled for t in (error, own)])
+        for j, (r, _, _) in enumerate(unsettled):
+            r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
+            r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, own)
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,

@@ -165,3 +165,31 @@ def test_no_vocab_by_vocab_matrix_is_formed():
             qk.scores(i)
     assert spy.shapes
     assert all(sum(1 for n in shape if n >= d_vocab) < 2 for shape in spy.shapes), max(spy.shapes, key=lambda s: sum(s))
+
+
+@FAST
+@given(models_and_tokens(max_batch=2), st.integers(1, 7))
+def test_terms_in_batches_agree_with_the_dense_definition(pair, chunk):
+    """Grouped by their last multipliers and stacked (what verify_logits does chunk by chunk), the
+    terms give each one's dense norm, parts minus a stream, largest row, and the same sum."""
+    model, tokens = pair
+    rec = record(model, tokens)
+    binder = Binder(model, rec)
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(binder, terms)
+    values = list(ev.values())
+    total = LogitSum(ev)
+    for start in range(0, len(values), chunk):
+        for batch in ev.batches(values[start:start + chunk]):
+            assert all(v.left == batch.left for v in batch.values)
+            total.add_batch(batch)
+            dense = [dense_logit_term(binder, terms[v.index]) for v in batch.values]
+            for norm, expected in zip(ev.batch_norms(batch), dense):
+                assert math.isclose(norm, float(expected.norm()), rel_tol=1e-8, abs_tol=1e-10)
+            parts = [ev.parts(v)[batch.left[-1]] for v in batch.values]
+            x = torch.randn(len(parts), *parts[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(start))
+            torch.testing.assert_close(ev.batch_parts_minus(batch, x), torch.stack(parts) - x, rtol=1e-12, atol=1e-12)
+            rows = max(float(p.norm(dim=-1).max()) for p in parts)
+            assert math.isclose(ev.batch_max_row_norm(batch), rows, rel_tol=1e-8, abs_tol=1e-12)
+    scale = float(rec.logits.abs().max())  # the batched sum is the model's logits, as the term-by-term one is
+    assert torch.allclose(total.logits(), rec.logits, rtol=0, atol=1e-9 * scale)
