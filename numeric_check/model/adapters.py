@@ -14,6 +14,11 @@ float64), then folded and transposed into the paper's convention:
   ``ln1``, un-normed) become ``qk_only``. A gain ``w`` of ``ln1`` then folds into ``W_pos``
   as ``W_pos / w``; possible only when every layer's ``ln1`` gain is the same and non-zero.
 
+- TransformerLens' RMSNorm (``RMS``/``RMSPre``), grouped-query attention (``_W_K``, ``_W_V`` per
+  group), parallel blocks, rotary (``rotary_adjacent_pairs``: GPT-J's pairing) and gated MLPs
+  are read as such; its gated MLP adds ``b_in`` after the gate's product, so ``b_in W_out``
+  moves into ``b_out``. Other Hugging Face families: :func:`numeric_check.model.hf.from_hf`.
+
 Features the algebra cannot express raise :class:`UnsupportedModel` naming them.
 The source model is never modified.
 """
@@ -142,6 +147,11 @@ def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = N
     from transformer_lens import HookedTransformer, HookedTransformerConfig  # optional dependency (tcircuits[tl])
 
     arch, cfg = model.arch, model.cfg
+    features = [name for name, on in (("RMSNorm", arch.norm == "rms_norm"), ("grouped-query attention", arch.grouped),
+                                      ("parallel attention and MLP", arch.parallel), ("rotary", arch.rotary is not None),
+                                      ("a gated MLP", cfg.gated_mlp)) if on]
+    if features:
+        raise UnsupportedModel(f"to_transformer_lens writes models without {', '.join(features)}; this model has them")
     if not arch.uniform:
         raise UnsupportedModel(
             f"TransformerLens needs the same number of heads in every layer; this model has heads "
@@ -206,11 +216,9 @@ def _f64(t: Tensor) -> Tensor:
 # --- TransformerLens -------------------------------------------------------------------------
 _on = lambda v, c: bool(v)
 _TL_FLAGS = [  # (config attribute, is-set test on (value, cfg), feature name)
-    ("n_key_value_heads", lambda v, c: v is not None and v != c.n_heads, "grouped-query attention (n_key_value_heads)"),
-    ("gated_mlp", _on, "gated MLP"),
-    ("parallel_attn_mlp", _on, "parallel attention and MLP"),
     ("use_local_attn", _on, "local (windowed) attention"),
-    ("final_rms", _on, "RMSNorm (final_rms)"),
+    ("final_rms", lambda v, c: v and c.normalization_type not in ("RMS", "RMSPre"), "RMSNorm (final_rms) after layer-norm blocks"),
+    ("use_NTK_by_parts_rope", _on, "rope scaling (use_NTK_by_parts_rope)"),
     ("num_experts", lambda v, c: v is not None, "mixture-of-experts MLP"),
     ("use_qk_norm", _on, "QK normalization"),
     ("clip_qkv", lambda v, c: v is not None, "Q/K/V clipping (clip_qkv)"),
@@ -226,9 +234,9 @@ _TL_FLAGS = [  # (config attribute, is-set test on (value, cfg), feature name)
     ("original_architecture", lambda v, c: v in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"), "post-norm blocks"),
     ("d_vocab_out", lambda v, c: v not in (-1, c.d_vocab), "an output vocabulary of a different size (d_vocab_out != d_vocab)"),
 ]
-_TL_POSITIONAL = {"standard": "standard", "shortformer": "qk_only"}
-_TL_POSITIONAL_NAMES = {"rotary": "rotary positional embeddings", "alibi": "ALiBi positional biases",
-                        "relative_positional_bias": "relative positional bias"}
+_TL_POSITIONAL = {"standard": "standard", "shortformer": "qk_only", "rotary": "none"}
+_TL_POSITIONAL_NAMES = {"alibi": "ALiBi positional biases", "relative_positional_bias": "relative positional bias"}
+_TL_NORMS = {"LN": "layer_norm", "LNPre": "layer_norm", "RMS": "rms_norm", "RMSPre": "rms_norm", None: "none"}
 
 
 def _unsupported(feature: str, source: str) -> UnsupportedModel:
@@ -243,9 +251,8 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
     kind = cfg.positional_embedding_type
     if kind not in _TL_POSITIONAL:
         raise _unsupported(_TL_POSITIONAL_NAMES.get(kind, f"positional_embedding_type={kind!r}"), source)
-    if cfg.normalization_type not in ("LN", "LNPre", None):
-        name = {"RMS": "RMSNorm", "RMSPre": "RMSNorm (RMSPre)"}.get(cfg.normalization_type, repr(cfg.normalization_type))
-        raise _unsupported(f"normalization_type {name}", source)
+    if cfg.normalization_type not in _TL_NORMS:
+        raise _unsupported(f"normalization_type {cfg.normalization_type!r}", source)
     if not cfg.attn_only and ACT_FN_ALIASES.get(cfg.act_fn) is None:
         raise _unsupported(f"activation function {cfg.act_fn!r} (supported: {', '.join(ACT_FN_ALIASES)})", source)
     scales = {float(block.attn.attn_scale) for block in model.blocks}
@@ -255,22 +262,34 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
     layers = []
     for i, block in enumerate(model.blocks):
         attn = block.attn
-        layer = LayerWeights(*(_f64(getattr(attn, n)) for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")),
-                             ln1=norms[i])
+        # grouped-query attention keeps one key/value matrix per group in _W_K, _W_V, _b_K, _b_V
+        names = [n if n[2] not in "KV" or not hasattr(attn, "_" + n) else "_" + n
+                 for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")]
+        layer = LayerWeights(*(_f64(getattr(attn, n)) for n in names), ln1=norms[i])
         if not cfg.attn_only:
             layer.ln2 = _tl_norm(block.ln2, f"blocks.{i}.ln2")
             layer.mlp = {n: _f64(getattr(block.mlp, n)) for n in ("W_in", "b_in", "W_out", "b_out")}
+            if cfg.gated_mlp:  # TL: (act(x W_gate) * x W_in + b_in) W_out + b_out: b_in moves into b_out
+                mlp = layer.mlp
+                mlp["b_out"] = mlp["b_out"] + mlp["b_in"] @ mlp["W_out"]
+                mlp["W_gate"], mlp["b_gate"], mlp["b_in"] = _f64(block.mlp.W_gate), 0 * mlp["b_in"], 0 * mlp["b_in"]
         layers.append(layer)
-    layer_norm = cfg.normalization_type is not None
+    norm = _TL_NORMS[cfg.normalization_type]
+    rotary = kind == "rotary"
     return SourceWeights(
         W_E=_f64(model.embed.W_E),
-        W_pos=_f64(model.pos_embed.W_pos),
+        W_pos=_f64(model.pos_embed.W_pos) if hasattr(model, "pos_embed") else None,  # none with rotary
         W_U=_f64(model.unembed.W_U),
         b_U=_f64(model.unembed.b_U),
         layers=layers,
-        ln_final=_tl_norm(model.ln_final, "ln_final") if layer_norm else None,
+        ln_final=_tl_norm(model.ln_final, "ln_final") if norm != "none" else None,
         positional=_TL_POSITIONAL[kind],
-        layer_norm=layer_norm,
+        layer_norm=norm == "layer_norm",
+        norm=norm,
+        parallel=bool(cfg.parallel_attn_mlp),
+        rotary=cfg.rotary_dim / cfg.d_head if rotary else None,
+        rotary_style="gptj" if rotary and cfg.rotary_adjacent_pairs else "neox",
+        rotary_base=float(cfg.rotary_base) if rotary else 10000.0,
         act_fn=ACT_FN_ALIASES.get(cfg.act_fn, "gelu") if not cfg.attn_only else "gelu",
         eps=float(cfg.eps),
         attn_scale=scales.pop() if scales else math.sqrt(cfg.d_head),
@@ -281,11 +300,13 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
 
 
 def _tl_norm(module: Any, where: str) -> LayerNormWeights:
-    """(w, b) of a TL ``LayerNorm``; None for ``LayerNormPre`` or no norm; RMS norms are unsupported."""
+    """(w, b) of a TL ``LayerNorm`` or ``RMSNorm`` (b zero); None for ``LayerNormPre``, ``RMSNormPre`` or no norm."""
     name = type(module).__name__
     if name == "LayerNorm":
         return _f64(module.w), _f64(module.b)
-    if name in ("LayerNormPre", "Identity"):
+    if name == "RMSNorm":
+        return _f64(module.w), torch.zeros_like(_f64(module.w))
+    if name in ("LayerNormPre", "RMSNormPre", "Identity"):
         return None
     raise _unsupported(f"a {name} at {where}", "the TransformerLens model")
 

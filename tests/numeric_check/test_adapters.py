@@ -7,6 +7,7 @@ import torch
 
 from numeric_check.model.adapters import from_hf_gpt2, from_transformer_lens
 from numeric_check.errors import UnsupportedModel
+from numeric_check.verification.verify import verify_logits, verify_qk
 
 tl = pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
@@ -161,16 +162,12 @@ def _with(model, **attrs):
 @pytest.mark.parametrize(
     "build, feature",
     [
-        (lambda: tl_model(positional_embedding_type="rotary", normalization_type="LNPre"), "rotary positional embeddings"),
-        (lambda: tl_model(n_key_value_heads=1, n_heads=2, d_head=6), r"grouped-query attention \(n_key_value_heads\)"),
-        (lambda: tl_model(normalization_type="RMS"), "normalization_type RMSNorm"),
-        (lambda: tl_model(gated_mlp=True), "gated MLP"),
-        (lambda: tl_model(parallel_attn_mlp=True), "parallel attention and MLP"),
         (lambda: tl_model(act_fn="solu_ln"), "activation function 'solu_ln'"),
         (lambda: tl_model(attn_scores_soft_cap=30.0), "attention-score soft-capping"),
         (lambda: _with(tl_model(), positional_embedding_type="alibi"), "ALiBi"),
         (lambda: _with(tl_model(), use_local_attn=True), r"local \(windowed\) attention"),
-        (lambda: _with(tl_model(), final_rms=True), r"RMSNorm \(final_rms\)"),
+        (lambda: _with(tl_model(), final_rms=True), r"RMSNorm \(final_rms\) after layer-norm blocks"),
+        (lambda: _with(tl_model(), use_NTK_by_parts_rope=True), r"rope scaling \(use_NTK_by_parts_rope\)"),
         (lambda: _with(tl_model(), scale_attn_by_inverse_layer_idx=True), "attention scale that depends on the layer"),
         (lambda: _with(tl_model(), attention_dir="bidirectional"), "bidirectional"),
     ],
@@ -180,10 +177,37 @@ def test_transformer_lens_unsupported_features_are_named(build, feature):
         from_transformer_lens(build())
 
 
+@pytest.mark.parametrize("options", [
+    dict(n_key_value_heads=1, gated_mlp=True, act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+         rotary_dim=4),
+    dict(normalization_type="LN", positional_embedding_type="rotary", rotary_dim=2, rotary_adjacent_pairs=True,
+         parallel_attn_mlp=True, rotary_base=500),
+    dict(normalization_type="RMSPre", gated_mlp=True, act_fn="gelu"),
+])
+def test_transformer_lens_models_of_today_convert_and_verify(options):
+    """Grouped-query attention, RMSNorm, gated MLPs (TransformerLens adds b_in after the gate's product:
+    it moves into b_out), parallel blocks, rotary in both pairings."""
+    source = tl_model(**{"n_heads": 2, "d_head": 6, **options})
+    model = from_transformer_lens(source)
+    with torch.no_grad():
+        assert rel_error(model(tokens()), source(tokens())) < 1e-12
+    assert verify_logits(model, tokens(1), max_order=1).passed
+    assert verify_qk(model, tokens(1), 1, 1).passed
+
+
+def test_to_transformer_lens_refuses_what_it_does_not_write():
+    from derivations.architecture import Architecture
+    from numeric_check.model.circuit_model import CircuitModel
+
+    model = CircuitModel.random(Architecture(1, 2, norm="rms_norm", rotary=1.0), d_model=8, d_head=4, d_vocab=10, n_ctx=4)
+    with pytest.raises(UnsupportedModel, match="^to_transformer_lens writes models without RMSNorm, rotary; this model has them$"):
+        to_transformer_lens(model)
+
+
 def test_unsupported_wording_is_pinned():
     with pytest.raises(UnsupportedModel) as info:
-        from_transformer_lens(tl_model(positional_embedding_type="rotary", normalization_type="LNPre"))
-    assert str(info.value) == "the TransformerLens model uses rotary positional embeddings, which CircuitModel cannot express"
+        from_transformer_lens(_with(tl_model(), positional_embedding_type="alibi"))
+    assert str(info.value) == "the TransformerLens model uses ALiBi positional biases, which CircuitModel cannot express"
     with pytest.raises(UnsupportedModel, match=r"^from_transformer_lens expects a transformer_lens.HookedTransformer, got GPT2LMHeadModel$"):
         from_transformer_lens(gpt2_model())
 
