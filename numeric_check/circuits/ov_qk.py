@@ -101,7 +101,9 @@ def qk_circuit(model, layer: int, head: int, *, dtype: torch.dtype | None = None
     """``W_Eᵀ W_Q^{hT} W_K^h W_E`` ``[d_vocab (query), d_vocab (key)]``: token–token scores only.
 
     Positional terms (``W_pos``, with ``standard`` or ``qk_only`` positions) and cross terms
-    between tokens and positions are not included; see :func:`positional_qk_circuit`.
+    between tokens and positions are not included; see :func:`positional_qk_circuit`. With
+    rotary, the scores of a query and a key ``Δ`` positions apart read ``W_Q^{hT} R_Δ W_K^h``
+    (:mod:`tensoralg.rotary`); this circuit is the one at ``Δ = 0`` (``R_0 = Id``).
 
     >>> from derivations import Architecture
     >>> from numeric_check.model.circuit_model import CircuitModel

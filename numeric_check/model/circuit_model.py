@@ -305,7 +305,7 @@ class CircuitModel(nn.Module):
 
     def __repr__(self) -> str:
         cfg = self.cfg
-        mlp = f", d_mlp={cfg.d_mlp}, act_fn={cfg.act_fn!r}" if cfg.arch.mlp else ""
+        mlp = f", d_mlp={cfg.d_mlp}, act_fn={cfg.act_fn!r}{', gated' if cfg.gated_mlp else ''}" if cfg.arch.mlp else ""
         scale = "" if cfg.attn_scale is None else f", attn_scale={cfg.attn_scale}"
         return (
             f"CircuitModel({cfg.arch.describe()}; d_model={cfg.d_model}, d_head={cfg.d_head}, "

@@ -49,6 +49,15 @@ def test_paths_and_scores_verify_through_the_models_hooks(model):
     assert qk.passed, qk.summary_lines()
 
 
+@settings(max_examples=20, deadline=None)
+@given(variant_models())
+def test_configs_round_trip_through_json(model):
+    """What a checkpoint stores: every new option comes back."""
+    from numeric_check import ModelConfig
+
+    assert ModelConfig.from_dict(model.cfg.to_dict()) == model.cfg
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.sampled_from([4, 6, 8]), st.sampled_from(["neox", "gptj"]), st.integers(0, 1000), st.data())
 def test_the_models_rotation_is_the_algebras(d_head, style, seed, data):
