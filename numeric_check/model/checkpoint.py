@@ -34,7 +34,6 @@ from typing import Any, Mapping
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from numeric_check.errors import CheckpointError, ConfigError, DeviceError, WeightError
 from numeric_check.model.circuit_model import CircuitModel
@@ -188,6 +187,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     them: the model is built from fake tensors (shapes and dtypes only), so a config that
     claims ``d_vocab=10**8`` costs nothing until its sizes have met the file's tensors.
     """
+    from torch._subclasses.fake_tensor import FakeTensorMode  # heavy to import: only when a checkpoint is loaded
+
     with FakeTensorMode():
         model = CircuitModel(cfg, dtype=torch.float32, device="cpu")
         return {name: tuple(t.shape) for name, t in model.state_dict().items()}

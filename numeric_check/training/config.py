@@ -11,7 +11,12 @@ import math
 from dataclasses import dataclass
 
 from derivations.architecture import POSITIONAL_KINDS, Architecture
+from derivations.errors import ArchitectureError
 from numeric_check.errors import TrainConfigError
+
+MAX_PARAMETERS = 50_000_000  # a toy model; larger ones are refused before anything is allocated
+MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
+MAX_LOGITS = 2**29  # batch × n_ctx × d_vocab: one batch's float32 logits stay under 2 GiB
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,9 @@ class TrainConfig:
                 f"{2 * self.seg_max} positions, but n_ctx={self.n_ctx}; lower seg_max to at most "
                 f"{self.n_ctx // 2} or raise n_ctx"
             )
+        if self.max_repeats > MAX_REPEATS:  # each is a row of every batch's copy table, placed one by one
+            raise TrainConfigError(f"max_repeats must be at most {MAX_REPEATS:,}, got {self.max_repeats:,}")
+        self._check_sizes()
         if self.positional not in POSITIONAL_KINDS:
             raise TrainConfigError(
                 f"unknown positional kind {self.positional!r}; expected one of "
@@ -91,6 +99,23 @@ class TrainConfig:
             or not (math.isfinite(self.init_std) and self.init_std > 0)
         ):
             raise TrainConfigError(f"init_std must be None or a finite number > 0, got {self.init_std!r}")
+
+    def _check_sizes(self) -> None:
+        """Refuse, with Python ints and before any tensor exists, a model or a batch too
+        large for a toy run (a 10**18-wide model, a batch of 10**8 sequences)."""
+        try:
+            arch = Architecture(self.n_layers, self.n_heads)
+        except ArchitectureError as err:
+            raise TrainConfigError(f"bad architecture: {err}") from None
+        parameters = (4 * arch.n_heads_total * self.d_head * self.d_model + 2 * self.d_vocab * self.d_model
+                      + self.n_ctx * self.d_model)
+        if parameters > MAX_PARAMETERS:
+            raise TrainConfigError(f"the model would have {parameters:,} parameters, more than the {MAX_PARAMETERS:,} "
+                                   "of a toy run; use smaller --d-model, --d-head, --vocab or --n-ctx")
+        for batch, name in ((self.batch_size, "batch_size"), (self.eval_batches * self.batch_size, "eval_batches × batch_size")):
+            if batch * self.n_ctx * self.d_vocab > MAX_LOGITS:
+                raise TrainConfigError(f"{name} {batch:,} sequences of {self.n_ctx} tokens over {self.d_vocab} would need "
+                                       f"{batch * self.n_ctx * self.d_vocab * 4 / 2**30:,.1f} GiB of logits; use fewer")
 
     @property
     def arch(self) -> Architecture:
