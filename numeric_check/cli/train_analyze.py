@@ -102,6 +102,7 @@ def _run_train_toy(args) -> int:
     from numeric_check.model.config import resolve_device
     from numeric_check.training.toy import TrainConfig, train_toy, training_record
 
+    check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
     config = TrainConfig(
         n_layers=args.layers,
         n_heads=args.heads,
@@ -122,7 +123,6 @@ def _run_train_toy(args) -> int:
         init_std=args.init_std,
     )
     device = resolve_device(args.device)
-    check_batch("--batch-size", config.batch_size, config.n_ctx, config.d_vocab)
     out = writable_file(args.out, ".safetensors")  # both outputs checked before the training, not after
     sidecar = writable_file(out.with_suffix(".json"))
     torch.set_num_threads(args.threads)

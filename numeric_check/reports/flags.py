@@ -82,8 +82,9 @@ def check_batch(flag: str, n_sequences: int, n_ctx: int, d_vocab: int) -> None:
     ``d_vocab`` tokens would pass :data:`MAX_BATCH_BYTES`, naming the most that fit."""
     per_sequence = 4 * n_ctx * d_vocab
     if n_sequences * per_sequence > MAX_BATCH_BYTES:
-        fits = max(1, MAX_BATCH_BYTES // per_sequence)
+        fits = MAX_BATCH_BYTES // per_sequence
+        advice = f"use {flag} {fits:,} or fewer" if fits else "even one sequence does not fit; use a shorter context or a smaller vocabulary"
         raise NumericCheckError(
             f"{flag} {n_sequences:,} would need {n_sequences * per_sequence / 2**30:,.1f} GiB for the logits alone "
-            f"({n_ctx} positions × {d_vocab} tokens each); use {flag} {fits:,} or fewer"
+            f"({n_ctx:,} positions × {d_vocab:,} tokens each); {advice}"
         )
