@@ -1,8 +1,8 @@
 """Evaluating every term of an expansion at once, sharing the work common to many terms.
 
 A logits term ``c · P ⊗ W`` contributes ``c · P X Wᵀ`` (``X`` its source's input, one row
-per position); a QK term ``c · P ⊗ Q ⊗ M`` contributes ``c · P X_q M X_kᵀ Qᵀ``. Both are
-evaluated as *streams*: start from ``X`` and apply one operation at a time, either a
+per position); a QK term ``c · P ⊗ Q ⊗ M`` contributes ``c · P X_q M X_kᵀ Qᵀ`` (its two sides:
+:mod:`numeric_check.verification.evaluate_qk`). Both are evaluated as *streams*: start from ``X`` and apply one operation at a time, either a
 position-side atom on the left (``Y ← A Y``, or a diagonal layer-norm scale) or a factor on
 the right (``Y ← Y R``). ``X`` is never formed for tokens: the first factor is gathered by
 token id. Residual atoms are applied factor by factor (``W_OV`` as ``W_V`` then ``W_O``), so
@@ -22,6 +22,12 @@ part towards the source is applied in the trie, the part towards the output (``W
 A ``vocab × vocab`` matrix is never formed. Operations are chosen in a canonical order
 (by layer: ``W_V`` first, then the position side, then ``W_O``) so that terms which share
 heads share prefixes.
+
+Most terms end one head below a shared node (at order 2, the second head of a path): one right
+factor (``W_O^{h1}`` fused with ``W_V^{h2}``), then position-side atoms (``N^{l2}``, ``A^{h2}``,
+``N^{final}``). Such sibling *leaf chains* are evaluated together: ``Y [F_1 | … | F_k]`` in one
+product, then each chain's position atoms as one ``[b, pos, pos]`` matrix, stacked, in one batched
+product (a GPT-2-small-sized order-2 expansion: about 3,900 nodes instead of 207,000 operations).
 
 >>> from derivations.architecture import Architecture
 >>> from derivations.paths import expand_logits
@@ -46,11 +52,8 @@ import torch
 from torch import Tensor
 
 from derivations.paths import PathTerm, Source
-from derivations.qk import QKTerm
 from numeric_check.verification.bind import Binder, SourceInput
-from numeric_check.model.rotary import rotate
 from tensoralg.atoms import Atom, Word
-from tensoralg.rotary import is_rotary
 
 # A right-multiplier ``R`` of a stream: ``(base atom, factor index j, transposed)`` stands for
 # factor ``j`` of the base atom's binding, transposed when the flag is set.
@@ -133,6 +136,9 @@ class StreamTrie:
         self.binder = binder
         self.roots: dict[str, tuple[Source, _Node]] = {}
         self._fused: dict[OpKey, Tensor] = {}
+        self._side_by_side: dict[tuple[OpKey, ...], Tensor] = {}  # right factors of sibling leaf chains, concatenated
+        self._stacked_runs: tuple = ((), None)  # their position-side runs as matrices, stacked (the last set)
+        self._runs: dict[tuple[Atom, ...], Tensor] = {}  # each run of position-side atoms as one matrix
         self.n_streams = 0
         self.n_ops = 0  # operations applied by walk(): the work after sharing
 
@@ -159,9 +165,58 @@ class StreamTrie:
             if isinstance(value, SourceInput):
                 value = value.as_dense()
             yield node.ends, value
+        chains = [] if isinstance(value, SourceInput) else _leaf_chains(node)
+        if len(chains) > 1:
+            yield from self._leaves_at_once(chains, value)
+            chained = {id(chain[1]) for chain in chains}
+        else:
+            chained = set()
         for op, child in node.children.items():
-            self.n_ops += 1
-            yield from self._walk(child, self.apply(op, value))
+            if id(child) not in chained:
+                self.n_ops += 1
+                yield from self._walk(child, self.apply(op, value))
+
+    def _leaves_at_once(self, chains: list[tuple], value: Tensor) -> Iterator[tuple[list[int], Tensor]]:
+        """The leaf chains below one node (see :func:`_leaf_chains`) in two products for all of them:
+        ``Y [R_1 | … | R_k]`` (the right factors side by side, made once per set of chains), then
+        each chain's position-side operations as one matrix, stacked: ``P_i (Y R_i)`` for every ``i``.
+        Chains whose factors differ in width go in separate groups."""
+        by_width: dict[int, list[tuple]] = {}
+        for chain in chains:
+            by_width.setdefault(self._right(chain[0]).shape[1], []).append(chain)
+        for width, group in by_width.items():
+            ops = tuple(chain[0] for chain in group)
+            if ops not in self._side_by_side:  # (the fused factors are not kept one by one as well)
+                self._side_by_side[ops] = torch.cat([self._right(op, keep=False) for op in ops], 1)
+            runs = tuple(chain[2] for chain in group)
+            if self._stacked_runs[0] != runs:  # siblings of the next node usually have the same runs
+                self._stacked_runs = (runs, torch.stack([self._position_run(run, value) for run in runs]))
+            y = (value @ self._side_by_side[ops]).unflatten(-1, (len(group), width)).movedim(-2, 0)  # [k, b, pos, width]
+            out = self._stacked_runs[1] @ y  # [k, b, pos, width]
+            self.n_ops += 2
+            for chain, leaf in zip(group, out.unbind(0)):
+                yield chain[3].ends, leaf
+
+    def _right(self, op: OpKey, keep: bool = True) -> Tensor:
+        """The matrix of a right-multiplying operation (``R`` or ``F``; a fused one kept when ``keep``)."""
+        if op[0] == "F":
+            R = self._fused.get(op)
+            if R is None:
+                R = right_multiplier(self.binder, op[1]) @ right_multiplier(self.binder, op[2])
+                if keep:
+                    self._fused[op] = R
+            return R
+        return right_multiplier(self.binder, op[1:])
+
+    def _position_run(self, atoms: tuple[Atom, ...], like: Tensor) -> Tensor:
+        """The position-side atoms applied one after the other, as one matrix ``[b, pos, pos]``."""
+        if atoms not in self._runs:
+            b, p = like.shape[0], like.shape[-2]
+            m = torch.eye(p, dtype=like.dtype, device=like.device).expand(b, p, p)
+            for a in atoms:
+                m = self.apply(("P", a), m)
+            self._runs[atoms] = m
+        return self._runs[atoms]
 
     def apply(self, op: OpKey, value) -> Tensor:
         """One operation on a stream ``[b, pos, r]`` (or on a source's lazy input)."""
@@ -172,15 +227,31 @@ class StreamTrie:
             if pos.diagonal:
                 return pos.value[..., None] * value
             return pos.value @ value
-        if op[0] == "F":
-            R = self._fused.get(op)
-            if R is None:
-                R = self._fused[op] = right_multiplier(self.binder, op[1]) @ right_multiplier(self.binder, op[2])
-        else:
-            R = right_multiplier(self.binder, op[1:])
+        R = self._right(op)
         if isinstance(value, SourceInput):
             return value.times_transpose(R.T)
         return value @ R
+
+
+def _leaf_chains(node: _Node) -> list[tuple[OpKey, _Node, tuple[Atom, ...], _Node]]:
+    """The children of ``node`` that start a *leaf chain*: one right factor (``R`` or ``F``), then
+    one or more position-side atoms, then the end of streams and nothing below; as
+    ``(right op, child, position atoms in order, last node)``. Below a head they are the
+    terms that end one head later, most terms of an expansion."""
+    chains = []
+    for op, child in node.children.items():
+        if op[0] == "P" or child.ends or len(child.children) != 1:
+            continue
+        atoms, last = [], child
+        while len(last.children) == 1 and not last.ends:
+            (step, last), = last.children.items()
+            if step[0] != "P":
+                break
+            atoms.append(step[1])
+        else:
+            if last.ends and not last.children and atoms:
+                chains.append((op, child, tuple(atoms), last))
+    return chains
 
 
 _CONTIGUOUS_LIMIT = 1 << 22  # entries up to which a transposed factor is copied contiguous (never W_U, W_E)
@@ -503,89 +574,3 @@ def evaluate_term_alone(binder: Binder, term: PathTerm) -> Tensor:
     ev = LogitEvaluator(binder, [term])
     (value,) = ev.values()
     return ev.logits(value)
-
-
-# --- QK scores -----------------------------------------------------------------------------
-
-
-def _is_query_end(a: Atom, j: int) -> bool:
-    """Whether the cut of a QK middle word should come right after this factor of ``a``."""
-    return (a.name == "W_QK" and not a.transposed and j == 0) or (a.name in ("W_Q", "b_Q") and a.transposed)
-
-
-class QKEvaluator:
-    """All terms of a QK expansion (a list of :class:`~derivations.qk.QKTerm`), shared.
-
-    Each term ``c · P ⊗ Q ⊗ M`` is cut inside its middle word where the query side ends
-    (after ``W_Qᵀ``, or ``b_Qᵀ``): ``M = M_L M_R``. The two sides are streams,
-    ``U = P X_q M_L`` (queries) and ``V = Q X_k M_Rᵀ`` (keys), shared between all terms and
-    evaluated once each; a term's scores are ``c · U Vᵀ`` ``[batch, q, k]``.
-
-    A rotary head's terms hold one operator ``R^{h}`` (:mod:`tensoralg.rotary`): ``M = M_L R M_R``
-    is cut at it, and each side is rotated by position before the product, ``c · rot(U) rot(V)ᵀ``
-    (the model's own rotation): the operator is never written out.
-    """
-
-    def __init__(self, binder: Binder, terms: Sequence[QKTerm]):
-        self.binder = binder
-        self.terms = list(terms)
-        self.trie = StreamTrie(binder)
-        self._sides: list[tuple[int, int]] = []
-        self._rotated = [any(map(is_rotary, t.term.words[2])) for t in self.terms]
-        self._coeffs = [binder.coeff(t.term.coeff) for t in self.terms]
-        streams: dict[StreamSpec, int] = {}
-        for t in self.terms:
-            q_spec, k_spec = self.plan(t)
-            ids = []
-            for spec in (q_spec, k_spec):
-                if spec not in streams:
-                    streams[spec] = self.trie.add(spec)
-                ids.append(streams[spec])
-            self._sides.append((ids[0], ids[1]))
-        self._values: dict[int, Tensor] | None = None
-
-    def plan(self, t: QKTerm) -> tuple[StreamSpec, StreamSpec]:
-        P, Q, M = t.term.words
-        at = [i for i, a in enumerate(M) if is_rotary(a)]
-        if at:  # the cut is the operator itself: U = P X_q M_L, V = Q X_k M_Rᵀ
-            left, right = word_factors(self.binder, M[: at[0]]), word_factors(self.binder, M[at[0] + 1:])
-            q_rights = [(f.ref, f.atom, f.rows, f.cols) for f in left]
-            k_rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(right)]
-            return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
-        factors = word_factors(self.binder, M)
-        q_width = self.binder.input_width(t.query.source)
-        k_width = self.binder.input_width(t.key.source)
-        # cut c (0..m): U = X_q F_1..F_c, V = X_k F_m^T..F_{c+1}^T; width rows(F_{c+1})
-        widths = [q_width] + [f.cols for f in factors[:-1]] + [k_width]
-        prefer = [False] + [_is_query_end(f.atom, f.ref[1]) for f in factors[:-1]] + [False]
-        c = _narrowest(widths, prefer)
-        q_rights = [(f.ref, f.atom, f.rows, f.cols) for f in factors[:c]]  # U ← U F
-        k_rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(factors[c:])]  # V ← V Fᵀ
-        return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
-
-    def side_values(self) -> dict[int, Tensor]:
-        """Every distinct query or key stream ``[batch, pos, r]``, by stream id (computed once)."""
-        if self._values is None:
-            values: dict[int, Tensor] = {}
-            for ids, y in self.trie.walk():
-                for stream in ids:
-                    values[stream] = y
-            self._values = values
-        return self._values
-
-    def scores(self, index: int) -> Tensor:
-        """Term ``index``'s contribution to the scores, ``[batch, q, k]`` (every entry, masked or not)."""
-        values = self.side_values()
-        q, k = self._sides[index]
-        U, V = values[q], values[k]
-        if self._rotated[index]:
-            U, V = self.rotated(q), self.rotated(k)
-        return self._coeffs[index] * (U @ V.transpose(-1, -2))
-
-    def rotated(self, stream: int) -> Tensor:
-        """A side stream ``[batch, pos, d_head]`` turned by position as the model turns its queries and keys."""
-        cache = self.__dict__.setdefault("_rotations", {})
-        if stream not in cache:
-            cfg = self.binder.model.cfg
-            cache[stream] = rotate(self.side_values()[stream], cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
-        return cache[stream]

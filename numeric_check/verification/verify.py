@@ -57,7 +57,8 @@ from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import Recording, record
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.bounds import MaxAbsProduct
-from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator, TermBatch
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, TermBatch
+from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 

@@ -14,7 +14,8 @@ from derivations.paths import expand_logits
 from derivations.qk import expand_qk
 from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import record
-from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, QKEvaluator, StreamTrie, evaluate_term_alone, gram
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone, gram
+from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.model.circuit_model import CircuitModel
 from tests.conftest import FAST
 from tests.strategies import heads_of, models_and_tokens
@@ -113,6 +114,19 @@ def test_sharing_applies_fewer_operations_and_fuses_virtual_weights():
     spec, left = ev.plan(terms[-1])  # pos→L0H2→L1H2
     assert any(op[0] == "F" for op in spec.ops)  # W_O^{L0} then W_V^{L1}: one 4 x 4 product
     assert [ref[0].name for ref in left] == ["W_OV", "W_U"]  # left at its narrowest: W_O, then W_U
+
+
+def test_sibling_leaves_are_evaluated_together():
+    """The terms that end one head below a node (a right factor, then position-side atoms) come
+    from two products for all of them: fewer operations than terms, and the same values."""
+    model, tokens = two_layer()
+    binder = Binder(model, record(model, tokens))
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(binder, terms)
+    values = list(ev.values())
+    assert ev.trie.n_ops < len(terms)  # one at a time: 60 operations for these 32 terms; together: 28
+    for value in values:
+        torch.testing.assert_close(ev.logits(value), dense_logit_term(binder, terms[value.index]), rtol=1e-10, atol=1e-12)
 
 
 def test_a_term_alone_equals_the_shared_value():
