@@ -1,15 +1,17 @@
 """Checkpoints: a :class:`CircuitModel` as a safetensors file, its config as JSON in the metadata.
 
 The metadata holds ``format`` (``"tcircuits.CircuitModel"``), ``format_version``,
-``config`` (:meth:`ModelConfig.to_dict` as JSON) and ``content_sha256`` (a hash of every
-tensor's name, dtype, shape and bytes: safetensors has no checksum of its own, so a flipped
-byte would load silently); the tensors are the model's ``state_dict``. Torch files (``.pt``/``.pth``, a dict ``{"config": dict, "state_dict": ...}``)
-are read with ``torch.load(..., weights_only=True)`` only: arbitrary objects are never
-unpickled. Anything wrong with a file raises :class:`CheckpointError` naming the path, and
-before anything is allocated: the config is read as bounded JSON (:func:`read_json`), and
-its sizes are checked against the stored tensors' real shapes (the model the config
-describes is built with fake tensors first, :func:`expected_shapes`). A file saved before
-content hashes loads with a :class:`UncheckedCheckpoint` warning.
+``config`` (:meth:`ModelConfig.to_dict` as JSON) and ``content_sha256`` (a hash of the
+config and of every tensor's name, dtype, shape and bytes: safetensors has no checksum of
+its own, so a flipped byte would load silently); the tensors are the model's
+``state_dict``. Torch files (``.pt``/``.pth``, a dict ``{"config": dict, "state_dict":
+...}``) are read with ``torch.load(..., weights_only=True)`` only: arbitrary objects are
+never unpickled. Anything wrong with a file raises :class:`CheckpointError` naming the
+path, and before anything is allocated: the config is read as bounded JSON
+(:func:`read_json`), and its sizes are checked against the stored tensors' real shapes
+(the model the config describes is built with fake tensors first,
+:func:`expected_shapes`). A file saved before content hashes loads with a
+:class:`UncheckedCheckpoint` warning.
 
 >>> import tempfile, os
 >>> from derivations.architecture import Architecture
@@ -65,7 +67,7 @@ def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
     model.check_finite()
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(model.cfg.to_dict()),
-                "content_sha256": content_hash(tensors)}
+                "content_sha256": content_hash(tensors, model.cfg.to_dict())}
     tmp = path.with_name(path.name + ".tmp")
     try:
         save_file(tensors, str(tmp), metadata=metadata)
@@ -101,7 +103,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None =
     except ConfigError as err:
         raise CheckpointError(f"checkpoint {path} has a bad config: {err}") from None
     _check_tensors(expected_shapes(cfg), tensors, path, cfg)  # before the model is allocated
-    _check_hash(stored_hash, tensors, path)
+    _check_hash(stored_hash, tensors, config, path)
     stored_dtype = tensors["W_E"].dtype
     model = CircuitModel(cfg, dtype=target_dtype or stored_dtype, device="cpu")
     with torch.no_grad():
@@ -219,16 +221,20 @@ def _dtypes_expected() -> str:
     return "expected one of " + ", ".join(str(d).removeprefix("torch.") for d in WEIGHT_DTYPES)
 
 
-def content_hash(tensors: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 of every tensor's name, dtype, shape and bytes, in name order (what
-    ``content_sha256`` in a checkpoint's metadata holds).
+def content_hash(tensors: Mapping[str, torch.Tensor], config: Any = None) -> str:
+    """SHA-256 of the config (as canonical JSON: a byte flipped in ``ln_eps`` counts, spacing
+    does not) and of every tensor's name, dtype, shape and bytes, in name order: what
+    ``content_sha256`` in a checkpoint's metadata holds.
 
     >>> content_hash({"W": torch.zeros(2, 2)}) == content_hash({"W": torch.zeros(2, 2)})
     True
     >>> content_hash({"W": torch.zeros(2, 2)}) == content_hash({"W": torch.ones(2, 2)})
     False
+    >>> content_hash({"W": torch.zeros(2, 2)}, {"ln_eps": 1e-5}) == content_hash({"W": torch.zeros(2, 2)}, {"ln_eps": 1e-15})
+    False
     """
     digest = hashlib.sha256()
+    digest.update(json.dumps(config, sort_keys=True, separators=(",", ":")).encode() + b"\0")
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}\0{str(t.dtype)}\0{tuple(t.shape)}\0".encode())
@@ -236,7 +242,7 @@ def content_hash(tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def _check_hash(stored: str | None, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+def _check_hash(stored: str | None, tensors: Mapping[str, torch.Tensor], config: Any, path: Path) -> None:
     """Compare the stored content hash; a safetensors file without one loads with a warning
     (a torch file is someone else's format: without a hash it loads quietly)."""
     if stored is None and path.suffix in TORCH_SUFFIXES:
@@ -245,9 +251,9 @@ def _check_hash(stored: str | None, tensors: Mapping[str, torch.Tensor], path: P
         warnings.warn(f"checkpoint {path} has no content hash (saved by an older tcircuits): its tensors were "
                       "loaded unchecked; save it again to add one", UncheckedCheckpoint, stacklevel=3)
         return
-    if content_hash(tensors) != stored:
-        raise CheckpointError(f"checkpoint {path} is corrupt: its tensors do not match the content hash stored "
-                              "when it was saved (the file changed after saving)")
+    if content_hash(tensors, config) != stored:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its config and tensors do not match the content hash "
+                              "stored when it was saved (the file changed after saving)")
 
 
 def _check_plain(config: Any, what: str) -> None:

@@ -109,15 +109,24 @@ def test_a_torch_config_is_held_to_the_same_bounds(saved, tmp_path):
 
 
 def test_save_stores_a_content_hash_and_load_checks_it(saved, tmp_path):
-    path, _, tensors = saved
+    path, config, tensors = saved
     with safe_open(str(path), "pt") as f:
-        assert f.metadata()["content_sha256"] == content_hash(tensors)
+        assert f.metadata()["content_sha256"] == content_hash(tensors, config)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x40  # one bit of the last weight
     flipped = tmp_path / "flipped.safetensors"
     flipped.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="do not match the content hash"):
         load_checkpoint(flipped)
+
+
+def test_a_changed_config_does_not_match_the_hash(saved, tmp_path):
+    path, config, tensors = saved
+    with safe_open(str(path), "pt") as f:
+        stored = f.metadata()["content_sha256"]
+    changed = rewrite(tmp_path / "eps.safetensors", tensors, {**config, "ln_eps": 1e-15}, content_sha256=stored)
+    with pytest.raises(CheckpointError, match="do not match the content hash"):
+        load_checkpoint(changed)
 
 
 def test_a_file_without_a_hash_loads_with_a_note(saved, tmp_path):
