@@ -36,6 +36,12 @@ class CheckpointError(NumericCheckError, ValueError):
     """A checkpoint that is missing, corrupt, truncated or incompatible; the message names the path."""
 
 
+class UncheckedCheckpoint(NumericCheckError, UserWarning):
+    """A warning, not raised: a checkpoint without a content hash (saved by an older
+    tcircuits) was loaded unchecked. Under ``-W error`` it is raised, and then reported in
+    one line like every error of ours."""
+
+
 class InputFileError(NumericCheckError, ValueError):
     """A file given as input besides a checkpoint (a vocabulary) that cannot be read or
     holds the wrong content; the message names it."""

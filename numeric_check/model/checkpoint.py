@@ -37,7 +37,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from numeric_check.errors import CheckpointError, ConfigError, DeviceError, WeightError
+from numeric_check.errors import CheckpointError, ConfigError, DeviceError, UncheckedCheckpoint, WeightError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 
@@ -46,10 +46,6 @@ FORMAT_VERSION = 1
 TORCH_SUFFIXES = (".pt", ".pth")
 #: The dtypes a checkpoint's weights may have (float8 and integer tensors cannot run the model).
 WEIGHT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-
-class UncheckedCheckpoint(UserWarning):
-    """A checkpoint without a content hash (saved by an older tcircuits) was loaded unchecked."""
 
 
 def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:

@@ -12,9 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from derivations.architecture import Architecture
-from numeric_check.errors import CheckpointError, InputFileError
+from numeric_check.errors import CheckpointError, InputFileError, UncheckedCheckpoint
 from numeric_check.model.checkpoint import (
-    FORMAT, MAX_INT_DIGITS, MAX_JSON_DEPTH, UncheckedCheckpoint, content_hash, load_checkpoint, read_json,
+    FORMAT, MAX_INT_DIGITS, MAX_JSON_DEPTH, content_hash, load_checkpoint, read_json,
     save_checkpoint,
 )
 from numeric_check.model.circuit_model import CircuitModel
