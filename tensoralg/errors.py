@@ -42,6 +42,20 @@ class UnknownAtom(TensorAlgError, KeyError):
         return str(self.args[0])
 
 
+#: Line breaks and other whitespace controls, each shown as one space when a message quotes
+#: the text: the quote stays on one line and the caret under it stays in place.
+_ONE_LINE = str.maketrans({ch: " " for ch in "\n\r\t\v\f\x1c\x1d\x1e\x1f\x85\u2028\u2029"})
+
+
+def quoted_line(text: str) -> str:
+    r"""``text`` as one line, character for character (see :data:`_ONE_LINE`).
+
+    >>> quoted_line("A ⊗\nB")
+    'A ⊗ B'
+    """
+    return text.translate(_ONE_LINE)
+
+
 class ParseError(TensorAlgError, ValueError):
     """Malformed expression text. ``position`` is the 0-based offset of the problem."""
 
@@ -49,7 +63,7 @@ class ParseError(TensorAlgError, ValueError):
         self.text = text
         self.position = position
         pointer = " " * position + "^"
-        super().__init__(f"{message} at position {position}:\n  {text}\n  {pointer}")
+        super().__init__(f"{message} at position {position}:\n  {quoted_line(text)}\n  {pointer}")
 
 
 class InvalidOrder(TensorAlgError, ValueError):

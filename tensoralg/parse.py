@@ -61,7 +61,7 @@ from typing import Iterable, Mapping, NamedTuple, Union
 import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
-from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom
+from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
 from tensoralg.expr import NON_FINITE, Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes, declared_table
 from tensoralg.lexer import Token, tokenize
@@ -152,7 +152,7 @@ class _Parser:
     def located(self, err: TensorAlgError, pos: int) -> TensorAlgError:
         """The same kind of error with the position in the text added (shape pairs kept)."""
         pointer = " " * pos + "^"
-        message = f"{err} at position {pos}:\n  {self.text}\n  {pointer}"  # one line, then the caret
+        message = f"{err} at position {pos}:\n  {quoted_line(self.text)}\n  {pointer}"  # one line, then the caret
         if isinstance(err, ShapeMismatch):
             return ShapeMismatch(message, dims=err.dims)
         return type(err)(message)
@@ -538,7 +538,7 @@ class _Parser:
         pointer = " " * token.pos + "^"
         raise UnknownAtom(  # one line, then the text and its caret, as every parse error
             f"unknown atom {name!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
-            f"and the scalars {', '.join(sorted(self.scalars))}:\n  {self.text}\n  {pointer}"
+            f"and the scalars {', '.join(sorted(self.scalars))}:\n  {quoted_line(self.text)}\n  {pointer}"
         )
 
     # -- checks ---------------------------------------------------------------

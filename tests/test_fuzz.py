@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import tempfile
 import time
 import unicodedata
@@ -108,6 +109,17 @@ def test_control_characters_never_reach_the_terminal_raw(argv):
     code, out, err = run(argv)
     assert code == 2 and not raw_controls(err) and not raw_controls(out)
     assert "\\x1b" in err or "\\x07" in err or "\\u202e" in err
+
+
+@pytest.mark.parametrize("text", ["A ⊗\nB +", "A ⊗\r\n(x", "A\u2028⊗ B ⊗", "W_OV\t^{h\n}"])
+def test_a_parse_error_quotes_text_with_line_breaks_on_one_line(text):
+    """The message, the text, the caret: three lines, whatever line breaks the text holds,
+    with the caret under the character it points at."""
+    code, _, err = run(["expand", text, "--strict"])
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 3, lines
+    position = int(re.search(r"at position (\d+)", lines[0]).group(1))
+    assert lines[2].index("^") == 2 + position and lines[1][2:] == text.translate({ord(c): " " for c in "\n\r\t\u2028"})
 
 
 def test_terminal_safe_escapes_controls_and_keeps_lines():
