@@ -183,7 +183,8 @@ class StreamTrie:
         Chains whose factors differ in width go in separate groups."""
         by_width: dict[int, list[tuple]] = {}
         for chain in chains:
-            by_width.setdefault(self._right(chain[0]).shape[1], []).append(chain)
+            op = chain[0]  # its output width, without forming a fused factor
+            by_width.setdefault(right_multiplier(self.binder, op[2] if op[0] == "F" else op[1:]).shape[1], []).append(chain)
         for width, group in by_width.items():
             ops = tuple(chain[0] for chain in group)
             if ops not in self._side_by_side:  # (the fused factors are not kept one by one as well)

@@ -350,8 +350,9 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
 
-    # terms per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
-    per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
+    # terms per flush: their isolated streams, held until the flush's errors are formed, take a quarter of
+    # chunk_bytes (the isolation's own activations take up to chunk_bytes more)
+    per_chunk = max(1, chunk_bytes // max(1, 4 * rec.final.numel() * rec.final.element_size()))
     done = 0
     for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
         if v.index >= len(kept):
