@@ -125,6 +125,8 @@ def test_sibling_leaves_are_evaluated_together():
     ev = LogitEvaluator(binder, terms)
     values = list(ev.values())
     assert ev.trie.n_ops < len(terms)  # one at a time: 60 operations for these 32 terms; together: 28
+    side_by_side = {op for ops in ev.trie._side_by_side for op in ops}
+    assert side_by_side and not side_by_side & set(ev.trie._fused)  # each fused factor kept once, side by side
     for value in values:
         torch.testing.assert_close(ev.logits(value), dense_logit_term(binder, terms[value.index]), rtol=1e-10, atol=1e-12)
 
