@@ -16,7 +16,7 @@ from numeric_check.errors import TrainConfigError
 
 MAX_PARAMETERS = 50_000_000  # a toy model; larger ones are refused before anything is allocated
 MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
-MAX_LOGITS = 2**29  # batch × n_ctx × d_vocab: one batch's float32 logits stay under 2 GiB
+MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,13 @@ class TrainConfig:
         if parameters > MAX_PARAMETERS:
             raise TrainConfigError(f"the model would have {parameters:,} parameters, more than the {MAX_PARAMETERS:,} "
                                    "of a toy run; use smaller --d-model, --d-head, --vocab or --n-ctx")
+        # per position, the widest activation: the logits, or a layer's queries, keys and values
+        width = max(self.d_vocab, 3 * self.n_heads * self.d_head, self.d_model)
         for batch, name in ((self.batch_size, "batch_size"), (self.eval_batches * self.batch_size, "eval_batches × batch_size")):
-            if batch * self.n_ctx * self.d_vocab > MAX_LOGITS:
-                raise TrainConfigError(f"{name} {batch:,} sequences of {self.n_ctx} tokens over {self.d_vocab} would need "
-                                       f"{batch * self.n_ctx * self.d_vocab * 4 / 2**30:,.1f} GiB of logits; use fewer")
+            if batch * self.n_ctx * width > MAX_ACTIVATIONS:
+                raise TrainConfigError(f"{name} {batch:,} sequences of {self.n_ctx:,} positions × {width:,} activations "
+                                       f"would need {batch * self.n_ctx * width * 4 / 2**30:,.1f} GiB at once; use fewer "
+                                       "sequences or a narrower model")
 
     @property
     def arch(self) -> Architecture:
