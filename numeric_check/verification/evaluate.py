@@ -188,7 +188,7 @@ class StreamTrie:
         for width, group in by_width.items():
             ops = tuple(chain[0] for chain in group)
             if ops not in self._side_by_side:  # (the fused factors are not kept one by one as well)
-                self._side_by_side[ops] = torch.cat([self._right(op, keep=False) for op in ops], 1)
+                self._side_by_side[ops] = self._side_by_side_of(ops)
             runs = tuple(chain[2] for chain in group)
             if self._stacked_runs[0] != runs:  # siblings of the next node usually have the same runs
                 self._stacked_runs = (runs, torch.stack([self._position_run(run, value) for run in runs]))
@@ -197,6 +197,15 @@ class StreamTrie:
             self.n_ops += 2
             for chain, leaf in zip(group, out.unbind(0)):
                 yield chain[3].ends, leaf
+
+    def _side_by_side_of(self, ops: tuple[OpKey, ...]) -> Tensor:
+        """``[R_1 | … | R_k]`` for right-multiplying operations; fused ones that share their first
+        factor (``W_O^{h1}`` then each ``W_V^{h2}``) as one product, ``R [S_1 | … | S_k]``."""
+        firsts = {op[1] if op[0] == "F" else None for op in ops}
+        if len(firsts) == 1 and None not in firsts:
+            rest = torch.cat([right_multiplier(self.binder, op[2]) for op in ops], 1)
+            return right_multiplier(self.binder, ops[0][1]) @ rest
+        return torch.cat([self._right(op, keep=False) for op in ops], 1)
 
     def _right(self, op: OpKey, keep: bool = True) -> Tensor:
         """The matrix of a right-multiplying operation (``R`` or ``F``; a fused one kept when ``keep``)."""
