@@ -8,6 +8,7 @@ prints without a traceback (exit 2). Exit 0 when every check passes, 1 when one 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.verification.verify import verify_logits, verify_qk
 
     model = build_model(args)
+    check_residual_width(model.cfg.d_model)
     tokens = build_tokens(args, model)
     dtype = args.dtype
     rtol = args.rtol if args.rtol is not None else default_rtol(dtype)
@@ -172,6 +174,15 @@ def check_model_size(arch: Architecture, opts: dict) -> None:
         raise VerifyCLIError(f"a random model of --d-model {d_model} --d-head {d_head} --d-vocab {d_vocab} --n-ctx {n_ctx} "
                              f"with {arch.n_heads_total} heads has {total:,} weights, more than {MAX_PARAMETERS:,}; "
                              "use smaller dimensions")
+
+
+def check_residual_width(d_model: int) -> None:
+    """Refuse a residual stream so wide that the check's ``d_model × d_model`` matrices (the
+    Gram matrices behind each term's norm) would pass :data:`MAX_PARAMETERS` entries: with
+    --d-model 100000 that was an 80 GB allocation and a traceback."""
+    if d_model * d_model > MAX_PARAMETERS:
+        raise VerifyCLIError(f"d_model={d_model:,}: the verification forms d_model × d_model matrices ({d_model * d_model:,} "
+                             f"entries, more than {MAX_PARAMETERS:,}); verify a model with d_model <= {math.isqrt(MAX_PARAMETERS):,}")
 
 
 def parse_heads(text: str) -> int | tuple[int, ...]:

@@ -266,6 +266,7 @@ def test_a_report_folder_is_checked_before_the_analysis(tmp_path):
     (["train-toy", "--max-repeats", str(2**63), "--out", "OUT"], "max_repeats must be at most 1,000"),
     (["train-toy", "--max-repeats", "100000", "--out", "OUT"], "max_repeats must be at most 1,000"),
     (["train-toy", "--d-model", str(10**12), "--out", "OUT"], "parameters, more than the 50,000,000"),
+    (["verify", "--d-model", "100000"], "the verification forms d_model × d_model matrices"),  # an 80 GB allocation
     (["train-toy", "--d-head", "100000", "--d-model", "8", "--out", "OUT"], "activations would need"),  # ran 6 minutes
     (["train-toy", "--n-ctx", str(2**63), "--positional", "none", "--out", "OUT"], "would need"),
 ])
