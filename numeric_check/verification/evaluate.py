@@ -321,22 +321,20 @@ def _merge(position: Word, rights: list[tuple[FactorRef, Atom, int, int]]) -> tu
     side comes right after the layer's narrowest factor (``W_V`` of ``W_OV``), where it is
     cheapest. Two neighbouring factors that widen then narrow (``W_O^{L0}`` then ``W_V^{L1}``:
     ``d_head → d_model → d_head``) become one fused operation, their small product."""
-    pos_ops = [(_stage(a), ("P", a)) for a in reversed(position)]
-    r_ops = [(_stage(a), ("R",) + ref, (w_in, w_out)) for ref, a, w_in, w_out in rights]
+    by_stage: dict[int, tuple[list, list]] = {}  # stage -> (right factors, position atoms), each side in order
+    for ref, a, w_in, w_out in rights:
+        by_stage.setdefault(_stage(a), ([], []))[0].append((("R",) + ref, (w_in, w_out)))
+    for a in reversed(position):
+        by_stage.setdefault(_stage(a), ([], []))[1].append((("P", a), None))
     ops: list = []
-    i = j = 0
-    while i < len(pos_ops) or j < len(r_ops):
-        stage = min([op[0] for op in pos_ops[i:i + 1] + r_ops[j:j + 1]])
-        here = []
-        while j < len(r_ops) and r_ops[j][0] == stage:
-            here.append(r_ops[j])
-            j += 1
-        split = min(range(len(here)), key=lambda k: (here[k][2][1], k)) + 1 if here else 0
-        ops += [(op[1], op[2]) for op in here[:split]]
-        while i < len(pos_ops) and pos_ops[i][0] == stage:
-            ops.append((pos_ops[i][1], None))
-            i += 1
-        ops += [(op[1], op[2]) for op in here[split:]]
+    for stage in sorted(by_stage):
+        here, pos = by_stage[stage]
+        if here:
+            narrowest = min(widths[1] for _, widths in here)
+            split = next(k for k, (_, widths) in enumerate(here) if widths[1] == narrowest) + 1
+            ops += here[:split] + pos + here[split:]
+        else:
+            ops += pos
     return _fuse(ops)
 
 

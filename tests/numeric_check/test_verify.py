@@ -3,6 +3,7 @@ and bad input gets clear errors."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 
@@ -162,6 +163,27 @@ def test_bounded_and_exact_term_errors_agree():
     for a, b in zip(exact.terms, bounded.terms):
         assert b.max_abs_error is None and a.max_abs_error <= a.error_bound == b.error_bound
     assert "≤" in bounded.to_text() and "bound" in bounded.check("isolation").detail
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(enabled, monkeypatch):
+    """verify_logits and verify_qk pause the cyclic collector while they build their terms, and
+    restore it as they found it, also when they raise."""
+    model = small_model()
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        verify_logits(model, TOKENS, max_order=1)
+        verify_qk(model, TOKENS, 1, 0, max_order=1)
+        def fails(*args, **kwargs):
+            raise RuntimeError("the order-graded pass failed")
+
+        monkeypatch.setattr(verify_module, "graded_final", fails)  # raised inside, while paused
+        with pytest.raises(RuntimeError, match="order-graded"):
+            verify_logits(model, TOKENS, max_order=1)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 def test_checks_1_and_3_pass_on_bounds_that_hold_the_exact_errors():

@@ -1,0 +1,62 @@
+"""Logits seen from before the unembedding, where verification compares them.
+
+The logits are linear in what reaches the unembedding, ``x W_Uᵀ + c b_Uᵀ``: a difference of
+logits is the unembedding of a difference of its inputs, so every check of
+:func:`~numeric_check.verification.verify.verify_logits` forms its differences on these
+``[batch, pos, d_model (+1)]`` inputs, and unembeds only what it reports (largest entries, exactly,
+by :class:`~numeric_check.verification.bounds.MaxAbsProduct`), never a ``[terms, pos, d_vocab]`` block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from numeric_check.errors import VerifyError
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.hook_paths import Recording
+from numeric_check.verification.bounds import MaxAbsProduct
+from numeric_check.verification.evaluate import LogitEvaluator
+
+
+class LogitSpace:
+    """Logits seen from before the unembedding: ``[x, c] ↦ x W_Uᵀ + c b_Uᵀ``.
+
+    A contribution to the logits is kept as its *augmented* input ``[batch, pos, d_model (+1)]``:
+    what it gives ``W_Uᵀ``, and its coefficient of ``b_U`` when the model has one. Every check
+    compares these (exactly equivalent, by linearity) and unembeds only what it reports:
+    largest absolute entries, by :class:`~numeric_check.verification.bounds.MaxAbsProduct` (exact float64).
+    """
+
+    def __init__(self, model: CircuitModel, rec: Recording):
+        self.names = ["W_U"] + (["b_U"] if model.b_U is not None else [])
+        blocks = [model.W_U.detach().T] + ([model.b_U.detach()[None]] if model.b_U is not None else [])
+        self.product = MaxAbsProduct(blocks)
+        self.rec = rec
+        self.model = self.of(rec.final, 1.0)  # the model's own logits
+
+    def of(self, x: Tensor, bias: float) -> Tensor:
+        """The augmented input of ``x @ W_U.T + bias * b_U``."""
+        if len(self.names) == 1:
+            return x
+        return torch.cat([x, torch.full_like(x[..., :1], bias)], -1)
+
+    def aug(self, parts: dict) -> Tensor:
+        """The augmented input of ``Σ y @ R`` for ``{R: y}`` (:meth:`~numeric_check.verification.evaluate.LogitSum.parts`)."""
+        pieces = {ref[0].name: y for ref, y in parts.items()}
+        unknown = sorted(set(pieces) - set(self.names))
+        if unknown:
+            raise VerifyError(f"terms end in {unknown}, which the model does not unembed with; expected {self.names}")
+        shape = self.model.shape[:-1]
+        out = []
+        for name, width in zip(self.names, [self.rec.final.shape[-1], 1]):
+            piece = pieces.get(name)
+            out.append(self.model.new_zeros(*shape, width) if piece is None else piece.expand(*shape, width))
+        return out[0] if len(out) == 1 else torch.cat(out, -1)
+
+    def norm(self, ev: LogitEvaluator, x: Tensor) -> float:
+        """``‖x W_Uᵀ‖_F`` for ``x`` before the unembedding, from the evaluator's Gram matrix."""
+        ref = ev.last_factor_named("W_U")
+        if ref is None:
+            return float((x @ self.product.blocks[0]).norm())
+        return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
