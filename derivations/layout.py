@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from tensoralg import Expr, Product, TensorSum, Term
-from tensoralg.escape import check_math, escape_text
+from tensoralg.escape import check_math, escape_text, markdown_math  # noqa: F401 (markdown_math: re-exported for render)
 from tensoralg.latex import Summand, TensorLatexPrinter
 
 from derivations.document import Math, Piece, SumIndex, resolve, text_width
@@ -75,21 +75,6 @@ def check_layout(layout: Layout | None, options) -> Layout:
 
 
 # -- prose -----------------------------------------------------------------------------------
-
-
-#: What mathematics may not carry into Markdown as such: ``<`` and ``>`` would start raw
-#: HTML (a tag, an autolink), ``[`` and ``]`` a link; KaTeX and MathJax read the commands.
-_MARKDOWN_MATH = {"<": r"\lt ", ">": r"\gt ", "[": r"\lbrack ", "]": r"\rbrack "}
-
-
-def markdown_math(latex: str) -> str:
-    r"""Mathematics for Markdown's ``$…$`` and ``$$…$$``: the same LaTeX, with the characters
-    that Markdown would read as HTML or a link written as commands.
-
-    >>> markdown_math(r"A^{\mathrm{<img\ src=x>}}")
-    'A^{\\mathrm{\\lt img\\ src=x\\gt }}'
-    """
-    return "".join([_MARKDOWN_MATH.get(ch, ch) for ch in latex])
 
 
 def _prose(segments, index_from: int, escape: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tensoralg.errors import TensorAlgError
-from tensoralg.escape import escape_text
+from tensoralg.escape import escape_text, markdown_math
 from tensoralg.latex import TensorLatexPrinter, to_latex
 
 #: How many terms of a sum a notebook shows (the first half and the last half; the rest counted).
@@ -56,7 +56,7 @@ def md_text(text) -> str:
 def md_math(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
     """An expression as inline Markdown maths, through the printer."""
     _check_max_terms(max_terms)
-    return "$" + to_latex(expr, max_terms=max_terms) + "$"
+    return "$" + markdown_math(to_latex(expr, max_terms=max_terms)) + "$"
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
@@ -97,5 +97,5 @@ def expansion_markdown(title: str, sums: dict, max_terms: int | None = REPR_MAX_
     """A title, then each labelled sum as display maths (what an expansion shows in a notebook)."""
     parts = [md_text(title)]
     for label, s in sums.items():
-        parts += [f"{md_text(label)}, {len(s):,} terms:", "$$" + to_latex(s, max_terms=max_terms) + "$$"]
+        parts += [f"{md_text(label)}, {len(s):,} terms:", "$$" + markdown_math(to_latex(s, max_terms=max_terms)) + "$$"]
     return "\n\n".join(parts)

@@ -268,3 +268,18 @@ def check_math(latex: str, what: str = "expression") -> str:
             "indices must be letters, digits and underscores"
         )
     return latex
+
+
+#: What mathematics may not carry into Markdown as such: ``<`` and ``>`` would start raw
+#: HTML (a tag, an autolink), ``[`` and ``]`` a link; KaTeX and MathJax read the commands.
+_MARKDOWN_MATH = {"<": r"\lt ", ">": r"\gt ", "[": r"\lbrack ", "]": r"\rbrack "}
+
+
+def markdown_math(latex: str) -> str:
+    r"""Mathematics for Markdown's ``$…$`` and ``$$…$$``: the same LaTeX, with the characters
+    that Markdown would read as HTML or a link written as commands.
+
+    >>> markdown_math(r"A^{\mathrm{<img\ src=x>}}")
+    'A^{\\mathrm{\\lt img\\ src=x\\gt }}'
+    """
+    return "".join([_MARKDOWN_MATH.get(ch, ch) for ch in latex])

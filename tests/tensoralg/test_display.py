@@ -68,3 +68,12 @@ def test_head_and_tail_keep_order_and_count_the_rest(n, limit):
     assert limit is None and n_out == 0 or len(head) + len(tail) == min(n, limit)
     table = elided_table(["x"], [[str(r)] for r in rows], limit, what="rows")
     assert (f"⋯ {n_out:,} rows left out" in table) == (n_out > 0)
+
+
+def test_notebook_markdown_maths_cannot_carry_html():
+    from tensoralg import parse
+    from tensoralg.display import expansion_markdown, md_math
+
+    hostile = parse("A^{<img} ⊗ W_OV")
+    for markdown in (md_math(hostile), expansion_markdown("t", {"sum": hostile.expand()})):
+        assert "<" not in markdown and r"\lt" in markdown
