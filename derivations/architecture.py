@@ -63,14 +63,14 @@ class Architecture:
     ``parallel``: attention and MLP read the same stream (GPT-NeoX, GPT-J); needs MLPs.
     The logits' path expansion is the same (an MLP is an opaque source either way); the
     MLP's input loses the paths through its own layer's heads (:func:`derivations.paths.expand_mlp_input`).
-    ``rotary``: the fraction of each head's dimensions rotated by position (``None``: no
+    ``rotary``: the fraction of the head dimensions rotated by position (``None``: no
     rotary); ``rotary_style``: ``"neox"`` (rotate-half pairs ``(i, i + d/2)``, GPT-NeoX
     and Llama) or ``"gptj"`` (interleaved pairs ``(2i, 2i + 1)``). Rotary enters the QK
     expansion as one operator per head (:mod:`tensoralg.rotary`); the logits' path
     expansion is unchanged (patterns are frozen).
 
     >>> Architecture(2, 8, norm="rms_norm", n_kv_heads=2, rotary=0.25, mlp=True, parallel=True).describe()
-    '2 layers x 8 heads, none positions, RMSNorm, MLPs, 2 key/value heads (4 query heads each), parallel attention and MLP, rotary on 0.25 of each head (neox)'
+    '2 layers x 8 heads, none positions, RMSNorm, MLPs, 2 key/value heads (4 query heads each), parallel attention and MLP, rotary on 25% of the head dimensions (neox pairing)'
     """
 
     n_layers: int
@@ -185,7 +185,7 @@ class Architecture:
         if fraction is not None:
             if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
                 raise ArchitectureError(
-                    f"rotary is the fraction of each head's dimensions rotated by position, a number in (0, 1] "
+                    f"rotary is the fraction of the head dimensions rotated by position, a number in (0, 1] "
                     f"(or None for no rotary), got {fraction!r}"
                 )
         if self.rotary_style not in ROTARY_STYLES:
@@ -267,8 +267,10 @@ class Architecture:
         if self.parallel:
             extras.append("parallel attention and MLP")
         if self.rotary is not None:
-            extras.append(f"rotary on {self.rotary:g} of each head ({self.rotary_style})")
-        return f"{self.n_layers} layers x {heads}, " + ", ".join(extras)
+            share = "all" if self.rotary == 1 else f"{self.rotary:.0%}"
+            extras.append(f"rotary on {share} of the head dimensions ({self.rotary_style} pairing)")
+        layers = f"{self.n_layers} layer" + ("" if self.n_layers == 1 else "s")
+        return f"{layers} x {heads}, " + ", ".join(extras)
 
 
 def _check_heads(layer: int, count) -> None:

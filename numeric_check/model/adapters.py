@@ -123,7 +123,7 @@ def from_hf_gpt2(model: Any, dtype: str | torch.dtype = torch.float64, device: s
     >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=4, vocab_size=10,
     ...     bos_token_id=0, eos_token_id=0))
     >>> from_hf_gpt2(hf).arch.describe()  # freshly initialised: all biases zero, so none kept
-    '1 layers x 2 heads, standard positions, layer norm, MLPs'
+    '1 layer x 2 heads, standard positions, layer norm, MLPs'
     """
     if not _is_instance(model, "transformers", "GPT2LMHeadModel"):
         raise UnsupportedModel(f"from_hf_gpt2 expects a transformers.GPT2LMHeadModel, got {type(model).__name__}")

@@ -50,7 +50,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     >>> hf = LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
     ...     num_attention_heads=4, num_key_value_heads=2, intermediate_size=12, max_position_embeddings=6))
     >>> from_hf(hf).arch.describe()
-    '1 layers x 4 heads, none positions, RMSNorm, MLPs, 2 key/value heads (2 query heads each), rotary on 1 of each head (neox)'
+    '1 layer x 4 heads, none positions, RMSNorm, MLPs, 2 key/value heads (2 query heads each), rotary on all of the head dimensions (neox pairing)'
     """
     name = type(model).__name__
     reader = READERS.get(name)

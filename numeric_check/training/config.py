@@ -35,7 +35,7 @@ class TrainConfig:
     and one repeat no phase change came within 4,000 steps.
 
     >>> TrainConfig(n_layers=1).arch.describe()
-    '1 layers x 4 heads, qk_only positions'
+    '1 layer x 4 heads, qk_only positions'
     >>> TrainConfig(n_ctx=32, seg_max=24)
     Traceback (most recent call last):
     ...

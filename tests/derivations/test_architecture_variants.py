@@ -262,7 +262,7 @@ def test_describe_names_every_option():
     arch = Architecture(2, (4, 8), n_kv_heads=(2, 4), norm="rms_norm", mlp=True, parallel=True, rotary=0.25,
                         rotary_style="gptj")
     assert arch.describe() == ("2 layers x heads 4/8, none positions, RMSNorm, MLPs, key/value heads 2/4, "
-                               "parallel attention and MLP, rotary on 0.25 of each head (gptj)")
+                               "parallel attention and MLP, rotary on 25% of the head dimensions (gptj pairing)")
     assert arch.kv_label(1, 7) == "L1KV3" and Architecture(1, 2).kv_label(0, 1) == "L0H1"
 
 
@@ -276,7 +276,7 @@ def test_describe_names_every_option():
     ({"n_kv_heads": True}, "n_kv_heads must be an int or one int per layer, got True"),
     ({"parallel": True}, "parallel=True means attention and MLP read the same stream, but the model has no MLPs"),
     ({"parallel": 1, "mlp": True}, "parallel must be True or False, got 1"),
-    ({"rotary": 0}, r"rotary is the fraction of each head's dimensions rotated by position, a number in \(0, 1\]"),
+    ({"rotary": 0}, r"rotary is the fraction of the head dimensions rotated by position, a number in \(0, 1\]"),
     ({"rotary": 1.5}, r"a number in \(0, 1\] \(or None for no rotary\), got 1.5"),
     ({"rotary": True}, "got True"),
     ({"rotary": 0.5, "rotary_style": "llama"}, "unknown rotary_style 'llama'; expected one of 'neox', 'gptj'"),

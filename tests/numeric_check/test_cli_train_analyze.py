@@ -34,7 +34,7 @@ def test_train_toy_writes_checkpoint_and_record(tmp_path, capsys):
     code = main(["train-toy", "--layers", "1", "--steps", "5", "--quiet", "--max-repeats", "2", "--out", str(out), *TINY])
     assert code == 0
     stdout = capsys.readouterr().out
-    assert "trained 1 layers x 2 heads" in stdout and "on repeated tokens" in stdout and str(out) in stdout
+    assert "trained 1 layer x 2 heads" in stdout and "on repeated tokens" in stdout and str(out) in stdout
     model = load_checkpoint(out)
     assert model.arch.n_layers == 1 and model.cfg.d_vocab == 12
     record = json.loads(out.with_suffix(".json").read_text())
