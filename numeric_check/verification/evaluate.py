@@ -166,8 +166,9 @@ class StreamTrie:
                 value = value.as_dense()
             yield node.ends, value
         chains = [] if isinstance(value, SourceInput) else _leaf_chains(node)
-        if len(chains) > 1:
-            yield from self._leaves_at_once(chains, value)
+        per_product = _STACKED_POSITIONS // max(1, value.shape[0] * value.shape[-2] ** 2) if chains else 0
+        if len(chains) > 1 and per_product > 1:  # (else one [b, pos, pos] run is too large to stack)
+            yield from self._leaves_at_once(chains, value, per_product)
             chained = {id(chain[1]) for chain in chains}
         else:
             chained = set()
@@ -176,16 +177,17 @@ class StreamTrie:
                 self.n_ops += 1
                 yield from self._walk(child, self.apply(op, value))
 
-    def _leaves_at_once(self, chains: list[tuple], value: Tensor) -> Iterator[tuple[list[int], Tensor]]:
+    def _leaves_at_once(self, chains: list[tuple], value: Tensor, per_product: int) -> Iterator[tuple[list[int], Tensor]]:
         """The leaf chains below one node (see :func:`_leaf_chains`) in two products for all of them:
         ``Y [R_1 | … | R_k]`` (the right factors side by side, made once per set of chains), then
         each chain's position-side operations as one matrix, stacked: ``P_i (Y R_i)`` for every ``i``.
-        Chains whose factors differ in width go in separate groups."""
+        Chains whose factors differ in width go in separate groups, of at most ``per_product``."""
         by_width: dict[int, list[tuple]] = {}
         for chain in chains:
             op = chain[0]  # its output width, without forming a fused factor
             by_width.setdefault(right_multiplier(self.binder, op[2] if op[0] == "F" else op[1:]).shape[1], []).append(chain)
-        for width, group in by_width.items():
+        groups = [(width, same[i:i + per_product]) for width, same in by_width.items() for i in range(0, len(same), per_product)]
+        for width, group in groups:
             ops = tuple(chain[0] for chain in group)
             if ops not in self._side_by_side:  # (the fused factors are not kept one by one as well)
                 self._side_by_side[ops] = self._side_by_side_of(ops)
@@ -241,6 +243,9 @@ class StreamTrie:
         if isinstance(value, SourceInput):
             return value.times_transpose(R.T)
         return value @ R
+
+
+_STACKED_POSITIONS = 1 << 22  # entries of the stacked [k, b, pos, pos] position matrices of one product
 
 
 def _leaf_chains(node: _Node) -> list[tuple[OpKey, _Node, tuple[Atom, ...], _Node]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from derivations.architecture import Architecture
 from derivations.paths import expand_logits
 from derivations.qk import expand_qk
+import numeric_check.verification.evaluate as evaluate_module
 from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import record
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone, gram
@@ -129,6 +131,21 @@ def test_sibling_leaves_are_evaluated_together():
     assert side_by_side and not side_by_side & set(ev.trie._fused)  # each fused factor kept once, side by side
     for value in values:
         torch.testing.assert_close(ev.logits(value), dense_logit_term(binder, terms[value.index]), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("limit", [3 * 2 * 7 * 7, 2 * 7 * 7])  # 3 chains per product; 1: none together
+def test_sibling_leaves_in_bounded_products(monkeypatch, limit):
+    """The stacked position matrices of one product stay under a bound (long inputs): the chains
+    go in smaller products, or one at a time when a single one reaches it, with the same values."""
+    monkeypatch.setattr(evaluate_module, "_STACKED_POSITIONS", limit)
+    model, tokens = two_layer()  # 2 sequences of 7 positions
+    binder = Binder(model, record(model, tokens))
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(binder, terms)
+    for value in ev.values():
+        torch.testing.assert_close(ev.logits(value), dense_logit_term(binder, terms[value.index]), rtol=1e-10, atol=1e-12)
+    assert all(stacked.shape[0] <= 3 for stacked in ev.trie._stacked_runs[1:] if stacked is not None)
+    assert (ev.trie.n_ops >= 60) == (limit < 2 * 2 * 7 * 7)  # one at a time: 60 operations, as before batching
 
 
 def test_a_term_alone_equals_the_shared_value():
