@@ -8,11 +8,16 @@ float32, on one thread, with every check on (sum over the kept terms, each term 
 isolated through the model's hooks, the omitted part against the model's order-graded pass).
 
 Printed per run: wall time (median of ``--repeats``), CPU time, the verification's own stages,
-the number of terms, whether every check passed and the worst relative error, and the peak
+the number of terms and terms per second, whether every check passed and the worst relative error, and the peak
 resident memory *above what the process held before the run* (sampled every 10 ms from
 ``/proc/self/statm``), so that order 1 and order 2 can be compared: the verification streams
 its terms (depth first through the shared trie, isolation in bounded chunks), so its memory
 must not grow with the number of terms. A progress bar (tqdm, on stderr) follows the terms.
+Each (order, dtype) runs in a fresh process, so that one configuration's freed memory (kept by
+the allocator) cannot hide the next one's peak; the peak is that of its first run.
+
+Ratios are against the named baselines in ``BASELINES`` (figures measured on this machine
+before the work they name, one thread): wall time and peak memory, baseline / now.
 
     python benchmarks/bench_scale.py [--orders 1 2] [--dtypes float64 float32] [--repeats N] [--device cpu|cuda]
 """
@@ -20,7 +25,9 @@ must not grow with the number of terms. A progress bar (tqdm, on stderr) follows
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import statistics
 import sys
 import threading
@@ -35,6 +42,14 @@ from numeric_check import from_hf, verify_logits  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 SEQ = 32
+# (order, dtype) -> (wall s, peak MB above start): medians of 3 on this machine (2 shared cores, one thread)
+BASELINES = {
+    # as filed in issue 14 (peak as reported there, not measured by this script)
+    "issue 14 (before)": {(2, "float64"): (76.5, 4700.0), (1, "float64"): (4.4, None)},
+    # commit 320cdd9 (from_hf, Constant hooks, plan caching), measured by this script in a clean tree
+    "320cdd9": {(1, "float64"): (3.0, 655.0), (1, "float32"): (1.8, 895.0),
+                (2, "float64"): (38.4, 1199.0), (2, "float32"): (24.1, 1254.0)},
+}
 
 
 def resident_bytes() -> int:
@@ -95,6 +110,38 @@ def gpt2_small(seed: int = 0):
     return GPT2LMHeadModel(config).eval()
 
 
+def run_one(order: int, dtype: str, repeats: int, device: str) -> dict:
+    """``repeats`` runs of one configuration in this process: median wall and CPU time, the first
+    run's peak memory above its start, and the verdict of the last run."""
+    model = from_hf(gpt2_small(), dtype=torch.float64)
+    tokens = torch.randint(0, 50257, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    walls, cpus, peaks = [], [], []
+    for _ in range(repeats):
+        with PeakMemory() as memory:
+            t0, c0 = time.perf_counter(), time.process_time()
+            report = verify_logits(model, tokens, max_order=order, dtype=dtype, device=device,
+                                   progress=progress_bar(f"order {order} {dtype}"))
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        peaks.append(memory.above_start / 2**20)
+    return {"model": str(model), "terms": len(report.terms), "wall": statistics.median(walls), "walls": walls,
+            "cpu": statistics.median(cpus), "peak": peaks[0], "passed": report.passed, "rel": report.rel_error,
+            "stages": {k: round(v, 2) for k, v in report.timings.items()}}
+
+
+def ratios(order: int, dtype: str, wall: float, peak: float) -> str:
+    """Baseline / now, for each named baseline that measured this configuration."""
+    out = []
+    for name, figures in BASELINES.items():
+        if (order, dtype) in figures:
+            base_wall, base_peak = figures[(order, dtype)]
+            text = f"{base_wall / wall:.1f}x faster"
+            if base_peak is not None and peak > 0:
+                text += f", {base_peak / peak:.1f}x less memory"
+            out.append(f"{text} than {name}")
+    return "; ".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, nargs="+", default=[1, 2])
@@ -102,30 +149,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration (the median is printed)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--one", nargs=2, metavar=("ORDER", "DTYPE"), help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-
-    model = from_hf(gpt2_small(), dtype=torch.float64)
-    tokens = torch.randint(0, 50257, (1, SEQ), generator=torch.Generator().manual_seed(0))
-    print(f"model: {model}")
-    print(f"tokens: 1 x {SEQ}; threads: {args.threads}; device: {args.device}")
-    print(f"{'order':>5} {'dtype':>8} {'terms':>7} {'wall s':>8} {'cpu s':>8} {'peak MB':>8} {'passed':>6} {'worst rel':>10}  stages (s)")
+    if args.one:
+        print(json.dumps(run_one(int(args.one[0]), args.one[1], args.repeats, args.device)))
+        return
+    print(f"tokens: 1 x {SEQ}; threads: {args.threads}; device: {args.device}; repeats: {args.repeats}")
+    print(f"{'order':>5} {'dtype':>8} {'terms':>7} {'wall s':>8} {'cpu s':>8} {'terms/s':>8} {'peak MB':>8} {'passed':>6} "
+          f"{'worst rel':>10}  stages (s); ratios")
+    failed = []
     for order in args.orders:
         for dtype in args.dtypes:
-            walls, cpus, peaks = [], [], []
-            for _ in range(args.repeats):
-                with PeakMemory() as memory:
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    report = verify_logits(model, tokens, max_order=order, dtype=dtype, device=args.device,
-                                           progress=progress_bar(f"order {order} {dtype}"))
-                    walls.append(time.perf_counter() - t0)
-                    cpus.append(time.process_time() - c0)
-                peaks.append(memory.above_start / 2**20)
-            worst = report.rel_error
-            stages = ", ".join(f"{k} {v:.1f}" for k, v in report.timings.items())
-            print(f"{order:>5} {dtype:>8} {len(report.terms):>7,} {statistics.median(walls):>8.1f} "
-                  f"{statistics.median(cpus):>8.1f} {statistics.median(peaks):>8.0f} {str(report.passed):>6} "
-                  f"{worst:>10.2e}  {stages}", flush=True)
+            command = [sys.executable, __file__, "--one", str(order), dtype, "--repeats", str(args.repeats),
+                       "--threads", str(args.threads), "--device", args.device]
+            child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+            r = json.loads(child.stdout.strip().splitlines()[-1])
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
+            print(f"{order:>5} {dtype:>8} {r['terms']:>7,} {r['wall']:>8.1f} {r['cpu']:>8.1f} {r['terms'] / r['wall']:>8,.0f} "
+                  f"{r['peak']:>8.0f} {str(r['passed']):>6} {r['rel']:>10.2e}  {stages}; "
+                  f"{ratios(order, dtype, r['wall'], r['peak'])}", flush=True)
+            if not r["passed"]:
+                failed.append((order, dtype))
+    print(f"model: {r['model']}")
+    if failed:
+        raise SystemExit(f"verification failed for {failed}: the figures above are not of a correct run")
 
 
 if __name__ == "__main__":
