@@ -58,7 +58,7 @@ from numeric_check.model.config import resolve_dtype
 from numeric_check.verification.bind import Binder
 from numeric_check.model.hook_paths import Recording, record
 from numeric_check.model.hooks import block_hook
-from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, TermBatch
+from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
@@ -312,23 +312,16 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     pending: list = []
     spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
 
-    def flush() -> None:  # the pending terms, grouped by their last multipliers: norms, sum, then check 2
-        batches = ev.batches(pending)
-        for batch in batches:
-            kept_sum.add_batch(batch)
-            for v, norm in zip(batch.values, ev.batch_norms(batch)):
-                results[v.index].norm = norm
-            spent["largest"] = max(spent["largest"], ev.batch_max_row_norm(batch))
+    def flush() -> None:  # the pending terms: norms and sum by groups, then check 2
+        spent["largest"] = max(spent["largest"], _add_terms(ev, pending, kept_sum, results))
         if isolation:
             t0 = time.perf_counter()
-            _check_isolated(s, ev, space, [kept[v.index].path for b in batches for v in b.values], batches, results,
-                            scale, exact, chunk_bytes)
+            _check_isolated(s, ev, space, pending, [kept[v.index].path for v in pending], results, scale, exact, chunk_bytes)
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
 
-    # terms per flush: their isolated streams, held until the flush's errors are formed, take a quarter of
-    # chunk_bytes (the isolation's own activations take up to chunk_bytes more)
-    per_chunk = max(1, chunk_bytes // max(1, 4 * rec.final.numel() * rec.final.element_size()))
+    # terms per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
+    per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
     done = 0
     for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
         if v.index >= len(kept):
@@ -357,35 +350,41 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
 
 
-def _check_isolated(s: _Setup, ev: LogitEvaluator, space: LogitSpace, paths: list, batches: list[TermBatch],
+def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[TermResult]) -> float:
+    """Add ``values`` to ``total`` and give their results their norms, grouped by their last
+    multipliers (one product per group); returns the largest row of any of them before the
+    unembedding."""
+    largest = 0.0
+    for batch in ev.batches(values):
+        total.add_batch(batch)
+        for v, norm in zip(batch.values, ev.batch_norms(batch)):
+            results[v.index].norm = norm
+        largest = max(largest, ev.batch_max_row_norm(batch))
+    return largest
+
+
+def _check_isolated(s: _Setup, ev: LogitEvaluator, space: LogitSpace, values: list, paths: list,
                     results: list[TermResult], scale: float, exact: bool, chunk_bytes: int) -> None:
-    """Check 2 for a chunk of terms (``paths``: theirs, batch after batch): one batched isolation pass
-    through the model, then each batch's errors before the unembedding in one product (the
-    subtraction fused into it), certified by their bounds or else computed exactly."""
-    isolated: list = [None] * len(paths)
+    """Check 2 for a chunk of terms (``values``, and ``paths`` theirs): one batched isolation pass
+    through the model, each term's error formed before the unembedding as its stream arrives (the
+    subtraction fused into the term's last product; nothing of the chunk is held), certified by
+    its bound or else computed exactly."""
+    unsettled = []
     for j, x, bias in isolate_final_streams(s.model, s.rec, paths, chunk_bytes=chunk_bytes):
-        isolated[j] = (x, bias)
-    tol = s.atol + s.rtol * scale
-    unsettled, at = [], 0
-    for batch in batches:
-        mine, at = isolated[at:at + len(batch.values)], at + len(batch.values)
-        if batch.left[-1][0].name == space.names[0] and not any(bias for _, bias in mine):  # W_U; b_U off: stacked
-            stacked = ev.batch_parts_minus(batch, torch.stack([x for x, _ in mine]))
-            errors, ours = stacked.unbind(0), [None] * len(mine)  # widened by a zero b_U column if unsettled
-            bounds = space.product.bounds(stacked)
+        v = values[j]
+        if len(space.names) == 1 and not exact:  # no b_U: the error alone
+            ours, error = None, ev.part_minus(v, x)
         else:
-            ours = [space.aug(ev.parts(v)) for v in batch.values]
-            errors = [o - space.of(x, bias) for o, (x, bias) in zip(ours, mine)]
-            bounds = [space.product.bound(e) for e in errors]
-        for v, error, own, bound in zip(batch.values, errors, ours, bounds):
-            r = results[v.index]
-            r.error_bound = bound
-            if not exact and bound <= tol:
-                r.passed = True  # certified: every entry of the error is at most the bound
-            else:
-                unsettled.append((r, space.of(error, 0.0), space.aug(ev.parts(v))) if own is None else (r, error, own))
+            ours = space.aug(ev.parts(v))
+            error = ours - space.of(x, bias)
+        r = results[v.index]
+        r.error_bound = space.product.bound(error)
+        if not exact and r.error_bound <= s.atol + s.rtol * scale:
+            r.passed = True  # certified: every entry of the error is at most the bound
+        else:
+            unsettled.append((r, error, space.aug(ev.parts(v)) if ours is None else ours))
     if unsettled:
-        maxima = space.product.max_abs([t for _, error, own in unsettled for t in (error, own)])
+        maxima = space.product.max_abs([t for _, error, ours in unsettled for t in (error, ours)])
         for j, (r, _, _) in enumerate(unsettled):
             r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
             r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, own)
