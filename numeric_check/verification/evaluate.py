@@ -189,12 +189,15 @@ class StreamTrie:
         groups = [(width, same[i:i + per_product]) for width, same in by_width.items() for i in range(0, len(same), per_product)]
         for width, group in groups:
             ops = tuple(chain[0] for chain in group)
-            if ops not in self._side_by_side:  # (the fused factors are not kept one by one as well)
-                self._side_by_side[ops] = self._side_by_side_of(ops)
+            side = self._side_by_side.get(ops)
+            if side is None:  # kept when fused (they recur below every source; not kept one by one as well)
+                side = self._side_by_side_of(ops)
+                if all(op[0] == "F" for op in ops):  # (plain factors, W_V^h below a source, come once each)
+                    self._side_by_side[ops] = side
             runs = tuple(chain[2] for chain in group)
             if self._stacked_runs[0] != runs:  # siblings of the next node usually have the same runs
                 self._stacked_runs = (runs, torch.stack([self._position_run(run, value) for run in runs]))
-            y = (value @ self._side_by_side[ops]).unflatten(-1, (len(group), width)).movedim(-2, 0)  # [k, b, pos, width]
+            y = (value @ side).unflatten(-1, (len(group), width)).movedim(-2, 0)  # [k, b, pos, width]
             out = self._stacked_runs[1] @ y  # [k, b, pos, width]
             self.n_ops += 2
             for chain, leaf in zip(group, out.unbind(0)):
