@@ -89,7 +89,7 @@ class VerifyReport:
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON (non-finite numbers as ``null``)."""
-        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)  # strict JSON
 
     def summary_lines(self) -> list[str]:
         order = "all orders" if self.max_order is None else f"max_order={self.max_order} ({self.n_omitted:,} terms omitted)"
