@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from tensoralg.atoms import format_shape, transpose_word, word_shape
 from tensoralg.errors import ShapeMismatch, SlotMismatch
-from tensoralg.expr import Expr, TensorSum, mul
+from tensoralg.coefficients import mul
+from tensoralg.expr import Expr, TensorSum
 
 __all__ = ["act", "transposed_products"]
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from tensoralg.atoms import Atom, format_shape, transpose_word
 from tensoralg.errors import ShapeMismatch, SlotMismatch
-from tensoralg.expr import Expr, TensorSum, as_word, chain_shapes, mul, term
+from tensoralg.coefficients import mul
+from tensoralg.expr import Expr, TensorSum, term
+from tensoralg.slots import as_word, chain_shapes
 
 
 def sandwich(left: Expr, middle, right: Expr) -> TensorSum:

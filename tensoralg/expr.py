@@ -3,7 +3,10 @@
 A :class:`TensorSum` maps each tuple of words (one word per slot) to its coefficient:
 like terms are collected on construction, zero terms dropped, and iteration follows a
 deterministic canonical order, so the same sum built in any order is equal, hashes
-equal and prints the same.
+equal and prints the same. :class:`Product` and :class:`Add` keep products and sums of
+lazy parts unexpanded until asked. The pieces they are built from live beside them:
+coefficients in :mod:`tensoralg.coefficients`, the words, shapes and text of slots in
+:mod:`tensoralg.slots`, the check of a truncation order in :mod:`tensoralg.order`.
 
 >>> from tensoralg.atoms import atom
 >>> A, W = atom("A", "h"), atom("W_OV", "h")
@@ -16,101 +19,19 @@ TensorSum(Id ⊗ Id + 2·A^{h} ⊗ W_OV^{h})
 
 from __future__ import annotations
 
-import numbers
-from functools import lru_cache
-from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence, Union
+from typing import Iterable, Iterator, Mapping, NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import Atom, Word, format_shape, transpose_word, word_key, word_shape
-from tensoralg.errors import EmptySum, InvalidOrder, ShapeMismatch, SlotMismatch, TensorAlgError
+from tensoralg.atoms import Atom, Word, transpose_word, word_shape
+from tensoralg.coefficients import ONE, ZERO, as_coeff, canonical_coeff, mul, nonzero_terms
 from tensoralg.display import latex_repr, text_repr
+from tensoralg.errors import EmptySum, SlotMismatch, TensorAlgError
 from tensoralg.latex import to_latex
+from tensoralg.order import check_order
+from tensoralg.slots import (Shape, Slot, as_word, chain_shapes, check_identity_slots, join_words, sort_key,
+                             term_text, unify_slot_shapes)
 from tensoralg.sympy_bridge import sympy_of_sum
-
-Slot = Union[Atom, Word, None]
-Shape = Union[tuple, None]
-ONE, ZERO = sp.S.One, sp.S.Zero
-
-
-def mul(a: sp.Expr, b: sp.Expr) -> sp.Expr:
-    """Multiply coefficients, skipping SymPy's work for the common factor 1."""
-    if a is ONE:
-        return b
-    if b is ONE:
-        return a
-    return a * b
-
-
-@lru_cache(maxsize=4096)
-def _expanded(coeff: sp.Expr) -> sp.Expr:
-    return sp.expand(coeff)
-
-
-def canonical_coeff(coeff: sp.Expr) -> sp.Expr:
-    """One form per value for the coefficients we meet: numbers and symbols as they are,
-    anything else multiplied out (``-(1 + √2)/√d`` and ``-1/√d - √2/√d`` agree), so equal
-    sums built in different orders compare and hash equal."""
-    if coeff.is_Atom:
-        return coeff
-    return _expanded(coeff)
-
-
-NON_FINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
-
-
-def check_finite(coeff: sp.Expr) -> sp.Expr:
-    """Refuse a coefficient that is or contains ``zoo``, ``±oo`` or ``nan`` (a division by
-    zero, ``0**-1``, an overflowed float): no term may carry a non-finite scale.
-
-    >>> check_finite(sp.Rational(1, 2))
-    1/2
-    """
-    if coeff.has(*NON_FINITE):
-        raise TensorAlgError(f"a coefficient must be finite, got {coeff} (a division by zero or an overflow?)")
-    return coeff
-
-
-def as_coeff(value) -> sp.Expr:
-    try:
-        coeff = sp.sympify(value, strict=True)
-    except (sp.SympifyError, TypeError):
-        raise TensorAlgError(f"a coefficient must be a number or SymPy scalar, got {value!r}") from None
-    if isinstance(coeff, sp.MatrixBase) or getattr(coeff, "is_Matrix", False):
-        raise TensorAlgError(f"a coefficient must be a scalar, got the matrix {value!r}")
-    return check_finite(coeff)
-
-
-def as_word(slot: Slot) -> Word:
-    """An atom, a sequence of atoms, or ``None``/``()`` (identity) as a word."""
-    if slot is None:
-        return ()
-    if isinstance(slot, Atom):
-        return (slot,)
-    word = tuple(slot)
-    for a in word:
-        if not isinstance(a, Atom):
-            raise TensorAlgError(f"a word is a sequence of atoms; got {a!r} in {slot!r}")
-    return word
-
-
-def _nonzero(terms: dict) -> dict:
-    """The terms with canonical, non-zero coefficients (each distinct coefficient is
-    canonicalised once: a big sum usually repeats a handful of them)."""
-    out = {}
-    canonical: dict = {}
-    for w, c in terms.items():
-        if c is not ONE:
-            c2 = canonical.get(c)
-            if c2 is None:
-                c2 = canonical[c] = canonical_coeff(c)
-                if c2 == 0:
-                    c2 = canonical[c] = ZERO
-            if c2 is ZERO:
-                continue
-            c = c2
-        out[w] = c
-    return out
 
 
 class Term(NamedTuple):
@@ -137,56 +58,7 @@ class Term(NamedTuple):
         return latex_repr(TensorSum([self]))
 
     def __repr__(self) -> str:
-        return f"Term({_term_text(self.coeff, self.words)})"
-
-
-def sort_key(words: tuple[Word, ...]) -> str:
-    """Canonical order: fewer atoms first, then by atom names, indices and transposes.
-
-    One string per term (the atom count zero-padded, then the words' keys), so that
-    sorting tens of thousands of terms compares in C.
-    """
-    return f"{sum(map(len, words)):06d}\x02" + "\x02".join([word_key(w) for w in words])
-
-
-def join_words(left: tuple[Word, ...], right: tuple[Word, ...]) -> tuple[Word, ...]:
-    """The words of ``(A⊗B)(C⊗D) = (AC)⊗(BD)``: slot by slot, the left word then the right.
-
-    >>> from tensoralg.atoms import atom
-    >>> join_words(((atom("A", 1),), ()), ((atom("A", 2),), (atom("W_E"),)))
-    ((A^{1}, A^{2}), (W_E,))
-    """
-    return tuple([a + b for a, b in zip(left, right)])
-
-
-def unify_shape(slot: int, known: Shape, shape: Shape) -> Shape:
-    """The shape of slot ``slot`` of a sum whose terms so far have the shape ``known`` once a
-    term of shape ``shape`` joins them (``None``: no term with a fixed shape yet, or ``Id``).
-
-    Raises :class:`ShapeMismatch` naming both shapes when they differ:
-
-    >>> from tensoralg.atoms import d_model, d_vocab
-    >>> unify_shape(0, None, (d_model, d_vocab))
-    (d_model, d_vocab)
-    >>> unify_shape(1, (d_vocab, d_model), (d_model, d_vocab))
-    Traceback (most recent call last):
-    ...
-    tensoralg.errors.ShapeMismatch: slot 1: cannot add d_model x d_vocab terms to d_vocab x d_model terms
-    """
-    if shape is None or shape == known:
-        return known
-    if known is None:
-        return shape
-    raise ShapeMismatch(
-        f"slot {slot}: cannot add {format_shape(shape)} terms to {format_shape(known)} terms",
-        dims=list(zip(shape, known)),
-    )
-
-
-def unify_slot_shapes(known: Sequence[Shape], shapes: Sequence[Shape]) -> tuple[Shape, ...]:
-    """The slot shapes of a sum of two parts with slot shapes ``known`` and ``shapes``
-    (:func:`unify_shape` slot by slot): the one check that terms added together agree."""
-    return tuple([unify_shape(i, k, s) for i, (k, s) in enumerate(zip(known, shapes))])
+        return f"Term({term_text(self.coeff, self.words)})"
 
 
 class Expr:
@@ -282,7 +154,7 @@ class TensorSum(Expr):
         for words in collected:
             shapes = unify_slot_shapes(shapes, [word_shape(w) for w in words])
         check_identity_slots(shapes, collected)
-        self._terms = _nonzero(collected)
+        self._terms = nonzero_terms(collected)
         self.n_slots = n_slots
         self.slot_shapes = tuple(shapes)
         self._sorted = None
@@ -310,7 +182,7 @@ class TensorSum(Expr):
         if len(slot_shapes) != n_slots:
             raise SlotMismatch(f"a {n_slots}-slot sum needs {n_slots} slot shapes, got {len(slot_shapes)}")
         obj = object.__new__(cls)
-        obj._terms = _nonzero(terms)
+        obj._terms = nonzero_terms(terms)
         obj.n_slots = n_slots
         obj.slot_shapes = tuple(slot_shapes)
         obj._sorted = None
@@ -379,26 +251,10 @@ class TensorSum(Expr):
     def __repr__(self) -> str:
         if not self._terms:
             return f"TensorSum(0, n_slots={self.n_slots})"
-        return "TensorSum(" + " + ".join(_term_text(t.coeff, t.words) for t in self) + ")"
+        return "TensorSum(" + " + ".join(term_text(t.coeff, t.words) for t in self) + ")"
 
     def __str__(self) -> str:
-        return " + ".join(_term_text(t.coeff, t.words) for t in self) if self._terms else "0"
-
-
-def _word_text(word: Word) -> str:
-    return " ".join(map(repr, word)) if word else "Id"
-
-
-def _term_text(coeff: sp.Expr, words: tuple[Word, ...]) -> str:
-    body = " ⊗ ".join(_word_text(w) for w in words)
-    if coeff == 1:
-        return body
-    if coeff == -1:
-        return "-" + body
-    text = sp.sstr(coeff)
-    if isinstance(coeff, sp.Add):  # (1 + sqrt(2))·A, not 1 + sqrt(2)·A
-        text = f"({text})"
-    return f"{text}·{body}"
+        return " + ".join(term_text(t.coeff, t.words) for t in self) if self._terms else "0"
 
 
 def term(*slots: Slot, coeff=1) -> TensorSum:
@@ -474,18 +330,6 @@ def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
     return TensorSum.from_canonical(collected, sums[0].n_slots, shapes)
 
 
-def check_identity_slots(shapes: Sequence[Shape], words_list: Iterable[tuple[Word, ...]]) -> None:
-    """``Id`` is square: it cannot share a slot with rectangular terms."""
-    rectangular = [i for i, s in enumerate(shapes) if s is not None and s[0] != s[1]]
-    if not rectangular:
-        return
-    for words in words_list:
-        for i in rectangular:
-            if not words[i]:
-                raise ShapeMismatch(f"slot {i}: Id (square) cannot be added to {format_shape(shapes[i])} terms",
-                                    dims=[shapes[i]])
-
-
 def tensor(*factors: Expr | Atom | Word) -> TensorSum:
     """The tensor product of expressions, slots concatenated: ``(A + B) ⊗ C = A⊗C + B⊗C``.
 
@@ -507,42 +351,6 @@ def tensor(*factors: Expr | Atom | Word) -> TensorSum:
 
 
 # -- products and lazy sums --------------------------------------------------------
-
-
-def check_order(max_order, largest: int | None = None, what: str = "the expansion") -> None:
-    """The one check of a truncation order: ``max_order`` is ``None`` (every term) or an
-    integer ``>= 0`` — at most ``largest`` when given, the order of the deepest term of
-    ``what``. Raises :class:`InvalidOrder` saying what was given and what is allowed.
-
-    >>> check_order(2), check_order(None, 3)
-    (None, None)
-    >>> check_order(3, 2, "the logits of a 2-layer model")
-    Traceback (most recent call last):
-    ...
-    tensoralg.errors.InvalidOrder: max_order must be None (every term) or an integer in 0..2 (the deepest term of the logits of a 2-layer model has order 2), got 3
-    """
-    if max_order is None:
-        return
-    integer = isinstance(max_order, numbers.Integral) and not isinstance(max_order, bool)
-    if integer and max_order >= 0 and (largest is None or max_order <= largest):
-        return
-    allowed = ">= 0" if largest is None else f"in 0..{largest} (the deepest term of {what} has order {largest})"
-    raise InvalidOrder(f"max_order must be None (every term) or an integer {allowed}, got {max_order!r}")
-
-
-def chain_shapes(left: Shape, right: Shape, slot: int) -> Shape:
-    """The shape of a slot of ``left · right``; ``None`` (Id) passes the other through."""
-    if left is None:
-        return right
-    if right is None:
-        return left
-    if left[1] != right[0]:
-        raise ShapeMismatch(
-            f"slot {slot}: cannot multiply {format_shape(left)} by {format_shape(right)}: "
-            f"{left[1]} columns against {right[0]} rows",
-            dims=[(left[1], right[0])],
-        )
-    return (left[0], right[1])
 
 
 class Choice(NamedTuple):

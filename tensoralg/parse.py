@@ -61,8 +61,9 @@ from typing import Iterable, Mapping, NamedTuple, Union
 import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
+from tensoralg.coefficients import NON_FINITE
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
-from tensoralg.expr import NON_FINITE, Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
+from tensoralg.expr import Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes, declared_table
 from tensoralg.lexer import Token, tokenize
 from tensoralg.reading import Applied, Bound, Reading, reindex

@@ -37,7 +37,10 @@ import sympy as sp
 
 from tensoralg.atoms import Atom, transpose_word
 from tensoralg.errors import EmptySum, SlotMismatch
-from tensoralg.expr import Add, Expr, Product, TensorSum, Term, check_order, join_words, mul, sum_tensor_sums
+from tensoralg.coefficients import mul
+from tensoralg.expr import Add, Expr, Product, TensorSum, Term, sum_tensor_sums
+from tensoralg.order import check_order
+from tensoralg.slots import join_words
 
 
 def _single(t: Term, n_slots: int, slot_shapes: tuple) -> TensorSum:

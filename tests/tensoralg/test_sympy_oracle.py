@@ -12,7 +12,7 @@ from sympy.matrices.expressions.kronecker import combine_kronecker
 from sympy.physics.quantum import TensorProduct
 
 from tensoralg import Product, TensorSum, d_model, identity, n_ctx, term
-from tensoralg.expr import canonical_coeff
+from tensoralg.coefficients import canonical_coeff
 from tests.helpers import transformer_product
 from tests.strategies import PROPERTY, products
 
