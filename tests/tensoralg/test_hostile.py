@@ -15,7 +15,7 @@ from tensoralg import parse, term, to_numpy
 from tensoralg.atoms import Atom, atom
 from tensoralg.errors import BindingError, ParseError, TensorAlgError
 from tensoralg.lexer import MAX_DIGITS
-from tensoralg.parse import MAX_NESTING
+from tensoralg.grammar import MAX_NESTING
 from tests.strategies import hostile_text
 
 

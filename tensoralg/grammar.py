@@ -1,0 +1,571 @@
+"""The recursive-descent reader behind :func:`tensoralg.parse.parse` and :func:`~tensoralg.parse.read`.
+
+:class:`Parser` walks the token list of :func:`tensoralg.lexer.tokenize` with one method
+per rule of the grammar that :mod:`tensoralg.parse` documents (``sum``, ``summand``,
+``tensor``, ``product``, ``power``, ``postfix``, ``primary``), binds the indices of
+``Σ`` sums, keeps an operator applied to an activation apart, and records the rewrites
+made while reading. Every error it raises carries the position in the text. The limits
+below bound what a text may ask of it, so hostile input is refused, never run.
+
+>>> from tensoralg.atoms import STANDARD_SHAPES
+>>> Parser("A ⊗ W_OV", dict(STANDARD_SHAPES), None, 0, "").parse()
+TensorSum(A ⊗ W_OV)
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, NamedTuple
+
+import sympy as sp
+
+from tensoralg.atoms import DIMS, Atom, Word, transpose_word, word_shape
+from tensoralg.coefficients import NON_FINITE
+from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
+from tensoralg.expr import Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
+from tensoralg.inference import RESERVED, Shapes
+from tensoralg.lexer import Token, tokenize
+from tensoralg.reading import Applied, Bound, reindex
+
+MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
+MAX_SCALE_DIGITS = 300  # a number may reach 10**300 (as a float's range); larger powers are refused
+MAX_EXPANDED = 20_000  # terms the reader may multiply out itself (a Σ's body, a group in a product)
+MAX_POWER = 1000  # |exponent| for a power of a symbolic base (d_head**1000 still expands cheaply)
+
+
+class _Word(NamedTuple):
+    """An unparenthesised product of atoms with a scalar: multiplied at once."""
+
+    coeff: sp.Expr
+    atoms: Word
+
+
+class Parser:
+    """Recursive descent over the token list; one method per grammar rule."""
+
+    def __init__(self, text: str, table: dict, shapes: Shapes | None, index_from: int, hint: str,
+                 visible: bool = False):
+        self.text = text
+        self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
+        self.depth = 0
+        self.nesting = 0  # groups open at this point: bounded by MAX_NESTING
+        self.tokens = tokenize(text)
+        self.i = 0
+        self.table = table
+        self.shapes = shapes  # None: undeclared names are errors
+        self.index_from = index_from
+        self.hint = hint
+        self.scalars = dict(DIMS)
+        for rows, cols, *_ in self.table.values():
+            for dim in (rows, cols):
+                for s in sp.sympify(dim).free_symbols:
+                    self.scalars.setdefault(s.name, s)
+        self.scope: dict[str, str] = {}  # bound variable -> stored index, inside a Σ
+        self.bound: dict[str, Bound] = {}
+        self.rewrites: list[tuple] = []
+        self.free: dict[str, int] = {}  # free index -> its first position
+
+    # -- helpers --------------------------------------------------------------
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.i]
+
+    def take(self) -> Token:
+        token = self.tokens[self.i]
+        self.i += 1
+        return token
+
+    def enter(self, pos: int, what: str) -> None:
+        """Open one more nested construct; refuse past :data:`MAX_NESTING` (the parser recurses)."""
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.error(f"{what} nested more than {MAX_NESTING} deep; simplify the expression", pos)
+
+    def scalar(self, value: sp.Expr, pos: int) -> sp.Expr:
+        """A scalar just computed: finite, and no larger than ``10**MAX_SCALE_DIGITS``."""
+        if value.has(*NON_FINITE):
+            raise self.error(f"the scalar here is {value} (a division by zero or an overflow): "
+                             "a coefficient must be finite", pos)
+        if value.is_number and not value.is_zero:
+            size = abs(sp.log(abs(value), 10).evalf(15))
+            if not size.is_finite or size > MAX_SCALE_DIGITS:
+                raise self.error(f"the scalar here is beyond 10**±{MAX_SCALE_DIGITS}: too large to be a coefficient", pos)
+        return value
+
+    def expanded(self, expr: Expr, pos: int, what: str) -> TensorSum:
+        """``expr`` multiplied out by the reader itself, its terms counted first: more than
+        :data:`MAX_EXPANDED` is refused before anything is built."""
+        n = expr.count() if isinstance(expr, (Product, Add)) else len(expr)
+        if n > MAX_EXPANDED:
+            raise self.error(f"{what} here multiplies out to {n:,} terms, more than the {MAX_EXPANDED:,} "
+                             "the reader expands itself; split the expression", pos)
+        return expr.expand()
+
+    def error(self, message: str, pos: int | None = None) -> ParseError:
+        return ParseError(message, self.text, self.tok.pos if pos is None else pos)
+
+    def located(self, err: TensorAlgError, pos: int) -> TensorAlgError:
+        """The same kind of error with the position in the text added (shape pairs kept)."""
+        pointer = " " * pos + "^"
+        message = f"{err} at position {pos}:\n  {quoted_line(self.text)}\n  {pointer}"  # one line, then the caret
+        if isinstance(err, ShapeMismatch):
+            return ShapeMismatch(message, dims=err.dims)
+        return type(err)(message)
+
+    def expect(self, kind: str, what: str) -> Token:
+        if self.tok.kind != kind:
+            raise self.error(f"expected {what} but found {self.describe(self.tok)}")
+        return self.take()
+
+    @staticmethod
+    def describe(token: Token) -> str:
+        return "the end of the text" if token.kind == "END" else repr(token.text)
+
+    # -- grammar --------------------------------------------------------------
+    def parse(self):
+        if self.tok.kind == "END":
+            raise ParseError("empty expression; expected something like 'A^h ⊗ W_OV^h'", self.text, 0)
+        value = self.sum()
+        if self.tok.kind != "END":
+            raise self.error(f"unexpected {self.describe(self.tok)} after a complete expression")
+        for index, pos in self.free.items():
+            if index in self.bound:
+                b = self.bound[index]
+                raise self.error(f"the index {index} is free here, but Σ_{{{b.var}∈{b.over}}} binds the same index; "
+                                 "rename one of them", pos)
+        if isinstance(value, _Word):
+            return term(value.atoms, coeff=value.coeff)
+        if not isinstance(value, (Expr, Applied)):
+            raise ParseError(
+                f"the text is only the scalar {value}; a tensor expression needs an atom or Id (e.g. '{value}·Id')",
+                self.text, 0,
+            )
+        return value
+
+    def sum(self):
+        start = self.tok.pos
+        parts = [(start, self.summand())]
+        while self.tok.kind in ("PLUS", "MINUS"):
+            op = self.take()
+            pos = self.tok.pos
+            value = self.summand()
+            parts.append((pos, value if op.kind == "PLUS" else _negate(value)))
+        if len(parts) == 1:
+            return parts[0][1]
+        scalars = [(p, v) for p, v in parts if _is_scalar(v)]
+        if len(scalars) == len(parts):
+            return sp.Add(*[v for _, v in parts])
+        if scalars:
+            pos, value = scalars[0]
+            raise self.error(f"cannot add the scalar {value} to a tensor expression; multiply it by a term", pos)
+        exprs = [self.as_expr(v, p) for p, v in parts]
+        self.check_slots(parts, exprs, "add")
+        try:
+            total = add(*exprs)
+        except TensorAlgError as err:
+            raise self.located(err, start) from None
+        typed = sum(len(e) for e in exprs)
+        if isinstance(total, TensorSum) and len(total) < typed:
+            if self.visible and self.depth == 0:
+                self.rewrites.append(("collect", typed - len(total)))
+                return Add(exprs)  # like terms typed in the input collect as a visible step
+            self.rewrites.append(("collected", typed - len(total)))  # inside a factor: collected on reading
+        return total
+
+    def summand(self):
+        """``Σ_{h∈H_1} tensor``, a signed one, or a plain tensor."""
+        k = self.i
+        while self.tokens[k].kind in ("PLUS", "MINUS"):
+            k += 1
+        if self.tokens[k].kind != "SUM":
+            return self.tensor()
+        negative = sum(t.kind == "MINUS" for t in self.tokens[self.i : k]) % 2 == 1
+        self.i = k
+        token = self.take()
+        var, over = token.text.split("∈")
+        self.enter(token.pos, "indexed sums Σ")
+        index, layer = self.binding(var, over, token.pos)
+        outer = self.scope.get(var)
+        self.scope[var] = index
+        pos = self.tok.pos
+        if self.tok.kind in ("END", "RPAREN", "PLUS"):
+            raise self.error(f"expected the terms summed over {var} after {self.text[token.pos:token.end]!r}")
+        try:
+            body = self.as_expr(self.summand(), pos)
+        finally:
+            if outer is None:
+                del self.scope[var]
+            else:
+                self.scope[var] = outer
+        if _is_scalar(body):
+            raise self.error(f"Σ sums tensor terms, got the scalar {body}; write '{body}·A^{var} ⊗ …'", pos)
+        for t in self.expanded(body, pos, "the terms of a Σ"):
+            if not any(a.index == index for w in t.words for a in w):
+                raise self.error(f"the summed index {var} does not appear in every term after "
+                                 f"{self.text[token.pos:token.end]!r} (a term without it is not summed)", pos)
+        self.bound[index] = Bound(index, var, over, layer)
+        self.nesting -= 1
+        return -body if negative else body
+
+    def binding(self, var: str, over: str, pos: int) -> tuple[str, int | None]:
+        """The stored index of ``Σ_{var∈over}``: ``h1`` for layer 1's heads (0-based), else ``var``."""
+        head, _, sub = over.partition("_")
+        layer = None
+        if head == "H" and sub.isdigit():
+            layer = int(sub) - self.index_from
+            if layer < 0:
+                raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)
+        index = f"{var}{layer}" if layer is not None else var
+        while index in self.scope.values():  # a Σ inside another over the same set: rename apart
+            index += "'"
+        return index, layer
+
+    def tensor(self):
+        start = self.tok.pos
+        operands = [(start, self.product())]
+        while self.tok.kind == "OTIMES":
+            self.take()
+            operands.append((self.tok.pos, self.product()))
+        if len(operands) == 1:
+            return operands[0][1]
+        for pos, value in operands:
+            if _is_scalar(value):
+                raise self.error(f"⊗ needs tensor operands, got the scalar {value}; write '{value}·A ⊗ B'", pos)
+        exprs = [self.as_expr(v, p) for p, v in operands]
+        try:
+            if any(isinstance(e, (Product, Add)) for e in exprs):  # keep groups lazy: truncation sees them
+                return self.tensor_lazily(exprs, start)
+            return tensor(*exprs)
+        except TensorAlgError as err:
+            raise self.located(err, start) from None
+
+    def tensor_lazily(self, exprs: list, pos: int) -> Expr:
+        """``X_1 ⊗ … ⊗ X_k`` without expanding a lazy operand, by the mixed-product rule
+        read backwards: ``(F G) ⊗ (H K) = (F ⊗ Id)(G ⊗ Id)(Id ⊗ H)(Id ⊗ K)`` and
+        ``(P + Q) ⊗ R = P ⊗ R + Q ⊗ R``. Every factor keeps its identity term, so
+        ``max_order`` truncates inside the groups as it does in a flat product, and the
+        size of the result is counted before anything is multiplied.
+
+        >>> from tensoralg.parse import parse
+        >>> parse("((Id + A^{0})(Id + A^{1})) ⊗ Id").expand(max_order=1)
+        TensorSum(Id ⊗ Id + A^{0} ⊗ Id + A^{1} ⊗ Id)
+        """
+        choices = [e.parts if isinstance(e, Add) else (e,) for e in exprs]
+        combinations = 1
+        for parts in choices:
+            combinations *= len(parts)
+        if combinations > MAX_EXPANDED:
+            raise self.error(f"the tensor product here distributes over {combinations:,} sums of products, "
+                             f"more than {MAX_EXPANDED:,}; expand fewer groups at once", pos)
+        n = sum(e.n_slots for e in exprs)
+        summands = []
+        for picked in itertools.product(*choices):
+            coeff, factors, offset = sp.S.One, [], 0
+            for part in picked:
+                part_factors = part.factors if isinstance(part, Product) else (part.expand(),)
+                coeff = coeff * part.coeff if isinstance(part, Product) else coeff
+                factors += [_in_slots(f, offset, n) for f in part_factors if not _is_bare_identity(f)]
+                offset += part.n_slots
+            summands.append(Product(factors or [_in_slots(identity(1), 0, n)], coeff))
+        self.rewrites.append(("tensor", len(exprs)))
+        return summands[0] if len(summands) == 1 else Add(summands)
+
+    def product(self):
+        start = self.tok.pos
+        coeff: sp.Expr = sp.S.One
+        while self.tok.kind in ("MINUS", "PLUS"):
+            if self.take().kind == "MINUS":
+                coeff = -coeff
+        items: list[tuple[int, object]] = []  # (position, a word's atoms or a group Expr)
+        op = "TIMES"
+        while True:
+            pos = self.tok.pos
+            value = self.power()
+            if op == "DIV":
+                coeff = self.scalar(coeff / self.divisor(value, pos), pos)
+            elif _is_scalar(value):
+                coeff = self.scalar(coeff * value, pos)
+            elif isinstance(value, _Word):  # juxtaposed atoms join the word before them
+                coeff = self.scalar(coeff * value.coeff, pos)
+                if items and isinstance(items[-1][1], tuple):
+                    word = items[-1][1] + value.atoms
+                    self.check_word(word, pos)
+                    items[-1] = (items[-1][0], word)
+                else:
+                    items.append((pos, value.atoms))
+            else:
+                items.append((pos, self.as_expr(value, pos)))
+            if self.tok.kind in ("TIMES", "DIV"):
+                op = self.take().kind
+            elif self.tok.kind in ("NUM", "NAME", "LPAREN", "SUM"):  # juxtaposition
+                op = "TIMES"
+            else:
+                break
+        return self.build_product(coeff, items, start)
+
+    def divisor(self, value, pos: int) -> sp.Expr:
+        if not _is_scalar(value):
+            raise self.error("'/' divides by a scalar only", pos)
+        if value.is_zero:
+            raise self.error("division by zero", pos)
+        return value
+
+    def build_product(self, coeff: sp.Expr, items: list, start: int):
+        """A scalar, a word, a scaled group, a lazy product, or an operator applied to an activation."""
+        if not items:
+            return coeff
+        if len(items) == 1:
+            value = items[0][1]
+            if isinstance(value, tuple):
+                return _Word(coeff, value)
+            return value if coeff == 1 else value.scale(coeff)
+        factors = [term(v) if isinstance(v, tuple) else v for _, v in items]
+        factors = self.rename_apart(factors)
+        split = self.activation_start(items, factors)
+        if split is not None:
+            return self.applied(items, factors, split, coeff, start)
+        self.check_slots(items, factors, "multiply")
+        for (pos, _), f in zip(items, factors):
+            if isinstance(f, Add):  # a lazy sum inside a product is multiplied out: count it first
+                self.expanded(f, pos, "a sum of products inside a product")
+        try:
+            return Product(factors, coeff)
+        except TensorAlgError as err:
+            raise self.located(err, start) from None
+
+    def activation_start(self, items, factors) -> int | None:
+        """Where the trailing 1-slot factors after 2-slot ones begin (an applied operator)."""
+        if factors[-1].n_slots != 1 or _is_identity(factors[-1]):
+            return None
+        split = len(factors)
+        while split > 0 and factors[split - 1].n_slots == 1 and not _is_identity(factors[split - 1]):
+            split -= 1
+        if split == 0 or any(f.n_slots == 1 and not _is_identity(f) for f in factors[:split]):
+            return None
+        if {f.n_slots for f in factors[:split]} != {2}:
+            return None
+        return split
+
+    def applied(self, items, factors, split: int, coeff, start: int) -> Applied:
+        operator = factors[0] if split == 1 else Product(factors[:split])
+        activation = factors[split] if len(factors) == split + 1 else Product(factors[split:])
+        self.expanded(operator, start, "an operator applied to an activation")
+        self.expanded(activation, items[split][0], "an activation")
+        try:
+            typed = self.text[start : items[split][0]].rstrip().rstrip("·⋅*").rstrip()
+            value = Applied(operator, activation.expand(), coeff, typed)
+            value.result()  # checks the shapes
+        except TensorAlgError as err:
+            raise self.located(err, items[split][0]) from None
+        return value
+
+    def rename_apart(self, factors: list) -> list:
+        """Sums over the same heads in two factors of a product bind different indices:
+        ``(Σ_h A^h ⊗ W^h)(Σ_h A^h ⊗ W^h)`` is a double sum, not a sum of squares."""
+        seen: set[str] = set()
+        out = []
+        for f in factors:
+            used = {index for index in _indices(f) if index in self.bound}
+            clash = used & seen
+            if clash:
+                mapping = {}
+                for old in clash:
+                    new = old + "'"
+                    while new in self.bound or new in seen or new in used:
+                        new += "'"
+                    mapping[old] = new
+                    self.bound[new] = self.bound[old]._replace(index=new)
+                f = reindex(f, mapping)
+                used = (used - clash) | set(mapping.values())
+            seen |= used
+            out.append(f)
+        return out
+
+    def power(self):
+        pos = self.tok.pos
+        base = self.postfix()
+        if self.tok.kind != "POW":
+            return base
+        self.enter(self.take().pos, "'**'")
+        sign = 1
+        if self.tok.kind == "MINUS":
+            self.take()
+            sign = -1
+        epos = self.tok.pos
+        exponent = self.power()
+        self.nesting -= 1
+        if not _is_scalar(base):
+            raise self.error("'**' raises a scalar to a power; tensor expressions have no powers here", pos)
+        if not _is_scalar(exponent):
+            raise self.error("an exponent must be a scalar", epos)
+        return self.raise_to(base, sign * exponent, pos, epos)
+
+    def raise_to(self, base: sp.Expr, exponent: sp.Expr, pos: int, epos: int) -> sp.Expr:
+        """``base ** exponent``, its size estimated before SymPy computes it (``9**9**9`` is refused
+        at once, not after minutes)."""
+        if exponent.is_number:
+            if base.is_number and not base.is_zero and abs(base) != 1:
+                size = abs(exponent.evalf(15)) * abs(sp.log(abs(base), 10).evalf(15))
+                if not size.is_finite or size > MAX_SCALE_DIGITS:
+                    raise self.error(f"the power here is beyond 10**±{MAX_SCALE_DIGITS}: too large to be a coefficient", pos)
+            elif not base.is_number and abs(exponent.evalf(15)) > MAX_POWER:
+                raise self.error(f"an exponent of a symbol must lie in -{MAX_POWER}..{MAX_POWER}, got {exponent}", epos)
+        return self.scalar(base**exponent, pos)
+
+    def postfix(self):
+        pos = self.tok.pos
+        value = self.primary()
+        while self.tok.kind == "T":
+            self.take()
+            if _is_scalar(value):
+                raise self.error(f"^T transposes an atom, Id or a parenthesised expression, not the scalar {value}", pos)
+            if isinstance(value, _Word):
+                if len(value.atoms) > 1:
+                    self.rewrites.append(("transpose", value.atoms))
+                value = _Word(value.coeff, transpose_word(value.atoms))
+            else:
+                value = self.as_expr(value, pos)
+                for w in _words(value):
+                    if len(w) > 1:
+                        self.rewrites.append(("transpose", w))
+                value = value.T
+        if self.tok.kind == "INDEX":
+            raise self.error("an index '^{...}' must directly follow an atom name")
+        return value
+
+    def primary(self):
+        token = self.tok
+        if token.kind == "NUM":
+            self.take()
+            value = sp.Float(token.text) if any(c in token.text for c in ".eE") else sp.Integer(token.text)
+            return self.scalar(value, token.pos)
+        if token.kind == "LPAREN":
+            self.take()
+            if self.tok.kind == "RPAREN":
+                raise self.error("empty parentheses")
+            self.enter(token.pos, "parentheses")
+            self.depth += 1
+            value = self.sum()
+            self.depth -= 1
+            self.nesting -= 1
+            self.expect("RPAREN", f"')' to close the '(' at position {token.pos}")
+            # a parenthesised word is a group: a product with a group stays lazy
+            return self.as_expr(value, token.pos) if isinstance(value, (_Word, Applied)) else value
+        if token.kind == "NAME":
+            return self.name()
+        if token.kind == "INDEX":
+            raise self.error("an index '^{...}' must directly follow an atom name")
+        if token.kind == "SUM":
+            raise self.error("an indexed sum Σ_{...} starts a term: put it in parentheses to multiply it")
+        raise self.error(f"expected an atom, Id, a number or '(' but found {self.describe(token)}")
+
+    def name(self):
+        token = self.take()
+        name = token.text
+        index_token = self.take() if self.tok.kind == "INDEX" else None
+        if index_token is not None and (name in RESERVED or name in self.scalars):
+            raise self.error(f"{name} takes no index", index_token.pos)
+        if name == "Id":
+            return _Word(sp.S.One, ())
+        if name == "sqrt":
+            self.expect("LPAREN", "'(' after sqrt")
+            self.enter(token.pos, "sqrt(")
+            pos = self.tok.pos
+            value = self.sum()
+            self.nesting -= 1
+            self.expect("RPAREN", "')' to close sqrt(")
+            if not _is_scalar(value):
+                raise self.error("sqrt takes a scalar", pos)
+            return self.scalar(sp.sqrt(value), token.pos)
+        if name in self.scalars:
+            return self.scalars[name]
+        index = index_token.text if index_token else ""
+        if index in self.scope:
+            index = self.scope[index]
+        elif index:
+            self.free.setdefault(index, index_token.pos)
+        if name in self.table:
+            rows, cols, *rest = self.table[name]
+            return _Word(sp.S.One, (Atom(name, rows, cols, index, symmetric=bool(rest and rest[0])),))
+        if self.shapes is not None:
+            rows, cols = self.shapes.shape(name)
+            return _Word(sp.S.One, (Atom(name, rows, cols, index),))
+        known = ", ".join(sorted(self.table))
+        pointer = " " * token.pos + "^"
+        raise UnknownAtom(  # one line, then the text and its caret, as every parse error
+            f"unknown atom {name!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
+            f"and the scalars {', '.join(sorted(self.scalars))}:\n  {quoted_line(self.text)}\n  {pointer}"
+        )
+
+    # -- checks ---------------------------------------------------------------
+    def as_expr(self, value, pos: int) -> Expr:
+        if isinstance(value, _Word):
+            try:
+                return term(value.atoms, coeff=value.coeff)
+            except TensorAlgError as err:
+                raise self.located(err, pos) from None
+        if isinstance(value, Applied):  # inside a larger expression: applied at once
+            return value.result()
+        return value
+
+    def check_word(self, word: Word, pos: int) -> None:
+        try:
+            word_shape(word)
+        except ShapeMismatch as err:
+            raise self.located(err, pos) from None
+
+    def check_slots(self, items, exprs, verb: str) -> None:
+        """Slot counts must agree, except that a bare ``Id`` widens (see :func:`widen_identity`)."""
+        widest = max(e.n_slots for e in exprs)
+        widened = [widen_identity(e, widest) for e in exprs]
+        first = widened[0].n_slots
+        for (pos, _), e in zip(items, widened):
+            if e.n_slots != first:
+                raise self.located(
+                    SlotMismatch(f"cannot {verb} a {e.n_slots}-slot expression and a {first}-slot expression"), pos
+                )
+
+
+def _in_slots(factor: TensorSum, offset: int, n_slots: int) -> TensorSum:
+    """``factor`` placed at slots ``offset…`` of ``n_slots``, with ``Id`` in the others."""
+    before, after = ((),) * offset, ((),) * (n_slots - offset - factor.n_slots)
+    return TensorSum({before + t.words + after: t.coeff for t in factor}, n_slots)
+
+
+def _indices(expr) -> set[str]:
+    """The indices an expression's terms carry, read off its factors without expanding it."""
+    if isinstance(expr, Product):
+        return set().union(*(_indices(f) for f in expr.factors))
+    if isinstance(expr, Add):
+        return set().union(*(_indices(p) for p in expr.parts))
+    return {a.index for t in expr for w in t.words for a in w}
+
+
+def _words(expr) -> Iterable[Word]:
+    """The words written in an expression (each factor's and part's), without expanding it."""
+    if isinstance(expr, Product):
+        return [w for f in expr.factors for w in _words(f)]
+    if isinstance(expr, Add):
+        return [w for p in expr.parts for w in _words(p)]
+    return [w for t in expr for w in t.words]
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, sp.Basic)
+
+
+def _is_bare_identity(factor: TensorSum) -> bool:
+    """``Id`` itself (one term, coefficient 1): a factor that multiplies by nothing."""
+    return len(factor) == 1 and factor.terms[0].is_identity and factor.terms[0].coeff == 1
+
+
+def _is_identity(expr: Expr) -> bool:
+    return isinstance(expr, TensorSum) and len(expr) > 0 and all(t.is_identity for t in expr)
+
+
+def _negate(value):
+    if isinstance(value, _Word):
+        return _Word(-value.coeff, value.atoms)
+    if isinstance(value, Applied):
+        return value._replace(coeff=-value.coeff)
+    return -value
