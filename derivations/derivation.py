@@ -51,7 +51,7 @@ RULES: dict[str, Rule] = {
         Rule("given", "the expression as given"),
         Rule("substitution", "substitution"),
         Rule("distributivity", "distributivity",  # an identity factor chosen from a sum is left out
-             Math(r"X(Y + Z)W = XYW + XZW, \quad X \mathrm{Id} W = XW", "X(Y + Z)W = XYW + XZW,  X Id W = XW")),
+             Math(r"X(Y + Z)W = XYW + XZW, \quad X \, \mathrm{Id} \, W = XW", "X(Y + Z)W = XYW + XZW,  X Id W = XW")),
         Rule("mixed-product", "mixed-product rule",
              Math(r"(A \otimes B)(C \otimes D) = (AC) \otimes (BD)", "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)")),
         Rule("associativity", "associativity", Math(r"(XY)Z = X(YZ)", "(XY)Z = X(YZ)")),

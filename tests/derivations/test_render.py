@@ -48,7 +48,7 @@ GOLDEN_LATEX = r"""Paths.
 
 \begin{align*}
 T &= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes \mathrm{Id} + \sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{OV}^{h_0}\right) \left(\mathrm{Id} \otimes W_{E}\right)
-\intertext{Distributivity: $X(Y + Z)W = XYW + XZW, \quad X \mathrm{Id} W = XW$.}
+\intertext{Distributivity: $X(Y + Z)W = XYW + XZW, \quad X \, \mathrm{Id} \, W = XW$.}
 &= \left(\mathrm{Id} \otimes W_{U}\right) \left(\mathrm{Id} \otimes W_{E}\right) \\
 &\quad + \left(\mathrm{Id} \otimes W_{U}\right) \left(\sum_{h_0 \in H_{0}} A^{h_0} \otimes W_{OV}^{h_0}\right) \left(\mathrm{Id} \otimes W_{E}\right)
 \intertext{Mixed-product rule: $(A \otimes B)(C \otimes D) = (AC) \otimes (BD)$.}
