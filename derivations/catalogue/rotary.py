@@ -97,8 +97,8 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
         raise DerivationError("the rotary scores of L1H0 disagree with derivations.expand_qk")
     groups = by_composition(composition.last)
     composition = composition.regroup(groups, detail="by which sides pass through heads")
-    D = Math(r"D_{\cos}^{f} = \mathrm{diag}(\cos i\theta_f),\ D_{\sin}^{f} = \mathrm{diag}(\sin i\theta_f)",
-             "D_cos^f = diag(cos iθ_f), D_sin^f = diag(sin iθ_f)")
+    D = Math(r"D_{\cos}^{f} = \mathrm{diag}(\cos(i\theta_f)),\ D_{\sin}^{f} = \mathrm{diag}(\sin(i\theta_f))",
+             "D_cos^f = diag(cos(iθ_f)), D_sin^f = diag(sin(iθ_f))")
     notes = (
         NOTATION, SCORES,
         prose("The position factors ", D, " are diagonal (", math("θ_f = base^{−2f/d_rot}"),
