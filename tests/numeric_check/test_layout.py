@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_graph import find_cycle, import_graph as package_graph, modules_of
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "numeric_check"
 TESTS = ROOT / "tests"
-MAX_LINES = 600
 
 #: Subpackages from the bottom layer up; ``strategies`` draws random models for tests, so it
 #: sits with the model. Each layer may import only from itself and the layers before it.
@@ -34,71 +34,12 @@ LAYERS = ("errors", "model", "verification", "circuits", "training", "reports", 
 LAYER_OF_TOP_MODULE = {"errors": "errors", "strategies": "model"}
 
 
-def module_name(path: Path) -> str:
-    """``numeric_check/model/hooks.py`` -> ``numeric_check.model.hooks`` (a package is its ``__init__``)."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def package_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """Every numeric_check module that ``path`` imports, at any depth (functions included).
-
-    ``from numeric_check.model import hooks`` names the module ``numeric_check.model.hooks``;
-    ``from numeric_check.model.hooks import Constant`` names ``numeric_check.model.hooks``.
-    Imports under ``if TYPE_CHECKING:`` are for type checkers only and are left out.
-    """
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    type_checking_only = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in type_checking_only:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name in known)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in known else node.module)
-    return found
+    return modules_of("numeric_check")
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = package_modules()
-    known = set(modules)
-    return {name: imported_modules(path, known) - {name} for name, path in modules.items()}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as a list of modules (first == last), or None when the graph is acyclic."""
-    state: dict[str, str] = {}  # "open" while on the current path, "done" once fully explored
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = "open"
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = "done"
-        return None
-
-    for start in sorted(graph):
-        if start not in state and (cycle := visit(start)):
-            return cycle
-    return None
+    return package_graph("numeric_check")
 
 
 def layer(module: str) -> int | None:
@@ -108,12 +49,6 @@ def layer(module: str) -> int | None:
         return None
     name = LAYER_OF_TOP_MODULE.get(parts[1], parts[1])
     return LAYERS.index(name)
-
-
-def test_find_cycle_finds_one_and_only_one():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"a"}}) == ["a", "a"]
 
 
 def test_every_module_belongs_to_a_layer():
@@ -134,11 +69,6 @@ def test_imports_run_downhill():
         if layer(src) is not None and layer(dst) is not None and layer(dst) > layer(src)
     ]
     assert not uphill, "imports from a higher layer " + str(LAYERS) + ":\n" + "\n".join(sorted(uphill))
-
-
-def test_no_module_over_the_line_limit():
-    long = {name: n for name, path in package_modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
 
 
 @pytest.mark.parametrize("package", ["numeric_check", "derivations", "tensoralg", "tests"])

@@ -1,0 +1,82 @@
+"""The import graph of a package, read from its source (``ast``), for the layout tests.
+
+The package is read, not imported, so an import inside a function counts as much as one at
+the top of a module; imports under ``if TYPE_CHECKING:`` serve type checkers only and are
+left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_name(path: Path) -> str:
+    """``numeric_check/model/hooks.py`` -> ``numeric_check.model.hooks`` (a package is its ``__init__``)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules_of(package: str) -> dict[str, Path]:
+    """Every module of ``package`` (a folder under the repository root) by its dotted name."""
+    return {module_name(p): p for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Every module in ``known`` that ``path`` imports, at any depth (functions included).
+
+    ``from numeric_check.model import hooks`` names the module ``numeric_check.model.hooks``;
+    ``from numeric_check.model.hooks import Constant`` names ``numeric_check.model.hooks``.
+    Imports under ``if TYPE_CHECKING:`` are for type checkers only and are left out.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_checking_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_checking_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return found
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` and the modules of the same package it imports."""
+    modules = modules_of(package)
+    known = set(modules)
+    return {name: imported_modules(path, known) - {name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None when the graph is acyclic."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once fully explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
