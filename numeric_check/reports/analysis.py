@@ -39,6 +39,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.reports.files import writable_dir, writable_file, write_atomic
 from numeric_check.circuits.skip_trigrams import SkipTrigramTable, check_vocab, skip_trigram_table
 from numeric_check.training.toy import TrainConfig, next_token_losses, repeated_segment_batch
+from numeric_check.verification.results import strict_json
 from numeric_check.reports.findings import Finding, composition_with, findings
 
 Head = tuple[int, int]
@@ -185,18 +186,6 @@ def check_finite_losses(model: CircuitModel, losses: dict[str, float]) -> None:
             + f" (largest weight magnitude {largest:.3g}); nothing was written. A model this large "
             "needs float64 or smaller weights"
         )
-
-
-def strict_json(value):
-    """``value`` as strict JSON data: a float that is not finite (a quantity that does not
-    apply, such as a 0-layer model's composition) becomes ``null``, never ``NaN``."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ class VerifyReport:
         raise KeyError(f"no check {name!r}; checks: {[c.name for c in self.checks]}")
 
     def to_dict(self) -> dict:
-        return _jsonable(asdict(self))
+        return strict_json(asdict(self))
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON (non-finite numbers as ``null``)."""
@@ -170,11 +170,17 @@ _CHECK_TITLES = {
 }
 
 
-def _jsonable(value):
+def strict_json(value):
+    """``value`` as strict JSON data: a float that is not finite (a quantity that does not
+    apply, such as a 0-layer model's composition) becomes ``null``, never ``NaN``.
+
+    >>> strict_json({"a": [1.0, float("nan")]})
+    {'a': [1.0, None]}
+    """
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [strict_json(v) for v in value]
     return value

@@ -220,7 +220,7 @@ def test_weights_near_the_float32_limit_are_an_overflow_error_not_nan():
 
 
 def test_report_json_is_strict():
-    from numeric_check.reports.analysis import strict_json
+    from numeric_check.verification.results import strict_json
 
     data = strict_json({"a": [1.0, float("nan"), float("inf")], "b": {"c": -float("inf")}, "d": "x"})
     assert data == {"a": [1.0, None, None], "b": {"c": None}, "d": "x"}
