@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from tensoralg.atoms import Atom, atom
 from tensoralg.errors import BindingError, ParseError, TensorAlgError
 from tensoralg.lexer import MAX_DIGITS
 from tensoralg.grammar import MAX_NESTING
+from tests.helpers import quickly
 from tests.strategies import hostile_text
 
 
@@ -53,10 +53,8 @@ def test_decimals_still_read():
 @pytest.mark.parametrize("text", ["2**2**2**2**2·A", "10**100000·A", "9**9**9·A", "1" * 5000 + "·A", "1e999·A",
                                   "2**1000·A", "(10**200)*(10**200)·A", "d_head**100000·A"])
 def test_huge_numbers_are_refused_quickly(text):
-    start = time.perf_counter()
-    with pytest.raises(ParseError):
+    with quickly(2), pytest.raises(ParseError):
         parse(text)
-    assert time.perf_counter() - start < 2
 
 
 def test_large_but_reasonable_numbers_still_read():
