@@ -238,11 +238,10 @@ class _Parser:
         while True:
             ch = self.peek()
             if transposed and (ch == "ᵀ" or self.src.startswith("^T", self.pos) or self.src.startswith("**", self.pos)):
-                # a second script on a transpose applies to the transposed matrix: (Wᵀ)ᵀ, (Wᵀ)²
-                base, text = "(" + base + "^{\\top})", "(" + text + "ᵀ)"
-                transposed = False
-                if sup:
-                    self.error("write a power of a transposed power with brackets, as in ((W^2)^T)^2")
+                # a second script on a transpose applies to the transposed matrix: (Wᵀ)ᵀ, (W_Q^hᵀ)ᵀ, (Wᵀ)²
+                base, text = _attach(base, text, sup, sup_text, star, transposed)
+                base, text = "(" + base + ")", "(" + text + ")"
+                sup, sup_text, star, transposed = [], "", False, False
             if ch == "ᵀ":
                 self.pos += 1
                 transposed = True
@@ -279,15 +278,7 @@ class _Parser:
                 sup_text = sup_text + str(_SUPERSCRIPT_DIGITS.index(ch))
             else:
                 break
-        if transposed:
-            sup.append("\\top")
-        if sup:
-            base += "^{" + "".join(sup) + "}"
-            if star:
-                text += "*"
-            if sup_text:
-                text += "^" + (sup_text if _SCRIPT_RUN.fullmatch(sup_text) or sup_text == "*" else "{" + sup_text + "}")
-        return base, text + ("ᵀ" if transposed else "")
+        return _attach(base, text, sup, sup_text, star, transposed)
 
     def power(self) -> tuple[str, str]:
         """The exponent after ``**``: a number, a name, or a bracketed expression."""
@@ -330,6 +321,18 @@ class _Parser:
         if run == "T":
             return "\\top", "ᵀ"
         return self.printer.index(run), self.printer.index_text(run)
+
+
+def _attach(base: str, text: str, sup: list[str], sup_text: str, star: bool, transposed: bool) -> tuple[str, str]:
+    """A primary with its superscripts, star and transpose, as LaTeX and as text."""
+    sup = sup + ["\\top"] if transposed else sup
+    if sup:
+        base += "^{" + "".join(sup) + "}"
+        if star:
+            text += "*"
+        if sup_text:
+            text += "^" + (sup_text if _SCRIPT_RUN.fullmatch(sup_text) or sup_text == "*" else "{" + sup_text + "}")
+    return base, text + ("ᵀ" if transposed else "")
 
 
 def formula(source: str, index_from: int = 0) -> Formula:

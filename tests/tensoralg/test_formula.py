@@ -37,6 +37,7 @@ from tests.strategies import PROPERTY
     ("W^T^T", r"(W^{\top})^{\top}", "(Wᵀ)ᵀ"),
     ("Wᵀᵀ", r"(W^{\top})^{\top}", "(Wᵀ)ᵀ"),
     ("W^T**2", r"(W^{\top})^{2}", "(Wᵀ)^2"),
+    ("W_Q^hᵀᵀ", r"(W_{Q}^{h\top})^{\top}", "(W_Q^hᵀ)ᵀ"),
 ])
 def test_golden_formulae(source, latex, text):
     f = formula(source)
