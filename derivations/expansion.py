@@ -143,7 +143,7 @@ def typed(text: str, atoms: dict | None = None, index_from: int = 0) -> Math | N
     >>> typed("sum_{h in H_1} A^h (x) W_OV^h").text
     'Σ_{h ∈ H_1} A^h ⊗ W_OV^h'
     """
-    if "**" in text:  # powers of scalars: the formula printer has no rule for them
+    if "**" in text:  # the formula's text writes a power as x^2, which the expression reader takes for an index
         return None
     source = STAR.sub("·", OTIMES_ASCII.sub("⊗", text))
     try:
