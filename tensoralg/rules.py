@@ -56,11 +56,6 @@ def _rebuild(parts: list[Expr]) -> Expr:
     return parts[0] if len(parts) == 1 else Add(parts)
 
 
-def _is_identity(t: Term) -> bool:
-    """``Id ⊗ … ⊗ Id`` with coefficient 1: the identity operator."""
-    return t.coeff == 1 and not any(t.words)
-
-
 def _is_monomial(p: Product) -> bool:
     return all(len(f) == 1 for f in p.factors)
 
@@ -91,7 +86,7 @@ def distribute(expr: Expr, max_order: int | None = None) -> Expr:
         for choice in part.iter_terms(max_order):
             chosen = [(k, tables[k][j]) for k, j in enumerate(choice.indices)]
             # Id X = X: an identity factor is left out of a product that has others
-            kept = [(k, t) for k, t in chosen if not _is_identity(t)] or chosen[:1]
+            kept = [(k, t) for k, t in chosen if not (t.is_identity and t.coeff == 1)] or chosen[:1]
             parts.append(Product([_single(t, n, shapes[k]) for k, t in kept], part.coeff))
     if not parts:  # truncation dropped every product
         return TensorSum.from_canonical({}, expr.n_slots, expr.slot_shapes)
