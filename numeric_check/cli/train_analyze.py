@@ -17,7 +17,7 @@ from tensoralg.escape import terminal_safe
 
 from numeric_check.reports.flags import check_batch, finite_float, int_in, seed, threads
 from numeric_check.errors import InputFileError, NumericCheckError
-from numeric_check.reports.files import writable_dir, writable_file, write_atomic
+from numeric_check.files import writable_dir, writable_file, write_atomic
 
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:

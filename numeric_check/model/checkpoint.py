@@ -35,9 +35,10 @@ from typing import Any, Mapping
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
-from numeric_check.errors import CheckpointError, ConfigError, DeviceError, UncheckedCheckpoint, WeightError
+from numeric_check.errors import CheckpointError, ConfigError, DeviceError, OutputPathError, UncheckedCheckpoint, WeightError
+from numeric_check.files import write_atomic
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 
@@ -64,13 +65,10 @@ def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(model.cfg.to_dict()),
                 "content_sha256": content_hash(tensors, model.cfg.to_dict())}
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot save {path}: {err}") from err
+        write_atomic(path, save(tensors, metadata=metadata))
+    except OutputPathError as err:
+        raise CheckpointError(f"cannot save {path}: {err}") from None
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> CircuitModel:

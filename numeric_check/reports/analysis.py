@@ -36,7 +36,7 @@ from numeric_check.circuits.composition import COMPOSITION_KINDS, composition_ba
 from numeric_check.circuits.detect import HeadReport, detect_heads
 from numeric_check.circuits.importance import ImportanceReport, path_label, term_importance
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.reports.files import writable_dir, writable_file, write_atomic
+from numeric_check.files import writable_dir, writable_file, write_atomic
 from numeric_check.circuits.skip_trigrams import SkipTrigramTable, check_vocab, skip_trigram_table
 from numeric_check.training.toy import TrainConfig, next_token_losses, repeated_segment_batch
 from numeric_check.verification.results import strict_json

@@ -29,7 +29,7 @@ from derivations.document import math as formula
 from derivations.html import mathml, page
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.files import write_atomic
+from numeric_check.files import write_atomic
 from numeric_check.circuits.importance import path_label
 from numeric_check.reports.analysis import ModelAnalysis, composition_rows
 from numeric_check.reports.findings import findings

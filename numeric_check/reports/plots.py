@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from derivations.architecture import head_label
 from tensoralg.escape import escape_text
-from numeric_check.reports.files import replace_atomic
+from numeric_check.files import replace_atomic
 from numeric_check.errors import PlotError
 
 LAYER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]

@@ -228,7 +228,7 @@ def test_report_json_is_strict():
 
 
 def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    from numeric_check.reports import files
+    from numeric_check import files
 
     target = files.write_atomic(tmp_path / "report.md", "old")
     monkeypatch.setattr(files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))

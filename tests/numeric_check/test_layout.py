@@ -4,7 +4,8 @@ The package is read as source (``ast``), not imported, so a cycle hidden behind 
 inside a function counts as much as one at the top of a module. Layers, from the bottom:
 
 ========================  ==========================================================
-``errors``, ``strategies`` the exception hierarchy; hypothesis strategies for users' tests
+``errors``, ``files``,    the exception hierarchy; atomic output files; hypothesis
+``strategies``             strategies for users' tests
 ``model``                  the reference model, hook points, hook paths, adapters, checkpoints
 ``verification``           binding, evaluation, isolation, bounds, verification reports
 ``circuits``               factored matrices, OV/QK circuits and the paper's analyses
@@ -31,7 +32,7 @@ TESTS = ROOT / "tests"
 #: Subpackages from the bottom layer up; ``strategies`` draws random models for tests, so it
 #: sits with the model. Each layer may import only from itself and the layers before it.
 LAYERS = ("errors", "model", "verification", "circuits", "training", "reports", "cli")
-LAYER_OF_TOP_MODULE = {"errors": "errors", "strategies": "model"}
+LAYER_OF_TOP_MODULE = {"errors": "errors", "files": "errors", "strategies": "model"}
 
 
 def package_modules() -> dict[str, Path]:
