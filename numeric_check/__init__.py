@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.errors": (
         "AnalysisError", "CheckpointError", "ConfigError", "DeviceError", "ExpansionMismatch", "FactoredError",
-        "FactoredShapeError", "HookError", "ModelInputError", "NumericCheckError", "UnsupportedModel", "VerifyError",
+        "FactoredShapeError", "HookError", "ModelInputError", "NumericCheckError", "SourceMismatch", "UnsupportedModel", "VerifyError",
         "WeightError",
     ),
     "numeric_check.model.circuit_model": ("CircuitModel",),
     "numeric_check.model.config": ("ModelConfig", "resolve_device", "resolve_dtype"),
     "numeric_check.model.hooks": ("Constant", "HookPoint"),
-    "numeric_check.model.adapters": ("from_hf_gpt2", "from_transformer_lens", "to_transformer_lens"),
-    "numeric_check.model.hf": ("from_hf",),
+    "numeric_check.model.adapters": ("from_transformer_lens", "to_transformer_lens"),
+    "numeric_check.model.hf": ("from_hf", "from_hf_gpt2"),
+    "numeric_check.model.source_check": ("SourceCheck",),
     "numeric_check.model.checkpoint": ("load_checkpoint", "save_checkpoint"),
     "numeric_check.circuits.factored": ("Factored", "eigenvalue_multiset_distance"),
     "numeric_check.circuits.ov_qk": (
@@ -64,8 +65,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above
-    from numeric_check.model.adapters import from_hf_gpt2, from_transformer_lens, to_transformer_lens  # noqa: F401
-    from numeric_check.model.hf import from_hf  # noqa: F401
+    from numeric_check.model.adapters import from_transformer_lens, to_transformer_lens  # noqa: F401
+    from numeric_check.model.hf import from_hf, from_hf_gpt2  # noqa: F401
     from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from numeric_check.model.circuit_model import CircuitModel  # noqa: F401
     from numeric_check.model.config import ModelConfig  # noqa: F401

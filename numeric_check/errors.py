@@ -32,6 +32,12 @@ class UnsupportedModel(NumericCheckError, ValueError):
     """A model feature the algebra cannot express (rotary, ALiBi, grouped-query attention, ...); the message names it."""
 
 
+class SourceMismatch(UnsupportedModel):
+    """A conversion whose logits differ from its source's on probe tokens: the message gives the
+    size of the difference, the block where the residual streams part, and what the model may use
+    that the conversion does not read."""
+
+
 class CheckpointError(NumericCheckError, ValueError):
     """A checkpoint that is missing, corrupt, truncated or incompatible; the message names the path."""
 

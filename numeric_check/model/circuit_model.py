@@ -268,6 +268,10 @@ class CircuitModel(nn.Module):
     torch.Size([1, 2, 3, 3])
     """
 
+    #: how closely this model computes the model it was converted from
+    #: (:class:`~numeric_check.model.source_check.SourceCheck`); ``None`` when it was not converted
+    source_check = None
+
     def __init__(self, cfg: ModelConfig, dtype: str | torch.dtype = torch.float32, device: str | torch.device | None = None):
         super().__init__()
         if not isinstance(cfg, ModelConfig):

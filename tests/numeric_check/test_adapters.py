@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from numeric_check.model.adapters import from_hf_gpt2, from_transformer_lens
+from numeric_check.model.adapters import from_transformer_lens
+from numeric_check.model.hf import from_hf_gpt2
 from numeric_check.errors import UnsupportedModel
 from numeric_check.verification.verify import verify_logits, verify_qk
 
@@ -255,7 +256,7 @@ def test_gpt2_unsupported():
         from_hf_gpt2(gpt2_model(scale_attn_by_inverse_layer_idx=True))
     with pytest.raises(UnsupportedModel, match=r"activation function 'quick_gelu'"):
         from_hf_gpt2(gpt2_model(activation_function="quick_gelu"))
-    with pytest.raises(UnsupportedModel, match=r"from_hf_gpt2 expects a transformers.GPT2LMHeadModel, got HookedTransformer"):
+    with pytest.raises(UnsupportedModel, match=r"^from_hf reads Hugging Face models; HookedTransformer is a TransformerLens model: use from_transformer_lens$"):
         from_hf_gpt2(tl_model())
 
 

@@ -344,7 +344,7 @@ def test_transformer_lens_models_verify():
 
 def test_gpt2_models_verify():
     transformers = pytest.importorskip("transformers")
-    from numeric_check.model.adapters import from_hf_gpt2
+    from numeric_check.model.hf import from_hf_gpt2
 
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=12, n_head=3, n_positions=8,

@@ -1,0 +1,90 @@
+"""Options by allow-list: a conversion reads the options it understands; every other option of the
+source's config must be at its default, or the conversion is refused by name.
+
+A deny-list (refuse the features we know to be unsupported) lets every option added to a
+library after it was written through unread — ``use_bidirectional_attention`` on Gemma, YaRN
+rope on TransformerLens — and the converted model silently computes something else. Here an
+option is either understood by the reader, known :data:`HARMLESS` (it changes no value the model
+computes in eval mode: token ids, dropout, caching, hook flags), or at its default.
+
+>>> from types import SimpleNamespace
+>>> check_options({"n_layer": 2, "shout": True}, {"n_layer": 1, "shout": False}, {"n_layer"}, "the toy model")
+Traceback (most recent call last):
+...
+numeric_check.errors.UnsupportedModel: the toy model sets shout=True (default False), an option tcircuits does not read; ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+from numeric_check.errors import UnsupportedModel
+
+_MISSING = object()
+
+#: Hugging Face config keys that never change what a causal LM computes in eval mode
+HF_HARMLESS = frozenset({
+    "_name_or_path", "architectures", "transformers_version", "model_type", "dtype", "torch_dtype", "id2label",
+    "label2id", "problem_type", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript", "chunk_size_feed_forward",
+    "initializer_range", "initializer_factor", "tie_word_embeddings",  # the readers read lm_head itself
+    "attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "classifier_dropout", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "num_labels", "vocab_size", "max_position_embeddings",
+    "_attn_implementation", "_attn_implementation_autoset", "_experts_implementation",
+})
+
+#: TransformerLens config fields that never change what a HookedTransformer computes (hooks,
+#: devices, tokenizers, initialisation, bookkeeping), or that follow from fields read
+TL_HARMLESS = frozenset({
+    "device", "use_attn_result", "use_split_qkv_input", "default_prepend_bos", "dtype", "model_name", "use_hook_mlp_in",
+    "use_attn_in", "from_checkpoint", "checkpoint_index", "checkpoint_label_type", "checkpoint_value",
+    "tokenizer_name", "init_mode", "n_devices", "seed", "initializer_range", "init_weights", "use_hook_tokens",
+    "tokenizer_prepends_bos", "trust_remote_code", "decoder_start_token_id", "tie_word_embeddings", "n_params",
+    "ungroup_grouped_query_attention", "layer_norm_folding", "uses_rms_norm",
+})
+
+
+def check_options(options: Mapping[str, Any], defaults: Mapping[str, Any], understood: Iterable[str], source: str,
+                  harmless: Iterable[str] = ()) -> None:
+    """Refuse, naming it, the first option in ``options`` that is neither ``understood`` nor
+    ``harmless`` and differs from its value in ``defaults`` (absent there: any value differs)."""
+    allowed = set(understood) | set(harmless)
+    for key, value in options.items():
+        if key in allowed:
+            continue
+        default = defaults.get(key, _MISSING)
+        if not _same(value, default):
+            shown = "not set" if default is _MISSING else f"{default!r}"
+            raise UnsupportedModel(
+                f"{source} sets {key}={value!r} (default {shown}), an option tcircuits does not read; converting "
+                f"the model without it would give a different model, so it is refused (options are read by allow-list)"
+            )
+
+
+def check_hf_options(config: Any, understood: Iterable[str], source: str) -> None:
+    """:func:`check_options` for a Hugging Face ``PretrainedConfig``: the defaults are those of a
+    config of the same class built with no arguments."""
+    try:
+        defaults = type(config)().to_dict()
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: compare with nothing
+        defaults = {}
+    check_options(config.to_dict(), defaults, understood, source, HF_HARMLESS)
+
+
+def check_tl_options(cfg: Any, understood: Iterable[str], source: str) -> None:
+    """:func:`check_options` for a TransformerLens ``HookedTransformerConfig``: the defaults are a
+    config built from the understood fields alone (so fields derived from them agree)."""
+    understood = set(understood)
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+    defaults = type(cfg)(**{k: v for k, v in fields.items() if k in understood | TL_HARMLESS})
+    check_options(fields, {f: getattr(defaults, f) for f in fields}, understood, source, TL_HARMLESS)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) or (a != a and b != b)  # NaN defaults equal themselves
+    except Exception:  # noqa: BLE001 - tensors, arrays: an ambiguous comparison is a difference
+        return a is b

@@ -1,0 +1,62 @@
+"""GPT-2: ``Conv1D`` weights (``x @ W + b``), one fused query/key/value projection, learned positions."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.model.readers.common import Family, act
+
+
+def read_gpt2(model: Any) -> SourceWeights:
+    config, source = model.config, "the GPT-2 model"
+    if getattr(config, "add_cross_attention", False):
+        raise unsupported("cross-attention (add_cross_attention)", source)
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        raise unsupported("attention scale that depends on the layer (scale_attn_by_inverse_layer_idx)", source)
+    act_fn = act(config.activation_function, source)
+    d_model, n_heads = config.n_embd, config.n_head
+    d_head = d_model // n_heads
+    split = lambda w: w.reshape(d_model, n_heads, d_head).permute(1, 0, 2)  # [d_model, h*e] -> [h, d_model, e]
+    layers = []
+    for block in model.transformer.h:
+        W_q, W_k, W_v = f64(block.attn.c_attn.weight).split(d_model, dim=1)  # Conv1D: x @ W + b
+        b_q, b_k, b_v = f64(block.attn.c_attn.bias).split(d_model)
+        layers.append(LayerWeights(
+            W_Q=split(W_q), W_K=split(W_k), W_V=split(W_v),
+            W_O=f64(block.attn.c_proj.weight).reshape(n_heads, d_head, d_model),
+            b_Q=b_q.reshape(n_heads, d_head), b_K=b_k.reshape(n_heads, d_head), b_V=b_v.reshape(n_heads, d_head),
+            b_O=f64(block.attn.c_proj.bias),
+            ln1=(f64(block.ln_1.weight), f64(block.ln_1.bias)),
+            ln2=(f64(block.ln_2.weight), f64(block.ln_2.bias)),
+            mlp={"W_in": f64(block.mlp.c_fc.weight), "b_in": f64(block.mlp.c_fc.bias),
+                 "W_out": f64(block.mlp.c_proj.weight), "b_out": f64(block.mlp.c_proj.bias)},
+        ))
+    lm_head = model.lm_head
+    return SourceWeights(
+        W_E=f64(model.transformer.wte.weight),
+        W_pos=f64(model.transformer.wpe.weight),
+        W_U=f64(lm_head.weight).T,
+        b_U=f64(lm_head.bias) if lm_head.bias is not None else torch.zeros(config.vocab_size, dtype=torch.float64),
+        layers=layers,
+        ln_final=(f64(model.transformer.ln_f.weight), f64(model.transformer.ln_f.bias)),
+        positional="standard",
+        layer_norm=True,
+        act_fn=act_fn,
+        eps=float(config.layer_norm_epsilon),
+        attn_scale=math.sqrt(d_head) if config.scale_attn_weights else 1.0,
+        d_head=d_head,
+        n_ctx=config.n_positions,
+        d_mlp=config.n_inner if config.n_inner is not None else 4 * d_model,
+    )
+
+
+FAMILIES = (
+    Family("GPT-2", ("GPT2LMHeadModel",), read_gpt2, frozenset({
+        "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner", "activation_function", "layer_norm_epsilon",
+        "scale_attn_weights", "reorder_and_upcast_attn",  # upcasting to float32 changes no value of a float64 model
+    })),
+)

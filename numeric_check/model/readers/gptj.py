@@ -1,0 +1,51 @@
+"""GPT-J: interleaved rotary pairs on ``rotary_dim``, one layer norm read by attention and MLP in parallel."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.model.readers.common import Family, act, norm, shape, split_heads, unembed
+
+
+def read_gptj(model: Any) -> SourceWeights:
+    config, source = model.config, "the GPT-J model"
+    d_model, n_heads = config.n_embd, config.n_head
+    d_head = d_model // n_heads
+    if config.rotary_dim is None or not 2 <= config.rotary_dim <= d_head or config.rotary_dim % 2:
+        raise unsupported(f"rotary_dim={config.rotary_dim!r} (rotary on an even number of at most d_head={d_head} "
+                           "dimensions is what GPT-J's attention can run)", source)
+    layers = []
+    for i, block in enumerate(model.transformer.h):
+        a, where = block.attn, f"h.{i}.attn."
+        ln = norm(block.ln_1, "layer_norm")  # attention and MLP both read ln_1
+        zeros = lambda n: torch.zeros(n, d_head, dtype=torch.float64)  # noqa: E731
+        o = shape(f64(a.out_proj.weight), (d_model, d_model), where + "out_proj.weight", source)
+        layers.append(LayerWeights(
+            W_Q=split_heads(a.q_proj.weight, n_heads, d_head, d_model, where + "q_proj.weight", source),
+            W_K=split_heads(a.k_proj.weight, n_heads, d_head, d_model, where + "k_proj.weight", source),
+            W_V=split_heads(a.v_proj.weight, n_heads, d_head, d_model, where + "v_proj.weight", source),
+            W_O=o.T.reshape(n_heads, d_head, d_model), b_Q=zeros(n_heads), b_K=zeros(n_heads), b_V=zeros(n_heads),
+            b_O=torch.zeros(d_model, dtype=torch.float64), ln1=ln, ln2=ln,
+            mlp={"W_in": f64(block.mlp.fc_in.weight).T, "b_in": f64(block.mlp.fc_in.bias),
+                 "W_out": f64(block.mlp.fc_out.weight).T, "b_out": f64(block.mlp.fc_out.bias)},
+        ))
+    W_U, b_U = unembed(model, d_model, config.vocab_size, source)
+    return SourceWeights(
+        W_E=f64(model.transformer.wte.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
+        ln_final=norm(model.transformer.ln_f, "layer_norm"), positional="none", layer_norm=True,
+        act_fn=act(config.activation_function, source), eps=float(config.layer_norm_epsilon),
+        attn_scale=math.sqrt(d_head), d_head=d_head, n_ctx=config.n_positions,
+        d_mlp=config.n_inner if config.n_inner is not None else 4 * d_model, parallel=True,
+        rotary=config.rotary_dim / d_head, rotary_style="gptj", rotary_base=10000.0,  # GPT-J's base is fixed
+    )
+
+
+FAMILIES = (
+    Family("GPT-J", ("GPTJForCausalLM",), read_gptj, frozenset({
+        "n_positions", "n_embd", "n_layer", "n_head", "rotary_dim", "n_inner", "activation_function", "layer_norm_epsilon",
+    })),
+)

@@ -1,0 +1,219 @@
+"""The source is the reference: a converted model is run beside the model it came from, on probe
+tokens, before it is returned.
+
+Every derived term is checked against :class:`~numeric_check.model.circuit_model.CircuitModel`;
+this module checks that the ``CircuitModel`` computes what the user's model computes. The source
+(a Hugging Face model or a TransformerLens ``HookedTransformer``) and the conversion run on the
+same tokens — fixed-seed probe sequences as long as the context allows (up to
+:data:`PROBE_LENGTH`), and the user's own tokens when given — and their logits must agree to
+:func:`tolerance`: ``max |ours − source| ≤ tolerance · max |source|``.
+
+The tolerance is measured, not guessed: it is ten times the rounding that the lowest precision
+involved causes on this very model (the conversion run in that precision against itself in
+float64, on the probe tokens), and 1e-9 when everything is float64. Hugging Face computes RMSNorm,
+rotary angles, eager softmax and some scales in float32 even in a float64 model, so its models
+count as float32: measured on its families with random weights and every parameter perturbed,
+that costs 9e-9 (GPT-NeoX) to 4e-6 (Gemma, 3 layers) of the largest logit, where the float32
+rounding of the same models is 2e-7 to 1e-6 — while the wrong conversions this check exists for
+differ by 1e-3 to 1.
+
+When they disagree, :class:`~numeric_check.errors.SourceMismatch` says by how much, where the
+residual streams part (compared block by block), and what the model may use that the conversion
+does not read: a module replaced or patched after the model was built (found by comparing its
+modules with a fresh one built from its config on the meta device), or an option of its config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from numeric_check.errors import ModelInputError, SourceMismatch
+from numeric_check.model.hooks import block_hook
+
+PROBE_LENGTH = 64  # positions of each probe sequence at most (the source's context caps it)
+PROBE_BATCH = 2
+PROBE_SEED = 0
+MARGIN = 10  # the tolerance: this many times the rounding of the lowest precision involved
+FLOAT64_TOLERANCE = 1e-9  # when everything is computed in float64
+HALF_TOLERANCE = 5e-2  # when a half-precision rounding cannot be measured on this device
+
+
+def lowest_precision(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype of least precision among ``dtypes`` (by machine epsilon).
+
+    >>> lowest_precision(torch.float64, torch.float32)
+    torch.float32
+    """
+    return max(dtypes, key=lambda d: torch.finfo(d).eps)
+
+
+def measured_tolerance(ours: Any, tokens: Tensor, precision: torch.dtype) -> float:
+    """The relative tolerance of a comparison whose lowest precision is ``precision``: :data:`MARGIN`
+    times the rounding that precision causes on this model — ``ours`` run in ``precision`` against
+    ``ours`` in float64, on ``tokens`` — or :data:`FLOAT64_TOLERANCE` when it is float64."""
+    if precision == torch.float64:
+        return FLOAT64_TOLERANCE
+    try:
+        with torch.no_grad():
+            exact = ours.working_copy(torch.float64, "cpu")(tokens)
+            rounded = ours.working_copy(precision, "cpu")(tokens).to(torch.float64)
+        rounding = float((rounded - exact).abs().max()) / max(float(exact.abs().max()), 1e-300)
+    except (RuntimeError, NotImplementedError):  # a half-precision kernel missing on this device
+        return HALF_TOLERANCE
+    return max(FLOAT64_TOLERANCE, MARGIN * rounding) if rounding == rounding else HALF_TOLERANCE
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """How closely a converted model computes its source's logits, as measured when it was converted.
+
+    ``rel_diff``: ``max |ours − source| / max |source|`` over every probe (and the user's tokens
+    when given); ``tokens``: how many token positions were compared, in how many sequences.
+    """
+
+    source: str  # "LlamaForCausalLM (Hugging Face, float64)"
+    max_abs_diff: float
+    rel_diff: float
+    tolerance: float
+    n_sequences: int
+    n_tokens: int
+
+    def describe(self) -> str:
+        """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
+        return (f"converted from {self.source}: logits equal to the source within {self.rel_diff:.1g} of their largest "
+                f"entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} tokens")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe_tokens(d_vocab: int, n_ctx: int, length: int | None = None) -> Tensor:
+    """:data:`PROBE_BATCH` sequences of ``min(length or PROBE_LENGTH, n_ctx)`` random token ids (fixed seed)."""
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    n_pos = max(1, min(length or PROBE_LENGTH, n_ctx))
+    return torch.randint(0, d_vocab, (PROBE_BATCH, n_pos), generator=gen)
+
+
+def user_tokens(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:
+    """``tokens`` as a ``[batch, pos]`` id tensor on the CPU, refused when outside the vocabulary or the context."""
+    tokens = torch.as_tensor(tokens)
+    tokens = tokens if tokens.ndim == 2 else tokens.reshape(1, -1)
+    if tokens.dtype.is_floating_point or tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab:
+        raise ModelInputError(f"check_tokens must be token ids in 0..{d_vocab - 1}, got {tokens.tolist()!r:.80}")
+    if tokens.shape[-1] > n_ctx:
+        raise ModelInputError(f"check_tokens has {tokens.shape[-1]} positions, more than the context n_ctx={n_ctx}")
+    return tokens.cpu()
+
+
+#: runs the source on tokens: its logits and the residual stream at the input of each block
+#: (``None`` where the source cannot give them)
+RunSource = Callable[[Tensor], tuple[Tensor, list[Tensor] | None]]
+
+
+def check_against_source(ours: Any, run_source: RunSource, name: str, precision: torch.dtype,
+                         token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str) -> SourceCheck:
+    """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
+    their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
+    source computes in), else :class:`SourceMismatch` (``who`` names the conversion in the message,
+    ``suspects`` lists what the model may use that it does not read)."""
+    tol = measured_tolerance(ours, token_batches[0], lowest_precision(precision, ours.dtype))
+    worst_abs, worst_rel, n_seq, n_tok = 0.0, 0.0, 0, 0
+    for tokens in token_batches:
+        with torch.no_grad():
+            theirs, streams = run_source(tokens)
+            logits, cache = ours.run_with_cache(tokens.to(ours.device), names_filter=lambda n: n.endswith("hook_resid_pre"))
+        theirs = theirs.detach().to("cpu", torch.float64)
+        diff = float((logits.detach().to("cpu", torch.float64) - theirs).abs().max())
+        rel = diff / max(float(theirs.abs().max()), 1e-300)
+        if not rel <= tol:  # NaN fails too
+            where = _parting(cache, streams, ours, tol)
+            raise SourceMismatch(
+                f"{who}: the converted model's logits differ from the source's ({name}) by {rel:.2g} of their largest "
+                f"entry (max |difference| {diff:.3g}; tolerance {tol:.0e}) on {tokens.shape[0]} x {tokens.shape[1]} tokens; "
+                f"{where}. The model may use something the conversion does not read: {_listed(suspects())}. "
+                "The conversion is refused rather than returned wrong"
+            )
+        worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, rel)
+        n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
+    return SourceCheck(name, worst_abs, worst_rel, tol, n_seq, n_tok)
+
+
+def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, tol: float) -> str:
+    """Where the residual streams of the two models first differ, in words."""
+    if not streams:
+        return "the source does not give its residual streams, so the block where they part is not known"
+    centre = ours.arch.norm == "layer_norm"  # our writers are centred: compare centred streams
+    for i, theirs in enumerate(streams[: len(ours.blocks)]):
+        mine = cache[block_hook(i, "hook_resid_pre")].to("cpu", torch.float64)
+        theirs = theirs.detach().to("cpu", torch.float64)
+        if centre:
+            mine, theirs = mine - mine.mean(-1, keepdim=True), theirs - theirs.mean(-1, keepdim=True)
+        rel = float((mine - theirs).abs().max()) / max(float(theirs.abs().max()), 1e-300)
+        if not rel <= tol:
+            if i == 0:
+                return f"the residual streams differ already after the embedding ({rel:.2g} of their largest entry)"
+            return (f"the residual streams agree at the input of block {i - 1} and part at the input of block {i} "
+                    f"({rel:.2g} of their largest entry): block {i - 1} computes something else")
+    return "the residual streams agree at the input of every block: the last block, the final norm or the unembedding differs"
+
+
+def _listed(suspects: list[str]) -> str:
+    if not suspects:
+        return ("an option of its config that tcircuits takes to be harmless, a module patched after it was built, "
+                "or a computation its family's code does differently")
+    shown = "; ".join(suspects[:6])
+    return shown + (f"; and {len(suspects) - 6} more" if len(suspects) > 6 else "")
+
+
+def changed_modules(model: Any, fresh: Any) -> list[str]:
+    """What differs between ``model``'s modules and ``fresh`` (the same class built from the same
+    config, on the meta device): a submodule of another class, added or removed, a ``forward``
+    replaced on an instance, a plain attribute (a number, flag or string) set to another value."""
+    out: list[str] = []
+    twins = dict(fresh.named_modules())
+    names = set()
+    for name, module in model.named_modules():
+        names.add(name)
+        where = name or type(model).__name__
+        twin = twins.get(name)
+        if twin is None:
+            out.append(f"{where} (a {type(module).__name__} that a fresh {type(model).__name__} does not have)")
+            continue
+        if type(module) is not type(twin):
+            out.append(f"{where} is a {type(module).__name__} where a fresh model has a {type(twin).__name__}")
+        if "forward" in vars(module):
+            out.append(f"{where}.forward was replaced on the instance")
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or attr == "training" or not isinstance(value, (bool, int, float, str, type(None))):
+                continue
+            built = getattr(twin, attr, _ABSENT)
+            if built is _ABSENT or built != value:
+                out.append(f"{where}.{attr} = {value!r}" + ("" if built is _ABSENT else f" (built as {built!r})"))
+    out += [f"{name} (removed)" for name in twins if name not in names]
+    return out
+
+
+_ABSENT = object()
+
+
+def fresh_on_meta(build: Callable[[], Any]) -> Any | None:
+    """``build()`` on the meta device (no memory for weights), or ``None`` when it cannot be built there."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except Exception:  # noqa: BLE001 - a diagnosis only: a model that cannot be built on meta is not compared
+        return None
+
+
+def in_eval_mode(model: Any, fn: Callable[[], Any]) -> Any:
+    """``fn()`` with ``model`` in eval mode (no dropout), its mode restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        return fn()
+    finally:
+        model.train(was_training)
