@@ -18,6 +18,7 @@ never modified.
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from typing import Any
@@ -31,7 +32,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.options import check_tl_options
 from numeric_check.model.source_check import (
-    changed_modules, check_against_source, fresh_on_meta, in_eval_mode, probe_tokens, user_tokens,
+    changed_modules, check_against_source, fresh_on_meta, in_eval_mode, probe_tokens, unchecked, user_tokens,
 )
 
 
@@ -58,8 +59,8 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
             f"from_transformer_lens expects a transformer_lens.HookedTransformer, got {type(model).__name__}"
         )
     ours = build(_read_transformer_lens(model), dtype, device or model.W_E.device, biases)
-    if check:
-        ours.source_check = check_transformer_lens(model, ours, check_tokens)
+    ours.source_check = (check_transformer_lens(model, ours, check_tokens) if check
+                         else unchecked("HookedTransformer (TransformerLens)"))
     return ours
 
 
@@ -74,7 +75,9 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
         return logits, [cache[f"blocks.{i}.hook_resid_pre"] for i in range(n_layers)]
 
     def suspects() -> list[str]:
-        fresh = fresh_on_meta(lambda: type(model)(model.cfg))
+        cfg = copy.copy(model.cfg)
+        cfg.device, cfg.init_weights = "meta", False  # TransformerLens moves its modules to cfg.device
+        fresh = fresh_on_meta(lambda: type(model)(cfg))
         return [] if fresh is None else changed_modules(model, fresh)
 
     dtype = model.W_E.dtype

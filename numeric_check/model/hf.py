@@ -34,6 +34,7 @@ from numeric_check.model.source_check import (
     in_eval_mode,
     lowest_precision,
     probe_tokens,
+    unchecked,
     user_tokens,
 )
 
@@ -74,8 +75,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     _refuse_bad_weights(model, source)
     weight = next(iter(model.parameters()), None)
     ours = build(family.read(model), dtype, device or (weight.device if weight is not None else "cpu"), biases)
-    if check:
-        ours.source_check = check_hf(model, ours, check_tokens)
+    ours.source_check = check_hf(model, ours, check_tokens) if check else unchecked(f"{name} (Hugging Face)")
     return ours
 
 

@@ -49,19 +49,20 @@ TL_HARMLESS = frozenset({
 
 def check_options(options: Mapping[str, Any], defaults: Mapping[str, Any], understood: Iterable[str], source: str,
                   harmless: Iterable[str] = ()) -> None:
-    """Refuse, naming it, the first option in ``options`` that is neither ``understood`` nor
-    ``harmless`` and differs from its value in ``defaults`` (absent there: any value differs)."""
+    """Refuse, naming each, the options in ``options`` that are neither ``understood`` nor
+    ``harmless`` and differ from their value in ``defaults`` (absent there: any value differs)."""
     allowed = set(understood) | set(harmless)
+    unread = []
     for key, value in options.items():
-        if key in allowed:
-            continue
         default = defaults.get(key, _MISSING)
-        if not _same(value, default):
-            shown = "not set" if default is _MISSING else f"{default!r}"
-            raise UnsupportedModel(
-                f"{source} sets {key}={value!r} (default {shown}), an option tcircuits does not read; converting "
-                f"the model without it would give a different model, so it is refused (options are read by allow-list)"
-            )
+        if key not in allowed and not _same(value, default):
+            unread.append(f"{key}={value!r} (default {'not set' if default is _MISSING else repr(default)})")
+    if unread:
+        what = "an option" if len(unread) == 1 else "options"
+        raise UnsupportedModel(
+            f"{source} sets {' and '.join(unread)}, {what} tcircuits does not read; converting the model without "
+            f"{'it' if len(unread) == 1 else 'them'} would give a different model, so it is refused (options are read by allow-list)"
+        )
 
 
 def check_hf_options(config: Any, understood: Iterable[str], source: str) -> None:

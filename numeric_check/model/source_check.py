@@ -25,6 +25,7 @@ modules with a fresh one built from its config on the meta device), or an option
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -84,11 +85,18 @@ class SourceCheck:
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
+        if self.n_tokens == 0:
+            return f"converted from {self.source}; not checked against the source (check=False)"
         return (f"converted from {self.source}: logits equal to the source within {self.rel_diff:.1g} of their largest "
                 f"entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} tokens")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def unchecked(name: str) -> SourceCheck:
+    """What a conversion made with ``check=False`` records: its source, and that it was not compared."""
+    return SourceCheck(name, math.nan, math.nan, math.nan, 0, 0)
 
 
 def probe_tokens(d_vocab: int, n_ctx: int, length: int | None = None) -> Tensor:
@@ -124,7 +132,14 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
     worst_abs, worst_rel, n_seq, n_tok = 0.0, 0.0, 0, 0
     for tokens in token_batches:
         with torch.no_grad():
-            theirs, streams = run_source(tokens)
+            try:
+                theirs, streams = run_source(tokens)
+            except Exception as error:  # noqa: BLE001 - the source's own code failed: nothing to compare with
+                raise SourceMismatch(
+                    f"{who}: the source ({name}) fails to run on {tokens.shape[0]} x {tokens.shape[1]} probe tokens "
+                    f"({type(error).__name__}: {' '.join(str(error).split())[:200]}), so the conversion cannot be "
+                    "checked against it and is refused"
+                ) from None
             logits, cache = ours.run_with_cache(tokens.to(ours.device), names_filter=lambda n: n.endswith("hook_resid_pre"))
         theirs = theirs.detach().to("cpu", torch.float64)
         diff = float((logits.detach().to("cpu", torch.float64) - theirs).abs().max())

@@ -76,6 +76,7 @@ class VerifyReport:
     n_omitted: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    source: str | None = None  # the model it was converted from and the measured difference (None: not converted)
 
     def check(self, name: str) -> CheckResult:
         """The check called ``name`` (``sum``, ``isolation`` or ``truncation``)."""
@@ -95,6 +96,7 @@ class VerifyReport:
         order = "all orders" if self.max_order is None else f"max_order={self.max_order} ({self.n_omitted:,} terms omitted)"
         lines = [
             f"verify {self.target} of {self.model}",
+            *([self.source] if self.source else []),
             f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, {self.dtype} on {self.device}",
         ]
         for c in self.checks:
@@ -147,6 +149,7 @@ class VerifyReport:
         order = "all orders" if self.max_order is None else f"up to order {self.max_order} ({self.n_omitted:,} terms omitted)"
         lines = [f"**verify {md_text(self.target)}** of {md_text(self.model)}: "
                  + ("**PASSED**" if self.passed else "**FAILED**"), "",
+                 *([md_text(self.source), ""] if self.source else []),
                  md_text(f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, "
                          f"{self.dtype} on {self.device}"), ""]
         checks = []

@@ -82,6 +82,7 @@ class _Setup:
     rtol: float
     timings: dict[str, float]
     notes: list[str]
+    source: str | None = None  # how the model was converted and how closely it computes its source
 
 
 def _check_tolerance(name: str, value, allow_none: bool) -> float:
@@ -119,7 +120,9 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
     work = _checked(model).working_copy(dtype, device)
     rec = record(work, tokens)
     timings["forward"] = time.perf_counter() - start
-    return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec))
+    check = model.source_check
+    return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec),
+                  None if check is None else check.describe())
 
 
 def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:
@@ -171,6 +174,7 @@ def _report(target: str, s: _Setup, max_order, terms, checks, scale, n_omitted) 
         n_omitted=n_omitted,
         timings=s.timings,
         notes=s.notes,
+        source=s.source,
     )
 
 

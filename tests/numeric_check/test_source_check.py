@@ -1,0 +1,277 @@
+"""Every conversion is checked against its source before it is returned (issue 17).
+
+Each kind of wrong conversion seen in the wild gets a regression test: an option the adapter
+did not read (Gemma's bidirectional attention; TransformerLens' YaRN, scaled and dynamic-NTK rope,
+OLMoE's q/k norms), and a model changed after it was built (an attribute, a submodule, a
+forward). A hypothesis test perturbs every parameter and draws options: the conversion is equal
+to the source, or refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numeric_check import SourceMismatch, UnsupportedModel, from_hf, from_transformer_lens, verify_logits
+from numeric_check.errors import ModelInputError, WeightError
+from numeric_check.model import options as options_module
+from numeric_check.model.readers import BY_CLASS
+from numeric_check.model.source_check import FLOAT64_TOLERANCE, SourceCheck, lowest_precision
+from tests.conftest import FAST
+from tests.numeric_check.test_from_hf import SMALL, randomise
+
+transformers = pytest.importorskip("transformers")
+tl = pytest.importorskip("transformer_lens")
+pytestmark = pytest.mark.slow
+
+
+def llama(seed=0, **options):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(**{**SMALL, "num_key_value_heads": 2, **options})
+    return randomise(transformers.LlamaForCausalLM(config).double().eval(), seed)
+
+
+def gemma(seed=0, **options):
+    torch.manual_seed(seed)
+    config = transformers.GemmaConfig(**{**SMALL, "num_key_value_heads": 2, "head_dim": 4, **options})
+    return randomise(transformers.GemmaForCausalLM(config).double().eval(), seed)
+
+
+def hooked(seed=0, **options):
+    kw = dict(n_layers=2, d_model=16, n_ctx=12, d_head=4, n_heads=4, d_vocab=13, act_fn="gelu", d_mlp=24,
+              normalization_type="LN", positional_embedding_type="standard", dtype=torch.float64, seed=None)
+    model = tl.HookedTransformer(tl.HookedTransformerConfig(**{**kw, **options}))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return model
+
+
+# --- the source check itself -----------------------------------------------------------------------
+
+
+def test_a_conversion_states_its_source_and_the_measured_difference():
+    model = from_hf(llama())
+    check = model.source_check
+    assert isinstance(check, SourceCheck)
+    assert check.source == "LlamaForCausalLM (Hugging Face, float64)"
+    assert check.rel_diff <= check.tolerance < 1e-4  # measured: about 5e-7 (float32 norms and rotary inside HF)
+    assert check.n_sequences == 2 and check.n_tokens == 2 * SMALL["max_position_embeddings"]
+    assert check.describe().startswith("converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within ")
+    report = verify_logits(model, torch.tensor([[1, 2, 3]]), max_order=1)
+    assert report.source == check.describe()
+    assert report.to_text().splitlines()[1] == check.describe()
+    assert "converted from LlamaForCausalLM" in report.to_json()
+
+
+def test_transformer_lens_in_float64_is_held_to_float64():
+    model = from_transformer_lens(hooked())
+    assert model.source_check.tolerance == FLOAT64_TOLERANCE
+    assert model.source_check.rel_diff < 1e-13
+
+
+def test_the_users_tokens_are_checked_too():
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    model = from_hf(llama(), check_tokens=tokens)
+    assert model.source_check.n_sequences == 3 and model.source_check.n_tokens == 2 * 8 + 5
+    with pytest.raises(ModelInputError, match=r"check_tokens must be token ids in 0..12"):
+        from_hf(llama(), check_tokens=torch.tensor([[1, 13]]))
+
+
+def test_a_model_in_training_mode_is_checked_in_eval_mode_and_left_as_it_was():
+    hf = llama(attention_dropout=0.5)
+    hf.train()
+    from_hf(hf)
+    assert hf.training
+
+
+def test_the_tolerance_follows_the_lowest_precision():
+    assert lowest_precision(torch.float64, torch.float32) == torch.float32
+    assert lowest_precision(torch.float64, torch.bfloat16) == torch.bfloat16
+    model = from_hf(llama(), dtype=torch.float32)
+    assert 1e-7 < model.source_check.tolerance < 1e-3
+
+
+# --- the kinds of wrong conversion: each refused, by name or by the check --------------------------
+
+
+def test_gemma_with_bidirectional_attention_is_refused_by_name():
+    with pytest.raises(UnsupportedModel, match=r"^the Gemma model sets use_bidirectional_attention=True \(default "):
+        from_hf(gemma(use_bidirectional_attention=True))
+
+
+def test_an_option_let_through_is_caught_by_the_source_check(monkeypatch):
+    """Were the allow-list wrong, the check against the source still refuses the model."""
+    family = BY_CLASS["GemmaForCausalLM"]
+    monkeypatch.setitem(BY_CLASS, "GemmaForCausalLM", type(family)(family.name, family.classes, family.read,
+                                                                     family.options | {"use_bidirectional_attention"}))
+    with pytest.raises(SourceMismatch) as info:
+        from_hf(gemma(use_bidirectional_attention=True))
+    message = str(info.value)
+    assert message.startswith("from_hf: the converted model's logits differ from the source's (GemmaForCausalLM")
+    assert "the residual streams agree at the input of block 0 and part at the input of block 1" in message
+
+
+@pytest.mark.parametrize("options, name", [
+    ({"use_yarn_rope": True, "yarn_factor": 4.0}, "use_yarn_rope=True"),
+    ({"rotary_scaling_factor": 2.0}, "rotary_scaling_factor=2.0"),
+    ({"use_dynamic_ntk_rope": True, "train_seq_length": 4}, "train_seq_length=4 \\(default None\\) and use_dynamic_ntk_rope=True"),
+])
+def test_transformer_lens_rope_scaling_is_refused_by_name(options, name):
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, **options)
+    with pytest.raises(UnsupportedModel, match=rf"^the TransformerLens model sets {name} \(default "):
+        from_transformer_lens(model)
+
+
+def test_transformer_lens_olmoe_q_k_norms_are_refused_by_name():
+    model = hooked(normalization_type="RMS", original_architecture="OlmoeForCausalLM")
+    with pytest.raises(UnsupportedModel, match=r"an original_architecture for which TransformerLens changes its computation"):
+        from_transformer_lens(model)
+
+
+def test_an_unknown_transformer_lens_option_is_refused_by_name():
+    model = hooked(use_logn_attn=False, relative_attention_num_buckets=7)
+    with pytest.raises(UnsupportedModel, match=r"sets relative_attention_num_buckets=7 \(default None\), an option tcircuits does not read"):
+        from_transformer_lens(model)
+
+
+def test_an_attribute_changed_after_the_model_was_built_is_caught_and_named():
+    hf = llama()
+    hf.model.layers[1].self_attn.scaling = 0.1
+    with pytest.raises(SourceMismatch) as info:
+        from_hf(hf)
+    message = str(info.value)
+    assert "part at the input of block 2" not in message  # block 1 is the last: the streams agree at every block input
+    assert "model.layers.1.self_attn.scaling = 0.1 (built as 0.5)" in message
+
+
+def test_a_submodule_replaced_after_the_model_was_built_is_caught_and_named():
+    hf = llama()
+    hf.model.layers[0].mlp.act_fn = torch.nn.ReLU()
+    with pytest.raises(SourceMismatch, match=r"model.layers.0.mlp.act_fn is a ReLU where a fresh model has a SiLU"):
+        from_hf(hf)
+
+
+def test_a_forward_replaced_on_an_instance_is_caught_and_named():
+    hf = llama()
+    block = hf.model.layers[0].mlp
+    original = block.forward
+    block.forward = lambda x: 2 * original(x)
+    with pytest.raises(SourceMismatch, match=r"part at the input of block 1 .*model.layers.0.mlp.forward was replaced"):
+        from_hf(hf)
+
+
+def test_a_transformer_lens_model_patched_after_it_was_built_is_caught_and_named():
+    model = hooked()
+    model.blocks[1].ln2.eps = 0.5  # TransformerLens reads the attribute; the adapter reads the config
+    with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: .*blocks.1.ln2.eps = 0.5 \(built as 1e-05\)"):
+        from_transformer_lens(model)
+
+
+def test_weights_that_cannot_run_are_refused_before_anything_is_built():
+    hf = llama()
+    with torch.no_grad():
+        hf.model.layers[0].mlp.up_proj.weight[0, 0] = math.nan
+    with pytest.raises(WeightError, match=r"^the Llama model: model.layers.0.mlp.up_proj.weight holds NaN or infinite values$"):
+        from_hf(hf)
+    with pytest.raises(UnsupportedModel, match=r"holds model.embed_tokens.weight in float8_e4m3fn"):
+        from_hf(llama().to(torch.float8_e4m3fn))
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
+    with pytest.raises(WeightError, match=r"is on the meta device \(model.embed_tokens.weight holds no values\)"):
+        from_hf(meta)
+
+
+def test_options_are_read_by_allow_list():
+    with pytest.raises(UnsupportedModel, match=r"^the toy sets depth=3 \(default not set\)"):
+        options_module.check_options({"depth": 3}, {}, set(), "the toy")
+    options_module.check_options({"depth": 3, "eps": 1.0}, {"eps": 1.0}, {"depth"}, "the toy")  # understood, default
+
+
+# --- the property: equal to the source, or refused by name ----------------------------------------
+
+LLAMA_OPTIONS = st.fixed_dictionaries({}, optional={
+    "num_key_value_heads": st.sampled_from([1, 2, 4]),
+    "attention_bias": st.booleans(),
+    "mlp_bias": st.booleans(),
+    "rms_norm_eps": st.sampled_from([1e-6, 1e-3]),
+    "tie_word_embeddings": st.booleans(),
+    "attention_dropout": st.sampled_from([0.0, 0.3]),
+    "rope_parameters": st.sampled_from([
+        {"rope_type": "default", "rope_theta": 100.0},
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+        {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    ]),
+    "hidden_act": st.sampled_from(["silu", "gelu", "relu", "tanh"]),
+    "pretraining_tp": st.sampled_from([1, 2]),
+    "some_new_option": st.sampled_from([None, 3]),
+})
+
+TL_OPTIONS = st.fixed_dictionaries({}, optional={
+    "normalization_type": st.sampled_from(["LN", "LNPre", "RMS", "RMSPre", None]),
+    "positional_embedding_type": st.sampled_from(["standard", "shortformer", "rotary", "alibi"]),
+    "attn_only": st.booleans(),
+    "gated_mlp": st.booleans(),
+    "act_fn": st.sampled_from(["gelu", "gelu_new", "relu", "silu", "solu_ln"]),
+    "parallel_attn_mlp": st.booleans(),
+    "use_local_attn": st.booleans(),
+    "use_qk_norm": st.booleans(),
+    "rotary_scaling_factor": st.sampled_from([1.0, 2.0]),
+    "use_hook_tokens": st.booleans(),
+    "use_split_qkv_input": st.booleans(),
+})
+
+
+def _equal_or_refused_by_name(convert):
+    """The conversion computes the source's logits (within the measured tolerance), or it is
+    refused with one of our errors, in one line that says what the model uses."""
+    try:
+        model = convert()
+    except (UnsupportedModel, WeightError) as error:
+        message = str(error)
+        assert message and "\n" not in message and "Traceback" not in message, message
+        return
+    check = model.source_check
+    assert check.rel_diff <= check.tolerance, check
+
+
+@FAST
+@given(LLAMA_OPTIONS, st.integers(0, 10_000))
+def test_hugging_face_conversions_equal_their_source_or_are_refused_by_name(options, seed):
+    torch.set_num_threads(1)
+    options = {k: v for k, v in options.items() if v is not None}
+    _equal_or_refused_by_name(lambda: from_hf(llama(seed, **options)))
+
+
+@FAST
+@given(TL_OPTIONS, st.integers(0, 10_000))
+def test_transformer_lens_conversions_equal_their_source_or_are_refused_by_name(options, seed):
+    torch.set_num_threads(1)
+    if options.get("positional_embedding_type") == "rotary":
+        options["rotary_dim"] = 4
+    if options.get("attn_only"):
+        options["d_mlp"] = None
+    try:
+        model = hooked(seed, **options)
+    except Exception:  # noqa: BLE001 - TransformerLens itself refuses the combination
+        return
+    _equal_or_refused_by_name(lambda: from_transformer_lens(model))
+
+
+def test_a_source_that_cannot_run_is_refused_with_what_it_raised():
+    model = hooked(attn_only=True, parallel_attn_mlp=True, d_mlp=None)  # TransformerLens builds it, then cannot run it
+    with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: the source \(HookedTransformer \(TransformerLens, "
+                                             r"float64\)\) fails to run on 2 x 12 probe tokens \(AttributeError: "):
+        from_transformer_lens(model)
+
+
+def test_check_false_is_said_in_every_report():
+    model = from_hf(llama(), check=False)
+    assert model.source_check.describe() == ("converted from LlamaForCausalLM (Hugging Face); "
+                                             "not checked against the source (check=False)")
+    assert "not checked against the source" in verify_logits(model, torch.tensor([[1, 2]]), max_order=0).to_text()
