@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.errors": (
         "AnalysisError", "CheckpointError", "ConfigError", "DeviceError", "ExpansionMismatch", "FactoredError",
-        "FactoredShapeError", "HookError", "ModelInputError", "NumericCheckError", "SourceMismatch", "UnsupportedModel", "VerifyError",
+        "FactoredShapeError", "HookError", "ModelInputError", "ModelLoadError", "NumericCheckError", "SourceMismatch", "UnsupportedModel", "VerifyError",
         "WeightError",
     ),
     "numeric_check.model.circuit_model": ("CircuitModel",),

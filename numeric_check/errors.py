@@ -38,6 +38,11 @@ class SourceMismatch(UnsupportedModel):
     that the conversion does not read."""
 
 
+class ModelLoadError(NumericCheckError, ValueError):
+    """A model or tokenizer that ``--hf`` / ``--tl`` cannot load (not found, not a causal LM, no
+    tokenizer for a prompt); the message names it and what the loading library said."""
+
+
 class CheckpointError(NumericCheckError, ValueError):
     """A checkpoint that is missing, corrupt, truncated or incompatible; the message names the path."""
 

@@ -239,3 +239,46 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = exit_.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+#: the sentences a test tokenizer learns from (a few hundred byte-level BPE tokens)
+TOKENIZER_TEXT = (
+    "The cat sat on the mat. The dog sat on the log.",
+    "When Mary and John went to the store, John gave a drink to Mary.",
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "A B C D A B C D: induction heads copy what followed the last time.",
+)
+
+
+def saved_hf_model(folder, family: str = "gpt2", seed: int = 0, n_ctx: int = 32):
+    """A user's model as they keep it: a small Hugging Face causal LM (every parameter perturbed
+    off its default) and a byte-level BPE tokenizer trained offline, saved with
+    ``save_pretrained`` into ``folder``, which is returned."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TOKENIZER_TEXT, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    vocab = len(tokenizer)
+    torch.manual_seed(seed)
+    if family == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=16, n_head=4, n_positions=n_ctx, vocab_size=vocab, bos_token_id=0, eos_token_id=0))
+    elif family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=24, max_position_embeddings=n_ctx, bos_token_id=0, eos_token_id=0, pad_token_id=None))
+    else:
+        raise ValueError(f"saved_hf_model builds gpt2 or llama, not {family!r}")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.ndim == 1 else 0.5) + (1.0 if p.ndim == 1 else 0.0))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

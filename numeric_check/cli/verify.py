@@ -13,6 +13,18 @@ import sys
 from typing import TYPE_CHECKING
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
+from tensoralg.escape import terminal_safe
+
+from numeric_check.cli.source import (
+    add_model_arguments,
+    add_text_arguments,
+    check_model_flags,
+    convert,
+    load_user_model,
+    text_tokens,
+    token_line,
+    wants_user_model,
+)
 from numeric_check.reports.flags import MAX_SEED, finite_float, int_in
 from numeric_check.errors import VerifyCLIError
 
@@ -48,15 +60,22 @@ With --qk LAYER HEAD the same checks run on that head's pre-softmax attention sc
 (3-slot terms P ⊗ Q ⊗ M acting as S = P X_q M X_kᵀ Qᵀ: direct, Q-, K- and
 QK-composition), compared on the causal lower triangle.
 
-The model is a random one (--layers, --heads, ...; seeded) or a checkpoint saved by
-tcircuits (--checkpoint). Tokens are random (--batch, --seq-len, --token-seed) or given
-(--tokens "1,2,3", sequences separated by ";"). Prints a table of every term (its order,
+The model is the one you study — a Hugging Face causal LM (--hf NAME_OR_DIR: a folder
+saved with save_pretrained, or a name from_pretrained resolves) or a TransformerLens model
+(--tl NAME) — converted to the paper's convention and checked against it first (its logits
+on probe tokens and on your tokens must equal the source's; the report says by how much),
+or a random one (--layers, --heads, ...; seeded), or a checkpoint saved by tcircuits
+(--checkpoint). Tokens are your prompt (--text "..." or --text-file F, tokenized by the
+model's own tokenizer), ids (--tokens "1,2,3", sequences separated by ";"), or random
+(--batch, --seq-len, --token-seed). Prints a table of every term (its order,
 the Frobenius norm of its contribution, its error against isolation) or --json; exits 0
 when every check passes and 1 when one fails.
 """
 
 EPILOG = """\
 examples:
+  tcircuits verify --hf ./my-gpt2 --text "The cat sat on the mat" --max-order 1
+  tcircuits verify --hf EleutherAI/pythia-70m --text "When Mary and John" --qk 1 3 --max-order 1
   tcircuits verify --layers 2 --heads 4 --positional standard --layer-norm
   tcircuits verify --layers 3 --heads 8 --max-order 1 --json
   tcircuits verify --layers 2 --heads 2 --qk 1 0 --tokens "5,1,2,5,1"
@@ -80,7 +99,8 @@ def register(subparsers) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    model = p.add_argument_group("model (a random one, or --checkpoint)")
+    model = p.add_argument_group("model (yours with --hf or --tl, a --checkpoint, or a random one)")
+    add_model_arguments(model)
     model.add_argument("--checkpoint", metavar="PATH", help="a tcircuits checkpoint (.safetensors, or a .pt saved with weights only)")
     model.add_argument("--layers", type=int_in(0, MAX_LAYERS), help=f"number of layers (default {_RANDOM_DEFAULTS['layers']})")
     model.add_argument("--heads", help="heads per layer: one int, or one per layer as '2,4' (default 4)")
@@ -93,6 +113,7 @@ def register(subparsers) -> None:
     model.add_argument("--mlp", action="store_true", default=None, help="an MLP after each attention layer (an opaque source)")
     model.add_argument("--seed", type=int_in(0, MAX_SEED), help="seed of the random weights (default 0)")
     tokens = p.add_argument_group("tokens")
+    add_text_arguments(tokens)
     tokens.add_argument("--tokens", help='token ids, "1,2,3"; several sequences of equal length as "1,2;3,4"')
     tokens.add_argument("--batch", type=int_in(1, 4096), default=2, help="random sequences (default 2)")
     tokens.add_argument("--seq-len", type=int_in(1), help="positions per random sequence (default: min(8, n_ctx))")
@@ -101,7 +122,8 @@ def register(subparsers) -> None:
     check.add_argument("--max-order", type=int_in(0), help="keep paths through at most this many heads (check 3 covers the rest)")
     check.add_argument("--qk", nargs=2, type=int_in(0), metavar=("LAYER", "HEAD"), help="verify this head's attention scores instead of the logits")
     check.add_argument("--no-isolation", action="store_true", help="skip check 2 (a forward pass per chunk of terms; slow on large vocabularies)")
-    check.add_argument("--dtype", default="float64", choices=DTYPES, help="dtype of the verification (default float64)")
+    check.add_argument("--dtype", default="float64", choices=DTYPES,
+                       help="dtype of the verification, and of the --hf/--tl model as loaded (default float64)")
     check.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
@@ -116,9 +138,8 @@ def run(args: argparse.Namespace) -> int:
     """Build the model and tokens, verify, print the report; 0 if every check passed, else 1."""
     from numeric_check.verification.verify import verify_logits, verify_qk
 
-    model = build_model(args)
+    model, tokens, tokenizer = model_and_tokens(args)
     check_residual_width(model.cfg.d_model)
-    tokens = build_tokens(args, model)
     dtype = args.dtype
     rtol = args.rtol if args.rtol is not None else default_rtol(dtype)
     common = dict(max_order=args.max_order, dtype=dtype, device=args.device, atol=args.atol, rtol=rtol,
@@ -129,8 +150,28 @@ def run(args: argparse.Namespace) -> int:
         else:
             layer, head = args.qk
             report = verify_qk(model, tokens, layer, head, progress=progress, **common)
-    print(report.to_json() if args.json else report.to_text(args.max_rows))
+    if tokenizer is not None:
+        report.tokens = [token_line(tokenizer, row) for row in tokens.tolist()]
+    print(report.to_json() if args.json else terminal_safe(report.to_text(args.max_rows)))
     return 0 if report.passed else 1
+
+
+def model_and_tokens(args: argparse.Namespace):
+    """``(model, tokens, tokenizer)``: the --hf/--tl model converted and checked against its source
+    on probe tokens and on the tokens studied, or a checkpoint or random model (no tokenizer)."""
+    given = [name for name in _RANDOM_DEFAULTS if getattr(args, name, None) is not None]
+    check_model_flags(args, ["--" + name.replace("_", "-") for name in given])
+    if not wants_user_model(args):
+        model = build_model(args)
+        return model, build_tokens(args, model), None
+    user = load_user_model(args, args.dtype, args.device)
+
+    def tokens_for(model):
+        text = text_tokens(args, user, model.cfg.n_ctx, model.cfg.d_vocab)
+        return text if text is not None else build_tokens(args, model)
+
+    model, tokens = convert(user, args.dtype, args.device, tokens_for)
+    return model, tokens, user.tokenizer
 
 
 def default_rtol(dtype) -> float:

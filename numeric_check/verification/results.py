@@ -77,6 +77,7 @@ class VerifyReport:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     source: str | None = None  # the model it was converted from and the measured difference (None: not converted)
+    tokens: list[str] = field(default_factory=list)  # each sequence's ids with their strings, when a tokenizer gave them
 
     def check(self, name: str) -> CheckResult:
         """The check called ``name`` (``sum``, ``isolation`` or ``truncation``)."""
@@ -97,6 +98,7 @@ class VerifyReport:
         lines = [
             f"verify {self.target} of {self.model}",
             *([self.source] if self.source else []),
+            *(f"tokens: {line}" for line in self.tokens),
             f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, {self.dtype} on {self.device}",
         ]
         for c in self.checks:
@@ -150,6 +152,7 @@ class VerifyReport:
         lines = [f"**verify {md_text(self.target)}** of {md_text(self.model)}: "
                  + ("**PASSED**" if self.passed else "**FAILED**"), "",
                  *([md_text(self.source), ""] if self.source else []),
+                 *(item for line in self.tokens for item in (md_text(f"tokens: {line}"), "")),
                  md_text(f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, "
                          f"{self.dtype} on {self.device}"), ""]
         checks = []
