@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tensoralg.escape import terminal_safe
 
+from numeric_check.cli.source import add_model_arguments, check_model_flags, wants_user_model
 from numeric_check.reports.flags import check_batch, finite_float, int_in, seed, threads
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import writable_dir, writable_file, write_atomic
@@ -213,6 +214,7 @@ examples:
   tcircuits train-toy --layers 2 --out m2.safetensors
   tcircuits train-toy --layers 1 --out m1.safetensors
   tcircuits analyze m2.safetensors --control m1.safetensors --out report/
+  tcircuits analyze --hf ./my-model --out report/
 """
 
 
@@ -221,7 +223,13 @@ def register_analyze(subparsers) -> None:
     p = _add_command(subparsers, "analyze", "analyse a model's circuits (copying, composition, induction heads, term importance) into a report",
                      ANALYZE_DESCRIPTION, ANALYZE_EPILOG)
     p.add_argument("checkpoint", nargs="?", type=Path, metavar="CHECKPOINT",
-                   help="a .safetensors checkpoint (default: the shipped 2-layer model)")
+                   help="a .safetensors checkpoint (default: the shipped 2-layer model, or --hf / --tl)")
+    yours = p.add_argument_group("your model (instead of CHECKPOINT), converted and checked against it first")
+    add_model_arguments(yours)
+    yours.add_argument("--dtype", default="float32", choices=["float64", "float32"],
+                       help="dtype of the --hf/--tl model as loaded and analysed (default float32)")
+    yours.add_argument("--device", help="with --hf/--tl: cpu or cuda (default: cuda when available)")
+    p.set_defaults(text=None, text_file=None)
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
     p.add_argument("--vocab", type=Path, metavar="FILE",
@@ -252,6 +260,25 @@ def _read_vocab(path: Path) -> list[str]:
     return vocab
 
 
+def _user_model(args):
+    """The --hf / --tl model, converted and checked against its source: ``(model, name, tokenizer)``."""
+    from numeric_check.cli.source import convert, load_user_model
+
+    user = load_user_model(args, args.dtype, args.device)
+    model, _ = convert(user, args.dtype, args.device, lambda model: None)
+    return model, user.name, user.tokenizer
+
+
+def _tokenizer_vocab(tokenizer, d_vocab: int) -> list[str] | None:
+    """Each id's string as the tokenizer decodes it (``<id>`` past the tokenizer's vocabulary), or None."""
+    from numeric_check.cli.source import token_strings
+
+    if tokenizer is None:
+        return None
+    known = min(len(tokenizer), d_vocab)
+    return token_strings(tokenizer, list(range(known))) + [f"<{i}>" for i in range(known, d_vocab)]
+
+
 def _load_model(path: Path):
     from numeric_check.model.checkpoint import load_checkpoint
     from numeric_check.training.toy import training_record_for
@@ -271,13 +298,19 @@ def _run_analyze(args) -> int:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     check_formats(formats)
     checkpoint, control_path = args.checkpoint, args.control
-    if checkpoint is None:
+    check_model_flags(args, [])
+    if checkpoint is None and not wants_user_model(args):
         checkpoint = shipped_checkpoint(2)
         control_path = control_path or shipped_checkpoint(1)
     vocab = _read_vocab(args.vocab) if args.vocab else None
     out = report_folder(args.out)
     torch.set_num_threads(args.threads)
-    model, record = _load_model(checkpoint)
+    if wants_user_model(args):
+        model, name, tokenizer = _user_model(args)
+        record, vocab, control_path = None, vocab or _tokenizer_vocab(tokenizer, model.cfg.d_vocab), args.control
+    else:
+        model, record = _load_model(checkpoint)
+        name = checkpoint.stem
     control_model = control_record = None
     if control_path is not None:
         control_model, control_record = _load_model(control_path)
@@ -290,12 +323,14 @@ def _run_analyze(args) -> int:
             data = data_config_for(m, r)
             check_batch("--sequences", args.sequences, data.n_ctx, m.cfg.d_vocab)
     settings = {"n_sequences": args.sequences, "seed": args.seed}
-    analysis = analyze_model(model, name=checkpoint.stem, training=record, vocab=vocab, **settings)
+    analysis = analyze_model(model, name=name, training=record, vocab=vocab, **settings)
     control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
     written = write_report(analysis, out, control=control, formats=formats)
     written.append(write_html(analysis, out, control))
     rows = findings(analysis, control)
-    lines = [f"analysed {checkpoint} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
+    lines = [f"analysed {checkpoint or name} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
+    if model.source_check is not None:
+        lines.append(f"  {model.source_check.describe()}")
     lines += [f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}" for f in rows]
     verdict = f"{sum(f.holds for f in rows)}/{len(rows)} findings hold" if rows else "no findings apply to a 0-layer model"
     lines.append(f"{verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")

@@ -100,3 +100,15 @@ def test_verify_on_a_transformer_lens_model_by_name(capsys, monkeypatch, gpt2_di
     lines = out.splitlines()
     assert lines[1].startswith("converted from HookedTransformer (TransformerLens, float64): logits equal to the source within ")
     assert lines[2].startswith("tokens: 0 '<|endoftext|>' · 260 'The'")
+
+
+def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
+    code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
+                             "--sequences", "4", "--formats", "svg")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"analysed {gpt2_dir.name} (Hugging Face) (2 layers x 4 heads, standard positions, layer norm")
+    assert lines[1].startswith("  converted from GPT2LMHeadModel (Hugging Face, float32): logits equal to the source within ")
+    assert (tmp_path / "report" / "index.html").is_file()
+    code, out, err = run_cli(capsys, "analyze", "m.safetensors", "--hf", str(gpt2_dir), "--out", str(tmp_path / "r2"))
+    assert code == 2 and "give one model: --hf and --checkpoint both name one" in err
