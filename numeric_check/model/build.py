@@ -125,11 +125,46 @@ def fold_positions(src: SourceWeights) -> Tensor | None:
     return src.W_pos / gains[0]
 
 
+def check_shapes(src: SourceWeights) -> None:
+    """Every tensor of ``src`` has the shape its sizes say (``d_vocab``, ``d_model`` from ``W_E``;
+    ``d_head``, ``n_ctx``, ``d_mlp`` from the config), or a :class:`WeightError` names the first
+    that does not — a config edited after the model was built describes other weights."""
+    d_vocab, d_model = src.W_E.shape if src.W_E.ndim == 2 else (None, None)
+    if d_vocab is None:
+        raise WeightError(f"the token embedding has shape {tuple(src.W_E.shape)}; expected [d_vocab, d_model]")
+    expected: list[tuple[str, Tensor | None, tuple[int, ...]]] = [
+        ("W_U", src.W_U, (d_model, d_vocab)), ("b_U", src.b_U, (d_vocab,)), ("W_pos", src.W_pos, (src.n_ctx, d_model))]
+    if src.ln_final is not None:
+        expected += [("ln_final.w", src.ln_final[0], (d_model,)), ("ln_final.b", src.ln_final[1], (d_model,))]
+    for i, layer in enumerate(src.layers):
+        h, g, e = layer.W_Q.shape[0], layer.W_K.shape[0], src.d_head
+        if g == 0 or h % g:
+            raise WeightError(f"layer {i} has {h} query heads and {g} key/value heads; expected a divisor of {h}")
+        p = f"layer {i} "
+        expected += [(p + "W_Q", layer.W_Q, (h, d_model, e)), (p + "W_K", layer.W_K, (g, d_model, e)),
+                     (p + "W_V", layer.W_V, (g, d_model, e)), (p + "W_O", layer.W_O, (h, e, d_model)),
+                     (p + "b_Q", layer.b_Q, (h, e)), (p + "b_K", layer.b_K, (g, e)), (p + "b_V", layer.b_V, (g, e)),
+                     (p + "b_O", layer.b_O, (d_model,))]
+        for name, norm in (("ln1", layer.ln1), ("ln2", layer.ln2)):
+            if norm is not None:
+                expected += [(p + name + ".w", norm[0], (d_model,)), (p + name + ".b", norm[1], (d_model,))]
+        if layer.mlp is not None:
+            m = src.d_mlp
+            shapes = {"W_in": (d_model, m), "b_in": (m,), "W_gate": (d_model, m), "b_gate": (m,),
+                      "W_out": (m, d_model), "b_out": (d_model,)}
+            expected += [(p + "mlp." + k, v, shapes[k]) for k, v in layer.mlp.items()]
+    for what, tensor, shape in expected:
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise WeightError(f"{what} has shape {tuple(tensor.shape)} but the config says {shape}; the config's sizes "
+                              "disagree with the weights (was it edited after the model was built?)")
+
+
 def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, biases: bool | None = None) -> CircuitModel:
     """The :class:`CircuitModel` of ``src``, folded into the paper's convention (see the module's docstring),
     in ``dtype`` on ``device`` (folding is done in float64 on the CPU). ``biases``: ``None`` keeps biases only
     when some folded bias is non-zero; ``True`` always keeps them; ``False`` requires them all to be zero."""
     dtype = resolve_dtype(dtype)
+    check_shapes(src)
     centred = centre if src.layer_norm else (lambda t, axis: t)
     W_pos = fold_positions(src)
     if src.positional == "standard":

@@ -275,3 +275,29 @@ def test_check_false_is_said_in_every_report():
     assert model.source_check.describe() == ("converted from LlamaForCausalLM (Hugging Face); "
                                              "not checked against the source (check=False)")
     assert "not checked against the source" in verify_logits(model, torch.tensor([[1, 2]]), max_order=0).to_text()
+
+
+SIZE_KEYS = {
+    "gpt2": ("n_embd", "n_head", "n_layer", "n_inner", "vocab_size", "n_positions"),
+    "llama": ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+              "num_hidden_layers", "vocab_size", "max_position_embeddings"),
+}
+
+
+@pytest.mark.parametrize("family, key", [(f, k) for f, keys in SIZE_KEYS.items() for k in keys])
+@pytest.mark.parametrize("factor", [2, 0.5])
+def test_a_config_edited_after_construction_is_refused_in_one_line(family, key, factor):
+    """The config no longer describes the weights: a WeightError or the source check, never a RuntimeError."""
+    torch.set_num_threads(1)
+    if family == "gpt2":
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=16, n_head=4, n_positions=8,
+                                                                  vocab_size=13, n_inner=24))
+    else:
+        hf = llama()
+    setattr(hf.config, key, max(1, int(getattr(hf.config, key) * factor)))
+    try:
+        model = from_hf(hf.eval())
+    except (WeightError, UnsupportedModel) as error:
+        assert "\n" not in str(error)
+        return
+    assert model.source_check.rel_diff <= model.source_check.tolerance  # a size the weights do not depend on

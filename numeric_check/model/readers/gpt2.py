@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import Family, act
+from numeric_check.model.readers.common import Family, act, shape
 
 
 def read_gpt2(model: Any) -> SourceWeights:
@@ -22,12 +22,13 @@ def read_gpt2(model: Any) -> SourceWeights:
     d_head = d_model // n_heads
     split = lambda w: w.reshape(d_model, n_heads, d_head).permute(1, 0, 2)  # [d_model, h*e] -> [h, d_model, e]
     layers = []
-    for block in model.transformer.h:
-        W_q, W_k, W_v = f64(block.attn.c_attn.weight).split(d_model, dim=1)  # Conv1D: x @ W + b
-        b_q, b_k, b_v = f64(block.attn.c_attn.bias).split(d_model)
+    for i, block in enumerate(model.transformer.h):
+        where = f"h.{i}.attn."
+        W_q, W_k, W_v = shape(f64(block.attn.c_attn.weight), (d_model, 3 * d_model), where + "c_attn.weight", source).split(d_model, dim=1)  # Conv1D: x @ W + b
+        b_q, b_k, b_v = shape(f64(block.attn.c_attn.bias), (3 * d_model,), where + "c_attn.bias", source).split(d_model)
         layers.append(LayerWeights(
             W_Q=split(W_q), W_K=split(W_k), W_V=split(W_v),
-            W_O=f64(block.attn.c_proj.weight).reshape(n_heads, d_head, d_model),
+            W_O=shape(f64(block.attn.c_proj.weight), (d_model, d_model), where + "c_proj.weight", source).reshape(n_heads, d_head, d_model),
             b_Q=b_q.reshape(n_heads, d_head), b_K=b_k.reshape(n_heads, d_head), b_V=b_v.reshape(n_heads, d_head),
             b_O=f64(block.attn.c_proj.bias),
             ln1=(f64(block.ln_1.weight), f64(block.ln_1.bias)),
