@@ -97,6 +97,14 @@ def test_the_tolerance_follows_the_lowest_precision():
     assert 1e-7 < model.source_check.tolerance < 1e-3
 
 
+def test_a_model_too_large_to_copy_is_held_to_a_fixed_tolerance(monkeypatch):
+    from numeric_check.model import source_check
+
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
+    assert from_hf(llama(), dtype=torch.float32).source_check.tolerance == 1e-3
+    assert from_hf(llama()).source_check.tolerance < 1e-3  # float64: measured against itself, no copy in float64
+
+
 # --- the kinds of wrong conversion: each refused, by name or by the check --------------------------
 
 
