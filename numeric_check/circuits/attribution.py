@@ -220,6 +220,8 @@ def attribute(
         raise AttributionError(f"max_order must be 0, 1, 2 or None (every order), got {max_order!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise AttributionError(f"top must be an int >= 0 (the terms checked by isolation), got {top!r}")
+    if max_order is not None:
+        max_order = min(max_order, model.arch.n_layers)  # no path is deeper than the model
     goal = resolve_target(target, logit_diff, model.cfg.d_vocab, tokenizer)
     rtol = default_rtol(dtype) if rtol is None else rtol
     atol = 0.0 if atol is None else atol

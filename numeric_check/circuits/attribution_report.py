@@ -127,17 +127,19 @@ class Attribution:
         return out
 
     # -- text -----------------------------------------------------------------------------------
-    def _at(self) -> str:
+    def _at(self, fmt: str = "none") -> str:
         token = token_name(self.tokens[self.position], None if self.token_texts is None else self.token_texts[self.position])
-        return f"position {self.position} (token {token})"
+        return f"position {self.position} (token {_esc(token, fmt)})"
 
-    def summary_lines(self) -> list[str]:
+    def summary_lines(self, fmt: str = "none") -> list[str]:
+        """The verdicts in a few lines; user strings (token texts, the model) escaped for ``fmt``
+        (``text``, ``markdown``, ``html``; ``none``: as they are)."""
         order = "every order" if self.max_order is None else f"up to order {self.max_order}"
         rest = f", {self.n_omitted:,} omitted" if self.n_omitted else ""
         iso = self.terms[: self.n_checked]
         lines = [
-            f"attribution of {self.target.label} at {self._at()}",
-            f"model: {self.model}; {self.dtype} on {self.device}",
+            f"attribution of {_esc(self.target.label, fmt)} at {self._at(fmt)}",
+            f"model: {_esc(self.model, fmt)}; {self.dtype} on {self.device}",
             f"the model's value: {self.value:+.6g}; {len(self.terms):,} terms {order}{rest}",
             f"  sum of terms + remainder = model: |error| {self.sum_error:.3g} (tolerance {self.tolerance:.3g}) "
             + ("PASS" if self.sum_passed else "FAIL"),
@@ -146,7 +148,7 @@ class Attribution:
             ok = all(t.passed for t in iso)
             lines.append(f"  top {len(iso):,} terms = their paths isolated in the model: max |error| "
                          f"{self.isolation_error:.3g} " + ("PASS" if ok else "FAIL"))
-        return lines + [f"  note: {n}" for n in self.notes]
+        return lines + [f"  note: {_esc(n, fmt)}" for n in self.notes]
 
     def rows(self, limit: int | None = None) -> list[list[str]]:
         """``[rank, term, order, contribution, isolated error, ok]`` for the first ``limit`` terms (all)."""
@@ -174,7 +176,7 @@ class Attribution:
         if top is not None and len(self.terms) > top:
             table.append(f"… {len(self.terms) - top:,} more terms")
         table += [f"{'':>{widths[0]}}  {r[1]}: {r[3]}" for r in extra]
-        lines = [escape_text(line, "text") for line in self.summary_lines()]
+        lines = self.summary_lines("text")
         return "\n".join(lines + [""] + table + ["", "PASSED" if self.passed else "FAILED"])
 
     def __str__(self) -> str:
@@ -187,8 +189,9 @@ class Attribution:
             rows.append(["", md_text(f"… {len(self.terms) - top:,} more terms"), "", "", "", ""])
         if self.n_omitted:
             rows.append([md_text(c) for c in self._remainder_row()])
-        lines = [f"**{md_text(self.summary_lines()[0])}**: " + ("**PASSED**" if self.passed else "**FAILED**"), ""]
-        lines += [f"- {md_text(line.strip())}" for line in self.summary_lines()[1:]] + [""]
+        summary = self.summary_lines("markdown")
+        lines = [f"**{summary[0]}**: " + ("**PASSED**" if self.passed else "**FAILED**"), ""]
+        lines += [f"- {line.strip()}" for line in summary[1:]] + [""]
         lines.append(md_table(["rank", "term", "order", "contribution", "isolation error", "ok"], rows, right=[0, 2, 3, 4]))
         return "\n".join(lines)
 
@@ -214,7 +217,7 @@ class Attribution:
         cells = "".join("<tr>" + "".join(f'<td class="num">{h(c)}</td>' if i in (0, 2, 3, 4) else f"<td>{h(c)}</td>"
                                          for i, c in enumerate(r)) + "</tr>" for r in rows)
         head = "".join(f"<th>{c}</th>" for c in ["rank", "term", "order", "contribution", "isolation error", "ok"])
-        summary = "".join(f"<li>{h(line.strip())}</li>" for line in self.summary_lines()[1:])
+        summary = "".join(f"<li>{line.strip()}</li>" for line in self.summary_lines("html")[1:])
         verdict = '<span class="badge">passed</span>' if self.passed else '<span class="badge bad">failed</span>'
         more = f"<p>… {len(self.terms) - top:,} more terms (every term is in the JSON output)</p>" if top is not None and len(self.terms) > top else ""
         return "\n".join([f"<p>{verdict}</p>", f"<ul>{summary}</ul>", bar_chart(self.terms[:CHART_TERMS], self.value),
@@ -222,11 +225,15 @@ class Attribution:
 
     def to_html(self, top: int | None = 50) -> str:
         """A complete page: the chart of the largest terms (inline SVG), the checks and the table."""
-        title = f"Path attribution of {self.target.label} at {self._at()}"
+        title = f"Path attribution of {self.target.label} at {self._at()}"  # page() escapes it
         return page(title, f"<h1>{escape_text(title, 'html')}</h1>\n" + self.html_body(top))
 
     def _repr_html_(self) -> str:
         return self.html_body(REPR_MAX_TERMS)
+
+
+def _esc(text: str, fmt: str) -> str:
+    return text if fmt == "none" else escape_text(text, fmt)
 
 
 def bar_chart(terms: Sequence[AttributionTerm], value: float, width: int = 760, row: int = 20) -> str:
