@@ -54,7 +54,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording, record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.isolate import graded_final, isolate_final_streams
-from numeric_check.verification.verify import default_rtol
+from numeric_check.verification.verify import _cyclic_gc_paused, default_rtol
 from tensoralg.atoms import Word
 
 MAX_ORDERS = (0, 1, 2, None)  # None: every order (small models: the expansion refuses too many terms)
@@ -81,35 +81,46 @@ class _Prefixes:
             self.length.append(len(word))
         return i
 
-    def evaluate(self, root: Tensor, step) -> tuple[dict[int, Tensor], list[tuple[int, int]]]:
-        """Every word's value from its parent's, ``step(atom, parent values [n, w], is_root)``: the values
-        as banks of equal width (``{width: [n, width]}``) and each word's ``(width, row)`` there."""
-        where: list[tuple[int, int] | None] = [None] * len(self.parent)
-        banks: dict[int, list[Tensor]] = {root.shape[-1]: [root[None]]}
-        sizes = {root.shape[-1]: 1}
-        where[0] = (root.shape[-1], 0)
-        levels: dict[int, dict[tuple, list[int]]] = {}
-        for i in range(1, len(self.parent)):
-            levels.setdefault(self.length[i], {}).setdefault((self.last[i], self.parent[i] == 0), []).append(i)
-        done: dict[int, Tensor] = {}
+    def evaluate(self, root: Tensor, step) -> tuple[dict[int, Tensor], Tensor]:
+        """Every word's value from its parent's, ``step(atom, parent values [n, w], from_root)``, one call per
+        level, last atom and parent width: the values as banks of equal width (``{width: [n, width]}``)
+        and each word's row in the bank of its width (``[n_words]``; widths differ only at level 1, where
+        ``b_U`` gives a scalar and ``W_U`` a row of ``d_model``)."""
+        n = len(self.parent)
+        width_of, row_of = [0] * n, [0] * n
+        width_of[0] = root.shape[-1]
+        levels: dict[int, dict[object, list[int]]] = {}
+        for i in range(1, n):
+            levels.setdefault(self.length[i], {}).setdefault(self.last[i], []).append(i)
+        previous = {root.shape[-1]: root[None]}  # the last level's values by width
+        kept: dict[int, list[Tensor]] = {root.shape[-1]: [root[None]]}
+        offset = {root.shape[-1]: 1}
         for length in sorted(levels):
-            for (atom, from_root), group in levels[length].items():
+            here: dict[int, list[Tensor]] = {}
+            counts: dict[int, int] = {}
+            for atom, group in levels[length].items():
                 by_width: dict[int, list[int]] = {}
                 for i in group:
-                    by_width.setdefault(where[self.parent[i]][0], []).append(i)
+                    by_width.setdefault(width_of[self.parent[i]], []).append(i)
                 for width, members in by_width.items():
-                    bank = done.get(width)
-                    if bank is None or bank.shape[0] < sizes[width]:
-                        bank = done[width] = torch.cat(banks[width])
-                        banks[width] = [bank]
-                    value = step(atom, bank[[where[self.parent[i]][1] for i in members]], from_root)
+                    parents = previous[width][[row_of[self.parent[i]] for i in members]]
+                    value = step(atom, parents, length == 1)
                     out = value.shape[-1]
-                    banks.setdefault(out, []).append(value)
-                    start = sizes.get(out, 0)
-                    sizes[out] = start + len(members)
+                    start = counts.get(out, 0)
+                    here.setdefault(out, []).append(value)
+                    counts[out] = start + len(members)
                     for k, i in enumerate(members):
-                        where[i] = (out, start + k)
-        return {w: torch.cat(b) for w, b in banks.items()}, where
+                        width_of[i], row_of[i] = out, start + k
+            previous = {w: torch.cat(values) for w, values in here.items()}
+            for w, values in previous.items():  # rows numbered within the level so far: make them global
+                kept.setdefault(w, []).append(values)
+            for i in (i for group in levels[length].values() for i in group):
+                row_of[i] += offset.get(width_of[i], 0)
+            for w, values in previous.items():
+                offset[w] = offset.get(w, 0) + values.shape[0]
+            previous = {w: torch.cat(kept[w]) for w in previous}  # parents index globally from here on
+        banks = {w: torch.cat(values) for w, values in kept.items()}
+        return banks, torch.tensor(row_of)
 
 
 class TargetContraction:
@@ -150,28 +161,46 @@ class TargetContraction:
         (F,) = self.binder.factors(own)
         return x.times_transpose(F)[self.batch]
 
-    def contributions(self, terms: Sequence[tuple[Source, Word, Word]]) -> Tensor:
-        """Each term's entry (``terms``: ``(source, position word, residual word)``, coefficient 1), ``[n]``."""
+    def contributions(self, terms: Sequence[tuple[Path, Word, Word]]) -> Tensor:
+        """Each term's entry (``terms``: ``(path, position word, residual word)``, coefficient 1), ``[n]``.
+
+        A term's row and direction are looked up by its heads first (a path's position word depends only
+        on its heads and whether it has the final scale, its residual word less its source's own atom
+        only on its heads, an MLP's or ``b_U``'s whole word on its input too): hashing pairs of ints
+        instead of words of atoms."""
         rows, dirs = _Prefixes(), _Prefixes()
+        row_by_heads: dict = {}
+        dir_by_heads: dict = {}
         by_stream: dict[tuple, list[int]] = {}
         sources: dict[tuple, Source] = {}
         r_ids, d_ids = [], []
-        for n, (source, position, residual) in enumerate(terms):
+        for n, (path, position, residual) in enumerate(terms):
+            source, heads = path.source, path.heads
             own = residual[-1] if source.kind in _SOURCE_ATOM and len(residual) > 1 else None
-            r_ids.append(rows.add(position))
-            d_ids.append(dirs.add(residual if own is None else residual[:-1]))
+            r = row_by_heads.get((heads, len(position)))  # (b_U's word has no final scale)
+            if r is None:
+                r = row_by_heads[heads, len(position)] = rows.add(position)
             key = (source.input_key, own)
-            sources.setdefault(key, source)
-            by_stream.setdefault(key, []).append(n)
+            fast = (heads, None if own is not None else key[0])
+            d = dir_by_heads.get(fast)
+            if d is None:
+                d = dir_by_heads[fast] = dirs.add(residual if own is None else residual[:-1])
+            r_ids.append(r)
+            d_ids.append(d)
+            stream = by_stream.get(key)
+            if stream is None:
+                sources[key], stream = source, by_stream.setdefault(key, [])
+            stream.append(n)
         row_banks, row_at = rows.evaluate(self.start, self._row_step)
         (R,) = row_banks.values()
         dir_banks, dir_at = dirs.evaluate(self.start.new_ones(1), self._direction_step)
+        r_rows, d_rows = row_at[r_ids], dir_at[d_ids]
         out = self.start.new_empty(len(terms))
         for key, members in by_stream.items():
             stream = self._source_stream(sources[key], key[1])  # [pos, width]
-            U = dir_banks[stream.shape[-1]][[dir_at[d_ids[n]][1] for n in members]]  # [n, width]
-            picked = R[[row_at[r_ids[n]][1] for n in members]]  # [n, pos]
-            out[members] = ((U @ stream.T) * picked).sum(-1)
+            members = torch.tensor(members)
+            U = dir_banks[stream.shape[-1]][d_rows[members]]  # [n, width]
+            out[members.to(out.device)] = ((U @ stream.T) * R[r_rows[members]]).sum(-1)
         return out
 
     def of_stream(self, x: Tensor, bias: float) -> float:
@@ -231,7 +260,7 @@ def attribute(
     rec = record(work, _one_sequence(tokens))
     position = _position(position, rec.n_pos)
     timings["forward"] = time.perf_counter() - start
-    with torch.no_grad():
+    with torch.no_grad(), _cyclic_gc_paused():  # (tens of thousands of small objects that live to the end)
         return _attribute(work, rec, goal, position, max_order, top, tokenizer, atol, rtol, limit, timings)
 
 
@@ -244,8 +273,9 @@ def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, 
     timings["expand"] = time.perf_counter() - start
     start = time.perf_counter()
     contraction = TargetContraction(Binder(work, rec), 0, position, goal.ids, goal.weights)
-    values = contraction.contributions([(path.source, P, W) for path, P, W in kept]).tolist() if kept else []
-    order = sorted(range(len(kept)), key=lambda i: -abs(values[i]))
+    entries = contraction.contributions(kept) if kept else torch.zeros(0)
+    values = entries.tolist()
+    order = torch.argsort(entries.abs(), descending=True, stable=True).tolist()  # largest first, ties in term order
     terms = [AttributionTerm(kept[i][0].label, kept[i][0].source.label, kept[i][0].heads, kept[i][0].order, values[i])
              for i in order]
     timings["rank"] = time.perf_counter() - start
