@@ -256,6 +256,6 @@ def bar_chart(terms: Sequence[AttributionTerm], value: float, width: int = 760, 
                      f'<text x="{label_w}" y="{y + row * 0.65:.1f}" text-anchor="end">{h(t.label)}</text>'
                      f'<rect x="{x:.1f}" y="{y + 2}" width="{max(size, 0.5):.1f}" height="{row - 4}" fill="{colour}"/></g>')
     y = pad + len(terms) * row
-    parts.append(f'<text x="{zero:.1f}" y="{y + row * 0.65:.1f}" text-anchor="middle" fill="#444">'
-                 f'0 (bars to scale: the largest is {top:.4g}; the model\'s value {value:+.4g})</text>')
+    parts.append(f'<text x="{label_w + pad}" y="{y + row * 0.65:.1f}" fill="#444">'
+                 f'bars to scale from the line at 0: the largest is {top:.4g}; the model\'s value {value:+.4g}</text>')
     return "".join(parts) + "</svg>"
