@@ -280,7 +280,7 @@ def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, 
              for i in order]
     timings["rank"] = time.perf_counter() - start
     start = time.perf_counter()
-    value = contraction.of_stream(rec.final, 1.0)
+    value = math.fsum(w * float(rec.logits[0, position, i]) for i, w in zip(goal.ids, goal.weights))  # the model's own
     remainder = contraction.of_stream(graded_final(work, rec, max_order), 0.0) if n_omitted else 0.0
     timings["remainder"] = time.perf_counter() - start
     scale = max(abs(value), abs(values[order[0]]) if values else 0.0)  # rounding: at the largest of these

@@ -264,3 +264,31 @@ def test_order_one_equals_transformer_lens_direct_logit_attribution(n_layers):
         worst = max(worst, abs(one.get("remainder", 0.0) - rest))
     print(f"order-1 and full attribution against TransformerLens DLA: max |difference| {worst:.2g}")
     assert worst < 1e-10, worst
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_hugging_face_model_and_tokenizer_made_offline():
+    """A GPT-2 built from its config with a BPE tokenizer trained here on a few sentences: targets given
+    as text resolve through the tokenizer, labels show token strings, and the checks pass."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"])
+    text = ["The capital of France is Paris.", "The capital of Italy is Rome.", "Mary gave John a book <b>."] * 5
+    bpe.train_from_iterator(text, trainer)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=len(tokenizer),
+                                     bos_token_id=0, eos_token_id=0)
+    model = numeric_check.from_hf(transformers.GPT2LMHeadModel(config).eval())
+    prompt = tokenizer.encode("The capital of France is")
+    a = attribute(model, prompt, target=" Paris", tokenizer=tokenizer, max_order=1, top=5)
+    assert a.passed and a.target.ids == tuple(tokenizer.encode(" Paris")) and a.target.texts == [" Paris"]
+    assert a.to_text().startswith(f"attribution of logit[{a.target.ids[0]} ' Paris'] at position {len(prompt) - 1} (token ")
+    d = attribute(model, prompt, logit_diff=(" Paris", " Rome"), tokenizer=tokenizer, max_order=2, top=3)
+    assert d.passed and d.target.label.endswith("' Rome']")
+    with pytest.raises(AttributionError, match="expected exactly one"):
+        attribute(model, prompt, target=" Paris is", tokenizer=tokenizer)
