@@ -13,9 +13,10 @@ One entry of a term ``c · P ⊗ W`` is ``c · e_pᵀ P X Wᵀ d`` (``d``: the t
 ``e_pᵀ P`` over positions and the direction ``dᵀ W`` over the residual stream, each built
 atom by atom from the verification's :class:`~numeric_check.verification.bind.Binder` and
 shared by every term with the same prefix, then one product with the source's input ``X``. No
-``[pos, d_vocab]`` logits are formed and ``W_U`` is read for one or two rows: a GPT-2-small-sized
-model's 51,782 order-2 terms cost well under a second (the verification's own evaluator forms
-every entry of every term: about 4 s there, see ``benchmarks/bench_scale.py``).
+``[pos, d_vocab]`` logits are formed and ``W_U`` is read for one or two rows: ranking a
+GPT-2-small-sized model's 51,782 order-2 terms takes about 1.5 s on one CPU thread in float32, the
+whole attribution with the checks about 3 s, where the verification's own evaluator, which forms
+every entry of every term, takes 17.7 s (``benchmarks/bench_scale.py --attribution --baseline``).
 
 Every figure is checked against the model, not against this contraction:
 

@@ -48,27 +48,50 @@ class Tokenizer:
 # --- the figures --------------------------------------------------------------------------------
 
 
+def evaluator_entries(model: CircuitModel, prompt, position: int, ids, weights) -> tuple[dict[str, float], float]:
+    """Each term's entry ``Σ w · logits[position, id]`` as the verification's own evaluator forms it (every
+    entry of every term), and the model's own value."""
+    work = model.working_copy("float64", "cpu")
+    rec = record(work, torch.tensor([prompt]))
+    terms = list(expand_logits(model.arch))
+    ev = LogitEvaluator(Binder(work, rec), terms)
+    out = {}
+    for v in ev.values():
+        logits = ev.logits(v)[0, position]
+        out[terms[v.index].label] = sum(w * float(logits[i]) for i, w in zip(ids, weights))
+    return out, sum(w * float(rec.logits[0, position, i]) for i, w in zip(ids, weights))
+
+
+def assert_matches_evaluator(model, prompt, position, target=None, diff=None) -> None:
+    a = attribute(model, prompt, target=target, logit_diff=diff, position=position, max_order=None, top=0)
+    ids, weights = ((target,), (1.0,)) if diff is None else (diff, (1.0, -1.0))
+    expected, value = evaluator_entries(model, prompt, position, ids, weights)
+    got = {t.label: t.contribution for t in a.terms}
+    assert got.keys() == expected.keys() and len(got) == len(a.terms)
+    assert max(abs(got[k] - expected[k]) for k in got) < 1e-12
+    assert abs(a.value - value) < 1e-12
+    assert a.remainder == 0 and a.n_omitted == 0 and a.sum_error < 1e-12 and a.passed
+
+
 @pytest.mark.parametrize("target, diff", [(5, None), (None, (4, 9))])
 def test_each_contribution_is_the_evaluators_entry(target, diff):
-    """Each term equals the entry of its logits as the verification's own evaluator forms them (every
-    entry of every term), for a logit and for a logit difference, at a position that is not the last."""
-    model = small_model()
-    a = attribute(model, PROMPT, target=target, logit_diff=diff, position=3, max_order=None, top=0)
-    rec = record(model.working_copy("float64", "cpu"), torch.tensor([PROMPT]))
-    terms = list(expand_logits(model.arch))
-    ev = LogitEvaluator(Binder(rec_model := model.working_copy("float64", "cpu"), record(rec_model, torch.tensor([PROMPT]))), terms)
-    ids, weights = (target,), (1.0,)
-    if diff:
-        ids, weights = diff, (1.0, -1.0)
-    expected = {}
-    for v in ev.values():
-        logits = ev.logits(v)[0, 3]
-        expected[terms[v.index].label] = sum(w * float(logits[i]) for i, w in zip(ids, weights))
-    got = {t.label: t.contribution for t in a.terms}
-    assert got.keys() == expected.keys() and len(got) == len(terms)
-    assert max(abs(got[k] - expected[k]) for k in got) < 1e-12
-    assert abs(a.value - sum(w * float(rec.logits[0, 3, i]) for i, w in zip(ids, weights))) < 1e-12
-    assert a.remainder == 0 and a.n_omitted == 0 and a.sum_error < 1e-12 and a.passed
+    """Each term equals the entry of its logits as the verification's own evaluator forms them, for a
+    logit and for a logit difference, at a position that is not the last."""
+    assert_matches_evaluator(small_model(), PROMPT, 3, target, diff)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("case", range(9))
+def test_each_contribution_on_the_families_from_hf(case):
+    """The same on every family the conversion reads (rotary, grouped-query heads, RMSNorm, parallel blocks,
+    gated MLPs, tied embeddings), every parameter perturbed."""
+    from tests.numeric_check.test_from_hf import CASES, build
+
+    assert len(CASES) == 9, "a family was added to test_from_hf.CASES: widen the range above"
+    family, options = CASES[case]
+    model = numeric_check.from_hf(build(family, seed=2, **options))
+    assert_matches_evaluator(model, [1, 5, 2, 7, 3, 12], 4, diff=(3, 11))
 
 
 def test_path_words_are_the_expansions_terms():
