@@ -246,7 +246,7 @@ def bar_chart(terms: Sequence[AttributionTerm], value: float, width: int = 760, 
     h = lambda s: escape_text(s, "html")  # noqa: E731
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="contributions of the largest terms" font-family="sans-serif" font-size="12">',
-             f'<line x1="{zero:.1f}" y1="0" x2="{zero:.1f}" y2="{height}" stroke="#888"/>']
+             f'<line x1="{zero:.1f}" y1="0" x2="{zero:.1f}" y2="{pad + len(terms) * row}" stroke="#888"/>']
     for k, t in enumerate(terms):
         y = pad + k * row
         size = half * abs(t.contribution) / top
