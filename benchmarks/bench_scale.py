@@ -176,5 +176,82 @@ def main() -> None:
         raise SystemExit(f"verification failed for {failed}: the figures above are not of a correct run")
 
 
+
+# --- path attribution (issue 17): one target, every order-2 term ranked, the top 50 isolated --------------
+
+ATTRIBUTION_TARGET = 464  # one token id of the vocabulary (any: the cost does not depend on which)
+ATTRIBUTION_TOP = 50
+
+
+def bench_attribution(repeats: int, device: str, baseline: bool) -> None:
+    """``numeric_check.attribute`` on the model above (converted in float32, the benchmark's dtype), the
+    same 32-token prompt, one target at the last position, order 2 (51,782 terms ranked), the top 50
+    isolated through the model, float32: wall time (median of ``repeats``), stages, verdict and errors.
+    With ``baseline``, the same contributions taken from the verification's own evaluator (every entry of
+    every term, then the target's column), once, for the ratio and to compare the figures."""
+    from numeric_check import attribute
+
+    model = from_hf(gpt2_small(), dtype=torch.float32)
+    tokens = torch.randint(0, 50257, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    walls, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = attribute(model, tokens, target=ATTRIBUTION_TARGET, max_order=2, top=ATTRIBUTION_TOP,
+                           dtype="float32", device=device)
+        walls.append(time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items())
+    print(f"attribution, order 2, float32, {len(result.terms):,} terms, top {result.n_checked} isolated: "
+          f"median {wall:.2f} s of {repeats} ({', '.join(f'{w:.2f}' for w in walls)}); target <= 5 s")
+    print(f"  stages (last run, s): {stages}")
+    print(f"  passed {result.passed}: |sum + remainder - logit| {result.sum_error:.2e} (tolerance {result.tolerance:.2e}), "
+          f"isolation max |error| {result.isolation_error:.2e}; remainder {result.remainder:+.4g}")
+    if baseline:
+        t0 = time.perf_counter()
+        entries = _evaluator_entries(model, tokens, device)
+        base = time.perf_counter() - t0
+        ours = {t.label: t.contribution for t in result.terms}
+        worst = max(abs(ours[label] - value) for label, value in entries.items())
+        print(f"  baseline: the verification's evaluator (every entry of every term) {base:.2f} s once, "
+              f"{base / wall:.1f}x the attribution; the same contributions within {worst:.2e}")
+    if not result.passed:
+        raise SystemExit("attribution failed its checks: the figures above are not of a correct run")
+
+
+def _evaluator_entries(model, tokens, device) -> dict[str, float]:
+    """Every order-2 term's entry at the target, from LogitEvaluator's values (after the same set-up)."""
+    from derivations.paths import expand_logits
+    from numeric_check.model.hook_paths import record
+    from numeric_check.verification.bind import Binder
+    from numeric_check.verification.evaluate import LogitEvaluator
+
+    work = model.working_copy("float32", device)
+    rec = record(work, tokens)
+    terms = list(expand_logits(work.arch, 2))
+    ev = LogitEvaluator(Binder(work, rec), terms)
+    column = work.W_U[ATTRIBUTION_TARGET]
+    out = {}
+    for v in ev.values():
+        y = ev.apply_left(v.y[:, -1:], v.left[:-1]) * v.coeff  # the last position, before W_U
+        out[terms[v.index].label] = float(y[0, 0] @ column) if v.left[-1][0].name == "W_U" else float(y[0, 0, 0] * work.b_U[ATTRIBUTION_TARGET])
+    return out
+
+
+def attribution_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="path attribution at GPT-2-small size (issue 17)")
+    parser.add_argument("--attribution", action="store_true", help="run this benchmark instead of the verification's")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--baseline", action="store_true", help="also time the verification's evaluator once")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"tokens: 1 x {SEQ}; threads: {args.threads}; device: {args.device}")
+    bench_attribution(args.repeats, args.device, args.baseline)
+
+
 if __name__ == "__main__":
-    main()
+    if "--attribution" in sys.argv[1:]:
+        attribution_main(sys.argv[1:])
+    else:
+        main()

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.errors": (
-        "AnalysisError", "CheckpointError", "ConfigError", "DeviceError", "ExpansionMismatch", "FactoredError",
-        "FactoredShapeError", "HookError", "ModelInputError", "ModelLoadError", "NumericCheckError", "SourceMismatch", "UnsupportedModel", "VerifyError",
+        "AnalysisError", "AttributionError", "CheckpointError", "ConfigError", "DeviceError", "ExpansionMismatch",
+        "FactoredError", "FactoredShapeError", "HookError", "ModelInputError", "ModelLoadError", "NumericCheckError",
+        "SourceMismatch", "UnsupportedModel", "VerifyError",
         "WeightError",
     ),
     "numeric_check.model.circuit_model": ("CircuitModel",),
@@ -44,6 +45,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.training.toy": ("shipped_checkpoint", "train_toy"),
     "numeric_check.training.config": ("TrainConfig",),
     "numeric_check.circuits.importance": ("term_importance",),
+    "numeric_check.circuits.attribution": ("attribute",),
+    "numeric_check.circuits.attribution_report": ("Attribution",),
     "numeric_check.reports.analysis": ("analyze_model", "write_report"),
     "numeric_check.reports.findings": ("findings",),
 }

@@ -70,6 +70,11 @@ class ExpansionMismatch(VerifyError):
     """An expansion built for another architecture (or head) than the model's."""
 
 
+class AttributionError(NumericCheckError, ValueError):
+    """An attribution that cannot be made: a target outside the vocabulary or not one token, a position
+    outside the prompt, an order not offered, several sequences where one prompt is expected."""
+
+
 class AtomBindingError(NumericCheckError, ValueError):
     """An atom or coefficient that cannot be bound to this model: an unknown name, a layer
     or head the model does not have, a frozen value the forward pass did not record."""
