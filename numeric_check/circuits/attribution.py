@@ -262,7 +262,9 @@ def attribute(
     position = _position(position, rec.n_pos)
     timings["forward"] = time.perf_counter() - start
     with torch.no_grad(), _cyclic_gc_paused():  # (tens of thousands of small objects that live to the end)
-        return _attribute(work, rec, goal, position, max_order, top, tokenizer, atol, rtol, limit, timings)
+        result = _attribute(work, rec, goal, position, max_order, top, tokenizer, atol, rtol, limit, timings)
+    result.source = None if model.source_check is None else model.source_check.describe()
+    return result
 
 
 def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, max_order, top: int, tokenizer,

@@ -100,6 +100,7 @@ class Attribution:
     n_checked: int
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    source: str | None = None  # the model it was converted from and the measured difference (None: not converted)
 
     @property
     def sum_passed(self) -> bool:
@@ -140,6 +141,7 @@ class Attribution:
         lines = [
             f"attribution of {_esc(self.target.label, fmt)} at {self._at(fmt)}",
             f"model: {_esc(self.model, fmt)}; {self.dtype} on {self.device}",
+            *([_esc(self.source, fmt)] if self.source else []),
             f"the model's value: {self.value:+.6g}; {len(self.terms):,} terms {order}{rest}",
             f"  sum of terms + remainder = model: |error| {self.sum_error:.3g} (tolerance {self.tolerance:.3g}) "
             + ("PASS" if self.sum_passed else "FAIL"),

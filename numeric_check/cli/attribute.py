@@ -4,9 +4,10 @@ Registered through the entry point ``attribute = numeric_check.cli.attribute:reg
 raises :class:`~tensoralg.errors.TCircuitsError` subclasses, which ``tcircuits`` prints in one line
 (exit 2); exit 0 when the checks pass, 1 when one fails.
 
-The model and the prompt come from :func:`add_source_options` and :func:`load_source`, the one place
-that knows where they come from (today: a tcircuits checkpoint or a random model, and token ids or
-random tokens, as ``tcircuits verify`` reads them).
+The model and the prompt come from :func:`add_source_options` and :func:`load_source` (the shared
+``--hf``/``--tl``/``--text`` options of :mod:`numeric_check.cli.source`, read as ``tcircuits verify``
+reads them): your Hugging Face or TransformerLens model with a text prompt, a tcircuits checkpoint or
+a random model, token ids or random tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import re
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
+from numeric_check.cli.source import add_model_arguments, add_text_arguments
 from numeric_check.errors import AttributionError
 from numeric_check.reports.flags import MAX_SEED, int_in
 
@@ -40,6 +42,8 @@ A token is an id, or text that the model's tokenizer turns into exactly one toke
 
 EPILOG = """\
 examples:
+  tcircuits attribute --hf ./my-gpt2 --text "The capital of France is" --target " Paris"
+  tcircuits attribute --hf ./my-gpt2 --text "When Mary and John went to the store, John gave a drink to" --logit-diff " Mary" " John"
   tcircuits attribute --checkpoint induction_2l.safetensors --tokens "5,1,2,5,1" --target 2
   tcircuits attribute --layers 2 --heads 4 --layer-norm --mlp --seq-len 8 --logit-diff 3 4 --position 5
   tcircuits attribute --checkpoint model.safetensors --tokens "1,2,3" --target 4 --format html -o attribution.html
@@ -62,7 +66,8 @@ def register(subparsers) -> None:
     what.add_argument("--position", type=int, default=-1, help="the prompt position (default -1: the last)")
     what.add_argument("--max-order", type=int, default=2, help="paths through at most 1 or 2 heads (default 2); the rest is one line")
     what.add_argument("--top", type=int_in(0), default=30, help="terms shown and checked by isolation (default 30)")
-    what.add_argument("--dtype", default="float64", choices=DTYPES, help="dtype of the computation (default float64)")
+    what.add_argument("--dtype", default="float64", choices=DTYPES,
+                      help="dtype of the computation, and of the --hf/--tl model as loaded (default float64)")
     what.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     out = p.add_argument_group("output")
     out.add_argument("--format", default="text", choices=FORMATS, help="text (default), json (every term), html (a bar chart), markdown")
@@ -71,10 +76,12 @@ def register(subparsers) -> None:
 
 
 def add_source_options(p: argparse.ArgumentParser) -> None:
-    """The model and prompt options (a tcircuits checkpoint or a random model; token ids or random tokens)."""
+    """The model and prompt options: yours (--hf, --tl) with a --text prompt, a tcircuits checkpoint or a
+    random model; token ids or random tokens."""
     from numeric_check.cli.verify import _RANDOM_DEFAULTS
 
-    model = p.add_argument_group("model (a random one, or --checkpoint)")
+    model = p.add_argument_group("model (yours with --hf or --tl, a --checkpoint, or a random one)")
+    add_model_arguments(model)
     model.add_argument("--checkpoint", metavar="PATH", help="a tcircuits checkpoint (.safetensors)")
     model.add_argument("--layers", type=int_in(0, MAX_LAYERS), help=f"layers of a random model (default {_RANDOM_DEFAULTS['layers']})")
     model.add_argument("--heads", help="heads per layer: one int, or one per layer as '2,4' (default 4)")
@@ -85,20 +92,21 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         model.add_argument(f"--{flag}", action="store_true", default=None, help=f"a random model with {flag.replace('-', ' ')}")
     model.add_argument("--seed", type=int_in(0, MAX_SEED), help="seed of the random weights (default 0)")
     prompt = p.add_argument_group("prompt")
+    add_text_arguments(prompt)
     prompt.add_argument("--tokens", help='token ids, "1,2,3"')
     prompt.add_argument("--seq-len", type=int_in(1), help="positions of a random prompt (default: min(8, n_ctx))")
     prompt.add_argument("--token-seed", type=int_in(0, MAX_SEED), default=0, help="seed of the random prompt (default 0)")
 
 
 def load_source(args: argparse.Namespace):
-    """``(model, tokens [1, pos], tokenizer or None)`` from the options of :func:`add_source_options`."""
-    from numeric_check.cli.verify import build_model, build_tokens
+    """``(model, tokens [1, pos], tokenizer or None)`` from the options of :func:`add_source_options`:
+    an --hf/--tl model is converted and checked against its source on probe tokens and on the prompt."""
+    from numeric_check.cli.verify import model_and_tokens
 
-    model = build_model(args)
     if args.tokens is not None and ";" in args.tokens:
         raise AttributionError(f"--tokens must be one prompt (no ';'), got {args.tokens!r}")
     args.batch = 1
-    return model, build_tokens(args, model), None
+    return model_and_tokens(args)
 
 
 def parse_token(text: str) -> int | str:

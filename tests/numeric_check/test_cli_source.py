@@ -112,3 +112,20 @@ def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
     assert (tmp_path / "report" / "index.html").is_file()
     code, out, err = run_cli(capsys, "analyze", "m.safetensors", "--hf", str(gpt2_dir), "--out", str(tmp_path / "r2"))
     assert code == 2 and "give one model: --hf and --checkpoint both name one" in err
+
+
+def test_attribute_on_a_saved_hugging_face_folder_with_a_text_prompt(capsys, gpt2_dir, tmp_path):
+    code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
+                             "--target", " the", "--top", "5")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "attribution of logit[263 ' the'] at position 8 (token 284 ' is')"
+    assert lines[2].startswith("converted from GPT2LMHeadModel (Hugging Face, float64): logits equal to the source within ")
+    assert "PASSED" in out
+    code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "When Mary and John went to the store",
+                             "--logit-diff", " Mary", " John", "--max-order", "1", "--format", "json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["source"].startswith("converted from GPT2LMHeadModel") and result["target"]["ids"] == [293, 292] and result["target"]["texts"] == [" Mary", " John"]
+    code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The cat", "--target", " Paris")
+    assert code == 2 and "target ' Paris' is 3 tokens for this tokenizer ([221, 297, 266]); expected exactly one" in err
