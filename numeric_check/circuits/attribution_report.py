@@ -259,5 +259,5 @@ def bar_chart(terms: Sequence[AttributionTerm], value: float, width: int = 760, 
                      f'<rect x="{x:.1f}" y="{y + 2}" width="{max(size, 0.5):.1f}" height="{row - 4}" fill="{colour}"/></g>')
     y = pad + len(terms) * row
     parts.append(f'<text x="{label_w + pad}" y="{y + row * 0.65:.1f}" fill="#444">'
-                 f'bars to scale from the line at 0: the largest is {top:.4g}; the model\'s value {value:+.4g}</text>')
+                 f'bars to scale from the line at 0; half the width is {top:.4g} (the model\'s value {value:+.4g})</text>')
     return "".join(parts) + "</svg>"
