@@ -1,0 +1,89 @@
+"""The companion as one LaTeX document (compiled to PDF by ``tcircuits paper --pdf``).
+
+The same content as the site, in the same order: each derivation through
+:func:`derivations.render.latex_body` (the one printer), its numerical checks beside it,
+each finding with its measured value, control, verdict and figure (PDF figures beside the
+document). Every string that is not the printer's goes through ``escape_text(…, "latex")``.
+"""
+
+from __future__ import annotations
+
+from derivations.derivation import RULES
+from derivations.layout import Layout, prose_latex
+from derivations.render import latex_body
+from tensoralg.escape import escape_text
+
+from numeric_check.reports.paper.claims import PaperFinding
+from numeric_check.reports.paper.content import Equation, Paper
+from numeric_check.reports.paper.figures import CAPTIONS
+from numeric_check.reports.paper.site import TITLE, model_check_text
+
+PREAMBLE = r"""\documentclass[10pt]{article}
+\usepackage[margin=2cm]{geometry}
+\usepackage{amsmath}
+\usepackage{graphicx}
+\allowdisplaybreaks
+\setlength{\parindent}{0pt}
+\setlength{\parskip}{0.5em}
+\sloppy
+"""
+
+
+def _t(text) -> str:
+    return escape_text(text, "latex")
+
+
+def finding_latex(f: PaperFinding) -> list[str]:
+    rows = [("measured", f.measured), ("control", f.control)] + ([("where", f.where)] if f.where else [])
+    lines = [r"\begin{quote}\itshape " + _t(f.claim) + r"\end{quote}", r"\begin{itemize}"]
+    lines += [rf"\item \textbf{{{_t(k)}}}: {_t(v)}" for k, v in rows]
+    lines += [rf"\item \textbf{{verdict}}: \textbf{{{_t(f.verdict)}}}", r"\end{itemize}"]
+    if f.figure:
+        lines += [r"\begin{figure}[ht]\centering", rf"\includegraphics[width=0.8\linewidth]{{figures/{f.figure}.pdf}}",
+                  rf"\caption{{{_t(CAPTIONS[f.figure])}}}", r"\end{figure}"]
+    return lines
+
+
+def equation_latex(e: Equation) -> list[str]:
+    layout = Layout()
+    lines = [r"\subsection{" + prose_latex(e.derivation.title) + "}"]
+    v = e.verification
+    if isinstance(v, str):
+        lines.append(r"\textbf{Not verified:} " + _t(v))
+    else:
+        lines.append(r"\textbf{Numeric check} (every line against the first, on random matrices): " + _t(
+            f"{'verified' if v.ok else 'FAILED'}; worst relative error {v.worst:.1e}, tolerance {v.tol:.0e}, "
+            f"{len(v.errors)} lines."))
+    if e.model_check is not None:
+        lines.append("")
+        lines.append(r"\textbf{On the model:} " + _t(("verified. " if e.model_check.passed else "FAILED. ")
+                                                     + model_check_text(e.model_check)))
+    return lines + [""] + latex_body(e.derivation, layout)
+
+
+def rules_latex() -> list[str]:
+    lines = [r"\subsection*{The algebra's rules}", r"\begin{tabular}{ll}", r"\hline rule & identity \\ \hline"]
+    lines += [rf"{_t(r.name)} & ${r.statement.latex}$ \\" for r in RULES.values() if r.statement is not None]
+    return lines + [r"\hline", r"\end{tabular}", ""]
+
+
+def paper_latex(paper: Paper) -> str:
+    """The whole companion as a LaTeX document that compiles with pdflatex (figures under ``figures/``)."""
+    lines = ["% tcircuits paper: generated", PREAMBLE.rstrip("\n"), r"\title{" + _t(TITLE) + "}", r"\author{}", r"\date{}",
+             r"\begin{document}", r"\maketitle", ""]
+    lines += [r"\section*{Findings}", r"\begin{tabular}{p{0.78\linewidth}l}", r"\hline claim & verdict \\ \hline"]
+    lines += [rf"{_t(f.claim)} & {_t(f.verdict)} \\" for f in paper.findings]
+    lines += [r"\hline", r"\end{tabular}", ""]
+    for section in paper.sections:
+        lines += [r"\section{" + _t(section.title) + "}"]
+        lines += [prose_latex(p) + "\n" for p in section.spec.paragraphs]
+        if section.findings:
+            lines.append(r"\subsection*{What the shipped models show}")
+            for f in section.findings:
+                lines += finding_latex(f)
+        if section.slug == "appendix":
+            lines += rules_latex()
+        for e in section.equations:
+            lines += equation_latex(e)
+        lines.append(r"\clearpage")
+    return "\n".join(lines + [r"\end{document}", ""])
