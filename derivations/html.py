@@ -332,7 +332,8 @@ def html_body(derivation, layout: Layout, verification="run", heading: str = "h1
         body.append(f'<p class="summary">{prose_html(derivation.summary, k)}</p>')
     body.append(_verification_html(verification, len(derivation.steps)))
     if derivation.notes:
-        body.append("<h2>Notation and assumptions</h2>")
+        sub = f"h{int(heading[1]) + 1}"
+        body.append(f"<{sub}>Notation and assumptions</{sub}>")
         body.append('<ul class="notes">' + "".join(f"<li>{prose_html(n, k)}</li>" for n in derivation.notes) + "</ul>")
     body += [_chain_html(ci, chain, layout, errors, tol) for ci, chain in enumerate(derivation.chains)]
     return "\n".join(body)

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from derivations.architecture import head_label
-from numeric_check.circuits.behaviour import ACROSS_CONTEXT, usable_positions
+from derivations.document import as_prose, math as formula, prose
+from derivations.layout import prose_text
+from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, usable_positions
 from numeric_check.circuits.importance import path_label
 from numeric_check.reports.analysis import ModelAnalysis
 from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, composition_with
@@ -34,16 +36,23 @@ class PaperFinding:
     """One claim of the paper with what the shipped models show."""
 
     key: str
-    claim: str
+    claim: tuple  # prose (derivations.document.prose): text and formulae for the one printer
     measured: str
     control: str
     verdict: str
     where: str = ""
     figure: str | None = None
+    note: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        object.__setattr__(self, "claim", as_prose(self.claim))
+
+    @property
+    def claim_text(self) -> str:
+        """The claim as plain text (formulae in the text printer's notation)."""
+        return prose_text(self.claim)
 
 
 def _verdict(holds: bool, partial: bool = False) -> str:
@@ -72,14 +81,15 @@ def bigrams(m: Measurements) -> PaperFinding:
     direct = two.importance.loss_by_order[0] if two.importance else math.nan
     gap = flat_bigram_gap(zero.model)
     return PaperFinding(
-        "bigrams", "A zero-layer transformer models bigram statistics: W_U W_E approximates the bigram log-likelihoods.",
+        "bigrams", prose("A zero-layer transformer models bigram statistics: ", formula("W_U W_E"),
+                         " approximates the bigram log-likelihoods."),
         f"zero-layer model: loss {zero.losses['loss']:.3f} nats on held-out data; its table's log-probabilities lie within "
         f"{gap:.3f} of the data's bigram table; the 2-layer model's direct path alone: loss {direct:.3f}",
         f"the data's bigram table (tokens uniform at random, so every bigram has probability 1/{zero.model.cfg.d_vocab}): "
         f"loss ln {zero.model.cfg.d_vocab} = {uniform:.3f}",
-        _verdict(abs(zero.losses["loss"] - uniform) < 0.01),
+        _verdict(abs(zero.losses["loss"] - uniform) < 0.01), "", "bigrams",
         "on these data the bigram statistics are flat, so the model learns the flat table; a corpus with structure "
-        "would test the claim harder", "bigrams")
+        "would test the claim harder")
 
 
 def copying_one_layer(m: Measurements) -> PaperFinding:
@@ -128,14 +138,25 @@ BUGS_CLAIM = ("Factored skip-trigrams have \u201cbugs\u201d: a head that predict
               "also predicts [s] … [d1] → [o2] and [s] … [d2] → [o1].")
 
 
-def _floor_positions(a: ModelAnalysis, kind: str, heads) -> tuple[list[int], list[int]]:
-    """Positions where the best of ``heads`` reaches :data:`ACROSS_CONTEXT`, and the usable positions measured."""
+def _floor_positions(a: ModelAnalysis, kind: str, heads) -> tuple[list[int], list[int], list[int]]:
+    """Query positions where the best of ``heads`` reaches :data:`ACROSS_CONTEXT`, every position
+    measured, and those whose keys can serve a repeat of :data:`MIN_REPEAT` tokens or more."""
     profile = a.heads.behaviour.profile
     values = getattr(profile, kind)
     best = torch.stack([values[h] for h in heads]).nan_to_num(-1.0).amax(0)
     first, last = profile.measured(kind)
     usable = [p for p in usable_positions(kind, last + 1) if p >= first]
-    return [p for p in usable if float(best[p]) >= ACROSS_CONTEXT], usable
+    measured = list(range(first, last + 1))
+    return [p for p in measured if float(best[p]) >= ACROSS_CONTEXT], measured, usable
+
+
+def _where(kind_text: str, good: list[int], measured: list[int], usable: list[int]) -> str:
+    text = f"at least {ACROSS_CONTEXT} of {kind_text} at query positions {ranges(good)} of {measured[0]}–{measured[-1]}"
+    missed = [p for p in measured if p not in good]
+    if missed and all(p not in usable for p in missed):
+        text += (f"; at {ranges(missed)}, whose keys can serve only repeats shorter than {MIN_REPEAT} tokens, "
+                 "it does not")
+    return text
 
 
 def previous_token(m: Measurements) -> PaperFinding:
@@ -145,15 +166,14 @@ def previous_token(m: Measurements) -> PaperFinding:
     claim = "Two-layer models have previous-token heads in their first layer: they attend to the token before the current one."
     if head is None:
         return PaperFinding("previous-token", claim, "no previous-token head in layer 0", f"{control:.2f}", "does not hold")
-    good, usable = _floor_positions(two, "previous_token", [head])
+    good, measured, usable = _floor_positions(two, "previous_token", [head])
     return PaperFinding(
         "previous-token", claim,
         f"{head_label(*head)}: attention to i-1 {float(two.heads.behaviour.previous_token[head]):.2f} by behaviour, "
         f"{float(two.heads.weights.scores.previous_token[head]):.2f} by weights",
         f"best head of the one-layer model: {control:.2f}",
-        _verdict(True, partial=len(good) < len(usable)),
-        f"at least {ACROSS_CONTEXT} of its attention on i-1 at query positions {ranges(good)} of {usable[0]}–{usable[-1]}",
-        "profiles")
+        _verdict(bool(good), partial=len(good) < len(measured)),
+        _where("its attention on i-1", good, measured, usable), "profiles")
 
 
 def k_composition(m: Measurements) -> PaperFinding:
@@ -184,16 +204,15 @@ def induction_heads(m: Measurements) -> PaperFinding:
              "occurrence of the current token; they are found from the weights and from behaviour alike.")
     if not heads:
         return PaperFinding("induction-heads", claim, "no induction head by behaviour", f"{control:.2f}", "does not hold")
-    good, usable = _floor_positions(two, "induction", heads)
+    good, measured, usable = _floor_positions(two, "induction", heads)
     return PaperFinding(
         "induction-heads", claim,
         "by behaviour " + ", ".join(f"{head_label(*h)} {float(hr.behaviour.induction[h]):.2f}" for h in heads)
         + "; by weights " + (", ".join(head_label(*h) for h in weights) or "none")
         + f"; the two views {'agree' if hr.agree else 'disagree'}",
         f"best head of the one-layer model: induction attention {control:.2f}",
-        _verdict(hr.agree, partial=len(good) < len(usable)),
-        f"at least {ACROSS_CONTEXT} of the best head's attention on the induction target at query positions "
-        f"{ranges(good)} of {usable[0]}–{usable[-1]}", "profiles")
+        _verdict(hr.agree and bool(good), partial=len(good) < len(measured)),
+        _where("the best head's attention on the token after the earlier occurrence", good, measured, usable), "profiles")
 
 
 def induction_circuits(m: Measurements) -> PaperFinding:
@@ -220,9 +239,9 @@ def induction_loss(m: Measurements) -> PaperFinding:
     where = []
     for length in grid.lengths:
         row = [o for ln, o, v in cells if ln == length and v < WELL]
-        n_row = sum(1 for ln, _, _ in cells if ln == length)
-        where.append(f"length {length}: " + ("every offset" if len(row) == n_row else
-                                           f"offsets {', '.join(map(str, row)) or 'none'} of {n_row}"))
+        offsets = [o for ln, o, _ in cells if ln == length]
+        where.append(f"length {length}: " + ("every offset" if len(row) == len(offsets) else
+                                           f"offsets {', '.join(map(str, row)) or 'none'} only (of {offsets[0]}–{offsets[-1]})"))
     return PaperFinding(
         "induction-loss", "Induction heads let the model predict the rest of a sequence it has seen before: the loss "
         "on the second copy of a repeated random segment falls far below chance.",

@@ -43,8 +43,8 @@ SECTIONS = (
         prose("Every layer reads from and writes to the residual stream: the embedding ", math("x_0 = W_E t"),
               " starts it, each attention head adds ", math("h(x) = (A^h ⊗ W_OV^h)·x"), ", and the unembedding ",
               math("W_U"), " reads the logits off its end. Here ", math("A^h ⊗ W"), " mixes positions with the attention "
-              "pattern and transforms each position's vector with W; numerically (A ⊗ W)·x = A x Wᵀ for x with one row "
-              "per position."),
+              "pattern and transforms each position's vector with W; numerically ", math("(A ⊗ W)·x = A x Wᵀ"),
+              " for x with one row per position."),
         prose("Layers and heads are numbered from 0, as in TransformerLens (L1H0 is head 0 of the second layer). Every "
               "equation below is a derivation of the catalogue (tcircuits derive NAME), each line checked numerically "
               "against its first on random matrices; where a shipped model has the architecture, the final sum is also "

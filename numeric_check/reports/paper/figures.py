@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from numeric_check.reports.analysis import make_figures
 from numeric_check.reports.paper.measure import Measurements
+from numeric_check.reports import plots
 from numeric_check.reports.plots import plain_title
 
 #: Captions by figure name.
@@ -32,7 +33,8 @@ CAPTIONS = {
                      "circuit with the previous-token head, same-matching).",
     "repeat-loss": "Loss on the second copy of a repeated random segment (its first token excluded) by segment length: "
                    "mean over offsets of the first copy, and the range over offsets.",
-    "importance": "Two-layer model: marginal loss by path order, of each head, and of the largest virtual heads.",
+    "importance": "Two-layer model, loss on repeated tokens: marginal loss by path order, of each head, and of the "
+                  "largest virtual heads (patterns frozen).",
 }
 
 
@@ -59,8 +61,9 @@ def bugs_figure(m: Measurements) -> Figure:
         ax.bar(x + (k - 1) * 0.27, [value(b) for b in m.bugs], width=0.27, label=label, color=colour)
     ax.set_xticks(x, [f"source #{b.source}" for b in m.bugs])
     ax.axhline(0, color="k", lw=0.6)
-    ax.set(ylabel="mean logit rise (nats)")
-    ax.legend(frameon=False, fontsize=8)
+    top = max([b.diagonal for b in m.bugs] + [b.off_diagonal for b in m.bugs] + [0.1])
+    ax.set(ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.3 * top))
+    ax.legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
     if m.bugs:
         plain_title(ax, f"induction_1l, head L{m.bugs[0].layer}H{m.bugs[0].head}")
     return fig
@@ -94,6 +97,6 @@ def figures(m: Measurements) -> dict[str, Figure]:
         "composition": two["composition"],
         "positivity-2l": two["positivity"],
         "repeat-loss": repeat_loss_figure(m),
-        "importance": two["importance"],
+        "importance": plots.importance_bars(m.analysis(2).importance_repeat or m.analysis(2).importance),
     }
     return {name: out[name] for name in CAPTIONS if name in out}

@@ -34,14 +34,15 @@ def _t(text) -> str:
 
 
 def finding_latex(f: PaperFinding) -> list[str]:
-    rows = [("measured", f.measured), ("control", f.control)] + ([("where", f.where)] if f.where else [])
-    lines = [r"\begin{quote}\itshape " + _t(f.claim) + r"\end{quote}", r"\begin{itemize}"]
-    lines += [rf"\item \textbf{{{_t(k)}}}: {_t(v)}" for k, v in rows]
-    lines += [rf"\item \textbf{{verdict}}: \textbf{{{_t(f.verdict)}}}", r"\end{itemize}"]
-    if f.figure:
-        lines += [r"\begin{figure}[ht]\centering", rf"\includegraphics[width=0.8\linewidth]{{figures/{f.figure}.pdf}}",
-                  rf"\caption{{{_t(CAPTIONS[f.figure])}}}", r"\end{figure}"]
-    return lines
+    rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
+    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim) + r"\end{quote}",
+             r"\begin{description}\setlength{\itemsep}{0pt}"]
+    lines += [rf"\item[{_t(k)}] {_t(v)}" for k, v in rows]
+    lines += [rf"\item[verdict] \textbf{{{_t(f.verdict)}}}", r"\end{description}"]
+    if f.figure:  # in place, not floating: the figure stays with its finding
+        lines += [r"\begin{center}", rf"\includegraphics[width=0.75\linewidth]{{figures/{f.figure}.pdf}}\\",
+                  rf"{{\small {_t(CAPTIONS[f.figure])}}}", r"\end{center}"]
+    return lines + [r"\medskip"]
 
 
 def equation_latex(e: Equation) -> list[str]:
@@ -72,7 +73,7 @@ def paper_latex(paper: Paper) -> str:
     lines = ["% tcircuits paper: generated", PREAMBLE.rstrip("\n"), r"\title{" + _t(TITLE) + "}", r"\author{}", r"\date{}",
              r"\begin{document}", r"\maketitle", ""]
     lines += [r"\section*{Findings}", r"\begin{tabular}{p{0.78\linewidth}l}", r"\hline claim & verdict \\ \hline"]
-    lines += [rf"{_t(f.claim)} & {_t(f.verdict)} \\" for f in paper.findings]
+    lines += [rf"{prose_latex(f.claim)} & {_t(f.verdict)} \\" for f in paper.findings]
     lines += [r"\hline", r"\end{tabular}", ""]
     for section in paper.sections:
         lines += [r"\section{" + _t(section.title) + "}"]
