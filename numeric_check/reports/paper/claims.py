@@ -20,6 +20,7 @@ from derivations.document import as_prose, math as formula, prose
 from derivations.layout import prose_text
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, usable_positions
 from numeric_check.circuits.importance import path_label
+from numeric_check.errors import AnalysisError
 from numeric_check.reports.analysis import ModelAnalysis
 from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, composition_with
 from numeric_check.reports.paper.measure import Measurements, flat_bigram_gap, induction_head, previous_token_head
@@ -46,7 +47,7 @@ class PaperFinding:
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+            raise AnalysisError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
         object.__setattr__(self, "claim", as_prose(self.claim))
 
     @property
