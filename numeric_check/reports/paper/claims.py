@@ -128,10 +128,11 @@ def bugs(m: Measurements) -> PaperFinding:
     parts = [f"source #{b.source}: own trigrams +{b.diagonal:.2f}, swapped pairs +{b.off_diagonal:.2f} "
              f"({r:.0%})" for b, r in zip(m.bugs, ratios)]
     control = max(float(b.control.abs().mean()) for b in m.bugs)
+    signed = ", ".join(f"{float(b.control.mean()):+.3f}" for b in m.bugs)
     holds = all(r >= 0.5 and b.off_diagonal > 2 * float(b.control.abs().mean()) for b, r in zip(m.bugs, ratios))
     return PaperFinding(
         "bugs", BUGS_CLAIM, f"{head_label(m.bugs[0].layer, m.bugs[0].head)}, logit rise through the model when the source "
-        "is present: " + "; ".join(parts), f"outputs drawn at random: mean |rise| at most {control:.3f}",
+        "is present: " + "; ".join(parts), f"{len(m.bugs[0].control)} outputs drawn at random per source: mean rise {signed} (mean |rise| at most {control:.3f})",
         _verdict(holds), "", "bugs")
 
 

@@ -16,7 +16,7 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import PaperFinding
 from numeric_check.reports.paper.content import Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
-from numeric_check.reports.paper.site import TITLE, model_check_text
+from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, model_check_text, trigram_rows
 
 PREAMBLE = r"""\documentclass[10pt]{article}
 \usepackage[margin=2cm]{geometry}
@@ -62,6 +62,16 @@ def equation_latex(e: Equation) -> list[str]:
     return lines + [""] + latex_body(e.derivation, layout)
 
 
+def trigrams_latex(paper: Paper) -> list[str]:
+    lines = []
+    for t in paper.measurements.tables:
+        lines += [r"\begin{center}", _t(f"L{t.layer}H{t.head}, source #{t.source_token}") + r"\\[2pt]",
+                  r"\begin{tabular}{rlrlr}", r"\hline " + " & ".join(map(_t, TRIGRAM_HEADER)) + r" \\ \hline"]
+        lines += [" & ".join(map(_t, row)) + r" \\" for row in trigram_rows(t)]
+        lines += [r"\hline", r"\end{tabular}", r"\end{center}"]
+    return lines
+
+
 def rules_latex() -> list[str]:
     lines = [r"\subsection*{The algebra's rules}", r"\begin{tabular}{ll}", r"\hline rule & identity \\ \hline"]
     lines += [rf"{_t(r.name)} & ${r.statement.latex}$ \\" for r in RULES.values() if r.statement is not None]
@@ -82,6 +92,8 @@ def paper_latex(paper: Paper) -> str:
             lines.append(r"\subsection*{What the shipped models show}")
             for f in section.findings:
                 lines += finding_latex(f)
+                if f.key == "skip-trigrams":
+                    lines += trigrams_latex(paper)
         if section.slug == "appendix":
             lines += rules_latex()
         for e in section.equations:

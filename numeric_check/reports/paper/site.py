@@ -34,6 +34,7 @@ nav.pages .here { font-weight: 600; }
 .derivation { border-top: 2px solid var(--rule); margin-top: 2rem; }
 .finding figure img { max-width: 40rem; }
 td.section { white-space: nowrap; }
+.trigrams { display: flex; gap: 1.5rem; flex-wrap: wrap; }
 """
 
 
@@ -97,11 +98,34 @@ def rules_html() -> str:
             + "".join(rows) + "</tbody></table>")
 
 
+def trigram_rows(table) -> list[list[str]]:
+    """Rows of a skip-trigram table as plain text: rank, destination and its score, out and its logit."""
+    return [[str(r), f"#{d.token}", f"{d.score:.2f}", f"#{o.token}", f"{o.score:.2f}"]
+            for r, (d, o) in enumerate(zip(table.destinations, table.outputs), start=1)]
+
+
+TRIGRAM_HEADER = ["rank", "destination (QK)", "score", "out (OV)", "logit"]
+
+
+def trigrams_html(paper: Paper) -> str:
+    """The skip-trigram tables of the one-layer model's strongest head, one per source token, side by side."""
+    out = []
+    for t in paper.measurements.tables:
+        head = "".join(f"<th>{_h(c)}</th>" for c in TRIGRAM_HEADER)
+        body = "".join("<tr>" + "".join(f'<td class="num">{_h(c)}</td>' for c in row) + "</tr>" for row in trigram_rows(t))
+        out.append(f"<table><caption>L{t.layer}H{t.head}, source #{t.source_token}</caption><thead><tr>{head}</tr></thead>"
+                   f"<tbody>{body}</tbody></table>")
+    return '<div class="trigrams">' + "".join(out) + "</div>"
+
+
 def section_page(paper: Paper, section: Section) -> str:
     body = [_nav(paper, section.slug), f"<h1>{_h(section.title)}</h1>"]
     body += [f"<p>{prose_html(p)}</p>" for p in section.spec.paragraphs]
     if section.findings:
-        body += ["<h2>What the shipped models show</h2>"] + [finding_html(f) for f in section.findings]
+        body.append("<h2>What the shipped models show</h2>")
+        for f in section.findings:
+            html = finding_html(f)
+            body.append(html.replace("</dl>", "</dl>" + trigrams_html(paper), 1) if f.key == "skip-trigrams" else html)
     if section.slug == "appendix":
         body.append(rules_html())
     body += ["<h2>Equations, derived and checked</h2>"] + [equation_html(e) for e in section.equations]
