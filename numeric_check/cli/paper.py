@@ -25,6 +25,8 @@ import argparse
 import sys
 import time
 
+from numeric_check.reports.flags import seed
+
 EPILOG = """\
 examples:
   tcircuits paper --out companion/            # then open companion/index.html
@@ -39,6 +41,7 @@ def register(subparsers) -> None:
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the site into (made if missing)")
     parser.add_argument("--pdf", action="store_true", help="also compile DIR/paper.pdf with pdflatex")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of every sampled batch and random control (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     check_outputs(args.out, args.pdf)  # a bad folder is refused before any work
     with Progress(step_count(args.pdf), args.quiet) as progress:
-        paper, written = write_paper(args.out, pdf=args.pdf, progress=progress)
+        paper, written = write_paper(args.out, pdf=args.pdf, progress=progress, seed=args.seed)
     counts: dict[str, int] = {}
     for f in paper.findings:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1

@@ -18,8 +18,6 @@ from numeric_check.reports.paper.claims import VERDICTS, PaperFinding, ranges
 from numeric_check.reports.paper.content import SECTIONS
 from numeric_check.reports.paper.figures import CAPTIONS
 
-pytestmark = pytest.mark.slow
-
 #: The paper's findings that the companion must state, at least (issue 20).
 REQUIRED = ("bigrams", "copying", "skip-trigrams", "bugs", "previous-token", "k-composition", "induction-heads",
             "induction-circuits", "virtual-heads", "marginal-loss")
@@ -39,6 +37,7 @@ def built(tmp_path_factory):
     return out, paper, written
 
 
+@pytest.mark.slow
 def test_the_site_holds_every_page_and_figure(built):
     out, paper, written = built
     pages = ["index.html"] + [f"{s.slug}.html" for s in SECTIONS]
@@ -54,6 +53,7 @@ def test_the_site_holds_every_page_and_figure(built):
     assert set(map(str, written)) >= {str(out / p) for p in pages}
 
 
+@pytest.mark.slow
 def test_every_equation_is_a_checked_catalogue_derivation(built):
     _, paper, _ = built
     from derivations import catalogue
@@ -68,6 +68,7 @@ def test_every_equation_is_a_checked_catalogue_derivation(built):
     assert all(report.passed for report in checked.values())
 
 
+@pytest.mark.slow
 def test_findings_state_a_value_a_control_and_a_verdict(built):
     out, paper, _ = built
     found = {f.key: f for f in paper.findings}
@@ -102,6 +103,7 @@ def test_an_output_that_is_a_file_is_refused_before_any_work(tmp_path):
         args.func(args)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 def test_every_page_renders_in_a_browser(built, tmp_path):
     out, paper, _ = built
@@ -120,6 +122,7 @@ def test_every_page_renders_in_a_browser(built, tmp_path):
         assert len(measured["images"]) == figures, name
 
 
+@pytest.mark.slow
 @needs_pdflatex
 def test_the_pdf_compiles_with_the_same_content(tmp_path):
     import torch
@@ -140,3 +143,15 @@ def test_the_pdf_compiles_with_the_same_content(tmp_path):
         text = subprocess.run(["pdftotext", str(tmp_path / "paper.pdf"), "-"], capture_output=True, text=True).stdout
         assert "holds in part" in text and "Zero layers" in text
 
+
+
+def test_a_pdf_without_pdflatex_is_refused_before_any_work(tmp_path, monkeypatch):
+    import derivations.commands
+    from derivations.errors import LatexError
+    from numeric_check.reports.paper.build import check_outputs
+
+    monkeypatch.setattr(derivations.commands.shutil, "which", lambda name: None)
+    with pytest.raises(LatexError, match="pdflatex is not installed"):
+        check_outputs(tmp_path / "out", pdf=True)
+    assert not (tmp_path / "out").exists()
+    assert check_outputs(tmp_path / "site") == tmp_path / "site"  # the site alone needs no pdflatex

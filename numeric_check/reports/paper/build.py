@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from derivations.commands import compile_latex
+from derivations.commands import compile_latex, pdflatex
 
 from numeric_check.files import writable_dir, writable_file, write_atomic
 from numeric_check.reports.paper.content import SECTIONS, Paper, build_paper
@@ -32,7 +32,10 @@ def page_names() -> list[str]:
 
 
 def check_outputs(out_dir: Path | str, pdf: bool = False) -> Path:
-    """``out_dir`` made and checked before any work: every page, figure and the PDF can be written."""
+    """``out_dir`` made and checked before any work: every page, figure and the PDF can be written
+    (and, for the PDF, pdflatex is installed)."""
+    if pdf:
+        pdflatex()  # installed, or a LatexError now, before minutes of work
     out_dir = writable_dir(out_dir)
     figures_dir = writable_dir(out_dir / "figures")
     for name in page_names() + ([PDF_NAME, "paper.tex"] if pdf else []):
