@@ -14,15 +14,18 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from derivations.document import math as formula, prose
+
 from numeric_check.reports.analysis import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
 from numeric_check.reports.plots import plain_title
 
-#: Captions by figure name.
+#: Captions by figure name: prose (text, and formulae for the one printer).
 CAPTIONS = {
-    "bigrams": "The zero-layer model's next-token log-probabilities log softmax(W_U W_E), less the data's "
-               "(flat) bigram log-probability ln(1/d_vocab): every entry of the 128 × 128 table.",
+    "bigrams": prose("The zero-layer model's next-token log-probabilities (the log-softmax of each column of ",
+                     formula("W_U W_E"), "), less the data's (flat) bigram log-probability ",
+                     formula("log(1/d_vocab)"), ": every entry of the table."),
     "positivity-1l": "One-layer model: each head's OV eigenvalue positivity (copying, x) against its QK positivity (y).",
     "bugs": "Skip-trigram bugs: the rise of an output's logit when the source token is present, for the head's own "
             "trigrams (destination i with output i), the swapped pairs (destination i with output j), and random outputs.",

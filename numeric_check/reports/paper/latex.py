@@ -41,7 +41,7 @@ def finding_latex(f: PaperFinding) -> list[str]:
     lines += [rf"\item[verdict] \textbf{{{_t(f.verdict)}}}", r"\end{description}"]
     if f.figure:  # in place, not floating: the figure stays with its finding
         lines += [r"\begin{center}", rf"\includegraphics[width=0.75\linewidth]{{figures/{f.figure}.pdf}}\\",
-                  rf"{{\small {_t(CAPTIONS[f.figure])}}}", r"\end{center}"]
+                  rf"{{\small {prose_latex(CAPTIONS[f.figure])}}}", r"\end{center}"]
     return lines + [r"\medskip"]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from derivations.derivation import RULES
 from derivations.html import CSS, html_body, mathml, page, prose_html
-from derivations.layout import Layout
+from derivations.layout import Layout, prose_text
 from tensoralg.escape import escape_text
 
 from numeric_check.reports.paper.claims import PaperFinding
@@ -55,8 +55,8 @@ def _nav(paper: Paper, here: str) -> str:
 
 
 def figure_html(name: str) -> str:
-    return (f'<figure><img src="figures/{_h(name)}.svg" alt="{_h(CAPTIONS[name])}" loading="eager">'
-            f"<figcaption>{_h(CAPTIONS[name])}</figcaption></figure>")
+    return (f'<figure><img src="figures/{_h(name)}.svg" alt="{_h(prose_text(CAPTIONS[name]))}" loading="eager">'
+            f"<figcaption>{prose_html(CAPTIONS[name])}</figcaption></figure>")
 
 
 def finding_html(f: PaperFinding) -> str:
@@ -77,12 +77,13 @@ def model_check_text(report: VerifyReport) -> str:
              f"{c.max_abs_error:.1e} (tolerance {c.tolerance:.1e})"
              for c in report.checks if c.passed is not None and c.max_abs_error is not None]
     return (f"{report.target} of {report.model}, on {report.n_batch} × {report.n_pos} repeated random tokens in "
-            f"{report.dtype}: {len(report.terms)} terms; the sum of all terms against the model's own forward pass and "
+            f"{report.dtype}: {len(report.terms)} term{'' if len(report.terms) == 1 else 's'}; the sum of all terms against the model's own forward pass and "
             f"each term against its path isolated by the model's hooks — " + "; ".join(parts))
 
 
 def equation_html(e: Equation) -> str:
     body = html_body(e.derivation, Layout(), e.verification, heading="h3")
+    body += f'<p class="cmd">The whole derivation: <code>tcircuits derive {_h(e.name)}</code></p>'
     if e.model_check is not None:
         ok = e.model_check.passed
         body += (f'<p class="verification{"" if ok else " bad"}"><span class="badge{"" if ok else " bad"}">'
