@@ -132,8 +132,9 @@ def bugs(m: Measurements) -> PaperFinding:
     holds = all(r >= 0.5 and b.off_diagonal > 2 * float(b.control.abs().mean()) for b, r in zip(m.bugs, ratios))
     return PaperFinding(
         "bugs", BUGS_CLAIM, f"{head_label(m.bugs[0].layer, m.bugs[0].head)}, logit rise through the model when the source "
-        "is present: " + "; ".join(parts), f"{len(m.bugs[0].control)} outputs drawn at random per source: mean rise {signed} (mean |rise| at most {control:.3f})",
-        _verdict(holds), "", "bugs")
+        "is present: " + "; ".join(parts),
+        f"{len(m.bugs[0].control)} outputs drawn at random per source: mean rise {signed} "
+        f"(mean |rise| at most {control:.3f})", _verdict(holds), "", "bugs")
 
 
 BUGS_CLAIM = ("Factored skip-trigrams have \u201cbugs\u201d: a head that predicts [s] … [d1] → [o1] and [s] … [d2] → [o2] "

@@ -76,9 +76,10 @@ def model_check_text(report: VerifyReport) -> str:
     parts = [f"{CHECKS.get(c.name, c.name)}: max |error| "
              f"{c.max_abs_error:.1e} (tolerance {c.tolerance:.1e})"
              for c in report.checks if c.passed is not None and c.max_abs_error is not None]
+    n = len(report.terms)
     return (f"{report.target} of {report.model}, on {report.n_batch} × {report.n_pos} repeated random tokens in "
-            f"{report.dtype}: {len(report.terms)} term{'' if len(report.terms) == 1 else 's'}; the sum of all terms against the model's own forward pass and "
-            f"each term against its path isolated by the model's hooks — " + "; ".join(parts))
+            f"{report.dtype}: {n} term{'' if n == 1 else 's'}; the sum of all terms against the model's own forward "
+            f"pass and each term against its path isolated by the model's hooks — " + "; ".join(parts))
 
 
 def equation_html(e: Equation) -> str:
