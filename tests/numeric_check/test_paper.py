@@ -155,3 +155,23 @@ def test_a_pdf_without_pdflatex_is_refused_before_any_work(tmp_path, monkeypatch
         check_outputs(tmp_path / "out", pdf=True)
     assert not (tmp_path / "out").exists()
     assert check_outputs(tmp_path / "site") == tmp_path / "site"  # the site alone needs no pdflatex
+
+
+def test_random_models_do_not_bear_the_paper_out():
+    """The verdicts can fail: on untrained models the circuit findings do not hold."""
+    import torch
+
+    from derivations.architecture import Architecture
+    from numeric_check.model.circuit_model import CircuitModel
+    from numeric_check.reports.analysis import analyze_model
+    from numeric_check.reports.paper.claims import paper_findings
+    from numeric_check.reports.paper.measure import Measurements, random_copying
+
+    torch.set_num_threads(1)
+    analyses = {n: analyze_model(CircuitModel.random(Architecture(n, 2, positional="qk_only"), d_model=8, d_head=4,
+                                                     d_vocab=12, n_ctx=16, seed=n), name=f"random_{n}l", n_sequences=4)
+                for n in (0, 1, 2)}
+    found = paper_findings(Measurements(analyses, random_copying(analyses[1].model, n_models=2)))
+    assert set(REQUIRED) <= set(found)
+    for key in ("bugs", "induction-heads", "induction-circuits", "induction-loss"):
+        assert found[key].verdict == "does not hold", (key, found[key].measured)
