@@ -42,6 +42,15 @@ def _h(text) -> str:
     return escape_text(text, "html")
 
 
+def plural(n: int, word: str) -> str:
+    """``"1 finding"``, ``"3 findings"``.
+
+    >>> plural(1, "finding"), plural(0, "layer")
+    ('1 finding', '0 layers')
+    """
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def verdict_badge(verdict: str) -> str:
     cls = {"holds": "", "holds in part": " part", "does not hold": " bad"}[verdict]
     return f'<span class="badge{cls}">{_h(verdict)}</span>'
@@ -78,7 +87,7 @@ def model_check_text(report: VerifyReport) -> str:
              for c in report.checks if c.passed is not None and c.max_abs_error is not None]
     n = len(report.terms)
     return (f"{report.target} of {report.model}, on {report.n_batch} × {report.n_pos} repeated random tokens in "
-            f"{report.dtype}: {n} term{'' if n == 1 else 's'}; the sum of all terms against the model's own forward "
+            f"{report.dtype}: {plural(n, 'term')}; the sum of all terms against the model's own forward "
             f"pass and each term against its path isolated by the model's hooks — " + "; ".join(parts))
 
 
@@ -137,8 +146,9 @@ def section_page(paper: Paper, section: Section) -> str:
 
 def index_page(paper: Paper) -> str:
     analyses = paper.measurements.analyses
-    models = "; ".join(f"{_h(a.name)}: {_h(a.model.arch.describe())}, loss on repeated tokens "
-                       f"{a.losses['repeat_loss']:.2f} nats" for a in analyses.values())
+    models = "; ".join(f"{_h(a.name)}: {_h(plural(a.n_layers, 'layer'))}"
+                       + (f" of {_h(plural(a.model.arch.heads_per_layer[0], 'head'))}" if a.n_layers else "")
+                       + f", loss on repeated tokens {a.losses['repeat_loss']:.2f} nats" for a in analyses.values())
     checked = paper.equations
     ok = sum(1 for e in checked if not isinstance(e.verification, str) and e.verification.ok)
     body = [_nav(paper, "index"), f"<h1>{_h(TITLE)}</h1>",
@@ -149,8 +159,8 @@ def index_page(paper: Paper) -> str:
             f"{sum(1 for e in checked if e.model_check is not None and e.model_check.passed)} are also verified term by "
             "term against a shipped model.</p>", "<h2>Contents</h2><ol>"]
     for s in paper.sections:
-        body.append(f'<li><a href="{_h(s.slug)}.html">{_h(s.title)}</a> — {len(s.equations)} derivations'
-                    + (f", {len(s.findings)} findings" if s.findings else "") + "</li>")
+        body.append(f'<li><a href="{_h(s.slug)}.html">{_h(s.title)}</a> — {plural(len(s.equations), "derivation")}'
+                    + (f", {plural(len(s.findings), 'finding')}" if s.findings else "") + "</li>")
     body += ["</ol>", "<h2>Findings</h2>", "<table><thead><tr><th>claim (as the paper states it)</th><th>verdict</th>"
              "<th>section</th></tr></thead><tbody>"]
     for s in paper.sections:
