@@ -22,7 +22,7 @@ from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, usable_
 from numeric_check.circuits.importance import path_label
 from numeric_check.errors import AnalysisError
 from numeric_check.reports.analysis import ModelAnalysis
-from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, composition_with
+from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, Finding, composition_with, findings
 from numeric_check.reports.paper.measure import Measurements, flat_bigram_gap, induction_head, previous_token_head
 
 VERDICTS = ("holds", "holds in part", "does not hold")
@@ -56,7 +56,15 @@ class PaperFinding:
         return prose_text(self.claim)
 
 
-def _verdict(holds: bool, partial: bool = False) -> str:
+def analysis_checks(m) -> list[Finding]:
+    """The analysis report's own findings (:func:`numeric_check.reports.findings.findings`) for the
+    two-layer model with the one-layer model as its control; ``m``: measurements or a paper."""
+    m = getattr(m, "measurements", m)
+    return findings(m.analysis(2), m.analysis(1))
+
+
+def verdict_of(holds: bool, partial: bool = False) -> str:
+    """The verdict word: ``holds`` (or ``holds in part``) or ``does not hold``."""
     return ("holds in part" if partial else "holds") if holds else "does not hold"
 
 
@@ -88,7 +96,7 @@ def bigrams(m: Measurements) -> PaperFinding:
         f"{gap:.3f} of the data's bigram table; the 2-layer model's direct path alone: loss {direct:.3f}",
         f"the data's bigram table (tokens uniform at random, so every bigram has probability 1/{zero.model.cfg.d_vocab}): "
         f"loss ln {zero.model.cfg.d_vocab} = {uniform:.3f}",
-        _verdict(abs(zero.losses["loss"] - uniform) < 0.01), "", "bigrams",
+        verdict_of(abs(zero.losses["loss"] - uniform) < 0.01), "", "bigrams",
         "on these data the bigram statistics are flat, so the model learns the flat table; a corpus with structure "
         "would test the claim harder")
 
@@ -105,7 +113,7 @@ def copying_one_layer(m: Measurements) -> PaperFinding:
         "OV eigenvalue positivity " + ", ".join(f"{head_label(*h)} {v:.2f}" for h, v in zip(heads, values))
         + f"; {copiers}/{len(heads)} heads at or above {COPYING}",
         f"{len(rnd)} random heads of the same shapes: {float(rnd.mean()):.2f} ± {float(rnd.std()):.2f}, "
-        f"largest {float(rnd.max()):.2f}", _verdict(copiers * 2 > len(heads)), "", "positivity-1l")
+        f"largest {float(rnd.max()):.2f}", verdict_of(copiers * 2 > len(heads)), "", "positivity-1l")
 
 
 def skip_trigrams(m: Measurements) -> PaperFinding:
@@ -118,7 +126,7 @@ def skip_trigrams(m: Measurements) -> PaperFinding:
         "([source] … [destination] → [out]): the QK circuit chooses the source, the OV circuit the out.",
         f"{head_label(*one.top_head)}'s strongest skip-trigrams: {tables}; loss on repeated tokens "
         f"{one.losses['repeat_loss']:.2f} nats", f"zero-layer model (bigrams only): {zero.losses['repeat_loss']:.2f} nats",
-        _verdict(better), "", None)
+        verdict_of(better), "", None)
 
 
 def bugs(m: Measurements) -> PaperFinding:
@@ -134,7 +142,7 @@ def bugs(m: Measurements) -> PaperFinding:
         "bugs", BUGS_CLAIM, f"{head_label(m.bugs[0].layer, m.bugs[0].head)}, logit rise through the model when the source "
         "is present: " + "; ".join(parts),
         f"{len(m.bugs[0].control)} outputs drawn at random per source: mean rise {signed} "
-        f"(mean |rise| at most {control:.3f})", _verdict(holds), "", "bugs")
+        f"(mean |rise| at most {control:.3f})", verdict_of(holds), "", "bugs")
 
 
 BUGS_CLAIM = ("Factored skip-trigrams have \u201cbugs\u201d: a head that predicts [s] … [d1] → [o1] and [s] … [d2] → [o2] "
@@ -175,7 +183,7 @@ def previous_token(m: Measurements) -> PaperFinding:
         f"{head_label(*head)}: attention to i-1 {float(two.heads.behaviour.previous_token[head]):.2f} by behaviour, "
         f"{float(two.heads.weights.scores.previous_token[head]):.2f} by weights",
         f"best head of the one-layer model: {control:.2f}",
-        _verdict(bool(good), partial=len(good) < len(measured)),
+        verdict_of(bool(good), partial=len(good) < len(measured)),
         _where("its attention on i-1", good, measured, usable), "profiles")
 
 
@@ -194,7 +202,7 @@ def k_composition(m: Measurements) -> PaperFinding:
         ", ".join(f"{path_label(p)} K {s:.3f}" for p, s in zip(pairs, k)) + (
             f"; Q at most {max(q):.3f}, V at most {max(v):.3f}" if pairs else "no pair found"),
         f"random matrices of the same shapes: K {base.get('K', math.nan):.3f}, Q {base.get('Q', math.nan):.3f}, "
-        f"V {base.get('V', math.nan):.3f}", _verdict(bool(k) and min(k) > base["K"]), "", "composition")
+        f"V {base.get('V', math.nan):.3f}", verdict_of(bool(k) and min(k) > base["K"]), "", "composition")
 
 
 def induction_heads(m: Measurements) -> PaperFinding:
@@ -214,7 +222,7 @@ def induction_heads(m: Measurements) -> PaperFinding:
         + "; by weights " + (", ".join(head_label(*h) for h in weights) or "none")
         + f"; the two views {'agree' if hr.agree else 'disagree'}",
         f"best head of the one-layer model: induction attention {control:.2f}",
-        _verdict(hr.agree and bool(good), partial=len(good) < len(measured)),
+        verdict_of(hr.agree and bool(good), partial=len(good) < len(measured)),
         _where("the best head's attention on the token after the earlier occurrence", good, measured, usable), "profiles")
 
 
@@ -230,7 +238,7 @@ def induction_circuits(m: Measurements) -> PaperFinding:
         "K-composition with the previous-token head): both have eigenvalues that are mostly positive.",
         ", ".join(f"{head_label(*h)} OV {c:.2f}, QK {s:.2f}" for h, c, s in zip(heads, copying, same)) or "no induction head",
         f"random heads' OV positivity {float(rnd.mean()):.2f} ± {float(rnd.std()):.2f}",
-        _verdict(bool(heads) and min(copying + same) >= NEAR_ONE), "", "positivity-2l")
+        verdict_of(bool(heads) and min(copying + same) >= NEAR_ONE), "", "positivity-2l")
 
 
 def induction_loss(m: Measurements) -> PaperFinding:
@@ -252,7 +260,7 @@ def induction_loss(m: Measurements) -> PaperFinding:
         f"{grid.describe()}",
         f"one-layer model: {one.losses['repeat_loss']:.2f} nats, by length and offset {one.grid.describe()}; "
         f"uniform {grid.uniform:.2f}",
-        _verdict(all(v < bar for *_, v in cells), partial=len(everywhere) < len(grid.lengths)),
+        verdict_of(all(v < bar for *_, v in cells), partial=len(everywhere) < len(grid.lengths)),
         f"below {WELL:.1f} nat: " + "; ".join(where) + f" (below the induction bar {bar:.2f} everywhere)"
         if all(v < bar for *_, v in cells) else "", "repeat-loss")
 
@@ -269,7 +277,7 @@ def virtual_heads(m: Measurements) -> PaperFinding:
         f"on repeated tokens, all virtual heads together {orders[2]:+.3f} nats; the largest, "
         f"{path_label(largest[0][0]) if largest else '–'}, {largest[0][1] if largest else math.nan:+.3f}",
         f"all individual heads together {orders[1]:+.3f} nats; the largest single head {head:+.3f}",
-        _verdict(abs(orders[2]) < MUCH_SMALLER * abs(orders[1])), "", "importance")
+        verdict_of(abs(orders[2]) < MUCH_SMALLER * abs(orders[1])), "", "importance")
 
 
 def marginal_by_order(m: Measurements) -> PaperFinding:
@@ -285,7 +293,7 @@ def marginal_by_order(m: Measurements) -> PaperFinding:
         "loss reduction, the direct path models bigrams, and the second-order terms (virtual heads) add little.",
         "; ".join(rows) + " (nats, when each order is added)",
         f"one-layer model on repeated tokens: direct {one[0]:+.3f}, heads {one[1]:+.3f}",
-        _verdict(abs(o[1]) > abs(o[0]) and abs(o[1]) > abs(o[2])), "", "importance")
+        verdict_of(abs(o[1]) > abs(o[0]) and abs(o[1]) > abs(o[2])), "", "importance")
 
 
 def paper_findings(m: Measurements) -> dict[str, PaperFinding]:

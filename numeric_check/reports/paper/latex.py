@@ -13,7 +13,7 @@ from derivations.layout import Layout, prose_latex
 from derivations.render import latex_body
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding
+from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, verdict_of
 from numeric_check.reports.paper.content import Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, model_check_text, trigram_rows
@@ -72,6 +72,15 @@ def trigrams_latex(paper: Paper) -> list[str]:
     return lines
 
 
+def analysis_checks_latex(paper: Paper) -> list[str]:
+    m = paper.measurements
+    lines = [r"\subsection*{" + _t(f"Every check of tcircuits analyze on {m.analysis(2).name} "
+                                    f"(control {m.analysis(1).name})") + "}",
+             r"\begin{tabular}{p{0.3\linewidth}p{0.52\linewidth}l}", r"\hline check & measured & verdict \\ \hline"]
+    lines += [rf"{_t(f.claim)} & {_t(f.measured)} & {_t(verdict_of(f.holds))} \\" for f in analysis_checks(paper)]
+    return lines + [r"\hline", r"\end{tabular}", ""]
+
+
 def rules_latex() -> list[str]:
     lines = [r"\subsection*{The algebra's rules}", r"\begin{tabular}{ll}", r"\hline rule & identity \\ \hline"]
     lines += [rf"{_t(r.name)} & ${r.statement.latex}$ \\" for r in RULES.values() if r.statement is not None]
@@ -94,6 +103,8 @@ def paper_latex(paper: Paper) -> str:
                 lines += finding_latex(f)
                 if f.key == "skip-trigrams":
                     lines += trigrams_latex(paper)
+            if section.slug == "two-layers":
+                lines += analysis_checks_latex(paper)
         if section.slug == "appendix":
             lines += rules_latex()
         for e in section.equations:

@@ -13,7 +13,7 @@ from derivations.html import CSS, html_body, mathml, page, prose_html
 from derivations.layout import Layout, prose_text
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding
+from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, verdict_of
 from numeric_check.reports.paper.content import Equation, Paper, Section
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.verification.results import VerifyReport
@@ -129,6 +129,18 @@ def trigrams_html(paper: Paper) -> str:
     return '<div class="trigrams">' + "".join(out) + "</div>"
 
 
+def analysis_checks_html(paper: Paper) -> str:
+    """Every check of ``tcircuits analyze`` on the two-layer model with the one-layer control
+    (:func:`numeric_check.reports.findings.findings`), folded."""
+    rows = analysis_checks(paper)
+    body = "".join(f"<tr><td>{_h(f.claim)}</td><td>{_h(f.measured)}</td>"
+                   f"<td>{verdict_badge(verdict_of(f.holds))}</td></tr>" for f in rows)
+    return (f"<details><summary>Every check of <code>tcircuits analyze</code> on {_h(paper.measurements.analysis(2).name)}"
+            f" with {_h(paper.measurements.analysis(1).name)} as the control ({len(rows)})</summary>"
+            f"<table><thead><tr><th>check</th><th>measured</th><th>verdict</th></tr></thead><tbody>{body}</tbody></table>"
+            "</details>")
+
+
 def section_page(paper: Paper, section: Section) -> str:
     body = [_nav(paper, section.slug), f"<h1>{_h(section.title)}</h1>"]
     body += [f"<p>{prose_html(p)}</p>" for p in section.spec.paragraphs]
@@ -137,6 +149,8 @@ def section_page(paper: Paper, section: Section) -> str:
         for f in section.findings:
             html = finding_html(f)
             body.append(html.replace("</dl>", "</dl>" + trigrams_html(paper), 1) if f.key == "skip-trigrams" else html)
+        if section.slug == "two-layers":
+            body.append(analysis_checks_html(paper))
     if section.slug == "appendix":
         body.append(rules_html())
     body += ["<h2>Equations, derived and checked</h2>"] + [equation_html(e) for e in section.equations]
