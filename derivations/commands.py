@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 from tensoralg.definitions import STANDARD_DEFINITIONS
 from tensoralg.escape import terminal_safe
@@ -40,14 +41,21 @@ def pdflatex() -> str:
     return path
 
 
-def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
+def compile_latex(source: str, timeout: float = 120, files: Mapping[str, Path] | None = None) -> tuple[bytes, str]:
     """Compile a LaTeX document in a fresh temporary directory (shell escape off).
 
-    Returns ``(pdf bytes, log text)``; raises :class:`LatexError` with the log's first
-    error when pdflatex fails.
+    ``files`` maps relative names (``figures/a.pdf``) to files copied beside the document
+    first, for ``\\includegraphics``. Returns ``(pdf bytes, log text)``; raises
+    :class:`LatexError` with the log's first error when pdflatex fails.
     """
     exe = pdflatex()
     with tempfile.TemporaryDirectory(prefix="tcircuits-") as tmp:
+        for name, path in (files or {}).items():
+            target = Path(tmp) / name
+            if target.resolve().parent != Path(tmp).resolve() / Path(name).parent or Path(name).is_absolute():
+                raise LatexError(f"a file for LaTeX must have a plain relative name, got {name!r}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
         tex = Path(tmp) / "derivation.tex"
         tex.write_text(source, encoding="utf-8")
         try:

@@ -1,0 +1,100 @@
+"""``tcircuits paper``: the paper's companion, every equation derived and verified, every finding measured.
+
+Writes into DIR a self-contained site — index.html and one page per section of
+"A Mathematical Framework for Transformer Circuits" (Elhage et al., 2021), in the paper's
+order: the residual stream and the notation; zero layers (the bigram table); one layer
+(path expansion, OV and QK circuits, copying by eigenvalues, skip-trigrams and their
+"bugs"); two layers (virtual heads, the QK expansion with Q-, K- and QK-composition,
+composition scores against the random baseline, the induction mechanism, induction heads
+found by weights and by behaviour, term importance by order); the tensor-product readings
+and the algebra's rules as an appendix. Mathematics as MathML, figures as SVG, no script
+and no network: open DIR/index.html in any browser.
+
+Each equation is a catalogue derivation (tcircuits derive NAME) with its numeric check
+beside it (every line against the first on random matrices: worst error, tolerance) and,
+where a shipped model has the architecture, the expansion verified term by term against
+that model. Each finding is stated as the paper states it, with the value measured on the
+shipped models (numeric_check/data/induction_0l, _1l, _2l) when the page is built, the
+control's value, a verdict (holds, holds in part, does not hold) and where it holds when
+only in part. With --pdf, DIR/paper.pdf holds the same content (needs pdflatex).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from numeric_check.reports.flags import seed
+
+EPILOG = """\
+examples:
+  tcircuits paper --out companion/            # then open companion/index.html
+  tcircuits paper --out companion/ --pdf      # and companion/paper.pdf
+"""
+
+
+def register(subparsers) -> None:
+    """Add ``paper`` to the ``tcircuits`` parser."""
+    parser = subparsers.add_parser(
+        "paper", help="the paper's companion: every equation derived and verified, every finding measured (HTML, PDF)",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the site into (made if missing)")
+    parser.add_argument("--pdf", action="store_true", help="also compile DIR/paper.pdf with pdflatex")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of every sampled batch and random control (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+class Progress:
+    """tqdm on stderr, one tick per step (a line per step without tqdm); nothing with ``quiet``."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.quiet, self.bar = total, quiet, None
+
+    def __enter__(self) -> "Progress":
+        if not self.quiet:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, file=sys.stderr, unit="step", dynamic_ncols=True)
+            except ImportError:
+                self.bar = None
+        return self
+
+    def __call__(self, step: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.set_description_str(step[:40])
+            self.bar.update(1)
+        else:
+            print(f"{step}", file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    # Heavy imports here: the CLI imports this module to build its parser.
+    import torch
+
+    from tensoralg.escape import terminal_safe
+    from numeric_check.reports.paper.build import check_outputs, step_count, write_paper
+
+    torch.set_num_threads(1)
+    check_outputs(args.out, args.pdf)  # a bad folder is refused before any work
+    with Progress(step_count(args.pdf), args.quiet) as progress:
+        paper, written = write_paper(args.out, pdf=args.pdf, progress=progress, seed=args.seed)
+    counts: dict[str, int] = {}
+    for f in paper.findings:
+        counts[f.verdict] = counts.get(f.verdict, 0) + 1
+    failed = [e.name for e in paper.equations if isinstance(e.verification, str) or not e.verification.ok
+              or (e.model_check is not None and not e.model_check.passed)]
+    print(terminal_safe(
+        f"wrote {len(written)} files into {args.out} ({time.perf_counter() - started:.1f} s): "
+        f"{len(paper.equations)} derivations, " + ("all checked" if not failed else f"FAILED: {', '.join(failed)}")
+        + "; findings: " + ", ".join(f"{n} {v}" for v, n in counts.items())))
+    return 1 if failed else 0

@@ -1,0 +1,139 @@
+"""The companion's content in the paper's order: sections, their prose, equations and findings.
+
+Each section names catalogue derivations (:mod:`derivations.catalogue`), each built and
+checked numerically by the catalogue's own :meth:`~derivations.derivation.Derivation.verify`
+(every line on random bindings: worst error and tolerance) and, where a shipped model has the
+architecture, by :func:`~numeric_check.verification.verify.verify_logits` /
+:func:`~numeric_check.verification.verify.verify_qk` on it; and the paper's findings it
+reproduces (:mod:`numeric_check.reports.paper.claims`). Prose is :func:`derivations.document.prose`:
+plain text escaped by the writers, formulae typeset by the one printer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from derivations import catalogue
+from derivations.derivation import Derivation
+from derivations.document import math, prose
+from derivations.errors import DerivationError
+from derivations.numeric import Verification
+
+from numeric_check.reports.paper.claims import PaperFinding, paper_findings
+from numeric_check.reports.paper.measure import Measurements
+from numeric_check.verification.results import VerifyReport
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    """A section: its file name (``slug``), title, paragraphs, catalogue entries, findings
+    (keys of :func:`paper_findings`), and which model check goes with which entry."""
+
+    slug: str
+    title: str
+    paragraphs: tuple[tuple, ...]
+    equations: tuple[str, ...]
+    findings: tuple[str, ...] = ()
+    model_checks: dict[str, str] = field(default_factory=dict)
+
+
+SECTIONS = (
+    SectionSpec("notation", "The residual stream and the notation", (
+        prose("Every layer reads from and writes to the residual stream: the embedding ", math("x_0 = W_E t"),
+              " starts it, each attention head adds ", math("h(x) = (A^h ⊗ W_OV^h)·x"), ", and the unembedding ",
+              math("W_U"), " reads the logits off its end. Here ", math("A^h ⊗ W"), " mixes positions with the attention "
+              "pattern and transforms each position's vector with W; numerically ", math("(A ⊗ W)·x = A x Wᵀ"),
+              " for x with one row per position."),
+        prose("Layers and heads are numbered from 0, as in TransformerLens (L1H0 is head 0 of the second layer). Every "
+              "equation below is a derivation of the catalogue (tcircuits derive NAME), each line checked numerically "
+              "against its first on random matrices; where a shipped model has the architecture, the final sum is also "
+              "checked term by term against the model itself."),
+    ), ("attention-head", "multi-head")),
+    SectionSpec("zero-layer", "Zero layers: the bigram table", (
+        prose("With no layers, the logits are ", math("T = W_U W_E"), " applied to the current token: the model can only "
+              "learn which token tends to follow which."),
+    ), ("zero-layer",), ("bigrams",), {"zero-layer": "logits-0l"}),
+    SectionSpec("one-layer", "One layer: skip-trigrams", (
+        prose("One attention layer adds a term per head to the direct path. Each head factors into a QK circuit ",
+              math("W_Eᵀ W_QK^h W_E"), ", which decides where a destination token attends, and an OV circuit ",
+              math("W_U W_OV^h W_E"), ", which decides how the attended source token changes the logits. Read together "
+              "they are a table of skip-trigrams [source] … [destination] → [out]."),
+    ), ("path-expansion", "one-layer", "eigenvalue-copying"), ("copying", "skip-trigrams", "bugs"),
+        {"one-layer": "logits-1l"}),
+    SectionSpec("two-layers", "Two layers: composition and induction heads", (
+        prose("With two layers the path expansion gains virtual heads ", math("(A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)"),
+              ", and a second-layer head's attention scores expand into direct, Q-, K- and QK-composition terms. "
+              "K-composition with a previous-token head is how induction heads find the token after an earlier "
+              "occurrence of the current one."),
+    ), ("two-layer-logits", "two-layer-qk", "composition-scores", "induction-mechanism", "marginal-loss"),
+        ("previous-token", "k-composition", "induction-heads", "induction-circuits", "induction-loss", "virtual-heads",
+         "marginal-loss"), {"two-layer-logits": "logits-2l", "two-layer-qk": "qk-2l"}),
+    SectionSpec("appendix", "Appendix: tensor-product readings and the algebra's rules", (
+        prose("The three readings of ", math("A ⊗ W"), " and the rules every derivation above uses, each with the "
+              "identity it states; then the derivations the paper mentions in passing: virtual weights, heads that "
+              "delete a subspace, layer norm and biases folded into the weights, any head's QK expansion, and rotary "
+              "positions."),
+    ), ("tensor-product-readings", "virtual-weights", "subspace-deletion", "layer-norm-folding", "bias-folding",
+        "qk-expansion", "rotary")),
+)
+
+
+@dataclass(frozen=True)
+class Equation:
+    """A catalogue derivation with its numerical check on random matrices and, where one ran, on a shipped model."""
+
+    name: str
+    derivation: Derivation
+    verification: Verification | str
+    model_check: VerifyReport | None = None
+
+
+@dataclass(frozen=True)
+class Section:
+    spec: SectionSpec
+    equations: tuple[Equation, ...]
+    findings: tuple[PaperFinding, ...]
+
+    @property
+    def slug(self) -> str:
+        return self.spec.slug
+
+    @property
+    def title(self) -> str:
+        return self.spec.title
+
+
+@dataclass(frozen=True)
+class Paper:
+    sections: tuple[Section, ...]
+    measurements: Measurements
+
+    @property
+    def findings(self) -> list[PaperFinding]:
+        return [f for s in self.sections for f in s.findings]
+
+    @property
+    def equations(self) -> list[Equation]:
+        return [e for s in self.sections for e in s.equations]
+
+
+def equation(name: str, model_check: VerifyReport | None = None) -> Equation:
+    """The catalogue entry ``name`` with its default parameters, verified line by line."""
+    derivation = catalogue.get(name)
+    try:
+        verification: Verification | str = derivation.verify()
+    except DerivationError as error:  # shown on the page, never hidden
+        verification = f"the numerical check could not run: {error}"
+    return Equation(name, derivation, verification, model_check)
+
+
+def build_paper(m: Measurements, progress: Callable[[str], None] = lambda step: None) -> Paper:
+    """Every section with its equations (built and verified) and findings; ``progress`` after each section."""
+    found = paper_findings(m)
+    sections = []
+    for spec in SECTIONS:
+        equations = tuple(equation(n, m.verification.get(spec.model_checks.get(n, ""))) for n in spec.equations)
+        sections.append(Section(spec, equations, tuple(found[k] for k in spec.findings)))
+        progress(f"derived and checked: {spec.title}")
+    return Paper(tuple(sections), m)

@@ -1,0 +1,105 @@
+"""The companion's figures: the analysis report's (:func:`~numeric_check.reports.analysis.make_figures`)
+and three of its own (the bigram table, the skip-trigram bugs, the loss on repeats by length).
+
+Figures are Matplotlib :class:`~matplotlib.figure.Figure` objects drawn without ``pyplot``;
+:func:`figures` returns them by name with their captions, :mod:`numeric_check.reports.plots`
+saves them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from derivations.document import math as formula, prose
+
+from numeric_check.reports.analysis import make_figures
+from numeric_check.reports.paper.measure import Measurements
+from numeric_check.reports import plots
+from numeric_check.reports.plots import plain_title
+
+#: Captions by figure name: prose (text, and formulae for the one printer).
+CAPTIONS = {
+    "bigrams": prose("The zero-layer model's next-token log-probabilities (the log-softmax of each column of ",
+                     formula("W_U W_E"), "), less the data's (flat) bigram log-probability ",
+                     formula("log(1/d_vocab)"), ": every entry of the table."),
+    "positivity-1l": "One-layer model: each head's OV eigenvalue positivity (copying, x) against its QK positivity (y).",
+    "bugs": "Skip-trigram bugs: the rise of an output's logit when the source token is present, for the head's own "
+            "trigrams (destination i with output i), the swapped pairs (destination i with output j), and random outputs.",
+    "profiles": "Two-layer model: attention by query position of the previous-token head (left) and the induction "
+                "heads (right); the dashed line is the bar of 0.4.",
+    "composition": "Two-layer model: Q-, K- and V-composition scores minus their random baseline, writer head by reader head.",
+    "positivity-2l": "Two-layer model: OV positivity (copying, x) against QK positivity (y; layer 1: the K-composition "
+                     "circuit with the previous-token head, same-matching).",
+    "repeat-loss": "Loss on the second copy of a repeated random segment (its first token excluded) by segment length: "
+                   "mean over offsets of the first copy, and the range over offsets.",
+    "importance": "Two-layer model, loss on repeated tokens: marginal loss by path order, of each head, and of the "
+                  "largest virtual heads (patterns frozen).",
+}
+
+
+def bigram_figure(m: Measurements) -> Figure:
+    model = m.analysis(0).model
+    with torch.no_grad():
+        logp = torch.log_softmax(model.W_U.double() @ model.W_E.double(), dim=0) + math.log(model.cfg.d_vocab)
+    fig = Figure(figsize=(5.2, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    ax.hist(logp.flatten().numpy(), bins=60, color="0.45")
+    ax.axvline(0, color="#d62728", lw=1)
+    ax.set(xlabel="log p(next | current) − ln(1/d_vocab)   (nats)", ylabel="entries")
+    plain_title(ax, "induction_0l: the bigram table W_U W_E")
+    return fig
+
+
+def bugs_figure(m: Measurements) -> Figure:
+    fig = Figure(figsize=(5.6, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(m.bugs))
+    kinds = (("own trigrams", lambda b: b.diagonal, "#1f77b4"), ("swapped pairs (bugs)", lambda b: b.off_diagonal, "#d62728"),
+             ("random outputs", lambda b: float(b.control.mean()), "0.6"))
+    for k, (label, value, colour) in enumerate(kinds):
+        ax.bar(x + (k - 1) * 0.27, [value(b) for b in m.bugs], width=0.27, label=label, color=colour)
+    ax.set_xticks(x, [f"source #{b.source}" for b in m.bugs])
+    ax.axhline(0, color="k", lw=0.6)
+    top = max([b.diagonal for b in m.bugs] + [b.off_diagonal for b in m.bugs] + [0.1])
+    ax.set(ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.3 * top))
+    ax.legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
+    if m.bugs:
+        plain_title(ax, f"induction_1l, head L{m.bugs[0].layer}H{m.bugs[0].head}")
+    return fig
+
+
+def repeat_loss_figure(m: Measurements) -> Figure:
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    for n_layers, colour in ((2, "#1f77b4"), (1, "#d62728")):
+        grid = m.analysis(n_layers).grid
+        loss = grid.loss.double().numpy()
+        lengths = np.array(grid.lengths)
+        ax.plot(lengths, np.nanmean(loss, 1), marker="o", color=colour, label=f"{n_layers}-layer model")
+        ax.fill_between(lengths, np.nanmin(loss, 1), np.nanmax(loss, 1), color=colour, alpha=0.15)
+    ax.axhline(m.analysis(2).grid.uniform, color="0.6", ls="--", lw=0.8, label="uniform")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(m.analysis(2).grid.lengths), [str(n) for n in m.analysis(2).grid.lengths])
+    ax.set(xlabel="length of the repeated segment (tokens)", ylabel="loss on the second copy (nats)", ylim=(0, None))
+    ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def figures(m: Measurements) -> dict[str, Figure]:
+    """Every figure of the companion by name (keys of :data:`CAPTIONS`)."""
+    one, two = make_figures(m.analysis(1)), make_figures(m.analysis(2))
+    out = {
+        "bigrams": bigram_figure(m),
+        "positivity-1l": one["positivity"],
+        "bugs": bugs_figure(m),
+        "profiles": two["profiles"],
+        "composition": two["composition"],
+        "positivity-2l": two["positivity"],
+        "repeat-loss": repeat_loss_figure(m),
+        "importance": plots.importance_bars(m.analysis(2).importance_repeat or m.analysis(2).importance),
+    }
+    return {name: out[name] for name in CAPTIONS if name in out}

@@ -1,0 +1,177 @@
+"""``tcircuits paper``: the companion built once on the shipped models, its pages in a browser,
+its PDF through pdflatex, and its findings' verdicts."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+
+import pytest
+
+from tests.conftest import needs_pdflatex
+from tests.test_browser import CHROMIUM, browse
+
+from derivations.document import prose
+from numeric_check.errors import AnalysisError, OutputPathError
+from numeric_check.reports.paper.claims import VERDICTS, PaperFinding, ranges
+from numeric_check.reports.paper.content import SECTIONS
+from numeric_check.reports.paper.figures import CAPTIONS
+
+#: The paper's findings that the companion must state, at least (issue 20).
+REQUIRED = ("bigrams", "copying", "skip-trigrams", "bugs", "previous-token", "k-composition", "induction-heads",
+            "induction-circuits", "virtual-heads", "marginal-loss")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    import torch
+
+    from numeric_check.reports.paper.build import step_count, write_paper
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("paper")
+    steps: list[str] = []
+    paper, written = write_paper(out, progress=steps.append)
+    assert len(steps) == step_count(pdf=False)
+    return out, paper, written
+
+
+@pytest.mark.slow
+def test_the_site_holds_every_page_and_figure(built):
+    out, paper, written = built
+    pages = ["index.html"] + [f"{s.slug}.html" for s in SECTIONS]
+    assert [s.slug for s in paper.sections] == ["notation", "zero-layer", "one-layer", "two-layers", "appendix"]
+    for name in pages:
+        html = (out / name).read_text(encoding="utf-8")
+        assert "<script" not in html and not re.search(r'(src|href)="(https?:)?//', html), name  # no network
+        for link in re.findall(r'(?:src|href)="([^"#]+)', html):  # every local link resolves
+            assert (out / link).is_file(), (name, link)
+    for name in CAPTIONS:
+        svg = (out / "figures" / f"{name}.svg").read_text(encoding="utf-8")
+        assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert set(map(str, written)) >= {str(out / p) for p in pages}
+
+
+@pytest.mark.slow
+def test_every_equation_is_a_checked_catalogue_derivation(built):
+    _, paper, _ = built
+    from derivations import catalogue
+
+    names = [e.name for e in paper.equations]
+    assert set(names) <= set(catalogue.names()) and len(names) == len(set(names))
+    for e in paper.equations:
+        assert not isinstance(e.verification, str), e.verification
+        assert e.verification.ok and e.verification.worst <= e.verification.tol, e.name
+    checked = {e.name: e.model_check for e in paper.equations if e.model_check is not None}
+    assert set(checked) == {"zero-layer", "one-layer", "two-layer-logits", "two-layer-qk"}
+    assert all(report.passed for report in checked.values())
+
+
+@pytest.mark.slow
+def test_findings_state_a_value_a_control_and_a_verdict(built):
+    out, paper, _ = built
+    found = {f.key: f for f in paper.findings}
+    assert set(REQUIRED) <= set(found)
+    for f in found.values():
+        assert f.verdict in VERDICTS and f.measured and f.control, f.key
+        assert f.verdict != "holds in part" or f.where, f"{f.key}: a partial verdict must say where"
+    # the shipped models bear the paper out (README): the circuit is there
+    for key in ("copying", "k-composition", "induction-circuits", "virtual-heads", "bugs"):
+        assert found[key].verdict == "holds", (key, found[key].measured)
+    # the previous-token head stops at the last positions: said, with the range
+    assert re.search(r"positions 1–\d+ of 1–63", found["previous-token"].where)
+    page = (out / "two-layers.html").read_text(encoding="utf-8")
+    assert 'id="previous-token"' in page and "holds in part" in page
+
+
+def test_partial_verdict_needs_a_known_word():
+    with pytest.raises(AnalysisError, match="verdict must be one of"):
+        PaperFinding("x", prose("a claim"), "1", "0", "mostly")
+    assert ranges([0, 1, 2, 5]) == "0–2, 5" and ranges([]) == "none"
+
+
+def test_an_output_that_is_a_file_is_refused_before_any_work(tmp_path):
+    from numeric_check.cli.paper import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    args = parser.parse_args(["paper", "--out", str(blocked), "--quiet"])
+    with pytest.raises(OutputPathError, match="cannot write"):
+        args.func(args)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_every_page_renders_in_a_browser(built, tmp_path):
+    out, paper, _ = built
+    site = tmp_path / "site"
+    shutil.copytree(out, site)
+    for name in ["index.html"] + [f"{s.slug}.html" for s in paper.sections]:
+        measured = browse(site, (site / name).read_text(encoding="utf-8"), name=f"measured-{name}")
+        assert measured["merror"] == 0, name
+        assert measured["maths"] and all(w > 0 and h > 0 for w, h in measured["maths"]), name
+        assert measured["width"] <= 1200 and measured["text"] > 500 and measured["ink"] > 0.01, name
+        if name != "index.html":
+            assert measured["raised"] and all(measured["raised"]), name  # laid out as MathML
+        for src, natural, shown in measured["images"]:
+            assert natural > 0 and shown > 100, (name, src)  # every figure loaded, at a readable size
+        figures = len(re.findall(r"<img ", (site / name).read_text(encoding="utf-8")))
+        assert len(measured["images"]) == figures, name
+
+
+@pytest.mark.slow
+@needs_pdflatex
+def test_the_pdf_compiles_with_the_same_content(tmp_path):
+    import torch
+
+    from numeric_check.reports.paper.build import write_paper
+
+    torch.set_num_threads(1)
+    paper, _ = write_paper(tmp_path, pdf=True)
+    data = (tmp_path / "paper.pdf").read_bytes()
+    assert data.startswith(b"%PDF") and len(data) > 50_000
+    tex = (tmp_path / "paper.tex").read_text(encoding="utf-8")
+    for section in paper.sections:
+        assert section.title.split(":")[0] in tex
+    assert tex.count(r"\includegraphics") == sum(1 for f in paper.findings if f.figure)
+    if shutil.which("pdftotext"):
+        import subprocess
+
+        text = subprocess.run(["pdftotext", str(tmp_path / "paper.pdf"), "-"], capture_output=True, text=True).stdout
+        assert "holds in part" in text and "Zero layers" in text
+
+
+
+def test_a_pdf_without_pdflatex_is_refused_before_any_work(tmp_path, monkeypatch):
+    import derivations.commands
+    from derivations.errors import LatexError
+    from numeric_check.reports.paper.build import check_outputs
+
+    monkeypatch.setattr(derivations.commands.shutil, "which", lambda name: None)
+    with pytest.raises(LatexError, match="pdflatex is not installed"):
+        check_outputs(tmp_path / "out", pdf=True)
+    assert not (tmp_path / "out").exists()
+    assert check_outputs(tmp_path / "site") == tmp_path / "site"  # the site alone needs no pdflatex
+
+
+def test_random_models_do_not_bear_the_paper_out():
+    """The verdicts can fail: on untrained models the circuit findings do not hold."""
+    import torch
+
+    from derivations.architecture import Architecture
+    from numeric_check.model.circuit_model import CircuitModel
+    from numeric_check.reports.analysis import analyze_model
+    from numeric_check.reports.paper.claims import paper_findings
+    from numeric_check.reports.paper.measure import Measurements, random_copying
+
+    torch.set_num_threads(1)
+    analyses = {n: analyze_model(CircuitModel.random(Architecture(n, 2, positional="qk_only"), d_model=8, d_head=4,
+                                                     d_vocab=12, n_ctx=16, seed=n), name=f"random_{n}l", n_sequences=4)
+                for n in (0, 1, 2)}
+    found = paper_findings(Measurements(analyses, random_copying(analyses[1].model, n_models=2)))
+    assert set(REQUIRED) <= set(found)
+    for key in ("bugs", "induction-heads", "induction-circuits", "induction-loss"):
+        assert found[key].verdict == "does not hold", (key, found[key].measured)
