@@ -15,6 +15,9 @@ from derivations.errors import ArchitectureError
 POSITIONAL_KINDS = ("none", "standard", "qk_only")
 NORMS = ("none", "layer_norm", "rms_norm")
 ROTARY_STYLES = ("neox", "gptj")
+QK_NORMS = (None, "rms_norm", "layer_norm")
+QK_NORM_SCOPES = ("head", "all")
+SUBLAYER_NORMS = ("pre", "post", "both")
 # Bounds checked before anything per layer or per head is built (GPT-3 has 96 layers of 96 heads).
 MAX_LAYERS = 1024
 MAX_HEADS = 1024  # in one layer
@@ -84,6 +87,9 @@ class Architecture:
     parallel: bool = False
     rotary: float | None = None
     rotary_style: str = "neox"
+    qk_norm: str | None = None
+    qk_norm_scope: str = "head"
+    sublayer_norm: str = "pre"
     heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
     kv_heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
 
@@ -136,6 +142,37 @@ class Architecture:
                 "pass mlp=True, or parallel=False"
             )
         self._check_rotary()
+        self._check_decoder_norms()
+
+    def _check_decoder_norms(self) -> None:
+        """q/k normalisation and norms after a sublayer (the options of Qwen3, OLMo 2, Gemma 2...)."""
+        if self.qk_norm not in QK_NORMS:
+            raise ArchitectureError(f"unknown qk_norm {self.qk_norm!r}; expected one of " + ", ".join(map(repr, QK_NORMS)))
+        if self.qk_norm_scope not in QK_NORM_SCOPES:
+            raise ArchitectureError(f"unknown qk_norm_scope {self.qk_norm_scope!r}; expected one of "
+                                    + ", ".join(map(repr, QK_NORM_SCOPES)))
+        if self.qk_norm is None and self.qk_norm_scope != "head":
+            raise ArchitectureError(f"qk_norm_scope={self.qk_norm_scope!r} but qk_norm is None; pass qk_norm "
+                                    "('rms_norm' or 'layer_norm') or leave qk_norm_scope at 'head'")
+        if self.sublayer_norm not in SUBLAYER_NORMS:
+            raise ArchitectureError(f"unknown sublayer_norm {self.sublayer_norm!r}; expected one of "
+                                    + ", ".join(map(repr, SUBLAYER_NORMS)))
+        if self.sublayer_norm != "pre" and self.norm == "none":
+            raise ArchitectureError(f"sublayer_norm={self.sublayer_norm!r} puts a norm after each sublayer, but norm "
+                                    "is 'none'; pass norm='rms_norm' or 'layer_norm'")
+        if self.sublayer_norm == "post" and self.parallel:
+            raise ArchitectureError("sublayer_norm='post' leaves the sublayers' input unnormalised, which a parallel "
+                                    "block's shared norm cannot express; pass sublayer_norm='both' or parallel=False")
+
+    @property
+    def pre_norm(self) -> bool:
+        """True when a norm reads the stream before each attention layer and MLP (``ln1``, ``ln2``)."""
+        return self.normalised and self.sublayer_norm != "post"
+
+    @property
+    def post_norm(self) -> bool:
+        """True when a norm scales each sublayer's output before it joins the stream (``ln1_post``, ``ln2_post``)."""
+        return self.sublayer_norm != "pre"
 
     def _check_norm(self) -> None:
         norm = self.norm
@@ -269,8 +306,19 @@ class Architecture:
         if self.rotary is not None:
             share = "all" if self.rotary == 1 else f"{self.rotary:.0%}"
             extras.append(f"rotary on {share} of the head dimensions ({self.rotary_style} pairing)")
+        extras += self._describe_decoder()
         layers = f"{self.n_layers} layer" + ("" if self.n_layers == 1 else "s")
         return f"{layers} x {heads}, " + ", ".join(extras)
+
+
+    def _describe_decoder(self) -> list[str]:
+        out = []
+        if self.qk_norm is not None:
+            kind = {"rms_norm": "RMSNorm", "layer_norm": "layer norm"}[self.qk_norm]
+            out.append(f"q/k {kind} " + ("per head" if self.qk_norm_scope == "head" else "over all heads"))
+        if self.sublayer_norm != "pre":
+            out.append({"post": "norms after each sublayer (not before)", "both": "norms before and after each sublayer"}[self.sublayer_norm])
+        return out
 
 
 def _check_heads(layer: int, count) -> None:

@@ -200,7 +200,7 @@ def order_counts(arch: Architecture, first: int, upto: int, max_order: int | Non
 def stream_terms(arch: Architecture, upto: int, max_order: int | None) -> Iterator[tuple[int, StreamTerm]]:
     """``(order, term)`` for the residual stream entering layer ``upto``, source by source,
     then by order, then by layers and heads. Position words carry no final scale."""
-    ln = arch.normalised
+    ln = arch.pre_norm
     for entry in stream_entries(arch, upto):
         top = upto - entry.first_layer
         if max_order is not None:
@@ -460,7 +460,7 @@ def mlp_input_terms(arch: Architecture, layer: int, max_order: int | None = None
     upto, entries = _mlp_entries(arch, layer)
     check_order(max_order, upto, f"the input of layer {layer}'s MLP")
     own = Source("mlp", layer)
-    lead = (mlp_ln_scale(arch, layer),) if arch.normalised else ()
+    lead = (mlp_ln_scale(arch, layer),) if arch.pre_norm else ()
     for _, st in stream_terms(arch, upto, max_order):
         if st.path.source != own:
             yield PathTerm(st.path, Term(ONE, (lead + st.position, st.residual)))

@@ -25,6 +25,12 @@ Extras, each an order-0 entry of the sides:
 The models studied today:
 
 - a norm (layer norm or RMSNorm) leads both sides with its frozen scale ``N^{Ll}``;
+- q/k normalisation (Qwen3, OLMo 2, Persimmon, StableLM, Cohere): a norm of each head's query
+  and key (over ``d_head``, or over all heads at once) is one more frozen per-position scale on
+  each side, ``N^{LlHh,q}`` and ``N^{LlKVg,k}`` (``N^{Ll,q}``, ``N^{Ll,k}`` over all heads), in
+  front of every position word of the side, the biases ``b_Q``/``b_K`` included; its gains (and a
+  layer norm's centring over the head) fold into ``W_Q``/``W_K`` and their biases, and a layer
+  norm's own bias is one more constant side, ``b_Qn``/``b_Kn``, after the scale;
 - grouped-query attention: ``W_QK^{h} = W_Q^{h}ᵀ W_K^{g}`` with ``g`` the key/value head of
   ``h``'s group, so unfolded words (biases, rotary) name ``W_K^{g}``/``b_K^{g}`` once per group;
 - rotary: the queries and keys are rotated by position after ``W_Q``/``W_K`` (and their
@@ -50,7 +56,7 @@ from typing import Iterator, NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import Word, d_head
+from tensoralg.atoms import Atom, Word, d_head
 from tensoralg.rotary import rotary_atom
 from tensoralg.display import expansion_markdown
 from tensoralg.expr import TensorSum, Term, check_order
@@ -120,10 +126,21 @@ class _Side(NamedTuple):
     is_bias: bool
 
 
+def qk_norm_scale(arch: Architecture, layer: int, head: int, side: str) -> Atom:
+    """The frozen scale of a q/k norm on the ``side`` (``"q"`` or ``"k"``) of head ``(layer, head)``:
+    ``N^{L1H0,q}``, ``N^{L1KV0,k}`` (a key norm belongs to the key/value head), or ``N^{L1,q}``
+    when the norm runs over all heads at once (one scale per position, OLMo 2)."""
+    if arch.qk_norm_scope == "all":
+        return layer_atom("N", f"L{layer},{side}")
+    return layer_atom("N", (head_label(layer, head) if side == "q" else arch.kv_label(layer, head)) + f",{side}")
+
+
 def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, query: bool) -> list[list[_Side]]:
     """The query (or key) side of head ``(layer, head)``, by order."""
     qk_only = arch.positional == "qk_only"
-    scale = (ln_scale(layer),) if arch.normalised else ()
+    # a q/k norm scales every term of a side (its bias b_Qn comes after the scale); then ln1's scale
+    qn = (qk_norm_scale(arch, layer, head, "q" if query else "k"),) if arch.qk_norm else ()
+    scale = qn + ((ln_scale(layer),) if arch.pre_norm else ())
     W_K = kv_atom(arch, "W_K", layer, head)
     # rotary turns the query (and key) after W_Q and b_Q: W_QK unfolds around R^{h}
     R = (rotary_atom(head_label(layer, head)),) if arch.rotary is not None else ()
@@ -145,14 +162,17 @@ def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, que
         out[k].append(side(st.path, st.position, st.residual))
     if qk_only:
         # Positions join the Q/K inputs after the layer norm (as TransformerLens' shortformer).
-        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),), lead=()))
-    if arch.biases:
+        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),), lead=qn))
+    biases = [("b_Q", "b_K", "query_bias", "key_bias", qn)] if arch.biases else []
+    if arch.qk_norm == "layer_norm":  # the q/k layer norm's own bias, after its scale
+        biases.append(("b_Qn", "b_Kn", "query_norm_bias", "key_norm_bias", ()))
+    for q_name, k_name, q_kind, k_kind, lead in biases:
         if query:
-            b = transposed(head_atom("b_Q", layer, head))
-            out[0].append(_Side(Path(Source("query_bias", layer, head)), (), (b,) + R + (W_K,), (b,) + R, True))
+            b = transposed(head_atom(q_name, layer, head))
+            out[0].append(_Side(Path(Source(q_kind, layer, head)), lead, (b,) + R + (W_K,), (b,) + R, True))
         else:
-            b = kv_atom(arch, "b_K", layer, head)
-            out[0].append(_Side(Path(Source("key_bias", layer, head)), (), (b,), (b,), True))
+            b = kv_atom(arch, k_name, layer, head)
+            out[0].append(_Side(Path(Source(k_kind, layer, head)), lead, (b,), (b,), True))
     return out
 
 
@@ -161,7 +181,7 @@ def _side_counts(arch: Architecture, layer: int, max_order: int | None) -> list[
     for entry in stream_entries(arch, layer):
         for k, n in enumerate(order_counts(arch, entry.first_layer, layer, max_order)):
             counts[k] += n
-    counts[0] += (arch.positional == "qk_only") + arch.biases
+    counts[0] += (arch.positional == "qk_only") + arch.biases + (arch.qk_norm == "layer_norm")
     return counts
 
 

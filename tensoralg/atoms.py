@@ -123,6 +123,8 @@ STANDARD_SHAPES: dict[str, tuple[sp.Expr, sp.Expr, bool]] = {
     "W_out": (d_model, d_mlp, False),
     "b_Q": (d_head, ONE, False),
     "b_K": (d_head, ONE, False),
+    "b_Qn": (d_head, ONE, False),  # the bias of a q/k layer norm (Persimmon), added after its frozen scale
+    "b_Kn": (d_head, ONE, False),
     "b_V": (d_head, ONE, False),
     "b_O": (d_model, ONE, False),
     "b_U": (d_vocab, ONE, False),

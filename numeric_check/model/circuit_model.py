@@ -389,7 +389,9 @@ class CircuitModel(nn.Module):
 def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float | None) -> Tensor:
     """Seeded draw for one parameter: weights N(0, 1/fan_in), embeddings N(0, 1), biases N(0, 0.1²)."""
     leaf = name.rsplit(".", 1)[-1]
-    if leaf.startswith("b_"):
+    if leaf == "gain":  # a norm's gain (q/k norms, norms after a sublayer): around 1, never exactly 1
+        return 1 + 0.2 * torch.randn(param.shape, generator=gen, dtype=torch.float64)
+    if leaf.startswith("b_") or leaf == "bias":
         std = 0.1 if init_std is None else 0.1 * init_std
     elif leaf in ("W_E", "W_pos"):
         std = 1.0 if init_std is None else init_std

@@ -41,6 +41,47 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return LayerNorm(cfg.ln_eps, centre=cfg.arch.norm == "layer_norm")
 
 
+class QKNorm(nn.Module):
+    """A norm of each head's queries (or keys): q/k normalisation (Qwen3, OLMo 2, Persimmon, StableLM, Cohere).
+
+    Over each head's ``d_head`` entries (``scope="head"``) or over all heads' at once (``"all"``,
+    OLMo 2): centre (layer norm only), divide by ``hook_scale = sqrt(mean(x²) + eps)`` (``[b, p,
+    heads or 1, 1]``, frozen by a Constant hook like any norm's scale), multiply by ``gain`` and
+    add ``bias`` (layer norm only), both ``[heads, d_head]`` (one row per head that owns the
+    projection: query heads, or key/value heads, repeated like the keys); through ``hook_normalized``.
+    In the algebra the scale is a diagonal position factor, and the gain and centring fold into
+    ``W_Q``/``W_K`` and their biases (:meth:`fold`).
+    """
+
+    def __init__(self, kind: str, scope: str, eps: float, n_heads: int, d_head: int, **factory: Any):
+        super().__init__()
+        self.centre, self.over_heads, self.eps = kind == "layer_norm", scope == "all", eps
+        self.gain = nn.Parameter(torch.ones(n_heads, d_head, **factory))
+        self.bias = _optional_param(self.centre, n_heads, d_head, **factory)
+        self.hook_scale = HookPoint()  # [batch, pos, heads or 1, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, heads, d_head]
+
+    def forward(self, x: Tensor, per_head) -> Tensor:
+        dims = (-2, -1) if self.over_heads else (-1,)
+        if self.centre:
+            x = x - x.mean(dims, keepdim=True)
+        scale = self.hook_scale.fixed((*x.shape[:-2], 1 if self.over_heads else x.shape[-2], 1))
+        if scale is None:
+            scale = self.hook_scale((x.pow(2).mean(dims, keepdim=True) + self.eps).sqrt())
+        out = x / scale * per_head(self.gain)
+        return self.hook_normalized(out if self.bias is None else out + per_head(self.bias))
+
+    def fold(self, W: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``diag(gain) C W`` and ``diag(gain) C b`` for a projection ``W [heads, d_head, d_model]`` and its
+        bias ``b [heads, d_head]`` (``C``: the layer norm's centring, over the head or over all heads;
+        none for RMSNorm): what the queries (keys) are before the frozen scale divides them."""
+        if self.centre:
+            axes = (0, 1) if self.over_heads else (1,)
+            W = W - W.mean(axes, keepdim=True)
+            b = None if b is None else b - b.mean(axes, keepdim=True)
+        return self.gain[..., None] * W, None if b is None else self.gain * b
+
+
 def _param(*shape: int, **factory: Any) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape, **factory))
 
@@ -57,7 +98,8 @@ class Attention(nn.Module):
     :attr:`kv_index` ``[h]`` (Hugging Face's ``repeat_kv``). ``hook_k`` and ``hook_v`` carry one
     entry per *query* head, ``[b, p, n_heads, d_head]``, the shared ones repeated, so every
     reader indexes them by query head. Rotary turns the queries and keys by position in
-    :meth:`scores` (``hook_q``/``hook_k`` hold them unrotated).
+    :meth:`scores` (``hook_q``/``hook_k`` hold them unrotated). q/k normalisation (:class:`QKNorm`,
+    ``q_ln`` and ``k_ln``) runs between ``hook_q``/``hook_k`` and the scores.
     """
 
     def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
@@ -73,8 +115,21 @@ class Attention(nn.Module):
         self.b_O = _optional_param(bias, d, **factory)
         self.register_buffer("kv_index", torch.arange(h, device=factory.get("device")) // (h // g), persistent=False)
         self.rotary = None if cfg.arch.rotary is None else (cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
-        for name in ("q", "k", "v", "attn_scores", "pattern", "z", "result"):
+        for name in ("q", "k", "v"):
             setattr(self, f"hook_{name}", HookPoint())
+        qk_norm = cfg.arch.qk_norm
+        self.q_ln = None if qk_norm is None else QKNorm(qk_norm, cfg.arch.qk_norm_scope, cfg.ln_eps, h, e, **factory)
+        self.k_ln = None if qk_norm is None else QKNorm(qk_norm, cfg.arch.qk_norm_scope, cfg.ln_eps, g, e, **factory)
+        for name in ("attn_scores", "pattern", "z", "result"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def folded(self, side: str) -> tuple[Tensor, Tensor | None]:
+        """``(W, b)`` of the queries (``side="Q"``) or keys (``"K"``) as the algebra binds ``W_Q``/``W_K``
+        and ``b_Q``/``b_K``: the parameters themselves, or with a q/k norm its gain and centring folded
+        in (:meth:`QKNorm.fold`), one row per head that owns them."""
+        W, b = (self.W_Q, self.b_Q) if side == "Q" else (self.W_K, self.b_K)
+        norm = self.q_ln if side == "Q" else self.k_ln
+        return (W, b) if norm is None else norm.fold(W, b)
 
     @property
     def grouped(self) -> bool:
@@ -102,6 +157,8 @@ class Attention(nn.Module):
         if pattern is None:
             q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
             k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
+            if self.q_ln is not None:  # q/k normalisation: after the projections, before rotary
+                q, k = self.q_ln(q, self.per_head), self.k_ln(k, self.per_head)
         v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
         if pattern is None:
             pattern = self.hook_pattern(self.scores(q, k).softmax(-1))

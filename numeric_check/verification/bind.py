@@ -11,6 +11,10 @@ atom                bound to                                                   k
 ``N^{Ll}``          ``1 / blocks.l.ln1.hook_scale`` (frozen)                   diagonal ``[b, pos]``
 ``N^{Ll,qk}``       ``1 / blocks.l.ln1_qk.hook_scale`` (qk_only + layer norm)  diagonal ``[b, pos]``
 ``N^{final}``       ``1 / ln_final.hook_scale``                                diagonal ``[b, pos]``
+``N^{LlHh,q}``      ``1 / blocks.l.attn.q_ln.hook_scale[:, :, h]`` (q/k norm)   diagonal ``[b, pos]``
+``N^{LlKVg,k}``     ``1 / blocks.l.attn.k_ln.hook_scale`` (``N^{Ll,k}``: all heads) diagonal ``[b, pos]``
+``W_Q``, ``b_Q``…   with a q/k norm, its gain and centring folded in (``attn.folded``) factors
+``b_Qn``, ``b_Kn``  a q/k layer norm's bias, ``attn.q_ln.bias[h]``                 factors ``[d_head, 1]``
 ``W_E``, ``W_U``…   the model's weights (paper convention)                     factors
 ``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                          factors
 ``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                         factors
@@ -52,9 +56,9 @@ from numeric_check.model.hooks import block_hook
 from tensoralg.atoms import Atom
 
 
-_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+)|(?P<qk>,qk))?$")
-_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V")
-_KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V")  # one per key/value head: indexed by group when grouped
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+))?(?:,(?P<tag>qk|q|k))?$")
+_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V", "b_Qn", "b_Kn")
+_KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V", "b_Kn")  # one per key/value head: indexed by group when grouped
 
 
 # --- bound values ---------------------------------------------------------------------------
@@ -151,7 +155,7 @@ class Binder:
                 f"atom {a.label!r} refers to a head or layer this model does not have ({arch.describe()}); "
                 "the expansion was built for another architecture"
             )
-        return layer, head, match["qk"] is not None
+        return layer, head, match["tag"] == "qk"
 
     def _layer_group(self, a: Atom, match) -> tuple[int, int, bool]:
         """``(layer, group, False)`` for a key/value atom of a grouped layer, ``W_K^{L0KV1}``."""
@@ -184,6 +188,9 @@ class Binder:
             pattern = rec.get(block_hook(layer, "attn.hook_pattern"), f"atom {a.label}")
             return PositionValue(pattern[:, head], False)  # [b, q, k]
         if a.name == "N":
+            match = _INDEX.match(a.index)
+            if match is not None and match["tag"] in ("q", "k"):
+                return self._qk_norm_scale(a, match)
             if a.index == "final":
                 name = "ln_final.hook_scale"
             else:
@@ -194,6 +201,27 @@ class Binder:
             scale = rec.get(name, f"atom {a.label}")
             return PositionValue(1.0 / scale[..., 0], True)  # [b, pos]
         raise AtomBindingError(f"unknown position-side atom {a.label!r}; expected A^{{L<l>H<h>}} or N^{{...}}")
+
+    def _qk_norm_scale(self, a: Atom, match) -> PositionValue:
+        """``N^{L1H0,q}``, ``N^{L1KV0,k}`` (``N^{L1H0,k}`` ungrouped) or ``N^{L1,q}`` (a norm over all heads):
+        ``1 / attn.q_ln.hook_scale`` (``k_ln``) of that head (its key/value group's first query head)."""
+        layer = int(match["layer"])
+        arch = self.model.arch
+        if layer >= arch.n_layers or arch.qk_norm is None:
+            raise AtomBindingError(f"atom {a.label!r} is a q/k norm's scale, but the model has none in layer {layer} ({arch.describe()})")
+        if (match["head"] is None and match["group"] is None) != (arch.qk_norm_scope == "all"):
+            raise AtomBindingError(f"atom {a.label!r}: the model's q/k norm runs over {'all heads' if arch.qk_norm_scope == 'all' else 'each head'}; "
+                                   "the expansion was built for another architecture")
+        attn = self.model.blocks[layer].attn
+        if match["group"] is not None:
+            owners = (attn.kv_index == int(match["group"])).nonzero()
+            column = int(owners[0]) if len(owners) else attn.n_heads
+        else:
+            column = 0 if match["head"] is None else int(match["head"])
+        if column >= attn.n_heads:
+            raise AtomBindingError(f"atom {a.label!r} refers to a head this model does not have ({arch.describe()})")
+        scale = self.recording.get(block_hook(layer, f"attn.{match['tag']}_ln.hook_scale"), f"atom {a.label}")
+        return PositionValue(1.0 / scale[:, :, column, 0], True)  # [b, pos]
 
     # -- residual side ----------------------------------------------------------
     def factors(self, a: Atom) -> tuple[Tensor, ...]:
@@ -217,11 +245,16 @@ class Binder:
             if name == "W_OV":
                 return (attn.W_O[head], attn.W_V[int(attn.kv_index[head])])
             if name == "W_QK":
-                return (attn.W_Q[head].T, attn.W_K[int(attn.kv_index[head])])
+                return (attn.folded("Q")[0][head].T, attn.folded("K")[0][int(attn.kv_index[head])])
+            if name in ("b_Qn", "b_Kn"):
+                norm = attn.q_ln if name == "b_Qn" else attn.k_ln
+                if norm is None or norm.bias is None:
+                    raise AtomBindingError(f"atom {a.label!r} is a q/k layer norm's bias, but the model has none")
+                return (norm.bias[head][:, None],)
             if name in _KV_WEIGHTS and attn.grouped and "KV" not in a.index:
                 raise AtomBindingError(f"atom {a.label!r}: layer {layer} shares its keys and values between heads; "
                                        f"name them by group, {a.name}^{{L{layer}KV{int(attn.kv_index[head])}}}")
-            value = getattr(attn, name)
+            value = attn.folded(name[-1])[name.startswith("b_")] if name[-1] in "QK" else getattr(attn, name)
             if value is None:
                 raise AtomBindingError(f"atom {a.label!r} is a bias but the model has no biases")
             return (value[head] if name.startswith("W_") else value[head][:, None],)

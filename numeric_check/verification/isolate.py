@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from derivations.paths import Path
+from derivations.sources import HEAD_SOURCES
 from numeric_check.errors import NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import (
@@ -284,11 +285,13 @@ def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], 
 
 
 def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, streams: list[Tensor],
-                  position_on: list[float], q_bias_on: list[float], k_bias_on: list[float]) -> tuple[list[Tensor], list[Tensor]]:
+                  on: dict[str, list[float]]) -> tuple[list[Tensor], list[Tensor]]:
     """The model's ``q`` and ``k`` of head ``(layer, head)`` for each stream entering ``layer``.
 
-    ``position_on``: whether a copy gets the ``qk_only`` positional embedding; ``q_bias_on``
-    / ``k_bias_on``: whether ``b_Q`` / ``b_K`` are on.
+    ``on[kind]``, per copy: whether the ``qk_only`` positional embedding (``"position"``), ``b_Q``
+    (``"query_bias"``), ``b_K`` (``"key_bias"``) and a q/k layer norm's biases (``"query_norm_bias"``,
+    ``"key_norm_bias"``) are on. With a q/k norm (its scale frozen) ``q`` and ``k`` are read after
+    it, at ``q_ln``/``k_ln``'s ``hook_normalized``, the projections' biases switched at ``hook_q``/``hook_k``.
     """
     b = rec.n_batch
     attn = model.blocks[layer].attn
@@ -296,18 +299,24 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
     copies = len(streams)
     seen: dict[str, Tensor] = {}
 
-    def read(name: str, bias: Tensor | None, on: list[float], last: bool):
-        def hook(x: Tensor, _) -> None:
+    def switch(bias: Tensor | None, kind: str, name: str | None = None, last: bool = False):
+        def hook(x: Tensor, _) -> Tensor | None:
             if bias is not None:
-                x = x - (1 - per_copy(on, b, x, 4)) * bias
-            seen[name] = x[:, :, head]  # [copies * b, pos, d_head]
+                x = x - (1 - per_copy(on[kind], b, x, 4)) * bias
+            if name is not None:
+                seen[name] = x[:, :, head]  # [copies * b, pos, d_head]
             if last:
                 raise StopForward
+            return x
         return hook
 
-    hooks = [(block_hook(layer, "attn.hook_q"), read("q", attn.b_Q, q_bias_on, False)),
-             (block_hook(layer, "attn.hook_k"), read("k", attn.per_head(attn.b_K), k_bias_on, True))]
-    run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, position_on)  # the block alone
+    normed = attn.q_ln is not None
+    hooks = [(block_hook(layer, "attn.hook_q"), switch(attn.b_Q, "query_bias", None if normed else "q")),
+             (block_hook(layer, "attn.hook_k"), switch(attn.per_head(attn.b_K), "key_bias", None if normed else "k", not normed))]
+    if normed:
+        hooks += [(block_hook(layer, "attn.q_ln.hook_normalized"), switch(attn.q_ln.bias, "query_norm_bias", "q")),
+                  (block_hook(layer, "attn.k_ln.hook_normalized"), switch(attn.per_head(attn.k_ln.bias), "key_norm_bias", "k", True))]
+    run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, on["position"])  # the block alone
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 
 
@@ -326,14 +335,15 @@ def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: S
             yield from attn.scores(qs, ks)[:, 0].split(b)
 
 
-def _side_inputs(paths: Sequence[Path], layer: int, head: int) -> tuple[list[float], list[float], list[float]]:
-    position_on = [float(q.source.kind == "position") for q in paths]
-    q_bias_on = [float(q.source.kind == "query_bias") for q in paths]
-    k_bias_on = [float(q.source.kind == "key_bias") for q in paths]
+_SWITCHED = ("position", "query_bias", "key_bias", "query_norm_bias", "key_norm_bias")
+
+
+def _side_inputs(paths: Sequence[Path], layer: int, head: int) -> dict[str, list[float]]:
+    """Per copy, which of the head's own inputs (:data:`_SWITCHED`) are on: those of the copy's source."""
     for q in paths:
-        if q.source.kind in ("query_bias", "key_bias") and (q.source.layer, q.source.head) != (layer, head):
+        if q.source.kind in HEAD_SOURCES and (q.source.layer, q.source.head) != (layer, head):
             raise NumericCheckError(f"source {q.source.label} belongs to another head than L{layer}H{head}")
-    return position_on, q_bias_on, k_bias_on
+    return {kind: [float(q.source.kind == kind) for q in paths] for kind in _SWITCHED}
 
 
 def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Path, Path]], *,
@@ -350,7 +360,7 @@ def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs
     for chunk in _chunks(len(side_paths), per_path, chunk_bytes):  # only q and k (d_head wide) are kept
         paths = [side_paths[i] for i in chunk]
         streams = isolate_streams(model, rec, paths, layer, chunk_bytes=chunk_bytes)
-        q_chunk, k_chunk = _queries_keys(model, rec, layer, head, streams, *_side_inputs(paths, layer, head))
+        q_chunk, k_chunk = _queries_keys(model, rec, layer, head, streams, _side_inputs(paths, layer, head))
         q += q_chunk
         k += k_chunk
     qk = [(q[where[qp]], k[where[kp]]) for qp, kp in pairs]
@@ -438,7 +448,7 @@ def graded_qk(model: CircuitModel, rec: Recording, layer: int, head: int, max_or
     run_frozen(model, rec, hooks.copies, hooks.hooks() + [(block_hook(layer, "hook_resid_pre"), keep(seen, "x", stop=True))])
     streams = list(seen["x"].split(rec.n_batch))[: max_order + 2]  # orders 0..k and > k
     order0 = [1.0] + [0.0] * (max_order + 1)
-    q, k = _queries_keys(model, rec, layer, head, streams, order0, order0, order0)
+    q, k = _queries_keys(model, rec, layer, head, streams, dict.fromkeys(_SWITCHED, order0))
     pairs = [(q[i], k[j]) for i in range(max_order + 2) for j in range(max_order + 2) if i + j > max_order]
     total = None
     for scores in _scores(model, rec, layer, head, pairs, chunk_bytes=chunk_bytes):
