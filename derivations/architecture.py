@@ -160,6 +160,10 @@ class Architecture:
         if self.sublayer_norm != "pre" and self.norm == "none":
             raise ArchitectureError(f"sublayer_norm={self.sublayer_norm!r} puts a norm after each sublayer, but norm "
                                     "is 'none'; pass norm='rms_norm' or 'layer_norm'")
+        if self.sublayer_norm != "pre" and self.norm == "layer_norm":
+            raise ArchitectureError(f"sublayer_norm={self.sublayer_norm!r} with a layer norm: a norm after a sublayer "
+                                    "is an RMSNorm in the families that have one (OLMo 2, Gemma 2); a centring norm "
+                                    "after a sublayer is not supported, pass norm='rms_norm'")
         if self.sublayer_norm == "post" and self.parallel:
             raise ArchitectureError("sublayer_norm='post' leaves the sublayers' input unnormalised, which a parallel "
                                     "block's shared norm cannot express; pass sublayer_norm='both' or parallel=False")

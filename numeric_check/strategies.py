@@ -28,7 +28,7 @@ except ImportError as error:  # pragma: no cover - exercised only without hypoth
 
 import torch
 
-from derivations.architecture import POSITIONAL_KINDS, QK_NORM_SCOPES, QK_NORMS, Architecture
+from derivations.architecture import POSITIONAL_KINDS, QK_NORM_SCOPES, QK_NORMS, SUBLAYER_NORMS, Architecture
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ACT_FNS, ModelConfig
 
@@ -99,14 +99,17 @@ def models_and_tokens(draw, max_batch: int = 3, dtype: torch.dtype = torch.float
 @st.composite
 def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
     """A 2-layer architecture with the options of today's decoders drawn together: norm, grouped-query
-    heads, rotary, biases, MLPs (parallel or not), q/k normalisation (kind and scope)."""
+    heads, rotary, biases, MLPs (parallel or not), q/k normalisation (kind and scope), norms after
+    the sublayers (RMSNorm: post only, or before and after)."""
     groups, per_group = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
     mlp = draw(st.booleans())
     qk_norm = draw(st.sampled_from(QK_NORMS))
+    norm = draw(st.sampled_from(["layer_norm", "rms_norm"]))
+    sublayer = draw(st.sampled_from(SUBLAYER_NORMS)) if norm == "rms_norm" else "pre"
     return Architecture(
-        n_layers, groups * per_group, n_kv_heads=groups, norm=draw(st.sampled_from(["layer_norm", "rms_norm"])),
+        n_layers, groups * per_group, n_kv_heads=groups, norm=norm, sublayer_norm=sublayer,
         positional=draw(st.sampled_from(POSITIONAL_KINDS)), biases=draw(st.booleans()), mlp=mlp,
-        parallel=mlp and draw(st.booleans()), rotary=draw(st.sampled_from([None, 0.5, 1.0])),
+        parallel=mlp and sublayer != "post" and draw(st.booleans()), rotary=draw(st.sampled_from([None, 0.5, 1.0])),
         rotary_style=draw(st.sampled_from(["neox", "gptj"])), qk_norm=qk_norm,
         qk_norm_scope=draw(st.sampled_from(QK_NORM_SCOPES)) if qk_norm else "head",
     )

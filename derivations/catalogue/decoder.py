@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sympy as sp
 
-from tensoralg import atom, d_head, sandwich, term
+from tensoralg import Product, atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture
-from derivations.catalogue.common import NOTATION, SCORES, scaled_scores, stream_product
+from derivations.catalogue.common import NOTATION, SCORES, by_order, scaled_scores, stream_product
 from derivations.catalogue.qk import by_composition
-from derivations.catalogue.registry import check_count, entry
+from derivations.catalogue.registry import check_count, check_flag, entry
 from derivations.derivation import Chain, Derivation, Rule
 from derivations.document import Math, math, prose
 from derivations.errors import DerivationError
+from derivations.paths import expand_logits
 from derivations.qk import expand_qk
 
 FROZEN_SCALE = Rule("frozen-scale", "a norm's scale frozen, its gain and centring folded", Math(
@@ -58,9 +59,9 @@ def qk_norm(heads: int = 1) -> Derivation:
               " for RMSNorm); the same on the key side. A layer norm's own bias is added after the scale: one more "
               "constant side, ", math("Id ⊗ b_Qn^h"), " (Persimmon), with no scale in front."),
         prose("Over all heads at once (OLMo 2 normalises the whole projection) the scale is one per position, ",
-              math("N^{L1,q}"), ", shared by the heads of the layer; the centring of a layer norm then runs over all "
+              _named("N", "L1,q"), ", shared by the heads of the layer; the centring of a layer norm then runs over all "
               "heads and still folds into each head's ", math("W_Q^h"), ". Keys are normalised per key/value head: "
-              "with grouped-query attention the key-side scale is named once per group, ", math("N^{L1KV0,k}"), "."),
+              "with grouped-query attention the key-side scale is named once per group, ", _named("N", "L1KV0,k"), "."),
         prose("Rotary turns the normalised queries and keys; a diagonal position factor commutes with its diagonal "
               "factors, so the terms keep the form ", math("N^q P ⊗ N^k Q ⊗ W_pᵀ W_Qᵀ R^h W_K W_q"), "."),
         prose("The logits' path expansion is unchanged: the patterns ", math("A^h"), " are frozen, and the "
@@ -73,6 +74,68 @@ def qk_norm(heads: int = 1) -> Derivation:
         (query, scores, composition), notes=notes, params=(("heads", H),))
 
 
+def _named(name: str, index: str):
+    """An indexed atom for prose, printed as the expressions print it (``N^{L0,post}``)."""
+    return term(atom(name, index))
+
+
 def _one(coeff, middle=None):
     """The middle of a bilinear form: ``coeff · middle`` (``Id`` when ``None``), one slot."""
     return term(middle, coeff=coeff)
+
+
+@entry("post-norm", "norms after a sublayer (OLMo 2; Gemma 2's sandwich norms): a frozen scale on each head's output")
+def post_norm(heads: int = 1, post_only: bool = False) -> Derivation:
+    H = check_count("heads", heads, 1)
+    sandwich_norms = not check_flag("post_only", post_only)
+    arch = Architecture(2, H, norm="rms_norm", sublayer_norm="both" if sandwich_norms else "post")
+    N, M = atom("N", "L0"), atom("N", "L0,post")
+    pre = (N,) if sandwich_norms else ()
+    heads_of = [term((atom("A", f"L0H{h}"),) + pre, atom("W_OV", f"L0H{h}")) for h in range(H)]
+    layer = Chain.start(Math(r"\mathrm{layer}_0", "layer_0"), term(None, None) + term(M, None) @ _sum(heads_of),
+                        detail=prose("the residual connection, plus the attention output normalised before it joins "
+                                     "the stream"), intro=prose(
+        "A norm after a sublayer (OLMo 2, and Gemma 2 after its pre-norm: sandwich norms) divides the attention "
+        "output by its own scale at each position and multiplies it by a gain ", math("γ"), ". Frozen, the scale is a "
+        "diagonal position factor ", _named("N", "L0,post"), " in front of every head, and the gain folds into ",
+        math("W_O^h"), " (so into ", math("W_OV^h"), ") and ", math("b_O"), ":")).expand()
+    logits = _logits_chain(arch)
+    notes = (
+        NOTATION,
+        prose("Folded weights: ", math("W_OV^h"), " stands for ", Math(r"\mathrm{diag}(\gamma) W_O^h W_V^h",
+              "diag(γ) W_O^h W_V^h"), " and ", _named("b_O", "L0"), " for ", Math(r"\mathrm{diag}(\gamma) b_O",
+              "diag(γ) b_O"), ", which enters the stream behind the same scale: its term is ",
+              term(atom("N", "L0,post"), atom("b_O", "L0")), "."),
+        prose("An MLP's output is normalised the same way before it joins the stream; an MLP is an opaque source, "
+              "and its source is what joins the stream, the norm included."),
+        prose("With both norms (Gemma 2) each head reads the stream through the pre-norm's scale ", _named("N", "L0"),
+              " and writes through the post-norm's scale ", _named("N", "L0,post"), ".") if sandwich_norms else
+        prose("Without a norm before the sublayers (OLMo 2) the attention reads the stream itself: there is no ",
+              _named("N", "L0"), ", and q/k normalisation (entry qk-norm) usually takes its place in the scores."),
+    )
+    return Derivation(
+        "post-norm", "Norms after a sublayer as frozen scales",
+        prose("A norm of a sublayer's output, with its scale frozen, is one more diagonal position factor in every "
+              "path through that sublayer; its gain folds into ", math("W_O"), "."),
+        (layer, logits), notes=notes, params=(("heads", H), ("post_only", post_only)))
+
+
+def _sum(terms):
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+def _logits_chain(arch: Architecture) -> Chain:
+    """The logits of a 2-layer model with norms after its attention layers, checked against expand_logits."""
+    def layer(l):
+        pre = (atom("N", f"L{l}"),) if arch.pre_norm else ()
+        return term(None, None) + _sum([term((atom("N", f"L{l},post"), atom("A", f"L{l}H{h}")) + pre,
+                                             atom("W_OV", f"L{l}H{h}")) for h in range(arch.heads_per_layer[l])])
+    expr = Product([term(atom("N", "final"), atom("W_U")), layer(1), layer(0), term(None, atom("W_E"))])
+    chain = Chain.start(math("T"), expr, detail=prose("two layers, each head behind its layer's frozen post-norm scale"),
+                        intro="Through two layers every path carries the post-norm scale of each layer it passes:").expand()
+    if chain.last != expand_logits(arch).to_tensor_sum():  # the entry's claim, checked as it is built
+        raise DerivationError("the post-norm logits disagree with derivations.expand_logits")
+    return chain.regroup(by_order(chain.last), detail="by the number of heads on the path")

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from derivations.architecture import Architecture
 from numeric_check.errors import ConfigError, ModelInputError, WeightError
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
-from numeric_check.model.layers import MLP, Attention, LayerNorm, _optional_param, _param, make_norm  # noqa: F401 (importable here)
+from numeric_check.model.layers import MLP, Attention, LayerNorm, PostNorm, _optional_param, _param, make_norm  # noqa: F401 (importable here)
 from numeric_check.model.hooks import (
     HookFn,
     HookPoint,
@@ -53,19 +53,24 @@ from numeric_check.model.hooks import (
 
 
 class Block(nn.Module):
-    """One residual block: attention, then (optionally) an MLP, each reading a layer norm."""
+    """One residual block: attention, then (optionally) an MLP, each reading a layer norm (``ln1``, ``ln2``)
+    and, with norms after the sublayers, each output normalised before it joins the stream
+    (``ln1_post``, ``ln2_post``, before ``hook_attn_out``/``hook_mlp_out``, as TransformerLens)."""
 
     def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
         super().__init__()
         self.parallel = cfg.arch.parallel
         # registered in forward order, so hook_names lists them that way
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.ln1 = make_norm(cfg)
+        self.ln1 = make_norm(cfg, reads_sublayer=True)
         self.attn = Attention(n_heads, cfg, n_kv_heads, **factory)
+        post = cfg.arch.post_norm
+        self.ln1_post = PostNorm(cfg.ln_eps, cfg.d_model, **factory) if post else None  # TransformerLens' names
         self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
         # a parallel block's MLP reads ln1's output: a parameter-free norm of the same stream
-        self.ln2 = make_norm(cfg) if cfg.arch.mlp and not self.parallel else None
+        self.ln2 = make_norm(cfg, reads_sublayer=True) if cfg.arch.mlp and not self.parallel else None
         self.mlp = MLP(cfg, **factory) if cfg.arch.mlp else None
+        self.ln2_post = PostNorm(cfg.ln_eps, cfg.d_model, **factory) if post and cfg.arch.mlp else None
         self.hook_mlp_out = HookPoint() if cfg.arch.mlp else None
         self.hook_resid_post = HookPoint()
 
@@ -75,7 +80,8 @@ class Block(nn.Module):
         qk_in = normed if qk_pos is None else normed + qk_pos
         attn_out = self.hook_attn_out.fixed(resid_pre.shape)  # a Constant (path isolation): computed only if read
         if attn_out is None:
-            attn_out = self.hook_attn_out(self.attn(qk_in, normed))
+            attn_out = self.attn(qk_in, normed)
+            attn_out = self.hook_attn_out(attn_out if self.ln1_post is None else self.ln1_post(attn_out))
         else:
             self.attn(qk_in, normed, discarded=True)
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
@@ -83,7 +89,8 @@ class Block(nn.Module):
             return self.hook_resid_post(resid_mid)
         mlp_out = self.hook_mlp_out.fixed(resid_mid.shape)  # a Constant (a recorded output): the MLP is not run
         if mlp_out is None:
-            mlp_out = self.hook_mlp_out(self.mlp(normed if self.parallel else self.ln2(resid_mid)))
+            mlp_out = self.mlp(normed if self.parallel else self.ln2(resid_mid))
+            mlp_out = self.hook_mlp_out(mlp_out if self.ln2_post is None else self.ln2_post(mlp_out))
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
@@ -260,8 +267,18 @@ class CircuitModel(nn.Module):
         return copy
 
     # --- weights ------------------------------------------------------------------------
+    def head_streams(self, layer: int, z: Tensor, heads: list[int], scale: Tensor | None) -> Tensor:
+        """What heads ``heads`` of ``layer`` write to the stream from their ``z`` ``[..., n, d_head]``:
+        ``attn.head_outputs`` ``[n, ..., d_model]``, through ``ln1_post`` with its frozen ``scale``
+        (``[..., pos, 1]``) when the block normalises its attention output."""
+        block = self.blocks[layer]
+        out = block.attn.head_outputs(z, heads)
+        return out if block.ln1_post is None else block.ln1_post.frozen(out, scale)
+
     def folded_b_O(self, layer: int) -> Tensor:
-        """``b_O + Σ_h W_O^h b_V^h`` [d_model]: value biases move into ``b_O`` since pattern rows sum to 1.
+        """``b_O + Σ_h W_O^h b_V^h`` [d_model]: value biases move into ``b_O`` since pattern rows sum to 1;
+        times ``ln1_post``'s gain when the block normalises its attention output (what the algebra's
+        ``b_O^{Ll}`` stands for, behind the frozen scale ``N^{Ll,post}``).
 
         Zeros when the model has no biases.
         """
@@ -269,7 +286,16 @@ class CircuitModel(nn.Module):
         attn = self.blocks[layer].attn
         if attn.b_O is None:
             return torch.zeros(self.cfg.d_model, dtype=self.dtype, device=self.device)
-        return attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.per_head(attn.b_V))
+        b = attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.per_head(attn.b_V))
+        post = self.blocks[layer].ln1_post
+        return b if post is None else post.gain * b
+
+    def folded_W_O(self, layer: int) -> Tensor:
+        """``W_O`` ``[n_heads, d_model, d_head]`` as the algebra binds it: times ``ln1_post``'s gain
+        (a diagonal on the ``d_model`` side) when the block normalises its attention output."""
+        self.arch.check_head(layer, 0)
+        W_O, post = self.blocks[layer].attn.W_O, self.blocks[layer].ln1_post
+        return W_O if post is None else post.gain[:, None] * W_O
 
     def check_finite(self) -> None:
         """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries.

@@ -34,9 +34,11 @@ class LayerNorm(nn.Module):
         return x / scale
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
-    """The model's parameter-free norm: layer norm, RMSNorm (no centring) or none (``Identity``)."""
-    if cfg.arch.norm == "none":
+def make_norm(cfg: ModelConfig, reads_sublayer: bool = False) -> nn.Module:
+    """The model's parameter-free norm: layer norm, RMSNorm (no centring) or none (``Identity``);
+    ``reads_sublayer``: a norm before a sublayer (``ln1``, ``ln2``), none when the model normalises
+    only after its sublayers (``sublayer_norm="post"``)."""
+    if cfg.arch.norm == "none" or (reads_sublayer and not cfg.arch.pre_norm):
         return nn.Identity()
     return LayerNorm(cfg.ln_eps, centre=cfg.arch.norm == "layer_norm")
 
@@ -80,6 +82,29 @@ class QKNorm(nn.Module):
             W = W - W.mean(axes, keepdim=True)
             b = None if b is None else b - b.mean(axes, keepdim=True)
         return self.gain[..., None] * W, None if b is None else self.gain * b
+
+
+class PostNorm(nn.Module):
+    """An RMSNorm of a sublayer's output before it joins the stream (OLMo 2, Gemma 2's sandwich norms):
+    divide by ``hook_scale = sqrt(mean(x²) + eps)`` (``[batch, pos, 1]``), multiply by ``gain``
+    ``[d_model]``. In the algebra the scale is a diagonal position factor ``N^{Ll,post}`` and the
+    gain folds into ``W_O`` and ``b_O`` (or is inside an MLP's opaque output)."""
+
+    def __init__(self, eps: float, d_model: int, **factory: Any):
+        super().__init__()
+        self.eps = eps
+        self.gain = nn.Parameter(torch.ones(d_model, **factory))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = self.hook_scale.fixed((*x.shape[:-1], 1))
+        if scale is None:
+            scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.frozen(x, scale)
+
+    def frozen(self, x: Tensor, scale: Tensor) -> Tensor:
+        """The norm of ``x [..., pos, d_model]`` with its scale ``[..., pos, 1]`` given: ``gain ⊙ x / scale``."""
+        return x / scale * self.gain
 
 
 def _param(*shape: int, **factory: Any) -> nn.Parameter:

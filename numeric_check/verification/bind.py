@@ -20,6 +20,8 @@ atom                bound to                                                   k
 ``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                         factors
 ``W_K^{LlKVg}``…    key/value head ``g``'s own (grouped-query attention)       factors
 ``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                factors ``[d_model, 1]``
+``N^{Ll,post}``     ``1 / blocks.l.ln1_post.hook_scale`` (norm after attention) diagonal ``[b, pos]``
+``W_O``, ``W_OV``   with a norm after attention, its gain folded in (``folded_W_O``) factors
 ==================  =========================================================  ======================
 
 Residual-side atoms are bound to a tuple of *factors* whose product is the atom's
@@ -56,7 +58,7 @@ from numeric_check.model.hooks import block_hook
 from tensoralg.atoms import Atom
 
 
-_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+))?(?:,(?P<tag>qk|q|k))?$")
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+))?(?:,(?P<tag>qk|q|k|post))?$")
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V", "b_Qn", "b_Kn")
 _KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V", "b_Kn")  # one per key/value head: indexed by group when grouped
 
@@ -138,7 +140,7 @@ class Binder:
         }
 
     # -- parsing ---------------------------------------------------------------
-    def _layer_head(self, a: Atom, need_head: bool) -> tuple[int, int | None, bool]:
+    def _layer_head(self, a: Atom, need_head: bool) -> tuple[int, int | None, str | None]:
         match = _INDEX.match(a.index)
         if match is not None and match["group"] is not None and need_head:
             return self._layer_group(a, match)
@@ -155,7 +157,7 @@ class Binder:
                 f"atom {a.label!r} refers to a head or layer this model does not have ({arch.describe()}); "
                 "the expansion was built for another architecture"
             )
-        return layer, head, match["tag"] == "qk"
+        return layer, head, match["tag"]
 
     def _layer_group(self, a: Atom, match) -> tuple[int, int, bool]:
         """``(layer, group, False)`` for a key/value atom of a grouped layer, ``W_K^{L0KV1}``."""
@@ -194,8 +196,8 @@ class Binder:
             if a.index == "final":
                 name = "ln_final.hook_scale"
             else:
-                layer, _, qk = self._layer_head(a, need_head=False)
-                name = block_hook(layer, "ln1_qk.hook_scale" if qk else "ln1.hook_scale")
+                layer, _, tag = self._layer_head(a, need_head=False)
+                name = block_hook(layer, {"qk": "ln1_qk", "post": "ln1_post"}.get(tag, "ln1") + ".hook_scale")
             if not self.model.arch.normalised:
                 raise AtomBindingError(f"atom {a.label!r} is a norm's scale but the model has no layer norm or RMSNorm")
             scale = rec.get(name, f"atom {a.label}")
@@ -243,7 +245,9 @@ class Binder:
             layer, head, _ = self._layer_head(a, need_head=True)
             attn = model.blocks[layer].attn
             if name == "W_OV":
-                return (attn.W_O[head], attn.W_V[int(attn.kv_index[head])])
+                return (model.folded_W_O(layer)[head], attn.W_V[int(attn.kv_index[head])])
+            if name == "W_O":
+                return (model.folded_W_O(layer)[head],)
             if name == "W_QK":
                 return (attn.folded("Q")[0][head].T, attn.folded("K")[0][int(attn.kv_index[head])])
             if name in ("b_Qn", "b_Kn"):

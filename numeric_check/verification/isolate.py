@@ -226,14 +226,16 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
 
     def head_stream(c: int, layer: int, head: int) -> Tensor:
         """What head ``(layer, head)`` writes in copy ``c``: the path's stream from there on."""
-        return model.blocks[layer].attn.head_output(results[layer][c * b:(c + 1) * b, :, head], head)
+        z = results[layer][c * b:(c + 1) * b, :, head]
+        scale = _post_scale(rec, layer)  # a norm after attention (frozen) or none
+        return model.blocks[layer].attn.head_output(z, head) if scale is None else model.head_streams(layer, z[..., None, :], [head], scale)[0]
 
     streams: dict[Path, Tensor] = {}
     for child, parent in children.items():
         streams[child] = entering[child] = head_stream(where[parent], *child.heads[-1])
     for c, prefix in enumerate(prefixes):  # copy by copy, each copy's paths in index order
         ends = [i for i in copies[prefix] if paths[i] != prefix]
-        outputs = dict(_head_streams(model, results, c, b, [paths[i] for i in ends], streams))
+        outputs = dict(_head_streams(model, rec, results, c, [paths[i] for i in ends], streams))
         if upto is None and outputs:  # the model's ln_final (scale frozen) on all of them at once
             normed = final_norm(model, rec, torch.cat([outputs[paths[i]] for i in ends])).split(b)
             outputs = {paths[i]: x for i, x in zip(ends, normed)}
@@ -241,7 +243,12 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
             yield i, final[c * b:(c + 1) * b] if paths[i] == prefix else outputs[paths[i]]
 
 
-def _head_streams(model: CircuitModel, results: dict[int, Tensor], c: int, b: int, ends: Sequence[Path],
+def _post_scale(rec: Recording, layer: int) -> Tensor | None:
+    """The recorded scale of ``layer``'s ``ln1_post`` (``None`` when the block has no norm after attention)."""
+    return rec.cache.get(block_hook(layer, "ln1_post.hook_scale"))
+
+
+def _head_streams(model: CircuitModel, rec: Recording, results: dict[int, Tensor], c: int, ends: Sequence[Path],
                   streams: dict[Path, Tensor]) -> Iterator[tuple[Path, Tensor]]:
     """What each path's last head writes in copy ``c`` (its stream from there on): the heads of one
     layer at once, each the module's own ``head_output`` of its ``hook_z`` (``streams``: already made)."""
@@ -253,8 +260,9 @@ def _head_streams(model: CircuitModel, results: dict[int, Tensor], c: int, b: in
             by_layer.setdefault(path.heads[-1][0], []).append(path)
     for layer, group in by_layer.items():
         heads = [path.heads[-1][1] for path in group]
+        b = rec.n_batch
         z = results[layer][c * b:(c + 1) * b, :, heads]  # [b, pos, n, d_head]
-        out = model.blocks[layer].attn.head_outputs(z, heads)  # [n, b, pos, d_model]
+        out = model.head_streams(layer, z, heads, _post_scale(rec, layer))  # [n, b, pos, d_model]
         yield from zip(group, out.unbind(0))
 
 
@@ -409,6 +417,8 @@ class _GradedHooks:
 
         def attn_out(x: Tensor, hook) -> Tensor:
             heads = list(self.captured.pop(layer).sum(-2).split(b))  # per copy: Σ_h result
+            if block.ln1_post is not None:  # normalised (scale frozen) before joining the stream
+                heads = [block.ln1_post.frozen(h, _post_scale(self.rec, layer)) for h in heads]
             out = [x[self.bias_copy * b:(self.bias_copy + 1) * b]]  # the model's own Σ result + b_O there
             out += [heads[j - 1] for j in range(1, k + 1)]
             out += [heads[k] + heads[k + 1], torch.zeros_like(out[0])]

@@ -32,3 +32,27 @@ def test_qk_norm_puts_a_scale_on_each_side_and_a_layer_norm_adds_its_bias():
     assert estimate_qk_terms(arch, 1, 1) == (3 + 1) ** 2 == len(terms)
     over_all = expand_qk(Architecture(2, 2, qk_norm="rms_norm", qk_norm_scope="all"), 1, 0)
     assert [a.label for a in list(over_all)[0].term.words[0]] == ["N^{L1,q}"]
+
+
+def test_norms_after_a_sublayer_are_scales_on_every_head_and_on_b_O():
+    from derivations.paths import expand_logits
+
+    arch = Architecture(2, 1, norm="rms_norm", sublayer_norm="post", biases=True)
+    assert "norms after each sublayer (not before)" in arch.describe()
+    assert not arch.pre_norm and arch.post_norm
+    words = {t.label: [a.label for a in t.term.words[0]] for t in expand_logits(arch)}
+    assert words["tok→L0H0→L1H0"] == ["N^{final}", "N^{L1,post}", "A^{L1H0}", "N^{L0,post}", "A^{L0H0}"]
+    assert words["b_O^L0 (direct)"] == ["N^{final}", "N^{L0,post}"]
+    both = Architecture(1, 1, norm="rms_norm", sublayer_norm="both")
+    assert [a.label for a in list(expand_logits(both))[1].term.words[0]] == ["N^{final}", "N^{L0,post}", "A^{L0H0}", "N^{L0}"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"sublayer_norm": "post"}, "norm is 'none'"),
+    ({"sublayer_norm": "both", "norm": "layer_norm"}, "pass norm='rms_norm'"),
+    ({"sublayer_norm": "post", "norm": "rms_norm", "mlp": True, "parallel": True}, "parallel"),
+    ({"sublayer_norm": "sandwich"}, "unknown sublayer_norm 'sandwich'"),
+])
+def test_norms_after_a_sublayer_are_refused_by_name_where_they_cannot_combine(options, message):
+    with pytest.raises(ArchitectureError, match=message):
+        Architecture(1, 1, **options)

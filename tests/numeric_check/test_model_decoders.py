@@ -62,3 +62,16 @@ def test_a_qk_norm_scale_of_another_scope_is_refused():
     model = CircuitModel.random(Architecture(1, 2, qk_norm="rms_norm"), d_model=8, d_head=4, d_vocab=9, n_ctx=6)
     with pytest.raises(AtomBindingError, match="each head"):
         Binder(model, record(model, TOKENS)).position(atom("N", "L0,q"))
+
+
+@pytest.mark.parametrize("sublayer", ["post", "both"])
+def test_norms_after_sublayers_verify(sublayer):
+    arch = Architecture(2, 2, norm="rms_norm", sublayer_norm=sublayer, mlp=True, biases=True, qk_norm="rms_norm")
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=2, dtype=torch.float64)
+    block = model.blocks[0]
+    assert block.ln1_post is not None and block.ln2_post is not None
+    assert (block.ln1.__class__.__name__ == "Identity") == (sublayer == "post")
+    _verified(model)
+    binder = Binder(model, record(model, TOKENS))
+    W_O, W_V = binder.factors(atom("W_OV", "L1H0"))
+    assert torch.allclose(W_O, model.blocks[1].ln1_post.gain[:, None] * model.blocks[1].attn.W_O[0])
