@@ -90,6 +90,10 @@ class Architecture:
     qk_norm: str | None = None
     qk_norm_scope: str = "head"
     sublayer_norm: str = "pre"
+    window: int | tuple[int | None, ...] | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    alibi: bool = False
     heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
     kv_heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
 
@@ -143,6 +147,42 @@ class Architecture:
             )
         self._check_rotary()
         self._check_decoder_norms()
+        self._check_decoder_attention()
+
+    def _check_decoder_attention(self) -> None:
+        """Sliding windows, soft-caps and ALiBi (GPT-Neo, Mistral, Gemma 2, BLOOM, MPT...)."""
+        window = self.window
+        if window is not None:
+            per_layer = (window,) * self.n_layers if isinstance(window, int) and not isinstance(window, bool) else window
+            try:
+                per_layer = tuple(per_layer)
+            except TypeError:
+                raise ArchitectureError(f"window must be an int >= 1, one int or None per layer, or None; got {window!r}") from None
+            if len(per_layer) != self.n_layers:
+                raise ArchitectureError(f"window gives {len(per_layer)} windows for {self.n_layers} layers; give one per "
+                                        "layer (None: global attention) or a single int")
+            for layer, w in enumerate(per_layer):
+                if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+                    raise ArchitectureError(f"layer {layer}'s window must be an int >= 1 (keys within the last w "
+                                            f"positions) or None (global), got {w!r}")
+            object.__setattr__(self, "window", window if isinstance(window, int) else per_layer)
+        for name in ("attn_softcap", "logit_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")):
+                raise ArchitectureError(f"{name} must be a finite number > 0 (the cap c of c·tanh(x/c)) or None, got {cap!r}")
+        if not isinstance(self.alibi, bool):
+            raise ArchitectureError(f"alibi must be True or False, got {self.alibi!r}")
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention (a query sees the keys of its last ``w`` positions,
+        itself included), or ``None`` for global attention.
+
+        >>> Architecture(2, 1, window=(4, None)).window_of(0)
+        4
+        """
+        if self.window is None:
+            return None
+        return self.window if isinstance(self.window, int) else self.window[layer]
 
     def _check_decoder_norms(self) -> None:
         """q/k normalisation and norms after a sublayer (the options of Qwen3, OLMo 2, Gemma 2...)."""
@@ -322,6 +362,16 @@ class Architecture:
             out.append(f"q/k {kind} " + ("per head" if self.qk_norm_scope == "head" else "over all heads"))
         if self.sublayer_norm != "pre":
             out.append({"post": "norms after each sublayer (not before)", "both": "norms before and after each sublayer"}[self.sublayer_norm])
+        if self.window is not None:
+            windows = [self.window_of(l) for l in range(self.n_layers)]
+            out.append(f"sliding window {self.window}" if isinstance(self.window, int) else
+                       "windows " + "/".join("global" if w is None else str(w) for w in windows))
+        if self.alibi:
+            out.append("ALiBi")
+        if self.attn_softcap is not None:
+            out.append(f"attention scores soft-capped at {self.attn_softcap:g} (expanded before the cap)")
+        if self.logit_softcap is not None:
+            out.append(f"logits soft-capped at {self.logit_softcap:g} (expanded before the cap)")
         return out
 
 

@@ -33,6 +33,11 @@ The models studied today:
   norm's own bias is one more constant side, ``b_Qn``/``b_Kn``, after the scale;
 - grouped-query attention: ``W_QK^{h} = W_Q^{h}ᵀ W_K^{g}`` with ``g`` the key/value head of
   ``h``'s group, so unfolded words (biases, rotary) name ``W_K^{g}``/``b_K^{g}`` once per group;
+- ALiBi (BLOOM, MPT, Falcon): a fixed position-only matrix ``m_h (j - i)`` added to the scaled
+  scores is one more term, ``Id ⊗ Id ⊗ B_ALiBi^{h}`` with coefficient 1, whose two sides read the
+  identity of positions (source ``Source("alibi", l, h)``, input key ``position``);
+- sliding windows and soft-caps change no term: a window masks more keys (the terms are compared
+  on the positions the mask keeps), and an attention soft-cap acts after the scores expanded here;
 - rotary: the queries and keys are rotated by position after ``W_Q``/``W_K`` (and their
   biases), so ``W_QK`` unfolds around the head's rotary operator ``R^{h}``
   (:mod:`tensoralg.rotary`): a term reads ``P ⊗ Q ⊗ (W_pᵀ W_Qᵀ R^{h} W_K W_q)``, which stands
@@ -214,6 +219,8 @@ class QKExpansion:
         self.max_order = max_order
         self._sides: tuple[list[list[_Side]], list[list[_Side]]] | None = None
         self._per_order = _pair_counts(_side_counts(arch, layer, max_order), max_order)
+        self._alibi = Source("alibi", layer, head) if arch.alibi else None
+        self._per_order[0] += arch.alibi
 
     @property
     def label(self) -> str:
@@ -230,22 +237,27 @@ class QKExpansion:
     def count_by_order(self) -> dict[int, int]:
         return {k: n for k, n in enumerate(self._per_order) if n}
 
-    def _blocks(self, query=None, key=None) -> Iterator[tuple[str, list[_Side], list[_Side]]]:
-        """``(composition, query sides, key sides)`` whose pairs are the (selected) terms, in order."""
+    def _blocks(self, query=None, key=None) -> Iterator[tuple[str, list[_Side], list[_Side], sp.Expr]]:
+        """``(composition, query sides, key sides, coefficient)`` whose pairs are the (selected) terms, in order."""
         if self._sides is None:  # small (the square root of the term count): kept
             self._sides = tuple(_sides(self.arch, self.layer, self.head, self.max_order, q) for q in (True, False))
         queries, keys = self._sides
         if query is not None:
-            queries = _select(queries, query, "query")
+            queries = _select(queries, query, "query", self._alibi)
         if key is not None:
-            keys = _select(keys, key, "key")
+            keys = _select(keys, key, "key", self._alibi)
+        coeff = 1 / sp.sqrt(d_head)
         for total in range(len(self._per_order)):
             for i in range(min(total, len(queries) - 1), max(0, total - len(keys) + 1) - 1, -1):
-                yield COMPOSITIONS[(i > 0) + 2 * (total > i)], queries[i], keys[total - i]
+                yield COMPOSITIONS[(i > 0) + 2 * (total > i)], queries[i], keys[total - i], coeff
+            if total == 0 and self._alibi is not None and _matches(query, self._alibi) and _matches(key, self._alibi):
+                # ALiBi: one position-only term m_h (j - i), added to the scaled scores (coefficient 1)
+                B = layer_atom("B_ALiBi", self.label)
+                path = Path(self._alibi)
+                yield "direct", [_Side(path, (), (B,), (B,), False)], [_Side(path, (), (), (), False)], sp.S.One
 
     def _terms(self, query=None, key=None) -> Iterator[tuple[_Side, _Side, str, Term]]:
-        coeff = 1 / sp.sqrt(d_head)
-        for tag, queries, keys in self._blocks(query, key):
+        for tag, queries, keys, coeff in self._blocks(query, key):
             for q in queries:
                 for k in keys:
                     middle = (q.to_bias if k.is_bias else q.to_input) + k.to_input
@@ -254,9 +266,8 @@ class QKExpansion:
     def _word_dict(self, query=None, key=None) -> dict[tuple[Word, ...], sp.Expr]:
         """``{words: coeff}`` of the selected terms, built block by block in comprehensions
         (a third of the time of going through :class:`QKTerm`)."""
-        coeff = 1 / sp.sqrt(d_head)
         out: dict[tuple[Word, ...], sp.Expr] = {}
-        for _, queries, keys in self._blocks(query, key):
+        for _, queries, keys, coeff in self._blocks(query, key):
             inputs = [k for k in keys if not k.is_bias]
             biases = [k for k in keys if k.is_bias]
             out.update({(q.position, k.position, q.to_input + k.to_input): coeff for q in queries for k in inputs})
@@ -289,7 +300,7 @@ class QKExpansion:
         mix inputs this raises; :meth:`to_tensor_sums` gives one sum per input pair.
         """
         query_inputs, key_inputs = set(), set()
-        for _, queries, keys in self._blocks(query, key):
+        for _, queries, keys, _ in self._blocks(query, key):
             if queries and keys:
                 query_inputs.update(q.path.source.input_key for q in queries)
                 key_inputs.update(k.path.source.input_key for k in keys)
@@ -318,17 +329,20 @@ class QKExpansion:
         return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {self.n_terms:,} terms)"
 
 
-def _select(sides: list[list[_Side]], want, name: str) -> list[list[_Side]]:
+def _matches(want, source: Source) -> bool:
+    """Whether a selection (``None``: any; a Source, a label or an input key) picks ``source``."""
+    if want is None:
+        return True
+    return want == source if isinstance(want, Source) else want in (source.label, source.input_key)
+
+
+def _select(sides: list[list[_Side]], want, name: str, alibi: Source | None = None) -> list[list[_Side]]:
     """The sides whose source is ``want`` (a Source, a label or an input key), by order."""
-    if isinstance(want, Source):
-        match = want.__eq__
-    elif isinstance(want, str):
-        match = lambda s: want in (s.label, s.input_key)  # noqa: E731
-    else:
+    if not isinstance(want, (Source, str)):
         raise DerivationError(f"select a {name} source by a Source, a label or an input key, got {want!r}")
-    chosen = [[s for s in side if match(s.path.source)] for side in sides]
-    if not any(chosen):
-        known = list(dict.fromkeys(s.path.source for side in sides for s in side))
+    chosen = [[s for s in side if _matches(want, s.path.source)] for side in sides]
+    if not any(chosen) and not (alibi is not None and _matches(want, alibi)):
+        known = list(dict.fromkeys(s.path.source for side in sides for s in side)) + ([alibi] if alibi else [])
         raise DerivationError(
             f"no {name}-side source matches {want!r}; the {name} side has the sources "
             + ", ".join(s.label for s in known) + " (input keys "

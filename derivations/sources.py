@@ -26,10 +26,11 @@ from derivations.architecture import head_label
 from derivations.errors import DerivationError
 
 SOURCE_KINDS = ("token", "position", "bias", "mlp", "unembed_bias", "query_bias", "key_bias", "query_norm_bias",
-                "key_norm_bias")
-HEAD_SOURCES = ("query_bias", "key_bias", "query_norm_bias", "key_norm_bias")  # one head's constant query or key side
+                "key_norm_bias", "alibi")
+# one head's own input: a constant query or key side, or ALiBi's position-only bias (both sides at once)
+HEAD_SOURCES = ("query_bias", "key_bias", "query_norm_bias", "key_norm_bias", "alibi")
 _LAYERED = ("bias", "mlp") + HEAD_SOURCES
-_INPUT_DIMS = {"token": d_vocab, "position": n_ctx, "mlp": d_model}
+_INPUT_DIMS = {"token": d_vocab, "position": n_ctx, "mlp": d_model, "alibi": n_ctx}
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class Source:
     output of that layer's MLP) and the QK biases ``query_bias``/``key_bias`` (``b_Q``/``b_K``
     of head ``head`` of that layer, the constant query or key side of a QK term), and for
     ``query_norm_bias``/``key_norm_bias`` (the bias of a q/k layer norm, ``b_Qn``/``b_Kn``,
-    added after the norm's frozen scale); it is ``None`` for the others.
+    added after the norm's frozen scale), and for ``alibi`` (the head's ALiBi bias ``B_ALiBi^h``, a
+    position-only term of its scores whose two sides read the identity of positions); it is
+    ``None`` for the others.
 
     >>> Source("bias", 1).label, Source("token").label, Source("query_bias", 1, 0).label
     ('b_O^L1', 'tok', 'b_Q^L1H0')
@@ -82,6 +85,8 @@ class Source:
             return f"b_O^L{self.layer}"
         if kind == "mlp":
             return f"mlp^L{self.layer}"
+        if kind == "alibi":
+            return f"ALiBi^{head_label(self.layer, self.head)}"
         name = {"query_bias": "b_Q", "key_bias": "b_K", "query_norm_bias": "b_Qn", "key_norm_bias": "b_Kn"}[kind]
         return f"{name}^{head_label(self.layer, self.head)}"
 
@@ -92,6 +97,8 @@ class Source:
         key act on the same ``X`` and may be added into one :class:`TensorSum`."""
         if self.kind in ("token", "position"):
             return self.kind
+        if self.kind == "alibi":
+            return "position"  # the identity of positions, on both sides
         if self.kind == "mlp":
             return self.label
         return "constant"

@@ -100,7 +100,8 @@ def models_and_tokens(draw, max_batch: int = 3, dtype: torch.dtype = torch.float
 def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
     """A 2-layer architecture with the options of today's decoders drawn together: norm, grouped-query
     heads, rotary, biases, MLPs (parallel or not), q/k normalisation (kind and scope), norms after
-    the sublayers (RMSNorm: post only, or before and after)."""
+    the sublayers (RMSNorm: post only, or before and after), sliding windows (per layer), ALiBi,
+    attention and final-logit soft-caps."""
     groups, per_group = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
     mlp = draw(st.booleans())
     qk_norm = draw(st.sampled_from(QK_NORMS))
@@ -112,6 +113,9 @@ def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
         parallel=mlp and sublayer != "post" and draw(st.booleans()), rotary=draw(st.sampled_from([None, 0.5, 1.0])),
         rotary_style=draw(st.sampled_from(["neox", "gptj"])), qk_norm=qk_norm,
         qk_norm_scope=draw(st.sampled_from(QK_NORM_SCOPES)) if qk_norm else "head",
+        window=draw(st.sampled_from([None, 2, 3]) | st.tuples(*[st.sampled_from([None, 2, 3])] * n_layers)),
+        alibi=draw(st.booleans()), attn_softcap=draw(st.sampled_from([None, 0.5, 5.0])),
+        logit_softcap=draw(st.sampled_from([None, 1.0])),
     )
 
 

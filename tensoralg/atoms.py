@@ -110,6 +110,7 @@ class Atom:
 STANDARD_SHAPES: dict[str, tuple[sp.Expr, sp.Expr, bool]] = {
     "A": (n_ctx, n_ctx, False),  # attention pattern: A[i, j] = query i attends to key j
     "N": (n_ctx, n_ctx, True),  # frozen layer-norm scale: diagonal, one entry per position
+    "B_ALiBi": (n_ctx, n_ctx, False),  # a head's ALiBi bias m_h (j - i): a fixed position-only term of its scores
     "W_E": (d_model, d_vocab, False),
     "W_U": (d_vocab, d_model, False),
     "W_pos": (d_model, n_ctx, False),

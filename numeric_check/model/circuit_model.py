@@ -18,7 +18,8 @@ The forward pass (every named tensor passes through a :class:`~numeric_check.mod
   ``b_O``; formed only when a hook reads it, as TransformerLens' ``use_attn_result``);
   ``hook_attn_out = Σ_h result + b_O``; ``hook_resid_mid``; then, with MLPs,
   ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``, ``hook_mlp_out``; ``hook_resid_post``.
-- ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``.
+- ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``, then ``c·tanh(logits/c)`` with a
+  final soft-cap (Gemma 2): the expansion and verification are of the logits before the cap.
 
 The layer-norm scale and the attention pattern used downstream are the hooks' outputs,
 so a hook that replaces them freezes them (the paper's path-isolation procedure). When that
@@ -57,13 +58,13 @@ class Block(nn.Module):
     and, with norms after the sublayers, each output normalised before it joins the stream
     (``ln1_post``, ``ln2_post``, before ``hook_attn_out``/``hook_mlp_out``, as TransformerLens)."""
 
-    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
+    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, layer: int = 0, **factory: Any):
         super().__init__()
         self.parallel = cfg.arch.parallel
         # registered in forward order, so hook_names lists them that way
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.ln1 = make_norm(cfg, reads_sublayer=True)
-        self.attn = Attention(n_heads, cfg, n_kv_heads, **factory)
+        self.attn = Attention(n_heads, cfg, n_kv_heads, layer=layer, **factory)
         post = cfg.arch.post_norm
         self.ln1_post = PostNorm(cfg.ln_eps, cfg.d_model, **factory) if post else None  # TransformerLens' names
         self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
@@ -125,7 +126,8 @@ class CircuitModel(nn.Module):
         self.b_U = _optional_param(arch.biases, cfg.d_vocab, **factory)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint() if self.W_pos is not None else None  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(n, cfg, g, **factory) for n, g in zip(arch.heads_per_layer, arch.kv_heads_per_layer))
+        self.blocks = nn.ModuleList(Block(n, cfg, g, layer=l, **factory)
+                                    for l, (n, g) in enumerate(zip(arch.heads_per_layer, arch.kv_heads_per_layer)))
         self.ln_final = make_norm(cfg)
         self._hook_points = name_hook_points(self)
 
@@ -363,7 +365,9 @@ class CircuitModel(nn.Module):
         for block in self.blocks:
             x = block(x, qk_pos)
         logits = self.ln_final(x) @ self.W_U.T  # [batch, pos, d_vocab]
-        return logits if self.b_U is None else logits + self.b_U
+        logits = logits if self.b_U is None else logits + self.b_U
+        cap = self.arch.logit_softcap  # after the expanded quantity: the expansion is of the logits before it
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     # --- hooks --------------------------------------------------------------------------
     @contextlib.contextmanager

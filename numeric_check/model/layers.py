@@ -6,6 +6,7 @@ module for the forward pass and the hook points.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -107,6 +108,23 @@ class PostNorm(nn.Module):
         return x / scale * self.gain
 
 
+def alibi_slopes(n_heads: int, dtype=None, device=None) -> Tensor:
+    """ALiBi's slope of each head (Press et al.; BLOOM, MPT, TransformerLens): ``2^(-8(h+1)/n)`` for
+    ``n`` a power of two, else those of the power below, then every other one of twice that many."""
+    def powers(n: int) -> list[float]:
+        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+
+    below = 2 ** math.floor(math.log2(n_heads))
+    slopes = powers(below) + powers(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def alibi_bias(slopes: Tensor, n_pos: int) -> Tensor:
+    """ALiBi's position-only bias ``m_h (j - i)`` ``[heads, q, k]``: query ``i``, key ``j`` (``<= 0`` where kept)."""
+    i = torch.arange(n_pos, dtype=slopes.dtype, device=slopes.device)
+    return slopes[:, None, None] * (i[None, None, :] - i[None, :, None])
+
+
 def _param(*shape: int, **factory: Any) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape, **factory))
 
@@ -127,9 +145,11 @@ class Attention(nn.Module):
     ``q_ln`` and ``k_ln``) runs between ``hook_q``/``hook_k`` and the scores.
     """
 
-    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
+    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, layer: int = 0, **factory: Any):
         super().__init__()
         self.n_heads, self.scale = n_heads, cfg.scale
+        self.window, self.softcap = cfg.arch.window_of(layer), cfg.arch.attn_softcap
+        self.register_buffer("alibi_slopes", alibi_slopes(n_heads, **factory) if cfg.arch.alibi else None, persistent=False)
         g = n_heads if n_kv_heads is None else n_kv_heads
         self.n_kv_heads = g
         h, e, d, bias = n_heads, cfg.d_head, cfg.d_model, cfg.arch.biases
@@ -186,7 +206,7 @@ class Attention(nn.Module):
                 q, k = self.q_ln(q, self.per_head), self.k_ln(k, self.per_head)
         v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
         if pattern is None:
-            pattern = self.hook_pattern(self.scores(q, k).softmax(-1))
+            pattern = self.hook_pattern(self.pattern_of(self.scores(q, k)))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
         if discarded and not self.hook_result.has_hooks:
             return None
@@ -199,16 +219,33 @@ class Attention(nn.Module):
             out = torch.einsum("bqhe,hde->bqd", z, self.W_O)
         return out if self.b_O is None else out + self.b_O
 
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+    def scores(self, q: Tensor, k: Tensor, heads: list[int] | None = None, bias_on: Tensor | float = 1.0) -> Tensor:
         """Pre-softmax scores ``[batch, heads, q, k]`` from queries and keys ``[batch, pos, heads, d_head]``
-        (rotated by position first, with rotary): ``q·k / attn_scale``, causally masked with ``-inf``;
-        through ``hook_attn_scores``."""
+        (rotated by position first, with rotary): ``q·k / attn_scale``, plus ``bias_on`` times the ALiBi
+        bias of ``heads`` (default: every head, in order), masked with ``-inf`` outside :meth:`mask`
+        (causal, and the layer's sliding window); through ``hook_attn_scores``. A soft-cap acts
+        after this (in :meth:`pattern_of`): the hook holds the scores before the cap."""
         if self.rotary is not None:
             q, k = (rotate(x, *self.rotary, pos_dim=1) for x in (q, k))
         scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale
         n_pos = scores.shape[-1]
-        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
-        return self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
+        if self.alibi_slopes is not None:
+            slopes = self.alibi_slopes if heads is None else self.alibi_slopes[heads]
+            scores = scores + bias_on * alibi_bias(slopes, n_pos)
+        return self.hook_attn_scores(scores.masked_fill(~self.mask(n_pos, scores.device), float("-inf")))
+
+    def mask(self, n_pos: int, device=None) -> Tensor:
+        """Which keys each query sees, ``[q, k]`` bool: ``j <= i``, and ``j > i - window`` in a sliding window."""
+        i = torch.arange(n_pos, device=device)
+        keep = i[None, :] <= i[:, None]
+        return keep if self.window is None else keep & (i[None, :] > i[:, None] - self.window)
+
+    def pattern_of(self, scores: Tensor) -> Tensor:
+        """The softmax of (soft-capped, ``c·tanh(s/c)``, when the layer caps its scores) masked scores."""
+        if self.softcap is not None:
+            capped = self.softcap * torch.tanh(scores / self.softcap)
+            scores = capped.masked_fill(~self.mask(scores.shape[-1], scores.device), float("-inf"))
+        return scores.softmax(-1)
 
     def head_output(self, z: Tensor, head: int) -> Tensor:
         """One head's result ``z W_O^hᵀ`` ``[..., d_model]`` from its ``z`` ``[..., d_head]`` (no ``b_O``):

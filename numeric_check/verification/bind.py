@@ -14,6 +14,7 @@ atom                bound to                                                   k
 ``N^{LlHh,q}``      ``1 / blocks.l.attn.q_ln.hook_scale[:, :, h]`` (q/k norm)   diagonal ``[b, pos]``
 ``N^{LlKVg,k}``     ``1 / blocks.l.attn.k_ln.hook_scale`` (``N^{Ll,k}``: all heads) diagonal ``[b, pos]``
 ``W_Q``, ``b_Q``…   with a q/k norm, its gain and centring folded in (``attn.folded``) factors
+``B_ALiBi^{LlHh}``  ``m_h (j - i)`` ``[n_ctx, n_ctx]`` (the head's ALiBi slope)       factors
 ``b_Qn``, ``b_Kn``  a q/k layer norm's bias, ``attn.q_ln.bias[h]``                 factors ``[d_head, 1]``
 ``W_E``, ``W_U``…   the model's weights (paper convention)                     factors
 ``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                          factors
@@ -55,6 +56,7 @@ from numeric_check.errors import AtomBindingError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
+from numeric_check.model.layers import alibi_bias
 from tensoralg.atoms import Atom
 
 
@@ -262,6 +264,12 @@ class Binder:
             if value is None:
                 raise AtomBindingError(f"atom {a.label!r} is a bias but the model has no biases")
             return (value[head] if name.startswith("W_") else value[head][:, None],)
+        if name == "B_ALiBi":
+            layer, head, _ = self._layer_head(a, need_head=True)
+            slopes = model.blocks[layer].attn.alibi_slopes
+            if slopes is None:
+                raise AtomBindingError(f"atom {a.label!r} is an ALiBi bias but the model has no ALiBi ({model.arch.describe()})")
+            return (alibi_bias(slopes[head:head + 1], self.cfg.n_ctx)[0],)  # [n_ctx, n_ctx]: query i, key j
         if name == "b_O":
             layer, _, _ = self._layer_head(a, need_head=False)
             if not model.arch.biases:
@@ -307,7 +315,7 @@ class Binder:
         common = {"dtype": model.dtype, "device": model.device}
         if source.kind == "token":
             return SourceInput("token", b, p, tokens=rec.tokens, width=self.cfg.d_vocab, **common)
-        if source.kind == "position":
+        if source.kind in ("position", "alibi"):  # ALiBi's term reads the identity of positions on both sides
             return SourceInput("position", b, p, width=self.cfg.n_ctx, **common)
         if source.kind == "mlp":
             if source.layer >= model.arch.n_layers:

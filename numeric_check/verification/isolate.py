@@ -329,18 +329,19 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
 
 
 def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Tensor, Tensor]], *,
-            chunk_bytes: int) -> Iterator[Tensor]:
+            chunk_bytes: int, bias_on: Sequence[float] | None = None) -> Iterator[Tensor]:
     """The head's scores ``[batch, q, k]`` for each pair ``(q, k)`` of its queries and keys
     ``[batch, pos, d_head]``, by the model's own :meth:`~numeric_check.model.circuit_model.Attention.scores`
-    (scale and causal mask, through ``hook_attn_scores``), pairs stacked in chunks."""
+    (scale, mask, and ALiBi's bias where ``bias_on[i]``; through ``hook_attn_scores``), pairs stacked in chunks."""
     b, p = rec.n_batch, rec.n_pos
     attn = model.blocks[layer].attn
     per_pair = b * p * max(p, model.cfg.d_head) * rec.final.element_size()
     for chunk in _chunks(len(pairs), per_pair, chunk_bytes):
         qs = torch.cat([pairs[i][0] for i in chunk])[:, :, None]  # [pairs * b, pos, 1, d_head]: the head alone
         ks = torch.cat([pairs[i][1] for i in chunk])[:, :, None]
+        on = 0.0 if bias_on is None else per_copy([bias_on[i] for i in chunk], b, qs, 4)
         with torch.no_grad():
-            yield from attn.scores(qs, ks)[:, 0].split(b)
+            yield from attn.scores(qs, ks, heads=[head], bias_on=on)[:, 0].split(b)
 
 
 _SWITCHED = ("position", "query_bias", "key_bias", "query_norm_bias", "key_norm_bias")
@@ -372,7 +373,8 @@ def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs
         q += q_chunk
         k += k_chunk
     qk = [(q[where[qp]], k[where[kp]]) for qp, kp in pairs]
-    yield from enumerate(_scores(model, rec, layer, head, qk, chunk_bytes=chunk_bytes))
+    alibi = [float(qp.source.kind == "alibi") for qp, _ in pairs]  # ALiBi's own term: the head's bias alone
+    yield from enumerate(_scores(model, rec, layer, head, qk, chunk_bytes=chunk_bytes, bias_on=alibi))
 
 
 # --- the part of order above k, through the model ------------------------------------------

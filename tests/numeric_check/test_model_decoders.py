@@ -75,3 +75,37 @@ def test_norms_after_sublayers_verify(sublayer):
     binder = Binder(model, record(model, TOKENS))
     W_O, W_V = binder.factors(atom("W_OV", "L1H0"))
     assert torch.allclose(W_O, model.blocks[1].ln1_post.gain[:, None] * model.blocks[1].attn.W_O[0])
+
+
+def test_windows_soft_caps_and_alibi_verify():
+    arch = Architecture(2, 3, norm="rms_norm", window=(2, None), alibi=True, attn_softcap=0.5, logit_softcap=1.0,
+                        biases=True, mlp=True)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=4, dtype=torch.float64)
+    logits, cache = model.run_with_cache(TOKENS)
+    pattern = cache["blocks.0.attn.hook_pattern"][0, 0]
+    assert pattern[5, :4].abs().max() == 0 and pattern[5, 4] > 0  # a window of 2 keeps keys 4 and 5 only
+    assert logits.abs().max() <= 1.0  # the final soft-cap
+    report = verify_logits(model, TOKENS, max_order=2)
+    assert report.passed and any("before the final soft-cap" in n for n in report.notes)
+    qk = verify_qk(model, TOKENS, 1, 2)
+    assert qk.passed and any("before the attention soft-cap" in n for n in qk.notes)
+    _verified(CircuitModel.random(Architecture(2, 2, window=(None, 2), rotary=1.0), d_model=8, d_head=4, d_vocab=9,
+                                  n_ctx=6, seed=5, dtype=torch.float64))
+
+
+def test_the_alibi_term_is_the_heads_bias():
+    from derivations.qk import expand_qk
+    from numeric_check.verification.evaluate_qk import QKEvaluator
+    from numeric_check.model.layers import alibi_slopes
+
+    model = CircuitModel.random(Architecture(2, 4, alibi=True), d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=0,
+                                dtype=torch.float64)
+    terms = list(expand_qk(model.arch, 1, 3))
+    index = next(i for i, t in enumerate(terms) if t.query.source.kind == "alibi")
+    assert repr(terms[index].term) == "Term(Id ⊗ Id ⊗ B_ALiBi^{L1H3})"
+    scores = QKEvaluator(Binder(model, record(model, TOKENS)), terms).scores(index)[0]
+    i = torch.arange(6, dtype=torch.float64)
+    assert torch.allclose(scores, 2 ** -8.0 * (i[None, :] - i[:, None]))  # m_3 = 2^(-8·4/4)
+    assert torch.allclose(alibi_slopes(8), 2 ** (-torch.arange(1, 9, dtype=torch.float64)))
+    # not a power of two (BLOOM's rule): those of 4 heads, then every other one of 8
+    assert alibi_slopes(6).tolist() == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]
