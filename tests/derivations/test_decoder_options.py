@@ -56,3 +56,32 @@ def test_norms_after_a_sublayer_are_scales_on_every_head_and_on_b_O():
 def test_norms_after_a_sublayer_are_refused_by_name_where_they_cannot_combine(options, message):
     with pytest.raises(ArchitectureError, match=message):
         Architecture(1, 1, **options)
+
+
+def test_windows_caps_and_alibi_are_validated_and_described():
+    arch = Architecture(3, 2, window=(4, None, 2), alibi=True, attn_softcap=50, logit_softcap=30.0)
+    assert [arch.window_of(l) for l in range(3)] == [4, None, 2]
+    assert "windows 4/global/2, ALiBi" in arch.describe() and "logits soft-capped at 30 (expanded before the cap)" in arch.describe()
+    for options, message in [({"window": 0}, "window must be an int >= 1"), ({"window": (2,)}, "1 windows for 3 layers"),
+                             ({"attn_softcap": 0}, "attn_softcap must be a finite number > 0"),
+                             ({"logit_softcap": float("inf")}, "logit_softcap"), ({"alibi": 1}, "alibi must be True or False")]:
+        with pytest.raises(ArchitectureError, match=message):
+            Architecture(3, 2, **options)
+
+
+def test_alibi_adds_one_term_and_windows_and_caps_none():
+    plain = expand_qk(Architecture(2, 2), 1, 0)
+    with_alibi = expand_qk(Architecture(2, 2, alibi=True), 1, 0)
+    assert len(with_alibi) == len(list(with_alibi)) == len(plain) + 1
+    alibi = [t for t in with_alibi if t.query.source.kind == "alibi"]
+    assert len(alibi) == 1 and alibi[0].composition == "direct" and alibi[0].term.coeff == 1
+    assert with_alibi.to_tensor_sum(query="token", key="token") == plain.to_tensor_sum()
+    for options in ({"window": 2}, {"attn_softcap": 5.0, "logit_softcap": 3.0}):
+        assert expand_qk(Architecture(2, 2, **options), 1, 0).to_tensor_sum() == plain.to_tensor_sum()
+
+
+@pytest.mark.parametrize("name", ["qk-norm", "post-norm", "alibi", "soft-caps"])
+def test_the_decoder_pages_verify(name):
+    from derivations.catalogue import get
+
+    assert get(name, heads=2).verify().ok
