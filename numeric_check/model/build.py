@@ -56,6 +56,15 @@ class LayerWeights:
     ln1: LayerNormWeights = None
     ln2: LayerNormWeights = None
     mlp: dict[str, Tensor] | None = None  # W_in [d_model, d_mlp], b_in, W_out [d_mlp, d_model], b_out (+ W_gate, b_gate)
+    # q/k normalisation (SourceWeights.qk_norm): (gain, bias) of the norm of the queries / keys, each
+    # [d_head] (one norm shared by the heads), [heads, d_head] or [heads * d_head] (heads: query heads for
+    # q_norm, key/value heads for k_norm); bias zeros for RMSNorm
+    q_norm: LayerNormWeights = None
+    k_norm: LayerNormWeights = None
+    # norms after a sublayer (SourceWeights.sublayer_norm "post" or "both"): the RMSNorm gain [d_model]
+    # of the attention output (ln1_post) and of the MLP output (ln2_post), as the source applies it
+    ln1_post: Tensor | None = None
+    ln2_post: Tensor | None = None
 
 
 @dataclass
@@ -81,6 +90,14 @@ class SourceWeights:
     rotary: float | None = None  # the fraction of each head rotated by position
     rotary_style: str = "neox"
     rotary_base: float = 10000.0
+    # the decoder options of issue 18 (see derivations.Architecture for each)
+    qk_norm: str | None = None  # "rms_norm" or "layer_norm": LayerWeights.q_norm / k_norm are read
+    qk_norm_scope: str = "head"  # "head" (over d_head) or "all" (over all heads at once, OLMo 2)
+    sublayer_norm: str = "pre"  # "pre", "post" (OLMo 2: ln1/ln2 None) or "both" (Gemma 2): ln1_post / ln2_post read
+    window: int | tuple[int | None, ...] | None = None  # a sliding window for every layer, or one per layer (None: global)
+    attn_softcap: float | None = None  # c of c·tanh(s/c) on the scaled scores (Gemma 2: 50)
+    logit_softcap: float | None = None  # c of c·tanh(x/c) on the logits (Gemma 2: 30)
+    alibi_slopes: Tensor | None = None  # ALiBi: one slope per head (scores + m_h (j - i)); None: no ALiBi
 
     def __post_init__(self) -> None:
         if self.norm is None:
@@ -188,6 +205,7 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
                 paper[p + "mlp.W_gate"], paper[p + "mlp.b_gate"] = W_gate.T, b_gate
             paper[p + "mlp.W_out"] = centred(layer.mlp["W_out"], 1).T  # [d_model, d_mlp]
             paper[p + "mlp.b_out"] = centred(layer.mlp["b_out"], 0)
+        paper.update(_decoder_norms(src, layer, p))
     has_biases = decide_biases(paper, biases)
     if not has_biases:
         paper = {k: v for k, v in paper.items() if not k.rsplit(".", 1)[-1].startswith("b_")}
@@ -198,16 +216,43 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
     arch = Architecture(len(src.layers), heads[0] if len(set(heads)) == 1 else heads or 1,
                         positional=src.positional, norm=src.norm, biases=has_biases, mlp=mlp,
                         n_kv_heads=None if kv_heads == heads else (kv_heads[0] if len(set(kv_heads)) == 1 else kv_heads),
-                        parallel=src.parallel and mlp, rotary=src.rotary, rotary_style=src.rotary_style)
+                        parallel=src.parallel and mlp, rotary=src.rotary, rotary_style=src.rotary_style,
+                        qk_norm=src.qk_norm, qk_norm_scope=src.qk_norm_scope, sublayer_norm=src.sublayer_norm,
+                        window=src.window, attn_softcap=src.attn_softcap, logit_softcap=src.logit_softcap,
+                        alibi=src.alibi_slopes is not None)
     scale = None if math.isclose(src.attn_scale, math.sqrt(src.d_head), rel_tol=1e-12) else src.attn_scale
     cfg = ModelConfig(arch, d_model=d_model, d_head=src.d_head, d_vocab=d_vocab, n_ctx=src.n_ctx,
                       d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale,
-                      gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base)
+                      gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base,
+                      alibi_slopes=None if src.alibi_slopes is None else tuple(src.alibi_slopes.tolist()))
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     missing = model.load_state_dict({k: v.cpu() for k, v in paper.items()}, strict=False)
     if missing.missing_keys or missing.unexpected_keys:  # a bug here, not the user's
         raise WeightError(f"adapter produced mismatched weights: missing {missing.missing_keys}, unexpected {missing.unexpected_keys}")
     return model.to(device=resolve_device(device), dtype=dtype)
+
+
+def _decoder_norms(src: SourceWeights, layer: LayerWeights, prefix: str) -> dict[str, Tensor]:
+    """The parameters of a block's q/k norms (``attn.q_ln``, ``attn.k_ln``: gain and, for a layer norm,
+    bias, ``[heads, d_head]``) and of its norms after the sublayers (``ln1_post``, ``ln2_post``: gain)."""
+    out: dict[str, Tensor] = {}
+    if src.qk_norm is not None:
+        for side, norm, heads in (("q", layer.q_norm, layer.W_Q.shape[0]), ("k", layer.k_norm, layer.W_K.shape[0])):
+            if norm is None:
+                raise WeightError(f"qk_norm={src.qk_norm!r} but {prefix}{side}_norm has no weights")
+            for name, t in zip(("gain", "bias"), norm):
+                t = t.reshape(-1, src.d_head).expand(heads, src.d_head).clone()  # one shared norm, or one per head
+                if name == "gain" or src.qk_norm == "layer_norm":
+                    out[f"{prefix}attn.{side}_ln.{name}"] = t
+                elif t.any():
+                    raise UnsupportedModel(f"{prefix}{side}_norm has a bias, but an RMSNorm has none (qk_norm={src.qk_norm!r})")
+    if src.sublayer_norm != "pre":
+        for name, gain in (("ln1_post", layer.ln1_post), ("ln2_post", layer.ln2_post if layer.mlp is not None else 0)):
+            if gain is None:
+                raise WeightError(f"sublayer_norm={src.sublayer_norm!r} but {prefix}{name} has no gain")
+            if name == "ln1_post" or layer.mlp is not None:
+                out[f"{prefix}{name}.gain"] = gain
+    return out
 
 
 def decide_biases(paper: dict[str, Tensor], biases: bool | None) -> bool:

@@ -92,6 +92,7 @@ class ModelConfig:
     attn_scale: float | None = None
     gated_mlp: bool = False
     rotary_base: float = 10000.0
+    alibi_slopes: tuple[float, ...] | None = None  # one per head; None: the standard slopes (BLOOM's rule)
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, Architecture):
@@ -126,11 +127,27 @@ class ModelConfig:
         ):
             raise ConfigError(f"rotary_base must be a finite number > 1, got {self.rotary_base!r}")
         object.__setattr__(self, "rotary_base", float(self.rotary_base))
+        self._check_alibi()
         if self.arch.rotary is not None:
             try:
                 rotary_dims(self.d_head, self.arch.rotary)
             except TensorAlgError as err:
                 raise ConfigError(f"bad rotary for d_head={self.d_head}: {err}") from None
+
+    def _check_alibi(self) -> None:
+        slopes = self.alibi_slopes
+        if slopes is None:
+            return
+        if not self.arch.alibi:
+            raise ConfigError("alibi_slopes given but the architecture has no ALiBi; pass alibi=True in the Architecture")
+        try:
+            slopes = tuple(float(m) for m in slopes)
+        except (TypeError, ValueError):
+            raise ConfigError(f"alibi_slopes must be one number per head, got {self.alibi_slopes!r}") from None
+        if not all(math.isfinite(m) for m in slopes) or any(n != len(slopes) for n in self.arch.heads_per_layer):
+            raise ConfigError(f"alibi_slopes must be {'/'.join(map(str, sorted(set(self.arch.heads_per_layer))))} finite "
+                              f"numbers, one per head of every layer; got {len(slopes)}")
+        object.__setattr__(self, "alibi_slopes", slopes)
 
     @property
     def rotary_dims(self) -> int | None:
@@ -145,6 +162,8 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; :meth:`from_dict` inverts it."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+        if self.alibi_slopes is not None:
+            data["alibi_slopes"] = list(self.alibi_slopes)
         # the architecture's constructor arguments only: fields it derives (heads_per_layer, ...) are rebuilt
         arch = {f.name: getattr(self.arch, f.name) for f in fields(self.arch) if f.init}
         arch = {name: list(value) if isinstance(value, tuple) else value for name, value in arch.items()}
@@ -164,7 +183,8 @@ class ModelConfig:
             raise ConfigError(f"model config needs 'arch' as a dict of Architecture fields, got {arch!r}")
         try:
             arch = Architecture(**{**arch, "n_heads": _heads_from_json(arch.get("n_heads"))})
-            return cls(**{**data, "arch": arch})
+            slopes = data.get("alibi_slopes")
+            return cls(**{**data, "arch": arch, "alibi_slopes": None if slopes is None else tuple(slopes)})
         except TypeError as err:  # a missing or unexpected field
             raise ConfigError(f"bad model config {data!r}: {err}") from None
         except ArchitectureError as err:

@@ -149,7 +149,10 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.scale = n_heads, cfg.scale
         self.window, self.softcap = cfg.arch.window_of(layer), cfg.arch.attn_softcap
-        self.register_buffer("alibi_slopes", alibi_slopes(n_heads, **factory) if cfg.arch.alibi else None, persistent=False)
+        slopes = None
+        if cfg.arch.alibi:
+            slopes = alibi_slopes(n_heads, **factory) if cfg.alibi_slopes is None else torch.tensor(cfg.alibi_slopes, **factory)
+        self.register_buffer("alibi_slopes", slopes, persistent=False)
         g = n_heads if n_kv_heads is None else n_kv_heads
         self.n_kv_heads = g
         h, e, d, bias = n_heads, cfg.d_head, cfg.d_model, cfg.arch.biases
@@ -231,7 +234,7 @@ class Attention(nn.Module):
         n_pos = scores.shape[-1]
         if self.alibi_slopes is not None:
             slopes = self.alibi_slopes if heads is None else self.alibi_slopes[heads]
-            scores = scores + bias_on * alibi_bias(slopes, n_pos)
+            scores = scores + bias_on * alibi_bias(slopes.to(scores.dtype), n_pos)
         return self.hook_attn_scores(scores.masked_fill(~self.mask(n_pos, scores.device), float("-inf")))
 
     def mask(self, n_pos: int, device=None) -> Tensor:

@@ -109,3 +109,18 @@ def test_the_alibi_term_is_the_heads_bias():
     assert torch.allclose(alibi_slopes(8), 2 ** (-torch.arange(1, 9, dtype=torch.float64)))
     # not a power of two (BLOOM's rule): those of 4 heads, then every other one of 8
     assert alibi_slopes(6).tolist() == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]
+
+
+def test_decoder_models_round_trip_through_checkpoints(tmp_path):
+    from numeric_check import load_checkpoint, save_checkpoint
+
+    arch = Architecture(2, 3, norm="rms_norm", sublayer_norm="both", qk_norm="layer_norm", qk_norm_scope="all",
+                        window=(2, None), alibi=True, attn_softcap=5.0, logit_softcap=3.0, mlp=True, biases=True)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=6, dtype=torch.float64)
+    cfg = ModelConfig(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, d_mlp=model.cfg.d_mlp, alibi_slopes=(0.5, 0.25, 0.1))
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    path = tmp_path / "decoder.safetensors"
+    save_checkpoint(model, path)
+    loaded = load_checkpoint(path, dtype=torch.float64)
+    assert loaded.cfg == model.cfg and torch.equal(loaded(TOKENS), model(TOKENS))
+    assert torch.equal(loaded.blocks[1].attn.q_ln.gain, model.blocks[1].attn.q_ln.gain)
