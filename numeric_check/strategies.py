@@ -122,9 +122,14 @@ def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
 @st.composite
 def decoder_models(draw, dtype: torch.dtype = torch.float64) -> CircuitModel:
     """A random model of a :func:`decoder_architectures` architecture (``d_head`` 4, every parameter
-    drawn off its default: gains around 1, biases non-zero)."""
+    drawn off its default: gains around 1, biases non-zero; rope scaling's own inverse frequencies
+    and attention factor half the time with rotary)."""
     arch = draw(decoder_architectures())
     gated = arch.mlp and draw(st.booleans())
+    scaled = arch.rotary is not None and draw(st.booleans())  # rope scaling: its own frequencies and factor
+    planes = int(4 * (arch.rotary or 0)) // 2
+    inv_freq = tuple(draw(st.lists(st.floats(0.01, 2.0), min_size=planes, max_size=planes))) if scaled else None
     return CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, gated_mlp=gated,
                                act_fn="silu" if gated else "gelu", rotary_base=draw(st.sampled_from([100.0, 10000.0])),
+                               rotary_inv_freq=inv_freq, rotary_factor=draw(st.floats(0.5, 2.0)) if scaled else 1.0,
                                seed=draw(st.integers(0, 1000)), dtype=dtype)

@@ -98,6 +98,10 @@ class SourceWeights:
     attn_softcap: float | None = None  # c of c·tanh(s/c) on the scaled scores (Gemma 2: 50)
     logit_softcap: float | None = None  # c of c·tanh(x/c) on the logits (Gemma 2: 30)
     alibi_slopes: Tensor | None = None  # ALiBi: one slope per head (scores + m_h (j - i)); None: no ALiBi
+    # rope scaling (linear, llama3, YaRN, dynamic NTK at the length converted): the rotary embedding's own
+    # inverse frequencies [rot_dims / 2] (None: rotary_base's) and attention factor (Hugging Face's attention_scaling)
+    rotary_inv_freq: Tensor | None = None
+    rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.norm is None:
@@ -224,7 +228,9 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
     cfg = ModelConfig(arch, d_model=d_model, d_head=src.d_head, d_vocab=d_vocab, n_ctx=src.n_ctx,
                       d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale,
                       gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base,
-                      alibi_slopes=None if src.alibi_slopes is None else tuple(src.alibi_slopes.tolist()))
+                      alibi_slopes=None if src.alibi_slopes is None else tuple(src.alibi_slopes.tolist()),
+                      rotary_inv_freq=None if src.rotary_inv_freq is None else tuple(src.rotary_inv_freq.tolist()),
+                      rotary_factor=src.rotary_factor)
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     missing = model.load_state_dict({k: v.cpu() for k, v in paper.items()}, strict=False)
     if missing.missing_keys or missing.unexpected_keys:  # a bug here, not the user's

@@ -172,6 +172,8 @@ class CircuitModel(nn.Module):
         act_fn: str = "gelu",
         gated_mlp: bool = False,
         rotary_base: float = 10000.0,
+        rotary_inv_freq: tuple[float, ...] | None = None,
+        rotary_factor: float = 1.0,
         seed: int = 0,
         dtype: str | torch.dtype = torch.float32,
         device: str | torch.device | None = None,
@@ -190,7 +192,8 @@ class CircuitModel(nn.Module):
         True
         """
         cfg = ModelConfig(arch, d_model=d_model, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx, d_mlp=d_mlp, act_fn=act_fn,
-                          gated_mlp=gated_mlp, rotary_base=rotary_base)
+                          gated_mlp=gated_mlp, rotary_base=rotary_base, rotary_inv_freq=rotary_inv_freq,
+                          rotary_factor=rotary_factor)
         if init_std is not None and not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
             raise ConfigError(f"init_std must be None or a finite number > 0, got {init_std!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):

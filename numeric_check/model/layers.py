@@ -162,7 +162,7 @@ class Attention(nn.Module):
         self.b_K, self.b_V = (_optional_param(bias, g, e, **factory) for _ in range(2))
         self.b_O = _optional_param(bias, d, **factory)
         self.register_buffer("kv_index", torch.arange(h, device=factory.get("device")) // (h // g), persistent=False)
-        self.rotary = None if cfg.arch.rotary is None else (cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
+        self.rotary = cfg.rotary_args
         for name in ("q", "k", "v"):
             setattr(self, f"hook_{name}", HookPoint())
         qk_norm = cfg.arch.qk_norm

@@ -113,5 +113,5 @@ class QKEvaluator:
         cache = self.__dict__.setdefault("_rotations", {})
         if stream not in cache:
             cfg = self.binder.model.cfg
-            cache[stream] = rotate(self.side_values()[stream], cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
+            cache[stream] = rotate(self.side_values()[stream], *cfg.rotary_args)
         return cache[stream]

@@ -124,3 +124,34 @@ def test_decoder_models_round_trip_through_checkpoints(tmp_path):
     loaded = load_checkpoint(path, dtype=torch.float64)
     assert loaded.cfg == model.cfg and torch.equal(loaded(TOKENS), model(TOKENS))
     assert torch.equal(loaded.blocks[1].attn.q_ln.gain, model.blocks[1].attn.q_ln.gain)
+
+
+@pytest.mark.parametrize("rope_type, spec", [
+    ("linear", {"factor": 4.0}),
+    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
+    ("yarn", {"factor": 2.0, "original_max_position_embeddings": 16}),
+    ("dynamic", {"factor": 2.0}),
+])
+def test_rope_scaling_is_frequencies_and_a_factor(rope_type, spec):
+    """Hugging Face's scaled rotary (its own inverse frequencies and attention_scaling, dynamic NTK at the
+    length used) is the model's rotation with those frequencies and that factor; the expansion verifies."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    from numeric_check.model.rotary import rotate
+
+    config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=4, max_position_embeddings=16,
+                                      rope_parameters={"rope_type": rope_type, "rope_theta": 1000.0, **spec})
+    extra = {"seq_len": 40} if rope_type == "dynamic" else {}
+    inv, factor = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **extra)
+    inv = inv.to(torch.float64)
+    x = torch.randn(1, 4, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [b, heads, pos, d]
+    angles = torch.arange(6, dtype=torch.float64)[None, :, None] * inv
+    cos, sin = (torch.cat((f, f), -1) * factor for f in (angles.cos(), angles.sin()))
+    theirs, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    ours = rotate(x.transpose(1, 2), 4, "neox", 1000.0, tuple(inv.tolist()), factor, pos_dim=1).transpose(1, 2)
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-14)
+    model = CircuitModel.random(Architecture(2, 2, norm="rms_norm", rotary=1.0), d_model=8, d_head=4, d_vocab=9, n_ctx=6,
+                                rotary_inv_freq=tuple(inv.tolist()), rotary_factor=factor, seed=1, dtype=torch.float64)
+    _verified(model)
+    assert ModelConfig.from_dict(model.cfg.to_dict()) == model.cfg
