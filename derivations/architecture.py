@@ -94,6 +94,8 @@ class Architecture:
     attn_softcap: float | None = None
     logit_softcap: float | None = None
     alibi: bool = False
+    experts: int | None = None
+    experts_top_k: int = 1
     heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
     kv_heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
 
@@ -172,6 +174,23 @@ class Architecture:
                 raise ArchitectureError(f"{name} must be a finite number > 0 (the cap c of c·tanh(x/c)) or None, got {cap!r}")
         if not isinstance(self.alibi, bool):
             raise ArchitectureError(f"alibi must be True or False, got {self.alibi!r}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """Mixture-of-experts MLPs: opaque sources like any MLP; the routing is taken from the forward pass."""
+        experts, k = self.experts, self.experts_top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ArchitectureError(f"experts_top_k must be an int >= 1, got {k!r}")
+        if experts is None:
+            if k != 1:
+                raise ArchitectureError(f"experts_top_k={k} but experts is None; pass experts= (the number of experts)")
+            return
+        if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+            raise ArchitectureError(f"experts must be an int >= 1 (experts per MLP) or None, got {experts!r}")
+        if not self.mlp:
+            raise ArchitectureError(f"experts={experts} makes each MLP a mixture of experts, but the model has no MLPs; pass mlp=True")
+        if k > experts:
+            raise ArchitectureError(f"experts_top_k={k} picks more experts than the {experts} there are")
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of ``layer``'s attention (a query sees the keys of its last ``w`` positions,
@@ -368,6 +387,8 @@ class Architecture:
                        "windows " + "/".join("global" if w is None else str(w) for w in windows))
         if self.alibi:
             out.append("ALiBi")
+        if self.experts is not None:
+            out.append(f"MLPs of {self.experts} experts (top {self.experts_top_k} per position)")
         if self.attn_softcap is not None:
             out.append(f"attention scores soft-capped at {self.attn_softcap:g} (expanded before the cap)")
         if self.logit_softcap is not None:

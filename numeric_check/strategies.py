@@ -101,7 +101,7 @@ def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
     """A 2-layer architecture with the options of today's decoders drawn together: norm, grouped-query
     heads, rotary, biases, MLPs (parallel or not), q/k normalisation (kind and scope), norms after
     the sublayers (RMSNorm: post only, or before and after), sliding windows (per layer), ALiBi,
-    attention and final-logit soft-caps."""
+    attention and final-logit soft-caps, MLPs of experts."""
     groups, per_group = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
     mlp = draw(st.booleans())
     qk_norm = draw(st.sampled_from(QK_NORMS))
@@ -116,6 +116,7 @@ def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
         window=draw(st.sampled_from([None, 2, 3]) | st.tuples(*[st.sampled_from([None, 2, 3])] * n_layers)),
         alibi=draw(st.booleans()), attn_softcap=draw(st.sampled_from([None, 0.5, 5.0])),
         logit_softcap=draw(st.sampled_from([None, 1.0])),
+        **(dict(experts=4, experts_top_k=draw(st.integers(1, 2))) if mlp and draw(st.booleans()) else {}),
     )
 
 

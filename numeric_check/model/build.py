@@ -102,6 +102,10 @@ class SourceWeights:
     # inverse frequencies [rot_dims / 2] (None: rotary_base's) and attention factor (Hugging Face's attention_scaling)
     rotary_inv_freq: Tensor | None = None
     rotary_factor: float = 1.0
+    # mixture-of-experts MLPs (LayerWeights.mlp holds W_router and the experts stacked first): the experts
+    # each position goes to, and whether their routing weights are renormalised to sum to 1 (Mixtral) or not (OLMoE)
+    experts_top_k: int = 1
+    moe_renormalise: bool = True
 
     def __post_init__(self) -> None:
         if self.norm is None:
@@ -201,7 +205,9 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
             paper[f"{p}attn.W_{name}"], paper[f"{p}attn.b_{name}"] = W.transpose(1, 2), b  # [h, d_head, d_model]
         paper[p + "attn.W_O"] = centred(layer.W_O, 2).transpose(1, 2)  # [h, d_model, d_head]
         paper[p + "attn.b_O"] = centred(layer.b_O, 0)
-        if layer.mlp is not None:
+        if layer.mlp is not None and "W_router" in layer.mlp:
+            paper.update(_experts(layer, p, centred))
+        elif layer.mlp is not None:
             W_in, b_in = fold_norm(layer.ln2, layer.mlp["W_in"], layer.mlp["b_in"], 0)
             paper[p + "mlp.W_in"], paper[p + "mlp.b_in"] = W_in.T, b_in  # [d_mlp, d_model]
             if "W_gate" in layer.mlp:
@@ -217,25 +223,46 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
     heads = tuple(layer.W_Q.shape[0] for layer in src.layers)
     kv_heads = tuple(layer.W_K.shape[0] for layer in src.layers)
     mlp = bool(src.layers) and src.layers[0].mlp is not None
+    experts = src.layers[0].mlp["W_router"].shape[1] if mlp and "W_router" in src.layers[0].mlp else None
     arch = Architecture(len(src.layers), heads[0] if len(set(heads)) == 1 else heads or 1,
                         positional=src.positional, norm=src.norm, biases=has_biases, mlp=mlp,
                         n_kv_heads=None if kv_heads == heads else (kv_heads[0] if len(set(kv_heads)) == 1 else kv_heads),
                         parallel=src.parallel and mlp, rotary=src.rotary, rotary_style=src.rotary_style,
                         qk_norm=src.qk_norm, qk_norm_scope=src.qk_norm_scope, sublayer_norm=src.sublayer_norm,
                         window=src.window, attn_softcap=src.attn_softcap, logit_softcap=src.logit_softcap,
-                        alibi=src.alibi_slopes is not None)
+                        alibi=src.alibi_slopes is not None, experts=experts,
+                        experts_top_k=src.experts_top_k if experts else 1)
     scale = None if math.isclose(src.attn_scale, math.sqrt(src.d_head), rel_tol=1e-12) else src.attn_scale
     cfg = ModelConfig(arch, d_model=d_model, d_head=src.d_head, d_vocab=d_vocab, n_ctx=src.n_ctx,
                       d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale,
                       gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base,
                       alibi_slopes=None if src.alibi_slopes is None else tuple(src.alibi_slopes.tolist()),
                       rotary_inv_freq=None if src.rotary_inv_freq is None else tuple(src.rotary_inv_freq.tolist()),
-                      rotary_factor=src.rotary_factor)
+                      rotary_factor=src.rotary_factor, moe_renormalise=src.moe_renormalise)
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     missing = model.load_state_dict({k: v.cpu() for k, v in paper.items()}, strict=False)
     if missing.missing_keys or missing.unexpected_keys:  # a bug here, not the user's
         raise WeightError(f"adapter produced mismatched weights: missing {missing.missing_keys}, unexpected {missing.unexpected_keys}")
     return model.to(device=resolve_device(device), dtype=dtype)
+
+
+def _experts(layer: LayerWeights, prefix: str, centred) -> dict[str, Tensor]:
+    """A mixture of experts' parameters in the paper's convention: ``mlp`` holds ``W_router [d_model,
+    n_experts]`` and each expert's weights stacked first (``W_in [n_experts, d_model, d_mlp]``, ``b_in
+    [n_experts, d_mlp]``, ``W_out [n_experts, d_mlp, d_model]``, ``b_out [n_experts, d_model]``, and
+    ``W_gate``, ``b_gate``); ``ln2`` folds into the router and every expert."""
+    mlp, out, p = layer.mlp, {}, prefix + "mlp."
+    W_router, router_bias = fold_norm(layer.ln2, mlp["W_router"], torch.zeros(mlp["W_router"].shape[1], dtype=torch.float64), 0)
+    if router_bias.any():
+        raise UnsupportedModel(f"{prefix}ln2's bias reaches the router as a bias, which a mixture of experts here has not")
+    out[p + "W_router"] = W_router.T  # [n_experts, d_model]
+    for name in ("in", "gate"):
+        if f"W_{name}" in mlp:
+            W, b = fold_norm(layer.ln2, mlp[f"W_{name}"], mlp[f"b_{name}"], 1)
+            out[f"{p}W_{name}"], out[f"{p}b_{name}"] = W.transpose(1, 2), b  # [n_experts, d_mlp, d_model]
+    out[p + "W_out"] = centred(mlp["W_out"], 2).transpose(1, 2)  # [n_experts, d_model, d_mlp]
+    out[p + "b_out"] = centred(mlp["b_out"], 1)
+    return out
 
 
 def _decoder_norms(src: SourceWeights, layer: LayerWeights, prefix: str) -> dict[str, Tensor]:

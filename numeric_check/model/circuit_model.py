@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from derivations.architecture import Architecture
 from numeric_check.errors import ConfigError, ModelInputError, WeightError
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.moe import MixtureOfExperts
 from numeric_check.model.layers import MLP, Attention, LayerNorm, PostNorm, _optional_param, _param, make_norm  # noqa: F401 (importable here)
 from numeric_check.model.hooks import (
     HookFn,
@@ -70,7 +71,7 @@ class Block(nn.Module):
         self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
         # a parallel block's MLP reads ln1's output: a parameter-free norm of the same stream
         self.ln2 = make_norm(cfg, reads_sublayer=True) if cfg.arch.mlp and not self.parallel else None
-        self.mlp = MLP(cfg, **factory) if cfg.arch.mlp else None
+        self.mlp = None if not cfg.arch.mlp else MLP(cfg, **factory) if cfg.arch.experts is None else MixtureOfExperts(cfg, **factory)
         self.ln2_post = PostNorm(cfg.ln_eps, cfg.d_model, **factory) if post and cfg.arch.mlp else None
         self.hook_mlp_out = HookPoint() if cfg.arch.mlp else None
         self.hook_resid_post = HookPoint()
@@ -231,7 +232,8 @@ class CircuitModel(nn.Module):
         for block in self.blocks:
             writers += [(block.attn, "W_O", 1), (block.attn, "b_O", 0)]
             if block.mlp is not None:
-                writers += [(block.mlp, "W_out", 0), (block.mlp, "b_out", 0)]
+                axis = int(isinstance(block.mlp, MixtureOfExperts))  # experts stacked first: [n_experts, d_model, ...]
+                writers += [(block.mlp, "W_out", axis), (block.mlp, "b_out", axis)]
         return [(module, name, axis) for module, name, axis in writers if getattr(module, name) is not None]
 
     def working_copy(self, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None) -> "CircuitModel":

@@ -95,6 +95,7 @@ class ModelConfig:
     alibi_slopes: tuple[float, ...] | None = None  # one per head; None: the standard slopes (BLOOM's rule)
     rotary_inv_freq: tuple[float, ...] | None = None  # rope scaling: θ_f themselves, rotary_dims/2; None: base^(-2f/d)
     rotary_factor: float = 1.0  # rope scaling's attention factor (YaRN) on the rotated dimensions of q and k
+    moe_renormalise: bool = True  # mixture of experts: the top-k routing weights renormalised to sum to 1 (Mixtral)
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, Architecture):
@@ -131,6 +132,8 @@ class ModelConfig:
         object.__setattr__(self, "rotary_base", float(self.rotary_base))
         self._check_alibi()
         self._check_rope_scaling()
+        if not isinstance(self.moe_renormalise, bool):
+            raise ConfigError(f"moe_renormalise must be True or False, got {self.moe_renormalise!r}")
         if self.arch.rotary is not None:
             try:
                 rotary_dims(self.d_head, self.arch.rotary)

@@ -280,6 +280,8 @@ class Binder:
             mlp = model.blocks[layer].mlp
             if mlp is None:
                 raise AtomBindingError(f"atom {a.label!r} is an MLP weight but the model has no MLPs")
+            if getattr(mlp, name).ndim != 2:
+                raise AtomBindingError(f"atom {a.label!r}: layer {layer}'s MLP is a mixture of experts, with one {name} per expert")
             return (getattr(mlp, name),)
         raise AtomBindingError(
             f"no binding for atom {a.label!r}; bindable atoms: A, N, W_E, W_pos, W_U, b_U, "

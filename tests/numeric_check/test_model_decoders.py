@@ -155,3 +155,88 @@ def test_rope_scaling_is_frequencies_and_a_factor(rope_type, spec):
                                 rotary_inv_freq=tuple(inv.tolist()), rotary_factor=factor, seed=1, dtype=torch.float64)
     _verified(model)
     assert ModelConfig.from_dict(model.cfg.to_dict()) == model.cfg
+
+
+@pytest.mark.parametrize("renormalise", [True, False])
+def test_mixture_of_experts_mlps_are_opaque_sources_with_their_routing_recorded(renormalise):
+    from numeric_check.model.hook_paths import record
+
+    arch = Architecture(2, 2, norm="rms_norm", mlp=True, experts=4, experts_top_k=2, biases=True)
+    assert "MLPs of 4 experts (top 2 per position)" in arch.describe()
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=7, dtype=torch.float64,
+                                gated_mlp=True, act_fn="silu")
+    if not renormalise:
+        model.cfg = ModelConfig(**{**model.cfg.__dict__, "moe_renormalise": False})
+        model.blocks[0].mlp.renormalise = model.blocks[1].mlp.renormalise = False
+    rec = record(model, TOKENS)
+    weights, indices = rec.cache["blocks.0.mlp.hook_expert_weights"], rec.cache["blocks.0.mlp.hook_expert_indices"]
+    assert weights.shape == indices.shape == (1, 6, 2)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 6, dtype=torch.float64)) == renormalise
+    # the output is the routed experts' weighted sum: expert by expert, as a reader would compute it
+    mlp, x = model.blocks[0].mlp, torch.randn(1, 6, 8, dtype=torch.float64)
+    w, i = mlp.route(x)
+    by_hand = torch.zeros_like(x)
+    for p in range(6):
+        for slot in range(2):
+            e = int(i[0, p, slot])
+            h = torch.nn.functional.silu(mlp.W_gate[e] @ x[0, p] + mlp.b_gate[e]) * (mlp.W_in[e] @ x[0, p] + mlp.b_in[e])
+            by_hand[0, p] += w[0, p, slot] * (mlp.W_out[e] @ h + mlp.b_out[e])
+    assert torch.allclose(mlp(x), by_hand)
+    _verified(model)
+
+
+def _source_weights(model: CircuitModel):
+    """``model``'s weights as a reader would hand them to build(): TransformerLens' row convention, every
+    decoder option's field filled (norms parameter-free: their gains are already folded)."""
+    from numeric_check.model.build import LayerWeights, SourceWeights
+
+    arch, cfg = model.arch, model.cfg
+    layers = []
+    for block in model.blocks:
+        attn, mlp = block.attn, block.mlp
+        zero = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+        bias = lambda t, *shape: zero(*shape) if t is None else t.detach().clone()  # noqa: E731
+        layer = LayerWeights(*(getattr(attn, n).transpose(1, 2).detach().clone() for n in ("W_Q", "W_K", "W_V")),
+                             attn.W_O.transpose(1, 2).detach().clone(), bias(attn.b_Q, attn.n_heads, cfg.d_head),
+                             bias(attn.b_K, attn.n_kv_heads, cfg.d_head), bias(attn.b_V, attn.n_kv_heads, cfg.d_head),
+                             bias(attn.b_O, cfg.d_model))
+        if attn.q_ln is not None:
+            layer.q_norm = (attn.q_ln.gain.detach().clone(), bias(attn.q_ln.bias, attn.n_heads, cfg.d_head))
+            layer.k_norm = (attn.k_ln.gain.detach().clone(), bias(attn.k_ln.bias, attn.n_kv_heads, cfg.d_head))
+        if block.ln1_post is not None:
+            layer.ln1_post = block.ln1_post.gain.detach().clone()
+            layer.ln2_post = None if block.ln2_post is None else block.ln2_post.gain.detach().clone()
+        if mlp is not None:
+            E = arch.experts
+            layer.mlp = {"W_router": mlp.W_router.T.detach().clone(), "W_in": mlp.W_in.transpose(1, 2).detach().clone(),
+                         "b_in": bias(mlp.b_in, E, cfg.d_mlp), "W_out": mlp.W_out.transpose(1, 2).detach().clone(),
+                         "b_out": bias(mlp.b_out, E, cfg.d_model)}
+            if mlp.W_gate is not None:
+                layer.mlp.update(W_gate=mlp.W_gate.transpose(1, 2).detach().clone(), b_gate=bias(mlp.b_gate, E, cfg.d_mlp))
+        layers.append(layer)
+    return SourceWeights(
+        W_E=model.W_E.T.detach().clone(), W_pos=None, W_U=model.W_U.T.detach().clone(),
+        b_U=torch.zeros(cfg.d_vocab, dtype=torch.float64) if model.b_U is None else model.b_U.detach().clone(),
+        layers=layers, ln_final=None, positional="none", layer_norm=False, norm=arch.norm, act_fn=cfg.act_fn,
+        eps=cfg.ln_eps, attn_scale=cfg.scale, d_head=cfg.d_head, n_ctx=cfg.n_ctx, d_mlp=cfg.d_mlp,
+        rotary=arch.rotary, rotary_base=cfg.rotary_base, qk_norm=arch.qk_norm, qk_norm_scope=arch.qk_norm_scope,
+        sublayer_norm=arch.sublayer_norm, window=arch.window, attn_softcap=arch.attn_softcap,
+        logit_softcap=arch.logit_softcap, alibi_slopes=None if model.blocks[0].attn.alibi_slopes is None else
+        model.blocks[0].attn.alibi_slopes.detach().clone(),
+        rotary_inv_freq=None if cfg.rotary_inv_freq is None else torch.tensor(cfg.rotary_inv_freq, dtype=torch.float64),
+        rotary_factor=cfg.rotary_factor, experts_top_k=arch.experts_top_k, moe_renormalise=cfg.moe_renormalise)
+
+
+def test_build_reads_every_decoder_field_of_source_weights():
+    """What a reader fills in (SourceWeights) builds the same model: every option of issue 18 at once."""
+    from numeric_check.model.build import build
+
+    arch = Architecture(2, 4, n_kv_heads=2, norm="rms_norm", sublayer_norm="both", qk_norm="layer_norm", window=(3, None),
+                        alibi=True, attn_softcap=5.0, logit_softcap=3.0, mlp=True, experts=3, experts_top_k=2,
+                        rotary=0.5, biases=True)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=8, dtype=torch.float64, gated_mlp=True,
+                                act_fn="silu", rotary_inv_freq=(0.3,), rotary_factor=1.2)
+    built = build(_source_weights(model), biases=True)
+    assert built.cfg.to_dict() == {**model.cfg.to_dict(), "alibi_slopes": [0.25, 0.0625, 0.015625, 0.00390625]}
+    assert torch.allclose(built(TOKENS), model(TOKENS), rtol=0, atol=1e-13)
+    _verified(built)
