@@ -83,8 +83,8 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
 
     dtype = model.W_E.dtype
     name = f"HookedTransformer (TransformerLens, {str(dtype).removeprefix('torch.')})"
-    if model.cfg.positional_embedding_type == "alibi":  # TransformerLens builds ALiBi's bias in float32 whatever its dtype
-        dtype = lowest_precision(dtype, torch.float32)
+    if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
+        dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
     return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens"))
 
 
@@ -174,7 +174,6 @@ _TL_FLAGS = [  # (config attribute, is-set test on (value, cfg), feature name)
      "local attention without attn_types for each layer and an int window_size"),
     ("final_rms", lambda v, c: v and c.normalization_type not in ("RMS", "RMSPre"), "RMSNorm (final_rms) after layer-norm blocks"),
     ("use_NTK_by_parts_rope", _on, "rope scaling (use_NTK_by_parts_rope)"),
-    ("num_experts", lambda v, c: v is not None, "mixture-of-experts MLP"),
     ("clip_qkv", lambda v, c: v is not None, "Q/K/V clipping (clip_qkv)"),
     ("use_logn_attn", _on, "log-n attention scaling"),
     ("use_attention_sinks", _on, "attention sinks"),
@@ -200,7 +199,7 @@ TL_OPTIONS = frozenset({
     "attn_only", "gated_mlp", "eps", "act_fn", "normalization_type", "positional_embedding_type", "use_attn_scale",
     "attn_scale", "rotary_dim", "rotary_base", "rotary_adjacent_pairs", "parallel_attn_mlp", "final_rms",
     "original_architecture", "use_qk_norm", "use_normalization_before_and_after", "use_local_attn", "window_size",
-    "attn_types", "attn_scores_soft_cap", "output_logits_soft_cap",
+    "attn_types", "attn_scores_soft_cap", "output_logits_soft_cap", "num_experts", "experts_per_token", "norm_topk_prob",
 })
 _TL_POSITIONAL = {"standard": "standard", "shortformer": "qk_only", "rotary": "none", "alibi": "none"}
 _TL_POSITIONAL_NAMES = {"relative_positional_bias": "relative positional bias"}
@@ -236,7 +235,10 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
         if cfg.use_normalization_before_and_after:  # TransformerLens makes these RMSNorms (its LayerNorm case fails)
             layer.ln1_post = _tl_norm(block.ln1_post, f"blocks.{i}.ln1_post")[0]
             layer.ln2_post = None if cfg.attn_only else _tl_norm(block.ln2_post, f"blocks.{i}.ln2_post")[0]
-        if not cfg.attn_only:
+        if not cfg.attn_only and cfg.num_experts:
+            layer.ln2 = _tl_norm(block.ln2, f"blocks.{i}.ln2")
+            layer.mlp = _tl_experts(block.mlp, cfg)
+        elif not cfg.attn_only:
             layer.ln2 = _tl_norm(block.ln2, f"blocks.{i}.ln2")
             layer.mlp = {n: f64(getattr(block.mlp, n)) for n in ("W_in", "b_in", "W_out", "b_out")}
             if cfg.gated_mlp:  # TL: (act(x W_gate) * x W_in + b_in) W_out + b_out: b_in moves into b_out
@@ -270,6 +272,15 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
     )
 
 
+def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:
+    """A TransformerLens ``MoE``: its router (``W_gate``, a Linear) and its gated experts (Linears, no biases),
+    stacked first in the row convention (see :class:`~numeric_check.model.build.SourceWeights`)."""
+    stack = lambda name: torch.stack([f64(getattr(e, name).weight).T for e in moe.experts])  # noqa: E731
+    zeros = lambda n: torch.zeros(cfg.num_experts, n, dtype=torch.float64)  # noqa: E731
+    return {"W_router": f64(moe.W_gate.weight).T, "W_in": stack("W_in"), "b_in": zeros(cfg.d_mlp),
+            "W_gate": stack("W_gate"), "b_gate": zeros(cfg.d_mlp), "W_out": stack("W_out"), "b_out": zeros(cfg.d_model)}
+
+
 def _tl_decoder_options(cfg: Any, kind: str) -> dict[str, Any]:
     """The SourceWeights fields of TransformerLens' options of today's decoders: q/k norm, norms before
     and after each sublayer, local attention, soft-caps, ALiBi (its slopes, ``2^(-8/n)`` to the power h+1)."""
@@ -285,7 +296,8 @@ def _tl_decoder_options(cfg: Any, kind: str) -> dict[str, Any]:
     return {"qk_norm": "rms_norm" if cfg.use_qk_norm else None,
             "sublayer_norm": "both" if cfg.use_normalization_before_and_after else "pre", "window": window,
             "attn_softcap": cap(cfg.attn_scores_soft_cap), "logit_softcap": cap(cfg.output_logits_soft_cap),
-            "alibi_slopes": slopes}
+            "alibi_slopes": slopes, "experts_top_k": cfg.experts_per_token if cfg.num_experts else 1,
+            "moe_renormalise": bool(cfg.norm_topk_prob)}
 
 
 def _tl_norm(module: Any, where: str) -> LayerNormWeights:

@@ -19,13 +19,19 @@ CASES = {
     "local": dict(use_local_attn=True, window_size=3, attn_types=["global", "local"], normalization_type="RMS"),
     "soft_caps": dict(attn_scores_soft_cap=2.0, output_logits_soft_cap=3.0, normalization_type="RMS"),
     "alibi": dict(positional_embedding_type="alibi", normalization_type="LN", n_heads=3),
+    # TransformerLens' experts are Linears of the default dtype: its mixture of experts runs in float32 only
+    "experts": dict(dtype=torch.float32, num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu", normalization_type="RMS",
+                    positional_embedding_type="rotary", rotary_dim=4),
+    "experts_renormalised": dict(dtype=torch.float32, num_experts=3, experts_per_token=2, norm_topk_prob=True, gated_mlp=True, act_fn="silu",
+                                 normalization_type="RMS"),
     "gemma2_like": dict(use_normalization_before_and_after=True, normalization_type="RMS", attn_scores_soft_cap=5.0,
                         output_logits_soft_cap=3.0, use_local_attn=True, window_size=3, attn_types=["local", "global"],
                         positional_embedding_type="rotary", rotary_dim=4, gated_mlp=True, act_fn="gelu_pytorch_tanh"),
 }
 DESCRIBED = {"qk_norm": "q/k RMSNorm per head", "sandwich": "norms before and after each sublayer",
              "local": "windows global/3", "soft_caps": "logits soft-capped at 3", "alibi": "ALiBi",
-             "gemma2_like": "attention scores soft-capped at 5"}
+             "gemma2_like": "attention scores soft-capped at 5", "experts": "MLPs of 4 experts (top 2 per position)",
+             "experts_renormalised": "MLPs of 3 experts"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -39,7 +45,7 @@ def test_transformer_lens_decoder_options_convert_and_verify(name):
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in tl.parameters():  # every parameter off its default (gains of 1 hide folding bugs)
-            param.add_(0.2 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+            param.add_(0.2 * torch.randn(param.shape, generator=generator, dtype=torch.float64).to(param.dtype))
     model = nc.from_transformer_lens(tl)
     assert DESCRIBED[name] in model.arch.describe()
     assert nc.verify_logits(model, TOKENS, max_order=2).passed
