@@ -173,7 +173,7 @@ _TL_FLAGS = [  # (config attribute, is-set test on (value, cfg), feature name)
     ("use_local_attn", lambda v, c: v and (c.attn_types is None or len(c.attn_types) != c.n_layers or not isinstance(c.window_size, int)),
      "local attention without attn_types for each layer and an int window_size"),
     ("final_rms", lambda v, c: v and c.normalization_type not in ("RMS", "RMSPre"), "RMSNorm (final_rms) after layer-norm blocks"),
-    ("use_NTK_by_parts_rope", _on, "rope scaling (use_NTK_by_parts_rope)"),
+    ("use_dynamic_ntk_rope", _on, "dynamic NTK rope scaling, whose frequencies change with the sequence length"),
     ("clip_qkv", lambda v, c: v is not None, "Q/K/V clipping (clip_qkv)"),
     ("use_logn_attn", _on, "log-n attention scaling"),
     ("use_attention_sinks", _on, "attention sinks"),
@@ -200,6 +200,10 @@ TL_OPTIONS = frozenset({
     "attn_scale", "rotary_dim", "rotary_base", "rotary_adjacent_pairs", "parallel_attn_mlp", "final_rms",
     "original_architecture", "use_qk_norm", "use_normalization_before_and_after", "use_local_attn", "window_size",
     "attn_types", "attn_scores_soft_cap", "output_logits_soft_cap", "num_experts", "experts_per_token", "norm_topk_prob",
+    # rope scaling: the frequencies and the factor are read from the rotary embedding the model computes
+    "use_NTK_by_parts_rope", "NTK_by_parts_factor", "NTK_by_parts_low_freq_factor", "NTK_by_parts_high_freq_factor",
+    "NTK_original_ctx_len", "use_yarn_rope", "yarn_factor", "yarn_attention_factor", "yarn_beta_fast", "yarn_beta_slow",
+    "yarn_original_max_position_embeddings", "yarn_truncate", "yarn_global_attn_only", "rotary_scaling_factor",
 })
 _TL_POSITIONAL = {"standard": "standard", "shortformer": "qk_only", "rotary": "none", "alibi": "none"}
 _TL_POSITIONAL_NAMES = {"relative_positional_bias": "relative positional bias"}
@@ -269,7 +273,30 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
         n_ctx=cfg.n_ctx,
         d_mlp=None if cfg.attn_only else cfg.d_mlp,
         **_tl_decoder_options(cfg, kind),
+        **(_tl_rope_scaling(model, cfg) if rotary else {}),
     )
+
+
+def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
+    """``rotary_inv_freq`` and ``rotary_factor`` as the model's rotary embedding computes them (NTK-by-parts,
+    YaRN, a scaling factor: read from its ``rotary_sin``/``rotary_cos`` at positions 0 and 1, where each
+    angle is ``θ_f`` itself, below π), or nothing when they are ``rotary_base``'s; refused when they differ
+    between layers (a scaling on global layers only)."""
+    half, rot = cfg.rotary_dim // 2, cfg.rotary_dim
+    first = torch.arange(half) * 2 if cfg.rotary_adjacent_pairs else torch.arange(half)  # one column per plane
+    found = set()
+    for block in model.blocks:
+        sin, cos = f64(block.attn.rotary_sin[:2, first]), f64(block.attn.rotary_cos[:2, first])
+        factor = float(cos[0].mean())  # cos(0) times the attention factor
+        found.add((tuple(torch.atan2(sin[1], cos[1]).tolist()), factor))
+    if len(found) > 1:
+        raise unsupported("rotary frequencies that differ between layers (rope scaling on some layers only)",
+                          "the TransformerLens model")
+    (inv_freq, factor), = found
+    plain = float(cfg.rotary_base) ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    if abs(factor - 1.0) < 1e-12 and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64), plain, rtol=1e-12, atol=0):
+        return {}
+    return {"rotary_inv_freq": torch.tensor(inv_freq, dtype=torch.float64), "rotary_factor": factor}
 
 
 def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:

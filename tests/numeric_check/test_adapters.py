@@ -167,7 +167,7 @@ def _with(model, **attrs):
         (lambda: _with(tl_model(), use_local_attn=True), r"local attention without attn_types"),
         (lambda: _with(tl_model(), positional_embedding_type="relative_positional_bias"), "relative positional bias"),
         (lambda: _with(tl_model(), final_rms=True), r"RMSNorm \(final_rms\) after layer-norm blocks"),
-        (lambda: _with(tl_model(), use_NTK_by_parts_rope=True), r"rope scaling \(use_NTK_by_parts_rope\)"),
+        (lambda: _with(tl_model(), use_dynamic_ntk_rope=True), r"dynamic NTK rope scaling"),
         (lambda: _with(tl_model(), scale_attn_by_inverse_layer_idx=True), "attention scale that depends on the layer"),
         (lambda: _with(tl_model(), attention_dir="bidirectional"), "bidirectional"),
     ],

@@ -24,6 +24,10 @@ CASES = {
                     positional_embedding_type="rotary", rotary_dim=4),
     "experts_renormalised": dict(dtype=torch.float32, num_experts=3, experts_per_token=2, norm_topk_prob=True, gated_mlp=True, act_fn="silu",
                                  normalization_type="RMS"),
+    "rope_llama3": dict(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", use_NTK_by_parts_rope=True,
+                        NTK_by_parts_factor=8.0, NTK_original_ctx_len=4),
+    "rope_yarn": dict(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", use_yarn_rope=True,
+                      yarn_factor=4.0, yarn_attention_factor=1.3, yarn_original_max_position_embeddings=4),
     "gemma2_like": dict(use_normalization_before_and_after=True, normalization_type="RMS", attn_scores_soft_cap=5.0,
                         output_logits_soft_cap=3.0, use_local_attn=True, window_size=3, attn_types=["local", "global"],
                         positional_embedding_type="rotary", rotary_dim=4, gated_mlp=True, act_fn="gelu_pytorch_tanh"),
@@ -31,7 +35,7 @@ CASES = {
 DESCRIBED = {"qk_norm": "q/k RMSNorm per head", "sandwich": "norms before and after each sublayer",
              "local": "windows global/3", "soft_caps": "logits soft-capped at 3", "alibi": "ALiBi",
              "gemma2_like": "attention scores soft-capped at 5", "experts": "MLPs of 4 experts (top 2 per position)",
-             "experts_renormalised": "MLPs of 3 experts"}
+             "experts_renormalised": "MLPs of 3 experts", "rope_llama3": "rotary", "rope_yarn": "rotary"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -50,3 +54,15 @@ def test_transformer_lens_decoder_options_convert_and_verify(name):
     assert DESCRIBED[name] in model.arch.describe()
     assert nc.verify_logits(model, TOKENS, max_order=2).passed
     assert nc.verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1).passed
+
+
+def test_transformer_lens_rope_scaling_is_read_from_its_rotary_embedding():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    options = dict(n_layers=1, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=20, attn_only=True, dtype=torch.float64,
+                   positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS")
+    plain = nc.from_transformer_lens(HookedTransformer(HookedTransformerConfig(**options)))
+    assert plain.cfg.rotary_inv_freq is None and plain.cfg.rotary_factor == 1.0
+    yarn = nc.from_transformer_lens(HookedTransformer(HookedTransformerConfig(
+        **options, use_yarn_rope=True, yarn_factor=4.0, yarn_attention_factor=1.3, yarn_original_max_position_embeddings=4)))
+    assert yarn.cfg.rotary_factor == pytest.approx(1.3) and yarn.cfg.rotary_inv_freq[1] < 0.01  # base 10000: θ = (1, 0.01), the slow plane interpolated
