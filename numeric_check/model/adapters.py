@@ -107,7 +107,10 @@ def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = N
     arch, cfg = model.arch, model.cfg
     features = [name for name, on in (("RMSNorm", arch.norm == "rms_norm"), ("grouped-query attention", arch.grouped),
                                       ("parallel attention and MLP", arch.parallel), ("rotary", arch.rotary is not None),
-                                      ("a gated MLP", cfg.gated_mlp)) if on]
+                                      ("a gated MLP", cfg.gated_mlp), ("q/k normalisation", arch.qk_norm is not None),
+                                      ("norms after a sublayer", arch.post_norm), ("sliding windows", arch.window is not None),
+                                      ("soft-caps", arch.attn_softcap is not None or arch.logit_softcap is not None),
+                                      ("ALiBi", arch.alibi), ("experts", arch.experts is not None)) if on]
     if features:
         raise UnsupportedModel(f"to_transformer_lens writes models without {', '.join(features)}; this model has them")
     if not arch.uniform:

@@ -240,3 +240,19 @@ def test_build_reads_every_decoder_field_of_source_weights():
     assert built.cfg.to_dict() == {**model.cfg.to_dict(), "alibi_slopes": [0.25, 0.0625, 0.015625, 0.00390625]}
     assert torch.allclose(built(TOKENS), model(TOKENS), rtol=0, atol=1e-13)
     _verified(built)
+
+
+def test_circuits_read_the_folded_weights_and_to_transformer_lens_refuses_what_it_cannot_write():
+    from numeric_check.circuits.ov_qk import ov_circuit, qk_circuit
+    from numeric_check.errors import UnsupportedModel
+    from numeric_check.model.adapters import to_transformer_lens
+
+    arch = Architecture(1, 2, norm="rms_norm", sublayer_norm="both", qk_norm="rms_norm")
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=9, dtype=torch.float64)
+    attn, gain = model.blocks[0].attn, model.blocks[0].ln1_post.gain
+    ov = model.W_U @ (gain[:, None] * attn.W_O[1]) @ attn.W_V[1] @ model.W_E
+    assert torch.allclose(ov_circuit(model, 0, 1).materialize(), ov)
+    qk = model.W_E.T @ (attn.q_ln.gain[0][:, None] * attn.W_Q[0]).T @ (attn.k_ln.gain[0][:, None] * attn.W_K[0]) @ model.W_E
+    assert torch.allclose(qk_circuit(model, 0, 0).materialize(), qk)
+    with pytest.raises(UnsupportedModel, match="q/k normalisation, norms after a sublayer"):
+        to_transformer_lens(model)
