@@ -81,19 +81,19 @@ def soft_caps(heads: int = 1) -> Derivation:
     logits = Chain.start(Math(r"T_{\text{pre-cap}}", "T_pre-cap"), expand_logits(arch).to_tensor_sum(), cap, detail=prose(
         "elementwise and not linear, so the expansion is of the logits before the final soft-cap; the model's "
         "logits are ", math("c·tanh(T/c)")), intro=prose(
-        "A final-logit soft-cap (Gemma 2: c = 30) squashes each logit after the unembedding. It is not linear, so the "
+        "A final-logit soft-cap (Gemma 2 caps at 30) squashes each logit after the unembedding. It is not linear, so the "
         "path expansion stops where it acts: the terms add up to the logits before the cap, and that is what "
         "is verified (the reports say so):"))
     logits = logits.regroup(by_order(logits.last), detail="by the number of heads on the path")
     scores = _scores_of_layer_1(arch, prose(
-        "An attention soft-cap (Gemma 2: c = 50) squashes each head's scaled scores before the mask and the softmax. "
-        "The pattern is frozen as always; the score terms are those of the scores before the cap (the model's "
-        "hook_attn_scores holds them), unchanged:"))
+        "An attention soft-cap (Gemma 2 caps at 50) squashes each head's scaled scores before the mask and the softmax. "
+        "The pattern is frozen as always; the score terms are those of the scores before the cap (what the "
+        "model's hook on its scores holds), unchanged:"))
     notes = (
         NOTATION, SCORES,
-        prose("The pattern is ", Math(r"A^h = \mathrm{softmax}^*(c \tanh(S^h / (c \sqrt{d_{head}})))",
-                                      "A^h = softmax*(c tanh(S^h / (c sqrt(d_head))))"),
-              "; the expansion of ", math("S^h / sqrt(d_head)"), " is exact, the cap acts after it."),
+        prose("The cap acts on each scaled score ", math("x = S^h / sqrt(d_head)"), " as ", math("c·tanh(x/c)"),
+              ", before the mask and the softmax; the expansion of ", math("S^h / sqrt(d_head)"),
+              " is exact, the cap acts after it."),
         WINDOWS,
     )
     return Derivation(
