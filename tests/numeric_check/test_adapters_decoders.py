@@ -28,6 +28,8 @@ CASES = {
                         NTK_by_parts_factor=8.0, NTK_original_ctx_len=4),
     "rope_yarn": dict(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", use_yarn_rope=True,
                       yarn_factor=4.0, yarn_attention_factor=1.3, yarn_original_max_position_embeddings=4),
+    "rope_scaling_factor": dict(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS",
+                                rotary_scaling_factor=2.0),
     "gemma2_like": dict(use_normalization_before_and_after=True, normalization_type="RMS", attn_scores_soft_cap=5.0,
                         output_logits_soft_cap=3.0, use_local_attn=True, window_size=3, attn_types=["local", "global"],
                         positional_embedding_type="rotary", rotary_dim=4, gated_mlp=True, act_fn="gelu_pytorch_tanh"),
@@ -35,7 +37,8 @@ CASES = {
 DESCRIBED = {"qk_norm": "q/k RMSNorm per head", "sandwich": "norms before and after each sublayer",
              "local": "windows global/3", "soft_caps": "logits soft-capped at 3", "alibi": "ALiBi",
              "gemma2_like": "attention scores soft-capped at 5", "experts": "MLPs of 4 experts (top 2 per position)",
-             "experts_renormalised": "MLPs of 3 experts", "rope_llama3": "rotary", "rope_yarn": "rotary"}
+             "experts_renormalised": "MLPs of 3 experts", "rope_llama3": "rotary", "rope_yarn": "rotary",
+             "rope_scaling_factor": "rotary"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
