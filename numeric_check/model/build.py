@@ -177,7 +177,16 @@ def check_shapes(src: SourceWeights) -> None:
             m = src.d_mlp
             shapes = {"W_in": (d_model, m), "b_in": (m,), "W_gate": (d_model, m), "b_gate": (m,),
                       "W_out": (m, d_model), "b_out": (d_model,)}
+            if "W_router" in layer.mlp:  # a mixture of experts: each expert's weights stacked first
+                E = layer.mlp["W_router"].shape[-1]
+                shapes = {"W_router": (d_model, E), **{k: (E, *v) for k, v in shapes.items()}}
             expected += [(p + "mlp." + k, v, shapes[k]) for k, v in layer.mlp.items()]
+        expected += [(p + name, gain, (d_model,)) for name, gain in (("ln1_post", layer.ln1_post), ("ln2_post", layer.ln2_post))]
+        for name, norm, heads in (("q_norm", layer.q_norm, h), ("k_norm", layer.k_norm, g)):
+            for part in norm or ():
+                if part.numel() not in (e, heads * e):
+                    raise WeightError(f"{p}{name} has shape {tuple(part.shape)}; expected {e} entries (one norm shared by "
+                                      f"the heads) or {heads} x {e} (one per head)")
     for what, tensor, shape in expected:
         if tensor is not None and tuple(tensor.shape) != shape:
             raise WeightError(f"{what} has shape {tuple(tensor.shape)} but the config says {shape}; the config's sizes "
