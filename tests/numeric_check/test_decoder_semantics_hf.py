@@ -1,0 +1,91 @@
+"""The reference model's semantics of q/k norms, norms after a sublayer, windows and soft-caps pinned
+against Hugging Face's own Qwen3, OLMo 2 and Gemma 2 (built from their configs, every parameter
+perturbed): their weights, read by hand into SourceWeights (the fields the readers fill), build a
+model whose logits equal theirs to Hugging Face's float32 rounding, and which verifies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import numeric_check as nc
+from numeric_check.model.build import LayerWeights, SourceWeights, build, f64
+
+T = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
+COMMON = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=16)
+
+
+def _perturb(model, seed: int = 1) -> None:
+    """Every parameter off its default (gains of 1 and zero biases hide folding bugs)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.2 * torch.randn(param.shape, generator=generator, dtype=torch.float64).to(param.dtype))
+
+
+def _heads(linear, n: int, d_head: int) -> torch.Tensor:
+    """A projection's weight ``[n * d_head, d_model]`` as TransformerLens' ``[n, d_model, d_head]``."""
+    return f64(linear.weight).reshape(n, d_head, -1).transpose(1, 2)
+
+
+def _read(model, gemma: bool = False, qk: str | None = None, qk_scope: str = "head", sub: str = "pre", window=None,
+          caps=(None, None), scale: float | None = None, embed: float = 1.0) -> SourceWeights:
+    """The fields a reader fills for these families (Gemma's RMSNorm gains are ``1 + w``)."""
+    config = model.config
+    d, h, g, m = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    e = getattr(config, "head_dim", None) or d // h
+    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+    norm = lambda module: (f64(module.weight) + gemma, zeros(module.weight.shape[0]))  # noqa: E731
+    layers = []
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        layer = LayerWeights(
+            _heads(attn.q_proj, h, e), _heads(attn.k_proj, g, e), _heads(attn.v_proj, g, e),
+            f64(attn.o_proj.weight).T.reshape(h, e, d), zeros(h, e), zeros(g, e), zeros(g, e), zeros(d),
+            mlp={"W_gate": f64(mlp.gate_proj.weight).T, "b_gate": zeros(m), "W_in": f64(mlp.up_proj.weight).T,
+                 "b_in": zeros(m), "W_out": f64(mlp.down_proj.weight).T, "b_out": zeros(d)})
+        if sub != "post":  # Gemma 2 reads its MLP through pre_feedforward_layernorm
+            layer.ln1 = norm(block.input_layernorm)
+            layer.ln2 = norm(block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm)
+        if sub != "pre":
+            layer.ln1_post, layer.ln2_post = norm(block.post_attention_layernorm)[0], norm(block.post_feedforward_layernorm)[0]
+        if qk:
+            layer.q_norm, layer.k_norm = norm(attn.q_norm), norm(attn.k_norm)
+        layers.append(layer)
+    act = config.hidden_activation if gemma else config.hidden_act
+    return SourceWeights(
+        W_E=f64(model.model.embed_tokens.weight) * embed, W_pos=None, W_U=f64(model.lm_head.weight).T,
+        b_U=zeros(config.vocab_size), layers=layers, ln_final=norm(model.model.norm), positional="none", layer_norm=False,
+        norm="rms_norm", act_fn={"silu": "silu", "gelu_pytorch_tanh": "gelu_new"}[act], eps=float(config.rms_norm_eps),
+        attn_scale=scale or math.sqrt(e), d_head=e, n_ctx=config.max_position_embeddings, d_mlp=m, rotary=1.0,
+        rotary_base=float(config.rope_parameters["rope_theta"]), qk_norm=qk, qk_norm_scope=qk_scope, sublayer_norm=sub,
+        window=window, attn_softcap=caps[0], logit_softcap=caps[1])
+
+
+CASES = {
+    "Qwen3": (lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **COMMON)), dict(qk="rms_norm")),
+    "OLMo2": (lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**COMMON)), dict(qk="rms_norm", qk_scope="all", sub="post")),
+    "Gemma2": (lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
+        head_dim=8, query_pre_attn_scalar=6, sliding_window=3, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+        layer_types=["sliding_attention", "full_attention"], attn_implementation="eager", **COMMON)),
+        dict(gemma=True, sub="both", window=(3, None), caps=(2.0, 3.0), scale=math.sqrt(6), embed=32 ** 0.5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_model_computes_what_the_family_computes(name):
+    torch.set_num_threads(1)
+    make, options = CASES[name]
+    hf = make().to(torch.float64).eval()
+    _perturb(hf)
+    ours = build(_read(hf, **options))
+    with torch.no_grad():
+        theirs = hf(TOKENS).logits
+    assert float((ours(TOKENS) - theirs).abs().max() / theirs.abs().max()) < 1e-6  # Hugging Face's float32 internals
+    assert nc.verify_logits(ours, TOKENS, max_order=2).passed
+    assert nc.verify_qk(ours, TOKENS, 1, 3).passed
