@@ -1,5 +1,5 @@
-"""The reference model's semantics of q/k norms, norms after a sublayer, windows and soft-caps pinned
-against Hugging Face's own Qwen3, OLMo 2 and Gemma 2 (built from their configs, every parameter
+"""The reference model's semantics of q/k norms, norms after a sublayer, windows, soft-caps and experts
+pinned against Hugging Face's own Qwen3, OLMo 2, Gemma 2 and Mixtral (built from their configs, every parameter
 perturbed): their weights, read by hand into SourceWeights (the fields the readers fill), build a
 model whose logits equal theirs to Hugging Face's float32 rounding, and which verifies."""
 
@@ -33,6 +33,20 @@ def _heads(linear, n: int, d_head: int) -> torch.Tensor:
     return f64(linear.weight).reshape(n, d_head, -1).transpose(1, 2)
 
 
+def _mlp(mlp, d: int, m: int) -> dict[str, torch.Tensor]:
+    """A gated MLP, or Mixtral's experts (router ``gate``, ``gate_up_proj [E, 2m, d]``, ``down_proj [E, d, m]``)
+    stacked first as SourceWeights holds them."""
+    if not hasattr(mlp, "experts"):
+        return {"W_gate": f64(mlp.gate_proj.weight).T, "b_gate": torch.zeros(m, dtype=torch.float64),
+                "W_in": f64(mlp.up_proj.weight).T, "b_in": torch.zeros(m, dtype=torch.float64),
+                "W_out": f64(mlp.down_proj.weight).T, "b_out": torch.zeros(d, dtype=torch.float64)}
+    gate_up, down = f64(mlp.experts.gate_up_proj), f64(mlp.experts.down_proj)
+    E = gate_up.shape[0]
+    return {"W_router": f64(mlp.gate.weight).T, "W_gate": gate_up[:, :m].transpose(1, 2), "W_in": gate_up[:, m:].transpose(1, 2),
+            "W_out": down.transpose(1, 2), "b_gate": torch.zeros(E, m, dtype=torch.float64),
+            "b_in": torch.zeros(E, m, dtype=torch.float64), "b_out": torch.zeros(E, d, dtype=torch.float64)}
+
+
 def _read(model, gemma: bool = False, qk: str | None = None, qk_scope: str = "head", sub: str = "pre", window=None,
           caps=(None, None), scale: float | None = None, embed: float = 1.0) -> SourceWeights:
     """The fields a reader fills for these families (Gemma's RMSNorm gains are ``1 + w``)."""
@@ -46,9 +60,7 @@ def _read(model, gemma: bool = False, qk: str | None = None, qk_scope: str = "he
         attn, mlp = block.self_attn, block.mlp
         layer = LayerWeights(
             _heads(attn.q_proj, h, e), _heads(attn.k_proj, g, e), _heads(attn.v_proj, g, e),
-            f64(attn.o_proj.weight).T.reshape(h, e, d), zeros(h, e), zeros(g, e), zeros(g, e), zeros(d),
-            mlp={"W_gate": f64(mlp.gate_proj.weight).T, "b_gate": zeros(m), "W_in": f64(mlp.up_proj.weight).T,
-                 "b_in": zeros(m), "W_out": f64(mlp.down_proj.weight).T, "b_out": zeros(d)})
+            f64(attn.o_proj.weight).T.reshape(h, e, d), zeros(h, e), zeros(g, e), zeros(g, e), zeros(d), mlp=_mlp(mlp, d, m))
         if sub != "post":  # Gemma 2 reads its MLP through pre_feedforward_layernorm
             layer.ln1 = norm(block.input_layernorm)
             layer.ln2 = norm(block.pre_feedforward_layernorm if gemma else block.post_attention_layernorm)
@@ -64,11 +76,13 @@ def _read(model, gemma: bool = False, qk: str | None = None, qk_scope: str = "he
         norm="rms_norm", act_fn={"silu": "silu", "gelu_pytorch_tanh": "gelu_new"}[act], eps=float(config.rms_norm_eps),
         attn_scale=scale or math.sqrt(e), d_head=e, n_ctx=config.max_position_embeddings, d_mlp=m, rotary=1.0,
         rotary_base=float(config.rope_parameters["rope_theta"]), qk_norm=qk, qk_norm_scope=qk_scope, sublayer_norm=sub,
-        window=window, attn_softcap=caps[0], logit_softcap=caps[1])
+        window=window, attn_softcap=caps[0], logit_softcap=caps[1],
+        experts_top_k=getattr(config, "num_experts_per_tok", 1))
 
 
 CASES = {
     "Qwen3": (lambda: T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=8, **COMMON)), dict(qk="rms_norm")),
+    "Mixtral": (lambda: T.MixtralForCausalLM(T.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **COMMON)), {}),
     "OLMo2": (lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**COMMON)), dict(qk="rms_norm", qk_scope="all", sub="post")),
     "Gemma2": (lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
         head_dim=8, query_pre_attn_scalar=6, sliding_window=3, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
@@ -81,11 +95,13 @@ CASES = {
 def test_the_model_computes_what_the_family_computes(name):
     torch.set_num_threads(1)
     make, options = CASES[name]
-    hf = make().to(torch.float64).eval()
+    # Hugging Face's mixture-of-experts kernels refuse float64: Mixtral runs in float32 (so its tolerance)
+    dtype, tolerance = (torch.float32, 1e-5) if name == "Mixtral" else (torch.float64, 1e-6)
+    hf = make().to(dtype).eval()
     _perturb(hf)
     ours = build(_read(hf, **options))
     with torch.no_grad():
-        theirs = hf(TOKENS).logits
-    assert float((ours(TOKENS) - theirs).abs().max() / theirs.abs().max()) < 1e-6  # Hugging Face's float32 internals
+        theirs = hf(TOKENS).logits.to(torch.float64)
+    assert float((ours(TOKENS) - theirs).abs().max() / theirs.abs().max()) < tolerance  # its float32 internals
     assert nc.verify_logits(ours, TOKENS, max_order=2).passed
     assert nc.verify_qk(ours, TOKENS, 1, 3).passed
