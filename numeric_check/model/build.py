@@ -275,7 +275,7 @@ def _experts(layer: LayerWeights, prefix: str, centred) -> dict[str, Tensor]:
 
 
 def _decoder_norms(src: SourceWeights, layer: LayerWeights, prefix: str) -> dict[str, Tensor]:
-    """The parameters of a block's q/k norms (``attn.q_ln``, ``attn.k_ln``: gain and, for a layer norm,
+    """The parameters of a block's q/k norms (``attn.q_norm``, ``attn.k_norm``: gain and, for a layer norm,
     bias, ``[heads, d_head]``) and of its norms after the sublayers (``ln1_post``, ``ln2_post``: gain)."""
     out: dict[str, Tensor] = {}
     if src.qk_norm is not None:
@@ -285,7 +285,7 @@ def _decoder_norms(src: SourceWeights, layer: LayerWeights, prefix: str) -> dict
             for name, t in zip(("gain", "bias"), norm):
                 t = t.reshape(-1, src.d_head).expand(heads, src.d_head).clone()  # one shared norm, or one per head
                 if name == "gain" or src.qk_norm == "layer_norm":
-                    out[f"{prefix}attn.{side}_ln.{name}"] = t
+                    out[f"{prefix}attn.{side}_norm.{name}"] = t
                 elif t.any():
                     raise UnsupportedModel(f"{prefix}{side}_norm has a bias, but an RMSNorm has none (qk_norm={src.qk_norm!r})")
     if src.sublayer_norm != "pre":

@@ -142,7 +142,7 @@ class Attention(nn.Module):
     entry per *query* head, ``[b, p, n_heads, d_head]``, the shared ones repeated, so every
     reader indexes them by query head. Rotary turns the queries and keys by position in
     :meth:`scores` (``hook_q``/``hook_k`` hold them unrotated). q/k normalisation (:class:`QKNorm`,
-    ``q_ln`` and ``k_ln``) runs between ``hook_q``/``hook_k`` and the scores.
+    ``q_norm`` and ``k_norm``) runs between ``hook_q``/``hook_k`` and the scores.
     """
 
     def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, layer: int = 0, **factory: Any):
@@ -166,8 +166,8 @@ class Attention(nn.Module):
         for name in ("q", "k", "v"):
             setattr(self, f"hook_{name}", HookPoint())
         qk_norm = cfg.arch.qk_norm
-        self.q_ln = None if qk_norm is None else QKNorm(qk_norm, cfg.arch.qk_norm_scope, cfg.ln_eps, h, e, **factory)
-        self.k_ln = None if qk_norm is None else QKNorm(qk_norm, cfg.arch.qk_norm_scope, cfg.ln_eps, g, e, **factory)
+        self.q_norm = None if qk_norm is None else QKNorm(qk_norm, cfg.arch.qk_norm_scope, cfg.ln_eps, h, e, **factory)
+        self.k_norm = None if qk_norm is None else QKNorm(qk_norm, cfg.arch.qk_norm_scope, cfg.ln_eps, g, e, **factory)
         for name in ("attn_scores", "pattern", "z", "result"):
             setattr(self, f"hook_{name}", HookPoint())
 
@@ -176,7 +176,7 @@ class Attention(nn.Module):
         and ``b_Q``/``b_K``: the parameters themselves, or with a q/k norm its gain and centring folded
         in (:meth:`QKNorm.fold`), one row per head that owns them."""
         W, b = (self.W_Q, self.b_Q) if side == "Q" else (self.W_K, self.b_K)
-        norm = self.q_ln if side == "Q" else self.k_ln
+        norm = self.q_norm if side == "Q" else self.k_norm
         return (W, b) if norm is None else norm.fold(W, b)
 
     @property
@@ -205,8 +205,8 @@ class Attention(nn.Module):
         if pattern is None:
             q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
             k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
-            if self.q_ln is not None:  # q/k normalisation: after the projections, before rotary
-                q, k = self.q_ln(q, self.per_head), self.k_ln(k, self.per_head)
+            if self.q_norm is not None:  # q/k normalisation: after the projections, before rotary
+                q, k = self.q_norm(q, self.per_head), self.k_norm(k, self.per_head)
         v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
         if pattern is None:
             pattern = self.hook_pattern(self.pattern_of(self.scores(q, k)))

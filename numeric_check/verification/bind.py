@@ -4,26 +4,26 @@ An expansion (:func:`derivations.paths.expand_logits`, :func:`derivations.qk.exp
 is symbolic: words of atoms such as ``A^{L1H0}``, ``W_OV^{L1H0}``, ``N^{final}``, ``W_E``.
 A :class:`Binder` gives each atom its numbers for one model and one batch of tokens:
 
-==================  =========================================================  ======================
-atom                bound to                                                   kind
-==================  =========================================================  ======================
-``A^{LlHh}``        ``blocks.l.attn.hook_pattern[:, h]`` (frozen)              position ``[b, q, k]``
-``N^{Ll}``          ``1 / blocks.l.ln1.hook_scale`` (frozen)                   diagonal ``[b, pos]``
-``N^{Ll,qk}``       ``1 / blocks.l.ln1_qk.hook_scale`` (qk_only + layer norm)  diagonal ``[b, pos]``
-``N^{final}``       ``1 / ln_final.hook_scale``                                diagonal ``[b, pos]``
-``N^{LlHh,q}``      ``1 / blocks.l.attn.q_ln.hook_scale[:, :, h]`` (q/k norm)   diagonal ``[b, pos]``
-``N^{LlKVg,k}``     ``1 / blocks.l.attn.k_ln.hook_scale`` (``N^{Ll,k}``: all heads) diagonal ``[b, pos]``
-``W_Q``, ``b_Q``…   with a q/k norm, its gain and centring folded in (``attn.folded``) factors
-``B_ALiBi^{LlHh}``  ``m_h (j - i)`` ``[n_ctx, n_ctx]`` (the head's ALiBi slope)       factors
-``b_Qn``, ``b_Kn``  a q/k layer norm's bias, ``attn.q_ln.bias[h]``                 factors ``[d_head, 1]``
-``W_E``, ``W_U``…   the model's weights (paper convention)                     factors
-``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                          factors
-``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                         factors
-``W_K^{LlKVg}``…    key/value head ``g``'s own (grouped-query attention)       factors
-``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                factors ``[d_model, 1]``
-``N^{Ll,post}``     ``1 / blocks.l.ln1_post.hook_scale`` (norm after attention) diagonal ``[b, pos]``
-``W_O``, ``W_OV``   with a norm after attention, its gain folded in (``folded_W_O``) factors
-==================  =========================================================  ======================
+==================  =================================================================  ==========================
+atom                bound to                                                           kind
+==================  =================================================================  ==========================
+``A^{LlHh}``        ``blocks.l.attn.hook_pattern[:, h]`` (frozen)                      position ``[b, q, k]``
+``N^{Ll}``          ``1 / blocks.l.ln1.hook_scale`` (frozen)                           diagonal ``[b, pos]``
+``N^{Ll,qk}``       ``1 / blocks.l.ln1_qk.hook_scale`` (qk_only + layer norm)          diagonal ``[b, pos]``
+``N^{final}``       ``1 / ln_final.hook_scale``                                        diagonal ``[b, pos]``
+``N^{LlHh,q}``      ``1 / blocks.l.attn.q_norm.hook_scale[:, :, h]`` (q/k norm)        diagonal ``[b, pos]``
+``N^{LlKVg,k}``     ``1 / blocks.l.attn.k_norm.hook_scale`` (``N^{Ll,k}``: all heads)  diagonal ``[b, pos]``
+``N^{Ll,post}``     ``1 / blocks.l.ln1_post.hook_scale`` (norm after attention)        diagonal ``[b, pos]``
+``W_E``, ``W_U``…   the model's weights (paper convention)                             factors
+``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                                  factors
+``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                                 factors
+``W_K^{LlKVg}``…    key/value head ``g``'s own (grouped-query attention)               factors
+``W_Q``, ``b_Q``…   a q/k norm's gain and centring folded in (``attn.folded``)         factors
+``W_O``, ``W_OV``   a norm after attention's gain folded in (``folded_W_O``)           factors
+``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                        factors ``[d_model, 1]``
+``b_Qn``, ``b_Kn``  a q/k layer norm's bias, ``attn.q_norm.bias[h]``                   factors ``[d_head, 1]``
+``B_ALiBi^{LlHh}``  ``m_h (j - i)`` (the head's ALiBi slope)                           factors ``[n_ctx, n_ctx]``
+==================  =================================================================  ==========================
 
 Residual-side atoms are bound to a tuple of *factors* whose product is the atom's
 matrix, so that ``W_OV = W_O W_V`` is applied as two thin products (``d_head`` wide) and a
@@ -208,7 +208,7 @@ class Binder:
 
     def _qk_norm_scale(self, a: Atom, match) -> PositionValue:
         """``N^{L1H0,q}``, ``N^{L1KV0,k}`` (``N^{L1H0,k}`` ungrouped) or ``N^{L1,q}`` (a norm over all heads):
-        ``1 / attn.q_ln.hook_scale`` (``k_ln``) of that head (its key/value group's first query head)."""
+        ``1 / attn.q_norm.hook_scale`` (``k_norm``) of that head (its key/value group's first query head)."""
         layer = int(match["layer"])
         arch = self.model.arch
         if layer >= arch.n_layers or arch.qk_norm is None:
@@ -224,7 +224,7 @@ class Binder:
             column = 0 if match["head"] is None else int(match["head"])
         if column >= attn.n_heads:
             raise AtomBindingError(f"atom {a.label!r} refers to a head this model does not have ({arch.describe()})")
-        scale = self.recording.get(block_hook(layer, f"attn.{match['tag']}_ln.hook_scale"), f"atom {a.label}")
+        scale = self.recording.get(block_hook(layer, f"attn.{match['tag']}_norm.hook_scale"), f"atom {a.label}")
         return PositionValue(1.0 / scale[:, :, column, 0], True)  # [b, pos]
 
     # -- residual side ----------------------------------------------------------
@@ -253,7 +253,7 @@ class Binder:
             if name == "W_QK":
                 return (attn.folded("Q")[0][head].T, attn.folded("K")[0][int(attn.kv_index[head])])
             if name in ("b_Qn", "b_Kn"):
-                norm = attn.q_ln if name == "b_Qn" else attn.k_ln
+                norm = attn.q_norm if name == "b_Qn" else attn.k_norm
                 if norm is None or norm.bias is None:
                     raise AtomBindingError(f"atom {a.label!r} is a q/k layer norm's bias, but the model has none")
                 return (norm.bias[head][:, None],)

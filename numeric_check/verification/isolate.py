@@ -299,7 +299,7 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
     ``on[kind]``, per copy: whether the ``qk_only`` positional embedding (``"position"``), ``b_Q``
     (``"query_bias"``), ``b_K`` (``"key_bias"``) and a q/k layer norm's biases (``"query_norm_bias"``,
     ``"key_norm_bias"``) are on. With a q/k norm (its scale frozen) ``q`` and ``k`` are read after
-    it, at ``q_ln``/``k_ln``'s ``hook_normalized``, the projections' biases switched at ``hook_q``/``hook_k``.
+    it, at ``q_norm``/``k_norm``'s ``hook_normalized``, the projections' biases switched at ``hook_q``/``hook_k``.
     """
     b = rec.n_batch
     attn = model.blocks[layer].attn
@@ -318,12 +318,12 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
             return x
         return hook
 
-    normed = attn.q_ln is not None
+    normed = attn.q_norm is not None
     hooks = [(block_hook(layer, "attn.hook_q"), switch(attn.b_Q, "query_bias", None if normed else "q")),
              (block_hook(layer, "attn.hook_k"), switch(attn.per_head(attn.b_K), "key_bias", None if normed else "k", not normed))]
     if normed:
-        hooks += [(block_hook(layer, "attn.q_ln.hook_normalized"), switch(attn.q_ln.bias, "query_norm_bias", "q")),
-                  (block_hook(layer, "attn.k_ln.hook_normalized"), switch(attn.per_head(attn.k_ln.bias), "key_norm_bias", "k", True))]
+        hooks += [(block_hook(layer, "attn.q_norm.hook_normalized"), switch(attn.q_norm.bias, "query_norm_bias", "q")),
+                  (block_hook(layer, "attn.k_norm.hook_normalized"), switch(attn.per_head(attn.k_norm.bias), "key_norm_bias", "k", True))]
     run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, on["position"])  # the block alone
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 

@@ -47,10 +47,10 @@ def test_qk_norm_gains_fold_into_the_bound_weights():
     arch = Architecture(1, 2, qk_norm="layer_norm")
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=0, dtype=torch.float64)
     attn = model.blocks[0].attn
-    assert not torch.allclose(attn.q_ln.gain, torch.ones_like(attn.q_ln.gain))
+    assert not torch.allclose(attn.q_norm.gain, torch.ones_like(attn.q_norm.gain))
     binder = Binder(model, record(model, TOKENS))
     W_Q, = binder.factors(atom("W_Q", "L0H1"))
-    expected = attn.q_ln.gain[1][:, None] * (attn.W_Q[1] - attn.W_Q[1].mean(0, keepdim=True))
+    expected = attn.q_norm.gain[1][:, None] * (attn.W_Q[1] - attn.W_Q[1].mean(0, keepdim=True))
     assert torch.allclose(W_Q, expected) and not torch.allclose(W_Q, attn.W_Q[1])
     scale = binder.position(atom("N", "L0H1,q"))
     assert scale.diagonal and scale.value.shape == (1, 6)
@@ -123,7 +123,7 @@ def test_decoder_models_round_trip_through_checkpoints(tmp_path):
     save_checkpoint(model, path)
     loaded = load_checkpoint(path, dtype=torch.float64)
     assert loaded.cfg == model.cfg and torch.equal(loaded(TOKENS), model(TOKENS))
-    assert torch.equal(loaded.blocks[1].attn.q_ln.gain, model.blocks[1].attn.q_ln.gain)
+    assert torch.equal(loaded.blocks[1].attn.q_norm.gain, model.blocks[1].attn.q_norm.gain)
 
 
 @pytest.mark.parametrize("rope_type, spec", [
@@ -200,9 +200,9 @@ def _source_weights(model: CircuitModel):
                              attn.W_O.transpose(1, 2).detach().clone(), bias(attn.b_Q, attn.n_heads, cfg.d_head),
                              bias(attn.b_K, attn.n_kv_heads, cfg.d_head), bias(attn.b_V, attn.n_kv_heads, cfg.d_head),
                              bias(attn.b_O, cfg.d_model))
-        if attn.q_ln is not None:
-            layer.q_norm = (attn.q_ln.gain.detach().clone(), bias(attn.q_ln.bias, attn.n_heads, cfg.d_head))
-            layer.k_norm = (attn.k_ln.gain.detach().clone(), bias(attn.k_ln.bias, attn.n_kv_heads, cfg.d_head))
+        if attn.q_norm is not None:
+            layer.q_norm = (attn.q_norm.gain.detach().clone(), bias(attn.q_norm.bias, attn.n_heads, cfg.d_head))
+            layer.k_norm = (attn.k_norm.gain.detach().clone(), bias(attn.k_norm.bias, attn.n_kv_heads, cfg.d_head))
         if block.ln1_post is not None:
             layer.ln1_post = block.ln1_post.gain.detach().clone()
             layer.ln2_post = None if block.ln2_post is None else block.ln2_post.gain.detach().clone()
@@ -252,7 +252,7 @@ def test_circuits_read_the_folded_weights_and_to_transformer_lens_refuses_what_i
     attn, gain = model.blocks[0].attn, model.blocks[0].ln1_post.gain
     ov = model.W_U @ (gain[:, None] * attn.W_O[1]) @ attn.W_V[1] @ model.W_E
     assert torch.allclose(ov_circuit(model, 0, 1).materialize(), ov)
-    qk = model.W_E.T @ (attn.q_ln.gain[0][:, None] * attn.W_Q[0]).T @ (attn.k_ln.gain[0][:, None] * attn.W_K[0]) @ model.W_E
+    qk = model.W_E.T @ (attn.q_norm.gain[0][:, None] * attn.W_Q[0]).T @ (attn.k_norm.gain[0][:, None] * attn.W_K[0]) @ model.W_E
     assert torch.allclose(qk_circuit(model, 0, 0).materialize(), qk)
     with pytest.raises(UnsupportedModel, match="q/k normalisation, norms after a sublayer"):
         to_transformer_lens(model)
