@@ -154,6 +154,10 @@ class CircuitModel(nn.Module):
         cfg = self.cfg
         mlp = f", d_mlp={cfg.d_mlp}, act_fn={cfg.act_fn!r}{', gated' if cfg.gated_mlp else ''}" if cfg.arch.mlp else ""
         scale = "" if cfg.attn_scale is None else f", attn_scale={cfg.attn_scale}"
+        if cfg.rotary_inv_freq is not None or cfg.rotary_factor != 1.0:
+            scale += f", rope scaled ({'own frequencies, ' if cfg.rotary_inv_freq is not None else ''}factor {cfg.rotary_factor:g})"
+        if cfg.arch.experts is not None and not cfg.moe_renormalise:
+            scale += ", expert weights not renormalised"
         return (
             f"CircuitModel({cfg.arch.describe()}; d_model={cfg.d_model}, d_head={cfg.d_head}, "
             f"d_vocab={cfg.d_vocab}, n_ctx={cfg.n_ctx}{mlp}{scale}, dtype={self.dtype}, device={self.device})"
