@@ -12,12 +12,16 @@ The forward pass (every named tensor passes through a :class:`~numeric_check.mod
   divide by ``ln1.hook_scale = sqrt(mean(centred²) + eps)``); queries and keys read
   ``ln1(x) + pos_embed`` for ``qk_only`` positions (as TransformerLens' shortformer does:
   the positional embedding is added *after* the layer norm), ``ln1(x)`` otherwise;
-  values read ``ln1(x)``. Attention hooks ``attn.hook_q/k/v [b,p,h,d_head]``,
-  ``attn.hook_attn_scores [b,h,q,k]`` (causal, masked entries ``-inf``),
-  ``attn.hook_pattern``, ``attn.hook_z``, ``attn.hook_result [b,p,h,d_model]`` (no
+  values read ``ln1(x)``. Attention hooks ``attn.hook_q/k/v [b,p,h,d_head]``, then with
+  q/k normalisation ``attn.q_norm/k_norm.hook_scale`` and ``.hook_normalized``,
+  ``attn.hook_attn_scores [b,h,q,k]`` (plus ALiBi's bias; causal and the layer's sliding
+  window, masked entries ``-inf``; *before* an attention soft-cap, which acts on the way to the
+  pattern), ``attn.hook_pattern``, ``attn.hook_z``, ``attn.hook_result [b,p,h,d_model]`` (no
   ``b_O``; formed only when a hook reads it, as TransformerLens' ``use_attn_result``);
-  ``hook_attn_out = Σ_h result + b_O``; ``hook_resid_mid``; then, with MLPs,
-  ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``, ``hook_mlp_out``; ``hook_resid_post``.
+  ``hook_attn_out = Σ_h result + b_O`` (through ``ln1_post`` with norms after the sublayers);
+  ``hook_resid_mid``; then, with MLPs, ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``
+  (a mixture of experts: ``mlp.hook_router_logits``, ``mlp.hook_expert_weights``,
+  ``mlp.hook_expert_indices``), ``hook_mlp_out`` (through ``ln2_post``); ``hook_resid_post``.
 - ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``, then ``c·tanh(logits/c)`` with a
   final soft-cap (Gemma 2): the expansion and verification are of the logits before the cap.
 
