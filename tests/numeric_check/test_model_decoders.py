@@ -256,3 +256,16 @@ def test_circuits_read_the_folded_weights_and_to_transformer_lens_refuses_what_i
     assert torch.allclose(qk_circuit(model, 0, 0).materialize(), qk)
     with pytest.raises(UnsupportedModel, match="q/k normalisation, norms after a sublayer"):
         to_transformer_lens(model)
+
+
+def test_every_option_at_once_verifies_truncated_expansions_too():
+    """Check 3 (the omitted terms equal what the model computes of order above k) with every option on."""
+    arch = Architecture(3, 2, norm="rms_norm", sublayer_norm="both", qk_norm="layer_norm", window=(2, None, 3), alibi=True,
+                        attn_softcap=1.0, logit_softcap=2.0, biases=True, mlp=True, experts=3, experts_top_k=2, rotary=1.0)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=3, dtype=torch.float64,
+                                rotary_inv_freq=(0.7, 0.05), rotary_factor=1.1)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]])
+    for k in (0, 1):
+        qk, logits = verify_qk(model, tokens, 2, 1, max_order=k), verify_logits(model, tokens, max_order=k)
+        assert qk.passed and logits.passed
+        assert all(c.passed for c in qk.checks + logits.checks if c.name == "truncation")
