@@ -15,6 +15,9 @@ from derivations.errors import ArchitectureError
 POSITIONAL_KINDS = ("none", "standard", "qk_only")
 NORMS = ("none", "layer_norm", "rms_norm")
 ROTARY_STYLES = ("neox", "gptj")
+QK_NORMS = (None, "rms_norm", "layer_norm")
+QK_NORM_SCOPES = ("head", "all")
+SUBLAYER_NORMS = ("pre", "post", "both")
 # Bounds checked before anything per layer or per head is built (GPT-3 has 96 layers of 96 heads).
 MAX_LAYERS = 1024
 MAX_HEADS = 1024  # in one layer
@@ -84,6 +87,15 @@ class Architecture:
     parallel: bool = False
     rotary: float | None = None
     rotary_style: str = "neox"
+    qk_norm: str | None = None
+    qk_norm_scope: str = "head"
+    sublayer_norm: str = "pre"
+    window: int | tuple[int | None, ...] | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    alibi: bool = False
+    experts: int | None = None
+    experts_top_k: int = 1
     heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
     kv_heads_per_layer: tuple[int, ...] = field(init=False, repr=False)
 
@@ -136,6 +148,94 @@ class Architecture:
                 "pass mlp=True, or parallel=False"
             )
         self._check_rotary()
+        self._check_decoder_norms()
+        self._check_decoder_attention()
+
+    def _check_decoder_attention(self) -> None:
+        """Sliding windows, soft-caps and ALiBi (GPT-Neo, Mistral, Gemma 2, BLOOM, MPT...)."""
+        window = self.window
+        if window is not None:
+            per_layer = (window,) * self.n_layers if isinstance(window, int) and not isinstance(window, bool) else window
+            try:
+                per_layer = tuple(per_layer)
+            except TypeError:
+                raise ArchitectureError(f"window must be an int >= 1, one int or None per layer, or None; got {window!r}") from None
+            if len(per_layer) != self.n_layers:
+                raise ArchitectureError(f"window gives {len(per_layer)} windows for {self.n_layers} layers; give one per "
+                                        "layer (None: global attention) or a single int")
+            for layer, w in enumerate(per_layer):
+                if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+                    raise ArchitectureError(f"layer {layer}'s window must be an int >= 1 (keys within the last w "
+                                            f"positions) or None (global), got {w!r}")
+            object.__setattr__(self, "window", window if isinstance(window, int) else per_layer)
+        for name in ("attn_softcap", "logit_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")):
+                raise ArchitectureError(f"{name} must be a finite number > 0 (the cap c of c·tanh(x/c)) or None, got {cap!r}")
+        if not isinstance(self.alibi, bool):
+            raise ArchitectureError(f"alibi must be True or False, got {self.alibi!r}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """Mixture-of-experts MLPs: opaque sources like any MLP; the routing is taken from the forward pass."""
+        experts, k = self.experts, self.experts_top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ArchitectureError(f"experts_top_k must be an int >= 1, got {k!r}")
+        if experts is None:
+            if k != 1:
+                raise ArchitectureError(f"experts_top_k={k} but experts is None; pass experts= (the number of experts)")
+            return
+        if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+            raise ArchitectureError(f"experts must be an int >= 1 (experts per MLP) or None, got {experts!r}")
+        if not self.mlp:
+            raise ArchitectureError(f"experts={experts} makes each MLP a mixture of experts, but the model has no MLPs; pass mlp=True")
+        if k > experts:
+            raise ArchitectureError(f"experts_top_k={k} picks more experts than the {experts} there are")
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention (a query sees the keys of its last ``w`` positions,
+        itself included), or ``None`` for global attention.
+
+        >>> Architecture(2, 1, window=(4, None)).window_of(0)
+        4
+        """
+        if self.window is None:
+            return None
+        return self.window if isinstance(self.window, int) else self.window[layer]
+
+    def _check_decoder_norms(self) -> None:
+        """q/k normalisation and norms after a sublayer (the options of Qwen3, OLMo 2, Gemma 2...)."""
+        if self.qk_norm not in QK_NORMS:
+            raise ArchitectureError(f"unknown qk_norm {self.qk_norm!r}; expected one of " + ", ".join(map(repr, QK_NORMS)))
+        if self.qk_norm_scope not in QK_NORM_SCOPES:
+            raise ArchitectureError(f"unknown qk_norm_scope {self.qk_norm_scope!r}; expected one of "
+                                    + ", ".join(map(repr, QK_NORM_SCOPES)))
+        if self.qk_norm is None and self.qk_norm_scope != "head":
+            raise ArchitectureError(f"qk_norm_scope={self.qk_norm_scope!r} but qk_norm is None; pass qk_norm "
+                                    "('rms_norm' or 'layer_norm') or leave qk_norm_scope at 'head'")
+        if self.sublayer_norm not in SUBLAYER_NORMS:
+            raise ArchitectureError(f"unknown sublayer_norm {self.sublayer_norm!r}; expected one of "
+                                    + ", ".join(map(repr, SUBLAYER_NORMS)))
+        if self.sublayer_norm != "pre" and self.norm == "none":
+            raise ArchitectureError(f"sublayer_norm={self.sublayer_norm!r} puts a norm after each sublayer, but norm "
+                                    "is 'none'; pass norm='rms_norm' or 'layer_norm'")
+        if self.sublayer_norm != "pre" and self.norm == "layer_norm":
+            raise ArchitectureError(f"sublayer_norm={self.sublayer_norm!r} with a layer norm: a norm after a sublayer "
+                                    "is an RMSNorm in the families that have one (OLMo 2, Gemma 2); a centring norm "
+                                    "after a sublayer is not supported, pass norm='rms_norm'")
+        if self.sublayer_norm == "post" and self.parallel:
+            raise ArchitectureError("sublayer_norm='post' leaves the sublayers' input unnormalised, which a parallel "
+                                    "block's shared norm cannot express; pass sublayer_norm='both' or parallel=False")
+
+    @property
+    def pre_norm(self) -> bool:
+        """True when a norm reads the stream before each attention layer and MLP (``ln1``, ``ln2``)."""
+        return self.normalised and self.sublayer_norm != "post"
+
+    @property
+    def post_norm(self) -> bool:
+        """True when a norm scales each sublayer's output before it joins the stream (``ln1_post``, ``ln2_post``)."""
+        return self.sublayer_norm != "pre"
 
     def _check_norm(self) -> None:
         norm = self.norm
@@ -269,8 +369,31 @@ class Architecture:
         if self.rotary is not None:
             share = "all" if self.rotary == 1 else f"{self.rotary:.0%}"
             extras.append(f"rotary on {share} of the head dimensions ({self.rotary_style} pairing)")
+        extras += self._describe_decoder()
         layers = f"{self.n_layers} layer" + ("" if self.n_layers == 1 else "s")
         return f"{layers} x {heads}, " + ", ".join(extras)
+
+
+    def _describe_decoder(self) -> list[str]:
+        out = []
+        if self.qk_norm is not None:
+            kind = {"rms_norm": "RMSNorm", "layer_norm": "layer norm"}[self.qk_norm]
+            out.append(f"q/k {kind} " + ("per head" if self.qk_norm_scope == "head" else "over all heads"))
+        if self.sublayer_norm != "pre":
+            out.append({"post": "norms after each sublayer (not before)", "both": "norms before and after each sublayer"}[self.sublayer_norm])
+        if self.window is not None:
+            windows = [self.window_of(l) for l in range(self.n_layers)]
+            out.append(f"sliding window {self.window}" if isinstance(self.window, int) else
+                       "windows " + "/".join("global" if w is None else str(w) for w in windows))
+        if self.alibi:
+            out.append("ALiBi")
+        if self.experts is not None:
+            out.append(f"MLPs of {self.experts} experts (top {self.experts_top_k} per position)")
+        if self.attn_softcap is not None:
+            out.append(f"attention scores soft-capped at {self.attn_softcap:g} (expanded before the cap)")
+        if self.logit_softcap is not None:
+            out.append(f"logits soft-capped at {self.logit_softcap:g} (expanded before the cap)")
+        return out
 
 
 def _check_heads(layer: int, count) -> None:

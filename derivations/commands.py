@@ -145,6 +145,7 @@ OPTIONS = {
     "frequencies": ("--frequencies", "rotary: number of rotated frequency pairs"),
     "partial": ("--partial", "rotary: some features of each head pass unrotated"),
     "style": ("--style", "rotary: which features pair up, neox (halves) or gptj (neighbours)"),
+    "post_only": ("--post-only", "post-norm: norms only after each sublayer (OLMo 2), not before and after (Gemma 2)"),
 }
 
 
@@ -276,7 +277,7 @@ def register(subparsers) -> None:
     p.add_argument(OPTIONS["layer"][0], type=int, help=OPTIONS["layer"][1])
     p.add_argument(OPTIONS["head"][0], type=int, help=OPTIONS["head"][1])
     p.add_argument(OPTIONS["positional"][0], choices=("none", "standard", "qk_only"), help=OPTIONS["positional"][1])
-    for key in ("layer_norm", "biases", "mlp", "partial"):
+    for key in ("layer_norm", "biases", "mlp", "partial", "post_only"):
         p.add_argument(OPTIONS[key][0], dest=key, action="store_const", const=True, default=None, help=OPTIONS[key][1])
     p.add_argument(OPTIONS["frequencies"][0], type=int, metavar="F", help=OPTIONS["frequencies"][1])
     p.add_argument(OPTIONS["style"][0], choices=ROTARY_STYLES, help=OPTIONS["style"][1])

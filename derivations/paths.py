@@ -4,7 +4,9 @@ The residual stream entering layer ``l`` is a sum over *sources* (token one-hots
 position one-hots, each layer's output bias, each layer's MLP output) and, for each
 source, over *paths*: the heads of the layers between the source's entry and ``l``
 that it passed through, at most one head per layer, layers increasing. Head ``h`` of
-layer ``j`` acts as ``(A^{LjHh} N^{Lj}) ⊗ W_OV^{LjHh}`` (``N`` only with layer norm), so by
+layer ``j`` acts as ``(A^{LjHh} N^{Lj}) ⊗ W_OV^{LjHh}`` (``N`` only with layer norm; with a norm
+after the attention layer, OLMo 2 and Gemma 2, ``(N^{Lj,post} A^{LjHh} N^{Lj}) ⊗ W_OV^{LjHh}``, the
+norm's gain folded into ``W_O``, and ``b_O^{Lj}`` enters behind ``N^{Lj,post}`` too), so by
 the mixed-product rule a path's term is
 
     (A^{hk} N … A^{h1} N) ⊗ (W_OV^{hk} … W_OV^{h1} W_src),
@@ -76,6 +78,12 @@ def transposed(a: Atom) -> Atom:
 def ln_scale(layer: int) -> Atom:
     """The frozen scale of layer ``l``'s ``ln1``, ``N^{Ll}`` (diagonal, one entry per position)."""
     return layer_atom("N", f"L{layer}")
+
+
+def post_scale(layer: int) -> Atom:
+    """The frozen scale of the norm after layer ``l``'s attention, ``N^{Ll,post}`` (OLMo 2, Gemma 2):
+    it scales every head's output and ``b_O`` before they join the stream."""
+    return layer_atom("N", f"L{layer},post")
 
 
 def mlp_ln_scale(arch: Architecture, layer: int) -> Atom:
@@ -151,11 +159,13 @@ def unfold_heads(expr, arch: Architecture) -> TensorSum:
 
 
 class StreamEntry(NamedTuple):
-    """A source entering the residual stream: its first layer and its residual word."""
+    """A source entering the residual stream: its first layer, its residual word and the position word
+    it enters with (``N^{Ll,post}`` for ``b_O`` behind a norm after attention, else ``Id``)."""
 
     source: Source
     first_layer: int
     word: Word
+    position: Word = ()
 
 
 class StreamTerm(NamedTuple):
@@ -173,7 +183,8 @@ def stream_entries(arch: Architecture, upto: int) -> list[StreamEntry]:
         entries.append(StreamEntry(POSITION, 0, (layer_atom("W_pos", ""),)))
     for m in range(upto):
         if arch.biases:
-            entries.append(StreamEntry(Source("bias", m), m + 1, (layer_atom("b_O", f"L{m}"),)))
+            lead = (post_scale(m),) if arch.post_norm else ()
+            entries.append(StreamEntry(Source("bias", m), m + 1, (layer_atom("b_O", f"L{m}"),), lead))
         if arch.mlp:
             entries.append(StreamEntry(Source("mlp", m), m + 1, ()))
     return entries
@@ -200,7 +211,7 @@ def order_counts(arch: Architecture, first: int, upto: int, max_order: int | Non
 def stream_terms(arch: Architecture, upto: int, max_order: int | None) -> Iterator[tuple[int, StreamTerm]]:
     """``(order, term)`` for the residual stream entering layer ``upto``, source by source,
     then by order, then by layers and heads. Position words carry no final scale."""
-    ln = arch.normalised
+    ln, post = arch.pre_norm, arch.post_norm
     for entry in stream_entries(arch, upto):
         top = upto - entry.first_layer
         if max_order is not None:
@@ -210,11 +221,13 @@ def stream_terms(arch: Architecture, upto: int, max_order: int | None) -> Iterat
                 position: list[Atom] = []
                 residual: list[Atom] = []
                 for layer, head in reversed(heads):
+                    if post:
+                        position.append(post_scale(layer))
                     position.append(head_atom("A", layer, head))
                     if ln:
                         position.append(ln_scale(layer))
                     residual.append(head_atom("W_OV", layer, head))
-                yield k, StreamTerm(Path.trusted(entry.source, heads), tuple(position), tuple(residual) + entry.word)
+                yield k, StreamTerm(Path.trusted(entry.source, heads), tuple(position) + entry.position, tuple(residual) + entry.word)
 
 
 # -- validation shared with the QK expansion ------------------------------------------
@@ -460,7 +473,7 @@ def mlp_input_terms(arch: Architecture, layer: int, max_order: int | None = None
     upto, entries = _mlp_entries(arch, layer)
     check_order(max_order, upto, f"the input of layer {layer}'s MLP")
     own = Source("mlp", layer)
-    lead = (mlp_ln_scale(arch, layer),) if arch.normalised else ()
+    lead = (mlp_ln_scale(arch, layer),) if arch.pre_norm else ()
     for _, st in stream_terms(arch, upto, max_order):
         if st.path.source != own:
             yield PathTerm(st.path, Term(ONE, (lead + st.position, st.residual)))

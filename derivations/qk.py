@@ -25,8 +25,19 @@ Extras, each an order-0 entry of the sides:
 The models studied today:
 
 - a norm (layer norm or RMSNorm) leads both sides with its frozen scale ``N^{Ll}``;
+- q/k normalisation (Qwen3, OLMo 2, Persimmon, StableLM, Cohere): a norm of each head's query
+  and key (over ``d_head``, or over all heads at once) is one more frozen per-position scale on
+  each side, ``N^{LlHh,q}`` and ``N^{LlKVg,k}`` (``N^{Ll,q}``, ``N^{Ll,k}`` over all heads), in
+  front of every position word of the side, the biases ``b_Q``/``b_K`` included; its gains (and a
+  layer norm's centring over the head) fold into ``W_Q``/``W_K`` and their biases, and a layer
+  norm's own bias is one more constant side, ``b_Qn``/``b_Kn``, after the scale;
 - grouped-query attention: ``W_QK^{h} = W_Q^{h}ᵀ W_K^{g}`` with ``g`` the key/value head of
   ``h``'s group, so unfolded words (biases, rotary) name ``W_K^{g}``/``b_K^{g}`` once per group;
+- ALiBi (BLOOM, MPT, Falcon): a fixed position-only matrix ``m_h (j - i)`` added to the scaled
+  scores is one more term, ``Id ⊗ Id ⊗ B_ALiBi^{h}`` with coefficient 1, whose two sides read the
+  identity of positions (source ``Source("alibi", l, h)``, input key ``position``);
+- sliding windows and soft-caps change no term: a window masks more keys (the terms are compared
+  on the positions the mask keeps), and an attention soft-cap acts after the scores expanded here;
 - rotary: the queries and keys are rotated by position after ``W_Q``/``W_K`` (and their
   biases), so ``W_QK`` unfolds around the head's rotary operator ``R^{h}``
   (:mod:`tensoralg.rotary`): a term reads ``P ⊗ Q ⊗ (W_pᵀ W_Qᵀ R^{h} W_K W_q)``, which stands
@@ -50,7 +61,7 @@ from typing import Iterator, NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import Word, d_head
+from tensoralg.atoms import Atom, Word, d_head
 from tensoralg.rotary import rotary_atom
 from tensoralg.display import expansion_markdown
 from tensoralg.expr import TensorSum, Term, check_order
@@ -120,10 +131,21 @@ class _Side(NamedTuple):
     is_bias: bool
 
 
+def qk_norm_scale(arch: Architecture, layer: int, head: int, side: str) -> Atom:
+    """The frozen scale of a q/k norm on the ``side`` (``"q"`` or ``"k"``) of head ``(layer, head)``:
+    ``N^{L1H0,q}``, ``N^{L1KV0,k}`` (a key norm belongs to the key/value head), or ``N^{L1,q}``
+    when the norm runs over all heads at once (one scale per position, OLMo 2)."""
+    if arch.qk_norm_scope == "all":
+        return layer_atom("N", f"L{layer},{side}")
+    return layer_atom("N", (head_label(layer, head) if side == "q" else arch.kv_label(layer, head)) + f",{side}")
+
+
 def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, query: bool) -> list[list[_Side]]:
     """The query (or key) side of head ``(layer, head)``, by order."""
     qk_only = arch.positional == "qk_only"
-    scale = (ln_scale(layer),) if arch.normalised else ()
+    # a q/k norm scales every term of a side (its bias b_Qn comes after the scale); then ln1's scale
+    qn = (qk_norm_scale(arch, layer, head, "q" if query else "k"),) if arch.qk_norm else ()
+    scale = qn + ((ln_scale(layer),) if arch.pre_norm else ())
     W_K = kv_atom(arch, "W_K", layer, head)
     # rotary turns the query (and key) after W_Q and b_Q: W_QK unfolds around R^{h}
     R = (rotary_atom(head_label(layer, head)),) if arch.rotary is not None else ()
@@ -145,14 +167,17 @@ def _sides(arch: Architecture, layer: int, head: int, max_order: int | None, que
         out[k].append(side(st.path, st.position, st.residual))
     if qk_only:
         # Positions join the Q/K inputs after the layer norm (as TransformerLens' shortformer).
-        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),), lead=()))
-    if arch.biases:
+        out[0].append(side(Path(POSITION), (), (layer_atom("W_pos", ""),), lead=qn))
+    biases = [("b_Q", "b_K", "query_bias", "key_bias", qn)] if arch.biases else []
+    if arch.qk_norm == "layer_norm":  # the q/k layer norm's own bias, after its scale
+        biases.append(("b_Qn", "b_Kn", "query_norm_bias", "key_norm_bias", ()))
+    for q_name, k_name, q_kind, k_kind, lead in biases:
         if query:
-            b = transposed(head_atom("b_Q", layer, head))
-            out[0].append(_Side(Path(Source("query_bias", layer, head)), (), (b,) + R + (W_K,), (b,) + R, True))
+            b = transposed(head_atom(q_name, layer, head))
+            out[0].append(_Side(Path(Source(q_kind, layer, head)), lead, (b,) + R + (W_K,), (b,) + R, True))
         else:
-            b = kv_atom(arch, "b_K", layer, head)
-            out[0].append(_Side(Path(Source("key_bias", layer, head)), (), (b,), (b,), True))
+            b = kv_atom(arch, k_name, layer, head)
+            out[0].append(_Side(Path(Source(k_kind, layer, head)), lead, (b,), (b,), True))
     return out
 
 
@@ -161,7 +186,7 @@ def _side_counts(arch: Architecture, layer: int, max_order: int | None) -> list[
     for entry in stream_entries(arch, layer):
         for k, n in enumerate(order_counts(arch, entry.first_layer, layer, max_order)):
             counts[k] += n
-    counts[0] += (arch.positional == "qk_only") + arch.biases
+    counts[0] += (arch.positional == "qk_only") + arch.biases + (arch.qk_norm == "layer_norm")
     return counts
 
 
@@ -194,6 +219,8 @@ class QKExpansion:
         self.max_order = max_order
         self._sides: tuple[list[list[_Side]], list[list[_Side]]] | None = None
         self._per_order = _pair_counts(_side_counts(arch, layer, max_order), max_order)
+        self._alibi = Source("alibi", layer, head) if arch.alibi else None
+        self._per_order[0] += arch.alibi
 
     @property
     def label(self) -> str:
@@ -210,22 +237,27 @@ class QKExpansion:
     def count_by_order(self) -> dict[int, int]:
         return {k: n for k, n in enumerate(self._per_order) if n}
 
-    def _blocks(self, query=None, key=None) -> Iterator[tuple[str, list[_Side], list[_Side]]]:
-        """``(composition, query sides, key sides)`` whose pairs are the (selected) terms, in order."""
+    def _blocks(self, query=None, key=None) -> Iterator[tuple[str, list[_Side], list[_Side], sp.Expr]]:
+        """``(composition, query sides, key sides, coefficient)`` whose pairs are the (selected) terms, in order."""
         if self._sides is None:  # small (the square root of the term count): kept
             self._sides = tuple(_sides(self.arch, self.layer, self.head, self.max_order, q) for q in (True, False))
         queries, keys = self._sides
         if query is not None:
-            queries = _select(queries, query, "query")
+            queries = _select(queries, query, "query", self._alibi)
         if key is not None:
-            keys = _select(keys, key, "key")
+            keys = _select(keys, key, "key", self._alibi)
+        coeff = 1 / sp.sqrt(d_head)
         for total in range(len(self._per_order)):
             for i in range(min(total, len(queries) - 1), max(0, total - len(keys) + 1) - 1, -1):
-                yield COMPOSITIONS[(i > 0) + 2 * (total > i)], queries[i], keys[total - i]
+                yield COMPOSITIONS[(i > 0) + 2 * (total > i)], queries[i], keys[total - i], coeff
+            if total == 0 and self._alibi is not None and _matches(query, self._alibi) and _matches(key, self._alibi):
+                # ALiBi: one position-only term m_h (j - i), added to the scaled scores (coefficient 1)
+                B = layer_atom("B_ALiBi", self.label)
+                path = Path(self._alibi)
+                yield "direct", [_Side(path, (), (B,), (B,), False)], [_Side(path, (), (), (), False)], sp.S.One
 
     def _terms(self, query=None, key=None) -> Iterator[tuple[_Side, _Side, str, Term]]:
-        coeff = 1 / sp.sqrt(d_head)
-        for tag, queries, keys in self._blocks(query, key):
+        for tag, queries, keys, coeff in self._blocks(query, key):
             for q in queries:
                 for k in keys:
                     middle = (q.to_bias if k.is_bias else q.to_input) + k.to_input
@@ -234,9 +266,8 @@ class QKExpansion:
     def _word_dict(self, query=None, key=None) -> dict[tuple[Word, ...], sp.Expr]:
         """``{words: coeff}`` of the selected terms, built block by block in comprehensions
         (a third of the time of going through :class:`QKTerm`)."""
-        coeff = 1 / sp.sqrt(d_head)
         out: dict[tuple[Word, ...], sp.Expr] = {}
-        for _, queries, keys in self._blocks(query, key):
+        for _, queries, keys, coeff in self._blocks(query, key):
             inputs = [k for k in keys if not k.is_bias]
             biases = [k for k in keys if k.is_bias]
             out.update({(q.position, k.position, q.to_input + k.to_input): coeff for q in queries for k in inputs})
@@ -269,7 +300,7 @@ class QKExpansion:
         mix inputs this raises; :meth:`to_tensor_sums` gives one sum per input pair.
         """
         query_inputs, key_inputs = set(), set()
-        for _, queries, keys in self._blocks(query, key):
+        for _, queries, keys, _ in self._blocks(query, key):
             if queries and keys:
                 query_inputs.update(q.path.source.input_key for q in queries)
                 key_inputs.update(k.path.source.input_key for k in keys)
@@ -298,17 +329,20 @@ class QKExpansion:
         return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {self.n_terms:,} terms)"
 
 
-def _select(sides: list[list[_Side]], want, name: str) -> list[list[_Side]]:
+def _matches(want, source: Source) -> bool:
+    """Whether a selection (``None``: any; a Source, a label or an input key) picks ``source``."""
+    if want is None:
+        return True
+    return want == source if isinstance(want, Source) else want in (source.label, source.input_key)
+
+
+def _select(sides: list[list[_Side]], want, name: str, alibi: Source | None = None) -> list[list[_Side]]:
     """The sides whose source is ``want`` (a Source, a label or an input key), by order."""
-    if isinstance(want, Source):
-        match = want.__eq__
-    elif isinstance(want, str):
-        match = lambda s: want in (s.label, s.input_key)  # noqa: E731
-    else:
+    if not isinstance(want, (Source, str)):
         raise DerivationError(f"select a {name} source by a Source, a label or an input key, got {want!r}")
-    chosen = [[s for s in side if match(s.path.source)] for side in sides]
-    if not any(chosen):
-        known = list(dict.fromkeys(s.path.source for side in sides for s in side))
+    chosen = [[s for s in side if _matches(want, s.path.source)] for side in sides]
+    if not any(chosen) and not (alibi is not None and _matches(want, alibi)):
+        known = list(dict.fromkeys(s.path.source for side in sides for s in side)) + ([alibi] if alibi else [])
         raise DerivationError(
             f"no {name}-side source matches {want!r}; the {name} side has the sources "
             + ", ".join(s.label for s in known) + " (input keys "

@@ -25,9 +25,12 @@ from tensoralg.expr import Term
 from derivations.architecture import head_label
 from derivations.errors import DerivationError
 
-SOURCE_KINDS = ("token", "position", "bias", "mlp", "unembed_bias", "query_bias", "key_bias")
-_LAYERED = ("bias", "mlp", "query_bias", "key_bias")
-_INPUT_DIMS = {"token": d_vocab, "position": n_ctx, "mlp": d_model}
+SOURCE_KINDS = ("token", "position", "bias", "mlp", "unembed_bias", "query_bias", "key_bias", "query_norm_bias",
+                "key_norm_bias", "alibi")
+# one head's own input: a constant query or key side, or ALiBi's position-only bias (both sides at once)
+HEAD_SOURCES = ("query_bias", "key_bias", "query_norm_bias", "key_norm_bias", "alibi")
+_LAYERED = ("bias", "mlp") + HEAD_SOURCES
+_INPUT_DIMS = {"token": d_vocab, "position": n_ctx, "mlp": d_model, "alibi": n_ctx}
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,10 @@ class Source:
 
     ``layer`` is set for ``bias`` (``b_O`` of that layer, ``b_V`` folded in), ``mlp`` (the
     output of that layer's MLP) and the QK biases ``query_bias``/``key_bias`` (``b_Q``/``b_K``
-    of head ``head`` of that layer, the constant query or key side of a QK term); it is
+    of head ``head`` of that layer, the constant query or key side of a QK term), and for
+    ``query_norm_bias``/``key_norm_bias`` (the bias of a q/k layer norm, ``b_Qn``/``b_Kn``,
+    added after the norm's frozen scale), and for ``alibi`` (the head's ALiBi bias ``B_ALiBi^h``, a
+    position-only term of its scores whose two sides read the identity of positions); it is
     ``None`` for the others.
 
     >>> Source("bias", 1).label, Source("token").label, Source("query_bias", 1, 0).label
@@ -59,7 +65,7 @@ class Source:
                 raise DerivationError(f"a {self.kind!r} source needs a layer (an int >= 0), got {self.layer!r}")
         elif self.layer is not None:
             raise DerivationError(f"a {self.kind!r} source has no layer, got layer={self.layer!r}")
-        if self.kind in ("query_bias", "key_bias"):
+        if self.kind in HEAD_SOURCES:
             if isinstance(self.head, bool) or not isinstance(self.head, int) or self.head < 0:
                 raise DerivationError(f"a {self.kind!r} source needs a head (an int >= 0), got {self.head!r}")
         elif self.head is not None:
@@ -79,7 +85,9 @@ class Source:
             return f"b_O^L{self.layer}"
         if kind == "mlp":
             return f"mlp^L{self.layer}"
-        name = "b_Q" if kind == "query_bias" else "b_K"
+        if kind == "alibi":
+            return f"ALiBi^{head_label(self.layer, self.head)}"
+        name = {"query_bias": "b_Q", "key_bias": "b_K", "query_norm_bias": "b_Qn", "key_norm_bias": "b_Kn"}[kind]
         return f"{name}^{head_label(self.layer, self.head)}"
 
     @property
@@ -89,6 +97,8 @@ class Source:
         key act on the same ``X`` and may be added into one :class:`TensorSum`."""
         if self.kind in ("token", "position"):
             return self.kind
+        if self.kind == "alibi":
+            return "position"  # the identity of positions, on both sides
         if self.kind == "mlp":
             return self.label
         return "constant"
@@ -126,7 +136,7 @@ class Path:
         heads = tuple(tuple(h) for h in self.heads)
         object.__setattr__(self, "heads", heads)
         after = -1 if self.source.layer is None else self.source.layer
-        if heads and self.source.kind in ("unembed_bias", "query_bias", "key_bias"):
+        if heads and self.source.kind in ("unembed_bias",) + HEAD_SOURCES:
             raise DerivationError(f"a {self.source.kind!r} source passes through no heads, got {heads!r}")
         for layer, head in heads:
             if not (isinstance(layer, int) and isinstance(head, int) and head >= 0 and layer > after):

@@ -28,11 +28,12 @@ except ImportError as error:  # pragma: no cover - exercised only without hypoth
 
 import torch
 
-from derivations.architecture import POSITIONAL_KINDS, Architecture
+from derivations.architecture import POSITIONAL_KINDS, QK_NORM_SCOPES, QK_NORMS, SUBLAYER_NORMS, Architecture
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ACT_FNS, ModelConfig
 
-__all__ = ["architectures", "model_configs", "circuit_models", "token_batches", "models_and_tokens"]
+__all__ = ["architectures", "model_configs", "circuit_models", "token_batches", "models_and_tokens",
+           "decoder_architectures", "decoder_models"]
 
 
 def _flag(value: bool | None):
@@ -93,3 +94,43 @@ def models_and_tokens(draw, max_batch: int = 3, dtype: torch.dtype = torch.float
     """A random model and a token batch that fits it."""
     model = draw(circuit_models(dtype=dtype, **config_options))
     return model, draw(token_batches(model.cfg, max_batch=max_batch))
+
+
+@st.composite
+def decoder_architectures(draw, n_layers: int = 2) -> Architecture:
+    """A 2-layer architecture with the options of today's decoders drawn together: norm, grouped-query
+    heads, rotary, biases, MLPs (parallel or not), q/k normalisation (kind and scope), norms after
+    the sublayers (RMSNorm: post only, or before and after), sliding windows (per layer), ALiBi,
+    attention and final-logit soft-caps, MLPs of experts."""
+    groups, per_group = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
+    mlp = draw(st.booleans())
+    qk_norm = draw(st.sampled_from(QK_NORMS))
+    norm = draw(st.sampled_from(["layer_norm", "rms_norm"]))
+    sublayer = draw(st.sampled_from(SUBLAYER_NORMS)) if norm == "rms_norm" else "pre"
+    return Architecture(
+        n_layers, groups * per_group, n_kv_heads=groups, norm=norm, sublayer_norm=sublayer,
+        positional=draw(st.sampled_from(POSITIONAL_KINDS)), biases=draw(st.booleans()), mlp=mlp,
+        parallel=mlp and sublayer != "post" and draw(st.booleans()), rotary=draw(st.sampled_from([None, 0.5, 1.0])),
+        rotary_style=draw(st.sampled_from(["neox", "gptj"])), qk_norm=qk_norm,
+        qk_norm_scope=draw(st.sampled_from(QK_NORM_SCOPES)) if qk_norm else "head",
+        window=draw(st.sampled_from([None, 2, 3]) | st.tuples(*[st.sampled_from([None, 2, 3])] * n_layers)),
+        alibi=draw(st.booleans()), attn_softcap=draw(st.sampled_from([None, 0.5, 5.0])),
+        logit_softcap=draw(st.sampled_from([None, 1.0])),
+        **(dict(experts=4, experts_top_k=draw(st.integers(1, 2))) if mlp and draw(st.booleans()) else {}),
+    )
+
+
+@st.composite
+def decoder_models(draw, dtype: torch.dtype = torch.float64) -> CircuitModel:
+    """A random model of a :func:`decoder_architectures` architecture (``d_head`` 4, every parameter
+    drawn off its default: gains around 1, biases non-zero; rope scaling's own inverse frequencies
+    and attention factor half the time with rotary)."""
+    arch = draw(decoder_architectures())
+    gated = arch.mlp and draw(st.booleans())
+    scaled = arch.rotary is not None and draw(st.booleans())  # rope scaling: its own frequencies and factor
+    planes = int(4 * (arch.rotary or 0)) // 2
+    inv_freq = tuple(draw(st.lists(st.floats(0.01, 2.0), min_size=planes, max_size=planes))) if scaled else None
+    return CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, gated_mlp=gated,
+                               act_fn="silu" if gated else "gelu", rotary_base=draw(st.sampled_from([100.0, 10000.0])),
+                               rotary_inv_freq=inv_freq, rotary_factor=draw(st.floats(0.5, 2.0)) if scaled else 1.0,
+                               seed=draw(st.integers(0, 1000)), dtype=dtype)

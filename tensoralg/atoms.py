@@ -110,6 +110,7 @@ class Atom:
 STANDARD_SHAPES: dict[str, tuple[sp.Expr, sp.Expr, bool]] = {
     "A": (n_ctx, n_ctx, False),  # attention pattern: A[i, j] = query i attends to key j
     "N": (n_ctx, n_ctx, True),  # frozen layer-norm scale: diagonal, one entry per position
+    "B_ALiBi": (n_ctx, n_ctx, False),  # a head's ALiBi bias m_h (j - i): a fixed position-only term of its scores
     "W_E": (d_model, d_vocab, False),
     "W_U": (d_vocab, d_model, False),
     "W_pos": (d_model, n_ctx, False),
@@ -123,6 +124,8 @@ STANDARD_SHAPES: dict[str, tuple[sp.Expr, sp.Expr, bool]] = {
     "W_out": (d_model, d_mlp, False),
     "b_Q": (d_head, ONE, False),
     "b_K": (d_head, ONE, False),
+    "b_Qn": (d_head, ONE, False),  # the bias of a q/k layer norm (Persimmon), added after its frozen scale
+    "b_Kn": (d_head, ONE, False),
     "b_V": (d_head, ONE, False),
     "b_O": (d_model, ONE, False),
     "b_U": (d_vocab, ONE, False),

@@ -31,7 +31,7 @@ from derivations.catalogue.registry import (
     too_many,
 )
 from derivations.catalogue.common import INDEXING, NOTATION, SUMS, by_order, layer_factor, stream_product, sum_index
-from derivations.catalogue import basics, logits, qk, folding, readings, analyses, induction, marginal, rotary  # noqa: F401  (registers the entries)
+from derivations.catalogue import basics, logits, qk, folding, readings, analyses, induction, marginal, rotary, decoder, decoder_attention  # noqa: F401  (registers the entries)
 from derivations.catalogue.qk import by_composition, qk_derivation, truncate
 
 __all__ = [

@@ -114,6 +114,10 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
               "(dimension ", math("f"), " with ", math("f + d_rot/2"), "), GPT-J neighbours (", math("2f"), " with ",
               math("2f + 1"), "); the algebra is the same, only the blocks' entries differ (checked here with the ",
               style, " convention)."),
+        prose("Rope scaling (linear, llama3, YaRN, dynamic NTK at the sequence length used) changes only the "
+              "frequencies ", math("θ_f"), " and, for YaRN, multiplies the rotated dimensions of queries and keys by an "
+              "attention factor a, so each plane's blocks of ", math("R^h"), " by ", math("a^2"),
+              ": the operator keeps its form and its terms."),
         prose("The logits' path expansion has no rotary in it: the patterns ", math("A^h"),
               " are frozen, and rotary acts only inside them."),
         prose("RMSNorm enters as layer norm does, a frozen per-position scale ", math("N"), " (without centring); "

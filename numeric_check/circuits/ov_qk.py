@@ -43,10 +43,18 @@ def model_weight(model, name: str, dtype: torch.dtype | None = None) -> Tensor:
 
 
 def head_weights(model, layer: int, head: int, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-    """``W_Q, W_K, W_V [d_head, d_model]`` and ``W_O [d_model, d_head]`` of one head (checked to exist)."""
+    """``W_Q, W_K, W_V [d_head, d_model]`` and ``W_O [d_model, d_head]`` of one head (checked to exist), with the
+    gains of q/k norms and of a norm after attention folded in (the weights the algebra's atoms stand for)."""
     model.arch.check_head(layer, head)
+    return {name: weight[head].detach().to(dtype or model.dtype) for name, weight in _layer_weights(model, layer).items()}
+
+
+def _layer_weights(model, layer: int) -> dict[str, Tensor]:
+    """One layer's ``W_Q, W_K, W_V, W_O`` per query head as the algebra binds them: a q/k norm's gain and
+    centring folded into ``W_Q``/``W_K``, a norm after attention's gain into ``W_O``."""
     attn = model.blocks[layer].attn
-    return {name: attn.per_head(getattr(attn, name))[head].detach().to(dtype or model.dtype) for name in ("W_Q", "W_K", "W_V", "W_O")}
+    return {"W_Q": attn.folded("Q")[0], "W_K": attn.per_head(attn.folded("K")[0]), "W_V": attn.per_head(attn.W_V),
+            "W_O": model.folded_W_O(layer)}
 
 
 def stacked_head_weights(
@@ -62,7 +70,7 @@ def stacked_head_weights(
     d_model, d_head = model.cfg.d_model, model.cfg.d_head
     out = {}
     for name in names:
-        weights = [block.attn.per_head(getattr(block.attn, name)).detach() for block in model.blocks]  # shared key/value heads repeated
+        weights = [_layer_weights(model, layer)[name].detach() for layer in range(n_layers)]  # shared key/value heads repeated
         if model.arch.uniform and weights:
             out[name] = torch.stack(weights).to(dtype)
             continue

@@ -32,7 +32,8 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.options import check_tl_options
 from numeric_check.model.source_check import (
-    changed_modules, check_against_source, fresh_on_meta, in_eval_mode, probe_tokens, unchecked, user_tokens,
+    changed_modules, check_against_source, fresh_on_meta, in_eval_mode, lowest_precision, probe_tokens, unchecked,
+    user_tokens,
 )
 
 
@@ -82,6 +83,8 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
 
     dtype = model.W_E.dtype
     name = f"HookedTransformer (TransformerLens, {str(dtype).removeprefix('torch.')})"
+    if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
+        dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
     return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens"))
 
 
@@ -104,7 +107,10 @@ def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = N
     arch, cfg = model.arch, model.cfg
     features = [name for name, on in (("RMSNorm", arch.norm == "rms_norm"), ("grouped-query attention", arch.grouped),
                                       ("parallel attention and MLP", arch.parallel), ("rotary", arch.rotary is not None),
-                                      ("a gated MLP", cfg.gated_mlp)) if on]
+                                      ("a gated MLP", cfg.gated_mlp), ("q/k normalisation", arch.qk_norm is not None),
+                                      ("norms after a sublayer", arch.post_norm), ("sliding windows", arch.window is not None),
+                                      ("soft-caps", arch.attn_softcap is not None or arch.logit_softcap is not None),
+                                      ("ALiBi", arch.alibi), ("experts", arch.experts is not None)) if on]
     if features:
         raise UnsupportedModel(f"to_transformer_lens writes models without {', '.join(features)}; this model has them")
     if not arch.uniform:
@@ -167,20 +173,16 @@ def _is_instance(obj: Any, module: str, name: str) -> bool:
 # --- TransformerLens -------------------------------------------------------------------------
 _on = lambda v, c: bool(v)
 _TL_FLAGS = [  # (config attribute, is-set test on (value, cfg), feature name)
-    ("use_local_attn", _on, "local (windowed) attention"),
+    ("use_local_attn", lambda v, c: v and (c.attn_types is None or len(c.attn_types) != c.n_layers or not isinstance(c.window_size, int)),
+     "local attention without attn_types for each layer and an int window_size"),
     ("final_rms", lambda v, c: v and c.normalization_type not in ("RMS", "RMSPre"), "RMSNorm (final_rms) after layer-norm blocks"),
-    ("use_NTK_by_parts_rope", _on, "rope scaling (use_NTK_by_parts_rope)"),
-    ("num_experts", lambda v, c: v is not None, "mixture-of-experts MLP"),
-    ("use_qk_norm", _on, "QK normalization"),
+    ("use_dynamic_ntk_rope", _on, "dynamic NTK rope scaling, whose frequencies change with the sequence length"),
     ("clip_qkv", lambda v, c: v is not None, "Q/K/V clipping (clip_qkv)"),
     ("use_logn_attn", _on, "log-n attention scaling"),
     ("use_attention_sinks", _on, "attention sinks"),
     ("scale_attn_by_inverse_layer_idx", _on, "attention scale that depends on the layer (scale_attn_by_inverse_layer_idx)"),
     ("attention_dir", lambda v, c: v != "causal", "bidirectional (non-causal) attention"),
     ("post_embedding_ln", _on, "layer norm after the embedding (post_embedding_ln)"),
-    ("use_normalization_before_and_after", _on, "normalization after attention/MLP outputs (use_normalization_before_and_after)"),
-    ("attn_scores_soft_cap", lambda v, c: v is not None and v > 0, "attention-score soft-capping"),
-    ("output_logits_soft_cap", lambda v, c: v is not None and v > 0, "output-logit soft-capping"),
     ("load_in_4bit", _on, "4-bit quantized weights"),
     ("original_architecture", lambda v, c: v not in _TL_GENERIC_ARCHITECTURES,
      "an original_architecture for which TransformerLens changes its computation (q/k norms, post-norm blocks, "
@@ -199,10 +201,15 @@ TL_OPTIONS = frozenset({
     "d_model", "d_head", "n_layers", "n_ctx", "n_heads", "d_mlp", "d_vocab", "d_vocab_out", "n_key_value_heads",
     "attn_only", "gated_mlp", "eps", "act_fn", "normalization_type", "positional_embedding_type", "use_attn_scale",
     "attn_scale", "rotary_dim", "rotary_base", "rotary_adjacent_pairs", "parallel_attn_mlp", "final_rms",
-    "original_architecture",
+    "original_architecture", "use_qk_norm", "use_normalization_before_and_after", "use_local_attn", "window_size",
+    "attn_types", "attn_scores_soft_cap", "output_logits_soft_cap", "num_experts", "experts_per_token", "norm_topk_prob",
+    # rope scaling: the frequencies and the factor are read from the rotary embedding the model computes
+    "use_NTK_by_parts_rope", "NTK_by_parts_factor", "NTK_by_parts_low_freq_factor", "NTK_by_parts_high_freq_factor",
+    "NTK_original_ctx_len", "use_yarn_rope", "yarn_factor", "yarn_attention_factor", "yarn_beta_fast", "yarn_beta_slow",
+    "yarn_original_max_position_embeddings", "yarn_truncate", "yarn_global_attn_only", "rotary_scaling_factor",
 })
-_TL_POSITIONAL = {"standard": "standard", "shortformer": "qk_only", "rotary": "none"}
-_TL_POSITIONAL_NAMES = {"alibi": "ALiBi positional biases", "relative_positional_bias": "relative positional bias"}
+_TL_POSITIONAL = {"standard": "standard", "shortformer": "qk_only", "rotary": "none", "alibi": "none"}
+_TL_POSITIONAL_NAMES = {"relative_positional_bias": "relative positional bias"}
 _TL_NORMS = {"LN": "layer_norm", "LNPre": "layer_norm", "RMS": "rms_norm", "RMSPre": "rms_norm", None: "none"}
 
 
@@ -230,7 +237,15 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
         names = [n if n[2] not in "KV" or not hasattr(attn, "_" + n) else "_" + n
                  for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")]
         layer = LayerWeights(*(f64(getattr(attn, n)) for n in names), ln1=norms[i])
-        if not cfg.attn_only:
+        if cfg.use_qk_norm:  # one RMSNorm over d_head, shared by the heads, after hook_q / hook_k
+            layer.q_norm, layer.k_norm = _tl_norm(attn.q_norm, f"blocks.{i}.attn.q_norm"), _tl_norm(attn.k_norm, f"blocks.{i}.attn.k_norm")
+        if cfg.use_normalization_before_and_after:  # TransformerLens makes these RMSNorms (its LayerNorm case fails)
+            layer.ln1_post = _tl_norm(block.ln1_post, f"blocks.{i}.ln1_post")[0]
+            layer.ln2_post = None if cfg.attn_only else _tl_norm(block.ln2_post, f"blocks.{i}.ln2_post")[0]
+        if not cfg.attn_only and cfg.num_experts:
+            layer.ln2 = _tl_norm(block.ln2, f"blocks.{i}.ln2")
+            layer.mlp = _tl_experts(block.mlp, cfg)
+        elif not cfg.attn_only:
             layer.ln2 = _tl_norm(block.ln2, f"blocks.{i}.ln2")
             layer.mlp = {n: f64(getattr(block.mlp, n)) for n in ("W_in", "b_in", "W_out", "b_out")}
             if cfg.gated_mlp:  # TL: (act(x W_gate) * x W_in + b_in) W_out + b_out: b_in moves into b_out
@@ -260,7 +275,59 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
         d_head=cfg.d_head,
         n_ctx=cfg.n_ctx,
         d_mlp=None if cfg.attn_only else cfg.d_mlp,
+        **_tl_decoder_options(cfg, kind),
+        **(_tl_rope_scaling(model, cfg) if rotary else {}),
     )
+
+
+def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
+    """``rotary_inv_freq`` and ``rotary_factor`` as the model's rotary embedding computes them (NTK-by-parts,
+    YaRN, a scaling factor: read from its ``rotary_sin``/``rotary_cos`` at positions 0 and 1, where each
+    angle is ``θ_f`` itself, below π), or nothing when they are ``rotary_base``'s; refused when they differ
+    between layers (a scaling on global layers only)."""
+    half, rot = cfg.rotary_dim // 2, cfg.rotary_dim
+    first = torch.arange(half) * 2 if cfg.rotary_adjacent_pairs else torch.arange(half)  # one column per plane
+    found = set()
+    for block in model.blocks:
+        sin, cos = f64(block.attn.rotary_sin[:2, first]), f64(block.attn.rotary_cos[:2, first])
+        factor = float(cos[0].mean())  # cos(0) times the attention factor
+        found.add((tuple(torch.atan2(sin[1], cos[1]).tolist()), factor))
+    if len(found) > 1:
+        raise unsupported("rotary frequencies that differ between layers (rope scaling on some layers only)",
+                          "the TransformerLens model")
+    (inv_freq, factor), = found
+    plain = float(cfg.rotary_base) ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    if abs(factor - 1.0) < 1e-12 and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64), plain, rtol=1e-12, atol=0):
+        return {}
+    return {"rotary_inv_freq": torch.tensor(inv_freq, dtype=torch.float64), "rotary_factor": factor}
+
+
+def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:
+    """A TransformerLens ``MoE``: its router (``W_gate``, a Linear) and its gated experts (Linears, no biases),
+    stacked first in the row convention (see :class:`~numeric_check.model.build.SourceWeights`)."""
+    stack = lambda name: torch.stack([f64(getattr(e, name).weight).T for e in moe.experts])  # noqa: E731
+    zeros = lambda n: torch.zeros(cfg.num_experts, n, dtype=torch.float64)  # noqa: E731
+    return {"W_router": f64(moe.W_gate.weight).T, "W_in": stack("W_in"), "b_in": zeros(cfg.d_mlp),
+            "W_gate": stack("W_gate"), "b_gate": zeros(cfg.d_mlp), "W_out": stack("W_out"), "b_out": zeros(cfg.d_model)}
+
+
+def _tl_decoder_options(cfg: Any, kind: str) -> dict[str, Any]:
+    """The SourceWeights fields of TransformerLens' options of today's decoders: q/k norm, norms before
+    and after each sublayer, local attention, soft-caps, ALiBi (its slopes, ``2^(-8/n)`` to the power h+1)."""
+    window = None
+    if cfg.use_local_attn:
+        window = tuple(cfg.window_size if t == "local" else None for t in cfg.attn_types)
+    cap = lambda c: float(c) if c is not None and c > 0 else None  # noqa: E731 - TransformerLens: off at <= 0
+    slopes = None
+    if kind == "alibi":  # TransformerLens' own slopes, 2^(-8/n) to the power h + 1 (in float32, as it uses them)
+        from transformer_lens.components.abstract_attention import AbstractAttention  # optional dependency (tcircuits[tl])
+
+        slopes = f64(AbstractAttention.create_alibi_multipliers(cfg.n_heads))
+    return {"qk_norm": "rms_norm" if cfg.use_qk_norm else None,
+            "sublayer_norm": "both" if cfg.use_normalization_before_and_after else "pre", "window": window,
+            "attn_softcap": cap(cfg.attn_scores_soft_cap), "logit_softcap": cap(cfg.output_logits_soft_cap),
+            "alibi_slopes": slopes, "experts_top_k": cfg.experts_per_token if cfg.num_experts else 1,
+            "moe_renormalise": bool(cfg.norm_topk_prob)}
 
 
 def _tl_norm(module: Any, where: str) -> LayerNormWeights:

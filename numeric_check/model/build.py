@@ -56,6 +56,15 @@ class LayerWeights:
     ln1: LayerNormWeights = None
     ln2: LayerNormWeights = None
     mlp: dict[str, Tensor] | None = None  # W_in [d_model, d_mlp], b_in, W_out [d_mlp, d_model], b_out (+ W_gate, b_gate)
+    # q/k normalisation (SourceWeights.qk_norm): (gain, bias) of the norm of the queries / keys, each
+    # [d_head] (one norm shared by the heads), [heads, d_head] or [heads * d_head] (heads: query heads for
+    # q_norm, key/value heads for k_norm); bias zeros for RMSNorm
+    q_norm: LayerNormWeights = None
+    k_norm: LayerNormWeights = None
+    # norms after a sublayer (SourceWeights.sublayer_norm "post" or "both"): the RMSNorm gain [d_model]
+    # of the attention output (ln1_post) and of the MLP output (ln2_post), as the source applies it
+    ln1_post: Tensor | None = None
+    ln2_post: Tensor | None = None
 
 
 @dataclass
@@ -81,6 +90,22 @@ class SourceWeights:
     rotary: float | None = None  # the fraction of each head rotated by position
     rotary_style: str = "neox"
     rotary_base: float = 10000.0
+    # the decoder options of issue 18 (see derivations.Architecture for each)
+    qk_norm: str | None = None  # "rms_norm" or "layer_norm": LayerWeights.q_norm / k_norm are read
+    qk_norm_scope: str = "head"  # "head" (over d_head) or "all" (over all heads at once, OLMo 2)
+    sublayer_norm: str = "pre"  # "pre", "post" (OLMo 2: ln1/ln2 None) or "both" (Gemma 2): ln1_post / ln2_post read
+    window: int | tuple[int | None, ...] | None = None  # a sliding window for every layer, or one per layer (None: global)
+    attn_softcap: float | None = None  # c of c·tanh(s/c) on the scaled scores (Gemma 2: 50)
+    logit_softcap: float | None = None  # c of c·tanh(x/c) on the logits (Gemma 2: 30)
+    alibi_slopes: Tensor | None = None  # ALiBi: one slope per head (scores + m_h (j - i)); None: no ALiBi
+    # rope scaling (linear, llama3, YaRN, dynamic NTK at the length converted): the rotary embedding's own
+    # inverse frequencies [rot_dims / 2] (None: rotary_base's) and attention factor (Hugging Face's attention_scaling)
+    rotary_inv_freq: Tensor | None = None
+    rotary_factor: float = 1.0
+    # mixture-of-experts MLPs (LayerWeights.mlp holds W_router and the experts stacked first): the experts
+    # each position goes to, and whether their routing weights are renormalised to sum to 1 (Mixtral) or not (OLMoE)
+    experts_top_k: int = 1
+    moe_renormalise: bool = True
 
     def __post_init__(self) -> None:
         if self.norm is None:
@@ -152,7 +177,16 @@ def check_shapes(src: SourceWeights) -> None:
             m = src.d_mlp
             shapes = {"W_in": (d_model, m), "b_in": (m,), "W_gate": (d_model, m), "b_gate": (m,),
                       "W_out": (m, d_model), "b_out": (d_model,)}
+            if "W_router" in layer.mlp:  # a mixture of experts: each expert's weights stacked first
+                E = layer.mlp["W_router"].shape[-1]
+                shapes = {"W_router": (d_model, E), **{k: (E, *v) for k, v in shapes.items()}}
             expected += [(p + "mlp." + k, v, shapes[k]) for k, v in layer.mlp.items()]
+        expected += [(p + name, gain, (d_model,)) for name, gain in (("ln1_post", layer.ln1_post), ("ln2_post", layer.ln2_post))]
+        for name, norm, heads in (("q_norm", layer.q_norm, h), ("k_norm", layer.k_norm, g)):
+            for part in norm or ():
+                if part.numel() not in (e, heads * e):
+                    raise WeightError(f"{p}{name} has shape {tuple(part.shape)}; expected {e} entries (one norm shared by "
+                                      f"the heads) or {heads} x {e} (one per head)")
     for what, tensor, shape in expected:
         if tensor is not None and tuple(tensor.shape) != shape:
             raise WeightError(f"{what} has shape {tuple(tensor.shape)} but the config says {shape}; the config's sizes "
@@ -180,7 +214,9 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
             paper[f"{p}attn.W_{name}"], paper[f"{p}attn.b_{name}"] = W.transpose(1, 2), b  # [h, d_head, d_model]
         paper[p + "attn.W_O"] = centred(layer.W_O, 2).transpose(1, 2)  # [h, d_model, d_head]
         paper[p + "attn.b_O"] = centred(layer.b_O, 0)
-        if layer.mlp is not None:
+        if layer.mlp is not None and "W_router" in layer.mlp:
+            paper.update(_experts(layer, p, centred))
+        elif layer.mlp is not None:
             W_in, b_in = fold_norm(layer.ln2, layer.mlp["W_in"], layer.mlp["b_in"], 0)
             paper[p + "mlp.W_in"], paper[p + "mlp.b_in"] = W_in.T, b_in  # [d_mlp, d_model]
             if "W_gate" in layer.mlp:
@@ -188,6 +224,7 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
                 paper[p + "mlp.W_gate"], paper[p + "mlp.b_gate"] = W_gate.T, b_gate
             paper[p + "mlp.W_out"] = centred(layer.mlp["W_out"], 1).T  # [d_model, d_mlp]
             paper[p + "mlp.b_out"] = centred(layer.mlp["b_out"], 0)
+        paper.update(_decoder_norms(src, layer, p))
     has_biases = decide_biases(paper, biases)
     if not has_biases:
         paper = {k: v for k, v in paper.items() if not k.rsplit(".", 1)[-1].startswith("b_")}
@@ -195,19 +232,69 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
     heads = tuple(layer.W_Q.shape[0] for layer in src.layers)
     kv_heads = tuple(layer.W_K.shape[0] for layer in src.layers)
     mlp = bool(src.layers) and src.layers[0].mlp is not None
+    experts = src.layers[0].mlp["W_router"].shape[1] if mlp and "W_router" in src.layers[0].mlp else None
     arch = Architecture(len(src.layers), heads[0] if len(set(heads)) == 1 else heads or 1,
                         positional=src.positional, norm=src.norm, biases=has_biases, mlp=mlp,
                         n_kv_heads=None if kv_heads == heads else (kv_heads[0] if len(set(kv_heads)) == 1 else kv_heads),
-                        parallel=src.parallel and mlp, rotary=src.rotary, rotary_style=src.rotary_style)
+                        parallel=src.parallel and mlp, rotary=src.rotary, rotary_style=src.rotary_style,
+                        qk_norm=src.qk_norm, qk_norm_scope=src.qk_norm_scope, sublayer_norm=src.sublayer_norm,
+                        window=src.window, attn_softcap=src.attn_softcap, logit_softcap=src.logit_softcap,
+                        alibi=src.alibi_slopes is not None, experts=experts,
+                        experts_top_k=src.experts_top_k if experts else 1)
     scale = None if math.isclose(src.attn_scale, math.sqrt(src.d_head), rel_tol=1e-12) else src.attn_scale
     cfg = ModelConfig(arch, d_model=d_model, d_head=src.d_head, d_vocab=d_vocab, n_ctx=src.n_ctx,
                       d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale,
-                      gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base)
+                      gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base,
+                      alibi_slopes=None if src.alibi_slopes is None else tuple(src.alibi_slopes.tolist()),
+                      rotary_inv_freq=None if src.rotary_inv_freq is None else tuple(src.rotary_inv_freq.tolist()),
+                      rotary_factor=src.rotary_factor, moe_renormalise=src.moe_renormalise)
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     missing = model.load_state_dict({k: v.cpu() for k, v in paper.items()}, strict=False)
     if missing.missing_keys or missing.unexpected_keys:  # a bug here, not the user's
         raise WeightError(f"adapter produced mismatched weights: missing {missing.missing_keys}, unexpected {missing.unexpected_keys}")
     return model.to(device=resolve_device(device), dtype=dtype)
+
+
+def _experts(layer: LayerWeights, prefix: str, centred) -> dict[str, Tensor]:
+    """A mixture of experts' parameters in the paper's convention: ``mlp`` holds ``W_router [d_model,
+    n_experts]`` and each expert's weights stacked first (``W_in [n_experts, d_model, d_mlp]``, ``b_in
+    [n_experts, d_mlp]``, ``W_out [n_experts, d_mlp, d_model]``, ``b_out [n_experts, d_model]``, and
+    ``W_gate``, ``b_gate``); ``ln2`` folds into the router and every expert."""
+    mlp, out, p = layer.mlp, {}, prefix + "mlp."
+    W_router, router_bias = fold_norm(layer.ln2, mlp["W_router"], torch.zeros(mlp["W_router"].shape[1], dtype=torch.float64), 0)
+    if router_bias.any():
+        raise UnsupportedModel(f"{prefix}ln2's bias reaches the router as a bias, which a mixture of experts here has not")
+    out[p + "W_router"] = W_router.T  # [n_experts, d_model]
+    for name in ("in", "gate"):
+        if f"W_{name}" in mlp:
+            W, b = fold_norm(layer.ln2, mlp[f"W_{name}"], mlp[f"b_{name}"], 1)
+            out[f"{p}W_{name}"], out[f"{p}b_{name}"] = W.transpose(1, 2), b  # [n_experts, d_mlp, d_model]
+    out[p + "W_out"] = centred(mlp["W_out"], 2).transpose(1, 2)  # [n_experts, d_model, d_mlp]
+    out[p + "b_out"] = centred(mlp["b_out"], 1)
+    return out
+
+
+def _decoder_norms(src: SourceWeights, layer: LayerWeights, prefix: str) -> dict[str, Tensor]:
+    """The parameters of a block's q/k norms (``attn.q_norm``, ``attn.k_norm``: gain and, for a layer norm,
+    bias, ``[heads, d_head]``) and of its norms after the sublayers (``ln1_post``, ``ln2_post``: gain)."""
+    out: dict[str, Tensor] = {}
+    if src.qk_norm is not None:
+        for side, norm, heads in (("q", layer.q_norm, layer.W_Q.shape[0]), ("k", layer.k_norm, layer.W_K.shape[0])):
+            if norm is None:
+                raise WeightError(f"qk_norm={src.qk_norm!r} but {prefix}{side}_norm has no weights")
+            for name, t in zip(("gain", "bias"), norm):
+                t = t.reshape(-1, src.d_head).expand(heads, src.d_head).clone()  # one shared norm, or one per head
+                if name == "gain" or src.qk_norm == "layer_norm":
+                    out[f"{prefix}attn.{side}_norm.{name}"] = t
+                elif t.any():
+                    raise UnsupportedModel(f"{prefix}{side}_norm has a bias, but an RMSNorm has none (qk_norm={src.qk_norm!r})")
+    if src.sublayer_norm != "pre":
+        for name, gain in (("ln1_post", layer.ln1_post), ("ln2_post", layer.ln2_post if layer.mlp is not None else 0)):
+            if gain is None:
+                raise WeightError(f"sublayer_norm={src.sublayer_norm!r} but {prefix}{name} has no gain")
+            if name == "ln1_post" or layer.mlp is not None:
+                out[f"{prefix}{name}.gain"] = gain
+    return out
 
 
 def decide_biases(paper: dict[str, Tensor], biases: bool | None) -> bool:

@@ -12,13 +12,18 @@ The forward pass (every named tensor passes through a :class:`~numeric_check.mod
   divide by ``ln1.hook_scale = sqrt(mean(centred²) + eps)``); queries and keys read
   ``ln1(x) + pos_embed`` for ``qk_only`` positions (as TransformerLens' shortformer does:
   the positional embedding is added *after* the layer norm), ``ln1(x)`` otherwise;
-  values read ``ln1(x)``. Attention hooks ``attn.hook_q/k/v [b,p,h,d_head]``,
-  ``attn.hook_attn_scores [b,h,q,k]`` (causal, masked entries ``-inf``),
-  ``attn.hook_pattern``, ``attn.hook_z``, ``attn.hook_result [b,p,h,d_model]`` (no
+  values read ``ln1(x)``. Attention hooks ``attn.hook_q/k/v [b,p,h,d_head]``, then with
+  q/k normalisation ``attn.q_norm/k_norm.hook_scale`` and ``.hook_normalized``,
+  ``attn.hook_attn_scores [b,h,q,k]`` (plus ALiBi's bias; causal and the layer's sliding
+  window, masked entries ``-inf``; *before* an attention soft-cap, which acts on the way to the
+  pattern), ``attn.hook_pattern``, ``attn.hook_z``, ``attn.hook_result [b,p,h,d_model]`` (no
   ``b_O``; formed only when a hook reads it, as TransformerLens' ``use_attn_result``);
-  ``hook_attn_out = Σ_h result + b_O``; ``hook_resid_mid``; then, with MLPs,
-  ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``, ``hook_mlp_out``; ``hook_resid_post``.
-- ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``.
+  ``hook_attn_out = Σ_h result + b_O`` (through ``ln1_post`` with norms after the sublayers);
+  ``hook_resid_mid``; then, with MLPs, ``ln2.hook_scale``, ``mlp.hook_pre``, ``mlp.hook_post``
+  (a mixture of experts: ``mlp.hook_router_logits``, ``mlp.hook_expert_weights``,
+  ``mlp.hook_expert_indices``), ``hook_mlp_out`` (through ``ln2_post``); ``hook_resid_post``.
+- ``ln_final.hook_scale``; ``logits = ln_final(x) @ W_U.T + b_U``, then ``c·tanh(logits/c)`` with a
+  final soft-cap (Gemma 2): the expansion and verification are of the logits before the cap.
 
 The layer-norm scale and the attention pattern used downstream are the hooks' outputs,
 so a hook that replaces them freezes them (the paper's path-isolation procedure). When that
@@ -39,8 +44,9 @@ from torch import Tensor, nn
 
 from derivations.architecture import Architecture
 from numeric_check.errors import ConfigError, ModelInputError, WeightError
-from numeric_check.model.config import ACT_FNS, ModelConfig, resolve_device, resolve_dtype
-from numeric_check.model.rotary import rotate
+from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
+from numeric_check.model.moe import MixtureOfExperts
+from numeric_check.model.layers import MLP, Attention, LayerNorm, PostNorm, _optional_param, _param, make_norm  # noqa: F401 (importable here)
 from numeric_check.model.hooks import (
     HookFn,
     HookPoint,
@@ -51,188 +57,26 @@ from numeric_check.model.hooks import (
     select_hook_points,
 )
 
-class LayerNorm(nn.Module):
-    """Parameter-free layer norm: centre, then divide by ``hook_scale = sqrt(mean(x²) + eps)``.
-
-    ``centre=False`` is RMSNorm: the same frozen per-position scale, without the centring."""
-
-    def __init__(self, eps: float, centre: bool = True):
-        super().__init__()
-        self.eps, self.centre = eps, centre
-        self.hook_scale = HookPoint()  # [batch, pos, 1]
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.centre:
-            x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale.fixed((*x.shape[:-1], 1))  # frozen by a Constant hook: no variance needed
-        if scale is None:
-            scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return x / scale
-
-
-def make_norm(cfg: ModelConfig) -> nn.Module:
-    """The model's parameter-free norm: layer norm, RMSNorm (no centring) or none (``Identity``)."""
-    if cfg.arch.norm == "none":
-        return nn.Identity()
-    return LayerNorm(cfg.ln_eps, centre=cfg.arch.norm == "layer_norm")
-
-
-def _param(*shape: int, **factory: Any) -> nn.Parameter:
-    return nn.Parameter(torch.zeros(*shape, **factory))
-
-
-def _optional_param(present: bool, *shape: int, **factory: Any) -> nn.Parameter | None:
-    return _param(*shape, **factory) if present else None
-
-
-class Attention(nn.Module):
-    """Causal multi-head attention in the paper's weight convention.
-
-    Grouped-query attention: ``W_K``, ``W_V`` (and ``b_K``, ``b_V``) hold one matrix per
-    key/value head, ``[n_kv_heads, d_head, d_model]``; query head ``h`` reads key/value head
-    :attr:`kv_index` ``[h]`` (Hugging Face's ``repeat_kv``). ``hook_k`` and ``hook_v`` carry one
-    entry per *query* head, ``[b, p, n_heads, d_head]``, the shared ones repeated, so every
-    reader indexes them by query head. Rotary turns the queries and keys by position in
-    :meth:`scores` (``hook_q``/``hook_k`` hold them unrotated).
-    """
-
-    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
-        super().__init__()
-        self.n_heads, self.scale = n_heads, cfg.scale
-        g = n_heads if n_kv_heads is None else n_kv_heads
-        self.n_kv_heads = g
-        h, e, d, bias = n_heads, cfg.d_head, cfg.d_model, cfg.arch.biases
-        self.W_Q, self.W_K, self.W_V = _param(h, e, d, **factory), _param(g, e, d, **factory), _param(g, e, d, **factory)
-        self.W_O = _param(h, d, e, **factory)
-        self.b_Q = _optional_param(bias, h, e, **factory)
-        self.b_K, self.b_V = (_optional_param(bias, g, e, **factory) for _ in range(2))
-        self.b_O = _optional_param(bias, d, **factory)
-        self.register_buffer("kv_index", torch.arange(h, device=factory.get("device")) // (h // g), persistent=False)
-        self.rotary = None if cfg.arch.rotary is None else (cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
-        for name in ("q", "k", "v", "attn_scores", "pattern", "z", "result"):
-            setattr(self, f"hook_{name}", HookPoint())
-
-    @property
-    def grouped(self) -> bool:
-        return self.n_kv_heads != self.n_heads
-
-    def per_head(self, t: Tensor | None) -> Tensor | None:
-        """A parameter with one entry per query head: a key/value one (``W_K``, ``W_V``, ``b_K``,
-        ``b_V``) with its shared entries repeated; a query-head one (``W_Q``, ``W_O``…) as it is."""
-        return t if t is None or t.shape[0] == self.n_heads else t[self.kv_index]
-
-    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        out = torch.einsum("bpd,hed->bphe", x, W)  # [batch, pos, heads of W, d_head]
-        out = out if b is None else out + b
-        return out[:, :, self.kv_index] if W.shape[0] != self.n_heads else out  # shared heads repeated
-
-    def forward(self, qk_in: Tensor, v_in: Tensor, discarded: bool = False) -> Tensor | None:
-        """The attention output ``[batch, pos, d_model]``; ``discarded``: the caller replaces it
-        (a Constant on ``hook_attn_out``), so only what a hook on ``hook_z`` reads is computed
-        (nothing, when none) and ``None`` is returned."""
-        if discarded and not (self.hook_z.has_hooks or self.hook_result.has_hooks):
-            return None
-        n_batch, n_pos = v_in.shape[:2]
-        # a pattern frozen by a Constant hook (path isolation) needs no queries, keys or scores
-        pattern = self.hook_pattern.fixed((n_batch, self.n_heads, n_pos, n_pos))
-        if pattern is None:
-            q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
-            k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
-        v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
-        if pattern is None:
-            pattern = self.hook_pattern(self.scores(q, k).softmax(-1))
-        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
-        if discarded and not self.hook_result.has_hooks:
-            return None
-        out = None
-        if self.hook_result.has_hooks:  # each head's result, formed only when hooked (TL's use_attn_result)
-            result = torch.einsum("bqhe,hde->bqhd", z, self.W_O)  # [batch, pos, n_heads, d_model]
-            hooked = self.hook_result(result)
-            out = None if hooked is result else hooked.sum(-2)  # hooks that only read change nothing, not even rounding
-        if out is None:
-            out = torch.einsum("bqhe,hde->bqd", z, self.W_O)
-        return out if self.b_O is None else out + self.b_O
-
-    def scores(self, q: Tensor, k: Tensor) -> Tensor:
-        """Pre-softmax scores ``[batch, heads, q, k]`` from queries and keys ``[batch, pos, heads, d_head]``
-        (rotated by position first, with rotary): ``q·k / attn_scale``, causally masked with ``-inf``;
-        through ``hook_attn_scores``."""
-        if self.rotary is not None:
-            q, k = (rotate(x, *self.rotary, pos_dim=1) for x in (q, k))
-        scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / self.scale
-        n_pos = scores.shape[-1]
-        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=scores.device).tril()
-        return self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
-
-    def head_output(self, z: Tensor, head: int) -> Tensor:
-        """One head's result ``z W_O^hᵀ`` ``[..., d_model]`` from its ``z`` ``[..., d_head]`` (no ``b_O``):
-        what ``hook_result[..., head, :]`` holds."""
-        return z @ self._W_O_transposed()[head]  # (a contiguous Wᵀ: 2x faster in float64 on a CPU)
-
-    def head_outputs(self, z: Tensor, heads: list[int]) -> Tensor:
-        """:meth:`head_output` of several heads at once: ``z [..., n, d_head]`` (head ``heads[i]`` at
-        ``i``) gives ``[n, ..., d_model]``."""
-        W = self._W_O_transposed()  # [n_heads, d_head, d_model]
-        if list(heads) != list(range(len(W))):  # a subset: gathered (every head in order: no copy)
-            W = W[heads]
-        return torch.matmul(z.movedim(-2, 0), W[(slice(None),) + (None,) * (z.ndim - 3)])
-
-    def _W_O_transposed(self) -> Tensor:
-        """``W_O`` as ``[n_heads, d_head, d_model]``, contiguous, made once per version of ``W_O``."""
-        key = (self.W_O.data_ptr(), self.W_O._version, self.W_O.dtype, self.W_O.device)
-        cached = self.__dict__.get("_W_O_T")
-        if cached is None or cached[0] != key:
-            cached = (key, self.W_O.detach().transpose(1, 2).contiguous())
-            self.__dict__["_W_O_T"] = cached
-        return cached[1]
-
-
-class MLP(nn.Module):
-    """``W_out act(W_in x + b_in) + b_out``, with hooks before and after the activation.
-
-    Gated (``cfg.gated_mlp``: SwiGLU, GeGLU): ``W_out (act(W_gate x + b_gate) * (W_in x + b_in)) + b_out``,
-    with ``hook_pre`` the gate before its activation and ``hook_pre_linear`` the linear part
-    (TransformerLens' names). Either way an opaque source to the algebra."""
-
-    def __init__(self, cfg: ModelConfig, **factory: Any):
-        super().__init__()
-        m, d, bias = cfg.d_mlp, cfg.d_model, cfg.arch.biases
-        self.act_fn = ACT_FNS[cfg.act_fn]
-        self.W_in, self.W_out = _param(m, d, **factory), _param(d, m, **factory)
-        self.b_in, self.b_out = _optional_param(bias, m, **factory), _optional_param(bias, d, **factory)
-        self.W_gate = _optional_param(cfg.gated_mlp, m, d, **factory)
-        self.b_gate = _optional_param(cfg.gated_mlp and bias, m, **factory)
-        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
-        self.hook_pre_linear = HookPoint() if cfg.gated_mlp else None
-        self.hook_post = HookPoint()
-
-    def forward(self, x: Tensor) -> Tensor:
-        pre = x @ self.W_in.T
-        pre = pre if self.b_in is None else pre + self.b_in
-        if self.W_gate is None:
-            post = self.act_fn(self.hook_pre(pre))
-        else:
-            gate = x @ self.W_gate.T
-            gate = self.hook_pre(gate if self.b_gate is None else gate + self.b_gate)
-            post = self.act_fn(gate) * self.hook_pre_linear(pre)
-        out = self.hook_post(post) @ self.W_out.T
-        return out if self.b_out is None else out + self.b_out
-
 
 class Block(nn.Module):
-    """One residual block: attention, then (optionally) an MLP, each reading a layer norm."""
+    """One residual block: attention, then (optionally) an MLP, each reading a layer norm (``ln1``, ``ln2``)
+    and, with norms after the sublayers, each output normalised before it joins the stream
+    (``ln1_post``, ``ln2_post``, before ``hook_attn_out``/``hook_mlp_out``, as TransformerLens)."""
 
-    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, **factory: Any):
+    def __init__(self, n_heads: int, cfg: ModelConfig, n_kv_heads: int | None = None, layer: int = 0, **factory: Any):
         super().__init__()
         self.parallel = cfg.arch.parallel
         # registered in forward order, so hook_names lists them that way
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.ln1 = make_norm(cfg)
-        self.attn = Attention(n_heads, cfg, n_kv_heads, **factory)
+        self.ln1 = make_norm(cfg, reads_sublayer=True)
+        self.attn = Attention(n_heads, cfg, n_kv_heads, layer=layer, **factory)
+        post = cfg.arch.post_norm
+        self.ln1_post = PostNorm(cfg.ln_eps, cfg.d_model, **factory) if post else None  # TransformerLens' names
         self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
         # a parallel block's MLP reads ln1's output: a parameter-free norm of the same stream
-        self.ln2 = make_norm(cfg) if cfg.arch.mlp and not self.parallel else None
-        self.mlp = MLP(cfg, **factory) if cfg.arch.mlp else None
+        self.ln2 = make_norm(cfg, reads_sublayer=True) if cfg.arch.mlp and not self.parallel else None
+        self.mlp = None if not cfg.arch.mlp else MLP(cfg, **factory) if cfg.arch.experts is None else MixtureOfExperts(cfg, **factory)
+        self.ln2_post = PostNorm(cfg.ln_eps, cfg.d_model, **factory) if post and cfg.arch.mlp else None
         self.hook_mlp_out = HookPoint() if cfg.arch.mlp else None
         self.hook_resid_post = HookPoint()
 
@@ -242,7 +86,8 @@ class Block(nn.Module):
         qk_in = normed if qk_pos is None else normed + qk_pos
         attn_out = self.hook_attn_out.fixed(resid_pre.shape)  # a Constant (path isolation): computed only if read
         if attn_out is None:
-            attn_out = self.hook_attn_out(self.attn(qk_in, normed))
+            attn_out = self.attn(qk_in, normed)
+            attn_out = self.hook_attn_out(attn_out if self.ln1_post is None else self.ln1_post(attn_out))
         else:
             self.attn(qk_in, normed, discarded=True)
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
@@ -250,7 +95,8 @@ class Block(nn.Module):
             return self.hook_resid_post(resid_mid)
         mlp_out = self.hook_mlp_out.fixed(resid_mid.shape)  # a Constant (a recorded output): the MLP is not run
         if mlp_out is None:
-            mlp_out = self.hook_mlp_out(self.mlp(normed if self.parallel else self.ln2(resid_mid)))
+            mlp_out = self.mlp(normed if self.parallel else self.ln2(resid_mid))
+            mlp_out = self.hook_mlp_out(mlp_out if self.ln2_post is None else self.ln2_post(mlp_out))
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
@@ -285,7 +131,8 @@ class CircuitModel(nn.Module):
         self.b_U = _optional_param(arch.biases, cfg.d_vocab, **factory)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint() if self.W_pos is not None else None  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(n, cfg, g, **factory) for n, g in zip(arch.heads_per_layer, arch.kv_heads_per_layer))
+        self.blocks = nn.ModuleList(Block(n, cfg, g, layer=l, **factory)
+                                    for l, (n, g) in enumerate(zip(arch.heads_per_layer, arch.kv_heads_per_layer)))
         self.ln_final = make_norm(cfg)
         self._hook_points = name_hook_points(self)
 
@@ -311,6 +158,10 @@ class CircuitModel(nn.Module):
         cfg = self.cfg
         mlp = f", d_mlp={cfg.d_mlp}, act_fn={cfg.act_fn!r}{', gated' if cfg.gated_mlp else ''}" if cfg.arch.mlp else ""
         scale = "" if cfg.attn_scale is None else f", attn_scale={cfg.attn_scale}"
+        if cfg.rotary_inv_freq is not None or cfg.rotary_factor != 1.0:
+            scale += f", rope scaled ({'own frequencies, ' if cfg.rotary_inv_freq is not None else ''}factor {cfg.rotary_factor:g})"
+        if cfg.arch.experts is not None and not cfg.moe_renormalise:
+            scale += ", expert weights not renormalised"
         return (
             f"CircuitModel({cfg.arch.describe()}; d_model={cfg.d_model}, d_head={cfg.d_head}, "
             f"d_vocab={cfg.d_vocab}, n_ctx={cfg.n_ctx}{mlp}{scale}, dtype={self.dtype}, device={self.device})"
@@ -330,6 +181,8 @@ class CircuitModel(nn.Module):
         act_fn: str = "gelu",
         gated_mlp: bool = False,
         rotary_base: float = 10000.0,
+        rotary_inv_freq: tuple[float, ...] | None = None,
+        rotary_factor: float = 1.0,
         seed: int = 0,
         dtype: str | torch.dtype = torch.float32,
         device: str | torch.device | None = None,
@@ -348,7 +201,8 @@ class CircuitModel(nn.Module):
         True
         """
         cfg = ModelConfig(arch, d_model=d_model, d_head=d_head, d_vocab=d_vocab, n_ctx=n_ctx, d_mlp=d_mlp, act_fn=act_fn,
-                          gated_mlp=gated_mlp, rotary_base=rotary_base)
+                          gated_mlp=gated_mlp, rotary_base=rotary_base, rotary_inv_freq=rotary_inv_freq,
+                          rotary_factor=rotary_factor)
         if init_std is not None and not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
             raise ConfigError(f"init_std must be None or a finite number > 0, got {init_std!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -386,7 +240,8 @@ class CircuitModel(nn.Module):
         for block in self.blocks:
             writers += [(block.attn, "W_O", 1), (block.attn, "b_O", 0)]
             if block.mlp is not None:
-                writers += [(block.mlp, "W_out", 0), (block.mlp, "b_out", 0)]
+                axis = int(isinstance(block.mlp, MixtureOfExperts))  # experts stacked first: [n_experts, d_model, ...]
+                writers += [(block.mlp, "W_out", axis), (block.mlp, "b_out", axis)]
         return [(module, name, axis) for module, name, axis in writers if getattr(module, name) is not None]
 
     def working_copy(self, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None) -> "CircuitModel":
@@ -427,8 +282,18 @@ class CircuitModel(nn.Module):
         return copy
 
     # --- weights ------------------------------------------------------------------------
+    def head_streams(self, layer: int, z: Tensor, heads: list[int], scale: Tensor | None) -> Tensor:
+        """What heads ``heads`` of ``layer`` write to the stream from their ``z`` ``[..., n, d_head]``:
+        ``attn.head_outputs`` ``[n, ..., d_model]``, through ``ln1_post`` with its frozen ``scale``
+        (``[..., pos, 1]``) when the block normalises its attention output."""
+        block = self.blocks[layer]
+        out = block.attn.head_outputs(z, heads)
+        return out if block.ln1_post is None else block.ln1_post.frozen(out, scale)
+
     def folded_b_O(self, layer: int) -> Tensor:
-        """``b_O + Σ_h W_O^h b_V^h`` [d_model]: value biases move into ``b_O`` since pattern rows sum to 1.
+        """``b_O + Σ_h W_O^h b_V^h`` [d_model]: value biases move into ``b_O`` since pattern rows sum to 1;
+        times ``ln1_post``'s gain when the block normalises its attention output (what the algebra's
+        ``b_O^{Ll}`` stands for, behind the frozen scale ``N^{Ll,post}``).
 
         Zeros when the model has no biases.
         """
@@ -436,7 +301,16 @@ class CircuitModel(nn.Module):
         attn = self.blocks[layer].attn
         if attn.b_O is None:
             return torch.zeros(self.cfg.d_model, dtype=self.dtype, device=self.device)
-        return attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.per_head(attn.b_V))
+        b = attn.b_O + torch.einsum("hde,he->d", attn.W_O, attn.per_head(attn.b_V))
+        post = self.blocks[layer].ln1_post
+        return b if post is None else post.gain * b
+
+    def folded_W_O(self, layer: int) -> Tensor:
+        """``W_O`` ``[n_heads, d_model, d_head]`` as the algebra binds it: times ``ln1_post``'s gain
+        (a diagonal on the ``d_model`` side) when the block normalises its attention output."""
+        self.arch.check_head(layer, 0)
+        W_O, post = self.blocks[layer].attn.W_O, self.blocks[layer].ln1_post
+        return W_O if post is None else post.gain[:, None] * W_O
 
     def check_finite(self) -> None:
         """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries.
@@ -504,7 +378,9 @@ class CircuitModel(nn.Module):
         for block in self.blocks:
             x = block(x, qk_pos)
         logits = self.ln_final(x) @ self.W_U.T  # [batch, pos, d_vocab]
-        return logits if self.b_U is None else logits + self.b_U
+        logits = logits if self.b_U is None else logits + self.b_U
+        cap = self.arch.logit_softcap  # after the expanded quantity: the expansion is of the logits before it
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     # --- hooks --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -556,7 +432,9 @@ class CircuitModel(nn.Module):
 def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float | None) -> Tensor:
     """Seeded draw for one parameter: weights N(0, 1/fan_in), embeddings N(0, 1), biases N(0, 0.1²)."""
     leaf = name.rsplit(".", 1)[-1]
-    if leaf.startswith("b_"):
+    if leaf == "gain":  # a norm's gain (q/k norms, norms after a sublayer): around 1, never exactly 1
+        return 1 + 0.2 * torch.randn(param.shape, generator=gen, dtype=torch.float64)
+    if leaf.startswith("b_") or leaf == "bias":
         std = 0.1 if init_std is None else 0.1 * init_std
     elif leaf in ("W_E", "W_pos"):
         std = 1.0 if init_std is None else init_std

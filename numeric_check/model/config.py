@@ -92,6 +92,10 @@ class ModelConfig:
     attn_scale: float | None = None
     gated_mlp: bool = False
     rotary_base: float = 10000.0
+    alibi_slopes: tuple[float, ...] | None = None  # one per head; None: the standard slopes (BLOOM's rule)
+    rotary_inv_freq: tuple[float, ...] | None = None  # rope scaling: θ_f themselves, rotary_dims/2; None: base^(-2f/d)
+    rotary_factor: float = 1.0  # rope scaling's attention factor (YaRN) on the rotated dimensions of q and k
+    moe_renormalise: bool = True  # mixture of experts: the top-k routing weights renormalised to sum to 1 (Mixtral)
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, Architecture):
@@ -126,11 +130,60 @@ class ModelConfig:
         ):
             raise ConfigError(f"rotary_base must be a finite number > 1, got {self.rotary_base!r}")
         object.__setattr__(self, "rotary_base", float(self.rotary_base))
+        self._check_alibi()
+        self._check_rope_scaling()
+        if not isinstance(self.moe_renormalise, bool):
+            raise ConfigError(f"moe_renormalise must be True or False, got {self.moe_renormalise!r}")
         if self.arch.rotary is not None:
             try:
                 rotary_dims(self.d_head, self.arch.rotary)
             except TensorAlgError as err:
                 raise ConfigError(f"bad rotary for d_head={self.d_head}: {err}") from None
+
+    def _check_alibi(self) -> None:
+        slopes = self.alibi_slopes
+        if slopes is None:
+            return
+        if not self.arch.alibi:
+            raise ConfigError("alibi_slopes given but the architecture has no ALiBi; pass alibi=True in the Architecture")
+        try:
+            slopes = tuple(float(m) for m in slopes)
+        except (TypeError, ValueError):
+            raise ConfigError(f"alibi_slopes must be one number per head, got {self.alibi_slopes!r}") from None
+        if not all(math.isfinite(m) for m in slopes) or any(n != len(slopes) for n in self.arch.heads_per_layer):
+            raise ConfigError(f"alibi_slopes must be {'/'.join(map(str, sorted(set(self.arch.heads_per_layer))))} finite "
+                              f"numbers, one per head of every layer; got {len(slopes)}")
+        object.__setattr__(self, "alibi_slopes", slopes)
+
+    def _check_rope_scaling(self) -> None:
+        factor = self.rotary_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor > 0):
+            raise ConfigError(f"rotary_factor must be a finite number > 0, got {factor!r}")
+        object.__setattr__(self, "rotary_factor", float(factor))
+        inv = self.rotary_inv_freq
+        if inv is None:
+            if self.arch.rotary is None and factor != 1.0:
+                raise ConfigError("rotary_factor given but the architecture has no rotary; pass rotary= in the Architecture")
+            return
+        if self.arch.rotary is None:
+            raise ConfigError("rotary_inv_freq given but the architecture has no rotary; pass rotary= in the Architecture")
+        try:
+            inv = tuple(float(f) for f in inv)
+        except (TypeError, ValueError):
+            raise ConfigError(f"rotary_inv_freq must be numbers, one per rotated plane, got {self.rotary_inv_freq!r}") from None
+        planes = rotary_dims(self.d_head, self.arch.rotary) // 2
+        if len(inv) != planes or not all(math.isfinite(f) and f >= 0 for f in inv):
+            raise ConfigError(f"rotary_inv_freq must be {planes} finite numbers >= 0 (one per rotated plane of "
+                              f"{2 * planes} dimensions), got {len(inv)}")
+        object.__setattr__(self, "rotary_inv_freq", inv)
+
+    @property
+    def rotary_args(self) -> tuple | None:
+        """What :func:`~numeric_check.model.rotary.rotate` takes after the tensor: ``(rotary_dims, style, base,
+        inv_freq, factor)``, or ``None`` without rotary."""
+        if self.arch.rotary is None:
+            return None
+        return (self.rotary_dims, self.arch.rotary_style, self.rotary_base, self.rotary_inv_freq, self.rotary_factor)
 
     @property
     def rotary_dims(self) -> int | None:
@@ -145,6 +198,9 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; :meth:`from_dict` inverts it."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+        for name in ("alibi_slopes", "rotary_inv_freq"):
+            if data[name] is not None:
+                data[name] = list(data[name])
         # the architecture's constructor arguments only: fields it derives (heads_per_layer, ...) are rebuilt
         arch = {f.name: getattr(self.arch, f.name) for f in fields(self.arch) if f.init}
         arch = {name: list(value) if isinstance(value, tuple) else value for name, value in arch.items()}
@@ -164,7 +220,8 @@ class ModelConfig:
             raise ConfigError(f"model config needs 'arch' as a dict of Architecture fields, got {arch!r}")
         try:
             arch = Architecture(**{**arch, "n_heads": _heads_from_json(arch.get("n_heads"))})
-            return cls(**{**data, "arch": arch})
+            lists = {name: tuple(data[name]) for name in ("alibi_slopes", "rotary_inv_freq") if isinstance(data.get(name), list)}
+            return cls(**{**data, "arch": arch, **lists})
         except TypeError as err:  # a missing or unexpected field
             raise ConfigError(f"bad model config {data!r}: {err}") from None
         except ArchitectureError as err:

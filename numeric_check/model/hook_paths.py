@@ -67,7 +67,8 @@ def keep(seen: dict[str, Tensor], key: str | None = None, *, stop: bool = False)
 
 def _recorded_hook(name: str) -> bool:
     leaf = name.rsplit(".", 1)[-1]
-    return leaf in ("hook_pattern", "hook_scale", "hook_mlp_out", "hook_attn_scores", "hook_resid_pre") or name in (
+    return leaf in ("hook_pattern", "hook_scale", "hook_mlp_out", "hook_attn_scores", "hook_resid_pre", "hook_expert_weights",
+                    "hook_expert_indices") or name in (
         "hook_embed",
         "hook_pos_embed",
     ) or name.endswith("hook_resid_post")
@@ -195,14 +196,14 @@ def per_copy(values: Sequence[float], n_batch: int, like: Tensor, ndim: int) -> 
 
 
 def frozen_hooks(rec: Recording, copies: int, live: int | None = None) -> list[Hook]:
-    """Hooks replacing every attention pattern and layer-norm scale by its recorded value, tiled over
+    """Hooks replacing every attention pattern and layer-norm scale (and a mixture of experts' routing) by its recorded value, tiled over
     ``copies`` copies of the batch (:class:`~numeric_check.model.hooks.Constant`: the model skips
     queries, keys and scores), except the pattern of layer ``live``, whose queries, keys or scores
     are read."""
     live_pattern = None if live is None else block_hook(live, "attn.hook_pattern")
     hooks: list[Hook] = []
     for name in rec.cache:
-        if name.endswith(("hook_pattern", "hook_scale")) and name != live_pattern:
+        if name.endswith(("hook_pattern", "hook_scale", "hook_expert_weights", "hook_expert_indices")) and name != live_pattern:
             hooks.append((name, Constant(rec.tiled(name, copies))))
     return hooks
 

@@ -14,9 +14,13 @@ import torch
 from torch import Tensor
 
 
-def rotary_angles(n_pos: int, rot_dims: int, base: float, device=None) -> Tensor:
-    """``p · θ_f`` as ``[pos, rot_dims/2]``, float64."""
-    inv_freq = base ** (-torch.arange(0, rot_dims, 2, dtype=torch.float64, device=device) / rot_dims)
+def rotary_angles(n_pos: int, rot_dims: int, base: float, device=None, inv_freq=None) -> Tensor:
+    """``p · θ_f`` as ``[pos, rot_dims/2]``, float64; ``inv_freq``: the ``θ_f`` themselves (rope scaling), else
+    ``base^(-2f/rot_dims)``."""
+    if inv_freq is None:
+        inv_freq = base ** (-torch.arange(0, rot_dims, 2, dtype=torch.float64, device=device) / rot_dims)
+    else:
+        inv_freq = torch.as_tensor(inv_freq, dtype=torch.float64, device=device)
     return torch.arange(n_pos, dtype=torch.float64, device=device)[:, None] * inv_freq
 
 
@@ -26,16 +30,21 @@ def _pairs(rot_dims: int, style: str, device=None) -> tuple[Tensor, Tensor]:
     return (f, f + half) if style == "neox" else (2 * f, 2 * f + 1)
 
 
-def rotate(x: Tensor, rot_dims: int, style: str, base: float, pos_dim: int = -2) -> Tensor:
+def rotate(x: Tensor, rot_dims: int, style: str, base: float, inv_freq=None, factor: float = 1.0, *,
+           pos_dim: int = -2) -> Tensor:
     """``x`` rotated position by position: positions along ``pos_dim``, features along the
-    last axis (``[batch, pos, heads, d_head]`` with ``pos_dim=1``, ``[batch, pos, d_head]`` with -2)."""
+    last axis (``[batch, pos, heads, d_head]`` with ``pos_dim=1``, ``[batch, pos, d_head]`` with -2).
+
+    Rope scaling (linear, llama3, YaRN, dynamic NTK) gives its own inverse frequencies
+    ``inv_freq`` (``[rot_dims/2]``) and YaRN an attention ``factor`` that multiplies the rotated
+    dimensions (Hugging Face's ``attention_scaling``, on ``cos`` and ``sin``)."""
     n_pos = x.shape[pos_dim]
-    angles = rotary_angles(n_pos, rot_dims, base, x.device)
+    angles = rotary_angles(n_pos, rot_dims, base, x.device, inv_freq)
     shape = [1] * x.ndim
     shape[pos_dim] = n_pos
     shape[-1] = rot_dims // 2
-    cos = angles.cos().to(x.dtype).reshape(shape)
-    sin = angles.sin().to(x.dtype).reshape(shape)
+    cos = (angles.cos() * factor).to(x.dtype).reshape(shape)
+    sin = (angles.sin() * factor).to(x.dtype).reshape(shape)
     a, b = _pairs(rot_dims, style, x.device)
     xa, xb = x[..., a], x[..., b]
     out = x.clone()

@@ -4,19 +4,26 @@ An expansion (:func:`derivations.paths.expand_logits`, :func:`derivations.qk.exp
 is symbolic: words of atoms such as ``A^{L1H0}``, ``W_OV^{L1H0}``, ``N^{final}``, ``W_E``.
 A :class:`Binder` gives each atom its numbers for one model and one batch of tokens:
 
-==================  =========================================================  ======================
-atom                bound to                                                   kind
-==================  =========================================================  ======================
-``A^{LlHh}``        ``blocks.l.attn.hook_pattern[:, h]`` (frozen)              position ``[b, q, k]``
-``N^{Ll}``          ``1 / blocks.l.ln1.hook_scale`` (frozen)                   diagonal ``[b, pos]``
-``N^{Ll,qk}``       ``1 / blocks.l.ln1_qk.hook_scale`` (qk_only + layer norm)  diagonal ``[b, pos]``
-``N^{final}``       ``1 / ln_final.hook_scale``                                diagonal ``[b, pos]``
-``W_E``, ``W_U``…   the model's weights (paper convention)                     factors
-``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                          factors
-``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                         factors
-``W_K^{LlKVg}``…    key/value head ``g``'s own (grouped-query attention)       factors
-``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                factors ``[d_model, 1]``
-==================  =========================================================  ======================
+==================  =================================================================  ==========================
+atom                bound to                                                           kind
+==================  =================================================================  ==========================
+``A^{LlHh}``        ``blocks.l.attn.hook_pattern[:, h]`` (frozen)                      position ``[b, q, k]``
+``N^{Ll}``          ``1 / blocks.l.ln1.hook_scale`` (frozen)                           diagonal ``[b, pos]``
+``N^{Ll,qk}``       ``1 / blocks.l.ln1_qk.hook_scale`` (qk_only + layer norm)          diagonal ``[b, pos]``
+``N^{final}``       ``1 / ln_final.hook_scale``                                        diagonal ``[b, pos]``
+``N^{LlHh,q}``      ``1 / blocks.l.attn.q_norm.hook_scale[:, :, h]`` (q/k norm)        diagonal ``[b, pos]``
+``N^{LlKVg,k}``     ``1 / blocks.l.attn.k_norm.hook_scale`` (``N^{Ll,k}``: all heads)  diagonal ``[b, pos]``
+``N^{Ll,post}``     ``1 / blocks.l.ln1_post.hook_scale`` (norm after attention)        diagonal ``[b, pos]``
+``W_E``, ``W_U``…   the model's weights (paper convention)                             factors
+``W_OV^{LlHh}``     ``(W_O^h, W_V^h)``, kept factored                                  factors
+``W_QK^{LlHh}``     ``(W_Q^hᵀ, W_K^g)``, kept factored                                 factors
+``W_K^{LlKVg}``…    key/value head ``g``'s own (grouped-query attention)               factors
+``W_Q``, ``b_Q``…   a q/k norm's gain and centring folded in (``attn.folded``)         factors
+``W_O``, ``W_OV``   a norm after attention's gain folded in (``folded_W_O``)           factors
+``b_O^{Ll}``        ``model.folded_b_O(l)`` (``b_V`` folded in)                        factors ``[d_model, 1]``
+``b_Qn``, ``b_Kn``  a q/k layer norm's bias, ``attn.q_norm.bias[h]``                   factors ``[d_head, 1]``
+``B_ALiBi^{LlHh}``  ``m_h (j - i)`` (the head's ALiBi slope)                           factors ``[n_ctx, n_ctx]``
+==================  =================================================================  ==========================
 
 Residual-side atoms are bound to a tuple of *factors* whose product is the atom's
 matrix, so that ``W_OV = W_O W_V`` is applied as two thin products (``d_head`` wide) and a
@@ -49,12 +56,13 @@ from numeric_check.errors import AtomBindingError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
+from numeric_check.model.layers import alibi_bias
 from tensoralg.atoms import Atom
 
 
-_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+)|(?P<qk>,qk))?$")
-_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V")
-_KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V")  # one per key/value head: indexed by group when grouped
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+))?(?:,(?P<tag>qk|q|k|post))?$")
+_HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V", "b_Qn", "b_Kn")
+_KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V", "b_Kn")  # one per key/value head: indexed by group when grouped
 
 
 # --- bound values ---------------------------------------------------------------------------
@@ -134,7 +142,7 @@ class Binder:
         }
 
     # -- parsing ---------------------------------------------------------------
-    def _layer_head(self, a: Atom, need_head: bool) -> tuple[int, int | None, bool]:
+    def _layer_head(self, a: Atom, need_head: bool) -> tuple[int, int | None, str | None]:
         match = _INDEX.match(a.index)
         if match is not None and match["group"] is not None and need_head:
             return self._layer_group(a, match)
@@ -151,7 +159,7 @@ class Binder:
                 f"atom {a.label!r} refers to a head or layer this model does not have ({arch.describe()}); "
                 "the expansion was built for another architecture"
             )
-        return layer, head, match["qk"] is not None
+        return layer, head, match["tag"]
 
     def _layer_group(self, a: Atom, match) -> tuple[int, int, bool]:
         """``(layer, group, False)`` for a key/value atom of a grouped layer, ``W_K^{L0KV1}``."""
@@ -184,16 +192,40 @@ class Binder:
             pattern = rec.get(block_hook(layer, "attn.hook_pattern"), f"atom {a.label}")
             return PositionValue(pattern[:, head], False)  # [b, q, k]
         if a.name == "N":
+            match = _INDEX.match(a.index)
+            if match is not None and match["tag"] in ("q", "k"):
+                return self._qk_norm_scale(a, match)
             if a.index == "final":
                 name = "ln_final.hook_scale"
             else:
-                layer, _, qk = self._layer_head(a, need_head=False)
-                name = block_hook(layer, "ln1_qk.hook_scale" if qk else "ln1.hook_scale")
+                layer, _, tag = self._layer_head(a, need_head=False)
+                name = block_hook(layer, {"qk": "ln1_qk", "post": "ln1_post"}.get(tag, "ln1") + ".hook_scale")
             if not self.model.arch.normalised:
                 raise AtomBindingError(f"atom {a.label!r} is a norm's scale but the model has no layer norm or RMSNorm")
             scale = rec.get(name, f"atom {a.label}")
             return PositionValue(1.0 / scale[..., 0], True)  # [b, pos]
         raise AtomBindingError(f"unknown position-side atom {a.label!r}; expected A^{{L<l>H<h>}} or N^{{...}}")
+
+    def _qk_norm_scale(self, a: Atom, match) -> PositionValue:
+        """``N^{L1H0,q}``, ``N^{L1KV0,k}`` (``N^{L1H0,k}`` ungrouped) or ``N^{L1,q}`` (a norm over all heads):
+        ``1 / attn.q_norm.hook_scale`` (``k_norm``) of that head (its key/value group's first query head)."""
+        layer = int(match["layer"])
+        arch = self.model.arch
+        if layer >= arch.n_layers or arch.qk_norm is None:
+            raise AtomBindingError(f"atom {a.label!r} is a q/k norm's scale, but the model has none in layer {layer} ({arch.describe()})")
+        if (match["head"] is None and match["group"] is None) != (arch.qk_norm_scope == "all"):
+            raise AtomBindingError(f"atom {a.label!r}: the model's q/k norm runs over {'all heads' if arch.qk_norm_scope == 'all' else 'each head'}; "
+                                   "the expansion was built for another architecture")
+        attn = self.model.blocks[layer].attn
+        if match["group"] is not None:
+            owners = (attn.kv_index == int(match["group"])).nonzero()
+            column = int(owners[0]) if len(owners) else attn.n_heads
+        else:
+            column = 0 if match["head"] is None else int(match["head"])
+        if column >= attn.n_heads:
+            raise AtomBindingError(f"atom {a.label!r} refers to a head this model does not have ({arch.describe()})")
+        scale = self.recording.get(block_hook(layer, f"attn.{match['tag']}_norm.hook_scale"), f"atom {a.label}")
+        return PositionValue(1.0 / scale[:, :, column, 0], True)  # [b, pos]
 
     # -- residual side ----------------------------------------------------------
     def factors(self, a: Atom) -> tuple[Tensor, ...]:
@@ -215,16 +247,29 @@ class Binder:
             layer, head, _ = self._layer_head(a, need_head=True)
             attn = model.blocks[layer].attn
             if name == "W_OV":
-                return (attn.W_O[head], attn.W_V[int(attn.kv_index[head])])
+                return (model.folded_W_O(layer)[head], attn.W_V[int(attn.kv_index[head])])
+            if name == "W_O":
+                return (model.folded_W_O(layer)[head],)
             if name == "W_QK":
-                return (attn.W_Q[head].T, attn.W_K[int(attn.kv_index[head])])
+                return (attn.folded("Q")[0][head].T, attn.folded("K")[0][int(attn.kv_index[head])])
+            if name in ("b_Qn", "b_Kn"):
+                norm = attn.q_norm if name == "b_Qn" else attn.k_norm
+                if norm is None or norm.bias is None:
+                    raise AtomBindingError(f"atom {a.label!r} is a q/k layer norm's bias, but the model has none")
+                return (norm.bias[head][:, None],)
             if name in _KV_WEIGHTS and attn.grouped and "KV" not in a.index:
                 raise AtomBindingError(f"atom {a.label!r}: layer {layer} shares its keys and values between heads; "
                                        f"name them by group, {a.name}^{{L{layer}KV{int(attn.kv_index[head])}}}")
-            value = getattr(attn, name)
+            value = attn.folded(name[-1])[name.startswith("b_")] if name[-1] in "QK" else getattr(attn, name)
             if value is None:
                 raise AtomBindingError(f"atom {a.label!r} is a bias but the model has no biases")
             return (value[head] if name.startswith("W_") else value[head][:, None],)
+        if name == "B_ALiBi":
+            layer, head, _ = self._layer_head(a, need_head=True)
+            slopes = model.blocks[layer].attn.alibi_slopes
+            if slopes is None:
+                raise AtomBindingError(f"atom {a.label!r} is an ALiBi bias but the model has no ALiBi ({model.arch.describe()})")
+            return (alibi_bias(slopes[head:head + 1].to(model.dtype), self.cfg.n_ctx)[0],)  # [n_ctx, n_ctx]: query i, key j
         if name == "b_O":
             layer, _, _ = self._layer_head(a, need_head=False)
             if not model.arch.biases:
@@ -235,6 +280,8 @@ class Binder:
             mlp = model.blocks[layer].mlp
             if mlp is None:
                 raise AtomBindingError(f"atom {a.label!r} is an MLP weight but the model has no MLPs")
+            if getattr(mlp, name).ndim != 2:
+                raise AtomBindingError(f"atom {a.label!r}: layer {layer}'s MLP is a mixture of experts, with one {name} per expert")
             return (getattr(mlp, name),)
         raise AtomBindingError(
             f"no binding for atom {a.label!r}; bindable atoms: A, N, W_E, W_pos, W_U, b_U, "
@@ -270,7 +317,7 @@ class Binder:
         common = {"dtype": model.dtype, "device": model.device}
         if source.kind == "token":
             return SourceInput("token", b, p, tokens=rec.tokens, width=self.cfg.d_vocab, **common)
-        if source.kind == "position":
+        if source.kind in ("position", "alibi"):  # ALiBi's term reads the identity of positions on both sides
             return SourceInput("position", b, p, width=self.cfg.n_ctx, **common)
         if source.kind == "mlp":
             if source.layer >= model.arch.n_layers:

@@ -36,7 +36,7 @@ from tensoralg.rotary import is_rotary
 
 def _is_query_end(a: Atom, j: int) -> bool:
     """Whether the cut of a QK middle word should come right after this factor of ``a``."""
-    return (a.name == "W_QK" and not a.transposed and j == 0) or (a.name in ("W_Q", "b_Q") and a.transposed)
+    return (a.name == "W_QK" and not a.transposed and j == 0) or (a.name in ("W_Q", "b_Q", "b_Qn") and a.transposed)
 
 
 class QKEvaluator:
@@ -113,5 +113,5 @@ class QKEvaluator:
         cache = self.__dict__.setdefault("_rotations", {})
         if stream not in cache:
             cfg = self.binder.model.cfg
-            cache[stream] = rotate(self.side_values()[stream], cfg.rotary_dims, cfg.arch.rotary_style, cfg.rotary_base)
+            cache[stream] = rotate(self.side_values()[stream], *cfg.rotary_args)
         return cache[stream]

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from derivations.paths import Path
+from derivations.sources import HEAD_SOURCES
 from numeric_check.errors import NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import (
@@ -225,14 +226,16 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
 
     def head_stream(c: int, layer: int, head: int) -> Tensor:
         """What head ``(layer, head)`` writes in copy ``c``: the path's stream from there on."""
-        return model.blocks[layer].attn.head_output(results[layer][c * b:(c + 1) * b, :, head], head)
+        z = results[layer][c * b:(c + 1) * b, :, head]
+        scale = _post_scale(rec, layer)  # a norm after attention (frozen) or none
+        return model.blocks[layer].attn.head_output(z, head) if scale is None else model.head_streams(layer, z[..., None, :], [head], scale)[0]
 
     streams: dict[Path, Tensor] = {}
     for child, parent in children.items():
         streams[child] = entering[child] = head_stream(where[parent], *child.heads[-1])
     for c, prefix in enumerate(prefixes):  # copy by copy, each copy's paths in index order
         ends = [i for i in copies[prefix] if paths[i] != prefix]
-        outputs = dict(_head_streams(model, results, c, b, [paths[i] for i in ends], streams))
+        outputs = dict(_head_streams(model, rec, results, c, [paths[i] for i in ends], streams))
         if upto is None and outputs:  # the model's ln_final (scale frozen) on all of them at once
             normed = final_norm(model, rec, torch.cat([outputs[paths[i]] for i in ends])).split(b)
             outputs = {paths[i]: x for i, x in zip(ends, normed)}
@@ -240,7 +243,12 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
             yield i, final[c * b:(c + 1) * b] if paths[i] == prefix else outputs[paths[i]]
 
 
-def _head_streams(model: CircuitModel, results: dict[int, Tensor], c: int, b: int, ends: Sequence[Path],
+def _post_scale(rec: Recording, layer: int) -> Tensor | None:
+    """The recorded scale of ``layer``'s ``ln1_post`` (``None`` when the block has no norm after attention)."""
+    return rec.cache.get(block_hook(layer, "ln1_post.hook_scale"))
+
+
+def _head_streams(model: CircuitModel, rec: Recording, results: dict[int, Tensor], c: int, ends: Sequence[Path],
                   streams: dict[Path, Tensor]) -> Iterator[tuple[Path, Tensor]]:
     """What each path's last head writes in copy ``c`` (its stream from there on): the heads of one
     layer at once, each the module's own ``head_output`` of its ``hook_z`` (``streams``: already made)."""
@@ -252,8 +260,9 @@ def _head_streams(model: CircuitModel, results: dict[int, Tensor], c: int, b: in
             by_layer.setdefault(path.heads[-1][0], []).append(path)
     for layer, group in by_layer.items():
         heads = [path.heads[-1][1] for path in group]
+        b = rec.n_batch
         z = results[layer][c * b:(c + 1) * b, :, heads]  # [b, pos, n, d_head]
-        out = model.blocks[layer].attn.head_outputs(z, heads)  # [n, b, pos, d_model]
+        out = model.head_streams(layer, z, heads, _post_scale(rec, layer))  # [n, b, pos, d_model]
         yield from zip(group, out.unbind(0))
 
 
@@ -284,11 +293,13 @@ def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], 
 
 
 def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, streams: list[Tensor],
-                  position_on: list[float], q_bias_on: list[float], k_bias_on: list[float]) -> tuple[list[Tensor], list[Tensor]]:
+                  on: dict[str, list[float]]) -> tuple[list[Tensor], list[Tensor]]:
     """The model's ``q`` and ``k`` of head ``(layer, head)`` for each stream entering ``layer``.
 
-    ``position_on``: whether a copy gets the ``qk_only`` positional embedding; ``q_bias_on``
-    / ``k_bias_on``: whether ``b_Q`` / ``b_K`` are on.
+    ``on[kind]``, per copy: whether the ``qk_only`` positional embedding (``"position"``), ``b_Q``
+    (``"query_bias"``), ``b_K`` (``"key_bias"``) and a q/k layer norm's biases (``"query_norm_bias"``,
+    ``"key_norm_bias"``) are on. With a q/k norm (its scale frozen) ``q`` and ``k`` are read after
+    it, at ``q_norm``/``k_norm``'s ``hook_normalized``, the projections' biases switched at ``hook_q``/``hook_k``.
     """
     b = rec.n_batch
     attn = model.blocks[layer].attn
@@ -296,44 +307,52 @@ def _queries_keys(model: CircuitModel, rec: Recording, layer: int, head: int, st
     copies = len(streams)
     seen: dict[str, Tensor] = {}
 
-    def read(name: str, bias: Tensor | None, on: list[float], last: bool):
-        def hook(x: Tensor, _) -> None:
+    def switch(bias: Tensor | None, kind: str, name: str | None = None, last: bool = False):
+        def hook(x: Tensor, _) -> Tensor | None:
             if bias is not None:
-                x = x - (1 - per_copy(on, b, x, 4)) * bias
-            seen[name] = x[:, :, head]  # [copies * b, pos, d_head]
+                x = x - (1 - per_copy(on[kind], b, x, 4)) * bias
+            if name is not None:
+                seen[name] = x[:, :, head]  # [copies * b, pos, d_head]
             if last:
                 raise StopForward
+            return x
         return hook
 
-    hooks = [(block_hook(layer, "attn.hook_q"), read("q", attn.b_Q, q_bias_on, False)),
-             (block_hook(layer, "attn.hook_k"), read("k", attn.per_head(attn.b_K), k_bias_on, True))]
-    run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, position_on)  # the block alone
+    normed = attn.q_norm is not None
+    hooks = [(block_hook(layer, "attn.hook_q"), switch(attn.b_Q, "query_bias", None if normed else "q")),
+             (block_hook(layer, "attn.hook_k"), switch(attn.per_head(attn.b_K), "key_bias", None if normed else "k", not normed))]
+    if normed:
+        hooks += [(block_hook(layer, "attn.q_norm.hook_normalized"), switch(attn.q_norm.bias, "query_norm_bias", "q")),
+                  (block_hook(layer, "attn.k_norm.hook_normalized"), switch(attn.per_head(attn.k_norm.bias), "key_norm_bias", "k", True))]
+    run_blocks(model, rec, stacked, layer, frozen_hooks(rec, copies, live=layer) + hooks, on["position"])  # the block alone
     return list(seen["q"].split(b)), list(seen["k"].split(b))
 
 
 def _scores(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Tensor, Tensor]], *,
-            chunk_bytes: int) -> Iterator[Tensor]:
+            chunk_bytes: int, bias_on: Sequence[float] | None = None) -> Iterator[Tensor]:
     """The head's scores ``[batch, q, k]`` for each pair ``(q, k)`` of its queries and keys
     ``[batch, pos, d_head]``, by the model's own :meth:`~numeric_check.model.circuit_model.Attention.scores`
-    (scale and causal mask, through ``hook_attn_scores``), pairs stacked in chunks."""
+    (scale, mask, and ALiBi's bias where ``bias_on[i]``; through ``hook_attn_scores``), pairs stacked in chunks."""
     b, p = rec.n_batch, rec.n_pos
     attn = model.blocks[layer].attn
     per_pair = b * p * max(p, model.cfg.d_head) * rec.final.element_size()
     for chunk in _chunks(len(pairs), per_pair, chunk_bytes):
         qs = torch.cat([pairs[i][0] for i in chunk])[:, :, None]  # [pairs * b, pos, 1, d_head]: the head alone
         ks = torch.cat([pairs[i][1] for i in chunk])[:, :, None]
+        on = 0.0 if bias_on is None else per_copy([bias_on[i] for i in chunk], b, qs, 4)
         with torch.no_grad():
-            yield from attn.scores(qs, ks)[:, 0].split(b)
+            yield from attn.scores(qs, ks, heads=[head], bias_on=on)[:, 0].split(b)
 
 
-def _side_inputs(paths: Sequence[Path], layer: int, head: int) -> tuple[list[float], list[float], list[float]]:
-    position_on = [float(q.source.kind == "position") for q in paths]
-    q_bias_on = [float(q.source.kind == "query_bias") for q in paths]
-    k_bias_on = [float(q.source.kind == "key_bias") for q in paths]
+_SWITCHED = ("position", "query_bias", "key_bias", "query_norm_bias", "key_norm_bias")
+
+
+def _side_inputs(paths: Sequence[Path], layer: int, head: int) -> dict[str, list[float]]:
+    """Per copy, which of the head's own inputs (:data:`_SWITCHED`) are on: those of the copy's source."""
     for q in paths:
-        if q.source.kind in ("query_bias", "key_bias") and (q.source.layer, q.source.head) != (layer, head):
+        if q.source.kind in HEAD_SOURCES and (q.source.layer, q.source.head) != (layer, head):
             raise NumericCheckError(f"source {q.source.label} belongs to another head than L{layer}H{head}")
-    return position_on, q_bias_on, k_bias_on
+    return {kind: [float(q.source.kind == kind) for q in paths] for kind in _SWITCHED}
 
 
 def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs: Sequence[tuple[Path, Path]], *,
@@ -350,11 +369,12 @@ def isolate_qk(model: CircuitModel, rec: Recording, layer: int, head: int, pairs
     for chunk in _chunks(len(side_paths), per_path, chunk_bytes):  # only q and k (d_head wide) are kept
         paths = [side_paths[i] for i in chunk]
         streams = isolate_streams(model, rec, paths, layer, chunk_bytes=chunk_bytes)
-        q_chunk, k_chunk = _queries_keys(model, rec, layer, head, streams, *_side_inputs(paths, layer, head))
+        q_chunk, k_chunk = _queries_keys(model, rec, layer, head, streams, _side_inputs(paths, layer, head))
         q += q_chunk
         k += k_chunk
     qk = [(q[where[qp]], k[where[kp]]) for qp, kp in pairs]
-    yield from enumerate(_scores(model, rec, layer, head, qk, chunk_bytes=chunk_bytes))
+    alibi = [float(qp.source.kind == "alibi") for qp, _ in pairs]  # ALiBi's own term: the head's bias alone
+    yield from enumerate(_scores(model, rec, layer, head, qk, chunk_bytes=chunk_bytes, bias_on=alibi))
 
 
 # --- the part of order above k, through the model ------------------------------------------
@@ -399,6 +419,8 @@ class _GradedHooks:
 
         def attn_out(x: Tensor, hook) -> Tensor:
             heads = list(self.captured.pop(layer).sum(-2).split(b))  # per copy: Σ_h result
+            if block.ln1_post is not None:  # normalised (scale frozen) before joining the stream
+                heads = [block.ln1_post.frozen(h, _post_scale(self.rec, layer)) for h in heads]
             out = [x[self.bias_copy * b:(self.bias_copy + 1) * b]]  # the model's own Σ result + b_O there
             out += [heads[j - 1] for j in range(1, k + 1)]
             out += [heads[k] + heads[k + 1], torch.zeros_like(out[0])]
@@ -438,7 +460,7 @@ def graded_qk(model: CircuitModel, rec: Recording, layer: int, head: int, max_or
     run_frozen(model, rec, hooks.copies, hooks.hooks() + [(block_hook(layer, "hook_resid_pre"), keep(seen, "x", stop=True))])
     streams = list(seen["x"].split(rec.n_batch))[: max_order + 2]  # orders 0..k and > k
     order0 = [1.0] + [0.0] * (max_order + 1)
-    q, k = _queries_keys(model, rec, layer, head, streams, order0, order0, order0)
+    q, k = _queries_keys(model, rec, layer, head, streams, dict.fromkeys(_SWITCHED, order0))
     pairs = [(q[i], k[j]) for i in range(max_order + 2) for j in range(max_order + 2) if i + j > max_order]
     total = None
     for scores in _scores(model, rec, layer, head, pairs, chunk_bytes=chunk_bytes):

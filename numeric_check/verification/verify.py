@@ -288,6 +288,9 @@ def verify_logits(
     expansion = _resolve_expansion(expansion, LogitExpansion, arch, max_order, build)
     max_order = expansion.max_order
     s = _setup(model, tokens, dtype, device, atol, rtol)
+    if s.model.arch.logit_softcap is not None:
+        s.notes.append(f"the logits are expanded and checked before the final soft-cap c·tanh(x/c), c = {s.model.arch.logit_softcap:g}: "
+                       "the cap is not linear, so the expansion stops at the quantity it acts on (the model's output is the capped value)")
     with torch.no_grad(), _cyclic_gc_paused():
         return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes, exact_errors)
 
@@ -509,6 +512,9 @@ def verify_qk(
     if (expansion.layer, expansion.head) != (layer, head):
         raise ExpansionMismatch(f"the expansion is of head L{expansion.layer}H{expansion.head}, not L{layer}H{head}")
     s = _setup(model, tokens, dtype, device, atol, rtol)
+    if s.model.arch.attn_softcap is not None:
+        s.notes.append(f"the scores are expanded and checked before the attention soft-cap c·tanh(s/c), c = {s.model.arch.attn_softcap:g}, "
+                       "which acts on them before the softmax (hook_attn_scores holds them before the cap)")
     with torch.no_grad(), _cyclic_gc_paused():
         return _verify_qk(s, expansion, build, isolation, progress, chunk_bytes)
 
@@ -521,7 +527,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     omitted = [t for t in full if t.order > expansion.max_order] if full else []
     start = time.perf_counter()
     ev = QKEvaluator(s.binder, kept + omitted)
-    below = torch.ones(rec.n_pos, rec.n_pos, dtype=torch.bool, device=s.model.device).tril()  # causal lower triangle
+    below = s.model.blocks[layer].attn.mask(rec.n_pos, s.model.device)  # the keys the head sees (causal, window)
     reference = rec.get(block_hook(layer, "attn.hook_attn_scores"), "the scores")[:, head]  # [b, q, k]
     scale = max_abs(reference[:, below])
     results = []

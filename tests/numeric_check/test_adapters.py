@@ -164,11 +164,10 @@ def _with(model, **attrs):
     "build, feature",
     [
         (lambda: tl_model(act_fn="solu_ln"), "activation function 'solu_ln'"),
-        (lambda: tl_model(attn_scores_soft_cap=30.0), "attention-score soft-capping"),
-        (lambda: _with(tl_model(), positional_embedding_type="alibi"), "ALiBi"),
-        (lambda: _with(tl_model(), use_local_attn=True), r"local \(windowed\) attention"),
+        (lambda: _with(tl_model(), use_local_attn=True), r"local attention without attn_types"),
+        (lambda: _with(tl_model(), positional_embedding_type="relative_positional_bias"), "relative positional bias"),
         (lambda: _with(tl_model(), final_rms=True), r"RMSNorm \(final_rms\) after layer-norm blocks"),
-        (lambda: _with(tl_model(), use_NTK_by_parts_rope=True), r"rope scaling \(use_NTK_by_parts_rope\)"),
+        (lambda: _with(tl_model(), use_dynamic_ntk_rope=True), r"dynamic NTK rope scaling"),
         (lambda: _with(tl_model(), scale_attn_by_inverse_layer_idx=True), "attention scale that depends on the layer"),
         (lambda: _with(tl_model(), attention_dir="bidirectional"), "bidirectional"),
     ],
@@ -207,8 +206,8 @@ def test_to_transformer_lens_refuses_what_it_does_not_write():
 
 def test_unsupported_wording_is_pinned():
     with pytest.raises(UnsupportedModel) as info:
-        from_transformer_lens(_with(tl_model(), positional_embedding_type="alibi"))
-    assert str(info.value) == "the TransformerLens model uses ALiBi positional biases, which CircuitModel cannot express"
+        from_transformer_lens(_with(tl_model(), positional_embedding_type="relative_positional_bias"))
+    assert str(info.value) == "the TransformerLens model uses relative positional bias, which CircuitModel cannot express"
     with pytest.raises(UnsupportedModel, match=r"^from_transformer_lens expects a transformer_lens.HookedTransformer, got GPT2LMHeadModel$"):
         from_transformer_lens(gpt2_model())
 
