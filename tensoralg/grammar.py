@@ -15,6 +15,7 @@ TensorSum(A ⊗ W_OV)
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Iterable, NamedTuple
 
 import sympy as sp
@@ -215,10 +216,21 @@ class Parser:
             layer = int(sub) - self.index_from
             if layer < 0:
                 raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)
-        index = f"{var}{layer}" if layer is not None else var
+        index = self.layer_index(var, over, layer, pos) if layer is not None else var
         while index in self.scope.values():  # a Σ inside another over the same set: rename apart
             index += "'"
         return index, layer
+
+    def layer_index(self, var: str, over: str, layer: int, pos: int) -> str:
+        """The stored index of ``var`` summed over layer ``layer``: ``h`` → ``h1``; a variable that
+        already names the layer, as the printer writes it (``h1``, ``h_1``, ``h1'``), keeps its name."""
+        m = re.fullmatch(r"([A-Za-z]+)(\d*)('*)", var)
+        if m is None or not m[2]:
+            return f"{var}{layer}"
+        if int(m[2]) != layer + self.index_from:
+            raise self.error(f"Σ_{{{var}∈{over}}}: the index {var} names layer {m[2]} but sums over {over}; "
+                             f"write Σ_{{{m[1]}∈{over}}} or Σ_{{{m[1]}{layer + self.index_from}∈{over}}}", pos)
+        return f"{m[1]}{layer}{m[3]}"
 
     def tensor(self):
         start = self.tok.pos
@@ -279,8 +291,11 @@ class Parser:
         items: list[tuple[int, object]] = []  # (position, a word's atoms or a group Expr)
         op = "TIMES"
         while True:
-            pos = self.tok.pos
+            pos, kind = self.tok.pos, self.tok.kind
             value = self.power()
+            if op == "JUXTAPOSED" and kind == "NUM" and items:  # "A 1" is not 1·A: refuse, never misread
+                raise self.error(f"a number after a matrix ({self.text[pos:self.tok.pos].strip()!r}) is not "
+                                 "read as a scalar or a vector of ones; write the coefficient first, as in 2·A", pos)
             if op == "DIV":
                 coeff = self.scalar(coeff / self.divisor(value, pos), pos)
             elif _is_scalar(value):
@@ -298,7 +313,7 @@ class Parser:
             if self.tok.kind in ("TIMES", "DIV"):
                 op = self.take().kind
             elif self.tok.kind in ("NUM", "NAME", "LPAREN", "SUM"):  # juxtaposition
-                op = "TIMES"
+                op = "JUXTAPOSED"
             else:
                 break
         return self.build_product(coeff, items, start)

@@ -30,11 +30,11 @@ SIMPLE = {
     "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T",
 }
 NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*'*")  # W_OV' (a folded weight)
 OTIMES_ASCII = re.compile(r"\(\s*x\s*\)")
 BARE_INDEX = re.compile(r"[A-Za-z0-9]+")
 SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9]))")
-SUM_BODY = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*)\s*(?:∈|\s+in\s+)\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{[A-Za-z0-9]+\}|[A-Za-z0-9]+))?)\s*")
+SUM_BODY = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{\d+\}|\d+))?'*)\s*(?:∈|\s+in\s+)\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{[A-Za-z0-9]+\}|[A-Za-z0-9]+))?)\s*")
 SUM_HINT = "an indexed sum is written Σ_{h∈H_1} or sum_{h in H_1}"
 MAX_DIGITS = 100  # digits in one number literal
 MAX_EXPONENT = 300  # |e| in a literal such as 1e-300 (as a float's range)
@@ -127,4 +127,5 @@ def indexed_sum(text: str, i: int, start: int) -> Token:
     m = SUM_BODY.fullmatch(text, start + 2, close)
     if m is None:
         raise ParseError(f"cannot read the range of the sum: {SUM_HINT}", text, start + 2)
-    return Token("SUM", f"{m[1]}∈{m[2].replace('{', '').replace('}', '')}", i, close + 1)
+    var = re.sub(r"[_{}]", "", m[1])  # h_2, h_{2}: the subscripted index h2
+    return Token("SUM", f"{var}∈{m[2].replace('{', '').replace('}', '')}", i, close + 1)

@@ -51,7 +51,7 @@ TensorSum(1/sqrt(d_head)·W_QK^{h}ᵀ)
 >>> len(parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)").expand())
 2
 >>> parse("(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)").expand()
-TensorSum(Id ⊗ W_E + A^{h0} ⊗ W_OV^{h0} W_E)
+TensorSum(Id ⊗ W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0} W_E)
 """
 
 from __future__ import annotations
@@ -105,9 +105,10 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
             if shapes is None or not shapes.unify(err.dims):
                 raise
     applied = value if isinstance(value, Applied) else None
-    expr = value.operator if applied else value
+    bound = tuple(sorted(parser.bound.values()))
+    expr = (value.operator if applied else value).with_bound(bound)
     inferred = {name: shapes.shape(name) for name in shapes.fresh} if shapes else {}
-    return Reading(expr, tuple(sorted(parser.bound.values())), tuple(parser.rewrites), applied, inferred)
+    return Reading(expr, bound, tuple(parser.rewrites), applied, inferred)
 
 
 def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
@@ -132,4 +133,4 @@ def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = Non
     TensorSum(A x W_Vᵀ W_Oᵀ)
     """
     r = read(text, atoms, index_from=index_from, generic=generic, visible=False)
-    return r.applied.result() if r.applied else r.expr
+    return r.applied.result().with_bound(r.bound) if r.applied else r.expr
