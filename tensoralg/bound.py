@@ -44,6 +44,20 @@ class Bound(NamedTuple):
         return f"Σ_{{{self.index_text(index_from)}∈{self.over_text(index_from)}}}"
 
 
+def stored_index(var: str, layer: int, index_from: int = 0) -> str | None:
+    """The index stored for ``Σ_{var∈H_l}`` over layer ``layer`` (0-based): ``h`` → ``h1``; a variable
+    that names the layer as the printer writes it (``h1``, ``h1'``; ``h_1`` arrives as ``h1``) keeps
+    its name; ``None`` when it names another layer.
+
+    >>> stored_index("h", 1), stored_index("h2", 1, index_from=1), stored_index("h2", 1)
+    ('h1', 'h1', None)
+    """
+    m = _STORED.fullmatch(var)
+    if m is None or not m[2]:
+        return f"{var}{layer}"
+    return f"{m[1]}{layer}{m[3]}" if int(m[2]) == layer + index_from else None
+
+
 def merge_bound(*groups: Iterable[Bound]) -> tuple[Bound, ...]:
     """The bound indices of several expressions together, each once, outer layers first."""
     seen = {b.index: b for group in groups for b in group}

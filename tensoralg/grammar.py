@@ -15,17 +15,19 @@ TensorSum(A ⊗ W_OV)
 from __future__ import annotations
 
 import itertools
-import re
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import DIMS, Atom, Word, transpose_word, word_shape
+from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.coefficients import NON_FINITE
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
 from tensoralg.expr import Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes
 from tensoralg.lexer import Token, tokenize
+from tensoralg.names import NONLINEAR, NONLINEAR_HINT, split_name
+from tensoralg.parts import _in_slots, _indices, _is_bare_identity, _is_identity, _words
+from tensoralg.bound import stored_index
 from tensoralg.reading import Applied, Bound, reindex
 
 MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
@@ -45,7 +47,7 @@ class Parser:
     """Recursive descent over the token list; one method per grammar rule."""
 
     def __init__(self, text: str, table: dict, shapes: Shapes | None, index_from: int, hint: str,
-                 visible: bool = False):
+                 visible: bool = False, opaque: bool = False):
         self.text = text
         self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
         self.depth = 0
@@ -65,6 +67,11 @@ class Parser:
         self.bound: dict[str, Bound] = {}
         self.rewrites: list[tuple] = []
         self.free: dict[str, int] = {}  # free index -> its first position
+        self.opaque = opaque  # read f(…) of a nonlinear f as an opaque matrix instead of refusing it
+        self.opaque_calls: dict[str, dict[str, str]] = {}
+        declared = {name for name in table if name not in STANDARD_SHAPES}
+        self.names = declared | {t.text for t in self.tokens if t.kind == "NAME" and t.text not in RESERVED
+                                    and t.text not in self.scalars}
 
     # -- helpers --------------------------------------------------------------
     @property
@@ -127,6 +134,9 @@ class Parser:
         if self.tok.kind == "END":
             raise ParseError("empty expression; expected something like 'A^h ⊗ W_OV^h'", self.text, 0)
         value = self.sum()
+        if self.tok.kind == "EQUALS":
+            raise self.error("an equation is not an expression: check it with tensoralg.check(\"LHS = RHS\") "
+                             "or tcircuits check \"LHS = RHS\", or expand each side")
         if self.tok.kind != "END":
             raise self.error(f"unexpected {self.describe(self.tok)} after a complete expression")
         for index, pos in self.free.items():
@@ -216,21 +226,13 @@ class Parser:
             layer = int(sub) - self.index_from
             if layer < 0:
                 raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)
-        index = self.layer_index(var, over, layer, pos) if layer is not None else var
+        index = stored_index(var, layer, self.index_from) if layer is not None else var
+        if index is None:  # Σ_{h2∈H_1}
+            raise self.error(f"Σ_{{{var}∈{over}}}: the index {var} names another layer than {over}; write "
+                             f"Σ_{{{var.rstrip('0123456789')}∈{over}}}", pos)
         while index in self.scope.values():  # a Σ inside another over the same set: rename apart
             index += "'"
         return index, layer
-
-    def layer_index(self, var: str, over: str, layer: int, pos: int) -> str:
-        """The stored index of ``var`` summed over layer ``layer``: ``h`` → ``h1``; a variable that
-        already names the layer, as the printer writes it (``h1``, ``h_1``, ``h1'``), keeps its name."""
-        m = re.fullmatch(r"([A-Za-z]+)(\d*)('*)", var)
-        if m is None or not m[2]:
-            return f"{var}{layer}"
-        if int(m[2]) != layer + self.index_from:
-            raise self.error(f"Σ_{{{var}∈{over}}}: the index {var} names layer {m[2]} but sums over {over}; "
-                             f"write Σ_{{{m[1]}∈{over}}} or Σ_{{{m[1]}{layer + self.index_from}∈{over}}}", pos)
-        return f"{m[1]}{layer}{m[3]}"
 
     def tensor(self):
         start = self.tok.pos
@@ -428,7 +430,7 @@ class Parser:
         return self.scalar(base**exponent, pos)
 
     def postfix(self):
-        pos = self.tok.pos
+        pos, first, after = self.tok.pos, self.tok, self.tokens[min(self.i + 1, len(self.tokens) - 1)]
         value = self.primary()
         while self.tok.kind == "T":
             self.take()
@@ -445,6 +447,9 @@ class Parser:
                         self.rewrites.append(("transpose", w))
                 value = value.T
         if self.tok.kind == "INDEX":
+            if first.kind == "NAME" and after.kind == "T":  # W_Q^T^h
+                raise self.error(f"the index comes before the transpose: write {first.text}^{{{self.tok.text}}}ᵀ "
+                                 f"(or {first.text}^{{{self.tok.text}}}^T)")
             raise self.error("an index '^{...}' must directly follow an atom name")
         return value
 
@@ -494,11 +499,23 @@ class Parser:
             return self.scalar(sp.sqrt(value), token.pos)
         if name in self.scalars:
             return self.scalars[name]
+        if name in NONLINEAR and self.tok.kind == "LPAREN":
+            return self.nonlinear(token)
         index = index_token.text if index_token else ""
         if index in self.scope:
             index = self.scope[index]
         elif index:
             self.free.setdefault(index, index_token.pos)
+        if name in self.table:
+            return self.atom_named(name, index)
+        pieces = split_name(name, self.names) if index_token is None else None
+        if pieces is not None:  # (AC) ⊗ (BD): the atoms A and C of this expression, juxtaposed
+            self.rewrites.append(("juxtaposed", name, pieces))
+            return _Word(sp.S.One, tuple(a for piece in pieces for a in self.atom_named(piece, "").atoms))
+        return self.atom_named(name, index, token)
+
+    def atom_named(self, name: str, index: str, token: Token | None = None) -> "_Word":
+        """The atom ``name^{index}``: declared, the paper's, or (reading generically) a fresh shape."""
         if name in self.table:
             rows, cols, *rest = self.table[name]
             return _Word(sp.S.One, (Atom(name, rows, cols, index, symmetric=bool(rest and rest[0])),))
@@ -511,6 +528,22 @@ class Parser:
             f"unknown atom {name!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
             f"and the scalars {', '.join(sorted(self.scalars))}:\n  {quoted_line(self.text)}\n  {pointer}"
         )
+
+    def nonlinear(self, token: Token):
+        """``softmax(…)``: refused, or with ``opaque`` the opaque matrix ``softmax^{1}`` (one per argument)."""
+        start = self.i
+        self.take()
+        self.enter(token.pos, f"{token.text}(")
+        self.sum()
+        self.nesting -= 1
+        self.expect("RPAREN", f"')' to close {token.text}(")
+        if not self.opaque:
+            raise self.error(f"{token.text}(…) {NONLINEAR_HINT}", token.pos)
+        argument = self.text[self.tokens[start].end : self.tokens[self.i - 1].pos].strip()
+        calls = self.opaque_calls.setdefault(token.text, {})
+        index = calls.setdefault(argument, str(len(calls) + 1))
+        self.rewrites.append(("opaque", f"{token.text}({argument})", f"{token.text}^{{{index}}}"))
+        return self.atom_named(token.text, index, token)
 
     # -- checks ---------------------------------------------------------------
     def as_expr(self, value, pos: int) -> Expr:
@@ -541,41 +574,18 @@ class Parser:
                 )
 
 
-def _in_slots(factor: TensorSum, offset: int, n_slots: int) -> TensorSum:
-    """``factor`` placed at slots ``offset…`` of ``n_slots``, with ``Id`` in the others."""
-    before, after = ((),) * offset, ((),) * (n_slots - offset - factor.n_slots)
-    return TensorSum({before + t.words + after: t.coeff for t in factor}, n_slots)
 
 
-def _indices(expr) -> set[str]:
-    """The indices an expression's terms carry, read off its factors without expanding it."""
-    if isinstance(expr, Product):
-        return set().union(*(_indices(f) for f in expr.factors))
-    if isinstance(expr, Add):
-        return set().union(*(_indices(p) for p in expr.parts))
-    return {a.index for t in expr for w in t.words for a in w}
 
 
-def _words(expr) -> Iterable[Word]:
-    """The words written in an expression (each factor's and part's), without expanding it."""
-    if isinstance(expr, Product):
-        return [w for f in expr.factors for w in _words(f)]
-    if isinstance(expr, Add):
-        return [w for p in expr.parts for w in _words(p)]
-    return [w for t in expr for w in t.words]
 
 
 def _is_scalar(value) -> bool:
     return isinstance(value, sp.Basic)
 
 
-def _is_bare_identity(factor: TensorSum) -> bool:
-    """``Id`` itself (one term, coefficient 1): a factor that multiplies by nothing."""
-    return len(factor) == 1 and factor.terms[0].is_identity and factor.terms[0].coeff == 1
 
 
-def _is_identity(expr: Expr) -> bool:
-    return isinstance(expr, TensorSum) and len(expr) > 0 and all(t.is_identity for t in expr)
 
 
 def _negate(value):

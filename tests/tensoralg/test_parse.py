@@ -44,7 +44,7 @@ W_E, W_U = atom("W_E"), atom("W_U")
         ("W_OV^{h1}^T", term(W1.T)),
         ("W_OV^{h1}ᵀ", term(W1.T)),
         ("W_OV^Tᵀ", term(atom("W_OV"))),
-        ("A^{T}", term(atom("A", "T"))),
+        ("A^{T}", term(atom("A").T)),  # ^{T} transposes, as ^T (it read as a head named T)
         ("(A^{h2} A^{h1})^T ⊗ (W_U W_OV^{h1})ᵀ", term((A1.T, A2.T), (W1.T, W_U.T))),
         ("N^{1}ᵀ", term(atom("N", "1"))),
         ("A^{L0H3} − A^{L0H3}", TensorSum([], n_slots=1)),
