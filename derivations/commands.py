@@ -21,6 +21,7 @@ from derivations import catalogue
 from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
 from derivations.errors import DerivationError, LatexError, OutputError
+from derivations.checking import identity_document
 from derivations.expansion import CLI_HINT, expansion
 from derivations.html import html_document
 
@@ -179,8 +180,16 @@ def atom_arg(text: str) -> tuple[str, tuple[str, str]]:
 def expand(args) -> int:
     atoms = dict(args.atom or ())
     derivation = expansion(args.expression, args.max_order, atoms, index_from=args.index_from,
-                           fold=args.fold or (), strict=args.strict, hint=CLI_HINT)
+                           fold=args.fold or (), strict=args.strict, hint=CLI_HINT, opaque=args.opaque)
     return emit(derivation, args)
+
+
+def check_identity(args) -> int:
+    """``tcircuits check``: exit 0 when the identity holds, 1 when it does not (2: bad input)."""
+    derivation, result = identity_document(args.identity, dict(args.atom or ()), index_from=args.index_from,
+                                           opaque=args.opaque, seed=args.seed)
+    emit(derivation, args)
+    return 0 if result.holds else 1
 
 
 # -- the parsers ------------------------------------------------------------------------
@@ -240,10 +249,33 @@ examples:
 """
 
 
+CHECK_HELP = """\
+Check an identity LHS = RHS typed as the slides (or the paper's LaTeX) write it. Both sides are
+expanded by the rules of the algebra (distributivity, the mixed-product rule, collecting like
+terms; W_OV := W_O W_V and W_QK := W_Qᵀ W_K unfolded to compare) and compared term by term;
+the verdict is confirmed numerically on random bindings. Exit status 0 when it holds, 1 when it
+does not (the terms of LHS - RHS and a small integer counterexample are shown), 2 for bad input.
+The language is expand's (tcircuits expand --help); a side may be 0.
+"""
+
+CHECK_EPILOG = """\
+examples:
+  tcircuits check "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)"
+  tcircuits check "W_QK^h = W_Q^{hT} W_K^h"
+  tcircuits check "(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0) = Id + A^1 ⊗ W_OV^1 + A^0 ⊗ W_OV^0"
+  tcircuits check "(X Y)^T = Y^T X^T" --format markdown
+"""
+
+
 def add_index_from(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index-from", type=int, choices=(0, 1), default=0, metavar="{0,1}",
                         help="number layers from 0 (default, as TransformerLens: L0H3, H_0 = first layer) "
                              "or from 1 (the paper's: H_1 = first layer)")
+
+
+def add_opaque(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--opaque", action="store_true",
+                        help="read softmax(…), exp(…), LN(…) as opaque matrices (softmax^{1}) instead of refusing them")
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -257,7 +289,7 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
-    """Add ``derive`` and ``expand`` to the ``tcircuits`` parser."""
+    """Add ``derive``, ``expand`` and ``check`` to the ``tcircuits`` parser."""
     p = subparsers.add_parser("derive", help="print a derivation of the paper's equations",
                               description=DERIVE_HELP, epilog=DERIVE_EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,11 +324,24 @@ def register(subparsers) -> None:
     e.add_argument("--strict", action="store_true",
                    help="refuse names that are neither the paper's atoms nor declared with --atom "
                         "(catches typos such as W_0V) instead of giving them fresh shapes")
+    add_opaque(e)
     e.add_argument("--fold", action="append", choices=tuple(STANDARD_DEFINITIONS), metavar="NAME",
                    help="fold a definition at the end: W_OV (W_O W_V → W_OV) or W_QK (W_Qᵀ W_K → W_QK); repeatable")
     add_index_from(e)
     add_output_options(e)
     e.set_defaults(func=expand)
+
+    c = subparsers.add_parser("check", help="check an identity LHS = RHS (exit 0 when it holds, 1 when not)",
+                              description=CHECK_HELP, epilog=CHECK_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("identity", metavar="IDENTITY", help='the identity, quoted: "LHS = RHS"')
+    c.add_argument("--atom", type=atom_arg, action="append", metavar="NAME=ROWS,COLS",
+                   help="declare an atom beyond the paper's, e.g. V=d_model,k (repeatable)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random bindings (default 0)")
+    add_opaque(c)
+    add_index_from(c)
+    add_output_options(c)
+    c.set_defaults(func=check_identity)
 
 
 __all__ = ["FORMATS", "LatexError", "OutputError", "compile_latex", "expansion", "pdflatex", "register"]

@@ -113,6 +113,9 @@ class Expr:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({text_repr(self, None)})"
 
+    def __str__(self) -> str:
+        return text_repr(self, None)
+
     def with_bound(self, bound) -> "Expr":
         """This expression with the indices ``bound`` summed by ``Σ`` (its own kept too)."""
         return _keep_bound(self.scale(1), self, bound)
@@ -252,8 +255,6 @@ class TensorSum(Expr):
     def __repr__(self) -> str:
         return f"TensorSum({text_repr(self, None)})" if self._terms else f"TensorSum(0, n_slots={self.n_slots})"
 
-    def __str__(self) -> str:
-        return text_repr(self, None)
 
 
 def term(*slots: Slot, coeff=1) -> TensorSum:

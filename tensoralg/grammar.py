@@ -47,7 +47,7 @@ class Parser:
     """Recursive descent over the token list; one method per grammar rule."""
 
     def __init__(self, text: str, table: dict, shapes: Shapes | None, index_from: int, hint: str,
-                 visible: bool = False, opaque: bool = False):
+                 visible: bool = False, opaque: bool = False, names: frozenset = frozenset()):
         self.text = text
         self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
         self.depth = 0
@@ -70,7 +70,7 @@ class Parser:
         self.opaque = opaque  # read f(…) of a nonlinear f as an opaque matrix instead of refusing it
         self.opaque_calls: dict[str, dict[str, str]] = {}
         declared = {name for name in table if name not in STANDARD_SHAPES}
-        self.names = declared | {t.text for t in self.tokens if t.kind == "NAME" and t.text not in RESERVED
+        self.names = declared | names | {t.text for t in self.tokens if t.kind == "NAME" and t.text not in RESERVED
                                     and t.text not in self.scalars}
 
     # -- helpers --------------------------------------------------------------
@@ -133,10 +133,11 @@ class Parser:
     def parse(self):
         if self.tok.kind == "END":
             raise ParseError("empty expression; expected something like 'A^h ⊗ W_OV^h'", self.text, 0)
-        value = self.sum()
-        if self.tok.kind == "EQUALS":
+        equals = next((t for t in self.tokens if t.kind == "EQUALS"), None)
+        if equals is not None:
             raise self.error("an equation is not an expression: check it with tensoralg.check(\"LHS = RHS\") "
-                             "or tcircuits check \"LHS = RHS\", or expand each side")
+                             "or tcircuits check \"LHS = RHS\", or expand each side", equals.pos)
+        value = self.sum()
         if self.tok.kind != "END":
             raise self.error(f"unexpected {self.describe(self.tok)} after a complete expression")
         for index, pos in self.free.items():

@@ -86,12 +86,14 @@ API_HINT = "declare others with atoms="
 
 
 def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
-         generic: bool = True, hint: str = API_HINT, visible: bool = True, opaque: bool = False) -> Reading:
+         generic: bool = True, hint: str = API_HINT, visible: bool = True, opaque: bool = False,
+         names: Iterable[str] = ()) -> Reading:
     """Read ``text`` with everything :func:`parse` knows, and more: the indices bound by
     its sums, the rewrites made while reading, an operator applied to an activation (kept
     apart, so a derivation can show the step), and the shapes inferred for undeclared names.
     With ``visible`` (the default), like terms typed at the top level stay a lazy sum, to
-    be collected as a step.
+    be collected as a step. ``names`` are more names of atoms of the expression (the other side
+    of an identity), for reading ``AC`` as ``A C``; ``opaque`` reads ``softmax(…)`` as a matrix.
 
     ``index_from`` says how ``H_l`` counts layers: 0 (the default, as TransformerLens:
     ``H_1`` is the second layer) or 1 (the paper's: ``H_1`` is the first). Indices are
@@ -110,7 +112,7 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
     table = {**STANDARD_SHAPES, **declared_table(atoms)}
     shapes = Shapes() if generic else None
     while True:
-        parser = Parser(text, table, shapes, index_from, hint, visible, opaque)
+        parser = Parser(text, table, shapes, index_from, hint, visible, opaque, frozenset(names))
         try:
             value = parser.parse()
             break
