@@ -25,6 +25,7 @@ import sympy as sp
 
 from tensoralg.definitions import STANDARD_DEFINITIONS, fold, unfold
 from tensoralg.errors import BindingError, ParseError, TensorAlgError
+from tensoralg.display import html_repr, html_text
 from tensoralg.expr import Expr, TensorSum
 from tensoralg.lexer import tokenize
 from tensoralg.numeric import to_numpy
@@ -86,6 +87,13 @@ class CheckResult:
             if self.numeric_error < 1e-9 else ""
         return (f"The identity does not hold: LHS - RHS has {len(self.difference)} "
                 f"term{'s' if len(self.difference) != 1 else ''}{agree}.")
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the verdict, and when it fails the terms of LHS - RHS (MathML)."""
+        html = f"<p>{html_text(self.summary())}</p>"
+        if not self.holds:
+            html += "<p>LHS - RHS =</p>" + html_repr(self.difference)
+        return html + "".join(f"<p>note: {html_text(n)}</p>" for n in self.notes)
 
     def __str__(self) -> str:
         lines = [self.summary(), f"LHS = {self.lhs_text}"]

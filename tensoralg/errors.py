@@ -85,3 +85,7 @@ class UnsafeLatex(TensorAlgError, ValueError):
 class ReadingNote(TensorAlgError, UserWarning):
     """A warning, not an error: how a text was read where it could mean something else
     (``AC`` read as the product ``A C``, ``softmax(…)`` as an opaque matrix)."""
+
+
+class MathMLError(TensorAlgError, ValueError):
+    """LaTeX that latex2mathml cannot convert to MathML."""

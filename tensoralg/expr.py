@@ -26,7 +26,7 @@ import sympy as sp
 from tensoralg.atoms import Atom, Word, transpose_word, word_shape
 from tensoralg.bound import Bound, merge_bound
 from tensoralg.coefficients import ONE, ZERO, as_coeff, canonical_coeff, mul, nonzero_terms
-from tensoralg.display import latex_repr, text_repr
+from tensoralg.display import html_repr, latex_repr, text_repr
 from tensoralg.errors import EmptySum, SlotMismatch, TensorAlgError
 from tensoralg.latex import to_latex
 from tensoralg.order import check_order
@@ -104,6 +104,9 @@ class Expr:
     # -- notebooks (IPython): the printer's maths, a long sum's middle elided with its count --
     def _repr_latex_(self) -> str:
         return latex_repr(self)
+
+    def _repr_html_(self) -> str:
+        return html_repr(self)
 
     def _repr_pretty_(self, p, cycle: bool) -> None:
         """IPython's plain text: elided like the LaTeX (IPython looks for this method before a
