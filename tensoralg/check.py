@@ -24,7 +24,7 @@ import numpy as np
 import sympy as sp
 
 from tensoralg.definitions import STANDARD_DEFINITIONS, fold, unfold
-from tensoralg.errors import BindingError, ParseError, TensorAlgError
+from tensoralg.errors import BindingError, ParseError, ShapeMismatch, TensorAlgError
 from tensoralg.display import html_repr, html_text
 from tensoralg.expr import Expr, TensorSum
 from tensoralg.lexer import tokenize
@@ -152,7 +152,11 @@ def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, li
         raise TensorAlgError(f"the sides have different numbers of tensor slots: "
                              f"{' against '.join(str(e.n_slots) for e in alone)}")
     if typed:
-        both = read(" - ".join(f"({s})" for s in typed), declared or None, index_from=index_from, opaque=opaque)
+        try:
+            both = read(" - ".join(f"({s})" for s in typed), declared or None, index_from=index_from, opaque=opaque)
+        except ShapeMismatch as err:
+            raise ShapeMismatch(f"the sides have different shapes, so they cannot be equal: "
+                                f"{str(err).splitlines()[0].split(' at position')[0]}", dims=err.dims) from None
         declared.update(both.shapes)
         found += notes(both)
         names = frozenset(t.text for t in tokenize(" ".join(typed)) if t.kind == "NAME")
