@@ -232,6 +232,14 @@ The language (a product binds tighter than ⊗, which binds tighter than +):
   sums         Σ_{h∈H_1} A^h ⊗ W_OV^h  (ASCII: sum_{h in H_1} A^h (x) W_OV^h): a sum over
                the heads of a layer, kept symbolic; each term is summed over its own index
   activations  (A ⊗ W) x = A x Wᵀ: an operator applied to x, one token per row
+  the paper's  \\otimes \\cdot ^\\top ^{T} \\mathrm{Id} \\left( \\right) W_{OV} \\sum_{h \\in H_1} read as
+  LaTeX        above; W_Q^{hT} (or ^{h\\top}) is W_Q^{h}ᵀ; h_2 is h2; other commands are refused
+               with what to type
+  products     AC, where A and C are atoms of the expression and AC is not declared, is the
+               product A C (a note says so); a number after a matrix (A 1) is refused
+  functions    softmax(…), exp(…), LN(…) are not linear: refused ("write the pattern as A^h"),
+               or read as opaque matrices softmax^{1} with --opaque
+  identities   LHS = RHS is for tcircuits check
 
 Layer numbers: with --index-from 0 (the default, as TransformerLens) H_0 is the first
 layer and H_1 the second; with --index-from 1 (the paper's numbering) H_1 is the first
@@ -244,7 +252,7 @@ examples:
   tcircuits expand "(Id ⊗ W_U)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)"
   tcircuits expand "(Id ⊗ W_U)(Id + Σ_{h∈H_2} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)" --index-from 1
   tcircuits expand "(A^h ⊗ W_O^h W_V^h)·x" --fold W_OV
-  tcircuits expand "(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0)" --max-order 1
+  tcircuits expand "(Id + A^{h1} ⊗ W_OV^{h1})(Id + A^{h0} ⊗ W_OV^{h0})" --max-order 1
   tcircuits expand "V Vᵀ ⊗ A" --atom V=d_model,k
 """
 
@@ -262,7 +270,7 @@ CHECK_EPILOG = """\
 examples:
   tcircuits check "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)"
   tcircuits check "W_QK^h = W_Q^{hT} W_K^h"
-  tcircuits check "(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0) = Id + A^1 ⊗ W_OV^1 + A^0 ⊗ W_OV^0"
+  tcircuits check "(Id + A^{h1} ⊗ W_OV^{h1})(Id + A^{h0} ⊗ W_OV^{h0}) = Id + A^{h1} ⊗ W_OV^{h1} + A^{h0} ⊗ W_OV^{h0}"
   tcircuits check "(X Y)^T = Y^T X^T" --format markdown
 """
 
