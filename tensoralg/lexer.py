@@ -85,10 +85,10 @@ def tokenize(text: str) -> list[Token]:
 
 
 SUBSCRIPTED_INDEX = re.compile(r"\^(?:\{([A-Za-z]+)_\{?(\d+)\}?\}|([A-Za-z]+)_(\d+))")
-COMMAND = re.compile(r"\\([A-Za-z]+|.)")
+COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.DOTALL)
 INDEX_THEN_T = re.compile(r"(.*[^\s\\])\s*(T|\\top|ᵀ)")
 LATEX_TOKENS = {"otimes": ("OTIMES", "⊗"), "cdot": ("TIMES", "·"), "top": ("T", "ᵀ"), "intercal": ("T", "ᵀ")}
-SPACING = frozenset(", ; ! : quad qquad left right bigl bigr Bigl Bigr big Big biggl biggr".split())
+SPACING = frozenset([" "] + ", ; ! : quad qquad left right bigl bigr Bigl Bigr big Big biggl biggr".split())
 TEXT_COMMANDS = re.compile(r"\\(?:mathrm|operatorname|text|mathit)\{([A-Za-z][A-Za-z0-9_]*)\}")
 LATEX_HINTS = {
     "frac": "write a/b, as in 1/sqrt(d_head)", "sqrt": "write sqrt(d_head)", "times": "write ⊗ (or (x)) for "
@@ -103,6 +103,8 @@ def latex_command(text: str, i: int) -> Token | None:
     if m := TEXT_COMMANDS.match(text, i):  # \mathrm{Id}, \operatorname{softmax}
         return Token("NAME", m[1], i, m.end())
     m = COMMAND.match(text, i)
+    if m is None:  # a backslash ending the text (or before a line break)
+        raise ParseError("a lone '\\' ends the text: a LaTeX command is a backslash and a name, as in \\otimes", text, i)
     name = m[1]
     if name in LATEX_TOKENS:
         kind, shown = LATEX_TOKENS[name]

@@ -123,3 +123,9 @@ def test_every_line_of_every_catalogue_entry_reads_back():
         assert_same_operator(expr, text)
         n += 1
     assert n >= 80
+
+
+def test_latex_spacing_and_a_lone_backslash():
+    assert parse(r"A \ B") == parse(r"A\,B") == parse("A B")
+    with pytest.raises(ParseError, match="a lone"):
+        parse("A \\")
