@@ -13,7 +13,7 @@ counterexample.
 
 from __future__ import annotations
 
-from tensoralg.check import CheckResult, check
+from tensoralg.check import IdentityCheck, check
 from tensoralg.definitions import STANDARD_DEFINITIONS
 
 from derivations import catalogue
@@ -26,8 +26,8 @@ LHS, RHS, DIFFERENCE = Math(r"\mathrm{LHS}", "LHS"), Math(r"\mathrm{RHS}", "RHS"
 
 
 def identity_document(text: str, atoms: dict | None = None, *, index_from: int = 0, opaque: bool = False,
-                      seed: int = 0) -> tuple[Derivation, CheckResult]:
-    """The check of ``text`` (``"LHS = RHS"``) as a derivation, with the :class:`CheckResult`."""
+                      seed: int = 0) -> tuple[Derivation, IdentityCheck]:
+    """The check of ``text`` (``"LHS = RHS"``) as a derivation, with the :class:`IdentityCheck`."""
     result = check(text, atoms=atoms or None, index_from=index_from, opaque=opaque, seed=seed)
     chains = [_side(LHS, result.lhs, result.lhs_text), _side(RHS, result.rhs, result.rhs_text)]
     if result.holds and chains[0].last != chains[1].last:  # W_OV on one side, W_O W_V on the other: unfold

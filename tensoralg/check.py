@@ -52,7 +52,7 @@ class Counterexample:
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class IdentityCheck:
     """The verdict on ``LHS = RHS``: ``holds`` (by canonical expansion), each side as read, its
     expansion steps (``[(rule, expression), …]``) and canonical sum, ``difference`` (``LHS - RHS``,
     definitions unfolded), the largest numeric difference on random bindings relative to the sides'
@@ -122,7 +122,7 @@ def split_equation(text: str) -> tuple[str, str]:
 
 
 def check(lhs, rhs=None, atoms: Mapping | None = None, *, index_from: int = 0, seed: int = 0,
-          opaque: bool = False) -> CheckResult:
+          opaque: bool = False) -> IdentityCheck:
     """Decide ``lhs = rhs`` (strings in the text language, or expressions); ``check("L = R")``
     takes both sides in one string. See the module docstring for how."""
     if rhs is None:
@@ -132,7 +132,7 @@ def check(lhs, rhs=None, atoms: Mapping | None = None, *, index_from: int = 0, s
     difference = _folded(_minus(canonical[0], canonical[1]))
     error = numeric_difference(canonical, seed)
     counter = None if difference.is_zero else counterexample(canonical, seed)
-    return CheckResult(texts[0], texts[1], sides[0], sides[1], tuple(expand_steps(sides[0])),
+    return IdentityCheck(texts[0], texts[1], sides[0], sides[1], tuple(expand_steps(sides[0])),
                        tuple(expand_steps(sides[1])), difference, error, counter, found)
 
 
@@ -255,4 +255,4 @@ def _matrix(value: np.ndarray) -> str:
         .replace(". ", " ")
 
 
-__all__ = ["CheckResult", "Counterexample", "check", "split_equation"]
+__all__ = ["IdentityCheck", "Counterexample", "check", "split_equation"]

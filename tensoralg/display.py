@@ -17,6 +17,7 @@ token strings) only through :func:`tensoralg.escape.escape_text`.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from tensoralg.errors import TensorAlgError
@@ -42,7 +43,13 @@ def latex_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
 def text_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
     """The plain-text twin of :func:`latex_repr` (same terms, same elision)."""
     _check_max_terms(max_terms)
-    return TensorLatexPrinter(max_terms=max_terms).text(expr)
+    return _printer(max_terms).text(expr)
+
+
+@lru_cache(maxsize=8)
+def _printer(max_terms: int | None) -> TensorLatexPrinter:
+    """One printer per option (its atom and coefficient caches kept): ``str`` of a term is cheap."""
+    return TensorLatexPrinter(max_terms=max_terms)
 
 
 def html_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:

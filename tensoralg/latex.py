@@ -90,6 +90,8 @@ class TensorLatexPrinter:
         self._scalar = LatexPrinter()
         self._atoms: dict = {}
         self._coeffs: dict = {}
+        self._atom_texts: dict = {}
+        self._coeff_texts: dict = {}
 
     def doprint(self, expr) -> str:
         if isinstance(expr, sp.Basic):  # SymPy's Add, Product and Atom share our class names
@@ -264,14 +266,24 @@ class TensorLatexPrinter:
     # -- text, by the same rules ------------------------------------------------------
     def atom_text(self, a) -> str:
         """``W_OV^{h0}ᵀ`` (the binding label), the layer shifted by ``index_from``."""
-        index = self.index_text(a.index)
-        return a.name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
+        text = self._atom_texts.get(a.key)
+        if text is None:
+            index = self.index_text(a.index)
+            text = self._atom_texts[a.key] = a.name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
+        return text
 
     def word_text(self, word) -> str:
         return " ".join([self.atom_text(a) for a in word]) if word else "Id"
 
     def coefficient_text(self, coeff) -> tuple[bool, str]:
         """``(negative, text)``: the sign pulled out, the magnitude followed by ``·``."""
+        cached = self._coeff_texts.get(coeff)
+        if cached is None:
+            cached = self._coeff_texts[coeff] = self._coefficient_text(coeff)
+        return cached
+
+    @staticmethod
+    def _coefficient_text(coeff) -> tuple[bool, str]:
         coeff = sp.sympify(coeff)
         negative = bool(coeff.could_extract_minus_sign())
         magnitude = -coeff if negative else coeff
@@ -285,8 +297,27 @@ class TensorLatexPrinter:
         if hasattr(expr, "factors"):
             x = self.summand(expr, expr.bound)
             return ("-" if x.negative else "") + x.text
+        if not hasattr(expr, "parts"):  # a canonical sum: its terms' text alone, no LaTeX made
+            return join_text(self.terms_text(expr)) if len(expr) else "0"
         parts = self.summands(expr)
         return join_text([(x.negative, x.sum_text + x.text) for x in parts]) if parts else "0"
+
+    def terms_text(self, s) -> list[tuple[bool, str]]:
+        """The signed text of each term of a canonical sum (the middle elided as :meth:`summands` does)."""
+        items: list = list(s)
+        n, limit = len(items), self.max_terms
+        if limit is not None and n > limit:
+            head, tail = (limit + 1) // 2, limit // 2
+            items = items[:head] + [n - head - tail] + (items[n - tail:] if tail else [])
+        out = []
+        for t in items:
+            if isinstance(t, int):
+                out.append((False, self.gap(t).text))
+                continue
+            negative, coeff = self.coefficient_text(t.coeff)
+            prefix = self.sum_prefix(s.bound, t.words)[1] if s.bound else ""
+            out.append((negative, prefix + coeff + " ⊗ ".join([self.word_text(w) for w in t.words])))
+        return out
 
     # -- lazy expressions ---------------------------------------------------------
     def _print_Product(self, p) -> str:
