@@ -58,6 +58,29 @@ def stored_index(var: str, layer: int, index_from: int = 0) -> str | None:
     return f"{m[1]}{layer}{m[3]}" if int(m[2]) == layer + index_from else None
 
 
+_HEAD_LABEL = re.compile(r"L(\d+)H(\d+)")
+_LAYER_INDEX = re.compile(r"([A-Za-z])(\d+)('*)")
+
+
+def stored_free_index(index: str, index_from: int = 0) -> str | None:
+    """A free index as stored, its layer counted from 0: with ``index_from=1`` the head label
+    ``L1H3`` is ``L0H3`` and ``h2`` is ``h1`` (the printer writes them shifted back); other indices
+    (``h``, ``1``, ``q``) as they are; ``None`` for a layer 0 that numbering from 1 has not.
+
+    >>> stored_free_index("L1H3", 1), stored_free_index("h2", 1), stored_free_index("1", 1), stored_free_index("h0", 1)
+    ('L0H3', 'h1', '1', None)
+    """
+    if not index_from:
+        return index
+    if m := _HEAD_LABEL.fullmatch(index):
+        layer = int(m[1]) - index_from
+        return f"L{layer}H{m[2]}" if layer >= 0 else None
+    if m := _LAYER_INDEX.fullmatch(index):
+        layer = int(m[2]) - index_from
+        return f"{m[1]}{layer}{m[3]}" if layer >= 0 else None
+    return index
+
+
 def merge_bound(*groups: Iterable[Bound]) -> tuple[Bound, ...]:
     """The bound indices of several expressions together, each once, outer layers first."""
     seen = {b.index: b for group in groups for b in group}

@@ -27,7 +27,7 @@ from tensoralg.inference import RESERVED, Shapes
 from tensoralg.lexer import Token, tokenize
 from tensoralg.names import NONLINEAR, NONLINEAR_HINT, split_name
 from tensoralg.parts import _in_slots, _indices, _is_bare_identity, _is_identity, _words
-from tensoralg.bound import stored_index
+from tensoralg.bound import stored_free_index, stored_index
 from tensoralg.reading import Applied, Bound, reindex
 
 MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
@@ -506,6 +506,9 @@ class Parser:
         if index in self.scope:
             index = self.scope[index]
         elif index:
+            index = stored_free_index(index, self.index_from)  # L1H3 from 1 is L0H3, as the printer numbers
+            if index is None:
+                raise self.error(f"{index_token.text} names layer 0, but layers are numbered from 1 here", index_token.pos)
             self.free.setdefault(index, index_token.pos)
         if name in self.table:
             return self.atom_named(name, index)
