@@ -243,7 +243,8 @@ The language (a product binds tighter than ⊗, which binds tighter than +):
 
 Layer numbers: with --index-from 0 (the default, as TransformerLens) H_0 is the first
 layer and H_1 the second; with --index-from 1 (the paper's numbering) H_1 is the first
-layer, in the input and in the output alike.
+layer, in the input and in the output alike (head labels too: L1H0 is the first layer's
+head 0, and A^{h1} a head of the first layer), so what is printed can be typed back.
 """
 
 EXPAND_EPILOG = """\

@@ -97,7 +97,8 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
 
     ``index_from`` says how ``H_l`` counts layers: 0 (the default, as TransformerLens:
     ``H_1`` is the second layer) or 1 (the paper's: ``H_1`` is the first). Indices are
-    stored 0-based: ``Σ_{h∈H_1}`` binds ``h1`` with ``index_from=0`` and ``h0`` with 1.
+    stored 0-based: ``Σ_{h∈H_1}`` binds ``h1`` with ``index_from=0`` and ``h0`` with 1; so are free
+    layer indices, as the printer writes them: ``L1H3`` and ``A^{h2}`` read from 1 are ``L0H3``, ``h1``.
 
     >>> r = read("(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)")
     >>> [b.index for b in r.bound]
