@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from tensoralg.errors import ReadingNote  # noqa: F401 (the warning the notes are given with)
 
+MAX_SPLIT = 64  # characters of a name that may be read as atoms run together
 NONLINEAR = frozenset(
     "softmax softmax_ exp log ln LN LayerNorm layernorm layer_norm RMSNorm rmsnorm ReLU relu GELU gelu sigmoid tanh "
     "max min argmax sin cos".split()
@@ -28,7 +29,10 @@ NONLINEAR_HINT = ("is not linear, so it is no operator of the algebra: write the
 
 
 def split_name(name: str, known) -> tuple[str, ...] | None:
-    """``name`` as two or more names of ``known`` run together (the fewest pieces), or ``None``."""
+    """``name`` as two or more names of ``known`` run together (the fewest pieces), or ``None``;
+    names longer than :data:`MAX_SPLIT` are not split (the search recurses once per character)."""
+    if len(name) > MAX_SPLIT:
+        return None
     known = frozenset(k for k in known if k != name)
 
     @lru_cache(maxsize=None)

@@ -145,3 +145,10 @@ def test_latex_spacing_and_a_lone_backslash():
     assert parse(r"A \ B") == parse(r"A\,B") == parse("A B")
     with pytest.raises(ParseError, match="a lone"):
         parse("A \\")
+
+
+def test_a_long_run_of_atoms_is_refused_or_read_never_a_recursion_error():
+    e = parse("A " + "A" * 40)  # 40 A's run together: forty A's, said with a note
+    assert len(e.expand().terms[0].words[0]) == 41
+    long = parse("A " + "A" * 5000)  # too long to split: one new matrix with a fresh shape
+    assert len(long.expand().terms[0].words[0]) == 2
