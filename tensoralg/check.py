@@ -23,6 +23,7 @@ from typing import Mapping
 import numpy as np
 import sympy as sp
 
+from tensoralg.bound import Bound
 from tensoralg.definitions import STANDARD_DEFINITIONS, fold, unfold
 from tensoralg.errors import BindingError, ParseError, ShapeMismatch, TensorAlgError
 from tensoralg.display import html_repr, html_text
@@ -183,13 +184,41 @@ def _unfolded(expr: Expr) -> TensorSum:
     s = expr.expand()
     for d in STANDARD_DEFINITIONS.values():
         s = unfold(s, d)
-    return s
+    return _renamed_dummies(s, expr.bound)
+
+
+def _renamed_dummies(s: TensorSum, bound) -> TensorSum:
+    """``s`` with the indices its sums bind renamed, term by term, in the order they appear: a sum
+    over a layer's heads binds ``h1``, ``h1'``, …, whatever letter was typed (``Σ_{k∈H_1} A^k`` is
+    ``Σ_{h∈H_1} A^h``); a sum over another set binds its set's name."""
+    sets = {b.index: (f"h{b.layer}" if b.layer is not None else b.over) for b in bound}
+    if not sets:
+        return s
+    terms, used = {}, {}
+    for t in s:
+        order = list(dict.fromkeys(a.index for w in t.words for a in w if a.index in sets))
+        mapping, seen = {}, {}
+        for index in order:
+            base = sets[index]
+            mapping[index] = base + "'" * seen.get(base, 0)
+            seen[base] = seen.get(base, 0) + 1
+            used[mapping[index]] = base
+        words = tuple(tuple(a.with_index(mapping.get(a.index, a.index)) for a in w) for w in t.words)
+        terms[words] = terms.get(words, 0) + t.coeff
+    layers = {b.over_text(): b for b in bound}
+    new = tuple(Bound(i, i, layers[base].over if base in layers else base, _layer(base)) for i, base in used.items())
+    return TensorSum(terms, n_slots=s.n_slots).with_bound(new)
+
+
+def _layer(base: str) -> int | None:
+    return int(base[1:]) if base.startswith("h") and base[1:].isdigit() else None
 
 
 def _folded(expr: TensorSum) -> TensorSum:
+    folded = expr
     for d in STANDARD_DEFINITIONS.values():
-        expr = fold(expr, d)
-    return expr
+        folded = fold(folded, d)
+    return folded.with_bound(expr.bound)
 
 
 def _minus(a: TensorSum, b: TensorSum) -> TensorSum:

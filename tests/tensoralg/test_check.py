@@ -21,6 +21,8 @@ from tests.strategies import PROPERTY, any_expression, seeds
     "(A ⊗ W_O W_V) x = A x W_V^T W_O^T",                     # an operator applied to an activation
     "A - A = 0",
     "2·(A ⊗ B) = A ⊗ B + A ⊗ B",
+    "Σ_{h∈H_1} A^h ⊗ W_OV^h = Σ_{k∈H_1} A^k ⊗ W_OV^k",  # a summed index is a dummy
+    "Σ_{h∈H_1} Σ_{g∈H_1} A^h A^g ⊗ W_OV^h W_OV^g = Σ_{k∈H_1} Σ_{j∈H_1} A^j A^k ⊗ W_OV^j W_OV^k",
 ])
 def test_true_identities_hold_symbolically_and_numerically(identity):
     r = check(identity)
@@ -35,6 +37,8 @@ def test_true_identities_hold_symbolically_and_numerically(identity):
     ("(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0) = Id + A^1 ⊗ W_OV^1 + A^0 ⊗ W_OV^0",
      "A^{1} A^{0} ⊗ W_OV^{1} W_OV^{0}"),
     ("(A ⊗ B)(C ⊗ D) = (CA) ⊗ (BD)", "A C ⊗ B D - C A ⊗ B D"),
+    ("Σ_{h∈H_1} A^h ⊗ W_OV^h = Σ_{k∈H_2} A^k ⊗ W_OV^k",
+     "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1} - Σ_{h2∈H_2} A^{h2} ⊗ W_OV^{h2}"),
 ])
 def test_false_identities_show_the_terms_that_differ_and_a_counterexample(identity, difference):
     r = check(identity)
