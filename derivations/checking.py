@@ -17,12 +17,15 @@ from tensoralg.check import IdentityCheck, check
 from tensoralg.definitions import STANDARD_DEFINITIONS
 
 from derivations import catalogue
-from derivations.derivation import Chain, Derivation
+from derivations.derivation import Chain, Derivation, Rule
 from derivations.document import Math
 from derivations.expansion import sum_indices
 
 LHS, RHS, DIFFERENCE = Math(r"\mathrm{LHS}", "LHS"), Math(r"\mathrm{RHS}", "RHS"), \
     Math(r"\mathrm{LHS} - \mathrm{RHS}", "LHS - RHS")
+
+
+SUBTRACTED = Rule("difference", "the right side subtracted from the left, like terms collected")
 
 
 def identity_document(text: str, atoms: dict | None = None, *, index_from: int = 0, opaque: bool = False,
@@ -36,7 +39,7 @@ def identity_document(text: str, atoms: dict | None = None, *, index_from: int =
                       for c in chains]
     notes = [catalogue.NOTATION] + [f"How the text was read: {n}." for n in result.notes]
     if not result.holds:
-        chains.append(Chain.start(DIFFERENCE, result.difference, "collect", sums=sum_indices(result.difference.bound),
+        chains.append(Chain.start(DIFFERENCE, result.difference, SUBTRACTED, sums=sum_indices(result.difference.bound),
                                   intro=("The terms that differ (definitions W_OV and W_QK unfolded to compare, "
                                          "folded again to show):",)))
         if result.counterexample is not None:
