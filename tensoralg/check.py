@@ -94,6 +94,9 @@ class IdentityCheck:
         html = f"<p>{html_text(self.summary())}</p>"
         if not self.holds:
             html += "<p>LHS - RHS =</p>" + html_repr(self.difference)
+        if self.counterexample is not None:
+            html += (f"<p>counterexample, every dimension {self.counterexample.size}:</p><ul>"
+                     + "".join(f"<li><code>{html_text(line)}</code></li>" for line in self.counterexample.lines()) + "</ul>")
         return html + "".join(f"<p>note: {html_text(n)}</p>" for n in self.notes)
 
     def __str__(self) -> str:

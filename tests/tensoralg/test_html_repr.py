@@ -38,4 +38,4 @@ def test_derivations_and_checks_show_html():
     doc, _ = identity_document("(XY)^T = X^T Y^T")
     assert "does not hold" in doc._repr_html_()
     r = check("(XY)^T = X^T Y^T")
-    assert "LHS - RHS" in r._repr_html_() and "<math" in r._repr_html_()
+    assert "LHS - RHS" in r._repr_html_() and "<math" in r._repr_html_() and "<code>X = [[" in r._repr_html_()
