@@ -25,7 +25,7 @@ NONLINEAR = frozenset(
     "max min argmax sin cos".split()
 )
 NONLINEAR_HINT = ("is not linear, so it is no operator of the algebra: write the attention pattern as A^h "
-                  "(an atom), or read it as an opaque matrix (parse(..., opaque=True), tcircuits --opaque)")
+                  "(an atom), or read it as an opaque matrix (parse(..., opaque=True); tcircuits expand or check --opaque)")
 
 
 def split_name(name: str, known) -> tuple[str, ...] | None:
