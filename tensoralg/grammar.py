@@ -14,7 +14,6 @@ TensorSum(A ⊗ W_OV)
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import sympy as sp
@@ -22,11 +21,11 @@ import sympy as sp
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.coefficients import NON_FINITE
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
-from tensoralg.expr import Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
+from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes
 from tensoralg.lexer import Token, tokenize
 from tensoralg.names import NONLINEAR, NONLINEAR_HINT, split_name
-from tensoralg.parts import _in_slots, _indices, _is_bare_identity, _is_identity, _words
+from tensoralg.parts import _indices, _is_identity, _words, lazy_tensor
 from tensoralg.bound import stored_free_index, stored_index
 from tensoralg.reading import Applied, Bound, reindex
 
@@ -249,41 +248,12 @@ class Parser:
         exprs = [self.as_expr(v, p) for p, v in operands]
         try:
             if any(isinstance(e, (Product, Add)) for e in exprs):  # keep groups lazy: truncation sees them
-                return self.tensor_lazily(exprs, start)
+                lazy = lazy_tensor(exprs, MAX_EXPANDED)
+                self.rewrites.append(("tensor", len(exprs)))
+                return lazy
             return tensor(*exprs)
         except TensorAlgError as err:
             raise self.located(err, start) from None
-
-    def tensor_lazily(self, exprs: list, pos: int) -> Expr:
-        """``X_1 ⊗ … ⊗ X_k`` without expanding a lazy operand, by the mixed-product rule
-        read backwards: ``(F G) ⊗ (H K) = (F ⊗ Id)(G ⊗ Id)(Id ⊗ H)(Id ⊗ K)`` and
-        ``(P + Q) ⊗ R = P ⊗ R + Q ⊗ R``. Every factor keeps its identity term, so
-        ``max_order`` truncates inside the groups as it does in a flat product, and the
-        size of the result is counted before anything is multiplied.
-
-        >>> from tensoralg.parse import parse
-        >>> parse("((Id + A^{0})(Id + A^{1})) ⊗ Id").expand(max_order=1)
-        TensorSum(Id ⊗ Id + A^{0} ⊗ Id + A^{1} ⊗ Id)
-        """
-        choices = [e.parts if isinstance(e, Add) else (e,) for e in exprs]
-        combinations = 1
-        for parts in choices:
-            combinations *= len(parts)
-        if combinations > MAX_EXPANDED:
-            raise self.error(f"the tensor product here distributes over {combinations:,} sums of products, "
-                             f"more than {MAX_EXPANDED:,}; expand fewer groups at once", pos)
-        n = sum(e.n_slots for e in exprs)
-        summands = []
-        for picked in itertools.product(*choices):
-            coeff, factors, offset = sp.S.One, [], 0
-            for part in picked:
-                part_factors = part.factors if isinstance(part, Product) else (part.expand(),)
-                coeff = coeff * part.coeff if isinstance(part, Product) else coeff
-                factors += [_in_slots(f, offset, n) for f in part_factors if not _is_bare_identity(f)]
-                offset += part.n_slots
-            summands.append(Product(factors or [_in_slots(identity(1), 0, n)], coeff))
-        self.rewrites.append(("tensor", len(exprs)))
-        return summands[0] if len(summands) == 1 else Add(summands)
 
     def product(self):
         start = self.tok.pos
