@@ -132,7 +132,7 @@ def check(lhs, rhs=None, atoms: Mapping | None = None, *, index_from: int = 0, s
     if rhs is None:
         lhs, rhs = split_equation(lhs)
     sides, texts, found = read_sides(lhs, rhs, atoms, index_from, opaque)
-    canonical = [_unfolded(s) for s in sides]
+    canonical = _apart([_unfolded(s) for s in sides])
     difference = _folded(_minus(canonical[0], canonical[1]))
     error = numeric_difference(canonical, seed)
     counter = None if difference.is_zero else counterexample(canonical, seed)
@@ -151,7 +151,8 @@ def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, li
     declared = dict(atoms or {})
     found: list[str] = []
     names: frozenset = frozenset()
-    alone = [_value(read(s, declared or None, index_from=index_from, opaque=opaque)) for s in typed]  # errors here
+    readings = [read(s, declared or None, index_from=index_from, opaque=opaque) for s in typed]  # errors point here
+    alone = [_value(r) for r in readings]
     if len({e.n_slots for e in alone}) > 1:
         raise TensorAlgError(f"the sides have different numbers of tensor slots: "
                              f"{' against '.join(str(e.n_slots) for e in alone)}")
@@ -161,8 +162,11 @@ def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, li
         except ShapeMismatch as err:
             raise ShapeMismatch(f"the sides have different shapes, so they cannot be equal: "
                                 f"{str(err).splitlines()[0].split(' at position')[0]}", dims=err.dims) from None
-        declared.update(both.shapes)
-        found += notes(both)
+        except ParseError:  # only together (a free index named as the other side's summed one): each its own
+            both = None
+        for r in [both] if both is not None else readings:
+            declared.update(r.shapes)
+            found += notes(r)
         names = frozenset(t.text for t in tokenize(" ".join(typed)) if t.kind == "NAME")
     sides = []
     for s in (lhs, rhs):
@@ -211,6 +215,22 @@ def _renamed_dummies(s: TensorSum, bound) -> TensorSum:
     layers = {b.over_text(): b for b in bound}
     new = tuple(Bound(i, i, layers[base].over if base in layers else base, _layer(base)) for i, base in used.items())
     return TensorSum(terms, n_slots=s.n_slots).with_bound(new)
+
+
+def _apart(sides: list) -> list:
+    """A free index named like an index that a side sums over is another matrix: ``A^{h1}`` (one
+    head) is not ``Σ_{h1∈H_1} A^{h1}``, so it becomes ``h1 (free)`` before the sides are compared."""
+    summed = {b.index for s in sides for b in s.bound}
+    out = []
+    for s in sides:
+        own = {b.index for b in s.bound}
+        clash = {a.index for t in s for w in t.words for a in w if a.index in summed - own}
+        if clash:
+            words = {tuple(tuple(a.with_index(a.index + " (free)" if a.index in clash else a.index) for a in w)
+                           for w in t.words): t.coeff for t in s}
+            s = TensorSum(words, n_slots=s.n_slots).with_bound(s.bound)
+        out.append(s)
+    return out
 
 
 def _layer(base: str) -> int | None:

@@ -39,6 +39,8 @@ def test_true_identities_hold_symbolically_and_numerically(identity):
     ("(A ⊗ B)(C ⊗ D) = (CA) ⊗ (BD)", "A C ⊗ B D - C A ⊗ B D"),
     ("Σ_{h∈H_1} A^h ⊗ W_OV^h = Σ_{k∈H_2} A^k ⊗ W_OV^k",
      "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1} - Σ_{h2∈H_2} A^{h2} ⊗ W_OV^{h2}"),
+    ("Σ_{h∈H_1} A^h ⊗ W_OV^h = A^{h1} ⊗ W_OV^{h1}",  # one head h1 is not the sum over the layer
+     "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1} - A^{h1 (free)} ⊗ W_OV^{h1 (free)}"),
 ])
 def test_false_identities_show_the_terms_that_differ_and_a_counterexample(identity, difference):
     r = check(identity)
