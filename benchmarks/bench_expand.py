@@ -9,7 +9,8 @@ second runs once; SymPy's cache is cleared before each run):
   (a baseline whose estimate for a size is over ``--limit`` seconds is skipped, with the
   estimate printed);
 - 12 layers x 12 heads truncated at order 2 (9,649 terms);
-- ``to_latex`` of the 2,197-term sum against ``sympy.latex(expr.to_sympy())``.
+- ``to_latex`` of the 2,197-term sum against ``sympy.latex(expr.to_sympy())``;
+- ``str`` of that sum (the one text printer) and ``parse`` of the text back.
 
 Targets (issue 2): (3,12) at least 25x faster than TensorProduct and 200x faster than
 KroneckerProduct; 12x12 at order 2 under 0.3 s; the LaTeX under 0.3 s.
@@ -149,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"to_latex of the {len(s)}-term sum: {fmt(ours).strip()} ({len(text)} characters); "
           f"sympy.latex(expr.to_sympy()): {fmt(theirs).strip()} (+ {fmt(conversion).strip()} to convert), "
           f"{theirs / ours:.0f}x")
+    printed, text = timed(lambda: str(s), args.repeat)  # the one text printer (issue 19)
+    back, _ = timed(lambda: parse(text), max(1, args.repeat // 3))
+    print(f"str of the {len(s)}-term sum: {fmt(printed).strip()} ({len(text)} characters); "
+          f"parse of that text back: {fmt(back).strip()}")
 
     print("\nTargets:")
     checks = [

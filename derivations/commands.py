@@ -22,6 +22,7 @@ from derivations import catalogue
 from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
 from derivations.errors import DerivationError, LatexError, OutputError
+from derivations.checking import identity_document
 from derivations.expansion import CLI_HINT, expansion
 from derivations.html import html_document
 
@@ -188,8 +189,16 @@ def atom_arg(text: str) -> tuple[str, tuple[str, str]]:
 def expand(args) -> int:
     atoms = dict(args.atom or ())
     derivation = expansion(args.expression, args.max_order, atoms, index_from=args.index_from,
-                           fold=args.fold or (), strict=args.strict, hint=CLI_HINT)
+                           fold=args.fold or (), strict=args.strict, hint=CLI_HINT, opaque=args.opaque)
     return emit(derivation, args)
+
+
+def check_identity(args) -> int:
+    """``tcircuits check``: exit 0 when the identity holds, 1 when it does not (2: bad input)."""
+    derivation, result = identity_document(args.identity, dict(args.atom or ()), index_from=args.index_from,
+                                           opaque=args.opaque, seed=args.seed)
+    emit(derivation, args)
+    return 0 if result.holds else 1
 
 
 # -- the parsers ------------------------------------------------------------------------
@@ -232,10 +241,19 @@ The language (a product binds tighter than ⊗, which binds tighter than +):
   sums         Σ_{h∈H_1} A^h ⊗ W_OV^h  (ASCII: sum_{h in H_1} A^h (x) W_OV^h): a sum over
                the heads of a layer, kept symbolic; each term is summed over its own index
   activations  (A ⊗ W) x = A x Wᵀ: an operator applied to x, one token per row
+  the paper's  \\otimes \\cdot ^\\top ^{T} \\mathrm{Id} \\left( \\right) W_{OV} \\sum_{h \\in H_1} read as
+  LaTeX        above; W_Q^{hT} (or ^{h\\top}) is W_Q^{h}ᵀ; h_2 is h2; other commands are refused
+               with what to type
+  products     AC, where A and C are atoms of the expression and AC is not declared, is the
+               product A C (a note says so); a number after a matrix (A 1) is refused
+  functions    softmax(…), exp(…), LN(…) are not linear: refused ("write the pattern as A^h"),
+               or read as opaque matrices softmax^{1} with --opaque
+  identities   LHS = RHS is for tcircuits check
 
 Layer numbers: with --index-from 0 (the default, as TransformerLens) H_0 is the first
 layer and H_1 the second; with --index-from 1 (the paper's numbering) H_1 is the first
-layer, in the input and in the output alike.
+layer, in the input and in the output alike (head labels too: L1H0 is the first layer's
+head 0, and A^{h1} a head of the first layer), so what is printed can be typed back.
 """
 
 EXPAND_EPILOG = """\
@@ -244,8 +262,26 @@ examples:
   tcircuits expand "(Id ⊗ W_U)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)"
   tcircuits expand "(Id ⊗ W_U)(Id + Σ_{h∈H_2} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)" --index-from 1
   tcircuits expand "(A^h ⊗ W_O^h W_V^h)·x" --fold W_OV
-  tcircuits expand "(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0)" --max-order 1
+  tcircuits expand "(Id + A^{h1} ⊗ W_OV^{h1})(Id + A^{h0} ⊗ W_OV^{h0})" --max-order 1
   tcircuits expand "V Vᵀ ⊗ A" --atom V=d_model,k
+"""
+
+
+CHECK_HELP = """\
+Check an identity LHS = RHS typed as the slides (or the paper's LaTeX) write it. Both sides are
+expanded by the rules of the algebra (distributivity, the mixed-product rule, collecting like
+terms; W_OV := W_O W_V and W_QK := W_Qᵀ W_K unfolded to compare) and compared term by term;
+the verdict is confirmed numerically on random bindings. Exit status 0 when it holds, 1 when it
+does not (the terms of LHS - RHS and a small integer counterexample are shown), 2 for bad input.
+The language is expand's (tcircuits expand --help); a side may be 0.
+"""
+
+CHECK_EPILOG = """\
+examples:
+  tcircuits check "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)"
+  tcircuits check "W_QK^h = W_Q^{hT} W_K^h"
+  tcircuits check "(Id + A^{h1} ⊗ W_OV^{h1})(Id + A^{h0} ⊗ W_OV^{h0}) = Id + A^{h1} ⊗ W_OV^{h1} + A^{h0} ⊗ W_OV^{h0}"
+  tcircuits check "(X Y)^T = Y^T X^T" --format markdown
 """
 
 
@@ -253,6 +289,11 @@ def add_index_from(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index-from", type=int, choices=(0, 1), default=0, metavar="{0,1}",
                         help="number layers from 0 (default, as TransformerLens: L0H3, H_0 = first layer) "
                              "or from 1 (the paper's: H_1 = first layer)")
+
+
+def add_opaque(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--opaque", action="store_true",
+                        help="read softmax(…), exp(…), LN(…) as opaque matrices (softmax^{1}) instead of refusing them")
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -266,7 +307,7 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
-    """Add ``derive`` and ``expand`` to the ``tcircuits`` parser."""
+    """Add ``derive``, ``expand`` and ``check`` to the ``tcircuits`` parser."""
     p = subparsers.add_parser("derive", help="print a derivation of the paper's equations",
                               description=DERIVE_HELP, epilog=DERIVE_EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -301,11 +342,24 @@ def register(subparsers) -> None:
     e.add_argument("--strict", action="store_true",
                    help="refuse names that are neither the paper's atoms nor declared with --atom "
                         "(catches typos such as W_0V) instead of giving them fresh shapes")
+    add_opaque(e)
     e.add_argument("--fold", action="append", choices=tuple(STANDARD_DEFINITIONS), metavar="NAME",
                    help="fold a definition at the end: W_OV (W_O W_V → W_OV) or W_QK (W_Qᵀ W_K → W_QK); repeatable")
     add_index_from(e)
     add_output_options(e)
     e.set_defaults(func=expand)
+
+    c = subparsers.add_parser("check", help="check an identity LHS = RHS (exit 0 when it holds, 1 when not)",
+                              description=CHECK_HELP, epilog=CHECK_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("identity", metavar="IDENTITY", help='the identity, quoted: "LHS = RHS"')
+    c.add_argument("--atom", type=atom_arg, action="append", metavar="NAME=ROWS,COLS",
+                   help="declare an atom beyond the paper's, e.g. V=d_model,k (repeatable)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the random bindings (default 0)")
+    add_opaque(c)
+    add_index_from(c)
+    add_output_options(c)
+    c.set_defaults(func=check_identity)
 
 
 __all__ = ["FORMATS", "LatexError", "OutputError", "compile_latex", "expansion", "pdflatex", "register"]

@@ -287,6 +287,10 @@ class Derivation:
     def _repr_markdown_(self) -> str:
         return self.to_markdown()
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the derivation as ``--format html`` does (MathML), without the page around it."""
+        return render.html_fragment(self)
+
     def verify(self, seed: int = 0, tol: float = 1e-9) -> "Verification":
         """Evaluate every line on random bindings; see :func:`verify`."""
         return verify(self, seed=seed, tol=tol)

@@ -27,7 +27,7 @@ from tensoralg.formula import formula
 from tensoralg.lexer import OTIMES_ASCII
 from tensoralg.expr import Add, Product, check_order, term
 from tensoralg.latex import to_latex
-from tensoralg.parse import Bound, parse, read
+from tensoralg.parse import Bound, notes, parse, read
 
 from derivations import catalogue
 from derivations.derivation import Chain, Derivation, Rule
@@ -76,16 +76,18 @@ def transpose_math(words) -> tuple:
 
 
 def expansion(text: str, max_order: int | None = None, atoms: dict | None = None, *, index_from: int = 0,
-              fold: Sequence[str] = (), strict: bool = False, hint: str | None = None) -> Derivation:
+              fold: Sequence[str] = (), strict: bool = False, hint: str | None = None, opaque: bool = False) -> Derivation:
     """The rewrite steps of the expression ``text``, as a derivation (for teaching).
 
     ``index_from`` says how ``H_l`` in the text counts layers (0 as TransformerLens, 1 as
     the paper); ``fold`` names definitions to fold at the end (``"W_OV"``, ``"W_QK"``);
-    ``strict`` refuses undeclared names (``hint`` says how to declare them).
+    ``strict`` refuses undeclared names (``hint`` says how to declare them); ``opaque`` reads
+    ``softmax(…)`` as an opaque matrix instead of refusing it. How the text was read where it
+    could mean something else (``AC`` read as ``A C``) is a note of the derivation.
     """
     check_order(max_order)
     definitions = [_definition(name) for name in fold]
-    reading = read(text, atoms=atoms or None, index_from=index_from, generic=not strict,
+    reading = read(text, atoms=atoms or None, index_from=index_from, generic=not strict, opaque=opaque,
                    **({"hint": hint} if hint else {}))
     expr = reading.expr
     applied = reading.applied
@@ -93,15 +95,15 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
         expr = expr.scale(applied.coeff)
     _check_size(expr, max_order)
     sums = sum_indices(reading.bound)
-    transposes = list(dict.fromkeys(w for kind, w in reading.rewrites if kind == "transpose"))
-    collected = sum(n for kind, n in reading.rewrites if kind == "collected")
+    transposes = list(dict.fromkeys(w for kind, w, *_ in reading.rewrites if kind == "transpose"))
+    collected = sum(n for kind, n, *_ in reading.rewrites if kind == "collected")
     if transposes or collected:  # the input as typed, then what reading it rewrote
         lhs = typed(applied.typed if applied else text, atoms, index_from)
         detail = transpose_math(transposes) if transposes else ()
         if transposes and collected:
             detail += prose("; like terms collected inside the factors")
         first = Chain.start(lhs, expr, TRANSPOSE if transposes else "collect", detail=detail, sums=sums)
-    elif any(kind == "tensor" for kind, _ in reading.rewrites):  # groups under ⊗ became slot-wise factors
+    elif any(kind == "tensor" for kind, *_ in reading.rewrites):  # groups under ⊗ became slot-wise factors
         lhs = typed(applied.typed if applied else text, atoms, index_from)
         first = Chain.start(lhs, expr, "mixed-product", detail=GROUPS_UNDER_OTIMES, sums=sums)
     else:
@@ -131,8 +133,9 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
     summary = ("It is already expanded: a canonical sum of tensor terms." if steps == 1 and not applied else
                "Each line applies one rule of the algebra to the line before.")
     params = (("expression", text), ("max_order", max_order), ("index_from", index_from), ("fold", list(fold)))
+    read_as = tuple(f"How the text was read: {n}." for n in notes(reading))
     return Derivation("expand", "Expansion, step by step", summary, tuple(chains),
-                      notes=(catalogue.NOTATION,), params=params)
+                      notes=(catalogue.NOTATION,) + read_as, params=params)
 
 
 def typed(text: str, atoms: dict | None = None, index_from: int = 0) -> Math | None:

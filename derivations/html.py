@@ -5,11 +5,9 @@ render its MathML natively. The tensoralg printer writes every piece of mathemat
 LaTeX (through :func:`tensoralg.escape.check_math`, the allow-list), :mod:`derivations.layout`
 arranges it into lines, and ``latex2mathml`` converts each line to MathML. latex2mathml is
 chosen because it is pure Python (no Node.js, unlike KaTeX or MathJax on the server side),
-maintained, small, and covers every construct the printer emits (``\left( \right)``,
-``\Bigl(``, ``\underbrace``, ``bmatrix``, ``\sum_{…}``, ``\frac``, ``\sqrt``, ``\mathrm``,
-``\top``, ``\otimes``); a test converts every catalogue entry. Its serialiser writes the
-text of ``\text{…}`` unescaped, so :func:`mathml` serialises the element tree itself:
-nothing in mathematics can become a tag.
+maintained, small, and covers every construct the printer emits; a test converts every
+catalogue entry. The converter (:func:`tensoralg.mathml.to_mathml`) lives beside the printer,
+so a notebook's ``_repr_html_`` shows the same MathML as these pages.
 
 User text (titles, names, token strings) goes through ``escape_text(…, "html")``.
 Each step shows its rule and its numerical check; long steps fold into ``<details>``.
@@ -20,19 +18,16 @@ Each step shows its rule and its numerical check; long steps fold into ``<detail
 
 from __future__ import annotations
 
-import re
-from xml.etree.ElementTree import Element
-
-from latex2mathml.converter import convert_to_element
-
 from tensoralg import TensorSum
-from tensoralg.escape import check_math, escape_text
+from tensoralg.errors import MathMLError
+from tensoralg.escape import escape_text
+from tensoralg.mathml import to_mathml
 
 from derivations.document import Math, Piece, resolve
 from derivations.errors import DerivationError, HtmlError
 from derivations.layout import Layout, chain_rows, check_layout, justification, lhs, printer, prose_text
 
-__all__ = ["FOLD_ROWS", "HtmlError", "html_body", "html_document", "mathml", "page", "prose_html"]
+__all__ = ["FOLD_ROWS", "HtmlError", "html_body", "html_document", "html_fragment", "mathml", "page", "prose_html"]
 
 #: A step with more lines than this shows its first and last lines and folds the rest.
 FOLD_ROWS = 10
@@ -41,78 +36,18 @@ _HEAD_ROWS, _TAIL_ROWS = 4, 2
 
 # -- MathML ----------------------------------------------------------------------------------
 
-_COMMAND_LEFT = re.compile(r"\\[A-Za-z]+|\\.")
-_ENTITY = re.compile(r"&#x([0-9A-Fa-f]+);|&#(\d+);")
-
-
-def _plain(text: str | None) -> str | None:
-    """latex2mathml's text, its numeric character references decoded (serialising escapes)."""
-    if text is None:
-        return None
-    return _ENTITY.sub(lambda m: chr(int(m.group(1), 16) if m.group(1) else int(m.group(2))), text)
-
-
-#: Binary operators that browsers' operator dictionaries space too tightly (⊗ ⊕ ⊙), given
-#: the medium space TeX puts round a binary operator.
-_BINARY = frozenset("\u2297\u2295\u2299")
-
-
-def _serialise(element: Element, out: list[str]) -> None:
-    text = _plain(element.text)
-    attrib = dict(element.attrib)
-    if element.tag == "mo" and text in _BINARY:
-        attrib.setdefault("lspace", "0.2222em")
-        attrib.setdefault("rspace", "0.2222em")
-    elif element.tag == "mo" and attrib.get("fence") == "true":  # \left( hugs its contents as in TeX
-        attrib.setdefault("lspace", "0em")
-        attrib.setdefault("rspace", "0em")
-    attrs = "".join(f' {k}="{escape_text(v, "html")}"' for k, v in attrib.items() if k != "xmlns")
-    if not len(element) and not text:
-        out.append(f"<{element.tag}{attrs}/>" if element.tag in ("mspace",) else f"<{element.tag}{attrs}></{element.tag}>")
-    else:
-        out.append(f"<{element.tag}{attrs}>")
-        out.append(_escape_math_text(text or ""))
-        for child in element:
-            _serialise(child, out)
-        out.append(f"</{element.tag}>")
-    if element.tail:
-        out.append(_escape_math_text(_plain(element.tail)))
-
-
-def _escape_math_text(text: str) -> str:
-    # character references for markup and for anything outside ASCII, so the page's bytes stay plain
-    return "".join(f"&#{ord(ch)};" if ch in "&<>\"'" or ord(ch) > 126 else ch for ch in text)
-
 
 def mathml(latex: str, display: str = "inline", check: bool = True) -> str:
-    r"""The printer's LaTeX as a ``<math>`` element (checked by :func:`check_math` first).
-
-    ``display`` is ``"inline"`` or ``"block"``; ``check=False`` skips the allow-list, for a
-    hand-written :class:`~derivations.document.Math` of the catalogue (a ``bmatrix`` has
-    ``&`` and ``\\``) — the page stays safe either way, since the serialiser escapes all text. Raises :class:`~tensoralg.escape.UnsafeLatex`
-    for LaTeX that could do more than print, :class:`HtmlError` when latex2mathml fails.
+    r"""The printer's LaTeX as a ``<math>`` element: :func:`tensoralg.mathml.to_mathml` (the one
+    converter, also behind the notebooks' ``_repr_html_``), its failures as :class:`HtmlError`.
 
     >>> mathml(r"\text{<b>}")
     '<math display="inline"><mrow><mtext>&#60;b&#62;</mtext></mrow></math>'
     """
-    if display not in ("inline", "block"):
-        raise HtmlError(f"display must be 'inline' or 'block', got {display!r}")
-    if check:
-        check_math(latex)
     try:
-        element = convert_to_element(latex, display=display)
-    except Exception as error:  # latex2mathml raises its own and plain Python errors
-        raise HtmlError(f"cannot convert {latex!r} to MathML: {type(error).__name__}: {error}") from None
-    if display == "block":  # limits under Σ inside \left( … \right) too, as TeX sets them in display
-        for sub in element.iter("msub"):
-            if len(sub) and sub[0].tag == "mo" and _plain(sub[0].text) in ("\u2211", "\u220f"):
-                sub.tag = "munder"
-    left = [m.group(0) for e in element.iter() for m in _COMMAND_LEFT.finditer(e.text or "")]
-    if left:
-        raise HtmlError(f"cannot convert {latex!r} to MathML: latex2mathml does not know {', '.join(left)}")
-    out: list[str] = []
-    _serialise(element, out)
-    return "".join(out)
+        return to_mathml(latex, display, check)
+    except MathMLError as error:
+        raise HtmlError(str(error)) from None
 
 
 def prose_html(segments, index_from: int = 0) -> str:
@@ -305,6 +240,27 @@ def html_document(derivation, layout: Layout | None = None, verification="run", 
     body += (f"\n<footer>{escape_text(derivation.name, 'html')} · generated by tcircuits · "
              f"layers numbered {numbering}</footer>")
     return page(prose_text(derivation.title, layout.index_from), body)
+
+
+def html_fragment(derivation, layout: Layout | None = None, verification=None, **options) -> str:
+    """The derivation as a ``<div>`` for a notebook (``_repr_html_``): the page's body, MathML from
+    the same printer, with the page's styles scoped to the fragment; no numerical check unless asked."""
+    layout = check_layout(layout, options)
+    css = "\n".join(f".tcircuits-derivation {rule}" for rule in FRAGMENT_CSS)
+    return (f'<div class="tcircuits-derivation"><style>{css}</style>'
+            f"{html_body(derivation, layout, verification)}</div>")
+
+
+#: The page's rules that a notebook needs, scoped to the fragment (nothing leaks into the notebook).
+FRAGMENT_CSS = (
+    ".lines { display: grid; grid-template-columns: max-content minmax(0, 1fr); column-gap: 0.6em; "
+    "row-gap: 0.25rem; align-items: baseline; }",
+    ".lines > .why { grid-column: 1 / -1; margin: 0.7rem 0 0.2rem; }", ".why .rule { font-weight: 600; }",
+    ".lead { text-align: right; white-space: nowrap; }", ".rhs.more { padding-left: 1.6em; }",
+    '.lines math[display="block"] { display: inline math; }',
+    "details.fold { grid-column: 1 / -1; display: grid; grid-template-columns: subgrid; }",
+    "details.fold > summary { grid-column: 2; cursor: pointer; padding-left: 1.6em; }",
+)
 
 
 def html_body(derivation, layout: Layout, verification="run", heading: str = "h1") -> str:

@@ -22,14 +22,14 @@ import textwrap
 from tensoralg import TensorSum
 from tensoralg.escape import check_math, escape_text
 
-from derivations.html import html_document
+from derivations.html import html_document, html_fragment
 from derivations.document import Math, Numbered, Piece, SumIndex, as_prose, math, prose, text_width
 from derivations.layout import (
     Layout, chain_rows, check_layout, expr_pieces, justification, lhs, markdown_math, pack, prose_latex, prose_markdown, prose_text,
 )
 
 __all__ = ["Layout", "Math", "Numbered", "Piece", "SumIndex", "as_prose", "check_math", "escape_comment", "escape_latex",
-           "escape_markdown", "expr_pieces", "html_document", "latex_document", "latex_math", "markdown", "math", "pack", "prose",
+           "escape_markdown", "expr_pieces", "html_document", "html_fragment", "latex_document", "latex_math", "markdown", "math", "pack", "prose",
            "prose_latex", "prose_markdown", "prose_text", "text", "text_width", "to_json"]
 
 # -- safe text and mathematics: one escaper, one allow-list (tensoralg.escape) ---------------

@@ -15,6 +15,7 @@ TensorSum(Id ⊗ W_U W_E + A^{h} ⊗ W_U W_OV^{h} W_E)
 from tensoralg.action import act
 from tensoralg.atoms import DIMS, Atom, Word, atom, d_head, d_mlp, d_model, d_vocab, n_ctx, word_shape
 from tensoralg.bilinear import sandwich
+from tensoralg.check import IdentityCheck, check
 from tensoralg.definitions import STANDARD_DEFINITIONS, W_OV, W_QK, Definition, fold, unfold
 from tensoralg.errors import (
     BindingError,
@@ -37,10 +38,10 @@ from tensoralg.parse import parse, read, to_text
 from tensoralg.reading import Reading
 
 __all__ = [
-    "Add", "Atom", "BindingError", "Choice", "DIMS", "Definition", "EmptySum", "Expr", "Formula", "InvalidOrder",
+    "Add", "Atom", "BindingError", "Choice", "DIMS", "Definition", "EmptySum", "Expr", "Formula", "IdentityCheck", "InvalidOrder",
     "ParseError", "Product", "Reading", "STANDARD_DEFINITIONS", "ShapeMismatch", "SlotMismatch", "TCircuitsError",
     "TensorAlgError", "TensorSum", "Term", "UnknownAtom", "UnsafeLatex", "W_OV", "W_QK", "Word", "act", "add",
-    "atom", "check_math", "d_head", "d_mlp", "d_model", "d_vocab", "escape_text", "fold", "formula", "identity",
+    "atom", "check", "check_math", "d_head", "d_mlp", "d_model", "d_vocab", "escape_text", "fold", "formula", "identity",
     "n_ctx", "parse", "read", "sandwich", "tensor", "term", "to_latex", "to_numpy", "to_text", "unfold",
     "word_shape",
 ]

@@ -1,7 +1,7 @@
 r"""What a notebook shows: maths from the one printer, long sums elided, text escaped.
 
-IPython asks an object for its rich forms (``_repr_latex_``, ``_repr_markdown_``,
-``_repr_pretty_``). The helpers here produce them for every package, so an expression, a
+IPython asks an object for its rich forms (``_repr_html_``, ``_repr_latex_``,
+``_repr_markdown_``, ``_repr_pretty_``). The helpers here produce them for every package, so an expression, a
 derivation, a verification report and an analysis result all show the same thing for a long
 sum: its first and last terms and the count of the terms left out — never 30,000 terms.
 Mathematics comes only from :func:`tensoralg.latex.to_latex`; user text (names, labels,
@@ -17,11 +17,13 @@ token strings) only through :func:`tensoralg.escape.escape_text`.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from tensoralg.errors import TensorAlgError
 from tensoralg.escape import escape_text, markdown_math
 from tensoralg.latex import TensorLatexPrinter, to_latex
+from tensoralg.mathml import to_mathml
 
 #: How many terms of a sum a notebook shows (the first half and the last half; the rest counted).
 REPR_MAX_TERMS = 16
@@ -41,7 +43,52 @@ def latex_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
 def text_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
     """The plain-text twin of :func:`latex_repr` (same terms, same elision)."""
     _check_max_terms(max_terms)
-    return TensorLatexPrinter(max_terms=max_terms).text(expr)
+    return _printer(max_terms).text(expr)
+
+
+@lru_cache(maxsize=8)
+def _printer(max_terms: int | None) -> TensorLatexPrinter:
+    """One printer per option (its atom and coefficient caches kept): ``str`` of a term is cheap."""
+    return TensorLatexPrinter(max_terms=max_terms)
+
+
+def html_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
+    """MathML for a notebook: a sum one summand a line (its first and last terms, the count of the
+    rest between), a lazy product one factor a line; the maths is the printer's, as ``--format html``.
+
+    >>> from tensoralg import atom, term
+    >>> s = sum(term(atom("A", f"h{i}"), atom("W_OV", f"h{i}")) for i in range(50))
+    >>> html = html_repr(s, max_terms=4)
+    >>> html.count("<math"), "46" in html
+    (5, True)
+    """
+    _check_max_terms(max_terms)
+    printer = TensorLatexPrinter(max_terms=max_terms)
+    if hasattr(expr, "factors"):
+        x = printer.summand(expr, expr.bound)
+        _, lead = printer.coefficient(expr.coeff)
+        factors = [printer.bracketed(f, expr.bound)[0] for f in expr.factors]
+        lines = [("-" if x.negative else "") + lead + factors[0]] + factors[1:]
+    else:
+        lines = [("-" if x.negative else "") + x.sum_latex + x.latex if i == 0 else
+                 ("- " if x.negative else "+ ") + x.sum_latex + x.latex
+                 for i, x in enumerate(printer.summands(expr))] or ["0"]
+    rows = [f'<div style="{"" if i == 0 else "padding-left: 2em"}">{to_mathml(line)}</div>' for i, line in enumerate(lines)]
+    return '<div class="tcircuits-expr">' + "".join(rows) + "</div>"
+
+
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """An HTML table; header cells are text (escaped here), row cells ready HTML (escape text with
+    :func:`html_text`, maths with :func:`html_repr`)."""
+    align = lambda i: ' style="text-align: right"' if i in right else ""  # noqa: E731
+    head = "".join(f"<th{align(i)}>{html_text(h)}</th>" for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td{align(i)}>{c}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_text(text) -> str:
+    """User text made safe in HTML."""
+    return escape_text(str(text), "html")
 
 
 def md_text(text) -> str:

@@ -80,3 +80,12 @@ class BindingError(TensorAlgError, ValueError):
 
 class UnsafeLatex(TensorAlgError, ValueError):
     """LaTeX offered as mathematics that could do more than print (a command, ``%``, ``$`` …)."""
+
+
+class ReadingNote(TensorAlgError, UserWarning):
+    """A warning, not an error: how a text was read where it could mean something else
+    (``AC`` read as the product ``A C``, ``softmax(…)`` as an opaque matrix)."""
+
+
+class MathMLError(TensorAlgError, ValueError):
+    """LaTeX that latex2mathml cannot convert to MathML."""

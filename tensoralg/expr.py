@@ -24,13 +24,14 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 import sympy as sp
 
 from tensoralg.atoms import Atom, Word, transpose_word, word_shape
+from tensoralg.bound import Bound, merge_bound
 from tensoralg.coefficients import ONE, ZERO, as_coeff, canonical_coeff, mul, nonzero_terms
-from tensoralg.display import latex_repr, text_repr
+from tensoralg.display import html_repr, latex_repr, text_repr
 from tensoralg.errors import EmptySum, SlotMismatch, TensorAlgError
 from tensoralg.latex import to_latex
 from tensoralg.order import check_order
 from tensoralg.slots import (Shape, Slot, as_word, chain_shapes, check_identity_slots, join_words, sort_key,
-                             term_text, unify_slot_shapes)
+                             unify_slot_shapes)
 from tensoralg.sympy_bridge import sympy_of_sum
 
 
@@ -58,22 +59,20 @@ class Term(NamedTuple):
         return latex_repr(TensorSum([self]))
 
     def __repr__(self) -> str:
-        return f"Term({term_text(self.coeff, self.words)})"
+        return f"Term({text_repr(TensorSum([self]), None)})"
 
 
 class Expr:
     """What every expression offers: slots, expansion, transpose, sums and products."""
 
     n_slots: int
+    bound: tuple[Bound, ...] = ()  # indices summed by Σ_{h∈H_l} (printed, kept by expand; not compared)
 
     def expand(self, max_order: int | None = None) -> "TensorSum":  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __add__(self, other):
-        from_other = _as_expr(other)
-        if from_other is NotImplemented:
-            return NotImplemented
-        return add(self, from_other)
+        return add(self, other) if isinstance(other, Expr) else NotImplemented
 
     def __radd__(self, other):
         if isinstance(other, int) and other == 0:  # lets sum() start from 0
@@ -81,10 +80,7 @@ class Expr:
         return NotImplemented
 
     def __sub__(self, other):
-        from_other = _as_expr(other)
-        if from_other is NotImplemented:
-            return NotImplemented
-        return add(self, -1 * from_other)
+        return add(self, -1 * other) if isinstance(other, Expr) else NotImplemented
 
     def __neg__(self):
         return -1 * self
@@ -109,20 +105,32 @@ class Expr:
     def _repr_latex_(self) -> str:
         return latex_repr(self)
 
+    def _repr_html_(self) -> str:
+        return html_repr(self)
+
     def _repr_pretty_(self, p, cycle: bool) -> None:
         """IPython's plain text: elided like the LaTeX (IPython looks for this method before a
         subclass's ``__repr__``, which each subclass names again below)."""
         p.text(f"{type(self).__name__}({text_repr(self)})")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({text_repr(self, None)})"
+
+    def __str__(self) -> str:
+        return text_repr(self, None)
+
+    def with_bound(self, bound) -> "Expr":
+        """This expression with the indices ``bound`` summed by ``Σ`` (its own kept too)."""
+        return _keep_bound(self.scale(1), self, bound)
 
     def to_sympy(self, dims: Mapping | None = None):
         """This expression as a SymPy matrix expression (``KroneckerProduct`` of slots)."""
         return self.expand().to_sympy(dims)
 
 
-def _as_expr(value):
-    if isinstance(value, Expr):
-        return value
-    return NotImplemented
+def _keep_bound(new: "Expr", old: "Expr", more=()) -> "Expr":  # new, made from old, sums as old does
+    new.bound = merge_bound(new.bound, old.bound, more)
+    return new
 
 
 class TensorSum(Expr):
@@ -132,7 +140,7 @@ class TensorSum(Expr):
     ``TensorSum(terms)`` from :class:`Term`s or a ``{words: coeff}`` mapping.
     """
 
-    __slots__ = ("_terms", "n_slots", "slot_shapes", "_sorted", "_hash")
+    __slots__ = ("_terms", "n_slots", "slot_shapes", "_sorted", "_hash", "bound")
 
     def __init__(self, terms: Iterable[Term] | Mapping[tuple[Word, ...], object] = (), n_slots: int | None = None):
         items = terms.items() if isinstance(terms, Mapping) else ((t.words, t.coeff) for t in terms)
@@ -159,19 +167,18 @@ class TensorSum(Expr):
         self.slot_shapes = tuple(shapes)
         self._sorted = None
         self._hash = None
+        self.bound = ()
 
     @classmethod
-    def from_canonical(cls, terms: Mapping[tuple[Word, ...], sp.Expr], n_slots: int, slot_shapes: tuple) -> "TensorSum":
-        """A sum from terms already checked, without checking them again: the fast path for
-        code that builds large expansions whose shapes hold by construction (the mixed-product
-        rule, the path and QK expansions).
+    def from_canonical(cls, terms: Mapping[tuple[Word, ...], sp.Expr], n_slots: int, slot_shapes: tuple,
+                       bound: tuple = ()) -> "TensorSum":
+        """A sum from terms already checked, not checked again: the fast path for large expansions
+        whose shapes hold by construction (the mixed-product rule, the path and QK expansions).
 
-        ``terms`` maps each tuple of ``n_slots`` words (tuples of atoms) to a SymPy
-        coefficient, like terms already added (a mapping has each key once); ``slot_shapes``
-        holds each slot's shape (``None`` where every word is ``Id``). The promise is the
-        caller's: words that chain, one shape per slot, ``Id`` only in square slots.
-        Coefficients are brought to canonical form and zeros dropped, so the result equals
-        ``TensorSum(terms)``, which checks everything.
+        ``terms`` maps each tuple of ``n_slots`` words to a SymPy coefficient, like terms added;
+        ``slot_shapes`` holds each slot's shape (``None`` where every word is ``Id``); ``bound``
+        the indices summed by ``Σ``. The promise is the caller's: words that chain, one shape per
+        slot, ``Id`` only in square slots. The result equals ``TensorSum(terms)``.
 
         >>> from tensoralg.atoms import atom
         >>> A, W = atom("A", "h"), atom("W_OV", "h")
@@ -187,6 +194,7 @@ class TensorSum(Expr):
         obj.slot_shapes = tuple(slot_shapes)
         obj._sorted = None
         obj._hash = None
+        obj.bound = bound
         return obj
 
     # -- access ---------------------------------------------------------------
@@ -221,17 +229,16 @@ class TensorSum(Expr):
 
     def scale(self, coeff: sp.Expr) -> "TensorSum":
         coeff = as_coeff(coeff)
-        if coeff.is_zero:
-            return TensorSum.from_canonical({}, self.n_slots, self.slot_shapes)
-        return TensorSum.from_canonical({w: mul(coeff, c) for w, c in self._terms.items()}, self.n_slots, self.slot_shapes)
+        terms = {} if coeff.is_zero else {w: mul(coeff, c) for w, c in self._terms.items()}
+        return TensorSum.from_canonical(terms, self.n_slots, self.slot_shapes, self.bound)
 
     @property
     def T(self) -> "TensorSum":
         """Transpose slot by slot: each word reversed, each atom transposed."""
         shapes = tuple(None if s is None else (s[1], s[0]) for s in self.slot_shapes)
         return TensorSum.from_canonical(
-            {tuple(transpose_word(w) for w in words): c for words, c in self._terms.items()}, self.n_slots, shapes
-        )
+            {tuple(transpose_word(w) for w in words): c for words, c in self._terms.items()}, self.n_slots, shapes,
+            self.bound)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, TensorSum):
@@ -249,12 +256,8 @@ class TensorSum(Expr):
     _repr_pretty_ = Expr._repr_pretty_
 
     def __repr__(self) -> str:
-        if not self._terms:
-            return f"TensorSum(0, n_slots={self.n_slots})"
-        return "TensorSum(" + " + ".join(term_text(t.coeff, t.words) for t in self) + ")"
+        return f"TensorSum({text_repr(self, None)})" if self._terms else f"TensorSum(0, n_slots={self.n_slots})"
 
-    def __str__(self) -> str:
-        return " + ".join(term_text(t.coeff, t.words) for t in self) if self._terms else "0"
 
 
 def term(*slots: Slot, coeff=1) -> TensorSum:
@@ -327,7 +330,7 @@ def sum_tensor_sums(sums: Iterable[TensorSum]) -> TensorSum:
             prev = collected.get(w)
             collected[w] = c if prev is None else prev + c
     check_identity_slots(shapes, collected)
-    return TensorSum.from_canonical(collected, sums[0].n_slots, shapes)
+    return TensorSum.from_canonical(collected, sums[0].n_slots, shapes, merge_bound(*(s.bound for s in sums)))
 
 
 def tensor(*factors: Expr | Atom | Word) -> TensorSum:
@@ -376,7 +379,7 @@ class Product(Expr):
     (4, 3, 4)
     """
 
-    __slots__ = ("factors", "coeff", "n_slots", "slot_shapes", "_orders")
+    __slots__ = ("factors", "coeff", "n_slots", "slot_shapes", "_orders", "bound")
 
     def __init__(self, factors, coeff=1):
         flat: list[TensorSum] = []
@@ -406,6 +409,7 @@ class Product(Expr):
         self.n_slots = n_slots
         self.slot_shapes = tuple(shapes)
         self._orders = None
+        self.bound = merge_bound(*(f.bound for f in factors if isinstance(f, Expr)))
 
     @classmethod
     def of(cls, *exprs: Expr) -> "Product":
@@ -449,7 +453,7 @@ class Product(Expr):
         for (words, _), c in states.items():
             prev = collected.get(words)
             collected[words] = c if prev is None else prev + c
-        return TensorSum.from_canonical(collected, n, self.slot_shapes)
+        return TensorSum.from_canonical(collected, n, self.slot_shapes, self.bound)
 
     def iter_terms(self, max_order: int | None = None) -> Iterator[Choice]:
         """Each product of the expansion, lazily, in factor-major order, uncollected."""
@@ -510,12 +514,12 @@ class Product(Expr):
         return self.count()
 
     def scale(self, coeff: sp.Expr) -> "Product":
-        return Product(self.factors, mul(self.coeff, as_coeff(coeff)))
+        return _keep_bound(Product(self.factors, mul(self.coeff, as_coeff(coeff))), self)
 
     @property
     def T(self) -> "Product":
         """``(F_1 … F_n)ᵀ = F_nᵀ … F_1ᵀ``."""
-        return Product([f.T for f in reversed(self.factors)], self.coeff)
+        return _keep_bound(Product([f.T for f in reversed(self.factors)], self.coeff), self)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Product):
@@ -525,11 +529,7 @@ class Product(Expr):
     def __hash__(self) -> int:
         return hash((self.coeff, self.factors))
 
-    _repr_pretty_ = Expr._repr_pretty_
-
-    def __repr__(self) -> str:
-        inner = " · ".join(f"({f})" for f in self.factors)
-        return f"Product({'' if self.coeff == 1 else sp.sstr(self.coeff) + '·'}{inner})"
+    _repr_pretty_, __repr__ = Expr._repr_pretty_, Expr.__repr__
 
 
 class Add(Expr):
@@ -539,7 +539,7 @@ class Add(Expr):
     sum that could never be expanded is never built.
     """
 
-    __slots__ = ("parts", "n_slots", "slot_shapes")
+    __slots__ = ("parts", "n_slots", "slot_shapes", "bound")
 
     def __init__(self, parts):
         flat: list[Expr] = []
@@ -561,13 +561,14 @@ class Add(Expr):
         self.parts = tuple(flat)
         self.n_slots = flat[0].n_slots
         self.slot_shapes = shapes
+        self.bound = merge_bound(*(p.bound for p in flat))
 
     @classmethod
     def of(cls, *parts: Expr) -> "Add":
         return cls(parts)
 
     def expand(self, max_order: int | None = None) -> TensorSum:
-        return sum_tensor_sums(p.expand(max_order) for p in self.parts)
+        return _keep_bound(sum_tensor_sums(p.expand(max_order) for p in self.parts), self)
 
     def count(self, max_order: int | None = None) -> int:
         return sum(p.count(max_order) if isinstance(p, Product) else len(p.expand(max_order)) for p in self.parts)
@@ -576,11 +577,11 @@ class Add(Expr):
         return self.count()
 
     def scale(self, coeff: sp.Expr) -> "Add":
-        return Add([p.scale(coeff) for p in self.parts])
+        return _keep_bound(Add([p.scale(coeff) for p in self.parts]), self)
 
     @property
     def T(self) -> "Add":
-        return Add([p.T for p in self.parts])
+        return _keep_bound(Add([p.T for p in self.parts]), self)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Add):
@@ -590,7 +591,4 @@ class Add(Expr):
     def __hash__(self) -> int:
         return hash(self.parts)
 
-    _repr_pretty_ = Expr._repr_pretty_
-
-    def __repr__(self) -> str:
-        return "Add(" + " + ".join(map(repr, self.parts)) + ")"
+    _repr_pretty_, __repr__ = Expr._repr_pretty_, Expr.__repr__

@@ -14,17 +14,19 @@ TensorSum(A ⊗ W_OV)
 
 from __future__ import annotations
 
-import itertools
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import sympy as sp
 
-from tensoralg.atoms import DIMS, Atom, Word, transpose_word, word_shape
+from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.coefficients import NON_FINITE
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
-from tensoralg.expr import Add, Expr, Product, TensorSum, add, identity, tensor, term, widen_identity
+from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes
 from tensoralg.lexer import Token, tokenize
+from tensoralg.names import NONLINEAR, NONLINEAR_HINT, split_name
+from tensoralg.parts import _indices, _is_identity, _words, lazy_tensor
+from tensoralg.bound import stored_free_index, stored_index
 from tensoralg.reading import Applied, Bound, reindex
 
 MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
@@ -44,7 +46,7 @@ class Parser:
     """Recursive descent over the token list; one method per grammar rule."""
 
     def __init__(self, text: str, table: dict, shapes: Shapes | None, index_from: int, hint: str,
-                 visible: bool = False):
+                 visible: bool = False, opaque: bool = False, names: frozenset = frozenset()):
         self.text = text
         self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
         self.depth = 0
@@ -64,6 +66,11 @@ class Parser:
         self.bound: dict[str, Bound] = {}
         self.rewrites: list[tuple] = []
         self.free: dict[str, int] = {}  # free index -> its first position
+        self.opaque = opaque  # read f(…) of a nonlinear f as an opaque matrix instead of refusing it
+        self.opaque_calls: dict[str, dict[str, str]] = {}
+        declared = {name for name in table if name not in STANDARD_SHAPES}
+        self.names = declared | names | {t.text for t in self.tokens if t.kind == "NAME" and t.text not in RESERVED
+                                    and t.text not in self.scalars}
 
     # -- helpers --------------------------------------------------------------
     @property
@@ -125,6 +132,10 @@ class Parser:
     def parse(self):
         if self.tok.kind == "END":
             raise ParseError("empty expression; expected something like 'A^h ⊗ W_OV^h'", self.text, 0)
+        equals = next((t for t in self.tokens if t.kind == "EQUALS"), None)
+        if equals is not None:
+            raise self.error("an equation is not an expression: check it with tensoralg.check(\"LHS = RHS\") "
+                             "or tcircuits check \"LHS = RHS\", or expand each side", equals.pos)
         value = self.sum()
         if self.tok.kind != "END":
             raise self.error(f"unexpected {self.describe(self.tok)} after a complete expression")
@@ -215,7 +226,10 @@ class Parser:
             layer = int(sub) - self.index_from
             if layer < 0:
                 raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)
-        index = f"{var}{layer}" if layer is not None else var
+        index = stored_index(var, layer, self.index_from) if layer is not None else var
+        if index is None:  # Σ_{h2∈H_1}
+            raise self.error(f"Σ_{{{var}∈{over}}}: the index {var} names another layer than {over}; write "
+                             f"Σ_{{{var.rstrip('0123456789')}∈{over}}}", pos)
         while index in self.scope.values():  # a Σ inside another over the same set: rename apart
             index += "'"
         return index, layer
@@ -234,41 +248,12 @@ class Parser:
         exprs = [self.as_expr(v, p) for p, v in operands]
         try:
             if any(isinstance(e, (Product, Add)) for e in exprs):  # keep groups lazy: truncation sees them
-                return self.tensor_lazily(exprs, start)
+                lazy = lazy_tensor(exprs, MAX_EXPANDED)
+                self.rewrites.append(("tensor", len(exprs)))
+                return lazy
             return tensor(*exprs)
         except TensorAlgError as err:
             raise self.located(err, start) from None
-
-    def tensor_lazily(self, exprs: list, pos: int) -> Expr:
-        """``X_1 ⊗ … ⊗ X_k`` without expanding a lazy operand, by the mixed-product rule
-        read backwards: ``(F G) ⊗ (H K) = (F ⊗ Id)(G ⊗ Id)(Id ⊗ H)(Id ⊗ K)`` and
-        ``(P + Q) ⊗ R = P ⊗ R + Q ⊗ R``. Every factor keeps its identity term, so
-        ``max_order`` truncates inside the groups as it does in a flat product, and the
-        size of the result is counted before anything is multiplied.
-
-        >>> from tensoralg.parse import parse
-        >>> parse("((Id + A^{0})(Id + A^{1})) ⊗ Id").expand(max_order=1)
-        TensorSum(Id ⊗ Id + A^{0} ⊗ Id + A^{1} ⊗ Id)
-        """
-        choices = [e.parts if isinstance(e, Add) else (e,) for e in exprs]
-        combinations = 1
-        for parts in choices:
-            combinations *= len(parts)
-        if combinations > MAX_EXPANDED:
-            raise self.error(f"the tensor product here distributes over {combinations:,} sums of products, "
-                             f"more than {MAX_EXPANDED:,}; expand fewer groups at once", pos)
-        n = sum(e.n_slots for e in exprs)
-        summands = []
-        for picked in itertools.product(*choices):
-            coeff, factors, offset = sp.S.One, [], 0
-            for part in picked:
-                part_factors = part.factors if isinstance(part, Product) else (part.expand(),)
-                coeff = coeff * part.coeff if isinstance(part, Product) else coeff
-                factors += [_in_slots(f, offset, n) for f in part_factors if not _is_bare_identity(f)]
-                offset += part.n_slots
-            summands.append(Product(factors or [_in_slots(identity(1), 0, n)], coeff))
-        self.rewrites.append(("tensor", len(exprs)))
-        return summands[0] if len(summands) == 1 else Add(summands)
 
     def product(self):
         start = self.tok.pos
@@ -279,8 +264,11 @@ class Parser:
         items: list[tuple[int, object]] = []  # (position, a word's atoms or a group Expr)
         op = "TIMES"
         while True:
-            pos = self.tok.pos
+            pos, kind = self.tok.pos, self.tok.kind
             value = self.power()
+            if op == "JUXTAPOSED" and kind == "NUM" and items:  # "A 1" is not 1·A: refuse, never misread
+                raise self.error(f"a number after a matrix ({self.text[pos:self.tok.pos].strip()!r}) is not "
+                                 "read as a scalar or a vector of ones; write the coefficient first, as in 2·A", pos)
             if op == "DIV":
                 coeff = self.scalar(coeff / self.divisor(value, pos), pos)
             elif _is_scalar(value):
@@ -298,7 +286,7 @@ class Parser:
             if self.tok.kind in ("TIMES", "DIV"):
                 op = self.take().kind
             elif self.tok.kind in ("NUM", "NAME", "LPAREN", "SUM"):  # juxtaposition
-                op = "TIMES"
+                op = "JUXTAPOSED"
             else:
                 break
         return self.build_product(coeff, items, start)
@@ -413,7 +401,7 @@ class Parser:
         return self.scalar(base**exponent, pos)
 
     def postfix(self):
-        pos = self.tok.pos
+        pos, first, after = self.tok.pos, self.tok, self.tokens[min(self.i + 1, len(self.tokens) - 1)]
         value = self.primary()
         while self.tok.kind == "T":
             self.take()
@@ -430,6 +418,9 @@ class Parser:
                         self.rewrites.append(("transpose", w))
                 value = value.T
         if self.tok.kind == "INDEX":
+            if first.kind == "NAME" and after.kind == "T":  # W_Q^T^h
+                raise self.error(f"the index comes before the transpose: write {first.text}^{{{self.tok.text}}}ᵀ "
+                                 f"(or {first.text}^{{{self.tok.text}}}^T)")
             raise self.error("an index '^{...}' must directly follow an atom name")
         return value
 
@@ -479,11 +470,26 @@ class Parser:
             return self.scalar(sp.sqrt(value), token.pos)
         if name in self.scalars:
             return self.scalars[name]
+        if name in NONLINEAR and self.tok.kind == "LPAREN":
+            return self.nonlinear(token)
         index = index_token.text if index_token else ""
         if index in self.scope:
             index = self.scope[index]
         elif index:
+            index = stored_free_index(index, self.index_from)  # L1H3 from 1 is L0H3, as the printer numbers
+            if index is None:
+                raise self.error(f"{index_token.text} names layer 0, but layers are numbered from 1 here", index_token.pos)
             self.free.setdefault(index, index_token.pos)
+        if name in self.table:
+            return self.atom_named(name, index)
+        pieces = split_name(name, self.names) if index_token is None else None
+        if pieces is not None:  # (AC) ⊗ (BD): the atoms A and C of this expression, juxtaposed
+            self.rewrites.append(("juxtaposed", name, pieces))
+            return _Word(sp.S.One, tuple(a for piece in pieces for a in self.atom_named(piece, "").atoms))
+        return self.atom_named(name, index, token)
+
+    def atom_named(self, name: str, index: str, token: Token | None = None) -> "_Word":
+        """The atom ``name^{index}``: declared, the paper's, or (reading generically) a fresh shape."""
         if name in self.table:
             rows, cols, *rest = self.table[name]
             return _Word(sp.S.One, (Atom(name, rows, cols, index, symmetric=bool(rest and rest[0])),))
@@ -496,6 +502,22 @@ class Parser:
             f"unknown atom {name!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
             f"and the scalars {', '.join(sorted(self.scalars))}:\n  {quoted_line(self.text)}\n  {pointer}"
         )
+
+    def nonlinear(self, token: Token):
+        """``softmax(…)``: refused, or with ``opaque`` the opaque matrix ``softmax^{1}`` (one per argument)."""
+        start = self.i
+        self.take()
+        self.enter(token.pos, f"{token.text}(")
+        self.sum()
+        self.nesting -= 1
+        self.expect("RPAREN", f"')' to close {token.text}(")
+        if not self.opaque:
+            raise self.error(f"{token.text}(…) {NONLINEAR_HINT}", token.pos)
+        argument = self.text[self.tokens[start].end : self.tokens[self.i - 1].pos].strip()
+        calls = self.opaque_calls.setdefault(token.text, {})
+        index = calls.setdefault(argument, str(len(calls) + 1))
+        self.rewrites.append(("opaque", f"{token.text}({argument})", f"{token.text}^{{{index}}}"))
+        return self.atom_named(token.text, index, token)
 
     # -- checks ---------------------------------------------------------------
     def as_expr(self, value, pos: int) -> Expr:
@@ -526,41 +548,18 @@ class Parser:
                 )
 
 
-def _in_slots(factor: TensorSum, offset: int, n_slots: int) -> TensorSum:
-    """``factor`` placed at slots ``offset…`` of ``n_slots``, with ``Id`` in the others."""
-    before, after = ((),) * offset, ((),) * (n_slots - offset - factor.n_slots)
-    return TensorSum({before + t.words + after: t.coeff for t in factor}, n_slots)
 
 
-def _indices(expr) -> set[str]:
-    """The indices an expression's terms carry, read off its factors without expanding it."""
-    if isinstance(expr, Product):
-        return set().union(*(_indices(f) for f in expr.factors))
-    if isinstance(expr, Add):
-        return set().union(*(_indices(p) for p in expr.parts))
-    return {a.index for t in expr for w in t.words for a in w}
 
 
-def _words(expr) -> Iterable[Word]:
-    """The words written in an expression (each factor's and part's), without expanding it."""
-    if isinstance(expr, Product):
-        return [w for f in expr.factors for w in _words(f)]
-    if isinstance(expr, Add):
-        return [w for p in expr.parts for w in _words(p)]
-    return [w for t in expr for w in t.words]
 
 
 def _is_scalar(value) -> bool:
     return isinstance(value, sp.Basic)
 
 
-def _is_bare_identity(factor: TensorSum) -> bool:
-    """``Id`` itself (one term, coefficient 1): a factor that multiplies by nothing."""
-    return len(factor) == 1 and factor.terms[0].is_identity and factor.terms[0].coeff == 1
 
 
-def _is_identity(expr: Expr) -> bool:
-    return isinstance(expr, TensorSum) and len(expr) > 0 and all(t.is_identity for t in expr)
 
 
 def _negate(value):

@@ -48,7 +48,7 @@ from tensoralg.escape import escape_text
 
 HEAD_STYLES = ("label", "dotted")
 
-_LETTER_DIGITS = re.compile(r"([A-Za-z])(\d+)")
+_LETTER_DIGITS = re.compile(r"([A-Za-z])(\d+)('*)")  # h2, h2' (a second sum over a layer)
 _HEAD_LABEL = re.compile(r"L(\d+)H(\d+)")
 _PLAIN = re.compile(r"[A-Za-z]|\d+")
 
@@ -90,6 +90,8 @@ class TensorLatexPrinter:
         self._scalar = LatexPrinter()
         self._atoms: dict = {}
         self._coeffs: dict = {}
+        self._atom_texts: dict = {}
+        self._coeff_texts: dict = {}
 
     def doprint(self, expr) -> str:
         if isinstance(expr, sp.Basic):  # SymPy's Add, Product and Atom share our class names
@@ -130,7 +132,7 @@ class TensorLatexPrinter:
             return f"{m[1]}.{m[2]}" if self.head_style == "dotted" else _upright(index)
         if m := _LETTER_DIGITS.fullmatch(index):
             digits = m[2]
-            return f"{m[1]}_{digits}" if len(digits) == 1 else f"{m[1]}_{{{digits}}}"
+            return (f"{m[1]}_{digits}" if len(digits) == 1 else f"{m[1]}_{{{digits}}}") + m[3]
         return _upright(index)
 
     def index_text(self, index: str) -> str:
@@ -140,7 +142,7 @@ class TensorLatexPrinter:
         if m := _HEAD_LABEL.fullmatch(index):
             return f"L{int(m[1]) + self.index_from}H{m[2]}"
         if m := _LETTER_DIGITS.fullmatch(index):
-            return f"{m[1]}{int(m[2]) + self.index_from}"
+            return f"{m[1]}{int(m[2]) + self.index_from}{m[3]}"
         return index
 
     def _print_tuple(self, word) -> str:
@@ -177,7 +179,18 @@ class TensorLatexPrinter:
         return self._print_Term(choice.term)
 
     def _print_TensorSum(self, s) -> str:
-        return self.join([(x.negative, x.latex) for x in self.summands(s)]) if len(s) else "0"
+        return self.join([(x.negative, x.sum_latex + x.latex) for x in self.summands(s)]) if len(s) else "0"
+
+    def sum_prefix(self, bound, words) -> tuple[str, str]:
+        r"""``(latex, text)`` of the sums ``Σ_{h1∈H_1}`` over the bound indices that ``words`` carry
+        (each followed by a space), outer layers first: what a term summed over heads starts with."""
+        present = {a.index for w in words for a in w}
+        latex, text = [], []
+        for b in bound:
+            if b.index in present:
+                latex.append(rf"\sum_{{{self.index(b.index)} \in {self.name(b.over_text(self.index_from))}}} ")
+                text.append(b.text(self.index_from) + " ")
+        return "".join(latex), "".join(text)
 
     def join(self, pieces: list[tuple[bool, str]]) -> str:
         """Signed pieces joined with ``+``/``-`` (never ``+ -``), with optional line breaks for ``align``."""
@@ -193,9 +206,11 @@ class TensorLatexPrinter:
         return "".join(out)
 
     # -- summands, elision and brackets (what documents lay out) ------------------------
-    def summands(self, expr) -> list["Summand"]:
+    def summands(self, expr, bound=None) -> list["Summand"]:
         """The summands of a sum (terms; a lazy sum's products whole), signs pulled out,
-        the middle elided to one marker when there are more than ``max_terms``."""
+        the middle elided to one marker when there are more than ``max_terms``; terms carrying
+        an index of ``bound`` (default: the expression's own) get their ``Σ`` apart."""
+        bound = getattr(expr, "bound", ()) if bound is None else bound
         items: list = []
         for part in getattr(expr, "parts", (expr,)):
             if hasattr(part, "factors"):
@@ -206,19 +221,21 @@ class TensorLatexPrinter:
         if limit is not None and n > limit:
             head, tail = (limit + 1) // 2, limit // 2
             items = items[:head] + [n - head - tail] + (items[n - tail :] if tail else [])
-        return [self.gap(x) if isinstance(x, int) else self.summand(x) for x in items]
+        return [self.gap(x) if isinstance(x, int) else self.summand(x, bound) for x in items]
 
-    def summand(self, part) -> "Summand":
+    def summand(self, part, bound=()) -> "Summand":
         """One term, or one lazy product, as a :class:`Summand`."""
         if hasattr(part, "factors"):
             negative, latex = self.coefficient(part.coeff)
             _, text = self.coefficient_text(part.coeff)
-            brackets = [self.bracketed(f) for f in part.factors]
-            return Summand(negative, latex + " ".join(b[0] for b in brackets), text + "".join(b[1] for b in brackets),
+            brackets = [self.bracketed(f, bound) for f in part.factors]
+            return Summand(negative, latex + " ".join(b[0] for b in brackets), text + factors_text(brackets),
                            product=part)
         negative, latex = self.signed_term(part.coeff, part.words)
         _, text = self.coefficient_text(part.coeff)
-        return Summand(negative, latex, text + " ⊗ ".join([self.word_text(w) for w in part.words]), term=part)
+        sum_latex, sum_text = self.sum_prefix(bound, part.words) if bound else ("", "")
+        return Summand(negative, latex, text + " ⊗ ".join([self.word_text(w) for w in part.words]), term=part,
+                       sum_latex=sum_latex, sum_text=sum_text)
 
     @staticmethod
     def gap(omitted: int) -> "Summand":
@@ -237,26 +254,36 @@ class TensorLatexPrinter:
         terms = list(factor)
         return len(terms) != 1 or len(terms[0].words) != 1 or terms[0].coeff != 1 or len(terms[0].words[0]) > 1
 
-    def bracketed(self, factor) -> tuple[str, str]:
-        """``(latex, text)`` of a product's factor, in brackets where precedence needs them."""
-        parts = self.summands(factor) if len(factor) else []
-        latex = self.join([(x.negative, x.latex) for x in parts]) if parts else "0"
-        text = join_text([(x.negative, x.text) for x in parts]) if parts else "0"
+    def bracketed(self, factor, bound=()) -> tuple[str, str, bool]:
+        """``(latex, text, bracketed)`` of a product's factor, in brackets where precedence needs them."""
+        parts = self.summands(factor, bound) if len(factor) else []
+        latex = self.join([(x.negative, x.sum_latex + x.latex) for x in parts]) if parts else "0"
+        text = join_text([(x.negative, x.sum_text + x.text) for x in parts]) if parts else "0"
         if self.needs_brackets(factor):
-            return r"\left(" + latex + r"\right)", "(" + text + ")"
-        return latex, text
+            return r"\left(" + latex + r"\right)", "(" + text + ")", True
+        return latex, text, False
 
     # -- text, by the same rules ------------------------------------------------------
     def atom_text(self, a) -> str:
         """``W_OV^{h0}ᵀ`` (the binding label), the layer shifted by ``index_from``."""
-        index = self.index_text(a.index)
-        return a.name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
+        text = self._atom_texts.get(a.key)
+        if text is None:
+            index = self.index_text(a.index)
+            text = self._atom_texts[a.key] = a.name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
+        return text
 
     def word_text(self, word) -> str:
         return " ".join([self.atom_text(a) for a in word]) if word else "Id"
 
     def coefficient_text(self, coeff) -> tuple[bool, str]:
         """``(negative, text)``: the sign pulled out, the magnitude followed by ``·``."""
+        cached = self._coeff_texts.get(coeff)
+        if cached is None:
+            cached = self._coeff_texts[coeff] = self._coefficient_text(coeff)
+        return cached
+
+    @staticmethod
+    def _coefficient_text(coeff) -> tuple[bool, str]:
         coeff = sp.sympify(coeff)
         negative = bool(coeff.could_extract_minus_sign())
         magnitude = -coeff if negative else coeff
@@ -268,18 +295,37 @@ class TensorLatexPrinter:
     def text(self, expr) -> str:
         """Plain text of a sum, lazy sum or product, by the same rules as the LaTeX."""
         if hasattr(expr, "factors"):
-            x = self.summand(expr)
+            x = self.summand(expr, expr.bound)
             return ("-" if x.negative else "") + x.text
+        if not hasattr(expr, "parts"):  # a canonical sum: its terms' text alone, no LaTeX made
+            return join_text(self.terms_text(expr)) if len(expr) else "0"
         parts = self.summands(expr)
-        return join_text([(x.negative, x.text) for x in parts]) if parts else "0"
+        return join_text([(x.negative, x.sum_text + x.text) for x in parts]) if parts else "0"
+
+    def terms_text(self, s) -> list[tuple[bool, str]]:
+        """The signed text of each term of a canonical sum (the middle elided as :meth:`summands` does)."""
+        items: list = list(s)
+        n, limit = len(items), self.max_terms
+        if limit is not None and n > limit:
+            head, tail = (limit + 1) // 2, limit // 2
+            items = items[:head] + [n - head - tail] + (items[n - tail:] if tail else [])
+        out = []
+        for t in items:
+            if isinstance(t, int):
+                out.append((False, self.gap(t).text))
+                continue
+            negative, coeff = self.coefficient_text(t.coeff)
+            prefix = self.sum_prefix(s.bound, t.words)[1] if s.bound else ""
+            out.append((negative, prefix + coeff + " ⊗ ".join([self.word_text(w) for w in t.words])))
+        return out
 
     # -- lazy expressions ---------------------------------------------------------
     def _print_Product(self, p) -> str:
-        x = self.summand(p)
+        x = self.summand(p, p.bound)
         return ("-" if x.negative else "") + x.latex
 
     def _print_Add(self, a) -> str:
-        return self.join([(x.negative, x.latex) for x in self.summands(a)])
+        return self.join([(x.negative, x.sum_latex + x.latex) for x in self.summands(a)])
 
     def _print_Definition(self, d) -> str:
         return self.doprint(d.atom()) + " := " + self._print_tuple(d.word())
@@ -290,7 +336,9 @@ class TensorLatexPrinter:
 class Summand:
     """One summand as the printer writes it: the sign apart, LaTeX and text of the magnitude.
 
-    ``term`` or ``product`` is what it prints; ``omitted`` > 0 marks the elided middle.
+    ``term`` or ``product`` is what it prints; ``omitted`` > 0 marks the elided middle;
+    ``sum_latex`` and ``sum_text`` the sums ``Σ_{h1∈H_1}`` that a term summed over heads
+    starts with (kept apart: a derivation's layout writes a chain's sums itself).
     """
 
     negative: bool
@@ -299,6 +347,20 @@ class Summand:
     term: object = None
     product: object = None
     omitted: int = 0
+    sum_latex: str = ""
+    sum_text: str = ""
+
+
+def factors_text(brackets) -> str:
+    """A lazy product's factors as text: ``(A ⊗ B)(C ⊗ D)``; a factor written without brackets is
+    set apart by a space, and bracketed after another such (``A (B)``: ``A B`` would read as one word)."""
+    out = ""
+    for i, (_, text, bracketed) in enumerate(brackets):
+        if i and not bracketed and not brackets[i - 1][2] and text != "x":  # "(x)" reads as ⊗
+            text, bracketed = "(" + text + ")", True
+        out += text if not out or (bracketed and brackets[i - 1][2]) else " " + text
+        brackets[i] = (None, text, bracketed)
+    return out
 
 
 def join_text(pieces: list[tuple[bool, str]]) -> str:

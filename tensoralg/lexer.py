@@ -1,9 +1,14 @@
-"""Tokens of the expression language read by :mod:`tensoralg.parse`.
+r"""Tokens of the expression language read by :mod:`tensoralg.parse`.
 
 Each token keeps its 0-based position, so that every error can point at the text.
 Superscripts: ``^T`` and ``ᵀ`` transpose; ``^{h1}`` and a bare ``^h1`` (letters and digits,
 no braces needed for one symbol) are an index. An indexed sum ``Σ_{h∈H_1}`` (ASCII
 ``sum_{h in H_1}``) is one ``SUM`` token whose text is the bound index and the set.
+
+The paper's LaTeX reads as the same tokens: ``\otimes`` (⊗), ``\cdot`` (·), ``^\top``,
+``^{T}`` and ``^{h\top}`` / ``^{hT}`` (index ``h``, then a transpose), ``\mathrm{Id}``,
+``\left( … \right)``, ``W_{OV}`` (the name ``W_OV``), ``\sum_{h \in H_1}``; spacing
+commands (``\,``, ``\quad``) are skipped. Any other command is refused with what to type.
 
 >>> [(t.kind, t.text) for t in tokenize("Σ_{h∈H_1} A^h ⊗ W_OV^{h}ᵀ")]  # doctest: +NORMALIZE_WHITESPACE
 [('SUM', 'h∈H_1'), ('NAME', 'A'), ('INDEX', 'h'), ('OTIMES', '⊗'), ('NAME', 'W_OV'), ('INDEX', 'h'),
@@ -19,7 +24,7 @@ from tensoralg.errors import ParseError
 
 
 class Token(NamedTuple):
-    kind: str  # NUM NAME INDEX SUM T OTIMES TIMES DIV POW PLUS MINUS LPAREN RPAREN END
+    kind: str  # NUM NAME INDEX SUM T OTIMES TIMES DIV POW PLUS MINUS LPAREN RPAREN EQUALS END
     text: str  # for INDEX the index itself; for SUM "var∈set"
     pos: int
     end: int = -1
@@ -27,14 +32,14 @@ class Token(NamedTuple):
 
 SIMPLE = {
     "⊗": "OTIMES", "·": "TIMES", "⋅": "TIMES", "*": "TIMES", "/": "DIV", "+": "PLUS",
-    "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T",
+    "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T", "=": "EQUALS",
 }
 NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+NAME = re.compile(r"[A-Za-z](?:[A-Za-z0-9]|_(?!\{))*(?:_\{[A-Za-z0-9]+\})?'*")  # W_OV' (a folded weight), W_{OV}
 OTIMES_ASCII = re.compile(r"\(\s*x\s*\)")
 BARE_INDEX = re.compile(r"[A-Za-z0-9]+")
-SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9]))")
-SUM_BODY = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*)\s*(?:∈|\s+in\s+)\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{[A-Za-z0-9]+\}|[A-Za-z0-9]+))?)\s*")
+SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9])|\\sum(?![A-Za-z])|\\Sigma(?![A-Za-z]))")
+SUM_BODY = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{\d+\}|\d+))?'*)\s*(?:∈|\\in(?![A-Za-z])|\s+in\s+)\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{[A-Za-z0-9]+\}|[A-Za-z0-9]+))?)\s*")
 SUM_HINT = "an indexed sum is written Σ_{h∈H_1} or sum_{h in H_1}"
 MAX_DIGITS = 100  # digits in one number literal
 MAX_EXPONENT = 300  # |e| in a literal such as 1e-300 (as a float's range)
@@ -57,18 +62,58 @@ def tokenize(text: str) -> list[Token]:
             token = Token(SIMPLE[ch], ch, i, i + 1)
         elif ch == "^":
             token = caret(text, i)
+            if token.kind == "INDEX" and (m := INDEX_THEN_T.fullmatch(token.text)):  # ^{hT}, ^{h\top}: h, then ᵀ
+                tokens.append(Token("INDEX", m[1], i, token.end))
+                token = Token("T", m[2], token.end, token.end)
+        elif ch == "\\" and not SUM_START.match(text, i):
+            token = latex_command(text, i)
+            if token is None:  # spacing
+                i = COMMAND.match(text, i).end()
+                continue
         elif m := SUM_START.match(text, i):
             token = indexed_sum(text, i, m.end())
         elif m := NUMBER.match(text, i):
             token = number(text, m)
         elif m := NAME.match(text, i):
-            token = Token("NAME", m.group(), i, m.end())
+            token = Token("NAME", m.group().replace("{", "").replace("}", ""), i, m.end())
         else:
             raise ParseError(f"unexpected character {ch!r}", text, i)
         tokens.append(token)
         i = token.end
     tokens.append(Token("END", "", n, n))
     return tokens
+
+
+SUBSCRIPTED_INDEX = re.compile(r"\^(?:\{([A-Za-z]+)_\{?(\d+)\}?\}|([A-Za-z]+)_(\d+))")
+COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.DOTALL)
+INDEX_THEN_T = re.compile(r"(.*[^\s\\])\s*(T|\\top|ᵀ)")
+LATEX_TOKENS = {"otimes": ("OTIMES", "⊗"), "cdot": ("TIMES", "·"), "top": ("T", "ᵀ"), "intercal": ("T", "ᵀ")}
+SPACING = frozenset([" "] + ", ; ! : quad qquad left right bigl bigr Bigl Bigr big Big biggl biggr".split())
+TEXT_COMMANDS = re.compile(r"\\(?:mathrm|operatorname|text|mathit)\{([A-Za-z][A-Za-z0-9_]*)\}")
+LATEX_HINTS = {
+    "frac": "write a/b, as in 1/sqrt(d_head)", "sqrt": "write sqrt(d_head)", "times": "write ⊗ (or (x)) for "
+    "the tensor product and · for the product", "prod": "write the factors out", "in": "∈ belongs inside "
+    "\\sum_{h \\in H_1}", "mathbf": "write the name itself, as in x", "hat": "write the name itself",
+}
+
+
+def latex_command(text: str, i: int) -> Token | None:
+    """A LaTeX command of the paper's notation as the token it stands for; ``None`` for spacing
+    (``\\,``, ``\\quad``, ``\\left``, ``\\right``); a :class:`ParseError` with what to type otherwise."""
+    if m := TEXT_COMMANDS.match(text, i):  # \mathrm{Id}, \operatorname{softmax}
+        return Token("NAME", m[1], i, m.end())
+    m = COMMAND.match(text, i)
+    if m is None:  # a backslash ending the text (or before a line break)
+        raise ParseError("a lone '\\' ends the text: a LaTeX command is a backslash and a name, as in \\otimes", text, i)
+    name = m[1]
+    if name in LATEX_TOKENS:
+        kind, shown = LATEX_TOKENS[name]
+        return Token(kind, shown, i, m.end())
+    if name in SPACING:
+        return None
+    hint = LATEX_HINTS.get(name, "the language reads \\otimes \\cdot ^\\top \\mathrm{Id} \\left( \\right) "
+                                 "\\sum_{h \\in H_1} and W_{OV}; see 'tcircuits expand --help'")
+    raise ParseError(f"the LaTeX command {m.group()!r} is not read here: {hint}", text, i)
 
 
 def number(text: str, m: re.Match) -> Token:
@@ -91,6 +136,8 @@ def number(text: str, m: re.Match) -> Token:
 def caret(text: str, i: int) -> Token:
     """``^{index}``, ``^index`` or ``^T`` starting at ``text[i] == '^'``."""
     nxt = text[i + 1 : i + 2]
+    if m := SUBSCRIPTED_INDEX.match(text, i):  # ^{h_2}, ^{h_{2}}, ^h_2: the index h2
+        return Token("INDEX", (m[1] or m[3]) + (m[2] or m[4]), i, m.end())
     if nxt == "{":
         close = text.find("}", i + 2)
         opening = text.find("{", i + 2)
@@ -105,7 +152,12 @@ def caret(text: str, i: int) -> Token:
         if unprintable is not None:  # a control character would reach the terminal and the documents
             raise ParseError(f"an index holds printable characters only, not {index[unprintable]!r}",
                              text, i + 2 + unprintable)
+        if index.strip() in ("T", "\\top", "\\intercal", "ᵀ"):  # ^{T}, ^{\top}: a transpose, as ^T
+            return Token("T", "^T", i, close + 1)
         return Token("INDEX", index, i, close + 1)
+    for command in ("\\top", "\\intercal"):  # ^\top
+        if text.startswith(command, i + 1):
+            return Token("T", "^T", i, i + 1 + len(command))
     m = BARE_INDEX.match(text, i + 1)
     if m is None:
         raise ParseError("after '^' expected an index ('^h', '^{h1}') or 'T' (transpose)", text, i + 1)
@@ -127,4 +179,5 @@ def indexed_sum(text: str, i: int, start: int) -> Token:
     m = SUM_BODY.fullmatch(text, start + 2, close)
     if m is None:
         raise ParseError(f"cannot read the range of the sum: {SUM_HINT}", text, start + 2)
-    return Token("SUM", f"{m[1]}∈{m[2].replace('{', '').replace('}', '')}", i, close + 1)
+    var = re.sub(r"[_{}]", "", m[1])  # h_2, h_{2}: the subscripted index h2
+    return Token("SUM", f"{var}∈{m[2].replace('{', '').replace('}', '')}", i, close + 1)

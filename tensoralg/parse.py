@@ -18,9 +18,20 @@ Grammar, loosest binding first (the paper's precedence: product, then ⊗, then 
 Rules worth knowing:
 
 - Superscripts: ``A^h``, ``W_OV^h1`` and ``W_O^{h}`` are indices (braces optional for one
-  symbol of letters and digits; braces hold any index verbatim). ``^T`` and ``ᵀ`` transpose,
-  after an atom or a parenthesised group: ``W_OV^h^T``, ``(A B)^T``; ``A^{T}`` is the atom
-  ``A`` with index ``T``.
+  symbol of letters and digits; braces hold any index verbatim; ``h_2`` is ``h2``). ``^T``,
+  ``^{T}``, ``^\\top`` and ``ᵀ`` transpose, after an atom or a parenthesised group:
+  ``W_OV^h^T``, ``(A B)^T``; ``W_Q^{hT}`` and ``W_Q^{h\\top}`` are ``W_Q^{h}ᵀ``, as the slides
+  write them. ``W_Q^T^h`` is refused with what to type (``W_Q^{h}ᵀ``).
+- The paper's LaTeX: ``\\otimes``, ``\\cdot``, ``\\mathrm{Id}``, ``\\left( … \\right)``, ``W_{OV}``,
+  ``\\sum_{h \\in H_1}`` read as their Unicode twins (:mod:`tensoralg.lexer`); other commands
+  are refused with what to type.
+- Juxtaposed atoms without a space: an undeclared name made of names of atoms of the same
+  expression (``AC`` in ``(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)``) is their product, and the reading
+  says so (``("juxtaposed", "AC", ("A", "C"))`` in the rewrites; :func:`parse` warns with
+  :class:`~tensoralg.names.ReadingNote`).
+- A nonlinear function of an operator (``softmax(…)``, ``exp(…)``, ``LN(…)``) is refused
+  ("write the pattern as A^h"); ``opaque=True`` reads it as an opaque matrix ``softmax^{1}``.
+- An equation ``LHS = RHS`` is refused here: :func:`tensoralg.check` decides it.
 - Names: the paper's atoms keep their shapes (``A`` is ``n_ctx × n_ctx``), atoms declared
   with ``atoms=`` theirs; any other name is a matrix with a fresh shape ``rows_B × cols_B``
   that the products fix (shape inference, :mod:`tensoralg.inference`).
@@ -51,11 +62,12 @@ TensorSum(1/sqrt(d_head)·W_QK^{h}ᵀ)
 >>> len(parse("(Id ⊗ W_U)(Id ⊗ Id + A^{h} ⊗ W_OV^{h})(Id ⊗ W_E)").expand())
 2
 >>> parse("(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)").expand()
-TensorSum(Id ⊗ W_E + A^{h0} ⊗ W_OV^{h0} W_E)
+TensorSum(Id ⊗ W_E + Σ_{h0∈H_0} A^{h0} ⊗ W_OV^{h0} W_E)
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Iterable, Mapping, Union
 
 from tensoralg.atoms import STANDARD_SHAPES, Atom
@@ -63,26 +75,30 @@ from tensoralg.errors import ShapeMismatch, TensorAlgError
 from tensoralg.expr import Expr
 from tensoralg.grammar import Parser
 from tensoralg.inference import Shapes, declared_table
+from tensoralg.names import ReadingNote, juxtaposed_note
 from tensoralg.reading import Applied, Bound, Reading
 from tensoralg.text import to_text
 
-__all__ = ["Applied", "Bound", "Reading", "parse", "read", "to_text"]
+__all__ = ["Applied", "Bound", "Reading", "ReadingNote", "notes", "parse", "read", "to_text"]
 
 AtomDecl = Union[Atom, tuple]
 API_HINT = "declare others with atoms="
 
 
 def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
-         generic: bool = True, hint: str = API_HINT, visible: bool = True) -> Reading:
+         generic: bool = True, hint: str = API_HINT, visible: bool = True, opaque: bool = False,
+         names: Iterable[str] = ()) -> Reading:
     """Read ``text`` with everything :func:`parse` knows, and more: the indices bound by
     its sums, the rewrites made while reading, an operator applied to an activation (kept
     apart, so a derivation can show the step), and the shapes inferred for undeclared names.
     With ``visible`` (the default), like terms typed at the top level stay a lazy sum, to
-    be collected as a step.
+    be collected as a step. ``names`` are more names of atoms of the expression (the other side
+    of an identity), for reading ``AC`` as ``A C``; ``opaque`` reads ``softmax(…)`` as a matrix.
 
     ``index_from`` says how ``H_l`` counts layers: 0 (the default, as TransformerLens:
     ``H_1`` is the second layer) or 1 (the paper's: ``H_1`` is the first). Indices are
-    stored 0-based: ``Σ_{h∈H_1}`` binds ``h1`` with ``index_from=0`` and ``h0`` with 1.
+    stored 0-based: ``Σ_{h∈H_1}`` binds ``h1`` with ``index_from=0`` and ``h0`` with 1; so are free
+    layer indices, as the printer writes them: ``L1H3`` and ``A^{h2}`` read from 1 are ``L0H3``, ``h1``.
 
     >>> r = read("(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)")
     >>> [b.index for b in r.bound]
@@ -97,7 +113,7 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
     table = {**STANDARD_SHAPES, **declared_table(atoms)}
     shapes = Shapes() if generic else None
     while True:
-        parser = Parser(text, table, shapes, index_from, hint, visible)
+        parser = Parser(text, table, shapes, index_from, hint, visible, opaque, frozenset(names))
         try:
             value = parser.parse()
             break
@@ -105,13 +121,26 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
             if shapes is None or not shapes.unify(err.dims):
                 raise
     applied = value if isinstance(value, Applied) else None
-    expr = value.operator if applied else value
+    bound = tuple(sorted(parser.bound.values()))
+    expr = (value.operator if applied else value).with_bound(bound)
     inferred = {name: shapes.shape(name) for name in shapes.fresh} if shapes else {}
-    return Reading(expr, tuple(sorted(parser.bound.values())), tuple(parser.rewrites), applied, inferred)
+    return Reading(expr, bound, tuple(parser.rewrites), applied, inferred)
+
+
+def notes(reading: Reading) -> list[str]:
+    """What the reader says about how it read the text: ``AC`` read as ``A C``, ``softmax(…)``
+    read as an opaque matrix (the CLI shows these as notes, :func:`parse` as warnings)."""
+    out = []
+    for rewrite in reading.rewrites:
+        if rewrite[0] == "juxtaposed":
+            out.append(juxtaposed_note(rewrite[1], rewrite[2]))
+        elif rewrite[0] == "opaque":
+            out.append(f"{rewrite[1]} is read as the opaque matrix {rewrite[2]} (not a function of its argument)")
+    return list(dict.fromkeys(out))
 
 
 def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
-          generic: bool = True) -> Expr:
+          generic: bool = True, opaque: bool = False) -> Expr:
     """Parse the text language (see the module docstring) into an expression.
 
     ``atoms`` declares atoms beyond the paper's standard ones, as ``{name: (rows, cols)}``
@@ -131,5 +160,7 @@ def parse(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = Non
     >>> parse("(A ⊗ W_O W_V) x")
     TensorSum(A x W_Vᵀ W_Oᵀ)
     """
-    r = read(text, atoms, index_from=index_from, generic=generic, visible=False)
-    return r.applied.result() if r.applied else r.expr
+    r = read(text, atoms, index_from=index_from, generic=generic, visible=False, opaque=opaque)
+    for note in notes(r):
+        warnings.warn(note, ReadingNote, stacklevel=2)
+    return r.applied.result().with_bound(r.bound) if r.applied else r.expr

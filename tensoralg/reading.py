@@ -15,19 +15,8 @@ from typing import NamedTuple
 import sympy as sp
 
 from tensoralg.action import act
+from tensoralg.bound import Bound
 from tensoralg.expr import Add, Expr, Product, TensorSum
-
-
-class Bound(NamedTuple):
-    """An index bound by ``Σ_{var∈over}``: atoms carrying ``index`` are summed over ``over``.
-
-    ``layer`` is the layer (0-based, as stored) when ``over`` is a layer's heads ``H_l``.
-    """
-
-    index: str
-    var: str
-    over: str
-    layer: int | None
 
 
 class Applied(NamedTuple):

@@ -72,7 +72,7 @@ def distribute(expr: Expr, max_order: int | None = None) -> Expr:
 
     >>> from tensoralg.parse import parse
     >>> distribute(parse("(A^{1} ⊗ Id + Id ⊗ W_OV^{1})(A^{2} ⊗ W_OV^{2})"))
-    Add(Product((Id ⊗ W_OV^{1}) · (A^{2} ⊗ W_OV^{2})) + Product((A^{1} ⊗ Id) · (A^{2} ⊗ W_OV^{2})))
+    Add((Id ⊗ W_OV^{1})(A^{2} ⊗ W_OV^{2}) + (A^{1} ⊗ Id)(A^{2} ⊗ W_OV^{2}))
     """
     check_order(max_order)
     parts: list[Expr] = []

@@ -3,18 +3,18 @@
 A term ``c · F_1 ⊗ … ⊗ F_k`` has one word (a product of atoms; ``()`` is ``Id``) per
 slot. Here are the word-level pieces the sums are built from: reading a slot as a word,
 the canonical order of terms, the slot-by-slot word join of a product, the one shape
-check of terms added or multiplied together, and the plain text of a term.
+check of terms added or multiplied together. (Their text is the printer's:
+:meth:`tensoralg.latex.TensorLatexPrinter.text`.)
 
 >>> from tensoralg.atoms import atom
->>> term_text(sp.Integer(2), (as_word(atom("A", 1)), as_word(None)))
-'2·A^{1} ⊗ Id'
+>>> as_word(atom("A", 1)), as_word(None)
+((A^{1},), ())
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Sequence, Union
 
-import sympy as sp
 
 from tensoralg.atoms import Atom, Word, format_shape, word_key
 from tensoralg.errors import ShapeMismatch, TensorAlgError
@@ -110,19 +110,3 @@ def chain_shapes(left: Shape, right: Shape, slot: int) -> Shape:
             dims=[(left[1], right[0])],
         )
     return (left[0], right[1])
-
-
-def word_text(word: Word) -> str:
-    return " ".join(map(repr, word)) if word else "Id"
-
-
-def term_text(coeff: sp.Expr, words: tuple[Word, ...]) -> str:
-    body = " ⊗ ".join(word_text(w) for w in words)
-    if coeff == 1:
-        return body
-    if coeff == -1:
-        return "-" + body
-    text = sp.sstr(coeff)
-    if isinstance(coeff, sp.Add):  # (1 + sqrt(2))·A, not 1 + sqrt(2)·A
-        text = f"({text})"
-    return f"{text}·{body}"

@@ -1,52 +1,54 @@
-"""Expressions as text that :func:`tensoralg.parse.parse` reads back to an equal expression."""
+"""Expressions as text that :func:`tensoralg.parse.parse` reads back to the same operator.
+
+There is one text printer, :meth:`tensoralg.latex.TensorLatexPrinter.text` (the LaTeX's
+twin, by the same rules: signs pulled out, brackets by precedence, ``Σ_{h1∈H_1}`` before
+the terms summed over heads); ``str``, ``repr``, the documents' text and :func:`to_text`
+all print through it. :func:`to_text` adds only what a printout of everything needs: the
+zero sum, and a refusal for an index that the language cannot write.
+"""
 
 from __future__ import annotations
 
-import sympy as sp
-
 from tensoralg.atoms import Atom
 from tensoralg.errors import TensorAlgError
-from tensoralg.expr import Add, Product, TensorSum
+from tensoralg.expr import Expr, TensorSum
+from tensoralg.latex import TensorLatexPrinter
 
 
-def to_text(expr) -> str:
-    """Text that :func:`parse` reads back to an equal expression.
+def to_text(expr, index_from: int = 0) -> str:
+    """Text that :func:`parse` (with the same ``index_from``) reads back to the same operator.
 
     Canonical sums print as ``str`` does; lazy products as ``c·(F_1)(F_2)…``; lazy sums
-    with their parts, multi-term parts in parentheses. A zero k-slot sum prints as
-    ``0·Id ⊗ … ⊗ Id``. Atoms must have names the parser knows and indices without braces.
+    with their parts. A zero k-slot sum prints as ``0·Id ⊗ … ⊗ Id``. Atoms must have
+    indices without braces.
 
     >>> from tensoralg.parse import parse
     >>> to_text(parse("(A^{1} ⊗ Id)(Id ⊗ W_E)"))
     '(A^{1} ⊗ Id)(Id ⊗ W_E)'
+    >>> to_text(parse("A ⊗ W_OV + -2·B ⊗ C"))
+    'A ⊗ W_OV - 2·B ⊗ C'
     """
-    kind = type(expr).__name__
+    printer = TensorLatexPrinter(index_from=index_from)
     if isinstance(expr, Atom):
-        return repr(expr)
-    if isinstance(expr, TensorSum):
-        _check_indices(expr)
-        return str(expr) if len(expr) else "0·" + " ⊗ ".join(["Id"] * expr.n_slots)
-    if isinstance(expr, Product):
-        return _coeff_prefix(expr.coeff) + "".join(f"({to_text(f)})" for f in expr.factors)
-    if isinstance(expr, Add):
-        return " + ".join(
-            f"({to_text(p)})" if isinstance(p, TensorSum) and len(p) != 1 else to_text(p) for p in expr.parts
-        )
-    raise TensorAlgError(f"to_text() takes an atom or an expression (TensorSum, Product, Add), got {kind}")
+        return printer.atom_text(expr)
+    if not isinstance(expr, Expr):
+        raise TensorAlgError(f"to_text() takes an atom or an expression (TensorSum, Product, Add), "
+                             f"got {type(expr).__name__}")
+    if isinstance(expr, TensorSum) and not len(expr):
+        return "0·" + " ⊗ ".join(["Id"] * expr.n_slots)
+    _check_indices(expr.expand() if isinstance(expr, TensorSum) else _factors(expr))
+    return printer.text(expr)
 
 
-def _coeff_prefix(coeff: sp.Expr) -> str:
-    if coeff == 1:
-        return ""
-    if coeff == -1:
-        return "-"
-    text = sp.sstr(coeff)
-    return f"({text})·" if isinstance(coeff, sp.Add) else f"{text}·"
+def _factors(expr) -> list:
+    parts = getattr(expr, "parts", (expr,))
+    return [f for p in parts for f in getattr(p, "factors", (p,))]
 
 
-def _check_indices(expr: TensorSum) -> None:
-    for t in expr:
-        for w in t.words:
-            for a in w:
-                if "{" in a.index or "}" in a.index:
-                    raise TensorAlgError(f"atom {a!r}: an index with braces cannot be written as text")
+def _check_indices(sums) -> None:
+    for s in (sums if isinstance(sums, list) else [sums]):
+        for t in s:
+            for w in t.words:
+                for a in w:
+                    if "{" in a.index or "}" in a.index:
+                        raise TensorAlgError(f"atom {a!r}: an index with braces cannot be written as text")

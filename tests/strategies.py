@@ -266,6 +266,7 @@ def slide_notations(draw, max_factors: int = 3) -> SlideNotation:
     for _ in range(draw(st.integers(1, max_factors))):
         kind = draw(st.sampled_from(("layer", "head", "transposed", "generic")))
         i = draw(st.sampled_from(("1", "h", "q2")))  # free indices, never one a Σ binds
+        stored = "q1" if i == "q2" and index_from else i  # q2 counted from 1 is q1 (as the printer writes it)
         if kind == "layer":
             layer = draw(st.integers(0, 2))
             index = f"h{layer}" + "'" * seen_layers.get(layer, 0)  # a second sum over a layer: renamed apart
@@ -278,10 +279,10 @@ def slide_notations(draw, max_factors: int = 3) -> SlideNotation:
             old.append(f"(Id ⊗ Id + {2 if twice else 1}·A^{{{index}}} ⊗ W_OV^{{{index}}})")
         elif kind == "head":
             new.append(f"(A^{i} ⊗ W_O^{i} W_V^{i})")
-            old.append(f"(A^{{{i}}} ⊗ W_O^{{{i}}}·W_V^{{{i}}})")
+            old.append(f"(A^{{{stored}}} ⊗ W_O^{{{stored}}}·W_V^{{{stored}}})")
         elif kind == "transposed":
             new.append(f"(A^{i} ⊗ W_O^{i} W_V^{i})^T")
-            old.append(f"(A^{{{i}}}ᵀ ⊗ W_V^{{{i}}}ᵀ W_O^{{{i}}}ᵀ)")
+            old.append(f"(A^{{{stored}}}ᵀ ⊗ W_V^{{{stored}}}ᵀ W_O^{{{stored}}}ᵀ)")
         else:
             new.append("(Id ⊗ B)")
             old.append("(Id ⊗ B)")

@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from tensoralg.display import REPR_MAX_TERMS, elided_table, md_table, md_text
+from tensoralg.display import REPR_MAX_TERMS, elided_table, head_and_tail, html_table, html_text, md_table, md_text
 
 
 @dataclass
@@ -167,6 +167,32 @@ class VerifyReport:
         rows = [[md_text(label), order_, norm, err, ok if ok != "FAIL" else "**FAIL**"] for label, order_, norm, err, ok in self.rows()]
         lines.append(elided_table(["term", "order", "norm", "max abs error", "ok"], rows, max_rows, right=[1, 2, 3], what="terms"))
         return "\n".join(lines)
+
+    def _repr_html_(self, max_rows: int | None = REPR_MAX_TERMS) -> str:
+        """What a notebook shows as HTML: the verdict, the checks, the notes and the first and last
+        terms (the count of the rest) — the same content as :meth:`_repr_markdown_`."""
+        verdict = "PASSED" if self.passed else "FAILED"
+        order = "all orders" if self.max_order is None else f"up to order {self.max_order} ({self.n_omitted:,} omitted)"
+        checks = []
+        for c in self.checks:
+            le = "≤ " if c.bounded else ""
+            cells = ["" if v is None else f"{le}{v:.3g}" for v in (c.max_abs_error, c.rel_error)]
+            status = "skipped" if c.passed is None else ("PASS" if c.passed else "<b>FAIL</b>")
+            checks.append([html_text(_CHECK_TITLES[c.name]), status, *map(html_text, cells),
+                           "" if c.tolerance is None else f"{c.tolerance:.3g}", html_text(c.detail)])
+        head, n_out, tail = head_and_tail(self.rows(), max_rows)
+        gap = [[html_text(f"⋯ {n_out:,} terms left out"), "", "", "", ""]] if n_out else []
+        terms = [[html_text(cell) if cell != "FAIL" else "<b>FAIL</b>" for cell in row] for row in head] + gap + \
+            [[html_text(cell) if cell != "FAIL" else "<b>FAIL</b>" for cell in row] for row in tail]
+        size = f"batch {self.n_batch} x {self.n_pos} positions, {len(self.terms):,} terms, {order}, " \
+            f"{self.dtype} on {self.device}"
+        return "\n".join([
+            f"<p><b>verify {html_text(self.target)}</b> of {html_text(self.model)}: <b>{verdict}</b></p>",
+            f"<p>{html_text(size)}</p>",
+            html_table(["check", "result", "max abs error", "relative", "tolerance", "detail"], checks, right=[2, 3, 4]),
+            *[f"<p>note: {html_text(n)}</p>" for n in self.notes],
+            html_table(["term", "order", "norm", "max abs error", "ok"], terms, right=[1, 2, 3]),
+        ])
 
 
 _CHECK_TITLES = {

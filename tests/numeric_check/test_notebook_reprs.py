@@ -45,3 +45,10 @@ def test_a_finding_escapes_its_text():
 def test_a_head_report_renders_its_table():
     heads = nc.detect_heads(nc.load_checkpoint(nc.shipped_checkpoint(1)), batch=4)
     assert heads._repr_markdown_() == heads.to_markdown() and heads.to_markdown().startswith("| head |")
+
+
+def test_a_report_as_html_shows_head_and_tail_and_escapes_labels():
+    shown = _report(3_000, label="<i>tok</i>→L0H{i}")._repr_html_(max_rows=10)
+    assert "<b>PASSED</b>" in shown and "⋯ 2,990 terms left out" in shown and "L0H2999" in shown
+    assert "<i>" not in shown and "&lt;i&gt;tok&lt;/i&gt;" in shown and "a &lt;b&gt;model" in shown
+    assert shown.count("<tr>") == 1 + 2 + 1 + 10 + 1  # two headers, two checks, 10 terms and the gap

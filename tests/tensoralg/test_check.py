@@ -1,0 +1,74 @@
+"""tensoralg.check: an identity decided by canonical expansion, confirmed numerically, with a
+counterexample when it fails."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+from tensoralg import ParseError, TensorAlgError, check, parse, to_text
+from tests.strategies import PROPERTY, any_expression, seeds
+
+
+@pytest.mark.parametrize("identity", [
+    "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)",                        # the rule as every page prints it
+    r"(A \otimes B)(C \otimes D) = (A C) \otimes (B D)",    # the paper's LaTeX
+    "W_QK^h = W_Q^{hT} W_K^h",                              # a definition, unfolded to compare
+    "W_OV^{h} = W_O^{h} W_V^{h}",
+    "(XY)^T = Y^T X^T",
+    "(Id ⊗ W_U)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E) = Id ⊗ W_U W_E + Σ_{h∈H_1} A^h ⊗ W_U W_OV^h W_E",
+    "(A ⊗ W_O W_V) x = A x W_V^T W_O^T",                     # an operator applied to an activation
+    "A - A = 0",
+    "2·(A ⊗ B) = A ⊗ B + A ⊗ B",
+    "Σ_{h∈H_1} A^h ⊗ W_OV^h = Σ_{k∈H_1} A^k ⊗ W_OV^k",  # a summed index is a dummy
+    "Σ_{h∈H_1} Σ_{g∈H_1} A^h A^g ⊗ W_OV^h W_OV^g = Σ_{k∈H_1} Σ_{j∈H_1} A^j A^k ⊗ W_OV^j W_OV^k",
+])
+def test_true_identities_hold_symbolically_and_numerically(identity):
+    r = check(identity)
+    assert r.holds and bool(r) and r.difference.is_zero, str(r)
+    assert r.numeric_error < 1e-12 and r.counterexample is None
+    assert "The identity holds" in str(r)
+
+
+@pytest.mark.parametrize("identity, difference", [
+    ("(XY)^T = X^T Y^T", "-Xᵀ Yᵀ + Yᵀ Xᵀ"),
+    ("(A + B) ⊗ W_OV = A ⊗ W_OV", "B ⊗ W_OV"),
+    ("(Id + A^1 ⊗ W_OV^1)(Id + A^0 ⊗ W_OV^0) = Id + A^1 ⊗ W_OV^1 + A^0 ⊗ W_OV^0",
+     "A^{1} A^{0} ⊗ W_OV^{1} W_OV^{0}"),
+    ("(A ⊗ B)(C ⊗ D) = (CA) ⊗ (BD)", "A C ⊗ B D - C A ⊗ B D"),
+    ("Σ_{h∈H_1} A^h ⊗ W_OV^h = Σ_{k∈H_2} A^k ⊗ W_OV^k",
+     "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1} - Σ_{h2∈H_2} A^{h2} ⊗ W_OV^{h2}"),
+    ("Σ_{h∈H_1} A^h ⊗ W_OV^h = A^{h1} ⊗ W_OV^{h1}",  # one head h1 is not the sum over the layer
+     "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1} - A^{h1 (free)} ⊗ W_OV^{h1 (free)}"),
+])
+def test_false_identities_show_the_terms_that_differ_and_a_counterexample(identity, difference):
+    r = check(identity)
+    assert not r.holds and str(r.difference) == difference
+    assert r.numeric_error > 1e-6
+    c = r.counterexample
+    assert c is not None and c.size == 2 and not np.allclose(c.lhs, c.rhs)
+    assert all(set(np.unique(v)) <= {-2, -1, -0.5, 0, 0.5, 1, 2} for v in c.bindings.values())  # small integers
+    assert "LHS - RHS = " + difference in str(r) and "counterexample, every dimension 2" in str(r)
+
+
+@PROPERTY
+@given(any_expression(), seeds())
+def test_an_expression_equals_its_printed_expansion(e, seed):
+    assert check(to_text(e), to_text(e.expand()) if len(e.expand()) else "0", seed=seed).holds
+
+
+def test_sides_may_be_expressions():
+    assert check(parse("(A ⊗ B)(C ⊗ D)"), parse("A C ⊗ B D")).holds
+
+
+@pytest.mark.parametrize("text, message", [
+    ("A ⊗ B", "one '='"),
+    ("A = B = C", "one '='"),
+    ("W_OV := W_O W_V", "defines a name"),
+    ("A ⊗ B = C", "slots"),
+    ("0 = 0", "both sides are 0"),
+])
+def test_malformed_identities_are_refused_with_what_was_expected(text, message):
+    with pytest.raises((ParseError, TensorAlgError), match=message):
+        check(text)
