@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from tensoralg.errors import ReadingNote
 import sympy as sp
 from hypothesis import given, strategies as st
 
@@ -148,7 +150,8 @@ def test_latex_spacing_and_a_lone_backslash():
 
 
 def test_a_long_run_of_atoms_is_refused_or_read_never_a_recursion_error():
-    e = parse("A " + "A" * 40)  # 40 A's run together: forty A's, said with a note
+    with pytest.warns(ReadingNote, match="is read as the product A A A"):
+        e = parse("A " + "A" * 40)  # 40 A's run together: forty A's, said with a note
     assert len(e.expand().terms[0].words[0]) == 41
     long = parse("A " + "A" * 5000)  # too long to split: one new matrix with a fresh shape
     assert len(long.expand().terms[0].words[0]) == 2
