@@ -192,12 +192,13 @@ def test_unusable_device_is_a_checkpoint_error(saved):
         load_checkpoint(path, dtype=torch.int32)
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 
+from tests.conftest import HEAVY  # noqa: E402
 from tests.strategies import circuit_models  # noqa: E402
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@HEAVY
 @given(circuit_models())
 def test_property_round_trip(tmp_path, model):
     path = tmp_path / "model.safetensors"
