@@ -13,6 +13,7 @@ control character in the input is shown escaped, never sent raw.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from importlib.metadata import entry_points
@@ -21,6 +22,7 @@ from tensoralg.errors import TCircuitsError
 from tensoralg.escape import terminal_safe
 
 from derivations import commands
+from derivations.terminal import guarded_terminal
 
 DESCRIPTION = """\
 Symbolic derivations for "A Mathematical Framework for Transformer Circuits"
@@ -77,22 +79,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``tcircuits ARGV``; return the exit status (argparse exits by itself on bad flags).
+    Whatever the terminal is — closed, full, ASCII-only — the answer is a result or one line
+    (:func:`derivations.terminal.guarded_terminal`)."""
+    with guarded_terminal():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)
-        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
         return code
     except BrokenPipeError:  # the reader went away (| head): end quietly, as other CLIs do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
         return 141
     except TCircuitsError as error:
-        print(f"tcircuits {args.command}: error: {terminal_safe(error)}", file=sys.stderr)
+        _say(f"tcircuits {args.command}: error: {terminal_safe(error)}")
         return 2
     except KeyboardInterrupt:
-        print("tcircuits: interrupted", file=sys.stderr)
+        _say("tcircuits: interrupted")
         return 130
+
+
+def _say(line: str) -> None:
+    """One line on standard error, if it can be written at all."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

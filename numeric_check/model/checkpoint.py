@@ -49,8 +49,9 @@ TORCH_SUFFIXES = (".pt", ".pth")
 WEIGHT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
-def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` as safetensors (atomically: a temporary file, then a rename).
+def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> str:
+    """Write ``model`` to ``path`` as safetensors (atomically: a temporary file, then a rename);
+    return its content hash (what :func:`stored_content_hash` reads back).
 
     Refuses NaN/Inf weights (:class:`WeightError`) and torch-file suffixes (``.pt``, ``.pth``).
     """
@@ -69,6 +70,18 @@ def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
         write_atomic(path, save(tensors, metadata=metadata))
     except OutputPathError as err:
         raise CheckpointError(f"cannot save {path}: {err}") from None
+    return metadata["content_sha256"]
+
+
+def stored_content_hash(path: str | os.PathLike) -> str | None:
+    """The content hash a safetensors checkpoint records (its metadata only is read); None for
+    a torch file, a file saved before content hashes, or one that cannot be read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            stored = (f.metadata() or {}).get("content_sha256")
+    except Exception:  # noqa: BLE001 - unreadable: load_checkpoint names the problem
+        return None
+    return stored if isinstance(stored, str) else None
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> CircuitModel:
