@@ -29,7 +29,7 @@ SIMPLE = {
     "⊗": "OTIMES", "·": "TIMES", "⋅": "TIMES", "*": "TIMES", "/": "DIV", "+": "PLUS",
     "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T",
 }
-NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 OTIMES_ASCII = re.compile(r"\(\s*x\s*\)")
 BARE_INDEX = re.compile(r"[A-Za-z0-9]+")

@@ -52,7 +52,7 @@ from numeric_check.model.hooks import block_hook
 from tensoralg.atoms import Atom
 
 
-_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+)|(?P<qk>,qk))?$")
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+)|(?P<qk>,qk))?$", re.ASCII)
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V")
 _KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V")  # one per key/value head: indexed by group when grouped
 
