@@ -55,6 +55,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         message = terminal_safe(" ".join(message.split()))  # argparse quotes bad values, newlines and all
+        if message.endswith("expected one argument"):  # --tokens -1,2: the value reads as a flag
+            flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
+            message += f" (a value that starts with '-' is written {flag}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

@@ -45,13 +45,15 @@ class Numeric:
     per atom name, ``f(atom, shape, rng) -> array`` (e.g. orthonormal columns);
     ``derived``: per atom name, ``f(atom) -> 1-slot expression`` that defines it (the
     standard ``W_OV``/``W_QK`` are included). ``count``: how many heads each summed
-    index (:class:`SumIndex`) stands for.
+    index (:class:`SumIndex`) stands for; ``missing``: what the reader is told to do when a
+    size has no value (a command-line user is told about ``--atom``, not this class).
     """
 
     dims: Mapping[str, int] = field(default_factory=dict)
     special: Mapping[str, Callable] = field(default_factory=dict)
     derived: Mapping[str, Callable] = field(default_factory=dict)
     count: int = 2
+    missing: str = "give its sizes in Numeric(dims=...)"  # how to give a size that has no value (the CLI says --atom)
 
 
 
@@ -141,7 +143,7 @@ class RandomBindings:
         value = sp.sympify(value)
         value = value.subs({s: self.dims[s.name] for s in value.free_symbols if s.name in self.dims})
         if not value.is_number:
-            raise DerivationError(f"no numeric value for {value}; give its sizes in Numeric(dims=...)")
+            raise DerivationError(f"no numeric value for {value}; {self.numeric.missing}")
         return complex(value)
 
     def size(self, dim) -> int:

@@ -73,7 +73,7 @@ def register_train_toy(subparsers) -> None:
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
                      TRAIN_DESCRIPTION, TRAIN_EPILOG)
     p.add_argument("--out", required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
-    p.add_argument("--layers", type=int, default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
+    p.add_argument("--layers", type=int_in(0, 2), default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
     p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
     p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
