@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(command_line() if argv is None else argv)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
@@ -106,6 +106,18 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         _say("tcircuits: interrupted")
         return 130
+
+
+def command_line() -> list[str]:
+    """``sys.argv[1:]``, with arguments that the locale could not decode (``LC_ALL=C``: ``⊗``
+    arrives as surrogates) read as the UTF-8 they almost always are."""
+    def repaired(arg: str) -> str:
+        try:
+            return os.fsencode(arg).decode("utf-8") if not arg.isascii() else arg
+        except UnicodeDecodeError:
+            return arg
+
+    return [repaired(arg) for arg in sys.argv[1:]]
 
 
 def _say(line: str) -> None:

@@ -447,16 +447,16 @@ def report_folder(out_dir: Path | str, inputs: Sequence[Path | str] = ()) -> Pat
     file of the report (and ``figures/``) can be replaced — a directory named ``report.md``
     is found now, not after minutes of work — and none of which is one of ``inputs`` (a
     checkpoint, its training record, a vocabulary: a report never replaces what it reads)."""
+    taken = {os.path.realpath(Path(out_dir) / name) for name in REPORT_FILES}
+    for path in inputs:  # before anything is created
+        real = os.path.realpath(path)
+        if real in taken or os.path.dirname(real) == os.path.realpath(Path(out_dir) / "figures"):
+            raise OutputPathError(f"the report in {str(out_dir)!r} would replace {str(path)!r}, which it reads; "
+                                  "choose another --out folder")
     out_dir = writable_dir(out_dir)
     for name in REPORT_FILES:
         writable_file(out_dir / name)
     writable_dir(out_dir / "figures")
-    taken = {os.path.realpath(out_dir / name) for name in REPORT_FILES}
-    for path in inputs:
-        real = os.path.realpath(path)
-        if real in taken or os.path.dirname(real) == os.path.realpath(out_dir / "figures"):
-            raise OutputPathError(f"the report in {str(out_dir)!r} would replace {str(path)!r}, which it reads; "
-                                  "choose another --out folder")
     return out_dir
 
 
