@@ -35,11 +35,15 @@ COMMANDS = (["derive", "zero-layer"], ["expand", "(A ⊗ W_OV)(Id ⊗ W_E)"], ["
             ["expand", "A ⊗ B", "--format", "json"])
 
 
-def run(argv: list[str], stdout=None) -> tuple[int, str]:
-    """``tcircuits ARGV`` in-process with ``stdout`` (a fresh buffer by default): (status, stderr)."""
+FRESH = object()
+
+
+def run(argv: list[str], stdout=FRESH) -> tuple[int, str]:
+    """``tcircuits ARGV`` in-process with ``stdout`` (a fresh buffer by default; None: closed):
+    (status, stderr)."""
     err = io.StringIO()
     saved = sys.stdout
-    sys.stdout = io.StringIO() if stdout is None else stdout
+    sys.stdout = io.StringIO() if stdout is FRESH else stdout
     try:
         with contextlib.redirect_stderr(err):
             try:
@@ -196,22 +200,13 @@ ENVIRONMENT_COMMANDS = (["derive", "--list"], ["expand", "(A ⊗ B)(C ⊗ D)"], 
 @given(st.sampled_from(ENVIRONMENT_COMMANDS), st.sampled_from(["closed", "full", "ascii", "normal"]))
 def test_any_command_on_any_standard_output_gives_a_result_or_one_line(argv, where):
     stdout = {"closed": None, "full": FullStream(), "ascii": ascii_stream(), "normal": io.StringIO()}[where]
-    saved = sys.stdout
-    err = io.StringIO()
-    sys.stdout = stdout
-    try:
-        with quickly(30), contextlib.redirect_stderr(err):
-            try:
-                code = main(argv)
-            except SystemExit as exit_:
-                code = exit_.code
-    finally:
-        sys.stdout = saved
-    assert "Traceback" not in err.getvalue()
+    with quickly(30):
+        code, err = run(argv, stdout)
+    assert "Traceback" not in err
     if where in ("closed", "full") and "--help" not in argv:
-        assert one_line_error(code, err.getvalue()) and "standard output" in err.getvalue()
+        assert one_line_error(code, err) and "standard output" in err
     else:
-        assert code in (0, 1), err.getvalue()
+        assert code in (0, 1), err
     if where == "ascii":
         stdout.flush()
         stdout.buffer.getvalue().decode("ascii")  # written, in ASCII
