@@ -65,7 +65,7 @@ def check_replaceable(path: Path, error: type[Exception] = OutputError) -> None:
     a FIFO (writing would block until a reader comes), a device or a socket."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there yet: the folder check says the rest
         return
     except OSError as err:
         raise error(f"cannot write {_shown(path)}: {_reason(err)}") from None

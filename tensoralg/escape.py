@@ -97,7 +97,7 @@ def _is_control(ch: str) -> bool:
 
 
 def control_characters(text: str) -> list[str]:
-    """The control characters of ``text`` (line breaks and tabs included), each as shown escaped.
+    r"""The control characters of ``text`` (line breaks and tabs included), each as shown escaped.
 
     >>> control_characters("W\x1b[2J")
     ['\\x1b']

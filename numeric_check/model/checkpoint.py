@@ -17,7 +17,7 @@ path, and before anything is allocated: the config is read as bounded JSON
 >>> from derivations.architecture import Architecture
 >>> model = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
 >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
->>> save_checkpoint(model, path)
+>>> digest = save_checkpoint(model, path)
 >>> torch.equal(load_checkpoint(path).W_E, model.W_E)
 True
 """
