@@ -13,6 +13,7 @@ control character in the input is shown escaped, never sent raw.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from importlib.metadata import entry_points
@@ -21,6 +22,7 @@ from tensoralg.errors import TCircuitsError
 from tensoralg.escape import terminal_safe
 
 from derivations import commands
+from derivations.terminal import guarded_terminal
 
 DESCRIPTION = """\
 Symbolic derivations for "A Mathematical Framework for Transformer Circuits"
@@ -53,6 +55,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         message = terminal_safe(" ".join(message.split()))  # argparse quotes bad values, newlines and all
+        if message.endswith("expected one argument"):  # --tokens -1,2: the value reads as a flag
+            flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
+            message += f" (a value that starts with '-' is written {flag}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -77,22 +82,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``tcircuits ARGV``; return the exit status (argparse exits by itself on bad flags).
+    Whatever the terminal is — closed, full, ASCII-only — the answer is a result or one line
+    (:func:`derivations.terminal.guarded_terminal`)."""
+    with guarded_terminal():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(command_line() if argv is None else argv)
     try:
         code = int(args.func(args) or 0)
-        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
         return code
     except BrokenPipeError:  # the reader went away (| head): end quietly, as other CLIs do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
         return 141
     except TCircuitsError as error:
-        print(f"tcircuits {args.command}: error: {terminal_safe(error)}", file=sys.stderr)
+        _say(f"tcircuits {args.command}: error: {terminal_safe(error)}")
         return 2
     except KeyboardInterrupt:
-        print("tcircuits: interrupted", file=sys.stderr)
+        _say("tcircuits: interrupted")
         return 130
+
+
+def command_line() -> list[str]:
+    """``sys.argv[1:]``, with arguments that the locale could not decode (``LC_ALL=C``: ``⊗``
+    arrives as surrogates) read as the UTF-8 they almost always are."""
+    def repaired(arg: str) -> str:
+        try:
+            return os.fsencode(arg).decode("utf-8") if not arg.isascii() else arg
+        except UnicodeDecodeError:
+            return arg
+
+    return [repaired(arg) for arg in sys.argv[1:]]
+
+
+def _say(line: str) -> None:
+    """One line on standard error, if it can be written at all."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

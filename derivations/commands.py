@@ -23,6 +23,7 @@ from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
 from derivations.errors import DerivationError, LatexError, OutputError
 from derivations.checking import identity_document
+from derivations.files import writable_file, write_atomic
 from derivations.expansion import CLI_HINT, expansion
 from derivations.html import html_document
 
@@ -96,35 +97,27 @@ def render(derivation: Derivation, fmt: str, max_terms: int | None, index_from: 
         max_terms=max_terms, index_from=index_from)
 
 
-def write(path: Path, data: str | bytes) -> None:
-    try:
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data, encoding="utf-8")
-    except OSError as error:
-        raise OutputError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
-
-
 def emit(derivation: Derivation, args) -> int:
     """Print or write the derivation; with ``--pdf`` also compile it next to the output."""
     if args.pdf and args.format not in (None, "latex"):
         raise DerivationError(f"--pdf compiles LaTeX; it cannot be combined with --format {args.format}")
     fmt = "latex" if args.pdf else (args.format or "text")
     max_terms = None if args.max_terms == 0 else args.max_terms
+    out = writable_file(args.output) if args.output else None  # checked before the work
+    target = None
+    if args.pdf:
+        target = writable_file(out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"))
     document = render(derivation, fmt, max_terms, getattr(args, "index_from", 0))
-    out = Path(args.output) if args.output else None
     if out is not None:
-        write(out, document)
+        write_atomic(out, document)
     elif not args.pdf:
         print(terminal_safe(document), end="" if document.endswith("\n") else "\n")
-    if args.pdf:
+    if target is not None:
         pdf, _ = compile_latex(document)
-        target = (out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"))
-        write(target, pdf)
-        print(f"wrote {target}")
-    elif out is not None:
-        print(f"wrote {out}")
+        write_atomic(target, pdf)
+    written = [path for path in (out, target) if path is not None]
+    if written:
+        print(terminal_safe("wrote " + " and ".join(str(path) for path in written)))
     return 0
 
 

@@ -33,6 +33,7 @@ from derivations import catalogue
 from derivations.derivation import Chain, Derivation, Rule
 from derivations.errors import DerivationError
 from derivations.document import Math, SumIndex, math, prose
+from derivations.numeric import Numeric
 
 ACTION = Rule("action", "an operator applied to an activation",
               Math(r"(A \otimes W)\cdot x = A\, x\, W^{\top}", "(A ⊗ W)·x = A x Wᵀ"))
@@ -42,6 +43,7 @@ GROUPS_UNDER_OTIMES = prose("read backwards: a product inside one slot is a prod
                                                  r"(\mathrm{Id} \otimes H)", "(FG) ⊗ H = (F ⊗ Id)(G ⊗ Id)(Id ⊗ H)"),
                              ", so truncation by order counts the groups' factors too")
 CLI_HINT = "declare others with --atom NAME=ROWS,COLS"
+SIZES_HINT = "a name without a declared shape has no size to check with: declare it with --atom NAME=ROWS,COLS (sizes such as d_model or 3)"
 OPERATOR = Math("T", "T")  # the operator applied to an activation, when it needs expanding first
 STAR = re.compile(r"(?<!\*)\*(?!\*)")
 
@@ -134,8 +136,9 @@ def expansion(text: str, max_order: int | None = None, atoms: dict | None = None
                "Each line applies one rule of the algebra to the line before.")
     params = (("expression", text), ("max_order", max_order), ("index_from", index_from), ("fold", list(fold)))
     read_as = tuple(f"How the text was read: {n}." for n in notes(reading))
+    numeric = Numeric(missing=SIZES_HINT) if hint == CLI_HINT else Numeric()
     return Derivation("expand", "Expansion, step by step", summary, tuple(chains),
-                      notes=(catalogue.NOTATION,) + read_as, params=params)
+                      notes=(catalogue.NOTATION,) + read_as, params=params, numeric=numeric)
 
 
 def typed(text: str, atoms: dict | None = None, index_from: int = 0) -> Math | None:
@@ -183,7 +186,8 @@ def _check_size(expr, max_order) -> None:
     if n > catalogue.DOCUMENT_LIMIT:
         parts = expr.parts if isinstance(expr, Add) else (expr,)
         largest = max((len(p.factors) for p in parts if isinstance(p, Product)), default=0)
-        catalogue.too_many("the expansion", n, [expr.count(k) for k in range(largest + 1)])
+        catalogue.too_many("the expansion", n, [expr.count(k) for k in range(largest + 1)],
+                           smaller="expand fewer factors (or sums with fewer terms) at once")
 
 
 __all__ = ["ACTION", "CLI_HINT", "TRANSPOSE", "expansion", "sum_indices", "transpose_math"]

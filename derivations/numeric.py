@@ -45,13 +45,15 @@ class Numeric:
     per atom name, ``f(atom, shape, rng) -> array`` (e.g. orthonormal columns);
     ``derived``: per atom name, ``f(atom) -> 1-slot expression`` that defines it (the
     standard ``W_OV``/``W_QK`` are included). ``count``: how many heads each summed
-    index (:class:`SumIndex`) stands for.
+    index (:class:`SumIndex`) stands for; ``missing``: what the reader is told to do when a
+    size has no value (a command-line user is told about ``--atom``, not this class).
     """
 
     dims: Mapping[str, int] = field(default_factory=dict)
     special: Mapping[str, Callable] = field(default_factory=dict)
     derived: Mapping[str, Callable] = field(default_factory=dict)
     count: int = 2
+    missing: str = "give its sizes in Numeric(dims=...)"  # how to give a size that has no value (the CLI says --atom)
 
 
 
@@ -141,7 +143,7 @@ class RandomBindings:
         value = sp.sympify(value)
         value = value.subs({s: self.dims[s.name] for s in value.free_symbols if s.name in self.dims})
         if not value.is_number:
-            raise DerivationError(f"no numeric value for {value}; give its sizes in Numeric(dims=...)")
+            raise DerivationError(f"no numeric value for {value}; {self.numeric.missing}")
         return complex(value)
 
     def size(self, dim) -> int:
@@ -183,6 +185,22 @@ class RandomBindings:
         bindings = {a: self.bind(a) for a in atoms_in(s)}
         sizes = {i: rows[i] for i in range(s.n_slots)}
         return to_numpy(s, bindings, dims=self.dims, slot_sizes=sizes)
+
+
+def finite_operator(bindings: RandomBindings, expr: Expr, rows: Mapping[int, int], where: str) -> np.ndarray:
+    """The operator of ``expr``, computed without numpy warnings; a :class:`DerivationError`
+    when it leaves float64 (``d_head**1000`` with ``d_head = 3`` is 1e477): such a line
+    cannot be checked numerically, and saying so beats a comparison of NaNs."""
+    try:
+        with np.errstate(all="ignore"):
+            value = bindings.operator(expr, rows)
+    except OverflowError:  # a coefficient too large even for complex()
+        value = np.array([np.inf])
+    if not np.isfinite(value).all():
+        sizes = ", ".join(f"{name} = {size}" for name, size in bindings.dims.items())
+        raise DerivationError(f"{where} leaves float64 at the check's sizes ({sizes}): its coefficients are too "
+                              "large (or small) to check numerically")
+    return value
 
 
 def complex_to_real(c: complex):
@@ -227,7 +245,7 @@ def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verifica
             if isinstance(expr, TensorSum) and expr.is_zero and reference is not None:
                 value = np.zeros_like(reference)
             else:
-                value = bindings.operator(expr, rows)
+                value = finite_operator(bindings, expr, rows, f"line {si + 1} of chain {ci + 1}")
             if reference is None or step.rule.key == "truncation":
                 reference = value
                 scale = max(float(np.abs(value).max(initial=0.0)), 1.0)

@@ -15,12 +15,14 @@ True
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Iterable, Mapping
 
 import sympy as sp
 
-from tensoralg.errors import ShapeMismatch, UnknownAtom
+from tensoralg.errors import ShapeMismatch, TensorAlgError, UnknownAtom
+from tensoralg.escape import control_characters, terminal_safe
 
 Word = tuple["Atom", ...]
 
@@ -41,6 +43,7 @@ class Atom:
     def __init__(self, name: str, rows, cols, index: str = "", transposed: bool = False, symmetric: bool = False):
         if not isinstance(name, str) or not name:
             raise ValueError(f"an atom needs a non-empty name, got {name!r}")
+        _check_label(name, str(index))
         rows, cols = sp.sympify(rows), sp.sympify(cols)
         if symmetric and rows != cols:
             raise ShapeMismatch(f"symmetric atom {name!r} must be square, got {rows} x {cols}")
@@ -105,6 +108,22 @@ class Atom:
     def __reduce__(self):
         return (Atom, (self.name, self.rows, self.cols, self.index, self.transposed, self.symmetric))
 
+
+def _check_label(name: str, index: str) -> None:
+    """Refuse a name or index that would print what it does not say: control characters
+    (escape sequences, bidirectional overrides, line breaks) or a digit run longer than
+    :data:`MAX_INDEX_DIGITS` (printers renumber layers, and Python converts at most 4,300 digits)."""
+    for what, text in (("name", name), ("index", index)):
+        if controls := control_characters(text):
+            raise TensorAlgError(f"an atom's {what} must be printable text; {terminal_safe(repr(text))} holds "
+                                 f"the control character {controls[0]}")
+    if _LONG_DIGITS.search(index):
+        raise TensorAlgError(f"an atom's index has numbers of at most {MAX_INDEX_DIGITS} digits; "
+                             f"{terminal_safe(repr(index[:20]))}… has a longer one")
+
+
+MAX_INDEX_DIGITS = 100  # as a number literal (tensoralg.lexer.MAX_DIGITS)
+_LONG_DIGITS = re.compile(f"[0-9]{{{MAX_INDEX_DIGITS + 1}}}")
 
 # The paper's atoms and their shapes (column-vector convention).
 STANDARD_SHAPES: dict[str, tuple[sp.Expr, sp.Expr, bool]] = {

@@ -96,6 +96,17 @@ def _is_control(ch: str) -> bool:
     return unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
 
 
+def control_characters(text: str) -> list[str]:
+    r"""The control characters of ``text`` (line breaks and tabs included), each as shown escaped.
+
+    >>> control_characters("W\x1b[2J")
+    ['\\x1b']
+    """
+    if text.isprintable():
+        return []
+    return [_shown(ch) for ch in text if _is_control(ch)]
+
+
 def _shown(ch: str) -> str:
     """A control character, visibly: ``\\x07``, ``\\u200b``."""
     return ascii(ch)[1:-1]

@@ -67,10 +67,10 @@ _ASCII_OPS = [(":=", ":=", ":="), ("!=", "\\neq", "≠"), ("<=", "\\le", "≤"),
 _PLAIN_OPS = set("+-=<>,;:/|.!")
 _OPEN, _CLOSE = "([{", ")]}"
 _IDENT = re.compile(r"[A-Za-z]+")
-_INDEX_WORD = re.compile(r"L\d+H\d+(?![A-Za-z0-9])|[A-Za-z]\d+(?![A-Za-z0-9])")  # h0, L0H3: layer indices
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_INDEX_WORD = re.compile(r"L\d+H\d+(?![A-Za-z0-9])|[A-Za-z]\d+(?![A-Za-z0-9])", re.ASCII)  # h0, L0H3: layer indices
+_NUMBER = re.compile(r"\d+(?:\.\d+)?", re.ASCII)
 _SCRIPT_RUN = re.compile(r"[A-Za-z0-9]+")
-_HEAD_SET = re.compile(r"H(\d+)")
+_HEAD_SET = re.compile(r"H(\d+)", re.ASCII)
 _SUPERSCRIPT_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 _SUBSCRIPT_DIGITS = "₀₁₂₃₄₅₆₇₈₉"
 
@@ -226,7 +226,7 @@ class _Parser:
             self.error("a subscript _ needs a name, a number or {…}")
         self.pos = m.end()
         run = m.group()
-        if name == "H" and run.isdigit():  # the heads of a layer
+        if name == "H" and run.isascii() and run.isdigit() and len(run) <= 18:  # the heads of a layer
             run = str(int(run) + self.index_from)
         return escape_text(run, "latex-math"), run
 

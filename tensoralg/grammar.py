@@ -32,6 +32,7 @@ from tensoralg.reading import Applied, Bound, reindex
 MAX_NESTING = 60  # nested "(", "sqrt(", "**" and Σ: deeper text is refused, never a RecursionError
 MAX_SCALE_DIGITS = 300  # a number may reach 10**300 (as a float's range); larger powers are refused
 MAX_EXPANDED = 20_000  # terms the reader may multiply out itself (a Σ's body, a group in a product)
+MAX_LAYER_DIGITS = 18  # H_<n>: a layer number fits an int64
 MAX_POWER = 1000  # |exponent| for a power of a symbolic base (d_head**1000 still expands cheaply)
 
 
@@ -222,7 +223,9 @@ class Parser:
         """The stored index of ``Σ_{var∈over}``: ``h1`` for layer 1's heads (0-based), else ``var``."""
         head, _, sub = over.partition("_")
         layer = None
-        if head == "H" and sub.isdigit():
+        if head == "H" and sub.isascii() and sub.isdigit():  # ٣ is a name, not a layer number
+            if len(sub) > MAX_LAYER_DIGITS:
+                raise self.error(f"a layer number has at most {MAX_LAYER_DIGITS} digits, {over[:20]}… has {len(sub):,}", pos)
             layer = int(sub) - self.index_from
             if layer < 0:
                 raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)

@@ -48,9 +48,9 @@ from tensoralg.escape import escape_text
 
 HEAD_STYLES = ("label", "dotted")
 
-_LETTER_DIGITS = re.compile(r"([A-Za-z])(\d+)('*)")  # h2, h2' (a second sum over a layer)
-_HEAD_LABEL = re.compile(r"L(\d+)H(\d+)")
-_PLAIN = re.compile(r"[A-Za-z]|\d+")
+_LETTER_DIGITS = re.compile(r"([A-Za-z])(\d+)('*)", re.ASCII)  # h2, h2' (a second sum over a layer)
+_HEAD_LABEL = re.compile(r"L(\d+)H(\d+)", re.ASCII)
+_PLAIN = re.compile(r"[A-Za-z]|\d+", re.ASCII)
 
 
 def escape(text: str) -> str:

@@ -34,8 +34,8 @@ SIMPLE = {
     "⊗": "OTIMES", "·": "TIMES", "⋅": "TIMES", "*": "TIMES", "/": "DIV", "+": "PLUS",
     "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T", "=": "EQUALS",
 }
-NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-NAME = re.compile(r"[A-Za-z](?:[A-Za-z0-9]|_(?!\{))*(?:_\{[A-Za-z0-9]+\})?'*")  # W_OV' (a folded weight), W_{OV}
+NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
+NAME = re.compile(r"[A-Za-z](?:[A-Za-z0-9]|_(?!\{))*(?:_\{[A-Za-z0-9]+\})?'*", re.ASCII)  # W_OV' (a folded weight), W_{OV}
 OTIMES_ASCII = re.compile(r"\(\s*x\s*\)")
 BARE_INDEX = re.compile(r"[A-Za-z0-9]+")
 SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9])|\\sum(?![A-Za-z])|\\Sigma(?![A-Za-z]))")

@@ -111,7 +111,7 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
     if isinstance(index_from, bool) or index_from not in (0, 1):
         raise TensorAlgError(f"index_from is 0 (TransformerLens) or 1 (the paper), got {index_from!r}")
     table = {**STANDARD_SHAPES, **declared_table(atoms)}
-    shapes = Shapes() if generic else None
+    shapes = Shapes(len(text)) if generic else None
     while True:
         parser = Parser(text, table, shapes, index_from, hint, visible, opaque, frozenset(names))
         try:

@@ -81,8 +81,18 @@ def unify_shape(slot: int, known: Shape, shape: Shape) -> Shape:
 
 def unify_slot_shapes(known: Sequence[Shape], shapes: Sequence[Shape]) -> tuple[Shape, ...]:
     """The slot shapes of a sum of two parts with slot shapes ``known`` and ``shapes``
-    (:func:`unify_shape` slot by slot): the one check that terms added together agree."""
-    return tuple([unify_shape(i, k, s) for i, (k, s) in enumerate(zip(known, shapes))])
+    (:func:`unify_shape` slot by slot): the one check that terms added together agree. A
+    mismatch names the first slot that disagrees and carries the pairs of every slot, so that
+    shape inference solves them all at once."""
+    unified, errors = [], []
+    for i, (k, s) in enumerate(zip(known, shapes)):
+        try:
+            unified.append(unify_shape(i, k, s))
+        except ShapeMismatch as err:
+            errors.append(err)
+    if errors:
+        raise ShapeMismatch(str(errors[0]), dims=[pair for err in errors for pair in err.dims])
+    return tuple(unified)
 
 
 def check_identity_slots(shapes: Sequence[Shape], words_list: Iterable[tuple[Word, ...]]) -> None:

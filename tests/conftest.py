@@ -1,10 +1,22 @@
-"""What every test module shares: hypothesis settings and markers.
+"""What every test module shares: hypothesis profiles and settings, and markers.
 
-Hypothesis settings, one of each, imported by the modules that use them
-(``from tests.conftest import PROPERTY``):
+Hypothesis profiles, registered here once and chosen with ``--hypothesis-profile NAME``
+(or ``TCIRCUITS_HYPOTHESIS=NAME``):
 
+- ``default`` — every run: no per-example deadline (hostile-input tests bound their own
+  time with :class:`tests.helpers.quickly`), the example counts below;
+- ``quick`` — a quarter of the examples, for a first look while working;
+- ``thorough`` — ten times the examples, before a release or after touching a parser;
+- ``ci`` — the default counts, derandomized (the same examples on every run).
+
+Named settings, one per kind of test, imported by the modules that use them
+(``from tests.conftest import PROPERTY``); their example counts scale with the profile:
+
+- :data:`HEAVY` — one example builds a large model or converts one (``from_hf``, checkpoints);
+- :data:`FAST` — property tests that build and run a torch model per example;
 - :data:`PROPERTY` — the algebra's property tests (cheap examples: parse, expand, print);
-- :data:`FAST` — property tests that build and run a torch model per example.
+- :data:`THOROUGH` — cheap properties that need many examples to reach their corners;
+- :data:`FUZZ` — hostile input: random text, bytes and flags given to parsers and commands.
 
 Markers (registered in ``pyproject.toml``):
 
@@ -14,16 +26,57 @@ Markers (registered in ``pyproject.toml``):
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_BASE = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("default", **_BASE)
+settings.register_profile("quick", **_BASE)
+settings.register_profile("thorough", **_BASE)
+settings.register_profile("ci", derandomize=True, **_BASE)
+SCALE = {"default": 1, "quick": 0.25, "thorough": 10, "ci": 1}
+"""How each profile scales the example counts of the named settings."""
+
+
+def _profile() -> str:
+    """The profile asked for: ``--hypothesis-profile NAME`` on the command line, else
+    ``TCIRCUITS_HYPOTHESIS``, else ``default`` (read here, since the named settings below are
+    built when this module is imported, before hypothesis' own plugin loads a profile)."""
+    asked = os.environ.get("TCIRCUITS_HYPOTHESIS", "default")
+    for i, arg in enumerate(sys.argv):
+        if arg == "--hypothesis-profile" and i + 1 < len(sys.argv):
+            asked = sys.argv[i + 1]
+        elif arg.startswith("--hypothesis-profile="):
+            asked = arg.partition("=")[2]
+    return asked if asked in SCALE else "default"
+
+
+PROFILE = _profile()
+settings.load_profile(PROFILE)
+
+
+def _examples(count: int) -> settings:
+    return settings(settings.get_profile(PROFILE), max_examples=max(1, round(count * SCALE[PROFILE])))
+
+
+HEAVY = _examples(10)
+"""One example builds a large model or converts one."""
+
+FAST = _examples(20)
+"""Property tests that build and run a model for every example."""
+
+PROPERTY = _examples(40)
 """The algebra's property tests: enough examples to find bugs, fast enough for every run."""
 
-FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-"""Property tests that build and run a model for every example."""
+THOROUGH = _examples(80)
+"""Cheap properties with corners that take many examples to reach."""
+
+FUZZ = _examples(200)
+"""Hostile input: random text, bytes and flags."""
 
 
 def needs_pdflatex(test):

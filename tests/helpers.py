@@ -282,3 +282,45 @@ def saved_hf_model(folder, family: str = "gpt2", seed: int = 0, n_ctx: int = 32)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def folder_state(folder) -> dict[str, tuple]:
+    """What each entry of ``folder`` (recursively) is: kind, link target, bytes — to compare
+    before and after a command ("no file changed except the one written")."""
+    import os
+    import stat
+    from pathlib import Path
+
+    state = {}
+    for path in sorted(Path(folder).rglob("*")):
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            state[str(path)] = ("link", os.readlink(path))
+        elif stat.S_ISREG(mode):
+            state[str(path)] = ("file", path.read_bytes())
+        else:
+            state[str(path)] = ("dir" if stat.S_ISDIR(mode) else "other",)
+    return state
+
+
+class bounded(quickly):
+    """:class:`quickly`, and the Python memory allocated within the block (its tracemalloc
+    peak) under ``megabytes``."""
+
+    def __init__(self, seconds: float, megabytes: float):
+        super().__init__(seconds)
+        self.megabytes = megabytes
+
+    def __enter__(self):
+        import tracemalloc
+
+        tracemalloc.start()
+        super().__enter__()
+
+    def __exit__(self, *exc):
+        import tracemalloc
+
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < self.megabytes * 2**20, f"allocated {peak / 2**20:.0f} MiB, more than {self.megabytes}"
+        return super().__exit__(*exc)

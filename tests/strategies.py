@@ -382,3 +382,53 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
+
+
+# -- hostile input, round 3 (issue 21): one strategy per family ------------------------------
+
+#: What may already sit at an output path: nothing, a file, a link to a file elsewhere (which
+#: must stay as it was), a dangling link, a FIFO, a folder.
+OUTPUT_PLACES = ("absent", "file", "link", "dangling", "fifo", "folder")
+
+LINE_BREAKS_IN_TOKENS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines() breaks on each
+
+
+@st.composite
+def vocab_files(draw) -> tuple[list[str], bytes]:
+    """Tokens and a one-token-per-line file of them: any characters but ``\\n`` (those
+    ``str.splitlines()`` breaks on included), a token never ending in ``\\r``; lines ended by
+    ``\\n`` or ``\\r\\n``, perhaps a byte-order mark, perhaps no final line end; a BERT-style
+    ``[PAD]`` first now and then."""
+    alphabet = st.one_of(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"),
+                         st.sampled_from(LINE_BREAKS_IN_TOKENS + "\r[]{}\"\ufeff"))
+    tokens = draw(st.lists(st.text(alphabet, min_size=1, max_size=6).filter(lambda t: not t.endswith("\r")),
+                           min_size=1, max_size=12))
+    if draw(st.booleans()):
+        tokens = ["[PAD]", "[UNK]", *tokens]
+    end = draw(st.sampled_from(["\n", "\r\n"]))
+    text = end.join(tokens) + (end if draw(st.booleans()) else "")
+    return tokens, (("\ufeff" if draw(st.booleans()) else "") + text).encode("utf-8")
+
+
+@st.composite
+def long_digit_runs(draw) -> str:
+    """A run of digits around Python's 4,300-digit conversion limit, or a short one."""
+    return "1" + "0" * draw(st.one_of(st.integers(0, 30), st.integers(4290, 4400), st.integers(90, 110)))
+
+
+@st.composite
+def undeclared_products(draw) -> str:
+    """A product or a sum of many undeclared names (shape inference's worst case)."""
+    n = draw(st.integers(1, 2000))
+    if draw(st.booleans()):
+        return " ".join(f"B{i}" for i in range(n)) + " ⊗ C"
+    return " + ".join(f"B{i} ⊗ C{i}" for i in range(min(n, 200)))
+
+
+@st.composite
+def scalar_texts(draw) -> str:
+    """Coefficients the parser accepts at its bounds: powers of sizes and numbers, products of them."""
+    base = draw(st.sampled_from(["d_head", "d_model", "n_ctx", "2", "10", "1/2", "sqrt(d_head)"]))
+    exponent = draw(st.one_of(st.integers(-1000, 1000), st.integers(-5, 5)))
+    factor = draw(st.sampled_from(["", "10**300·", "1e-300·", "d_model**500·"]))
+    return f"{factor}{base}**{exponent}"

@@ -1,8 +1,8 @@
 """Hostile input end to end (issue 11).
 
-Random text, numbers and flag values fed to :func:`tensoralg.parse` and to ``tcircuits
-derive`` / ``tcircuits expand`` (in-process) give a result or one of our errors — a
-:class:`TensorAlgError`, or argparse's exit status 2 with a one-line message — within
+Random text, numbers and flag values fed to ``tcircuits derive`` / ``tcircuits expand``
+(in-process; :func:`tensoralg.parse` alone: ``tests/tensoralg/test_hostile.py``) give a
+result or one of our errors — argparse's exit status 2 with a one-line message — within
 seconds; random bytes, configs and flipped bits given to the checkpoint loader give a
 model or a :class:`CheckpointError`; Markdown output carries no raw HTML (rendered with a
 CommonMark parser); no control character reaches the terminal raw.
@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from safetensors.torch import save_file
@@ -29,14 +29,14 @@ from derivations.architecture import Architecture
 from derivations.catalogue import ENTRIES, get
 from derivations.cli import main
 from derivations.expansion import expansion
-from tensoralg import parse
-from tensoralg.errors import TCircuitsError, TensorAlgError
+from tensoralg.errors import TCircuitsError
 from tensoralg.escape import terminal_safe
 from numeric_check.errors import CheckpointError
 from numeric_check.model.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
+from tests.conftest import FUZZ, PROPERTY, THOROUGH
 from tests.helpers import quickly
-from tests.strategies import cli_arguments, hostile_text, json_values, markup_text
+from tests.strategies import cli_arguments, json_values, markup_text
 
 SECONDS = 10  # one input: a result or an error within seconds, never minutes
 
@@ -71,20 +71,10 @@ def assert_clean_answer(argv: list[str]) -> None:
             assert errors[2].strip() == "^", errors
 
 
-# -- parse --------------------------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(hostile_text(), st.text(max_size=30)))
-def test_parse_gives_an_expression_or_one_of_our_errors(text):
-    with quickly(SECONDS), contextlib.suppress(TensorAlgError):
-        parse(text)
-
-
 # -- the CLI ------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@FUZZ
 @given(cli_arguments(sorted(ENTRIES)))
 def test_tcircuits_gives_a_result_or_a_one_line_error(argv):
     assert_clean_answer(argv)
@@ -145,7 +135,7 @@ def test_markdown_of_an_expansion_has_no_raw_html(index):
     assert code == 0 and html_in_markdown(out) == []
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(markup_text())
 def test_markdown_of_any_index_that_reads_has_no_raw_html(index):
     try:
@@ -177,7 +167,7 @@ def load_or_refuse(path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch notes the random bytes' protocol byte
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(st.binary(max_size=600), st.sampled_from([".safetensors", ".pt"]))
 def test_random_bytes_are_a_checkpoint_error(data, suffix):
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,7 +177,7 @@ def test_random_bytes_are_a_checkpoint_error(data, suffix):
             load_checkpoint(path)
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(st.sampled_from(sorted(SMALL_CONFIG) + ["arch"]), json_values, st.sampled_from(["", "arch"]))
 def test_a_config_with_a_random_field_loads_or_is_refused(field, value, where):
     config = json.loads(json.dumps(SMALL_CONFIG))
@@ -203,7 +193,7 @@ def test_a_config_with_a_random_field_loads_or_is_refused(field, value, where):
             load_or_refuse(path)
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4))
 def test_a_saved_checkpoint_with_flipped_bytes_loads_or_is_refused(flips):
     with tempfile.TemporaryDirectory() as tmp:

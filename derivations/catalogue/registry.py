@@ -127,9 +127,10 @@ def check_power_terms(what: str, base: int, exponent: int, fix: str) -> None:
     check_terms(what, base**exponent, fix)
 
 
-def too_many(what: str, total: int, cumulative: list[int]) -> None:
-    """Raise :class:`TooManyTerms`; ``cumulative[k]``: how many terms ``max_order=k`` keeps."""
+def too_many(what: str, total: int, cumulative: list[int], smaller: str = "use fewer layers or heads") -> None:
+    """Raise :class:`TooManyTerms`; ``cumulative[k]``: how many terms ``max_order=k`` keeps;
+    ``smaller``: how else to ask for less (an expression typed by hand has no layers to drop)."""
     fits = [k for k, n in enumerate(cumulative) if n <= DOCUMENT_LIMIT]
-    hint = (f"pass max_order={fits[-1]} (--max-order {fits[-1]}: {cumulative[fits[-1]]:,} terms) or use fewer layers "
-            "or heads" if fits else "use fewer layers or heads")
+    hint = (f"pass max_order={fits[-1]} (--max-order {fits[-1]}: {cumulative[fits[-1]]:,} terms) or {smaller}"
+            if fits else smaller)
     raise TooManyTerms(f"{what} has {total:,} terms, more than a document holds ({DOCUMENT_LIMIT:,}); {hint}")

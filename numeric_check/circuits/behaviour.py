@@ -273,9 +273,11 @@ def repeat_loss_grid(
     Each cell: ``batch`` sequences of ``n_ctx`` random tokens (seeded per cell) with the
     segment at ``offset`` repeated right after it; the loss of predicting the second copy's
     tokens after its first. Defaults: :func:`default_grid`. All cells of one length run as
-    one batch.
+    one batch. The sequences are ``min(n_ctx, PROFILE_N_CTX)`` tokens long, so a model with a
+    long context (Pythia's 2,048) is measured on its first positions in bounded memory,
+    never ``batch × heads × n_ctx²`` scores at once.
     """
-    n_ctx = model.cfg.n_ctx
+    n_ctx = min(model.cfg.n_ctx, PROFILE_N_CTX)
     default_lengths, default_offsets = default_grid(n_ctx)
     lengths = tuple(default_lengths if lengths is None else lengths)
     offsets = tuple(default_offsets if offsets is None else offsets)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -73,7 +74,7 @@ def register_train_toy(subparsers) -> None:
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
                      TRAIN_DESCRIPTION, TRAIN_EPILOG)
     p.add_argument("--out", required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
-    p.add_argument("--layers", type=int, default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
+    p.add_argument("--layers", type=int_in(0, 2), default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
     p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
     p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
@@ -134,13 +135,13 @@ def _run_train_toy(args) -> int:
     from numeric_check.model.checkpoint import save_checkpoint
 
     info = training_record(config, history, seconds)
-    try:  # strict JSON, ready before either file is written
-        record_text = json.dumps(info, indent=2, allow_nan=False) + "\n"
+    try:  # strict JSON, checked before either file is written
+        json.dumps(info, allow_nan=False)
     except ValueError:
         raise NumericCheckError("the training diverged (its losses are not finite numbers); nothing was written: "
                                 "try a smaller --lr or --init-std") from None
-    save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
-    write_atomic(sidecar, record_text)
+    info["checkpoint_sha256"] = save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
+    write_atomic(sidecar, json.dumps(info, indent=2, allow_nan=False) + "\n")
     final = history.final
     print(terminal_safe(
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
@@ -242,21 +243,30 @@ def register_analyze(subparsers) -> None:
 
 
 def _read_vocab(path: Path) -> list[str]:
-    """Token strings from ``--vocab``: a JSON list of strings, or one token per line. The file
-    is read within bounds (:func:`~numeric_check.model.checkpoint.read_json`); every problem
-    is an :class:`InputFileError` naming it."""
+    """Token strings from ``--vocab``: a JSON list of strings, a JSON object of token ids
+    (Hugging Face's ``vocab.json``: token -> id, the ids 0..n-1), or one token per line (a
+    BERT-style ``vocab.txt``, ``[PAD]`` first included). Lines end at ``\n`` or ``\r\n`` only —
+    a token may hold any other character, form feeds and ``\u2028`` included — and a byte-order
+    mark is not part of the first token. The file is read within bounds
+    (:func:`~numeric_check.model.checkpoint.read_json`); every problem is an
+    :class:`InputFileError` naming it."""
     from numeric_check.model.checkpoint import read_json, read_text_file
 
-    what = "the vocabulary file"
-    text = read_text_file(path, what, InputFileError)
-    if not text.lstrip().startswith("["):
-        return text.splitlines()
-    vocab = read_json(text, f"{what} {str(path)!r}", InputFileError)
+    what = f"the vocabulary file {str(path)!r}"
+    text = read_text_file(path, "the vocabulary file", InputFileError).removeprefix("\ufeff")
+    if not _looks_like_json(text):
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the last line's end, not an empty token
+        return [line.removesuffix("\r") for line in lines]
+    vocab = read_json(text, what, InputFileError)
+    if isinstance(vocab, dict):
+        return _vocab_by_id(vocab, what)
     if not isinstance(vocab, list):
-        raise InputFileError(f"{what} {str(path)!r} must be a JSON list of strings, got a {type(vocab).__name__}")
+        raise InputFileError(f"{what} must be a JSON list of strings or an object of token ids, got a {type(vocab).__name__}")
     bad = next((i for i, t in enumerate(vocab) if not isinstance(t, str)), None)
     if bad is not None:
-        raise InputFileError(f"{what} {str(path)!r} must be a JSON list of strings; entry {bad} is {vocab[bad]!r}")
+        raise InputFileError(f"{what} must be a JSON list of strings; entry {bad} is {vocab[bad]!r}")
     return vocab
 
 
@@ -279,11 +289,30 @@ def _tokenizer_vocab(tokenizer, d_vocab: int) -> list[str] | None:
     return token_strings(tokenizer, list(range(known))) + [f"<{i}>" for i in range(known, d_vocab)]
 
 
+def _looks_like_json(text: str) -> bool:
+    """A JSON list or object, not a token file whose first token is ``[PAD]`` or ``{``."""
+    first = text.lstrip().split("\n", 1)[0].strip()
+    return first.startswith("{") or (first.startswith("[") and re.fullmatch(r"\[[^\s\"\[\]]*\]", first) is None)
+
+
+def _vocab_by_id(vocab: dict, what: str) -> list[str]:
+    """The tokens of a JSON object ``{token: id}`` in the order of their ids, which must be 0..n-1."""
+    ids = list(vocab.values())
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or sorted(ids) != list(range(len(ids))):
+        raise InputFileError(f"{what} is a JSON object, so it must map each token to its id, the ids 0..{len(ids) - 1} "
+                             "once each (as a Hugging Face vocab.json does)")
+    tokens = [""] * len(ids)
+    for token, i in vocab.items():
+        tokens[i] = token
+    return tokens
+
+
 def _load_model(path: Path):
     from numeric_check.model.checkpoint import load_checkpoint
     from numeric_check.training.toy import training_record_for
 
-    return load_checkpoint(path), training_record_for(path)
+    model = load_checkpoint(path)
+    return model, training_record_for(path, model)
 
 
 def _run_analyze(args) -> int:
@@ -303,7 +332,8 @@ def _run_analyze(args) -> int:
         checkpoint = shipped_checkpoint(2)
         control_path = control_path or shipped_checkpoint(1)
     vocab = _read_vocab(args.vocab) if args.vocab else None
-    out = report_folder(args.out)
+    inputs = [p for c in (checkpoint, control_path) if c is not None for p in (c, Path(c).with_suffix(".json"))]
+    out = report_folder(args.out, inputs + ([args.vocab] if args.vocab else []))
     torch.set_num_threads(args.threads)
     if wants_user_model(args):
         model, name, tokenizer = _user_model(args)

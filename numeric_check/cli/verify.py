@@ -226,6 +226,22 @@ def check_residual_width(d_model: int) -> None:
                              f"entries, more than {MAX_PARAMETERS:,}); verify a model with d_model <= {math.isqrt(MAX_PARAMETERS):,}")
 
 
+def check_activations(model: CircuitModel, batch: int, seq_len: int, flag: str) -> None:
+    """Refuse, before any tensor exists, sequences whose activations would pass
+    :data:`MAX_PARAMETERS` entries: the attention patterns of every head (``batch × heads ×
+    pos²``, all kept for the check) or the logits (``batch × pos × d_vocab``); name the longest
+    sequence that fits. ``--n-ctx 100000 --seq-len 100000`` asked for 80 GB before."""
+    heads, width = model.arch.n_heads_total, max(model.cfg.d_vocab, model.cfg.d_model)
+    patterns, logits = batch * max(heads, 1) * seq_len * seq_len, batch * seq_len * width
+    if max(patterns, logits) <= MAX_PARAMETERS:
+        return
+    fits = min(math.isqrt(MAX_PARAMETERS // (batch * max(heads, 1))), MAX_PARAMETERS // (batch * width))
+    what = (f"the attention patterns of {heads} heads would hold {patterns:,} entries" if patterns >= logits
+            else f"the logits would hold {logits:,} entries")
+    advice = f"use {flag} with at most {fits:,} positions" if fits else "use fewer sequences (--batch)"
+    raise VerifyCLIError(f"{batch:,} sequences of {seq_len:,} positions: {what}, more than {MAX_PARAMETERS:,}; {advice}")
+
+
 def parse_heads(text: str) -> int | tuple[int, ...]:
     """``"4"`` → 4, ``"2,3"`` → (2, 3)."""
     try:
@@ -252,12 +268,14 @@ def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
             raise VerifyCLIError(f"--tokens holds the id {bad[0]}, outside the vocabulary 0..{cfg.d_vocab - 1}")
         if len(rows[0]) > cfg.n_ctx:
             raise VerifyCLIError(f"--tokens sequences have {len(rows[0])} positions, more than the context n_ctx={cfg.n_ctx}")
+        check_activations(model, len(rows), len(rows[0]), "--tokens")
         return torch.tensor(rows)
     seq_len = args.seq_len if args.seq_len is not None else min(8, cfg.n_ctx)
     if args.batch < 1 or seq_len < 1:
         raise VerifyCLIError(f"--batch and --seq-len must be >= 1, got {args.batch} and {seq_len}")
     if seq_len > cfg.n_ctx:
         raise VerifyCLIError(f"--seq-len {seq_len} is longer than the model's context n_ctx={cfg.n_ctx}")
+    check_activations(model, args.batch, seq_len, "--seq-len")
     gen = torch.Generator().manual_seed(args.token_seed)
     return torch.randint(0, cfg.d_vocab, (args.batch, seq_len), generator=gen)
 

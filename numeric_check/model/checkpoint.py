@@ -17,7 +17,7 @@ path, and before anything is allocated: the config is read as bounded JSON
 >>> from derivations.architecture import Architecture
 >>> model = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
 >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
->>> save_checkpoint(model, path)
+>>> digest = save_checkpoint(model, path)
 >>> torch.equal(load_checkpoint(path).W_E, model.W_E)
 True
 """
@@ -29,6 +29,7 @@ import json
 import math
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,6 +37,8 @@ from typing import Any, Mapping
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
+
+from tensoralg.escape import terminal_safe
 
 from numeric_check.errors import CheckpointError, ConfigError, DeviceError, OutputPathError, UncheckedCheckpoint, WeightError
 from numeric_check.files import write_atomic
@@ -49,8 +52,9 @@ TORCH_SUFFIXES = (".pt", ".pth")
 WEIGHT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
-def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` as safetensors (atomically: a temporary file, then a rename).
+def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> str:
+    """Write ``model`` to ``path`` as safetensors (atomically: a temporary file, then a rename);
+    return its content hash (what :func:`stored_content_hash` reads back).
 
     Refuses NaN/Inf weights (:class:`WeightError`) and torch-file suffixes (``.pt``, ``.pth``).
     """
@@ -69,6 +73,18 @@ def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> None:
         write_atomic(path, save(tensors, metadata=metadata))
     except OutputPathError as err:
         raise CheckpointError(f"cannot save {path}: {err}") from None
+    return metadata["content_sha256"]
+
+
+def stored_content_hash(path: str | os.PathLike) -> str | None:
+    """The content hash a safetensors checkpoint records (its metadata only is read); None for
+    a torch file, a file saved before content hashes, or one that cannot be read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            stored = (f.metadata() or {}).get("content_sha256")
+    except Exception:  # noqa: BLE001 - unreadable: load_checkpoint names the problem
+        return None
+    return stored if isinstance(stored, str) else None
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> CircuitModel:
@@ -119,6 +135,9 @@ def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | N
     except CheckpointError:
         raise
     except Exception as err:  # safetensors raises its own error types for corrupt or truncated files
+        if not _utf8_path(path):
+            raise CheckpointError(f"cannot read checkpoint {terminal_safe(ascii(str(path)))}: its file name is not UTF-8 "
+                                  "(the safetensors reader needs one); rename the file") from None
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a readable safetensors file): {err}") from None
     if "config" not in metadata:
         raise CheckpointError(f"checkpoint {path} has no model config in its metadata")
@@ -130,14 +149,28 @@ def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | N
     return config, tensors, stored_hash
 
 
+_GLOBAL = re.compile(r"unsupported global:?\s*(?:GLOBAL\s+)?([\w.]+)", re.IGNORECASE)
+
+
 def _unpickler_detail(message: str) -> str:
-    """The unpickler's own complaint inside torch's weights-only error message."""
+    """The unpickler's own complaint inside torch's weights-only error message: the refused
+    global by name (``posix.system``) when there is one."""
+    if m := _GLOBAL.search(message):
+        return f"Unsupported global: {m[1]}"
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         if "WeightsUnpickler error:" in line:
             rest = line.split("WeightsUnpickler error:", 1)[1].strip()
             return rest or (lines[i + 1] if i + 1 < len(lines) else "unreadable")
     return lines[-1] if lines else "unreadable"
+
+
+def _utf8_path(path: Path) -> bool:
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, kept as surrogates
+        return False
+    return True
 
 
 def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | None]:
@@ -147,10 +180,10 @@ def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | None]:
         # torch's message opens with advice to retry with weights_only=False: never pass that on.
         detail = _unpickler_detail(str(err))
         if "Unsupported global" in detail:
-            detail = detail.split(" was not an allowed global")[0]  # drop torch's how-to-allow-it advice
+            name = detail.split("Unsupported global:", 1)[1].split(" was not an allowed global")[0].strip()
             raise CheckpointError(
-                f"checkpoint {path} holds objects other than tensors and plain containers ({detail}); "
-                "refusing to unpickle them: only weights_only=True loading is allowed"
+                f"checkpoint {path} holds the Python object {name}, not only tensors and plain containers; "
+                "refusing to unpickle it: only weights_only=True loading is allowed"
             ) from None
         raise CheckpointError(f"checkpoint {path} is corrupt or not a torch checkpoint ({detail})") from None
     except RecursionError:  # containers nested ever deeper: the unpickler recurses
@@ -158,7 +191,7 @@ def _read_torch(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | None]:
     except Exception as err:  # zip and pickle errors for corrupt or truncated files
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated (not a readable torch file): {err}") from None
     if not isinstance(data, dict) or not {"config", "state_dict"} <= set(data):
-        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        got = sorted(data, key=repr) if isinstance(data, dict) else type(data).__name__
         raise CheckpointError(f"torch checkpoint {path} must be a dict with 'config' and 'state_dict', got {got}")
     if "format_version" in data:
         _check_format(path, FORMAT, str(data["format_version"]))
@@ -192,7 +225,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _check_tensors(expected: Mapping[str, tuple], tensors: Mapping[str, torch.Tensor], path: Path, cfg: ModelConfig) -> None:
     """Names, shapes, dtypes and storage of the stored tensors against those the config implies."""
-    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    missing, unexpected = sorted(set(expected) - set(tensors), key=repr), sorted(set(tensors) - set(expected), key=repr)
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint {path} does not match its config ({cfg.arch.describe()}): "
@@ -229,7 +262,7 @@ def content_hash(tensors: Mapping[str, torch.Tensor], config: Any = None) -> str
     """
     digest = hashlib.sha256()
     digest.update(json.dumps(config, sort_keys=True, separators=(",", ":")).encode() + b"\0")
-    for name in sorted(tensors):
+    for name in sorted(tensors, key=repr):
         t = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}\0{str(t.dtype)}\0{tuple(t.shape)}\0".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy())

@@ -117,9 +117,9 @@ class ModelConfig:
         if self.attn_scale is not None and (
             isinstance(self.attn_scale, bool)
             or not isinstance(self.attn_scale, (int, float))
-            or not (math.isfinite(self.attn_scale) and self.attn_scale > 0)
+            or not (math.isfinite(self.attn_scale) and 1e-100 <= self.attn_scale <= 1e100)  # its square is a size
         ):
-            raise ConfigError(f"attn_scale must be None or a finite number > 0, got {self.attn_scale!r}")
+            raise ConfigError(f"attn_scale must be None or a number in 1e-100..1e100, got {self.attn_scale!r}")
         object.__setattr__(self, "ln_eps", float(self.ln_eps))
         if not isinstance(self.gated_mlp, bool):
             raise ConfigError(f"gated_mlp must be True or False, got {self.gated_mlp!r}")
@@ -212,7 +212,7 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"a model config must be a dict, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=repr)
         if unknown:
             raise ConfigError(f"unknown model config keys {unknown}; expected some of {sorted(known)}")
         arch = data.get("arch")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -31,7 +32,7 @@ from derivations.architecture import head_label
 from tensoralg.escape import escape_text
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT, LossGrid, profile_rows, repeat_loss_grid
 from numeric_check.circuits.ov_qk import copying_scores, eigenvalue_positivity, qk_circuit
-from numeric_check.errors import AnalysisError, NumericCheckError
+from numeric_check.errors import AnalysisError, NumericCheckError, OutputPathError
 from numeric_check.circuits.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
 from numeric_check.circuits.detect import HeadReport, detect_heads
 from numeric_check.circuits.importance import ImportanceReport, path_label, term_importance
@@ -441,10 +442,17 @@ def make_figures(a: ModelAnalysis) -> dict[str, object]:
 REPORT_FILES = ("report.md", "tables.tex", "analysis.json", "index.html")  # and figures/
 
 
-def report_folder(out_dir: Path | str) -> Path:
+def report_folder(out_dir: Path | str, inputs: Sequence[Path | str] = ()) -> Path:
     """``out_dir``, checked before any analysis: a folder that can be written, in which every
     file of the report (and ``figures/``) can be replaced — a directory named ``report.md``
-    is found now, not after minutes of work."""
+    is found now, not after minutes of work — and none of which is one of ``inputs`` (a
+    checkpoint, its training record, a vocabulary: a report never replaces what it reads)."""
+    taken = {os.path.realpath(Path(out_dir) / name) for name in REPORT_FILES}
+    for path in inputs:  # before anything is created
+        real = os.path.realpath(path)
+        if real in taken or os.path.dirname(real) == os.path.realpath(Path(out_dir) / "figures"):
+            raise OutputPathError(f"the report in {str(out_dir)!r} would replace {str(path)!r}, which it reads; "
+                                  "choose another --out folder")
     out_dir = writable_dir(out_dir)
     for name in REPORT_FILES:
         writable_file(out_dir / name)

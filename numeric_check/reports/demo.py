@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     out(_section("1. The model"))
     out(f"{path}\n{model!r}")
-    record = training_record_for(path)
+    record = training_record_for(path, model)
     if record:
         final, train = record.get("final", {}), record["train_config"]
         out(f"trained by `tcircuits train-toy` for {train.get('steps', '?')} steps on random sequences in which segments "

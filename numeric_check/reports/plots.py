@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from derivations.architecture import head_label
 from tensoralg.escape import escape_text
-from numeric_check.files import replace_atomic
+from numeric_check.files import atomic_path
 from numeric_check.errors import PlotError
 
 LAYER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -258,9 +258,9 @@ def save_figure(fig: Figure, out_dir: Path | str, name: str, formats: Sequence[s
     paths = []
     for fmt in formats:
         path = Path(out_dir) / f"{name}.{fmt}"
-        tmp = path.with_name(f".{path.name}.tmp")
         metadata = {"Date": None} if fmt == "svg" else None
-        with rc_context({"svg.hashsalt": "tcircuits"}):  # reproducible SVG ids, scoped to this call
+        # a temporary name of its own, renamed when complete, removed on failure: never half a figure
+        with atomic_path(path) as tmp, rc_context({"svg.hashsalt": "tcircuits"}):  # reproducible SVG ids
             fig.savefig(tmp, format=fmt, dpi=150, metadata=metadata)
-        paths.append(replace_atomic(tmp, path))  # complete, then renamed: never half a figure
+        paths.append(path)
     return paths

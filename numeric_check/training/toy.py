@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from numeric_check.errors import CheckpointError
-from numeric_check.model.checkpoint import read_json, read_text_file
+from numeric_check.model.checkpoint import read_json, read_text_file, stored_content_hash
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
 
@@ -261,18 +261,40 @@ def shipped_checkpoint(n_layers: int = 2) -> Path:
     return Path(str(resources.files("numeric_check") / "data" / f"induction_{n_layers}l.safetensors"))
 
 
-def training_record_for(checkpoint: Path | str) -> dict | None:
+def training_record_for(checkpoint: Path | str, model: CircuitModel | None = None) -> dict | None:
     """The JSON training record written beside ``checkpoint`` by ``train-toy``, or None when
     there is none. A record that is there but malformed (not JSON, nested or sized beyond
     reason, fields of the wrong type) raises :class:`CheckpointError` naming it: analysing
-    with data other than those it records would be silently wrong."""
+    with data other than those it records would be silently wrong. So does a record of
+    another model: with ``model`` (the checkpoint loaded), the record's architecture and
+    sizes must be the model's, and the content hash it recorded the checkpoint's."""
     sidecar = Path(checkpoint).with_suffix(".json")
     if not sidecar.exists():
         return None
-    what = "the training record"
-    record = read_json(read_text_file(sidecar, what), f"{what} {str(sidecar)!r}")
-    check_training_record(record, f"{what} {str(sidecar)!r}")
+    where = f"the training record {str(sidecar)!r}"
+    record = read_json(read_text_file(sidecar, "the training record"), where)
+    check_training_record(record, where)
+    if model is not None:
+        check_record_matches(record, model, stored_content_hash(checkpoint), where)
     return record
+
+
+def check_record_matches(record: dict, model: CircuitModel, content_sha256: str | None, where: str) -> None:
+    """Refuse a training record written for another model than ``model`` (a record copied or
+    left beside the wrong checkpoint): its architecture, its sizes, or the content hash it
+    recorded (``checkpoint_sha256``, written by ``train-toy``) differ from the checkpoint's."""
+    config = TrainConfig.from_dict(record["train_config"])
+    recorded = {"architecture": config.arch.describe(), "d_model": config.d_model, "d_head": config.d_head,
+                "d_vocab": config.d_vocab, "n_ctx": config.n_ctx}
+    actual = {"architecture": model.arch.describe(), "d_model": model.cfg.d_model, "d_head": model.cfg.d_head,
+              "d_vocab": model.cfg.d_vocab, "n_ctx": model.cfg.n_ctx}
+    differ = [f"{key} {recorded[key]!r} where the checkpoint has {actual[key]!r}" for key in recorded if recorded[key] != actual[key]]
+    recorded_hash = record.get("checkpoint_sha256")
+    if not differ and recorded_hash is not None and content_sha256 is not None and recorded_hash != content_sha256:
+        differ = ["another content hash (it was written for another training run)"]
+    if differ:
+        raise CheckpointError(f"{where} belongs to another model: it records {'; '.join(differ)}; "
+                              "move it away or delete it to analyse the checkpoint without it")
 
 
 def check_training_record(record, where: str) -> None:
@@ -303,3 +325,5 @@ def check_training_record(record, where: str) -> None:
         isinstance(p, dict) and point <= set(p) and all(is_number(p[k]) for k in point) for p in curve
     ):
         fail("has a 'curve' that is not a list of points with step, loss and repeat_loss")
+    if "checkpoint_sha256" in record and not isinstance(record["checkpoint_sha256"], str):
+        fail(f"has checkpoint_sha256 {record['checkpoint_sha256']!r}, not a string")

@@ -60,7 +60,7 @@ from numeric_check.model.layers import alibi_bias
 from tensoralg.atoms import Atom
 
 
-_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+))?(?:,(?P<tag>qk|q|k|post))?$")
+_INDEX = re.compile(r"^L(?P<layer>\d+)(?:H(?P<head>\d+)|KV(?P<group>\d+))?(?:,(?P<tag>qk|q|k|post))?$", re.ASCII)
 _HEAD_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_OV", "W_QK", "b_Q", "b_K", "b_V", "b_Qn", "b_Kn")
 _KV_WEIGHTS = ("W_K", "W_V", "b_K", "b_V", "b_Kn")  # one per key/value head: indexed by group when grouped
 

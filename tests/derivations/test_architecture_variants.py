@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensoralg import atom
@@ -29,6 +29,7 @@ from derivations.paths import (
     weight_factors,
 )
 from derivations.qk import expand_qk
+from tests.conftest import PROPERTY
 from tests.derivations.numpy_model import NumpyModel
 from tests.tensoralg.test_rotary import hf_rotary
 
@@ -135,7 +136,7 @@ class VariantModel(NumpyModel):
 # -- the forward pass, term by term --------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(variants(), st.integers(0, 2**16))
 def test_logits_are_the_sum_of_their_paths(case, seed):
     arch, _, _, d_head = case
@@ -145,7 +146,7 @@ def test_logits_are_the_sum_of_their_paths(case, seed):
     np.testing.assert_allclose(total, model.logits(), rtol=1e-9, atol=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(variants(), st.integers(0, 2**16))
 def test_scores_are_the_sum_of_their_terms(case, seed):
     arch, layer, head, d_head = case
@@ -155,7 +156,7 @@ def test_scores_are_the_sum_of_their_terms(case, seed):
     np.testing.assert_allclose(total, model.scores(layer, head), rtol=1e-9, atol=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(variants().filter(lambda c: c[0].mlp), st.integers(0, 2**16))
 def test_mlp_input_is_the_sum_of_its_paths(case, seed):
     arch, layer, _, d_head = case
@@ -172,7 +173,7 @@ def test_mlp_input_is_the_sum_of_its_paths(case, seed):
 # -- rotary: one operator per head ---------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
+@PROPERTY
 @given(variants().filter(lambda c: c[0].rotary is not None), st.integers(0, 2**16))
 def test_rotary_terms_hold_one_operator_and_write_out_to_the_same_scores(case, seed):
     arch, layer, head, d_head = case
@@ -220,7 +221,7 @@ def test_rms_norm_expands_as_layer_norm_does():
     assert rms.normalised and not rms.layer_norm and "RMSNorm" in rms.describe()
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(variants())
 def test_shared_factors_are_named_once(case):
     arch = case[0]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from tensoralg import TensorSum, Term, atom, to_numpy
 
@@ -15,6 +15,7 @@ from derivations.catalogue.marginal import PAPER, cross_entropy, marginal_losses
 from derivations.numeric import RandomBindings
 from derivations.errors import DerivationError
 
+from tests.conftest import PROPERTY, THOROUGH
 from tests.strategies import token_sequences
 
 
@@ -41,7 +42,7 @@ def test_the_small_matrix_has_the_nonzero_eigenvalues_of_the_ov_circuit(seed):
     assert str(d.chains[1].last) == "W_V^{h} W_E W_U W_O^{h}"
 
 
-@settings(max_examples=30, deadline=None)
+@PROPERTY
 @given(st.integers(1, 4), st.integers(5, 9), st.integers(4, 8), st.integers(0, 2**31 - 1))
 def test_lambda_ab_equals_lambda_ba_for_any_thin_factors(d_head, d_vocab, d_model, seed):
     rng = np.random.default_rng(seed)
@@ -129,7 +130,7 @@ def test_the_worked_example_attends_to_the_token_after_an_earlier_copy():
         induction_example(("a", "z"))
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(token_sequences())
 def test_the_induction_term_scores_keys_whose_previous_token_is_the_querys(tokens):
     ex = induction_example(tokens)

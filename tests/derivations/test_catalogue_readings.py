@@ -1,11 +1,12 @@
 """The three readings of A ⊗ W, worked on concrete matrices, checked with numpy."""
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from derivations import catalogue
 from derivations.catalogue.readings import readings_example
 
+from tests.conftest import PROPERTY
 from tests.strategies import fraction_matrices
 
 
@@ -39,7 +40,7 @@ def test_the_broadcast_of_the_old_text_is_the_other_index_order():
     assert not np.array_equal(broadcast, T)
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(st.integers(1, 3).flatmap(lambda n: st.integers(1, 3).flatmap(lambda d: st.tuples(
     fraction_matrices(n, n), fraction_matrices(d, d), fraction_matrices(n, d)))))
 def test_the_three_readings_agree_exactly_on_any_matrices(mats):

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import given
 
 from tensoralg import W_OV, Atom, Product, TensorSum, atom, d_model, identity, term, to_numpy
 from tensoralg.parse import parse
@@ -15,6 +15,7 @@ from derivations.numeric import Numeric, RandomBindings, causal_pattern, instant
 from derivations.errors import DerivationError
 from derivations.render import Math, SumIndex
 
+from tests.conftest import PROPERTY
 from tests.strategies import layouts, products
 
 A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
@@ -169,7 +170,7 @@ def test_group_labels_may_be_prose_with_formulae():
     assert "[through $A^{h}$]" in Derivation("x", "t", "", (labelled,)).to_latex()
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(layouts.flatmap(products))
 def test_expansion_names_associativity_for_one_slot_and_the_mixed_product_for_more(expr):
     from derivations.derivation import product_rule

@@ -9,7 +9,7 @@ import re
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from derivations.architecture import MAX_HEADS, MAX_HEADS_TOTAL, MAX_LAYERS, Architecture
@@ -23,6 +23,7 @@ from tensoralg.atoms import Atom, atom
 from tensoralg.errors import ParseError, TCircuitsError
 from tensoralg.parse import parse
 from tensoralg.rules import rewrite_words
+from tests.conftest import FUZZ, PROPERTY, THOROUGH
 from tests.helpers import quickly, run_cli as run
 from tests.strategies import LAYOUTS, products
 
@@ -80,7 +81,7 @@ def test_a_deep_product_iterates_without_recursion():
     assert [c.order for c in choices[:2]] == [0, 1]
 
 
-@settings(deadline=None, max_examples=40)
+@PROPERTY
 @given(st.sampled_from(LAYOUTS).flatmap(products), st.one_of(st.none(), st.integers(0, 4)))
 def test_order_counts_are_exact(p, max_order):
     counts = p.order_counts(max_order)
@@ -123,7 +124,7 @@ def _old_rewrite(word, identities):
 LETTERS = [Atom(c, "d_model", "d_model") for c in "abc"]
 
 
-@settings(deadline=None, max_examples=200)
+@FUZZ
 @given(st.lists(st.sampled_from(LETTERS), max_size=8).map(tuple),
        st.dictionaries(st.lists(st.sampled_from(LETTERS), min_size=2, max_size=3).map(tuple),  # shrinking rules end
                        st.one_of(st.none(), st.lists(st.sampled_from(LETTERS), max_size=1).map(tuple)), max_size=4))
@@ -178,16 +179,17 @@ def test_every_parameter_of_the_catalogue_has_an_option():
     assert {flag for option, _ in OPTIONS.values() for flag in option.split("/")} <= flags
 
 
-@settings(deadline=10_000, max_examples=60)
+@THOROUGH
 @given(st.sampled_from(sorted(n for n, e in ENTRIES.items() if "heads" in e.params or "layers" in e.params)),
        st.sampled_from(["--layers", "--heads", "--max-order"]),
        st.one_of(st.integers(-3, 40), st.integers(-(2**70), 2**70), st.sampled_from(["1.5", "nan", "", "1e9", "2,3"])))
 def test_random_numbers_to_derive_give_a_result_or_a_clean_error(entry, flag, value):
     code = None
-    try:
-        code = main(["derive", entry, flag, str(value)])
-    except SystemExit as exit:
-        code = exit.code
+    with quickly(10):
+        try:
+            code = main(["derive", entry, flag, str(value)])
+        except SystemExit as exit:
+            code = exit.code
     assert code in (0, 2)
 
 
@@ -223,7 +225,7 @@ def test_twenty_four_groups_answer_at_once(capsys):
     assert code == 2 and "16,777,216 terms" in err and "--max-order 3" in err
 
 
-@settings(deadline=None, max_examples=40)
+@PROPERTY
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=3).filter(lambda sizes: max(sizes) > 1),
        st.one_of(st.none(), st.integers(0, 4)))
 def test_truncation_inside_groups_keeps_exactly_the_low_order_products(sizes, max_order):

@@ -8,7 +8,7 @@ from math import comb
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensoralg import InvalidOrder, Product, atom, identity, term
@@ -26,6 +26,7 @@ from derivations.paths import (
     estimate_logit_terms,
     expand_logits,
 )
+from tests.conftest import FAST, PROPERTY, THOROUGH
 from tests.derivations.numpy_model import NumpyModel
 from tests.strategies import architectures
 
@@ -55,7 +56,7 @@ def arch_and_order(draw):
     return arch, draw(st.none() | st.integers(0, arch.n_layers))
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(arch_and_order())
 def test_paths_and_counts_match_brute_force(case):
     arch, max_order = case
@@ -84,7 +85,7 @@ def test_uniform_counts_follow_the_closed_forms(layers, heads):
     assert estimate_logit_terms(standard) == 2 * (1 + heads) ** layers
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(architectures())
 def test_every_term_has_consistent_shapes(arch):
     for t in expand_logits(arch):
@@ -129,7 +130,7 @@ def layer_factor(arch: Architecture, layer: int):
     return identity(2) + sum(heads[1:], heads[0])
 
 
-@settings(max_examples=30, deadline=None)
+@PROPERTY
 @given(arch_and_order())
 def test_token_terms_equal_the_product_expansion(case):
     """Σ token terms = (N⊗W_U) · Π_l (Id + Σ_h (A N)⊗W_OV) · (Id⊗W_E), expanded by tensoralg."""
@@ -140,7 +141,7 @@ def test_token_terms_equal_the_product_expansion(case):
     assert expand_logits(arch, max_order).to_tensor_sum("tok") == expected
 
 
-@settings(max_examples=25, deadline=None)
+@FAST
 @given(architectures(max_layers=3, max_heads=2), st.integers(0, 2**16))
 def test_sum_of_terms_equals_the_numpy_forward_pass(arch, seed):
     model = NumpyModel(arch, seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensoralg import InvalidOrder, Product, atom, d_head, sandwich, term
@@ -16,6 +16,7 @@ from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms
 from derivations.paths import POSITION, Source
 from derivations.qk import QKExpansion, estimate_qk_terms, expand_qk
+from tests.conftest import PROPERTY, THOROUGH
 from tests.derivations.numpy_model import NumpyModel
 from tests.strategies import architectures_with_head
 from tests.derivations.test_paths import brute_force_paths, layer_factor
@@ -39,7 +40,7 @@ def head_and_order(draw):
     return arch, layer, head, draw(st.none() | st.integers(0, 2 * layer))
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(head_and_order())
 def test_terms_and_tags_match_brute_force(case):
     arch, layer, head, max_order = case
@@ -62,7 +63,7 @@ def test_terms_and_tags_match_brute_force(case):
     assert sum(len(s) for s in expansion.to_tensor_sums().values()) == len(found)
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(architectures_with_head())
 def test_every_term_has_consistent_shapes_and_the_scale(case):
     arch, layer, head = case
@@ -100,7 +101,7 @@ def stream(arch: Architecture, layer: int, source_atom: str):
     return Product(factors).expand()
 
 
-@settings(max_examples=30, deadline=None)
+@PROPERTY
 @given(architectures_with_head(extras=False))
 def test_equals_the_sandwich_of_expanded_streams(case):
     arch, layer, head = case
@@ -116,7 +117,7 @@ def test_equals_the_sandwich_of_expanded_streams(case):
         assert s == sandwich(streams[q], W_QK, streams[k]).scale(SCALE)
 
 
-@settings(max_examples=30, deadline=None)
+@PROPERTY
 @given(architectures_with_head(max_layers=2, max_heads=2), st.integers(0, 2**16))
 def test_sum_of_terms_equals_the_numpy_scores(case, seed):
     arch, layer, head = case

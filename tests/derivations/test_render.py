@@ -5,7 +5,7 @@ import re
 
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tensoralg import Atom, TensorSum, atom, d_head, d_model, identity, term
@@ -14,6 +14,7 @@ from tensoralg.escape import UnsafeLatex
 
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
+from tests.conftest import FUZZ, THOROUGH, needs_pdflatex
 from tests.strategies import any_expression
 from derivations.render import (
     Layout,
@@ -29,7 +30,6 @@ from derivations.render import (
     prose,
     text_width,
 )
-from tests.conftest import needs_pdflatex
 
 A0, W0 = atom("A", "h0"), atom("W_OV", "h0")
 H0 = SumIndex("h0", Math("H_0", "H_0"))
@@ -244,7 +244,7 @@ def test_escaped_text_contains_no_commands_but_printing_ones(text):
 
 
 @given(st.text(max_size=40))
-@settings(max_examples=200, deadline=None)
+@FUZZ
 def test_escaping_any_text_leaves_only_inert_commands(text):
     _inert(escape_latex(text), text)
 
@@ -310,7 +310,7 @@ def test_a_document_full_of_hostile_strings_compiles(tmp_path):
 
 
 @given(any_expression(), st.sampled_from([20, 40, 64]), st.sampled_from([None, 3, 5]))
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 def test_layout_signs_terms_and_brackets_for_any_expression(expr, width, max_terms):
     layout = Layout(max_terms=max_terms, width=width)
     pieces = expr_pieces(expr, layout)

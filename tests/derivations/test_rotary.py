@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import HEAVY
 
 from tensoralg import atom, d_head, term, to_latex
 from tensoralg.expr import TensorSum, Term
@@ -20,7 +21,7 @@ from derivations.errors import DerivationError, TooManyTerms
 from derivations.qk import expand_qk
 
 
-@settings(max_examples=12, deadline=None)
+@HEAVY
 @given(st.integers(1, 3), st.booleans(), st.integers(1, 3), st.sampled_from(["neox", "gptj"]))
 def test_every_line_checks_on_a_real_rotary_head(frequencies, partial, heads, style):
     d = get("rotary", frequencies=frequencies, partial=partial, heads=heads, style=style)

@@ -260,14 +260,15 @@ def test_gpt2_unsupported():
 
 
 # --- round trips over random architectures ---------------------------------------------------
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from numeric_check.model.adapters import to_transformer_lens  # noqa: E402
+from tests.conftest import FAST  # noqa: E402
 from tests.strategies import circuit_models, token_batches  # noqa: E402
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@FAST
 @given(st.data())
 def test_property_round_trip_through_transformer_lens(data):
     model = data.draw(circuit_models(uniform=True))

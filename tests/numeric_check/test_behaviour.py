@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 
 from numeric_check.circuits.behaviour import (
     best_head_floor,
@@ -19,6 +19,7 @@ from numeric_check.circuits.behaviour import (
 from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.errors import AnalysisError
 from numeric_check.training.toy import shipped_checkpoint
+from tests.conftest import PROPERTY
 from tests.helpers import NOISY_CONTEXT as N, half_working_induction_model, noisy_induction_model
 from tests.strategies import token_rows
 
@@ -36,7 +37,7 @@ def test_repeat_sweep_spreads_offsets_and_repeats():
         repeat_sweep(30, 20, 11, 2)
 
 
-@settings(max_examples=50, deadline=None)
+@PROPERTY
 @given(tokens=token_rows())
 def test_induction_targets_match_a_brute_force(tokens):
     targets = induction_targets(tokens)

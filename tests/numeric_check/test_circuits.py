@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError
@@ -25,6 +25,7 @@ from numeric_check.circuits.ov_qk import (
 )
 from numeric_check.circuits.factored import Factored, eigenvalue_multiset_distance
 from numeric_check.model.circuit_model import CircuitModel
+from tests.conftest import FAST
 from tests.strategies import circuit_models
 
 torch.set_num_threads(1)
@@ -82,7 +83,7 @@ def test_ov_and_qk_circuits_through_the_model_forward_pass():
         torch.testing.assert_close(logits[0, 1] - direct, ov_circuit(model, 0, head).col(4))
 
 
-@settings(deadline=None, max_examples=25)
+@FAST
 @given(circuit_models(max_layers=3))
 def test_all_head_scores_match_single_head_circuits(model):
     copying, values, ov = copying_scores(model), ov_circuit_eigenvalues(model), ov_eigenvalues(model)

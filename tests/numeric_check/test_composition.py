@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from derivations.architecture import Architecture
@@ -14,6 +14,7 @@ from numeric_check.circuits.ov_qk import head_weights
 from numeric_check.errors import AnalysisError
 from numeric_check.circuits.composition import composition_baseline, composition_scores, pair_composition_scores
 from numeric_check.model.circuit_model import CircuitModel
+from tests.conftest import PROPERTY
 from tests.strategies import circuit_models
 
 torch.set_num_threads(1)
@@ -41,7 +42,7 @@ def cyclic_score(model, kind, writer, reader):
     return norm(OV1 @ left) / (norm(left) * norm(OV1))
 
 
-@settings(deadline=None, max_examples=30)
+@PROPERTY
 @given(circuit_models(max_layers=3), st.sampled_from("QKV"))
 def test_scores_are_the_dense_definition(model, kind):
     scores = composition_scores(model, kind)

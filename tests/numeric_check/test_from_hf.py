@@ -8,8 +8,9 @@ import types
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import HEAVY
 
 from numeric_check import UnsupportedModel, from_hf, from_hf_gpt2, verify_logits, verify_qk
 from numeric_check.errors import WeightError
@@ -138,7 +139,7 @@ def llama_options(draw):
                                 "partial_rotary_factor": draw(st.sampled_from([0.5, 1.0]))}}
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@HEAVY
 @given(llama_options(), st.integers(0, 1000))
 def test_drawn_options_convert_and_verify(options, seed):
     torch.set_num_threads(1)

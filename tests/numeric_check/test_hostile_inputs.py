@@ -231,7 +231,7 @@ def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
     from numeric_check import files
 
     target = files.write_atomic(tmp_path / "report.md", "old")
-    monkeypatch.setattr(files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(files.files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     with pytest.raises(files.OutputPathError, match="No space left on device"):
         files.write_atomic(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.md"]

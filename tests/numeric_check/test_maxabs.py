@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import THOROUGH
 
 from numeric_check.verification.bounds import MaxAbsProduct
 
@@ -18,7 +19,7 @@ def direct(x: torch.Tensor, blocks) -> float:
     return float((x.reshape(-1, F.shape[0]) @ F).abs().max()) if x.numel() else 0.0
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.integers(1, 12), st.integers(1, 300),
        st.integers(-140, 140), st.integers(-140, 140), st.integers(1, 64))
 def test_equals_the_float64_maximum(seed, rows, k, m, row_exp, col_exp, chunk):

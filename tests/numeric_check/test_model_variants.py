@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import FAST, HEAVY, PROPERTY
 
 from derivations.architecture import Architecture
 from numeric_check import CircuitModel, ConfigError, verify_logits, verify_qk
@@ -39,7 +40,7 @@ def variant_models(draw):
                                seed=draw(st.integers(0, 1000)), dtype=torch.float64)
 
 
-@settings(max_examples=12, deadline=None)
+@HEAVY
 @given(variant_models())
 def test_paths_and_scores_verify_through_the_models_hooks(model):
     torch.set_num_threads(1)
@@ -49,7 +50,7 @@ def test_paths_and_scores_verify_through_the_models_hooks(model):
     assert qk.passed, qk.summary_lines()
 
 
-@settings(max_examples=20, deadline=None)
+@FAST
 @given(variant_models())
 def test_configs_round_trip_through_json(model):
     """What a checkpoint stores: every new option comes back."""
@@ -58,7 +59,7 @@ def test_configs_round_trip_through_json(model):
     assert ModelConfig.from_dict(model.cfg.to_dict()) == model.cfg
 
 
-@settings(max_examples=30, deadline=None)
+@PROPERTY
 @given(st.sampled_from([4, 6, 8]), st.sampled_from(["neox", "gptj"]), st.integers(0, 1000), st.data())
 def test_the_models_rotation_is_the_algebras(d_head, style, seed, data):
     rot = data.draw(st.sampled_from([r for r in range(2, d_head + 1, 2)]))

@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import PROPERTY
 
 from numeric_check.errors import CheckpointError
 from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint
@@ -63,7 +64,7 @@ def test_segments_are_repeated_and_mask_marks_the_copies():
     _check_batch(config, _batch(config))
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(
     n_ctx=st.integers(4, 80),
     seg_min=st.integers(2, 40),

@@ -9,8 +9,9 @@ from functools import reduce
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from tests.conftest import PROPERTY, THOROUGH
 
 from tensoralg import TensorAlgError, atom, identity, sandwich, term
 from tensoralg.atoms import d_head
@@ -71,7 +72,7 @@ def rotary_cases(draw):
     return d, fraction, positions, style, base, np.random.default_rng(seed)
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(rotary_cases())
 def test_rotate_is_hugging_faces_rotary(case):
     d, fraction, positions, style, base, rng = case
@@ -92,7 +93,7 @@ def evaluate_scores(expr: TensorSum, bindings: dict, X: np.ndarray) -> np.ndarra
                for t in expr)
 
 
-@settings(max_examples=60, deadline=None)
+@THOROUGH
 @given(rotary_cases(), st.booleans())
 def test_the_operator_form_equals_rotary_applied_to_queries_and_keys(case, transposed_weights):
     """``P ⊗ Q ⊗ (L R M)`` written out through ``R`` equals ``rotary(P X L) rotary(Q X Mᵀ)ᵀ``
@@ -115,7 +116,7 @@ def test_the_operator_form_equals_rotary_applied_to_queries_and_keys(case, trans
     np.testing.assert_allclose(rotary_scores(q, k, rot, style, base, positions, positions), direct, rtol=0, atol=1e-10 * max(1, np.abs(direct).max()))
 
 
-@settings(max_examples=40, deadline=None)
+@PROPERTY
 @given(rotary_cases())
 def test_relative_matrix_is_the_rotation_between_two_positions(case):
     d, fraction, positions, style, base, rng = case
@@ -140,7 +141,7 @@ def test_the_bilinear_form_of_two_rotated_streams_is_the_relative_operator(frequ
 BLOCKS = [plane_block(0), plane_block(1), turn_block(0), turn_block(1), turn_block(0).T, turn_block(1).T, PASS_BLOCK]
 
 
-@settings(max_examples=80, deadline=None)
+@THOROUGH
 @given(st.lists(st.sampled_from(BLOCKS), min_size=1, max_size=5), st.booleans(), st.sampled_from(["neox", "gptj"]))
 def test_block_rules_agree_with_the_arrays(word, other_atom, style):
     W = atom("W_K", "h")

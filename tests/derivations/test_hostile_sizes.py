@@ -1,0 +1,128 @@
+"""Hostile input, round 3 (issue 21): parser sizes and numbers. Whatever the parser accepts
+— thousands of undeclared names, digit runs past Python's 4,300-digit limit, digits of other
+scripts, coefficients at the bounds of the grammar — gives a correct result or one of our
+errors, within seconds and bounded memory; the numeric check never compares NaNs and no
+numpy warning escapes."""
+
+from __future__ import annotations
+
+import contextlib
+import unicodedata
+import warnings
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from derivations.errors import DerivationError
+from derivations.expansion import expansion
+from tensoralg import parse
+from tensoralg.errors import TensorAlgError
+from tensoralg.inference import MAX_INFERENCE_WORK, Shapes
+from tests.conftest import HEAVY, PROPERTY, THOROUGH
+from tests.helpers import bounded, quickly, run_cli
+from tests.strategies import long_digit_runs, scalar_texts, undeclared_products
+
+NON_ASCII_DIGITS = [chr(c) for c in range(0x80, 0x10000) if unicodedata.category(chr(c)) == "Nd"][:80]
+
+
+@pytest.mark.slow  # seconds per example: shape inference at its bound
+@HEAVY
+@given(undeclared_products())
+def test_undeclared_names_are_inferred_or_refused_within_bounds(text):
+    with quickly(15), contextlib.suppress(TensorAlgError):
+        parse(text)
+
+
+def test_eight_hundred_undeclared_names_are_refused_at_once_with_how_to_declare_them():
+    text = " ".join(f"B{i}" for i in range(800)) + " ⊗ C"  # 30 s of shape inference before
+    with bounded(15, 200), pytest.raises(TensorAlgError, match="declare their shapes .*--atom NAME=ROWS,COLS"):
+        parse(text)
+
+
+def test_a_hundred_undeclared_names_still_read():
+    assert parse(" ".join(f"B{i}" for i in range(100)) + " ⊗ C").n_slots == 2
+
+
+def test_shape_classes_resolve_through_their_root():
+    import sympy as sp
+
+    shapes = Shapes()
+    rows = [shapes.shape(f"B{i}")[0] for i in range(4)]
+    for a, b in zip(rows, rows[1:]):
+        shapes.unify([(a, b)])
+    shapes.unify([(rows[0], sp.Symbol("d_model"))])
+    assert {shapes.resolve(r) for r in rows} == {sp.Symbol("d_model")}
+    assert MAX_INFERENCE_WORK >= 100_000
+
+
+@THOROUGH
+@given(long_digit_runs(), st.sampled_from(["A^{{h{n}}} ⊗ W", "Σ_{{h∈H_{n}}} A^h ⊗ W", "A^{{L{n}H0}} ⊗ W_OV",
+                                            "V ⊗ W --atom V={n},k"]), st.sampled_from(["0", "1"]))
+def test_digit_runs_of_any_length_give_a_result_or_one_line(capsys, digits, form, index_from):
+    text, _, atom = form.format(n=digits).partition(" --atom ")
+    argv = ["expand", text, "--index-from", index_from] + (["--atom", atom] if atom else [])
+    with quickly(10):
+        code, out, err = run_cli(capsys, *argv)
+    assert code in (0, 2) and "Traceback" not in err
+    if code == 2:
+        assert [line for line in err.splitlines() if "error" in line][:1], err
+
+
+@PROPERTY
+@given(st.sampled_from(NON_ASCII_DIGITS))
+def test_digits_of_other_scripts_are_kept_as_written(digit):
+    d = expansion(f"A^{{h{digit}}} ⊗ W + A^{{h3}} ⊗ W", index_from=1)
+    text = d.to_text(index_from=1)
+    assert f"h{digit}" in text and text.count("A^{h4}") == 1
+
+
+def test_a_dimension_named_like_a_matrix_is_refused(capsys):
+    code, _, err = run_cli(capsys, "expand", "A W_OV ⊗ B", "--atom", "V=A,k")
+    assert code == 2 and "cannot be named 'A'" in err
+    with pytest.raises(TensorAlgError, match="both as a matrix and as a dimension"):
+        parse("A V ⊗ W", atoms={"V": ("n_ctx", "W"), "W": ("k", "k")})
+
+
+@THOROUGH
+@given(scalar_texts())
+def test_coefficients_at_the_grammars_bounds_check_or_say_why_not(scalar):
+    try:
+        d = expansion(f"{scalar}·(A ⊗ W_OV)(Id + A^1 ⊗ W_OV^1)")
+    except TensorAlgError:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning reaches anyone
+        try:
+            assert d.verify().ok
+        except DerivationError as err:
+            assert "leaves float64" in str(err)
+
+
+def test_d_head_to_the_thousandth_is_not_a_failed_check_of_nans(capsys, tmp_path):
+    code, _, _ = run_cli(capsys, "expand", "d_head**1000 (A ⊗ W_OV)", "--format", "html", "-o", str(tmp_path / "x.html"))
+    page = (tmp_path / "x.html").read_text()
+    assert code == 0 and "FAILED" not in page and "nan" not in page and "leaves float64" in page
+
+
+def test_an_oversize_expression_is_not_told_about_layers(capsys):
+    text = "".join(f"(Id + A^{{{i}}} ⊗ W_OV^{{{i}}})" for i in range(30))
+    code, _, err = run_cli(capsys, "expand", text)
+    assert code == 2 and "layers or heads" not in err and "expand fewer factors" in err and "--max-order" in err
+
+
+def test_an_undeclared_name_on_an_expand_page_points_to_atom_not_python(capsys, tmp_path):
+    code, _, _ = run_cli(capsys, "expand", "(A ⊗ B)(C ⊗ D)", "--format", "html", "-o", str(tmp_path / "x.html"))
+    page = (tmp_path / "x.html").read_text()
+    assert code == 0 and "Numeric(dims" not in page and "--atom NAME=ROWS,COLS" in page
+
+
+@pytest.mark.parametrize("bad", ["\x1b[2J", "a\nb", "\u202e", "1" * 101])
+def test_atoms_made_in_python_cannot_hold_what_would_print_raw(bad):
+    from tensoralg.atoms import Atom
+
+    with pytest.raises(TensorAlgError):
+        Atom("A", 2, 2, bad)
+    if not bad.isdigit():
+        with pytest.raises(TensorAlgError):
+            Atom(f"W{bad}", 2, 2)
