@@ -24,6 +24,10 @@ _GPT2_SIZES = dict(vocab_size=VOCAB, n_embd=D_MODEL, n_layer=N_LAYERS, n_head=N_
 _TOKENS = dict(bos_token_id=0, eos_token_id=0, pad_token_id=None)
 _KV = dict(num_key_value_heads=2)
 
+def _without(sizes: dict, *keys: str) -> dict:
+    return {k: v for k, v in sizes.items() if k not in keys}
+
+
 #: model type -> (config class, model class, the config's small sizes)
 ZOO: dict[str, tuple[str, str, dict]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2_SIZES),
@@ -41,9 +45,10 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {**_LLAMA_SIZES, "num_key_value_heads": 2, **_TOKENS}),
     "granite": ("GraniteConfig", "GraniteForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "cohere": ("CohereConfig", "CohereForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
-    "falcon": ("FalconConfig", "FalconForCausalLM", {**_LLAMA_SIZES, "ffn_hidden_size": D_MLP, **_TOKENS}),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {**_without(_LLAMA_SIZES, "intermediate_size"), "ffn_hidden_size": D_MLP,
+                                                     **_TOKENS}),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", {**_GPT2_SIZES, "n_inner": D_MLP, **_TOKENS}),
-    "opt": ("OPTConfig", "OPTForCausalLM", {**_LLAMA_SIZES, "ffn_dim": D_MLP, "word_embed_proj_dim": D_MODEL, **_TOKENS}),
+    "opt": ("OPTConfig", "OPTForCausalLM", {**_without(_LLAMA_SIZES, "intermediate_size"), "ffn_dim": D_MLP, "word_embed_proj_dim": D_MODEL, **_TOKENS}),
     "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", {
         "vocab_size": VOCAB, "hidden_size": D_MODEL, "num_layers": N_LAYERS, "num_heads": N_HEADS,
         "intermediate_size": D_MLP, "max_position_embeddings": N_CTX, "attention_types": [[["global", "local"], 1]],
