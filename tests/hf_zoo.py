@@ -55,8 +55,20 @@ ZOO: dict[str, tuple[str, str, dict]] = {
         "window_size": N_CTX, **_TOKENS}),
     "codegen": ("CodeGenConfig", "CodeGenForCausalLM", {**_GPT2_SIZES, "n_ctx": N_CTX, "n_inner": D_MLP, "rotary_dim": 2,
                                                         **_TOKENS}),
+    "gpt-sw3": ("GPT2Config", "GPT2LMHeadModel", _GPT2_SIZES),  # GPT-2's classes
+    "exaone": ("ExaoneConfig", "LlamaForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),  # Llama's model class
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
+    "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4,
+                                                                   "use_post_norm": False, **_TOKENS}),
     # refused by the features the algebra does not express yet
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4, "num_key_value_heads": 2, **_TOKENS}),

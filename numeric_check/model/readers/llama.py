@@ -58,10 +58,12 @@ def pending_features(model: Any) -> list[tuple[str, str]]:
     """What a Llama-layout model uses that the algebra does not express yet (see :mod:`pending`)."""
     config, layer = model.config, model.model.layers[0]
     attn, found = layer.self_attn, []
-    qk = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm") if getattr(attn, n, None) is not None]
+    qk = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
+          if getattr(attn, n, None) is not None]
     if qk:
         found.append(("qk_norm", ", ".join(qk)))
     post = [n for n in ("post_feedforward_layernorm", "post_attention_layernorm") if _is_post_norm(layer, n)]
+    post += [n for n in ("post_norm1", "post_norm2") if type(getattr(layer, n, torch.nn.Identity())).__name__ != "Identity"]
     if post:
         found.append(("post_norm", ", ".join(post)))
     for attr, key in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
@@ -152,12 +154,13 @@ def _read_gemma(model: Any, source: str = "the Gemma model") -> SourceWeights:
                            Scales(embed=config.hidden_size**0.5, attn=math.sqrt(scalar) if scalar else None))
 
 
-def _read_granite(model: Any) -> SourceWeights:
+def _read_granite(model: Any, source: str = "the Granite model", logits_times: bool = False) -> SourceWeights:
     # embeddings x embedding_multiplier; each sublayer's output x residual_multiplier; scores x
-    # attention_multiplier (instead of 1/sqrt(d_head)); logits / logits_scaling
+    # attention_multiplier (instead of 1/sqrt(d_head)); logits / logits_scaling (HyperCLOVA X: x logits_scaling)
     c = model.config
-    return read_llama_like(model, "the Granite model", scales=Scales(
-        embed=c.embedding_multiplier, residual=c.residual_multiplier, logits=1.0 / c.logits_scaling,
+    return read_llama_like(model, source, scales=Scales(
+        embed=c.embedding_multiplier, residual=c.residual_multiplier,
+        logits=c.logits_scaling if logits_times else 1.0 / c.logits_scaling,
         attn=1.0 / c.attention_multiplier))
 
 
@@ -169,6 +172,14 @@ def _read_stablelm(model: Any) -> SourceWeights:
 def _read_cohere(model: Any) -> SourceWeights:
     return read_llama_like(model, "the Cohere model", Layout(norm="layer", eps="layer_norm_eps", parallel=True,
                                                              rotary_style="gptj"), Scales(logits=model.config.logit_scale))
+
+
+def _read_smollm3(model: Any) -> SourceWeights:
+    plain = [i for i, layer in enumerate(model.model.layers) if not layer.self_attn.use_rope]
+    if plain:
+        raise unsupported(f"layers without rotary (no_rope_layers: layer {', '.join(map(str, plain))} of "
+                          f"{len(model.model.layers)})", "the SmolLM3 model")
+    return read_llama_like(model, "the SmolLM3 model")
 
 
 def _read_olmo(model: Any) -> SourceWeights:
@@ -183,6 +194,8 @@ _LLAMA = frozenset({
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "hidden_act", "rms_norm_eps", "rope_parameters", "attention_bias", "mlp_bias", "pretraining_tp",
 })
+_GRANITE = frozenset({"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"})
+_INTERLEAVED = Layout(rotary_style="gptj")  # rotary pairs (2f, 2f + 1): cos/sin repeated by interleaving
 _WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
 #: options whose only effect is a feature :func:`pending_features` refuses by name
 _MOE = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
@@ -202,9 +215,19 @@ FAMILIES = (
     Family("Starcoder2", ("Starcoder2ForCausalLM",),
            lambda m: read_llama_like(m, "the Starcoder2 model", Layout(norm="layer", eps="norm_epsilon", mlp="plain")),
            _LLAMA | _WINDOWS | {"norm_epsilon", "use_bias", "residual_dropout", "embedding_dropout"}),
-    Family("Granite", ("GraniteForCausalLM",), _read_granite,
-           _LLAMA | {"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"}),
+    Family("Granite", ("GraniteForCausalLM",), _read_granite, _LLAMA | _GRANITE),
     Family("Cohere", ("CohereForCausalLM",), _read_cohere, _LLAMA | {"layer_norm_eps", "logit_scale", "use_qk_norm"}),
+    Family("Ministral", ("MinistralForCausalLM",), lambda m: read_llama_like(m, "the Ministral model"), _LLAMA | _WINDOWS),
+    Family("Seed-OSS", ("SeedOssForCausalLM",), lambda m: read_llama_like(m, "the Seed-OSS model"),
+           _LLAMA | {"attention_out_bias", "residual_dropout"}),
+    Family("SmolLM3", ("SmolLM3ForCausalLM",), _read_smollm3, _LLAMA | _WINDOWS | {"no_rope_layer_interval", "no_rope_layers"}),
+    Family("Ernie 4.5", ("Ernie4_5ForCausalLM",), lambda m: read_llama_like(m, "the Ernie 4.5 model", _INTERLEAVED),
+           _LLAMA | {"use_bias"}),
+    Family("Helium", ("HeliumForCausalLM",), lambda m: read_llama_like(m, "the Helium model", _INTERLEAVED), _LLAMA),
+    Family("HyperCLOVA X", ("HyperCLOVAXForCausalLM",), lambda m: _read_granite(m, "the HyperCLOVA X model", True),
+           _LLAMA | _GRANITE | {"use_post_norm"}),
+    Family("HunYuan dense", ("HunYuanDenseV1ForCausalLM",), lambda m: read_llama_like(m, "the HunYuan dense model"),
+           _LLAMA | {"eod_token_id"}),
     Family("Qwen3", ("Qwen3ForCausalLM",), lambda m: read_llama_like(m, "the Qwen3 model"), _LLAMA | _WINDOWS),
     Family("OLMo 2", ("Olmo2ForCausalLM",), lambda m: read_llama_like(m, "the OLMo 2 model"), _LLAMA),
     Family("Gemma 2", ("Gemma2ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 2 model"), _LLAMA | _WINDOWS | _GEMMA2),
