@@ -109,9 +109,10 @@ def test_unsupported_features_are_named():
         from_hf(build("mistral", sliding_window=4))
     with pytest.raises(UnsupportedModel, match=r"rope scaling \('linear'"):
         from_hf(build("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
-    bloom = transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=13, hidden_size=16, n_layer=1, n_head=4))
-    with pytest.raises(UnsupportedModel, match=r"^BloomForCausalLM \(model_type 'bloom'\) is not a family tcircuits reads; it reads GPT-2"):
-        from_hf(bloom)
+    gpt1 = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(vocab_size=13, n_embd=16, n_layer=1, n_head=4))
+    with pytest.raises(UnsupportedModel, match=r"^OpenAIGPTLMHeadModel \(model_type 'openai-gpt'\) is not a family tcircuits "
+                                               r"reads; it reads GPT-2"):
+        from_hf(gpt1)
     with pytest.raises(UnsupportedModel, match="^Linear is not a family tcircuits reads"):
         from_hf(torch.nn.Linear(2, 2))
 

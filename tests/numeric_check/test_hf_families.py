@@ -51,6 +51,7 @@ CONVERTS = [
     ("internlm3", {}),
     ("iquestcoder", {}),
     ("gpt-sw3", {}),
+    ("glm", {}),
 ]
 
 
@@ -127,6 +128,9 @@ REFUSED = [
     ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),
     ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
      r"rope scaling \('dynamic'"),
+    ("glm4", {}, r"norms after a sublayer \(post_self_attn_layernorm, post_mlp_layernorm\)"),
+    ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),
+    ("mpt", {}, r"ALiBi position biases \(attn_config.alibi=True\)"),
     ("qwen3", {}, r"^the Qwen3 model uses q/k normalisation \(q_norm, k_norm\), which CircuitModel cannot express yet$"),
     ("hunyuan_v1_dense", {}, r"q/k normalisation \(query_layernorm, key_layernorm\)"),
     ("olmo2", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
@@ -168,3 +172,12 @@ def test_half_precision_rotary_buffers_are_compared_in_their_precision(model_typ
     hf = build(model_type, dtype=dtype)
     model = from_hf(hf)
     assert model.source_check.rel_diff <= model.source_check.tolerance
+
+
+def test_families_registered_only_to_be_refused_are_not_listed_as_read():
+    from numeric_check.model.readers import FAMILIES, family_names
+
+    listed = family_names()
+    assert "Llama (LlamaForCausalLM)" in listed and "Falcon (FalconForCausalLM)" in listed
+    for family in FAMILIES:
+        assert (f"{family.name} (" in listed) == family.converts, family.name

@@ -30,12 +30,15 @@ SIZES = frozenset({"vocab_size", "max_position_embeddings"})
 class Family:
     """A Hugging Face family tcircuits reads: its name, the model classes it covers, its reader and
     the config options the reader understands (an allow-list: any other option set off its
-    default is refused by name)."""
+    default is refused by name). ``converts=False``: every model of the family uses a feature the
+    algebra does not express yet (:mod:`~numeric_check.model.readers.pending`), so it is registered
+    only to be refused by that feature's name."""
 
     name: str
     classes: tuple[str, ...]
     read: Callable[[Any], SourceWeights]
     options: frozenset[str]
+    converts: bool = True
 
 
 def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None,
@@ -140,6 +143,14 @@ def plain_mlp(fc_in: Any, fc_out: Any, d_mlp: int, d_model: int, where: str, sou
     W_in, b_in = linear(fc_in, d_mlp, where + "in", source, d_model)
     W_out, b_out = linear(fc_out, d_model, where + "out", source, d_mlp)
     return {"W_in": W_in, "b_in": b_in, "W_out": W_out, "b_out": b_out}
+
+
+def packed_gated_mlp(mlp: Any, d_mlp: int, d_model: int, where: str, source: str) -> dict[str, Tensor]:
+    """``down(up * act(gate))`` with gate and up packed in one ``gate_up_proj`` (gate first: Phi-3, GLM)."""
+    gate_up, b_gate_up = linear(mlp.gate_up_proj, 2 * d_mlp, where + "gate_up_proj", source, d_model)
+    W_out, b_out = linear(mlp.down_proj, d_model, where + "down_proj", source, d_mlp)
+    return {"W_gate": gate_up[:, :d_mlp], "b_gate": b_gate_up[:d_mlp], "W_in": gate_up[:, d_mlp:],
+            "b_in": b_gate_up[d_mlp:], "W_out": W_out, "b_out": b_out}
 
 
 def heads_out(o_proj: Any, n_heads: int, d_head: int, d_model: int, what: str, source: str) -> tuple[Tensor, Tensor]:

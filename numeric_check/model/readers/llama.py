@@ -25,7 +25,7 @@ from torch import Tensor
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import pending
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, norm, plain_mlp, rotary, sliding_window, split_heads, unembed,
+    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, sliding_window, split_heads, unembed,
 )
 
 
@@ -33,7 +33,8 @@ from numeric_check.model.readers.common import (
 class Layout:
     """How a family departs from Llama. ``norm``: ``"rms"``, ``"gemma"`` (RMSNorm with ``1 + w``
     gains) or ``"layer"`` (layer norm, with or without gain and bias); ``parallel``: the MLP reads
-    ``input_layernorm``'s output; ``mlp``: ``"gated"`` (gate/up/down) or ``"plain"`` (c_fc/c_proj)."""
+    ``input_layernorm``'s output; ``mlp``: ``"gated"`` (gate/up/down), ``"packed"`` (gate_up/down)
+    or ``"plain"`` (c_fc/c_proj)."""
 
     norm: str = "rms"
     eps: str = "rms_norm_eps"
@@ -64,6 +65,7 @@ def pending_features(model: Any) -> list[tuple[str, str]]:
         found.append(("qk_norm", ", ".join(qk)))
     post = [n for n in ("post_feedforward_layernorm", "post_attention_layernorm") if _is_post_norm(layer, n)]
     post += [n for n in ("post_norm1", "post_norm2") if type(getattr(layer, n, torch.nn.Identity())).__name__ != "Identity"]
+    post += [n for n in ("post_self_attn_layernorm", "post_mlp_layernorm") if getattr(layer, n, None) is not None]
     if post:
         found.append(("post_norm", ", ".join(post)))
     for attr, key in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
@@ -120,8 +122,13 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
     W_O, b_O = heads_out(a.o_proj, n_heads, d_head, d_model, where + "o_proj", source)
     ln1 = norm(layer.input_layernorm, layout.norm)
     ln2 = ln1 if layout.parallel else norm(layer.post_attention_layernorm, layout.norm)
-    mlp = _gated_mlp(layer.mlp, config.intermediate_size) if layout.mlp == "gated" else \
-        plain_mlp(layer.mlp.c_fc, layer.mlp.c_proj, config.intermediate_size, d_model, f"layers.{i}.mlp.c_", source)
+    d_mlp = config.intermediate_size
+    if layout.mlp == "gated":
+        mlp = _gated_mlp(layer.mlp, d_mlp)
+    elif layout.mlp == "packed":
+        mlp = packed_gated_mlp(layer.mlp, d_mlp, d_model, f"layers.{i}.mlp.", source)
+    else:
+        mlp = plain_mlp(layer.mlp.c_fc, layer.mlp.c_proj, d_mlp, d_model, f"layers.{i}.mlp.c_", source)
     r = scales.residual
     return LayerWeights(
         W_Q=split_heads(a.q_proj.weight, n_heads, d_head, d_model, where + "q_proj.weight", source),
@@ -196,6 +203,7 @@ _LLAMA = frozenset({
 })
 _GRANITE = frozenset({"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"})
 _INTERLEAVED = Layout(rotary_style="gptj")  # rotary pairs (2f, 2f + 1): cos/sin repeated by interleaving
+_GLM = Layout(mlp="packed", rotary_style="gptj")
 _WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
 #: options whose only effect is a feature :func:`pending_features` refuses by name
 _MOE = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
@@ -204,38 +212,44 @@ _MOE = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "mo
 _GEMMA2 = frozenset({"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
                      "use_bidirectional_attention", "rope_local_base_freq", "rope_scaling"})
 
+def _family(name: str, cls: str, options: frozenset[str], layout: Layout = Layout(), converts: bool = True) -> Family:
+    """A family read by :func:`read_llama_like` with ``layout`` and no multipliers."""
+    return Family(name, (cls,), lambda m: read_llama_like(m, f"the {name} model", layout), options, converts)
+
+
 FAMILIES = (
-    Family("Llama", ("LlamaForCausalLM",), lambda m: read_llama_like(m, "the Llama model"), _LLAMA),
-    Family("Qwen2", ("Qwen2ForCausalLM",), lambda m: read_llama_like(m, "the Qwen2 model"), _LLAMA | _WINDOWS),
-    Family("Mistral", ("MistralForCausalLM",), lambda m: read_llama_like(m, "the Mistral model"), _LLAMA | _WINDOWS),
+    _family("Llama", "LlamaForCausalLM", _LLAMA),
+    _family("Qwen2", "Qwen2ForCausalLM", _LLAMA | _WINDOWS),
+    _family("Mistral", "MistralForCausalLM", _LLAMA | _WINDOWS),
     Family("Gemma", ("GemmaForCausalLM",), _read_gemma, _LLAMA),
     Family("StableLM", ("StableLmForCausalLM",), _read_stablelm,
            _LLAMA | {"layer_norm_eps", "use_qkv_bias", "qk_layernorm", "use_parallel_residual"}),
     Family("OLMo", ("OlmoForCausalLM",), _read_olmo, _LLAMA | {"clip_qkv"}),
-    Family("Starcoder2", ("Starcoder2ForCausalLM",),
-           lambda m: read_llama_like(m, "the Starcoder2 model", Layout(norm="layer", eps="norm_epsilon", mlp="plain")),
-           _LLAMA | _WINDOWS | {"norm_epsilon", "use_bias", "residual_dropout", "embedding_dropout"}),
+    _family("Starcoder2", "Starcoder2ForCausalLM",
+            _LLAMA | _WINDOWS | {"norm_epsilon", "use_bias", "residual_dropout", "embedding_dropout"},
+            Layout(norm="layer", eps="norm_epsilon", mlp="plain")),
     Family("Granite", ("GraniteForCausalLM",), _read_granite, _LLAMA | _GRANITE),
     Family("Cohere", ("CohereForCausalLM",), _read_cohere, _LLAMA | {"layer_norm_eps", "logit_scale", "use_qk_norm"}),
-    Family("Ministral", ("MinistralForCausalLM",), lambda m: read_llama_like(m, "the Ministral model"), _LLAMA | _WINDOWS),
-    Family("Seed-OSS", ("SeedOssForCausalLM",), lambda m: read_llama_like(m, "the Seed-OSS model"),
-           _LLAMA | {"attention_out_bias", "residual_dropout"}),
-    Family("SmolLM3", ("SmolLM3ForCausalLM",), _read_smollm3, _LLAMA | _WINDOWS | {"no_rope_layer_interval", "no_rope_layers"}),
-    Family("Ernie 4.5", ("Ernie4_5ForCausalLM",), lambda m: read_llama_like(m, "the Ernie 4.5 model", _INTERLEAVED),
-           _LLAMA | {"use_bias"}),
-    Family("Helium", ("HeliumForCausalLM",), lambda m: read_llama_like(m, "the Helium model", _INTERLEAVED), _LLAMA),
+    _family("Ministral", "MinistralForCausalLM", _LLAMA | _WINDOWS),
+    _family("Seed-OSS", "SeedOssForCausalLM", _LLAMA | {"attention_out_bias", "residual_dropout"}),
+    Family("SmolLM3", ("SmolLM3ForCausalLM",), _read_smollm3,
+           _LLAMA | _WINDOWS | {"no_rope_layer_interval", "no_rope_layers"}),
+    _family("Ernie 4.5", "Ernie4_5ForCausalLM", _LLAMA | {"use_bias"}, _INTERLEAVED),
+    _family("Helium", "HeliumForCausalLM", _LLAMA, _INTERLEAVED),
     Family("HyperCLOVA X", ("HyperCLOVAXForCausalLM",), lambda m: _read_granite(m, "the HyperCLOVA X model", True),
            _LLAMA | _GRANITE | {"use_post_norm"}),
-    Family("HunYuan dense", ("HunYuanDenseV1ForCausalLM",), lambda m: read_llama_like(m, "the HunYuan dense model"),
-           _LLAMA | {"eod_token_id"}),
-    Family("Qwen3", ("Qwen3ForCausalLM",), lambda m: read_llama_like(m, "the Qwen3 model"), _LLAMA | _WINDOWS),
-    Family("OLMo 2", ("Olmo2ForCausalLM",), lambda m: read_llama_like(m, "the OLMo 2 model"), _LLAMA),
-    Family("Gemma 2", ("Gemma2ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 2 model"), _LLAMA | _WINDOWS | _GEMMA2),
-    Family("Gemma 3", ("Gemma3ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 3 model"), _LLAMA | _WINDOWS | _GEMMA2),
-    Family("Mixtral", ("MixtralForCausalLM",), lambda m: read_llama_like(m, "the Mixtral model"), _LLAMA | _WINDOWS | _MOE),
-    Family("OLMoE", ("OlmoeForCausalLM",), lambda m: read_llama_like(m, "the OLMoE model"), _LLAMA | _MOE | {"clip_qkv"}),
-    Family("Qwen2-MoE", ("Qwen2MoeForCausalLM",), lambda m: read_llama_like(m, "the Qwen2-MoE model"),
-           _LLAMA | _WINDOWS | _MOE),
-    Family("Qwen3-MoE", ("Qwen3MoeForCausalLM",), lambda m: read_llama_like(m, "the Qwen3-MoE model"),
-           _LLAMA | _WINDOWS | _MOE),
+    _family("GLM", "GlmForCausalLM", _LLAMA, _GLM),
+    # every model of these uses a feature the algebra does not express yet: refused by its name
+    _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM, converts=False),
+    _family("HunYuan dense", "HunYuanDenseV1ForCausalLM", _LLAMA | {"eod_token_id"}, converts=False),
+    _family("Qwen3", "Qwen3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
+    _family("OLMo 2", "Olmo2ForCausalLM", _LLAMA, converts=False),
+    Family("Gemma 2", ("Gemma2ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 2 model"),
+           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
+    Family("Gemma 3", ("Gemma3ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 3 model"),
+           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
+    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
+    _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}, converts=False),
+    _family("Qwen2-MoE", "Qwen2MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
+    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
 )

@@ -17,7 +17,7 @@ import torch
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import pending
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, linear, norm, plain_mlp, refuse_windows, rotary, shape, split_heads, unembed,
+    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, refuse_windows, rotary, shape, split_heads, unembed,
 )
 
 
@@ -77,14 +77,11 @@ def read_phi3(model: Any) -> SourceWeights:
         q, k, v = qkv.split([n_heads * d_head, n_kv * d_head, n_kv * d_head])
         heads = lambda w, n: w.reshape(n, d_head, d_model).transpose(1, 2)  # noqa: E731
         W_O, b_O = heads_out(a.o_proj, n_heads, d_head, d_model, where + "self_attn.o_proj", source)
-        gate_up, b_gate_up = linear(layer.mlp.gate_up_proj, 2 * d_mlp, where + "mlp.gate_up_proj", source, d_model)
-        W_out, b_out = linear(layer.mlp.down_proj, d_model, where + "mlp.down_proj", source, d_mlp)
         layers.append(LayerWeights(
             W_Q=heads(q, n_heads), W_K=heads(k, n_kv), W_V=heads(v, n_kv), W_O=W_O, b_O=b_O,
             b_Q=_zeros(n_heads, d_head), b_K=_zeros(n_kv, d_head), b_V=_zeros(n_kv, d_head),  # no biases
             ln1=norm(layer.input_layernorm, "rms"), ln2=norm(layer.post_attention_layernorm, "rms"),
-            mlp={"W_gate": gate_up[:, :d_mlp], "b_gate": b_gate_up[:d_mlp], "W_in": gate_up[:, d_mlp:],
-                 "b_in": b_gate_up[d_mlp:], "W_out": W_out, "b_out": b_out},
+            mlp=packed_gated_mlp(layer.mlp, d_mlp, d_model, where + "mlp.", source),
         ))
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
     return SourceWeights(
