@@ -67,6 +67,9 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "hyperclovax": ("HyperCLOVAXConfig", "HyperCLOVAXForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4,
                                                                    "use_post_norm": False, **_TOKENS}),
     "glm": ("GlmConfig", "GlmForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
     # refused by the features the algebra does not express yet
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),

@@ -52,6 +52,10 @@ CONVERTS = [
     ("iquestcoder", {}),
     ("gpt-sw3", {}),
     ("glm", {}),
+    ("arcee", {}),  # squared ReLU
+    ("jais2", {}),
+    ("nemotron", {}),  # layer norm with 1 + w gains
+    ("persimmon", {"qk_layernorm": False}),
 ]
 
 
@@ -135,7 +139,6 @@ REFUSED = [
     ("hunyuan_v1_dense", {}, r"q/k normalisation \(query_layernorm, key_layernorm\)"),
     ("olmo2", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
     ("persimmon", {}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
-    ("persimmon", {"qk_layernorm": False}, r"activation function 'relu2'"),
     ("gemma2", {}, r"norms after a sublayer .*, attention-score soft-capping \(attn_logit_softcapping=50.0\) and "
                    r"output-logit soft-capping"),
     ("gemma3_text", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),

@@ -91,12 +91,13 @@ def bias(linear: Any, n: int, d_head: int, what: str, source: str) -> Tensor:
 
 
 def norm(module: Any, kind: str) -> tuple[Tensor, Tensor] | None:
-    """``(w, b)`` of a norm: LayerNorm ``(weight, bias)``, RMSNorm ``(weight, 0)``, Gemma's ``(1 + weight, 0)``;
+    """``(w, b)`` of a norm: LayerNorm ``(weight, bias)``, RMSNorm ``(weight, 0)``, Gemma's ``(1 + weight, 0)``,
+    Nemotron's ``layer_plus_one`` ``(1 + weight, bias)``;
     ``None`` for a norm without parameters (OLMo's, OPT's ``elementwise_affine=False``)."""
     if getattr(module, "weight", None) is None:
         return None
     w = f64(module.weight)
-    if kind == "gemma":
+    if kind in ("gemma", "layer_plus_one"):
         w = 1.0 + w
     b = f64(module.bias) if getattr(module, "bias", None) is not None else torch.zeros_like(w)
     return w, b

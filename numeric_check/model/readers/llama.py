@@ -33,8 +33,8 @@ from numeric_check.model.readers.common import (
 class Layout:
     """How a family departs from Llama. ``norm``: ``"rms"``, ``"gemma"`` (RMSNorm with ``1 + w``
     gains) or ``"layer"`` (layer norm, with or without gain and bias); ``parallel``: the MLP reads
-    ``input_layernorm``'s output; ``mlp``: ``"gated"`` (gate/up/down), ``"packed"`` (gate_up/down)
-    or ``"plain"`` (c_fc/c_proj)."""
+    ``input_layernorm``'s output; ``mlp``: ``"gated"`` (gate/up/down), ``"packed"`` (gate_up/down),
+    ``"plain"`` (c_fc/c_proj) or ``"up_down"`` (up/down, no gate)."""
 
     norm: str = "rms"
     eps: str = "rms_norm_eps"
@@ -98,7 +98,7 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
     dims = (d_model, n_heads, n_kv, d_head)
     layers = [_layer(layer, i, dims, config, layout, scales, source) for i, layer in enumerate(model.model.layers)]
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
-    kind = "layer_norm" if layout.norm == "layer" else "rms_norm"
+    kind = "layer_norm" if layout.norm.startswith("layer") else "rms_norm"
     return SourceWeights(
         W_E=f64(model.model.embed_tokens.weight) * scales.embed, W_pos=None, W_U=W_U * scales.logits,
         b_U=b_U * scales.logits, layers=layers, ln_final=norm(model.model.norm, layout.norm), positional="none",
@@ -110,7 +110,7 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
 
 
 def _eps(model: Any, layout: Layout) -> float:
-    if layout.norm == "layer" and not hasattr(model.model.norm, "eps") and not hasattr(model.model.norm, "variance_epsilon"):
+    if layout.norm.startswith("layer") and not hasattr(model.model.norm, "eps") and not hasattr(model.model.norm, "variance_epsilon"):
         return 1e-5  # OLMo's parameter-free layer norm has eps 1e-5 fixed in its code
     return float(getattr(model.config, layout.eps))
 
@@ -127,6 +127,8 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
         mlp = _gated_mlp(layer.mlp, d_mlp)
     elif layout.mlp == "packed":
         mlp = packed_gated_mlp(layer.mlp, d_mlp, d_model, f"layers.{i}.mlp.", source)
+    elif layout.mlp == "up_down":
+        mlp = plain_mlp(layer.mlp.up_proj, layer.mlp.down_proj, d_mlp, d_model, f"layers.{i}.mlp.", source)
     else:
         mlp = plain_mlp(layer.mlp.c_fc, layer.mlp.c_proj, d_mlp, d_model, f"layers.{i}.mlp.c_", source)
     r = scales.residual
@@ -239,6 +241,10 @@ FAMILIES = (
     Family("HyperCLOVA X", ("HyperCLOVAXForCausalLM",), lambda m: _read_granite(m, "the HyperCLOVA X model", True),
            _LLAMA | _GRANITE | {"use_post_norm"}),
     _family("GLM", "GlmForCausalLM", _LLAMA, _GLM),
+    _family("Arcee", "ArceeForCausalLM", _LLAMA, Layout(mlp="up_down")),
+    _family("Jais 2", "Jais2ForCausalLM", _LLAMA | {"layer_norm_eps"}, Layout(norm="layer", eps="layer_norm_eps", mlp="up_down")),
+    _family("Nemotron", "NemotronForCausalLM", _LLAMA | {"norm_eps"},
+            Layout(norm="layer_plus_one", eps="norm_eps", mlp="up_down")),
     # every model of these uses a feature the algebra does not express yet: refused by its name
     _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM, converts=False),
     _family("HunYuan dense", "HunYuanDenseV1ForCausalLM", _LLAMA | {"eod_token_id"}, converts=False),
