@@ -70,6 +70,7 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
     "jais2": ("Jais2Config", "Jais2ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4, **_TOKENS}),
     # refused by the features the algebra does not express yet
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
@@ -78,6 +79,13 @@ ZOO: dict[str, tuple[str, str, dict]] = {
                                                   "n_head": N_HEADS, **_TOKENS}),
     "mpt": ("MptConfig", "MptForCausalLM", {"vocab_size": VOCAB, "d_model": D_MODEL, "n_layers": N_LAYERS,
                                             "n_heads": N_HEADS, "max_seq_len": N_CTX}),
+    "vaultgemma": ("VaultGemmaConfig", "VaultGemmaForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
+    "cwm": ("CwmConfig", "CwmForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", {**_LLAMA_SIZES, **_KV, "num_local_experts": 4, **_TOKENS}),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4, "num_key_value_heads": 2, **_TOKENS}),
@@ -125,7 +133,7 @@ def exact_float64(hf):
             _rms_norm(module, gemma=name.startswith("Gemma"))
         elif name == "OlmoLayerNorm":
             module.forward = types.MethodType(lambda self, x: F.layer_norm(x, self.normalized_shape, eps=1e-5), module)
-        elif name == "CohereLayerNorm":
+        elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             def cohere(self, x):
                 centred = x - x.mean(-1, keepdim=True)
                 return self.weight * centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)

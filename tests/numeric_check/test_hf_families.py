@@ -56,6 +56,7 @@ CONVERTS = [
     ("jais2", {}),
     ("nemotron", {}),  # layer norm with 1 + w gains
     ("persimmon", {"qk_layernorm": False}),
+    ("cohere2", {"logit_scale": 0.5}),
 ]
 
 
@@ -132,6 +133,16 @@ REFUSED = [
     ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),
     ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
      r"rope scaling \('dynamic'"),
+    ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]},
+     r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
+    ("cohere2", {"sliding_window": 4}, r"sliding-window attention \(window 4 < 8 positions\)"),
+    ("vaultgemma", {}, r"attention-score soft-capping \(attn_logit_softcapping=50.0\) and output-logit soft-capping"),
+    ("olmo3", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
+    ("exaone4", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
+    ("apertus", {}, r"q/k normalisation \(q_norm, k_norm\) and rope scaling \('llama3' in rope_parameters\)"),
+    ("cwm", {}, r"rope scaling \('llama3' in rope_parameters\)"),
+    ("ministral3", {}, r"rope scaling \('yarn' in rope_parameters\)"),
+    ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
     ("glm4", {}, r"norms after a sublayer \(post_self_attn_layernorm, post_mlp_layernorm\)"),
     ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),
     ("mpt", {}, r"ALiBi position biases \(attn_config.alibi=True\)"),
@@ -153,6 +164,7 @@ REFUSED = [
 def test_what_the_algebra_cannot_express_is_refused_by_its_name(model_type, options, message):
     # mixture-of-experts kernels refuse float64: those are built in float32
     dtype = torch.float32 if "moe" in model_type or model_type == "mixtral" else torch.float64
+    # (the refusal comes before any forward pass, so the dtype only matters to building the model)
     with pytest.raises(UnsupportedModel, match=message):
         from_hf(build(model_type, dtype=dtype, **options))
 

@@ -25,7 +25,8 @@ from torch import Tensor
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import pending
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, sliding_window, split_heads, unembed,
+    ROPE_TYPES, Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, sliding_window, split_heads,
+    unembed,
 )
 
 
@@ -74,8 +75,18 @@ def pending_features(model: Any) -> list[tuple[str, str]]:
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
     if any(hasattr(getattr(block, "mlp", None), "experts") for block in model.model.layers):
         found.append(("moe", f"{experts} experts, {getattr(config, 'num_experts_per_tok', '?')} per token"))
+    scaled = sorted({t for t in _rope_types(getattr(config, "rope_parameters", None) or {}) if t not in ROPE_TYPES})
+    if scaled:
+        found.append(("rope_scaling", f"{', '.join(map(repr, scaled))} in rope_parameters"))
     window = sliding_window(config)
     return found + ([window] if window else [])
+
+
+def _rope_types(params: dict) -> list[str]:
+    """The rope types of ``rope_parameters``: one, or one per layer type (Gemma 3, OLMo 3)."""
+    if all(isinstance(v, dict) for v in params.values()) and params:
+        return [t for v in params.values() for t in _rope_types(v)]
+    return [params.get("rope_type", params.get("type", "default"))]
 
 
 def _is_post_norm(layer: Any, name: str) -> bool:
@@ -178,17 +189,28 @@ def _read_stablelm(model: Any) -> SourceWeights:
         norm="layer", eps="layer_norm_eps", parallel=bool(model.config.use_parallel_residual)))
 
 
-def _read_cohere(model: Any) -> SourceWeights:
-    return read_llama_like(model, "the Cohere model", Layout(norm="layer", eps="layer_norm_eps", parallel=True,
+def _read_cohere(model: Any, source: str = "the Cohere model") -> SourceWeights:
+    return read_llama_like(model, source, Layout(norm="layer", eps="layer_norm_eps", parallel=True,
                                                              rotary_style="gptj"), Scales(logits=model.config.logit_scale))
 
 
-def _read_smollm3(model: Any) -> SourceWeights:
-    plain = [i for i, layer in enumerate(model.model.layers) if not layer.self_attn.use_rope]
+def _refuse_layers_without_rotary(model: Any, rotary_on: Any, what: str, source: str) -> None:
+    plain = [i for i, layer in enumerate(model.model.layers) if not rotary_on(layer.self_attn)]
     if plain:
-        raise unsupported(f"layers without rotary (no_rope_layers: layer {', '.join(map(str, plain))} of "
-                          f"{len(model.model.layers)})", "the SmolLM3 model")
+        raise unsupported(f"layers without rotary ({what}: layer {', '.join(map(str, plain))} of "
+                          f"{len(model.model.layers)})", source)
+
+
+def _read_smollm3(model: Any) -> SourceWeights:
+    _refuse_layers_without_rotary(model, lambda a: a.use_rope, "no_rope_layers", "the SmolLM3 model")
     return read_llama_like(model, "the SmolLM3 model")
+
+
+def _read_cohere2(model: Any) -> SourceWeights:
+    # Cohere 2 turns queries and keys only in its sliding-window layers
+    _refuse_layers_without_rotary(model, lambda a: a.sliding_window is not None, "full-attention layers",
+                                  "the Cohere 2 model")
+    return _read_cohere(model, "the Cohere 2 model")
 
 
 def _read_olmo(model: Any) -> SourceWeights:
@@ -245,7 +267,16 @@ FAMILIES = (
     _family("Jais 2", "Jais2ForCausalLM", _LLAMA | {"layer_norm_eps"}, Layout(norm="layer", eps="layer_norm_eps", mlp="up_down")),
     _family("Nemotron", "NemotronForCausalLM", _LLAMA | {"norm_eps"},
             Layout(norm="layer_plus_one", eps="norm_eps", mlp="up_down")),
+    Family("Cohere 2", ("Cohere2ForCausalLM",), _read_cohere2, _LLAMA | _WINDOWS | {"layer_norm_eps", "logit_scale"}),
     # every model of these uses a feature the algebra does not express yet: refused by its name
+    Family("VaultGemma", ("VaultGemmaForCausalLM",), lambda m: _read_gemma(m, "the VaultGemma model"),
+           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
+    _family("OLMo 3", "Olmo3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
+    _family("EXAONE 4", "Exaone4ForCausalLM", _LLAMA | _WINDOWS | {"sliding_window_pattern"}, converts=False),
+    _family("Apertus", "ApertusForCausalLM", _LLAMA, converts=False),
+    _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS, converts=False),
+    _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
+    _family("PhiMoE", "PhimoeForCausalLM", _LLAMA | _WINDOWS | _MOE | {"input_jitter_noise", "lm_head_bias"}, converts=False),
     _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM, converts=False),
     _family("HunYuan dense", "HunYuanDenseV1ForCausalLM", _LLAMA | {"eod_token_id"}, converts=False),
     _family("Qwen3", "Qwen3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
