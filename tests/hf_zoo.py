@@ -48,7 +48,8 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "falcon": ("FalconConfig", "FalconForCausalLM", {**_without(_LLAMA_SIZES, "intermediate_size"), "ffn_hidden_size": D_MLP,
                                                      **_TOKENS}),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", {**_GPT2_SIZES, "n_inner": D_MLP, **_TOKENS}),
-    "opt": ("OPTConfig", "OPTForCausalLM", {**_without(_LLAMA_SIZES, "intermediate_size"), "ffn_dim": D_MLP, "word_embed_proj_dim": D_MODEL, **_TOKENS}),
+    "opt": ("OPTConfig", "OPTForCausalLM", {**_without(_LLAMA_SIZES, "intermediate_size"), "ffn_dim": D_MLP,
+                                            "word_embed_proj_dim": D_MODEL, **_TOKENS}),
     "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", {
         "vocab_size": VOCAB, "hidden_size": D_MODEL, "num_layers": N_LAYERS, "num_heads": N_HEADS,
         "intermediate_size": D_MLP, "max_position_embeddings": N_CTX, "attention_types": [[["global", "local"], 1]],

@@ -128,6 +128,8 @@ REFUSED = [
     ("phi", {"qk_layernorm": True}, r"q/k normalisation \(qk_layernorm\)"),
     ("stablelm", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
      r"rotary on an odd number of dimensions \(1 of d_head=4\)"),
+    ("gptj", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
+    ("codegen", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("smollm3", {"no_rope_layer_interval": 2}, r"layers without rotary \(no_rope_layers: layer 1 of 2\)"),
     ("hyperclovax", {"use_post_norm": True}, r"norms after a sublayer \(post_norm1, post_norm2\)"),
     ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),

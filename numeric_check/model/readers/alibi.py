@@ -26,12 +26,12 @@ def read_mpt(model: Any) -> SourceWeights:
                       "ALiBi", "the MPT model")
 
 
+_BLOOM = frozenset({"hidden_size", "n_layer", "n_head", "layer_norm_epsilon", "apply_residual_connection_post_layernorm",
+                    "pretraining_tp", "slow_but_exact"})
+_MPT = frozenset({"d_model", "n_heads", "n_layers", "expansion_ratio", "max_seq_len", "attn_config", "layer_norm_epsilon",
+                  "learned_pos_emb", "no_bias", "norm_type", "emb_pdrop", "logit_scale", "embedding_fraction", "init_device"})
+
 FAMILIES = (
-    Family("BLOOM", ("BloomForCausalLM",), read_bloom, frozenset({"hidden_size", "n_layer", "n_head", "layer_norm_epsilon",
-                                                                  "apply_residual_connection_post_layernorm",
-                                                                  "pretraining_tp", "slow_but_exact"}), converts=False),
-    Family("MPT", ("MptForCausalLM",), read_mpt, frozenset({"d_model", "n_heads", "n_layers", "expansion_ratio",
-                                                            "max_seq_len", "attn_config", "layer_norm_epsilon",
-                                                            "learned_pos_emb", "no_bias", "norm_type", "emb_pdrop",
-                                                            "logit_scale", "embedding_fraction", "init_device"}), converts=False),
+    Family("BLOOM", ("BloomForCausalLM",), read_bloom, _BLOOM, converts=False),
+    Family("MPT", ("MptForCausalLM",), read_mpt, _MPT, converts=False),
 )

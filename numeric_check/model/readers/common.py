@@ -57,8 +57,8 @@ def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int 
         pending.refuse(source, ("rope_scaling", f"{rope_type!r} in rope_parameters"))
     if float(getattr(rotary_emb, "attention_scaling", 1.0)) != 1.0:
         pending.refuse(source, ("rope_scaling", "attention_scaling"))
-    if declared is not None and declared % 2:
-        raise unsupported(f"rotary on an odd number of dimensions ({declared} of d_head={d_head})", source)
+    if declared is not None:
+        rotated_dims(declared, d_head, source)
     base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
     inv = rotary_emb.inv_freq.detach().cpu()
     rot_dims = 2 * inv.shape[0]
@@ -69,6 +69,16 @@ def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int 
     if rot_dims < 2 or rot_dims > d_head or (declared is not None and declared != rot_dims):
         raise unsupported(f"rotary on {declared or rot_dims} of {d_head} head dimensions", source)
     return rot_dims / d_head, base
+
+
+def rotated_dims(n: int, d_head: int, source: str, what: str = "") -> int:
+    """``n`` when it is an even number of at most ``d_head`` rotated dimensions; else refused, an odd number by that name."""
+    named = f"{what}={n}, " if what else ""
+    if n % 2:
+        raise unsupported(f"rotary on an odd number of dimensions ({named}{n} of d_head={d_head})", source)
+    if not 2 <= n <= d_head:
+        raise unsupported(f"rotary on {n} of {d_head} head dimensions ({named}at least 2 and at most d_head)", source)
+    return n
 
 
 def shape(t: Tensor, expected: tuple[int, ...], what: str, source: str) -> Tensor:

@@ -15,8 +15,8 @@ from numeric_check.model.readers.common import Family, act, heads_out, linear, n
 
 
 def _split_qkv(W: Tensor, config: Any, n_kv: int, d_head: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``query_key_value`` (row convention ``[d_model, out]``) as ``W_Q [h, d_model, e]``, ``W_K``, ``W_V`` ``[g, d_model, e]``,
-    in the layout Hugging Face's ``FalconAttention._split_heads`` reads; biases ``[out]`` likewise (``d_model`` absent)."""
+    """``query_key_value`` (row convention ``[d_model, out]``) as ``W_Q [h, d_model, e]``, ``W_K``, ``W_V``
+    ``[g, d_model, e]``, in the layout Hugging Face's ``FalconAttention._split_heads`` reads; biases ``[out]`` likewise (``d_model`` absent)."""
     lead, h = W.shape[:-1], config.num_attention_heads
     if config.new_decoder_architecture:  # per key/value group: its query heads, then its key, then its value
         qkv = W.reshape(*lead, n_kv, h // n_kv + 2, d_head)

@@ -10,16 +10,18 @@ from typing import Any
 import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import Family, act, heads_out, norm, plain_mlp, shape, split_heads, unembed
+from numeric_check.model.readers.common import (
+    Family, act, heads_out, norm, plain_mlp, rotated_dims, shape, split_heads, unembed,
+)
 
 
 def read_gptj(model: Any) -> SourceWeights:
     config, source = model.config, "the GPT-J model"
     d_model, n_heads = config.n_embd, config.n_head
     d_head = d_model // n_heads
-    if config.rotary_dim is None or not 2 <= config.rotary_dim <= d_head or config.rotary_dim % 2:
-        raise unsupported(f"rotary_dim={config.rotary_dim!r} (rotary on an even number of at most d_head={d_head} "
-                           "dimensions is what GPT-J's attention can run)", source)
+    if config.rotary_dim is None:  # Hugging Face's GPT-J then builds a table of n_embd / 2 frequencies
+        raise unsupported("rotary_dim=None (GPT-J's attention runs with an even rotary_dim of at most d_head)", source)
+    rotated_dims(config.rotary_dim, d_head, source, "rotary_dim")
     layers = []
     for i, block in enumerate(model.transformer.h):
         a, where = block.attn, f"h.{i}.attn."
@@ -59,10 +61,9 @@ def read_codegen(model: Any) -> SourceWeights:
     config, source = model.config, "the CodeGen model"
     d_model, n_heads = config.n_embd, config.n_head
     d_head, mp_num = d_model // n_heads, model.transformer.h[0].attn.mp_num
-    rotary_dim = config.rotary_dim or d_head
-    if d_model % mp_num or not 2 <= rotary_dim <= d_head or rotary_dim % 2:
-        raise unsupported(f"rotary_dim={config.rotary_dim!r} or d_model={d_model} in {mp_num} blocks (rotary on an even "
-                          f"number of at most d_head={d_head} dimensions, d_model divisible by {mp_num})", source)
+    rotary_dim = rotated_dims(config.rotary_dim or d_head, d_head, source, "rotary_dim")
+    if d_model % mp_num:
+        raise unsupported(f"d_model={d_model} in {mp_num} blocks of queries, values and keys (not divisible)", source)
     d_mlp, layers = config.n_inner if config.n_inner is not None else 4 * d_model, []
     for i, block in enumerate(model.transformer.h):
         a, where = block.attn, f"h.{i}.attn."

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported

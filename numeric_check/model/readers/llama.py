@@ -121,7 +121,8 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
 
 
 def _eps(model: Any, layout: Layout) -> float:
-    if layout.norm.startswith("layer") and not hasattr(model.model.norm, "eps") and not hasattr(model.model.norm, "variance_epsilon"):
+    final = model.model.norm
+    if layout.norm.startswith("layer") and not hasattr(final, "eps") and not hasattr(final, "variance_epsilon"):
         return 1e-5  # OLMo's parameter-free layer norm has eps 1e-5 fixed in its code
     return float(getattr(model.config, layout.eps))
 
@@ -264,7 +265,8 @@ FAMILIES = (
            _LLAMA | _GRANITE | {"use_post_norm"}),
     _family("GLM", "GlmForCausalLM", _LLAMA, _GLM),
     _family("Arcee", "ArceeForCausalLM", _LLAMA, Layout(mlp="up_down")),
-    _family("Jais 2", "Jais2ForCausalLM", _LLAMA | {"layer_norm_eps"}, Layout(norm="layer", eps="layer_norm_eps", mlp="up_down")),
+    _family("Jais 2", "Jais2ForCausalLM", _LLAMA | {"layer_norm_eps"},
+            Layout(norm="layer", eps="layer_norm_eps", mlp="up_down")),
     _family("Nemotron", "NemotronForCausalLM", _LLAMA | {"norm_eps"},
             Layout(norm="layer_plus_one", eps="norm_eps", mlp="up_down")),
     Family("Cohere 2", ("Cohere2ForCausalLM",), _read_cohere2, _LLAMA | _WINDOWS | {"layer_norm_eps", "logit_scale"}),

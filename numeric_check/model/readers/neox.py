@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.model.build import LayerWeights, SourceWeights, f64
 from numeric_check.model.readers import pending
 from numeric_check.model.readers.common import Family, act, heads_out, norm, plain_mlp, rotary, shape, unembed
 
