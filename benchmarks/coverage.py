@@ -104,6 +104,10 @@ def section(seeds: int) -> str:
         md_table(["model type", "family", "difference (float64 source)", "difference (as shipped)",
                   "verify_logits order 2", "verify_qk L1"], rows, right=[2, 3]),
         "",
+        "Where the float64 column is above 1e-12 (" + ", ".join(f"`{t}`" for t, m in converted if m["exact"] > 1e-12)
+        + ") the source computes part of its forward pass in float32 that `exact_float64` leaves as it is (GPT-Neo's "
+        "attention scores, the rotation of queries and keys in Cohere and Ernie 4.5).",
+        "",
         f"**Refused by a feature the algebra does not express yet: {len(refused)} model types** (each reader stops "
         "at the feature, in `numeric_check/model/readers/pending.py`; mixture-of-experts models built in float32)",
         "",

@@ -87,6 +87,7 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "cwm": ("CwmConfig", "CwmForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", {**_LLAMA_SIZES, **_KV, "num_local_experts": 4, **_TOKENS}),
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", _GPT2_SIZES),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4, "num_key_value_heads": 2, **_TOKENS}),

@@ -122,6 +122,7 @@ REFUSED = [
     ("ministral", {"sliding_window": 4}, r"uses sliding-window attention \(window 4 < 8 positions\)"),
     ("starcoder2", {"sliding_window": 3}, r"uses sliding-window attention \(window 3 < 8 positions\)"),
     ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
+    ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
     ("olmo", {"clip_qkv": 8.0}, r"clipped queries, keys and values \(clip_qkv=8.0\)"),
     ("cohere", {"use_qk_norm": True}, r"q/k normalisation \(q_norm, k_norm\)"),
     ("stablelm", {"qk_layernorm": True}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),

@@ -5,7 +5,8 @@ key/value head (multi-query) or one per head. GPT-Neo (the TinyStories models): 
 scaling of the scores; its local-attention layers are refused by name unless their window covers
 the context. OPT: positions stored from offset 2, ReLU, ``project_in``/``project_out`` folded
 into the embedding and the unembedding when ``word_embed_proj_dim`` differs; post-layer-norm
-blocks (``do_layer_norm_before=False``) are refused by name.
+blocks (``do_layer_norm_before=False``) are refused by name, and so is GPT-1 (``openai-gpt``),
+whose blocks are all post-layer-norm.
 """
 
 from __future__ import annotations
@@ -94,11 +95,19 @@ def read_gpt_neo(model: Any) -> SourceWeights:
     return _learned(model, model.transformer, layers, d_head, d_mlp, config.max_position_embeddings, 1.0, source)
 
 
+#: a block that normalises the residual stream after adding its output: every path through the
+#: stream is rescaled per layer, which the residual-stream algebra (Id + A ⊗ W_OV) does not express
+_POST_LN = "post-layer-norm blocks ({}: each block normalises the residual stream after adding its output)"
+
+
+def read_gpt1(model: Any) -> SourceWeights:
+    raise unsupported(_POST_LN.format("ln_1(x + attn(x)), ln_2(n + mlp(n))"), "the GPT-1 model")
+
+
 def read_opt(model: Any) -> SourceWeights:
     config, source, dec = model.config, "the OPT model", model.model.decoder
     if not config.do_layer_norm_before:
-        raise unsupported("post-layer-norm blocks (do_layer_norm_before=False: each block normalises the residual "
-                          "stream after adding its output)", source)
+        raise unsupported(_POST_LN.format("do_layer_norm_before=False"), source)
     d_model, h = config.hidden_size, config.num_attention_heads
     d_head, d_mlp, layers = d_model // h, config.ffn_dim, []
     for i, layer in enumerate(dec.layers):
@@ -136,6 +145,7 @@ FAMILIES = (
         "hidden_size", "num_layers", "num_heads", "intermediate_size", "activation_function", "layer_norm_epsilon",
         "attention_types", "attention_layers", "window_size", "resid_dropout", "embed_dropout",
     })),
+    Family("GPT-1", ("OpenAIGPTLMHeadModel",), read_gpt1, _GPT2_SIZES | {"afn"}, converts=False),
     Family("OPT", ("OPTForCausalLM",), read_opt, frozenset({
         "hidden_size", "num_hidden_layers", "num_attention_heads", "ffn_dim", "activation_function",
         "do_layer_norm_before", "_remove_final_layer_norm", "word_embed_proj_dim", "enable_bias",

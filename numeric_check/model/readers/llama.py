@@ -6,11 +6,17 @@ Read exactly: Llama, Qwen2, Mistral, Gemma (RMSNorm, grouped-query attention, ro
 MLPs); StableLM (layer norm with bias, partial rotary, parallel or sequential); OLMo
 (parameter-free layer norm); Starcoder2 (layer norm with bias, a plain MLP); Granite (its four
 multipliers folded into the weights and the attention scale); Cohere (layer norm without bias,
-parallel blocks, interleaved rotary pairs, ``logit_scale`` folded into the unembedding).
-Read and then refused by the features the algebra does not express yet
-(:mod:`~numeric_check.model.readers.pending`): Qwen3 (q/k norm), OLMo 2 (q/k norm, norms after
-each sublayer), Gemma 2 and 3 (norms after each sublayer, soft-caps, sliding windows),
-Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE (mixture-of-experts MLPs).
+parallel blocks, interleaved rotary pairs, ``logit_scale`` folded into the unembedding) and
+Cohere 2 (when every layer is rotary); Ministral, Seed-OSS, SmolLM3 (unless some layers have no
+rotary), Ernie 4.5 and Helium (interleaved rotary pairs), HyperCLOVA X (Granite's multipliers,
+logits multiplied), GLM (packed gate/up, interleaved partial rotary), Arcee, Jais 2 and Nemotron
+(up/down MLPs with squared ReLU; Nemotron's layer norm has ``1 + w`` gains).
+
+Every model of the rest uses a feature the algebra does not express yet
+(:mod:`~numeric_check.model.readers.pending`), found by :func:`pending_features` and named all
+at once: q/k norm (Qwen3, HunYuan dense, Apertus), norms after each sublayer (GLM-4), both
+(OLMo 2 and 3, EXAONE 4, Gemma 3), soft-caps (Gemma 2, VaultGemma), rope scaling (CWM,
+Ministral 3), mixture-of-experts MLPs (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, PhiMoE).
 """
 
 from __future__ import annotations
@@ -234,8 +240,7 @@ _WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers
 _MOE = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                   "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "output_router_logits",
                   "router_aux_loss_coef", "router_jitter_noise", "qkv_bias"})
-_GEMMA2 = frozenset({"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-                     "use_bidirectional_attention", "rope_local_base_freq", "rope_scaling"})
+_GEMMA2 = frozenset({"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"})
 
 def _family(name: str, cls: str, options: frozenset[str], layout: Layout = Layout(), converts: bool = True) -> Family:
     """A family read by :func:`read_llama_like` with ``layout`` and no multipliers."""
