@@ -108,8 +108,9 @@ def section(seeds: int) -> str:
         + ") the source computes part of its forward pass in float32 that `exact_float64` leaves as it is (GPT-Neo's "
         "attention scores, the rotation of queries and keys in Cohere and Ernie 4.5).",
         "",
-        f"**Refused by a feature the algebra does not express yet: {len(refused)} model types** (each reader stops "
-        "at the feature, in `numeric_check/model/readers/pending.py`; mixture-of-experts models built in float32)",
+        f"**Refused, naming what they use: {len(refused)} model types** (the features the algebra does not express "
+        "yet are named in one place, `numeric_check/model/readers/pending.py`; GPT-1's post-layer-norm blocks are "
+        "outside the residual-stream algebra; mixture-of-experts models built in float32)",
         "",
         md_table(["model type", "family", "refused for"], [[f"`{t}`", f, reason] for t, f, reason in refused]),
         "",
