@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk
@@ -19,7 +19,7 @@ from tests.hf_zoo import build  # noqa: E402  (needs transformers)
 pytestmark = pytest.mark.slow
 
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
-SOME = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SOME = settings(max_examples=5, deadline=None)
 
 #: (model type, config options): every family read, in the settings it reads differently
 CONVERTS = [
@@ -199,3 +199,37 @@ def test_families_registered_only_to_be_refused_are_not_listed_as_read():
     assert "Llama (LlamaForCausalLM)" in listed and "Falcon (FalconForCausalLM)" in listed
     for family in FAMILIES:
         assert (f"{family.name} (" in listed) == family.converts, family.name
+
+
+#: options a user's checkpoint may set, each of which some family reads and others do not know
+_DRAWN = st.fixed_dictionaries({}, optional={
+    "tie_word_embeddings": st.booleans(),
+    "attention_bias": st.booleans(),
+    "mlp_bias": st.booleans(),
+    "hidden_act": st.sampled_from(["gelu", "silu", "relu2", "gelu_new"]),
+    "sliding_window": st.sampled_from([None, 3, 8]),
+    "logit_scale": st.floats(0.1, 2.0),
+    "use_parallel_residual": st.booleans(),
+    "rope_parameters": st.sampled_from([{"rope_type": "default", "rope_theta": 100.0},
+                                        {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}]),
+})
+_READ = [t for t, _ in CONVERTS]
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(_READ), _DRAWN, st.integers(0, 99))
+def test_drawn_options_convert_equal_to_the_source_or_are_refused_by_name(model_type, options, seed):
+    torch.set_num_threads(1)
+    try:
+        hf = build(model_type, seed, **options)
+    except Exception:  # noqa: BLE001 - a config transformers itself rejects or cannot build
+        return
+    try:
+        model = from_hf(hf)
+    except UnsupportedModel as err:  # refused: it names an option it was given or a feature
+        named = [k for k in options if k in str(err)] + [w for w in ("rope scaling", "sliding-window", "activation")
+                                                         if w in str(err)]
+        assert named, str(err)
+        return
+    with torch.no_grad():
+        assert relative(model(TOKENS), hf(TOKENS).logits) <= model.source_check.tolerance
