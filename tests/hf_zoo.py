@@ -72,6 +72,10 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "jais2": ("Jais2Config", "Jais2ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4, **_TOKENS}),
+    "biogpt": ("BioGptConfig", "BioGptForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
+    "xglm": ("XGLMConfig", "XGLMForCausalLM", {"vocab_size": VOCAB, "d_model": D_MODEL, "num_layers": N_LAYERS,
+                                               "attention_heads": N_HEADS, "ffn_dim": D_MLP, "max_position_embeddings": N_CTX,
+                                               **_TOKENS}),
     # refused by the features the algebra does not express yet
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
@@ -101,6 +105,12 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_LLAMA_SIZES, "num_experts": 4, "num_experts_per_tok": 2,
                                                            "moe_intermediate_size": 8}),
 }
+
+
+def source_dtype(model_type: str) -> torch.dtype:
+    """float64, except where Hugging Face's model cannot run in it: mixture-of-experts kernels refuse float64,
+    and XGLM's attention fills its mask with float64's minimum, which overflows its float32 scores."""
+    return torch.float32 if "moe" in model_type or model_type in ("mixtral", "xglm") else torch.float64
 
 
 def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype = torch.float64, **options):

@@ -6,11 +6,11 @@ config options it understands. :func:`numeric_check.from_hf` looks a model up he
 
 from __future__ import annotations
 
-from numeric_check.model.readers import alibi, falcon, gpt2, gptj, learned, llama, neox, phi
+from numeric_check.model.readers import alibi, fairseq, falcon, gpt2, gptj, learned, llama, neox, phi
 from numeric_check.model.readers.common import Family
 
 FAMILIES: tuple[Family, ...] = (*gpt2.FAMILIES, *neox.FAMILIES, *gptj.FAMILIES, *llama.FAMILIES, *phi.FAMILIES,
-                                *falcon.FAMILIES, *learned.FAMILIES, *alibi.FAMILIES)
+                                *falcon.FAMILIES, *learned.FAMILIES, *fairseq.FAMILIES, *alibi.FAMILIES)
 BY_CLASS: dict[str, Family] = {cls: family for family in FAMILIES for cls in family.classes}
 
 

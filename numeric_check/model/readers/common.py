@@ -164,6 +164,18 @@ def packed_gated_mlp(mlp: Any, d_mlp: int, d_model: int, where: str, source: str
             "b_in": b_gate_up[d_mlp:], "W_out": W_out, "b_out": b_out}
 
 
+def projections(q: Any, k: Any, v: Any, n: int, n_kv: int, d_head: int, d_model: int, where: str,
+                source: str) -> dict[str, Tensor]:
+    """Three ``nn.Linear`` projections (biases or not) as ``W_Q [n, d_model, d_head]``, ``b_Q [n, d_head]``, and
+    ``W_K``, ``b_K``, ``W_V``, ``b_V`` with ``n_kv`` heads."""
+    out = {}
+    for name, module, heads in (("Q", q, n), ("K", k, n_kv), ("V", v, n_kv)):
+        W, b = linear(module, heads * d_head, f"{where}{name.lower()}_proj", source, d_model)
+        out[f"W_{name}"] = W.reshape(d_model, heads, d_head).transpose(0, 1)
+        out[f"b_{name}"] = b.reshape(heads, d_head)
+    return out
+
+
 def heads_out(o_proj: Any, n_heads: int, d_head: int, d_model: int, what: str, source: str) -> tuple[Tensor, Tensor]:
     """An output projection ``[d_model, n_heads * d_head]`` as ``W_O [n_heads, d_head, d_model]`` and ``b_O``."""
     W, b = linear(o_proj, d_model, what, source, n_heads * d_head)

@@ -3,10 +3,7 @@
 GPTBigCode (StarCoder, SantaCoder): ``nn.Linear`` weights, a fused projection with one shared
 key/value head (multi-query) or one per head. GPT-Neo (the TinyStories models): no ``1/sqrt(d)``
 scaling of the scores; its local-attention layers are refused by name unless their window covers
-the context. OPT: positions stored from offset 2, ReLU, ``project_in``/``project_out`` folded
-into the embedding and the unembedding when ``word_embed_proj_dim`` differs; post-layer-norm
-blocks (``do_layer_norm_before=False``) are refused by name, and so is GPT-1 (``openai-gpt``),
-whose blocks are all post-layer-norm.
+the context. (OPT, BioGPT and XGLM: :mod:`~numeric_check.model.readers.fairseq`.)
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import pending
-from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, unembed
+from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, projections, unembed
 
 _GPT2_SIZES = frozenset({"n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
                          "layer_norm_epsilon"})
@@ -84,56 +81,13 @@ def read_gpt_neo(model: Any) -> SourceWeights:
     d_mlp, layers = config.intermediate_size or 4 * d_model, []
     for i, block in enumerate(model.transformer.h):
         a, where = block.attn.attention, f"h.{i}.attn.attention."
-        (W_q, b_q), (W_k, b_k), (W_v, b_v) = (linear(p, d_model, where + n, source, d_model) for p, n in (
-            (a.q_proj, "q_proj"), (a.k_proj, "k_proj"), (a.v_proj, "v_proj")))
         W_O, b_O = heads_out(a.out_proj, h, d_head, d_model, where + "out_proj", source)
         layers.append(LayerWeights(
-            **_attention(W_q, b_q, W_k, b_k, W_v, b_v, h, h, d_head), W_O=W_O, b_O=b_O,
+            **projections(a.q_proj, a.k_proj, a.v_proj, h, h, d_head, d_model, where, source), W_O=W_O, b_O=b_O,
             ln1=norm(block.ln_1, "layer"), ln2=norm(block.ln_2, "layer"),
             mlp=plain_mlp(block.mlp.c_fc, block.mlp.c_proj, d_mlp, d_model, f"h.{i}.mlp.c_", source),
         ))
     return _learned(model, model.transformer, layers, d_head, d_mlp, config.max_position_embeddings, 1.0, source)
-
-
-#: a block that normalises the residual stream after adding its output: every path through the
-#: stream is rescaled per layer, which the residual-stream algebra (Id + A ⊗ W_OV) does not express
-_POST_LN = "post-layer-norm blocks ({}: each block normalises the residual stream after adding its output)"
-
-
-def read_gpt1(model: Any) -> SourceWeights:
-    raise unsupported(_POST_LN.format("ln_1(x + attn(x)), ln_2(n + mlp(n))"), "the GPT-1 model")
-
-
-def read_opt(model: Any) -> SourceWeights:
-    config, source, dec = model.config, "the OPT model", model.model.decoder
-    if not config.do_layer_norm_before:
-        raise unsupported(_POST_LN.format("do_layer_norm_before=False"), source)
-    d_model, h = config.hidden_size, config.num_attention_heads
-    d_head, d_mlp, layers = d_model // h, config.ffn_dim, []
-    for i, layer in enumerate(dec.layers):
-        a, where = layer.self_attn, f"layers.{i}.self_attn."
-        (W_q, b_q), (W_k, b_k), (W_v, b_v) = (linear(p, d_model, where + n, source, d_model) for p, n in (
-            (a.q_proj, "q_proj"), (a.k_proj, "k_proj"), (a.v_proj, "v_proj")))
-        W_O, b_O = heads_out(a.out_proj, h, d_head, d_model, where + "out_proj", source)
-        layers.append(LayerWeights(
-            **_attention(W_q, b_q, W_k, b_k, W_v, b_v, h, h, d_head), W_O=W_O, b_O=b_O,
-            ln1=norm(layer.self_attn_layer_norm, "layer"), ln2=norm(layer.final_layer_norm, "layer"),
-            mlp=plain_mlp(layer.fc1, layer.fc2, d_mlp, d_model, f"layers.{i}.fc", source),
-        ))
-    W_E = f64(dec.embed_tokens.weight)  # [vocab, word_embed_proj_dim]
-    if dec.project_in is not None:
-        W_E = W_E @ f64(dec.project_in.weight).T
-    W_U, b_U = unembed(model, W_E.shape[1] if dec.project_out is None else config.word_embed_proj_dim,
-                       config.vocab_size, source)
-    if dec.project_out is not None:
-        W_U = f64(dec.project_out.weight).T @ W_U
-    n_ctx, offset = config.max_position_embeddings, getattr(dec.embed_positions, "offset", 2)
-    final = norm(dec.final_layer_norm, "layer") if dec.final_layer_norm is not None else None
-    return SourceWeights(
-        W_E=W_E, W_pos=f64(dec.embed_positions.weight)[offset:offset + n_ctx], W_U=W_U, b_U=b_U, layers=layers,
-        ln_final=final, positional="standard", layer_norm=True, act_fn=act(config.activation_function, source),
-        eps=1e-5, attn_scale=math.sqrt(d_head), d_head=d_head, n_ctx=n_ctx, d_mlp=d_mlp,
-    )
 
 
 FAMILIES = (
@@ -144,11 +98,5 @@ FAMILIES = (
     Family("GPT-Neo", ("GPTNeoForCausalLM",), read_gpt_neo, frozenset({
         "hidden_size", "num_layers", "num_heads", "intermediate_size", "activation_function", "layer_norm_epsilon",
         "attention_types", "attention_layers", "window_size", "resid_dropout", "embed_dropout",
-    })),
-    Family("GPT-1", ("OpenAIGPTLMHeadModel",), read_gpt1, _GPT2_SIZES | {"afn"}, converts=False),
-    Family("OPT", ("OPTForCausalLM",), read_opt, frozenset({
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "ffn_dim", "activation_function",
-        "do_layer_norm_before", "_remove_final_layer_norm", "word_embed_proj_dim", "enable_bias",
-        "layer_norm_elementwise_affine", "dropout", "layerdrop", "init_std",
     })),
 )
