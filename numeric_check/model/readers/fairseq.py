@@ -73,26 +73,30 @@ def read_opt(model: Any) -> SourceWeights:
                    config.ffn_dim)
 
 
-def read_biogpt(model: Any) -> SourceWeights:
-    config, source, body = model.config, "the BioGPT model", model.biogpt
-    d_model, h = config.hidden_size, config.num_attention_heads
-    layers, eps = _layers(body.layers, h, d_model, config.intermediate_size, source)
+def _scaled(model: Any, source: str, body: Any, head: Any, sizes: tuple[int, int, int], act_name: str,
+            table: Tensor) -> SourceWeights:
+    """BioGPT's and XGLM's layout: ``embed_tokens`` scaled by its ``embed_scale``, a position ``table``,
+    the blocks, ``layer_norm``, the unembedding ``head``; ``sizes``: ``(d_model, heads, d_mlp)``."""
+    d_model, h, d_mlp = sizes
+    layers, eps = _layers(body.layers, h, d_model, d_mlp, source)
     W_E = f64(body.embed_tokens.weight) * float(body.embed_tokens.embed_scale)
-    W_pos = _positions(body.embed_positions.weight, config.max_position_embeddings, d_model, source)
-    return _source(W_E, W_pos, f64(model.output_projection.weight).T, layers, norm(body.layer_norm, "layer"),
-                   act(config.hidden_act, source), eps, d_model // h, config.intermediate_size)
+    W_pos = _positions(table, model.config.max_position_embeddings, d_model, source)
+    return _source(W_E, W_pos, f64(head.weight).T, layers, norm(body.layer_norm, "layer"), act(act_name, source), eps,
+                   d_model // h, d_mlp)
+
+
+def read_biogpt(model: Any) -> SourceWeights:
+    c, body = model.config, model.biogpt
+    return _scaled(model, "the BioGPT model", body, model.output_projection,
+                   (c.hidden_size, c.num_attention_heads, c.intermediate_size), c.hidden_act, body.embed_positions.weight)
 
 
 def read_xglm(model: Any) -> SourceWeights:
-    config, source, body = model.config, "the XGLM model", model.model
-    if getattr(config, "add_cross_attention", False):
-        raise unsupported("cross-attention (add_cross_attention)", source)
-    d_model, h = config.d_model, config.attention_heads
-    layers, eps = _layers(body.layers, h, d_model, config.ffn_dim, source)
-    W_E = f64(body.embed_tokens.weight) * float(body.embed_tokens.embed_scale)
-    W_pos = _positions(body.embed_positions.weights, config.max_position_embeddings, d_model, source)
-    return _source(W_E, W_pos, f64(model.lm_head.weight).T, layers, norm(body.layer_norm, "layer"),
-                   act(config.activation_function, source), eps, d_model // h, config.ffn_dim)
+    c, body = model.config, model.model
+    if getattr(c, "add_cross_attention", False):
+        raise unsupported("cross-attention (add_cross_attention)", "the XGLM model")
+    return _scaled(model, "the XGLM model", body, model.lm_head, (c.d_model, c.attention_heads, c.ffn_dim),
+                   c.activation_function, body.embed_positions.weights)
 
 
 def read_gpt1(model: Any) -> SourceWeights:
