@@ -41,17 +41,15 @@ class Family:
     converts: bool = True
 
 
-def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None,
-           params: dict | None = None) -> tuple[float, float]:
+def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None) -> tuple[float, float]:
     """``(fraction of each head rotated, base)`` as the model's rotary embedding computes them:
     its inverse frequencies say how many dimensions turn (Llama ignores a config's
     ``partial_rotary_factor``; GPT-NeoX honours it), and must be ``base^(-2f/d_rot)`` as
     rope_theta gives them, compared in the buffer's own precision (a half-precision model's cast
     rounds them) — any rope scaling is refused by name. ``declared``: the rotated dimensions the
-    attention slices (``rotary_ndims``), refused when odd; ``params``: the rope parameters when
-    not ``config.rope_parameters``."""
+    attention slices (``rotary_ndims``), refused when odd."""
     config = model.config
-    params = params if params is not None else (getattr(config, "rope_parameters", None) or {})
+    params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         pending.refuse(source, ("rope_scaling", f"{rope_type!r} in rope_parameters"))
