@@ -35,7 +35,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk  # noqa: E402
 from numeric_check.model.readers import BY_CLASS  # noqa: E402
 from tensoralg.display import md_table  # noqa: E402
-from tests.hf_zoo import ZOO, build, source_dtype  # noqa: E402
+from tests.hf_zoo import CONVERTS, ZOO, build, source_dtype  # noqa: E402
 
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
@@ -46,11 +46,13 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure(model_type: str, seeds: int) -> dict:
-    """Convert ``model_type``'s tiny model for each seed: the worst differences and whether every check passed."""
-    out = {"exact": 0.0, "shipped": 0.0, "logits": True, "qk": True, "tolerance": []}
-    for seed in range(seeds):
+    """Convert ``model_type``'s tiny model for each seed, in its default settings and in each of
+    ``CONVERTS``' for it: the worst differences and whether every check passed."""
+    settings = [{}] + [options for t, options in CONVERTS if t == model_type and options]
+    out = {"exact": 0.0, "shipped": 0.0, "logits": True, "qk": True, "tolerance": [], "settings": len(settings)}
+    for seed, options in ((seed, options) for seed in range(seeds) for options in settings):
         for exact in (True, False):
-            hf = build(model_type, seed, exact=exact, dtype=source_dtype(model_type))
+            hf = build(model_type, seed, exact=exact, dtype=source_dtype(model_type), **options)
             model = from_hf(hf)
             with torch.no_grad():
                 rel = max(relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)), model.source_check.rel_diff)
@@ -82,13 +84,14 @@ def section(seeds: int) -> str:
             refused.append((model_type, *refusal(model_type)))
     others = sorted(t for t, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if t not in ZOO and cls not in BY_CLASS)
     tolerances = [tol for _, m in converted for tol in m["tolerance"]]
-    rows = [[f"`{t}`", m["family"], f"{m['exact']:.1e}" + ("" if source_dtype(t) == torch.float64 else " (float32)"),
+    rows = [[f"`{t}`", m["family"], str(m["settings"]), f"{m['exact']:.1e}" + ("" if source_dtype(t) == torch.float64 else " (float32)"),
              f"{m['shipped']:.1e}", "pass" if m["logits"] else "FAIL",
              "pass" if m["qk"] else "FAIL"] for t, m in converted]
     lines = [
         START,
         f"Measured by `benchmarks/coverage.py` on transformers {transformers.__version__}: each model type's tiny model "
-        f"(2 layers, d_model 16, 4 heads, every parameter perturbed, {seeds} seeds) converted in float64 (float32 "
+        f"(2 layers, d_model 16, 4 heads, every parameter perturbed, {seeds} seeds; in its default settings and in "
+        "those `tests/hf_zoo.py`'s `CONVERTS` lists for it, the settings column counts them) converted in float64 (float32 "
         "where Hugging Face's model cannot run in float64) and run beside "
         "its source on from_hf's 2 × 8 probe tokens and on 1 × 8 more. Difference: the largest "
         "`max |ours − source| / max |source|` seen, "
@@ -99,8 +102,8 @@ def section(seeds: int) -> str:
         "",
         f"**Converted: {len(converted)} model types**",
         "",
-        md_table(["model type", "family", "difference (float64 source)", "difference (as shipped)",
-                  "verify_logits order 2", "verify_qk L1"], rows, right=[2, 3]),
+        md_table(["model type", "family", "settings", "difference (float64 source)", "difference (as shipped)",
+                  "verify_logits order 2", "verify_qk L1"], rows, right=[2, 3, 4]),
         "",
         "Where the float64 column is above 1e-12 (" + ", ".join(f"`{t}`" for t, m in converted
                                                    if m["exact"] > 1e-12 and source_dtype(t) == torch.float64)

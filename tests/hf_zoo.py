@@ -107,6 +107,54 @@ ZOO: dict[str, tuple[str, str, dict]] = {
 }
 
 
+#: (model type, config options): every family read, in the settings it reads differently
+CONVERTS = [
+    ("gpt2", {"scale_attn_weights": False, "activation_function": "relu"}),
+    ("gpt_neox", {"use_parallel_residual": False, "attention_bias": False}),
+    ("gptj", {"rotary_dim": 4}),
+    ("llama", {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
+    ("qwen2", {"num_key_value_heads": 4}),
+    ("mistral", {"sliding_window": None}),
+    ("gemma", {"num_key_value_heads": 1}),
+    ("phi", {}),
+    ("phi3", {"num_key_value_heads": 2}),
+    ("stablelm", {"use_parallel_residual": True, "use_qkv_bias": True}),
+    ("stablelm", {}),
+    ("olmo", {"attention_bias": True}),
+    ("falcon", {}),
+    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "bias": True}),
+    ("falcon", {"parallel_attn": False, "multi_query": False}),
+    ("gpt_bigcode", {}),
+    ("gpt_bigcode", {"multi_query": False, "scale_attn_weights": False}),
+    ("opt", {}),
+    ("opt", {"word_embed_proj_dim": 8, "enable_bias": False}),
+    ("starcoder2", {}),
+    ("granite", {"embedding_multiplier": 3.0, "residual_multiplier": 0.4, "attention_multiplier": 0.2,
+                 "logits_scaling": 5.0}),
+    ("gpt_neo", {}),
+    ("codegen", {}),
+    ("cohere", {"logit_scale": 0.3, "attention_bias": True}),
+    ("ministral", {}),
+    ("seed_oss", {}),
+    ("smollm3", {}),
+    ("ernie4_5", {"use_bias": True}),
+    ("helium", {}),
+    ("hyperclovax", {"embedding_multiplier": 2.0, "logits_scaling": 3.0, "attention_multiplier": 0.3}),
+    ("exaone", {}),
+    ("internlm3", {}),
+    ("iquestcoder", {}),
+    ("gpt-sw3", {}),
+    ("glm", {}),
+    ("arcee", {}),  # squared ReLU
+    ("jais2", {}),
+    ("nemotron", {}),  # layer norm with 1 + w gains
+    ("persimmon", {"qk_layernorm": False}),
+    ("cohere2", {"logit_scale": 0.5}),
+    ("biogpt", {"scale_embedding": False}),
+    ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
+]
+
+
 def source_dtype(model_type: str) -> torch.dtype:
     """float64, except where Hugging Face's model cannot run in it: mixture-of-experts kernels refuse float64,
     and XGLM's attention fills its mask with float64's minimum, which overflows its float32 scores."""

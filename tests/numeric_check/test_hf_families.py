@@ -14,53 +14,12 @@ from hypothesis import strategies as st
 from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk
 
 transformers = pytest.importorskip("transformers")
-from tests.hf_zoo import build, source_dtype  # noqa: E402  (needs transformers)
+from tests.hf_zoo import CONVERTS, build, source_dtype  # noqa: E402  (needs transformers)
 
 pytestmark = pytest.mark.slow
 
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
 SOME = settings(max_examples=5, deadline=None)
-
-#: (model type, config options): every family read, in the settings it reads differently
-CONVERTS = [
-    ("phi", {}),
-    ("phi3", {"num_key_value_heads": 2}),
-    ("stablelm", {"use_parallel_residual": True, "use_qkv_bias": True}),
-    ("stablelm", {}),
-    ("olmo", {"attention_bias": True}),
-    ("falcon", {}),
-    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "bias": True}),
-    ("falcon", {"parallel_attn": False, "multi_query": False}),
-    ("gpt_bigcode", {}),
-    ("gpt_bigcode", {"multi_query": False, "scale_attn_weights": False}),
-    ("opt", {}),
-    ("opt", {"word_embed_proj_dim": 8, "enable_bias": False}),
-    ("starcoder2", {}),
-    ("granite", {"embedding_multiplier": 3.0, "residual_multiplier": 0.4, "attention_multiplier": 0.2,
-                 "logits_scaling": 5.0}),
-    ("gpt_neo", {}),
-    ("codegen", {}),
-    ("cohere", {"logit_scale": 0.3, "attention_bias": True}),
-    ("ministral", {}),
-    ("seed_oss", {}),
-    ("smollm3", {}),
-    ("ernie4_5", {"use_bias": True}),
-    ("helium", {}),
-    ("hyperclovax", {"embedding_multiplier": 2.0, "logits_scaling": 3.0, "attention_multiplier": 0.3}),
-    ("exaone", {}),
-    ("internlm3", {}),
-    ("iquestcoder", {}),
-    ("gpt-sw3", {}),
-    ("glm", {}),
-    ("arcee", {}),  # squared ReLU
-    ("jais2", {}),
-    ("nemotron", {}),  # layer norm with 1 + w gains
-    ("persimmon", {"qk_layernorm": False}),
-    ("cohere2", {"logit_scale": 0.5}),
-    ("biogpt", {"scale_embedding": False}),
-    ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
-]
-
 
 def relative(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max())
