@@ -12,7 +12,7 @@ Every causal-LM model type of the installed ``transformers`` is looked up:
 - any other type: ``from_hf`` refuses its class as "not a family tcircuits reads".
 
 It prints the README's "Model families" section (``--write-readme README.md`` replaces it between
-its markers). One thread; about two minutes on this project's CPU.
+its markers). One thread; about a minute on this project's CPU.
 
     PYTHONPATH=. python benchmarks/coverage.py [--seeds 3] [--write-readme README.md]
 """
