@@ -76,6 +76,7 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "xglm": ("XGLMConfig", "XGLMForCausalLM", {"vocab_size": VOCAB, "d_model": D_MODEL, "num_layers": N_LAYERS,
                                                "attention_heads": N_HEADS, "ffn_dim": D_MLP, "max_position_embeddings": N_CTX,
                                                **_TOKENS}),
+    "ctrl": ("CTRLConfig", "CTRLLMHeadModel", {**_GPT2_SIZES, "dff": D_MLP}),
     # refused by the features the algebra does not express yet
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
@@ -151,6 +152,7 @@ CONVERTS = [
     ("persimmon", {"qk_layernorm": False}),
     ("cohere2", {"logit_scale": 0.5}),
     ("biogpt", {"scale_embedding": False}),
+    ("ctrl", {}),
     ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
 ]
 

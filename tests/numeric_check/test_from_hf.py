@@ -109,10 +109,11 @@ def test_unsupported_features_are_named():
         from_hf(build("mistral", sliding_window=4))
     with pytest.raises(UnsupportedModel, match=r"rope scaling \('linear'"):
         from_hf(build("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
-    ctrl = transformers.CTRLLMHeadModel(transformers.CTRLConfig(vocab_size=13, n_embd=16, n_layer=1, n_head=4, dff=8))
-    with pytest.raises(UnsupportedModel, match=r"^CTRLLMHeadModel \(model_type 'ctrl'\) is not a family tcircuits reads; "
+    rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=13, hidden_size=16, num_hidden_layers=2,
+                                                                attention_hidden_size=16, intermediate_size=32))
+    with pytest.raises(UnsupportedModel, match=r"^RwkvForCausalLM \(model_type 'rwkv'\) is not a family tcircuits reads; "
                                                r"it reads GPT-2"):
-        from_hf(ctrl)
+        from_hf(rwkv)
     with pytest.raises(UnsupportedModel, match="^Linear is not a family tcircuits reads"):
         from_hf(torch.nn.Linear(2, 2))
 

@@ -1,9 +1,10 @@
-"""Families with learned positions, read like GPT-2 but laid out otherwise.
+"""Families with absolute positions, read like GPT-2 but laid out otherwise.
 
 GPTBigCode (StarCoder, SantaCoder): ``nn.Linear`` weights, a fused projection with one shared
 key/value head (multi-query) or one per head. GPT-Neo (the TinyStories models): no ``1/sqrt(d)``
 scaling of the scores; its local-attention layers are refused by name unless their window covers
-the context. (OPT, BioGPT and XGLM: :mod:`~numeric_check.model.readers.fairseq`.)
+the context. CTRL: fixed sinusoidal positions, token embeddings scaled by ``sqrt(d_model)``. (OPT,
+BioGPT and XGLM: :mod:`~numeric_check.model.readers.fairseq`.)
 """
 
 from __future__ import annotations
@@ -90,11 +91,37 @@ def read_gpt_neo(model: Any) -> SourceWeights:
     return _learned(model, model.transformer, layers, d_head, d_mlp, config.max_position_embeddings, 1.0, source)
 
 
+def read_ctrl(model: Any) -> SourceWeights:
+    config, source, body = model.config, "the CTRL model", model.transformer
+    d_model, h = config.n_embd, config.n_head
+    d_head, layers = d_model // h, []
+    eps = {config.layer_norm_epsilon} | {ln.eps for block in body.h for ln in (block.layernorm1, block.layernorm2)}
+    if len(eps) > 1:
+        raise unsupported(f"layer norms with different eps ({sorted(eps)})", source)
+    for i, block in enumerate(body.h):
+        a, where = block.multi_head_attention, f"h.{i}.multi_head_attention."
+        W_O, b_O = heads_out(a.dense, h, d_head, d_model, where + "dense", source)
+        layers.append(LayerWeights(
+            **projections(a.Wq, a.Wk, a.Wv, h, h, d_head, d_model, where + "W", source), W_O=W_O, b_O=b_O,
+            ln1=norm(block.layernorm1, "layer"), ln2=norm(block.layernorm2, "layer"),
+            mlp=plain_mlp(block.ffn[0], block.ffn[2], config.dff, d_model, f"h.{i}.ffn.", source),
+        ))
+    W_U, b_U = unembed(model, d_model, config.vocab_size, source)
+    n_ctx = config.n_positions
+    return SourceWeights(  # token embeddings scaled by sqrt(d_model), fixed sinusoidal positions
+        W_E=f64(body.w.weight) * math.sqrt(d_model), W_pos=f64(body.pos_encoding)[:n_ctx], W_U=W_U, b_U=b_U,
+        layers=layers, ln_final=norm(body.layernorm, "layer"), positional="standard", layer_norm=True, act_fn="relu",
+        eps=eps.pop(), attn_scale=math.sqrt(d_head), d_head=d_head, n_ctx=n_ctx, d_mlp=config.dff,
+    )
+
+
 FAMILIES = (
     Family("GPTBigCode", ("GPTBigCodeForCausalLM",), read_gpt_bigcode, _GPT2_SIZES | {
         "scale_attn_weights", "multi_query", "num_key_value_heads",
         "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32",  # rounding only: float32 softmax
     }),
+    Family("CTRL", ("CTRLLMHeadModel",), read_ctrl, frozenset({"n_positions", "n_embd", "n_layer", "n_head", "dff",
+                                                                "layer_norm_epsilon", "resid_pdrop", "embd_pdrop"})),
     Family("GPT-Neo", ("GPTNeoForCausalLM",), read_gpt_neo, frozenset({
         "hidden_size", "num_layers", "num_heads", "intermediate_size", "activation_function", "layer_norm_epsilon",
         "attention_types", "attention_layers", "window_size", "resid_dropout", "embed_dropout",
