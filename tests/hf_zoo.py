@@ -91,6 +91,8 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "apertus": ("ApertusConfig", "ApertusForCausalLM", {**_LLAMA_SIZES, **_KV, **_TOKENS}),
     "cwm": ("CwmConfig", "CwmForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, "num_local_experts": 4,
+                                                     "num_experts_per_tok": 2, "sliding_window": 4, **_TOKENS}),
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", {**_LLAMA_SIZES, **_KV, "num_local_experts": 4, **_TOKENS}),
     "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", _GPT2_SIZES),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {**_LLAMA_SIZES, **_TOKENS}),
@@ -160,7 +162,7 @@ CONVERTS = [
 def source_dtype(model_type: str) -> torch.dtype:
     """float64, except where Hugging Face's model cannot run in it: mixture-of-experts kernels refuse float64,
     and XGLM's attention fills its mask with float64's minimum, which overflows its float32 scores."""
-    return torch.float32 if "moe" in model_type or model_type in ("mixtral", "xglm") else torch.float64
+    return torch.float32 if "moe" in model_type or model_type in ("mixtral", "xglm", "gpt_oss") else torch.float64
 
 
 def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype = torch.float64, **options):

@@ -108,6 +108,8 @@ REFUSED = [
     ("apertus", {}, r"q/k normalisation \(q_norm, k_norm\) and rope scaling \('llama3' in rope_parameters\)"),
     ("cwm", {}, r"rope scaling \('llama3' in rope_parameters\)"),
     ("ministral3", {}, r"rope scaling \('yarn' in rope_parameters\)"),
+    ("gpt_oss", {}, r"attention sinks \(a learned logit per head in every softmax\), mixture-of-experts MLPs \(4 experts, 2 "
+                    r"per token\), rope scaling \('yarn' in rope_parameters\) and sliding-window attention \(window 4 < 8"),
     ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
     ("glm4", {}, r"norms after a sublayer \(post_self_attn_layernorm, post_mlp_layernorm\)"),
     ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),

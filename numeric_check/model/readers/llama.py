@@ -16,7 +16,8 @@ Every model of the rest uses a feature the algebra does not express yet
 (:mod:`~numeric_check.model.readers.pending`), found by :func:`pending_features` and named all
 at once: q/k norm (Qwen3, HunYuan dense, Apertus), norms after each sublayer (GLM-4), both
 (OLMo 2 and 3, EXAONE 4, Gemma 3), soft-caps (Gemma 2, VaultGemma), rope scaling (CWM,
-Ministral 3), mixture-of-experts MLPs (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, PhiMoE).
+Ministral 3), mixture-of-experts MLPs (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, PhiMoE), and GPT-OSS
+(attention sinks, mixture-of-experts MLPs, rope scaling, sliding windows).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def pending_features(model: Any) -> list[tuple[str, str]]:
     for attr, key in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
         if getattr(config, attr, None):
             found.append((key, f"{attr}={getattr(config, attr)}"))
+    if getattr(attn, "sinks", None) is not None:
+        found.append(("sinks", "a learned logit per head in every softmax"))
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
     if any(hasattr(getattr(block, "mlp", None), "experts") for block in model.model.layers):
         found.append(("moe", f"{experts} experts, {getattr(config, 'num_experts_per_tok', '?')} per token"))
@@ -283,6 +286,7 @@ FAMILIES = (
     _family("Apertus", "ApertusForCausalLM", _LLAMA, converts=False),
     _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS, converts=False),
     _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
+    _family("GPT-OSS", "GptOssForCausalLM", _LLAMA | _WINDOWS | _MOE | {"swiglu_alpha", "swiglu_limit"}, converts=False),
     _family("PhiMoE", "PhimoeForCausalLM", _LLAMA | _WINDOWS | _MOE | {"input_jitter_noise", "lm_head_bias"}, converts=False),
     _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM, converts=False),
     _family("HunYuan dense", "HunYuanDenseV1ForCausalLM", _LLAMA | {"eod_token_id"}, converts=False),

@@ -27,6 +27,7 @@ PENDING: dict[str, str] = {
     "alibi": "ALiBi position biases",
     "rope_scaling": "rope scaling",
     "moe": "mixture-of-experts MLPs",
+    "sinks": "attention sinks",  # a learned logit per head that joins each softmax (GPT-OSS)
 }
 
 
