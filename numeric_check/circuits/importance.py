@@ -11,9 +11,9 @@ pattern (and scales) frozen, and its output is read back — so nothing here
 re-implements the forward pass, and the sum over all paths equals the model's logits.
 
 Importance is measured as in the paper: the loss with terms up to order ``k``, the
-marginal reduction of each order, and the marginal effect of each individual-head and
-virtual-head term (how much the loss rises when that one term is removed from the sum
-of all terms of its order and below).
+marginal change of each order, and the marginal effect of each individual-head and
+virtual-head term (the change in loss when that one term is added to the other terms of
+its order and below: negative when it helps).
 
 >>> from derivations.architecture import Architecture
 >>> from numeric_check.model.circuit_model import CircuitModel

@@ -68,6 +68,7 @@ class ModelAnalysis:
     importance: ImportanceReport | None = None
     importance_repeat: ImportanceReport | None = None
     top_head: Head | None = None
+    skip_trigram_head: Head | None = None
     grid: LossGrid | None = None
     skip_trigrams: list[SkipTrigramTable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -166,12 +167,32 @@ def analyze_model(
     else:  # the strongest copier
         ranked = sorted(((h, float(copying[h])) for h in model.arch.heads()), key=lambda item: -item[1])
     analysis.top_head = ranked[0][0]
-    analysis.skip_trigrams = [
-        skip_trigram_table(model, *analysis.top_head, source, k=5, vocab=vocab)
-        for source in sources
-        if 0 <= source < model.cfg.d_vocab
-    ]
+    analysis.skip_trigram_head = _skip_trigram_head(analysis, [h for h, _ in ranked])
+    if analysis.skip_trigram_head is None:
+        analysis.notes.append("no skip-trigram tables: every head is a previous-token or induction head, which attends "
+                              "by position or by K-composition, not by its token QK circuit")
+    else:
+        analysis.skip_trigrams = [
+            skip_trigram_table(model, *analysis.skip_trigram_head, source, k=5, vocab=vocab)
+            for source in sources
+            if 0 <= source < model.cfg.d_vocab
+        ]
     return analysis
+
+
+def _skip_trigram_head(a: ModelAnalysis, ranked: Sequence[Head]) -> Head | None:
+    """The first head of ``ranked`` whose token QK circuit is how it attends: not a previous-token
+    head (it attends by position) nor an induction head (by K-composition), by behaviour or weights."""
+    if a.heads is None:
+        return ranked[0] if ranked else None
+    views = (a.heads.by_behaviour, a.heads.by_weights)
+    positional = {h for v in views for h in (*v.previous_token, *v.induction)}
+    return next((h for h in ranked if h not in positional), None)
+
+
+def skip_trigram_title(a: ModelAnalysis) -> str:
+    """The heading of the skip-trigram tables (plain text)."""
+    return f"Skip-trigrams of {head_label(*a.skip_trigram_head)}, the most important head that attends by token"
 
 
 def check_finite_losses(model: CircuitModel, losses: dict[str, float]) -> None:
@@ -309,7 +330,7 @@ def render_markdown(a: ModelAnalysis, control: ModelAnalysis | None = None, figu
         if "importance" in figures:
             lines += [f"![term importance]({figures['importance']})", ""]
     if a.skip_trigrams:
-        lines += [f"## Skip-trigrams of the most important head, {head_label(*a.top_head)}", ""]
+        lines += [f"## {skip_trigram_title(a)}", ""]
         lines += [table.to_markdown() for table in a.skip_trigrams]
     if control is not None:
         lines += [f"## Control: {escape_text(control.name, 'markdown')}", "", f"Model: {control.model.arch.describe()}; loss on repeated tokens "

@@ -31,7 +31,7 @@ from tensoralg.escape import escape_text
 
 from numeric_check.files import write_atomic
 from numeric_check.circuits.importance import path_label
-from numeric_check.reports.analysis import ModelAnalysis, composition_rows
+from numeric_check.reports.analysis import ModelAnalysis, composition_rows, skip_trigram_title
 from numeric_check.reports.findings import findings
 
 __all__ = ["FIGURES", "figure_links", "render_html", "write_html"]
@@ -147,7 +147,8 @@ def _importance_section(a: ModelAnalysis, figures: dict[str, str]) -> list[str]:
     if a.importance is None:
         return []
     out = ["<h2>Term importance by order</h2>", "<p>Attention patterns frozen; marginal: the change in loss "
-           "(nats) when a term is removed, as in the paper's table.</p>"]
+           "(nats) when a term is added to the terms of its order and below (negative: it helps), as in the paper's "
+           "table.</p>"]
     for report, what in ((a.importance, "all tokens"), (a.importance_repeat, "repeated tokens only")):
         if report is None:
             continue
@@ -166,7 +167,7 @@ def _token(score) -> str:
 def _skip_trigram_section(a: ModelAnalysis) -> list[str]:
     if not a.skip_trigrams:
         return []
-    out = [f"<h2>Skip-trigrams of the most important head, {_h(head_label(*a.top_head))}</h2>"]
+    out = [f"<h2>{_h(skip_trigram_title(a))}</h2>"]
     for t in a.skip_trigrams:
         source = f"#{t.source_token}" if t.source_text is None else f"<code>{_h(repr(t.source_text))}</code> ({t.source_token})"
         rows = [[str(r), _token(d), _num(d.score), _token(o), _num(o.score)]

@@ -33,7 +33,7 @@ def test_page_has_every_section(analyses):
     a, control = analyses
     page = render_html(a, control)
     for heading in ("Findings", "Heads and their circuits", "Composition scores", "Previous-token and induction heads",
-                    "Term importance by order", "Skip-trigrams of the most important head", "Control: control&lt;1l&gt;"):
+                    "Term importance by order", "Control: control&lt;1l&gt;"):
         assert f"<h2>{heading}" in page, heading
     assert page.count("does not hold") + page.count(">holds<") == len(findings(a, control))
     # each head's OV and QK circuits as MathML, with its numbers
@@ -80,3 +80,11 @@ def test_analyze_cli_writes_index_html(tmp_path, capsys):
     assert "<h1>Circuit analysis: m&lt;2l&gt;</h1>" in page
     sources = re.findall(r'<img src="([^"]+)"', page)
     assert sources and all((out / s).is_file() and s.endswith(".svg") for s in sources)
+
+
+def test_marginal_loss_is_said_to_be_the_change_when_a_term_is_added(analyses):
+    """Issue 19: the page said "removed" while the numbers are the change when a term is added
+    (negative: it helps), the sign of the paper's table and of ImportanceReport."""
+    page = render_html(analyses[0])
+    assert "when a term is removed" not in page
+    assert "when a term is added to the terms of its order and below (negative: it helps)" in page
