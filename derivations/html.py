@@ -26,6 +26,7 @@ from xml.etree.ElementTree import Element
 from latex2mathml.converter import convert_to_element
 
 from tensoralg import TensorSum
+from tensoralg.display import counted
 from tensoralg.escape import check_math, escape_text
 
 from derivations.document import Math, Piece, resolve
@@ -247,8 +248,8 @@ def _step_rows(rows: list[list[Piece]], lead: str, labels: list[str], n_terms: i
     if len(rows) <= FOLD_ROWS:
         return html
     hidden = html[_HEAD_ROWS:-_TAIL_ROWS]
-    terms = f", {n_terms} terms in all" if n_terms else ""
-    summary = f"<summary>show {len(hidden)} more lines{terms}</summary>"
+    terms = f", {counted(n_terms, 'term')} in all" if n_terms else ""
+    summary = f"<summary>show {counted(len(hidden), 'more line', 'more lines')}{terms}</summary>"
     return [*html[:_HEAD_ROWS], f'<details class="fold">{summary}{"".join(hidden)}</details>', *html[-_TAIL_ROWS:]]
 
 
