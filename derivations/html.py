@@ -152,8 +152,10 @@ math { font-family: "Latin Modern Math", "STIX Two Math", "Cambria Math", math; 
 .verification.bad { border-color: var(--bad); background: #fbeceb; }
 .verification.none { border-color: var(--muted); background: #f1f1f1; }
 .chain { margin: 1.6rem 0; padding-top: 0.4rem; border-top: 1px solid var(--rule); }
+/* a line too wide scrolls sideways; the maths' few pixels of depth below the grid gave every block a
+   vertical scrollbar, so the block pads for them and never scrolls up and down */
 .lines { display: grid; grid-template-columns: max-content minmax(0, 1fr); column-gap: 0.6em; row-gap: 0.25rem;
-         align-items: baseline; overflow-x: auto; }
+         align-items: baseline; overflow-x: auto; overflow-y: hidden; padding: 0.2rem 0 0.4rem; }
 .lines > .why { grid-column: 1 / -1; margin: 0.9rem 0 0.2rem; color: var(--ink); }
 .why .rule { font-weight: 600; }
 .why .check { font: 0.8rem system-ui, sans-serif; color: var(--ok); margin-left: 0.5em; white-space: nowrap; }
