@@ -230,3 +230,11 @@ def test_oversize_requests_are_refused_with_a_max_order_that_fits():
     with pytest.raises(TooManyTerms, match=r"8,192 terms.*max_order=6 \(--max-order 6: 4,096 terms\)"):
         catalogue.get("path-expansion", layers=13, heads=1)
     assert len(catalogue.get("path-expansion", layers=3, heads=12, concrete=True).chains[0].last) == 2197
+
+
+@pytest.mark.parametrize("name, primed", [("layer-norm-folding", "W_{OV'}"), ("bias-folding", "b_{O'}")])
+def test_a_folded_name_is_printed_one_way_in_its_definition_and_its_lines(name, primed):
+    """Issue 19: the definition read ``W_{OV}'`` (W'_OV) and the lines ``W_{OV'}``."""
+    latex = catalogue.get(name).to_latex()
+    assert latex.count(primed) >= 2  # the definition and the line it folds into
+    assert "_{OV}'" not in latex and "_{O}'" not in latex
