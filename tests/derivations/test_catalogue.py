@@ -171,7 +171,7 @@ def test_specific_entries_say_what_the_paper_says():
     heads = catalogue.get("multi-head", heads=3).chains[0].last
     assert str(heads) == "Id ⊗ W_O^{0} r^{0} + Id ⊗ W_O^{1} r^{1} + Id ⊗ W_O^{2} r^{2}"
     head, scores = catalogue.get("attention-head").chains
-    assert str(head.last) == "A^{h} ⊗ W_OV^{h}" and str(scores.last) == "xᵀ W_QK^{h} x"
+    assert str(head.last) == "A^{h} ⊗ W_OV^{h}" and str(scores.last) == "x W_QK^{h} xᵀ"
     one = catalogue.get("one-layer")
     assert str(one.chains[1].last) == "1/sqrt(d_head)·Id ⊗ Id ⊗ W_Eᵀ W_QK^{h} W_E"
     assert str(one.chains[2].first) == "W_U W_OV^{h} W_E"
@@ -238,3 +238,18 @@ def test_a_folded_name_is_printed_one_way_in_its_definition_and_its_lines(name, 
     latex = catalogue.get(name).to_latex()
     assert latex.count(primed) >= 2  # the definition and the line it folds into
     assert "_{OV}'" not in latex and "_{O}'" not in latex
+
+
+def test_the_stream_x_holds_one_row_per_position_on_every_page():
+    """Issue 19: one page said ``(A ⊗ W)·x = A x Wᵀ`` (rows) and ``P xᵀ M x Qᵀ`` (columns); the
+    attention head's scores were ``xᵀ W_QK x``. x has one meaning: one row per position."""
+    from derivations.cli import DESCRIPTION
+
+    for name in catalogue.names():
+        text = " ".join(catalogue.get(name).to_text().split())
+        assert "column per position" not in text, name
+        for columns in ("xᵀ M x", "xᵀ W_QK", "xᵀ W_Q^{h}ᵀ"):
+            assert columns not in text, (name, columns)
+    assert "A x Wᵀ" in " ".join(catalogue.get("qk-expansion").to_text().split())
+    assert "P x M xᵀ Qᵀ" in " ".join(catalogue.get("qk-expansion").to_text().split())
+    assert "column per position" not in DESCRIPTION
