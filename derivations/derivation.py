@@ -55,6 +55,10 @@ RULES: dict[str, Rule] = {
         Rule("mixed-product", "mixed-product rule",
              Math(r"(A \otimes B)(C \otimes D) = (AC) \otimes (BD)", "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)")),
         Rule("associativity", "associativity", Math(r"(XY)Z = X(YZ)", "(XY)Z = X(YZ)")),
+        Rule("sum-out", "distributivity over a sum",  # a factor summed over heads, multiplied into its neighbours
+             Math(r"X \left(\sum_m Y_m\right) Z = \sum_m X Y_m Z", "X (Σ_m Y_m) Z = Σ_m X Y_m Z")),
+        Rule("scalars", "associativity and scalars",
+             Math(r"(XY)Z = X(YZ), \quad X (aY) = a\, XY", "(XY)Z = X(YZ),  X (aY) = a XY")),
         Rule("identity", "identity", math("Id X = X Id = X")),
         Rule("collect", "collecting like terms", Math(r"aX + bX = (a + b)X", "aX + bX = (a + b)X")),
         Rule("fold", "folding a definition"),
@@ -180,7 +184,7 @@ class Chain:
         chain = self
         for name, expr in expand_steps(self.last, max_order=max_order):
             if name == "mixed_product":
-                name = product_rule(chain.last)
+                name = product_rule(chain.last, self.sums)
             step = Step(expr, name, (), () if chain is not self else text)
             if step.rule.key == "collect" and _only_reorders(chain.last, expr):
                 previous = chain.steps[-1]
@@ -202,18 +206,35 @@ class Chain:
         return self._then(Step(self.last.expand(), rule, detail, text, tuple(groups)))
 
 
-def product_rule(expr: Expr) -> str:
-    """The rule that multiplies out the products of single terms in ``expr``: with one slot
-    they are plain matrix products, regrouped by ``associativity`` (``(xᵀ W_Qᵀ)(W_K x)``);
-    with two or more slots the tensor factors combine slot by slot, the ``mixed-product`` rule.
+def product_rule(expr: Expr, sums: Sequence[SumIndex] = ()) -> str:
+    """The rule that multiplies out the products of single terms in ``expr``.
+
+    With two or more slots the tensor factors combine slot by slot: the ``mixed-product``
+    rule. With one slot they are plain matrix products: ``sum-out`` when a factor carries an
+    index summed over (one of ``sums``, printed as ``X (Σ_m Y_m) Z``) and the sum leaves the
+    product; ``scalars`` when a coefficient moves to the front; else ``associativity``
+    (``(x W_Qᵀ)(W_K xᵀ)``).
 
     >>> from tensoralg import atom, term
     >>> product_rule(Product([term(atom("W_U")), term(atom("W_E"))]))
     'associativity'
     >>> product_rule(Product([term(None, atom("W_U")), term(None, atom("W_E"))]))
     'mixed-product'
+    >>> product_rule(Product([term(atom("W_U")), term(atom("W_OV", "h1")), term(atom("W_E"))]), [SumIndex("h1", "H_1")])
+    'sum-out'
+    >>> product_rule(Product([term(atom("W_U")), 2 * term(atom("W_E"))]))
+    'scalars'
     """
-    return "associativity" if expr.n_slots == 1 else "mixed-product"
+    if expr.n_slots != 1:
+        return "mixed-product"
+    products = [p for p in (expr.parts if isinstance(expr, Add) else (expr,)) if isinstance(p, Product) and len(p.factors) > 1]
+    summed = {s.index for s in sums}
+    if summed and any(a.index in summed for p in products for f in p.factors for t in f.expand()
+                      for w in t.words for a in w):
+        return "sum-out"
+    if any(p.coeff != 1 or any(t.coeff != 1 for f in p.factors for t in f.expand()) for p in products):
+        return "scalars"
+    return "associativity"
 
 
 def _only_reorders(before: Expr, collected: TensorSum) -> bool:
