@@ -253,3 +253,21 @@ def test_the_stream_x_holds_one_row_per_position_on_every_page():
     assert "A x Wᵀ" in " ".join(catalogue.get("qk-expansion").to_text().split())
     assert "P x M xᵀ Qᵀ" in " ".join(catalogue.get("qk-expansion").to_text().split())
     assert "column per position" not in DESCRIPTION
+
+
+def test_S_means_the_scores_in_every_entry_and_notebook():
+    """Issue 19: rotary called its quarter-turn blocks S^f and notebook 03 the shift matrix S,
+    while every page says "one meaning of S everywhere: the scores"."""
+    import json
+    from pathlib import Path
+
+    for name in catalogue.names():
+        d = catalogue.get(name)
+        atoms = {a.name for chain in d.chains for step in chain.steps for t in step.expr.expand()
+                 for w in t.words for a in w}
+        assert "S" not in atoms, name
+        assert not re.search(r"\bS\^\{?f", d.to_text()), name
+    assert "J^{f}" in catalogue.get("rotary").to_latex()
+    for path in sorted(Path(__file__).resolve().parents[2].glob("tutorials/*.ipynb")):
+        source = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        assert not re.search(r"^\s*S\s*=", source, re.M) and "matrix $S$" not in source, path.name
