@@ -24,13 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from tensoralg import Add, Definition, Expr, Product, TensorSum, Term, fold, unfold
+from tensoralg.atoms import DIMS
 from tensoralg.rules import expand_steps
 
 from derivations import render
 from derivations.errors import DerivationError
 from derivations.document import Math, SumIndex, as_prose, math, prose
-from derivations.numeric import Numeric, Verification, verify
+from derivations.numeric import Numeric, RandomBindings, Verification, instantiate
 
 # -- rules ------------------------------------------------------------------------------
 
@@ -309,5 +312,51 @@ class Derivation:
         return self.to_markdown()
 
     def verify(self, seed: int = 0, tol: float = 1e-9) -> "Verification":
-        """Evaluate every line on random bindings; see :func:`verify`."""
+        """Evaluate every line on random bindings; see :func:`verify` (below)."""
         return verify(self, seed=seed, tol=tol)
+
+
+# -- the numeric check -----------------------------------------------------------------
+
+
+def slot_rows(chain: Chain, bindings: RandomBindings) -> dict[int, int]:
+    """Rows of each slot, from the first line that fixes them (a position slot defaults to ``n_ctx``)."""
+    n_slots = chain.first.n_slots
+    rows: dict[int, int] = {}
+    for step in chain.steps:
+        for i, shape in enumerate(step.expr.slot_shapes):
+            if shape is not None and i not in rows:
+                rows[i] = bindings.size(shape[0])
+    for i in range(n_slots):
+        rows.setdefault(i, bindings.size(DIMS["n_ctx"]))
+    return rows
+
+
+def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verification:
+    """Evaluate every line of every chain on random bindings and compare with the first.
+
+    Summed indices stand for ``numeric.count`` heads each. Returns a :class:`Verification`.
+    """
+    sums = [s for c in derivation.chains for s in c.sums]
+    bindings = RandomBindings(derivation.numeric, np.random.default_rng(seed), sums)
+    count = derivation.numeric.count
+    errors = []
+    for ci, chain in enumerate(derivation.chains):
+        rows = slot_rows(chain, bindings)
+        reference = None
+        for si, step in enumerate(chain.steps):
+            expr = instantiate(step.expr, chain.sums, count)
+            if isinstance(expr, TensorSum) and expr.is_zero and reference is not None:
+                value = np.zeros_like(reference)
+            else:
+                value = bindings.operator(expr, rows)
+            if reference is None or step.rule.key == "truncation":
+                reference = value
+                scale = max(float(np.abs(value).max(initial=0.0)), 1.0)
+            if value.shape != reference.shape:
+                raise DerivationError(
+                    f"step {si} of chain {ci} ({step.rule.name}) has an operator of shape {value.shape}, "
+                    f"the first line {reference.shape}"
+                )
+            errors.append((ci, si, float(np.abs(value - reference).max(initial=0.0)) / scale))
+    return Verification(tuple(errors), tol)

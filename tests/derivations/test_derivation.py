@@ -11,7 +11,8 @@ from tensoralg import W_OV, Atom, Product, TensorSum, atom, d_model, identity, t
 from tensoralg.parse import parse
 
 from derivations.derivation import RULES, Chain, Derivation, Rule, Step, rule
-from derivations.numeric import Numeric, RandomBindings, causal_pattern, instantiate, verify
+from derivations.derivation import verify
+from derivations.numeric import Numeric, RandomBindings, causal_pattern, instantiate
 from derivations.errors import DerivationError
 from derivations.render import Math, SumIndex
 
