@@ -26,7 +26,6 @@ import numpy as np
 import sympy as sp
 
 from tensoralg import Add, Atom, Expr, Product, TensorSum, Term, to_numpy
-from tensoralg.atoms import DIMS
 from tensoralg.definitions import STANDARD_DEFINITIONS
 from tensoralg.display import elided_table
 

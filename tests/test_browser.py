@@ -106,14 +106,14 @@ def test_analysis_page_renders_with_its_figures(tmp_path):
 
     from derivations.architecture import Architecture
     from numeric_check.model.circuit_model import CircuitModel
-    from numeric_check.reports.analysis import analyze_model, write_report
-    from numeric_check.reports.html import render_html, figure_links
+    from numeric_check.reports.analysis import analyze_model
+    from numeric_check.reports.report import Report
 
     torch.manual_seed(0)
     model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
     analysis = analyze_model(model, name="random <2l>", n_sequences=4)
-    write_report(analysis, tmp_path, formats=("svg",))
-    measured = browse(tmp_path, render_html(analysis, figures=figure_links(tmp_path)), name="index.html")
+    Report.of(analysis).write(tmp_path, formats=("svg",))
+    measured = browse(tmp_path, (tmp_path / "index.html").read_text(encoding="utf-8"), name="index.html")
     assert_readable(measured, min_maths=8)
     assert measured["images"], "no figures on the page"
     for src, natural, shown in measured["images"]:

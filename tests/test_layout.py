@@ -65,3 +65,20 @@ def test_moved_names_are_importable_from_their_old_module(module):
     imported = importlib.import_module(module)
     missing = [name for name in STILL_IMPORTABLE[module] if not hasattr(imported, name)]
     assert not missing, f"{module} no longer offers {missing}"
+
+
+#: Modules still owed a move to ``md_table``: numeric_check/verification is outside the branch
+#: that moved the others (issue 20); the lead moves it when merging.
+HAND_WRITTEN_TABLES_OWED = {"numeric_check.verification.results"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_markdown_table_goes_through_md_table(package):
+    """Issue 20: one table writer (``tensoralg.display.md_table``); eight tables were written by hand."""
+    import re
+
+    rule = re.compile(r"""["']\|?(-{3}:?\|)+""")  # a table's rule row, "|---|---:|", in a string
+    by_hand = [name for name, path in modules_of(package).items()
+               if name != "tensoralg.display" and name not in HAND_WRITTEN_TABLES_OWED
+               and rule.search(path.read_text(encoding="utf-8"))]
+    assert not by_hand, f"Markdown tables written by hand (use tensoralg.display.md_table) in {by_hand}"

@@ -11,7 +11,7 @@ carries the figures measured for it, so a reader can disagree with the verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from torch import Tensor
 
@@ -20,12 +20,7 @@ from tensoralg.escape import escape_text
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, best_head_floor, usable_positions
 from numeric_check.circuits.importance import path_label
 from numeric_check.errors import AnalysisError
-
-
-if TYPE_CHECKING:  # the analysis holds the figures; findings only read them
-    from numeric_check.reports.analysis import ModelAnalysis
-
-Head = tuple[int, int]
+from numeric_check.reports.analysis import Head, ModelAnalysis, composition_with
 
 # A positivity "near 1": the paper's induction heads sit above ~0.9. A head "copies" when
 # its OV positivity is clearly positive: random heads of the shipped models' shapes
@@ -110,10 +105,6 @@ def _across_context(a: ModelAnalysis, kind: str, heads: Sequence[Head], claim: s
                 if kind == "previous_token" and high < last else "")
     return Finding(claim, f"best head's lowest {floor:.2f} at position {where} of {low}–{high} (bar {ACROSS_CONTEXT}){left_out}; "
                           f"each head alone: {per_head}", floor >= ACROSS_CONTEXT)
-
-
-def composition_with(a: ModelAnalysis, kind: str, writer: Head, reader: Head) -> float:
-    return float(a.composition[kind][writer[0], writer[1], reader[0], reader[1]])
 
 
 def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:

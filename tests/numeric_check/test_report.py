@@ -15,16 +15,11 @@ import torch
 from derivations.architecture import Architecture
 from numeric_check.errors import AnalysisError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.reports.analysis import (
-    analysis_to_dict,
-    analyze_model,
-    data_config_for,
-    latex_escape,
-    render_latex,
-    render_markdown,
-    write_report,
-)
+from numeric_check.reports.analysis import analyze_model, data_config_for
 from numeric_check.reports.findings import findings
+from numeric_check.reports.latex import latex_escape
+from numeric_check.reports.report import REPORT_FILES, Report, write_report
+from tensoralg.escape import escape_text
 from tests.conftest import needs_pdflatex
 from tests.helpers import copying_model, exact_induction_model
 
@@ -113,10 +108,10 @@ def test_report_with_token_strings_escapes_them(tmp_path):
     vocab[0], vocab[1] = "a_b&c", "50% | $x$"
     analysis = analyze_model(model, name="tok_model", n_sequences=4, vocab=vocab)
     assert analysis.skip_trigram_head == (0, 0)
-    tex = render_latex(analysis)
+    tex = Report.of(analysis).latex()
     assert r"\texttt{a\_b\&c} (0)" in tex and "tok\\_model" in tex
     assert "a_b&c" not in tex
-    markdown = render_markdown(analysis)
+    markdown = Report.of(analysis).markdown()
     # Markdown: no maths, HTML entity or table cell can start in a token string
     assert '"50% \\| \\$x\\$" (1)' in markdown or '"a\\_b&amp;c" (0)' in markdown
     assert "$x$" not in markdown
@@ -125,8 +120,10 @@ def test_report_with_token_strings_escapes_them(tmp_path):
 def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction_analysis, control_analysis):
     paths = write_report(induction_analysis, tmp_path, control=control_analysis, formats=["png"])
     names = sorted(p.relative_to(tmp_path).as_posix() for p in paths)
+    # issue 20: every file REPORT_FILES lists, index.html included (it was written apart, by the CLI)
     assert names == ["analysis.json", "figures/composition.png", "figures/importance.png", "figures/positivity.png",
-                     "figures/profiles.png", "report.md", "tables.tex"]
+                     "figures/profiles.png", "index.html", "report.md", "tables.tex"]
+    assert {p.name for p in paths if p.parent == tmp_path} == set(REPORT_FILES)
     report = (tmp_path / "report.md").read_text()
     for heading in ("## Findings", "## Heads", "## Composition scores", "## Previous-token and induction heads",
                     "## Term importance by order", "## Control: control"):
@@ -136,12 +133,12 @@ def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction
     data = json.loads((tmp_path / "analysis.json").read_text())
     assert data["heads"]["by_behaviour"]["induction"] == ["L1H0"]
     assert all(f["holds"] for f in data["findings"])
-    assert data == json.loads(json.dumps(analysis_to_dict(induction_analysis, control_analysis)))
+    assert data == json.loads(json.dumps(Report.of(induction_analysis, control_analysis).to_dict()))
 
 
 @needs_pdflatex
 def test_latex_tables_compile(tmp_path, induction_analysis, control_analysis):
-    body = render_latex(induction_analysis, control_analysis)
+    body = Report.of(induction_analysis, control_analysis).latex()
     document = "\\documentclass{article}\n\\begin{document}\n" + body + "\n\\end{document}\n"
     (tmp_path / "tables.tex").write_text(document)
     result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "tables.tex"],
@@ -213,7 +210,7 @@ def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance
 
 
 def test_report_text_goes_through_the_one_escaper():
-    from numeric_check.reports.analysis import findings_markdown
+    from numeric_check.reports.markdown import findings_markdown
     from numeric_check.reports.findings import Finding
     from numeric_check.circuits.skip_trigrams import token_label
 
@@ -259,3 +256,37 @@ def test_heads_that_share_the_context_hold_only_as_a_group_and_say_so():
     assert "each head alone: L0H0 mean 0.60, min 0.30" in f.measured  # a single head's minimum below the bar is shown
     alone = _across_context(a, "induction", [(0, 0)], claim)
     assert not alone.holds and "best head's lowest 0.30" in alone.measured
+
+
+# -- one home for a model's report (issue 20) --------------------------------------------------------
+
+
+def test_a_report_computes_its_findings_once_for_every_format(monkeypatch, tmp_path, induction_analysis, control_analysis):
+    import numeric_check.reports.report as report_module
+
+    calls = []
+    real = report_module.findings
+    monkeypatch.setattr(report_module, "findings", lambda *args: calls.append(args) or real(*args))
+    report = Report.of(induction_analysis, control_analysis)
+    written = report.write(tmp_path, formats=["svg"])
+    assert len(calls) == 1 and report.verdict == f"{len(report.findings)}/{len(report.findings)} findings hold"
+    claims = [f.claim for f in report.findings]
+    markdown, html = (tmp_path / "report.md").read_text(), (tmp_path / "index.html").read_text()
+    data = json.loads((tmp_path / "analysis.json").read_text())
+    assert [f["claim"] for f in data["findings"]] == claims
+    assert all(escape_md(c) in markdown and escape_text(c, "html") in html for c in claims)
+    assert len(written) == len(REPORT_FILES) + 4  # and 4 figures (no training curve for a hand-built model)
+
+
+def escape_md(text: str) -> str:
+    return escape_text(text, "markdown")
+
+
+def test_write_report_takes_a_report_or_an_analysis_and_refuses_a_second_control(tmp_path, induction_analysis,
+                                                                                  control_analysis):
+    report = Report.of(induction_analysis, control_analysis)
+    with pytest.raises(AnalysisError, match="already holds its control"):
+        write_report(report, tmp_path, control=control_analysis)
+    with pytest.raises(AnalysisError, match="ModelAnalysis"):
+        Report.of("not an analysis")
+    assert report._repr_markdown_() == report.markdown()
