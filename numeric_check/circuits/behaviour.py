@@ -158,10 +158,10 @@ class PositionProfile:
         return getattr(self, kind)
 
     def summary(self, kind: str, head: tuple[int, int]) -> str:
-        """``"mean 0.93, min 0.81 at 40 (positions 1-63)"`` for one head."""
+        """``"mean 0.93, min 0.81 at 40 (positions 1–63)"`` for one head."""
         first, last = self.measured(kind)
         return (f"mean {float(self.mean(kind)[head]):.2f}, min {float(self.minimum(kind)[head]):.2f} "
-                f"at {int(self.argmin(kind)[head])} (positions {first}-{last})")
+                f"at {int(self.argmin(kind)[head])} (positions {first}–{last})")
 
 
 def position_profiles(
