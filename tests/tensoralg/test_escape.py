@@ -95,3 +95,17 @@ def test_markdown_math_writes_brackets_inside_text_as_maths():
     assert out == r"W_{E} \qquad \text{}\lbrack \text{direct path}\rbrack \text{}"
     assert markdown_math(r"\mathrm{[x]}") == r"\mathrm{\lbrack x\rbrack }"  # maths mode: the commands as before
     assert markdown_math(r"\text{\{}[") == r"\text{\{}\lbrack "  # escaped braces do not end the text
+
+
+def test_brackets_in_text_render_as_brackets_in_a_maths_renderer():
+    """latex2mathml reads ``\\text{}`` as MathJax does: the bracket is an operator, not "\\lbrack" text."""
+    from derivations.html import mathml
+    from tensoralg.escape import markdown_math
+
+    import pytest
+    from derivations.errors import HtmlError
+
+    shown = mathml(markdown_math(r"W_{E} \qquad \text{[direct path]}"), check=False)
+    assert "lbrack" not in shown and ">[</" in shown and ">]</" in shown and "direct" in shown
+    with pytest.raises(HtmlError, match="lbrack"):  # the old form: the command left as text
+        mathml(r"W \text{\lbrack direct path\rbrack }", check=False)
