@@ -45,3 +45,18 @@ def test_a_finding_escapes_its_text():
 def test_a_head_report_renders_its_table():
     heads = nc.detect_heads(nc.load_checkpoint(nc.shipped_checkpoint(1)), batch=4)
     assert heads._repr_markdown_() == heads.to_markdown() and heads.to_markdown().startswith("| head |")
+
+
+def test_an_analysis_shows_its_heads_and_a_report_its_findings_too():
+    """Issue 20: the analysis no longer renders the report (that needed findings: an import
+    circle); it shows its losses and heads, and ``Report.of(analysis)`` shows everything."""
+    from derivations.architecture import Architecture
+    from numeric_check.model.circuit_model import CircuitModel
+    from numeric_check.reports.analysis import analyze_model
+    from numeric_check.reports.report import Report
+
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+    analysis = analyze_model(model, name="m<1>", n_sequences=2)
+    shown = analysis._repr_markdown_()
+    assert shown.startswith("Analysis of m&lt;1&gt; (2 layers x 2 heads") and "| L1H1 |" in shown
+    assert "## Findings" in Report.of(analysis)._repr_markdown_()
