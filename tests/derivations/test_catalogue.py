@@ -271,3 +271,12 @@ def test_S_means_the_scores_in_every_entry_and_notebook():
     for path in sorted(Path(__file__).resolve().parents[2].glob("tutorials/*.ipynb")):
         source = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
         assert not re.search(r"^\s*S\s*=", source, re.M) and "matrix $S$" not in source, path.name
+
+
+def test_formulae_side_by_side_in_prose_share_one_dollar_pair():
+    """``$W_{OV}^{h}$$ := $$W_O W_V$`` read as display maths (``$$``) in TeX and Pandoc."""
+    for name in catalogue.names():
+        d = catalogue.get(name)
+        for text in (d.to_markdown(), d.to_latex()):
+            glued = [line for line in text.splitlines() if "$$" in line and line.strip() != "$$"]
+            assert not glued, (name, glued[:2])
