@@ -9,9 +9,9 @@ True
 
 from derivations import catalogue
 from derivations.architecture import Architecture, head_label
-from derivations.derivation import Chain, Derivation, Rule, RULES, Step
+from derivations.derivation import Chain, Derivation, Rule, RULES, Step, verify
 from derivations.errors import ArchitectureError, DerivationError, TooManyTerms, UnknownDerivation
-from derivations.numeric import Numeric, RandomBindings, Verification, verify
+from derivations.numeric import Numeric, RandomBindings, Verification
 from derivations.paths import LogitExpansion, Path, PathTerm, Source, estimate_logit_terms, expand_logits
 from derivations.qk import QKExpansion, QKTerm, estimate_qk_terms, expand_qk
 from derivations.render import escape_latex, latex_document, markdown, text, to_json

@@ -28,11 +28,11 @@ DESCRIPTION = """\
 Symbolic derivations for "A Mathematical Framework for Transformer Circuits"
 (Elhage et al., 2021), checked numerically against real torch models.
 
-Notation: a transformer acts on the residual stream x (one column per position) as
+Notation: a transformer acts on the residual stream x (one row per position; each
+position's vector is a column, as in the paper) as
   T = (Id ⊗ W_U) · Π_l (Id + Σ_h A^h ⊗ W_OV^h) · (Id ⊗ W_E),
 where A^h ⊗ W means "mix positions with the attention pattern A^h, and transform each
-position's vector with W" — numerically (A ⊗ W)·x = A x Wᵀ for x with one row per
-position. The mixed-product rule (A⊗B)(C⊗D) = (AC)⊗(BD) expands T into paths: the
+position's vector with W": (A ⊗ W)·x = A x Wᵀ. The mixed-product rule (A⊗B)(C⊗D) = (AC)⊗(BD) expands T into paths: the
 direct path, individual heads and virtual heads. Layers and heads are 0-indexed
 (L0H3 = layer 0, head 3), as in TransformerLens; the paper's H_1 is our layer 0
 (--index-from 1 numbers layers as the paper does).

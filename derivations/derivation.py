@@ -24,13 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from tensoralg import Add, Definition, Expr, Product, TensorSum, Term, fold, unfold
+from tensoralg.atoms import DIMS
 from tensoralg.rules import expand_steps
 
 from derivations import render
 from derivations.errors import DerivationError
 from derivations.document import Math, SumIndex, as_prose, math, prose
-from derivations.numeric import Numeric, Verification, verify
+from derivations.numeric import Numeric, RandomBindings, Verification, finite_operator, instantiate
 
 # -- rules ------------------------------------------------------------------------------
 
@@ -55,6 +58,10 @@ RULES: dict[str, Rule] = {
         Rule("mixed-product", "mixed-product rule",
              Math(r"(A \otimes B)(C \otimes D) = (AC) \otimes (BD)", "(A ⊗ B)(C ⊗ D) = (AC) ⊗ (BD)")),
         Rule("associativity", "associativity", Math(r"(XY)Z = X(YZ)", "(XY)Z = X(YZ)")),
+        Rule("sum-out", "distributivity over a sum",  # a factor summed over heads, multiplied into its neighbours
+             Math(r"X \left(\sum_m Y_m\right) Z = \sum_m X Y_m Z", "X (Σ_m Y_m) Z = Σ_m X Y_m Z")),
+        Rule("scalars", "associativity and scalars",
+             Math(r"(XY)Z = X(YZ), \quad X (aY) = a\, XY", "(XY)Z = X(YZ),  X (aY) = a XY")),
         Rule("identity", "identity", math("Id X = X Id = X")),
         Rule("collect", "collecting like terms", Math(r"aX + bX = (a + b)X", "aX + bX = (a + b)X")),
         Rule("fold", "folding a definition"),
@@ -180,7 +187,7 @@ class Chain:
         chain = self
         for name, expr in expand_steps(self.last, max_order=max_order):
             if name == "mixed_product":
-                name = product_rule(chain.last)
+                name = product_rule(chain.last, self.sums)
             step = Step(expr, name, (), () if chain is not self else text)
             if step.rule.key == "collect" and _only_reorders(chain.last, expr):
                 previous = chain.steps[-1]
@@ -202,18 +209,35 @@ class Chain:
         return self._then(Step(self.last.expand(), rule, detail, text, tuple(groups)))
 
 
-def product_rule(expr: Expr) -> str:
-    """The rule that multiplies out the products of single terms in ``expr``: with one slot
-    they are plain matrix products, regrouped by ``associativity`` (``(xᵀ W_Qᵀ)(W_K x)``);
-    with two or more slots the tensor factors combine slot by slot, the ``mixed-product`` rule.
+def product_rule(expr: Expr, sums: Sequence[SumIndex] = ()) -> str:
+    """The rule that multiplies out the products of single terms in ``expr``.
+
+    With two or more slots the tensor factors combine slot by slot: the ``mixed-product``
+    rule. With one slot they are plain matrix products: ``sum-out`` when a factor carries an
+    index summed over (one of ``sums``, printed as ``X (Σ_m Y_m) Z``) and the sum leaves the
+    product; ``scalars`` when a coefficient moves to the front; else ``associativity``
+    (``(x W_Qᵀ)(W_K xᵀ)``).
 
     >>> from tensoralg import atom, term
     >>> product_rule(Product([term(atom("W_U")), term(atom("W_E"))]))
     'associativity'
     >>> product_rule(Product([term(None, atom("W_U")), term(None, atom("W_E"))]))
     'mixed-product'
+    >>> product_rule(Product([term(atom("W_U")), term(atom("W_OV", "h1")), term(atom("W_E"))]), [SumIndex("h1", "H_1")])
+    'sum-out'
+    >>> product_rule(Product([term(atom("W_U")), 2 * term(atom("W_E"))]))
+    'scalars'
     """
-    return "associativity" if expr.n_slots == 1 else "mixed-product"
+    if expr.n_slots != 1:
+        return "mixed-product"
+    products = [p for p in (expr.parts if isinstance(expr, Add) else (expr,)) if isinstance(p, Product) and len(p.factors) > 1]
+    summed = {s.index for s in sums}
+    if summed and any(a.index in summed for p in products for f in p.factors for t in f.expand()
+                      for w in t.words for a in w):
+        return "sum-out"
+    if any(p.coeff != 1 or any(t.coeff != 1 for f in p.factors for t in f.expand()) for p in products):
+        return "scalars"
+    return "associativity"
 
 
 def _only_reorders(before: Expr, collected: TensorSum) -> bool:
@@ -292,5 +316,51 @@ class Derivation:
         return render.html_fragment(self)
 
     def verify(self, seed: int = 0, tol: float = 1e-9) -> "Verification":
-        """Evaluate every line on random bindings; see :func:`verify`."""
+        """Evaluate every line on random bindings; see :func:`verify` (below)."""
         return verify(self, seed=seed, tol=tol)
+
+
+# -- the numeric check -----------------------------------------------------------------
+
+
+def slot_rows(chain: Chain, bindings: RandomBindings) -> dict[int, int]:
+    """Rows of each slot, from the first line that fixes them (a position slot defaults to ``n_ctx``)."""
+    n_slots = chain.first.n_slots
+    rows: dict[int, int] = {}
+    for step in chain.steps:
+        for i, shape in enumerate(step.expr.slot_shapes):
+            if shape is not None and i not in rows:
+                rows[i] = bindings.size(shape[0])
+    for i in range(n_slots):
+        rows.setdefault(i, bindings.size(DIMS["n_ctx"]))
+    return rows
+
+
+def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verification:
+    """Evaluate every line of every chain on random bindings and compare with the first.
+
+    Summed indices stand for ``numeric.count`` heads each. Returns a :class:`Verification`.
+    """
+    sums = [s for c in derivation.chains for s in c.sums]
+    bindings = RandomBindings(derivation.numeric, np.random.default_rng(seed), sums)
+    count = derivation.numeric.count
+    errors = []
+    for ci, chain in enumerate(derivation.chains):
+        rows = slot_rows(chain, bindings)
+        reference = None
+        for si, step in enumerate(chain.steps):
+            expr = instantiate(step.expr, chain.sums, count)
+            if isinstance(expr, TensorSum) and expr.is_zero and reference is not None:
+                value = np.zeros_like(reference)
+            else:
+                value = finite_operator(bindings, expr, rows, f"line {si + 1} of chain {ci + 1}")
+            if reference is None or step.rule.key == "truncation":
+                reference = value
+                scale = max(float(np.abs(value).max(initial=0.0)), 1.0)
+            if value.shape != reference.shape:
+                raise DerivationError(
+                    f"step {si} of chain {ci} ({step.rule.name}) has an operator of shape {value.shape}, "
+                    f"the first line {reference.shape}"
+                )
+            errors.append((ci, si, float(np.abs(value - reference).max(initial=0.0)) / scale))
+    return Verification(tuple(errors), tol)

@@ -22,6 +22,7 @@ from tensoralg import TensorSum
 from tensoralg.errors import MathMLError
 from tensoralg.escape import escape_text
 from tensoralg.mathml import to_mathml
+from tensoralg.display import counted
 
 from derivations.document import Math, Piece, resolve
 from derivations.errors import DerivationError, HtmlError
@@ -86,8 +87,10 @@ math { font-family: "Latin Modern Math", "STIX Two Math", "Cambria Math", math; 
 .verification.bad { border-color: var(--bad); background: #fbeceb; }
 .verification.none { border-color: var(--muted); background: #f1f1f1; }
 .chain { margin: 1.6rem 0; padding-top: 0.4rem; border-top: 1px solid var(--rule); }
+/* a line too wide scrolls sideways; the maths' few pixels of depth below the grid gave every block a
+   vertical scrollbar, so the block pads for them and never scrolls up and down */
 .lines { display: grid; grid-template-columns: max-content minmax(0, 1fr); column-gap: 0.6em; row-gap: 0.25rem;
-         align-items: baseline; overflow-x: auto; }
+         align-items: baseline; overflow-x: auto; overflow-y: hidden; padding: 0.2rem 0 0.4rem; }
 .lines > .why { grid-column: 1 / -1; margin: 0.9rem 0 0.2rem; color: var(--ink); }
 .why .rule { font-weight: 600; }
 .why .check { font: 0.8rem system-ui, sans-serif; color: var(--ok); margin-left: 0.5em; white-space: nowrap; }
@@ -182,8 +185,8 @@ def _step_rows(rows: list[list[Piece]], lead: str, labels: list[str], n_terms: i
     if len(rows) <= FOLD_ROWS:
         return html
     hidden = html[_HEAD_ROWS:-_TAIL_ROWS]
-    terms = f", {n_terms} terms in all" if n_terms else ""
-    summary = f"<summary>show {len(hidden)} more lines{terms}</summary>"
+    terms = f", {counted(n_terms, 'term')} in all" if n_terms else ""
+    summary = f"<summary>show {counted(len(hidden), 'more line', 'more lines')}{terms}</summary>"
     return [*html[:_HEAD_ROWS], f'<details class="fold">{summary}{"".join(hidden)}</details>', *html[-_TAIL_ROWS:]]
 
 

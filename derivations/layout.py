@@ -78,13 +78,22 @@ def check_layout(layout: Layout | None, options) -> Layout:
 
 
 def _prose(segments, index_from: int, escape: str) -> str:
-    out = []
+    """Strings escaped, formulae between ``$``; formulae side by side share one ``$…$`` (``$a$$b$``
+    would open display maths in TeX's and Pandoc's reading)."""
+    out: list[str] = []
+    after_math = False
     for s in resolve(segments, index_from):
         if isinstance(s, str):
             out.append(escape_text(s, escape))
+            after_math = False
             continue
         latex = s.at(index_from).latex if isinstance(s, Math) else check_math(printer(None, index_from).doprint(s))
-        out.append("$" + (markdown_math(latex) if escape == "markdown" else latex) + "$")
+        latex = markdown_math(latex) if escape == "markdown" else latex
+        if after_math:
+            out[-1] = out[-1][:-1] + " " + latex + "$"
+        else:
+            out.append("$" + latex + "$")
+        after_math = True
     return "".join(out)
 
 
@@ -94,6 +103,8 @@ def prose_latex(segments, index_from: int = 0) -> str:
     >>> from derivations.document import math
     >>> prose_latex(("for ", math("h ≠ k"), ", 50% of σ"))
     'for $h \\neq k$, 50\\% of $\\sigma$'
+    >>> prose_latex((math("a"), math("b")))  # side by side: one formula
+    '$a b$'
     """
     return _prose(segments, index_from, "latex")
 

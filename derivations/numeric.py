@@ -4,8 +4,8 @@ Each atom gets a random matrix of its shape (:class:`RandomBindings`: attention 
 causal and row-stochastic, symmetric atoms positive diagonal, derived atoms such as
 ``W_OV`` computed from their definitions); a lazy product is evaluated as the matrix
 product of its factors' operators, so the mixed-product rule itself is checked, not
-assumed. :func:`verify` compares every line of a chain with its first line (or with the
-last truncation, which drops terms on purpose).
+assumed. :func:`derivations.derivation.verify` uses them to compare every line of a chain with its
+first line (or with the last truncation, which drops terms on purpose).
 
 These random matrices stand in for nothing: checking against a real model's weights and
 attention patterns is :mod:`numeric_check`'s work (its ``Binder`` binds atoms to a model).
@@ -20,22 +20,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import sympy as sp
 
 from tensoralg import Add, Atom, Expr, Product, TensorSum, Term, to_numpy
-from tensoralg.atoms import DIMS
 from tensoralg.definitions import STANDARD_DEFINITIONS
 from tensoralg.display import elided_table
 
 from derivations.document import SumIndex
 from derivations.errors import DerivationError
-
-if TYPE_CHECKING:  # only for annotations: derivation.py imports this module
-    from derivations.derivation import Chain, Derivation
-
 
 @dataclass(frozen=True)
 class Numeric:
@@ -213,46 +208,3 @@ def causal_pattern(n: int, rng: np.random.Generator) -> np.ndarray:
     scores[np.triu_indices(n, 1)] = -np.inf
     e = np.exp(scores - scores.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
-
-
-def slot_rows(chain: Chain, bindings: RandomBindings) -> dict[int, int]:
-    """Rows of each slot, from the first line that fixes them (a position slot defaults to ``n_ctx``)."""
-    n_slots = chain.first.n_slots
-    rows: dict[int, int] = {}
-    for step in chain.steps:
-        for i, shape in enumerate(step.expr.slot_shapes):
-            if shape is not None and i not in rows:
-                rows[i] = bindings.size(shape[0])
-    for i in range(n_slots):
-        rows.setdefault(i, bindings.size(DIMS["n_ctx"]))
-    return rows
-
-
-def verify(derivation: Derivation, seed: int = 0, tol: float = 1e-9) -> Verification:
-    """Evaluate every line of every chain on random bindings and compare with the first.
-
-    Summed indices stand for ``numeric.count`` heads each. Returns a :class:`Verification`.
-    """
-    sums = [s for c in derivation.chains for s in c.sums]
-    bindings = RandomBindings(derivation.numeric, np.random.default_rng(seed), sums)
-    count = derivation.numeric.count
-    errors = []
-    for ci, chain in enumerate(derivation.chains):
-        rows = slot_rows(chain, bindings)
-        reference = None
-        for si, step in enumerate(chain.steps):
-            expr = instantiate(step.expr, chain.sums, count)
-            if isinstance(expr, TensorSum) and expr.is_zero and reference is not None:
-                value = np.zeros_like(reference)
-            else:
-                value = finite_operator(bindings, expr, rows, f"line {si + 1} of chain {ci + 1}")
-            if reference is None or step.rule.key == "truncation":
-                reference = value
-                scale = max(float(np.abs(value).max(initial=0.0)), 1.0)
-            if value.shape != reference.shape:
-                raise DerivationError(
-                    f"step {si} of chain {ci} ({step.rule.name}) has an operator of shape {value.shape}, "
-                    f"the first line {reference.shape}"
-                )
-            errors.append((ci, si, float(np.abs(value - reference).max(initial=0.0)) / scale))
-    return Verification(tuple(errors), tol)

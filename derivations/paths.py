@@ -44,7 +44,7 @@ from typing import Iterator, NamedTuple
 import sympy as sp
 
 from tensoralg.atoms import Atom, Word, atom, transpose_word, word_shape
-from tensoralg.display import expansion_markdown
+from tensoralg.display import counted, expansion_markdown
 from tensoralg.expr import Term, TensorSum, check_order
 
 from derivations.architecture import Architecture, head_label
@@ -383,7 +383,7 @@ class LogitExpansion:
 
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"
-        return f"LogitExpansion({self.arch.describe()}{order}: {self.n_terms:,} terms)"
+        return f"LogitExpansion({self.arch.describe()}{order}: {counted(self.n_terms, 'term')})"
 
 
 def _source_filter(source, known):

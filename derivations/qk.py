@@ -63,7 +63,7 @@ import sympy as sp
 
 from tensoralg.atoms import Atom, Word, d_head
 from tensoralg.rotary import rotary_atom
-from tensoralg.display import expansion_markdown
+from tensoralg.display import counted, expansion_markdown
 from tensoralg.expr import TensorSum, Term, check_order
 
 from derivations.architecture import Architecture, head_label
@@ -326,7 +326,7 @@ class QKExpansion:
 
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"
-        return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {self.n_terms:,} terms)"
+        return f"QKExpansion({self.label} of {self.arch.describe()}{order}: {counted(self.n_terms, 'term')})"
 
 
 def _matches(want, source: Source) -> bool:

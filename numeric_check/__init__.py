@@ -47,7 +47,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.circuits.importance": ("term_importance",),
     "numeric_check.circuits.attribution": ("attribute",),
     "numeric_check.circuits.attribution_report": ("Attribution",),
-    "numeric_check.reports.analysis": ("analyze_model", "write_report"),
+    "numeric_check.reports.analysis": ("analyze_model",),
+    "numeric_check.reports.report": ("Report", "write_report"),
     "numeric_check.reports.findings": ("findings",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -100,7 +100,7 @@ class Atom:
         return self._hash
 
     def __lt__(self, other: "Atom") -> bool:
-        return self.key < other.key
+        return (self.name, natural_key(self.index), self.transposed) < (other.name, natural_key(other.index), other.transposed)
 
     def __repr__(self) -> str:
         return self.label + ("ᵀ" if self.transposed else "")
@@ -193,7 +193,20 @@ def transpose_word(word: Word) -> Word:
 def word_key(word: Word) -> str:
     """The sort key of a word: one string, so that sorting compares in C (and is cached,
     since canonical ordering sorts the same words often)."""
-    return "\x01".join(f"{a.name}\x00{a.index}\x00{int(a.transposed)}" for a in word)
+    return "\x01".join(f"{a.name}\x00{natural_key(a.index)}\x00{int(a.transposed)}" for a in word)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def natural_key(index: str) -> str:
+    """A string that sorts indices as people count: ``h2`` before ``h10``, ``L0H2`` before ``L0H10``
+    (digit runs zero-padded; the index itself breaks ties, so ``h02`` and ``h2`` stay distinct).
+
+    >>> sorted(["L0H10", "L0H2", "L1H0"], key=natural_key)
+    ['L0H2', 'L0H10', 'L1H0']
+    """
+    return _DIGITS.sub(lambda m: m.group().zfill(12), index) + "\x03" + index
 
 
 def _fmt(shape) -> str:

@@ -10,7 +10,7 @@ token strings) only through :func:`tensoralg.escape.escape_text`.
 >>> from tensoralg import atom, term
 >>> s = sum(term(atom("A", f"h{i}"), atom("W_OV", f"h{i}")) for i in range(50))
 >>> text_repr(s, max_terms=4)
-'A^{h0} ⊗ W_OV^{h0} + A^{h1} ⊗ W_OV^{h1} + ⋯ (46 terms) + A^{h8} ⊗ W_OV^{h8} + A^{h9} ⊗ W_OV^{h9}'
+'A^{h0} ⊗ W_OV^{h0} + A^{h1} ⊗ W_OV^{h1} + ⋯ (46 terms) + A^{h48} ⊗ W_OV^{h48} + A^{h49} ⊗ W_OV^{h49}'
 >>> latex_repr(s, max_terms=4).count(r"\otimes"), r"46\ \mathrm{terms}" in latex_repr(s, max_terms=4)
 (4, True)
 """
@@ -100,6 +100,15 @@ def md_text(text) -> str:
     return escape_text(str(text), "markdown")
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, singular for one: ``1 term``, ``2,197 terms``.
+
+    >>> counted(1, "term"), counted(2197, "term"), counted(1, "head", "heads")
+    ('1 term', '2,197 terms', '1 head')
+    """
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def md_math(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
     """An expression as inline Markdown maths, through the printer."""
     _check_max_terms(max_terms)
@@ -144,5 +153,5 @@ def expansion_markdown(title: str, sums: dict, max_terms: int | None = REPR_MAX_
     """A title, then each labelled sum as display maths (what an expansion shows in a notebook)."""
     parts = [md_text(title)]
     for label, s in sums.items():
-        parts += [f"{md_text(label)}, {len(s):,} terms:", "$$" + markdown_math(to_latex(s, max_terms=max_terms)) + "$$"]
+        parts += [f"{md_text(label)}, {counted(len(s), 'term')}:", "$$" + markdown_math(to_latex(s, max_terms=max_terms)) + "$$"]
     return "\n\n".join(parts)

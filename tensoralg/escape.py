@@ -197,8 +197,10 @@ def escape_text(text, fmt: str = "latex") -> str:
     if fmt != "latex-math":
         text = _SPACE.sub(" ", text)
     out = "".join([backend(ch) for ch in text])
-    if fmt == "markdown" and out[:1] in ("-", "+", "=") or fmt == "markdown" and re.match(r"\d+[.)]", out):
+    if fmt == "markdown" and out[:1] in ("-", "+", "="):
         out = "\\" + out  # no list item or heading underline at the start of a line
+    elif fmt == "markdown" and re.match(r"\d+[.)]", out):
+        out = re.sub(r"^(\d+)([.)])", r"\1\\\2", out)  # "1\." (CommonMark escapes the period, not the digit)
     return out
 
 
@@ -290,7 +292,33 @@ def markdown_math(latex: str) -> str:
     r"""Mathematics for Markdown's ``$…$`` and ``$$…$$``: the same LaTeX, with the characters
     that Markdown would read as HTML or a link written as commands.
 
+    Inside ``\text{…}`` MathJax and KaTeX print a command as it is written, so there the
+    command steps out of the text and back in (``\text{}\lbrack\text{direct}``).
+
     >>> markdown_math(r"A^{\mathrm{<img\ src=x>}}")
     'A^{\\mathrm{\\lt img\\ src=x\\gt }}'
+    >>> markdown_math(r"X \text{[direct path]}")
+    'X \\text{}\\lbrack \\text{direct path}\\rbrack \\text{}'
     """
-    return "".join([_MARKDOWN_MATH.get(ch, ch) for ch in latex])
+    out, text_depth, depth, i = [], None, 0, 0
+    while i < len(latex):
+        if text_depth is None and latex.startswith("\\text{", i):
+            out.append("\\text{")
+            depth += 1
+            text_depth, i = depth, i + len("\\text{")
+            continue
+        ch = latex[i]
+        if ch == "\\" and i + 1 < len(latex):  # a command or an escaped character passes whole
+            out.append(latex[i:i + 2])
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            if depth == text_depth:
+                text_depth = None
+            depth -= 1
+        command = _MARKDOWN_MATH.get(ch)
+        out.append(ch if command is None else "}" + command + "\\text{" if text_depth is not None else command)
+        i += 1
+    return "".join(out)

@@ -58,6 +58,22 @@ def _serialise(element: Element, out: list[str]) -> None:
         out.append(_escape_math_text(_plain(element.tail)))
 
 
+#: TeX's operator names (``\\log``, ``\\exp`` …), which latex2mathml writes as a plain ``<mi>``.
+_FUNCTION_NAMES = frozenset("log ln exp sin cos tan det max min sup inf lim dim ker deg arg gcd Pr".split())
+
+
+def _space_after_function_names(element: Element) -> None:
+    """A thin space after an operator name followed by anything but an operator, as TeX sets
+    ``\\log x``: browsers ran ``<mi>log</mi>`` into the next name (``logsoftmax``, ``logd_vocab``)."""
+    for parent in element.iter():
+        children = list(parent)
+        for i, child in reversed(list(enumerate(children[:-1]))):
+            if child.tag == "mi" and _plain(child.text) in _FUNCTION_NAMES and children[i + 1].tag != "mo":
+                space = Element("mspace", {"width": "0.1667em"})
+                space.tail, child.tail = child.tail, None
+                parent.insert(i + 1, space)
+
+
 def _escape_math_text(text: str) -> str:
     # character references for markup and for anything outside ASCII, so the page's bytes stay plain
     return "".join(f"&#{ord(ch)};" if ch in "&<>\"'" or ord(ch) > 126 else ch for ch in text)
@@ -86,6 +102,7 @@ def to_mathml(latex: str, display: str = "inline", check: bool = True) -> str:
         for sub in element.iter("msub"):
             if len(sub) and sub[0].tag == "mo" and _plain(sub[0].text) in ("\u2211", "\u220f"):
                 sub.tag = "munder"
+    _space_after_function_names(element)
     left = [m.group(0) for e in element.iter() for m in _COMMAND_LEFT.finditer(e.text or "")]
     if left:
         raise MathMLError(f"cannot convert {latex!r} to MathML: latex2mathml does not know {', '.join(left)}")

@@ -6,18 +6,18 @@ into ``F = d_rot / 2`` planes; plane ``f`` turns by the angle ``i·θ_f`` at pos
 ``i`` (``θ_f = base^(-2f/d_rot)``); the other ``d_head - d_rot`` dimensions pass through
 (partial rotary). As an operator on a query (or key) stream, position ⊗ head feature,
 
-    ℛ = Id ⊗ P_pass + Σ_f (D_cos^{f} ⊗ C^{f} + D_sin^{f} ⊗ S^{f}),
+    ℛ = Id ⊗ P_pass + Σ_f (D_cos^{f} ⊗ C^{f} + D_sin^{f} ⊗ J^{f}),
 
 with *diagonal* position factors ``D_cos^{f} = diag(cos i·θ_f)``, ``D_sin^{f} = diag(sin i·θ_f)``
-and *fixed* feature blocks: ``C^{f}`` projects onto plane ``f``, ``S^{f}`` turns it by a
-right angle (``S^{f}ᵀ = -S^{f}``, ``S^{f}ᵀ S^{f} = C^{f}``), ``P_pass`` projects onto the
-dimensions that are not rotated. So ``q̃_i = R_i q_i`` with ``R_i = P_pass + Σ_f cos(iθ_f) C^{f} + sin(iθ_f) S^{f}``.
+and *fixed* feature blocks: ``C^{f}`` projects onto plane ``f``, ``J^{f}`` turns it by a
+right angle (``J^{f}ᵀ = -J^{f}``, ``J^{f}ᵀ J^{f} = C^{f}``), ``P_pass`` projects onto the
+dimensions that are not rotated. So ``q̃_i = R_i q_i`` with ``R_i = P_pass + Σ_f cos(iθ_f) C^{f} + sin(iθ_f) J^{f}``.
 
 The scores read ``q̃_iᵀ k̃_j = q_iᵀ R_iᵀ R_j k_j = q_iᵀ R_{j−i} k_j``: the bilinear form of
 two rotated streams, in which the blocks of different planes annihilate
 (:func:`multiply_blocks`), is the 3-slot sum (query position ⊗ key position ⊗ feature)
 
-    R = Id ⊗ Id ⊗ P_pass + Σ_f (D_cos ⊗ D_cos ⊗ C + D_sin ⊗ D_sin ⊗ C + D_cos ⊗ D_sin ⊗ S − D_sin ⊗ D_cos ⊗ S)^{f},
+    R = Id ⊗ Id ⊗ P_pass + Σ_f (D_cos ⊗ D_cos ⊗ C + D_sin ⊗ D_sin ⊗ C + D_cos ⊗ D_sin ⊗ J − D_sin ⊗ D_cos ⊗ J)^{f},
 
 again a sum of tensor products with diagonal position factors. The QK expansion does not
 write it out (it would multiply every term by ``4F + 1``): a rotary head's score terms carry
@@ -88,8 +88,8 @@ def plane_block(f: int) -> Atom:
 
 
 def turn_block(f: int) -> Atom:
-    """``S^{f}``: plane ``f`` turned by a right angle (``S^{f}ᵀ = -S^{f}``)."""
-    return Atom("S", d_head, d_head, _frequency(f))
+    """``J^{f}``: plane ``f`` turned by a right angle (``J^{f}ᵀ = -J^{f}``)."""
+    return Atom("J", d_head, d_head, _frequency(f))
 
 
 PASS_BLOCK = Atom("P_pass", d_head, d_head, "", symmetric=True)  # the dimensions rotary leaves alone
@@ -102,10 +102,10 @@ def _check_frequencies(frequencies) -> int:
 
 
 def rotation(frequencies: int, partial: bool = False) -> TensorSum:
-    """``ℛ = [Id ⊗ P_pass +] Σ_f (D_cos^{f} ⊗ C^{f} + D_sin^{f} ⊗ S^{f})``, position ⊗ feature.
+    """``ℛ = [Id ⊗ P_pass +] Σ_f (D_cos^{f} ⊗ C^{f} + D_sin^{f} ⊗ J^{f})``, position ⊗ feature.
 
     >>> print(rotation(1))
-    D_cos^{f0} ⊗ C^{f0} + D_sin^{f0} ⊗ S^{f0}
+    D_cos^{f0} ⊗ C^{f0} + D_sin^{f0} ⊗ J^{f0}
     """
     _check_frequencies(frequencies)
     terms = [Term(sp.S.One, ((), (PASS_BLOCK,)))] if partial else []
@@ -120,8 +120,8 @@ def relative_terms(frequencies: int, partial: bool = False) -> list[tuple[Word, 
     _check_frequencies(frequencies)
     out: list[tuple[Word, Word, Word, int]] = [((), (), (PASS_BLOCK,), 1)] if partial else []
     for f in range(frequencies):
-        c, s, C, S = (cos_factor(f),), (sin_factor(f),), (plane_block(f),), (turn_block(f),)
-        out += [(c, c, C, 1), (s, s, C, 1), (c, s, S, 1), (s, c, S, -1)]
+        c, s, C, J = (cos_factor(f),), (sin_factor(f),), (plane_block(f),), (turn_block(f),)
+        out += [(c, c, C, 1), (s, s, C, 1), (c, s, J, 1), (s, c, J, -1)]
     return out
 
 
@@ -175,7 +175,7 @@ def _block(a: Atom) -> tuple[str, int, bool] | None:
     """``(kind, frequency, transposed)`` of a feature block atom; ``None`` for other atoms."""
     if a.name == "P_pass" and a.index == "":
         return "P", -1, False
-    if a.name in ("C", "S") and a.index.startswith("f") and a.index[1:].isdigit():
+    if a.name in ("C", "J") and a.index.startswith("f") and a.index[1:].isdigit():
         return a.name, int(a.index[1:]), a.transposed
     return None
 
@@ -187,7 +187,7 @@ def _product(x: tuple[str, int, bool], y: tuple[str, int, bool]) -> tuple[int, A
         return 0, None  # different planes, or a plane against the pass-through: orthogonal
     if kx == "P":
         return 1, PASS_BLOCK
-    sx = -1 if tx else 1  # Sᵀ = -S
+    sx = -1 if tx else 1  # Jᵀ = -J
     sy = -1 if ty else 1
     if kx == "C" and ky == "C":
         return 1, plane_block(fx)
@@ -195,12 +195,12 @@ def _product(x: tuple[str, int, bool], y: tuple[str, int, bool]) -> tuple[int, A
         return sy, turn_block(fx)
     if ky == "C":
         return sx, turn_block(fx)
-    return -sx * sy, plane_block(fx)  # S S = -C
+    return -sx * sy, plane_block(fx)  # J J = -C
 
 
 def multiply_blocks(expr: Expr) -> TensorSum:
-    """Multiply neighbouring feature blocks: ``C^{f} C^{g} = δ_{fg} C^{f}``, ``C^{f} S^{g} =
-    S^{g} C^{f} = δ_{fg} S^{f}``, ``S^{f} S^{g} = -δ_{fg} C^{f}``, ``S^{f}ᵀ = -S^{f}``,
+    """Multiply neighbouring feature blocks: ``C^{f} C^{g} = δ_{fg} C^{f}``, ``C^{f} J^{g} =
+    J^{g} C^{f} = δ_{fg} J^{f}``, ``J^{f} J^{g} = -δ_{fg} C^{f}``, ``J^{f}ᵀ = -J^{f}``,
     ``P_pass P_pass = P_pass`` and ``P_pass`` against any plane ``0``: the planes and the
     pass-through are orthogonal. Terms that vanish are dropped.
 
@@ -284,14 +284,14 @@ def inverse_frequencies(rot_dims: int, base: float = DEFAULT_BASE) -> np.ndarray
 
 
 def feature_blocks(d_head_: int, rot_dims: int, style: str = "neox") -> dict[str, np.ndarray]:
-    """The fixed blocks as arrays, by label: ``C^{f0}``, ``S^{f0}`` …, ``P_pass``."""
+    """The fixed blocks as arrays, by label: ``C^{f0}``, ``J^{f0}`` …, ``P_pass``."""
     out: dict[str, np.ndarray] = {}
     for f, (a, b) in enumerate(_pairs(rot_dims, style)):
         C = np.zeros((d_head_, d_head_))
         C[a, a] = C[b, b] = 1.0
-        S = np.zeros((d_head_, d_head_))
-        S[b, a], S[a, b] = 1.0, -1.0  # (S q)_a = -q_b, (S q)_b = q_a: a quarter turn
-        out[plane_block(f).label], out[turn_block(f).label] = C, S
+        J = np.zeros((d_head_, d_head_))
+        J[b, a], J[a, b] = 1.0, -1.0  # (J q)_a = -q_b, (J q)_b = q_a: a quarter turn
+        out[plane_block(f).label], out[turn_block(f).label] = C, J
     P = np.zeros((d_head_, d_head_))
     P[range(rot_dims, d_head_), range(rot_dims, d_head_)] = 1.0
     out[PASS_BLOCK.label] = P
@@ -339,7 +339,7 @@ def rotary_scores(q: np.ndarray, k: np.ndarray, rot_dims: int, style: str = "neo
 
 
 def relative_matrix(delta: float, d_head_: int, rot_dims: int, style: str = "neox", base: float = DEFAULT_BASE) -> np.ndarray:
-    """``R_Δ = P_pass + Σ_f cos(Δθ_f) C^{f} + sin(Δθ_f) S^{f}``: what ``q_iᵀ · k_j`` passes through for ``Δ = j − i``."""
+    """``R_Δ = P_pass + Σ_f cos(Δθ_f) C^{f} + sin(Δθ_f) J^{f}``: what ``q_iᵀ · k_j`` passes through for ``Δ = j − i``."""
     blocks = feature_blocks(d_head_, rot_dims, style)
     out = blocks[PASS_BLOCK.label].copy()
     for f, theta in enumerate(inverse_frequencies(rot_dims, base)):

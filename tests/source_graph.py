@@ -1,8 +1,8 @@
 """The import graph of a package, read from its source (``ast``), for the layout tests.
 
 The package is read, not imported, so an import inside a function counts as much as one at
-the top of a module; imports under ``if TYPE_CHECKING:`` serve type checkers only and are
-left out.
+the top of a module, and so does one under ``if TYPE_CHECKING:``: a circle that only type
+checkers see is still two modules that need each other (issue 20).
 """
 
 from __future__ import annotations
@@ -25,24 +25,15 @@ def modules_of(package: str) -> dict[str, Path]:
 
 
 def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """Every module in ``known`` that ``path`` imports, at any depth (functions included).
+    """Every module in ``known`` that ``path`` imports, at any depth (functions and
+    ``if TYPE_CHECKING:`` blocks included).
 
     ``from numeric_check.model import hooks`` names the module ``numeric_check.model.hooks``;
     ``from numeric_check.model.hooks import Constant`` names ``numeric_check.model.hooks``.
-    Imports under ``if TYPE_CHECKING:`` are for type checkers only and are left out.
     """
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    type_checking_only = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in type_checking_only:
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in known)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
@@ -57,6 +48,42 @@ def import_graph(package: str) -> dict[str, set[str]]:
     modules = modules_of(package)
     known = set(modules)
     return {name: imported_modules(path, known) - {name} for name, path in modules.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each set of two or more modules that all reach each
+    other (or one that imports itself), sorted (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                out.append(sorted(group))
+
+    for start in sorted(graph):
+        if start not in index:
+            visit(start)
+    return sorted(out)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

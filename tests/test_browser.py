@@ -28,7 +28,10 @@ window.addEventListener('load', function () {
       m.lastElementChild.getBoundingClientRect().top < m.firstElementChild.getBoundingClientRect().top);
   const closed = [...document.querySelectorAll('details')].map(d => box(d)[1]);
   const images = [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth, box(i)[0]]);
-  const result = {maths: maths.map(box), raised, closed, images,
+  // a derivation block that scrolls (a scrollbar beside every block, issue 19): content beyond its box
+  const scrolling = [...document.querySelectorAll('.lines')].filter(e =>
+      e.scrollHeight > e.clientHeight + 1 || e.scrollWidth > e.clientWidth + 1).map(e => [e.scrollHeight, e.clientHeight]);
+  const result = {maths: maths.map(box), raised, closed, images, scrolling,
                   merror: document.querySelectorAll('merror').length,
                   text: document.body.innerText.length, height: document.body.scrollHeight,
                   width: document.documentElement.scrollWidth};
@@ -77,13 +80,14 @@ def assert_readable(measured: dict, min_maths: int) -> None:
     assert measured["ink"] > 0.01
 
 
-@pytest.mark.parametrize("name, index_from", [("two-layer-qk", 0), ("induction-mechanism", 1)])
+@pytest.mark.parametrize("name, index_from", [("two-layer-qk", 0), ("induction-mechanism", 1), ("rotary", 0)])
 def test_derivation_page_renders(tmp_path, name, index_from):
     from derivations import catalogue
     from derivations.html import html_document
 
     measured = browse(tmp_path, html_document(catalogue.get(name), index_from=index_from))
     assert_readable(measured, min_maths=10)
+    assert measured["scrolling"] == []  # no block scrolls (its maths' depth gave each a vertical scrollbar)
 
 
 def test_expanded_sum_folds_in_the_browser(tmp_path):
@@ -102,14 +106,14 @@ def test_analysis_page_renders_with_its_figures(tmp_path):
 
     from derivations.architecture import Architecture
     from numeric_check.model.circuit_model import CircuitModel
-    from numeric_check.reports.analysis import analyze_model, write_report
-    from numeric_check.reports.html import render_html, figure_links
+    from numeric_check.reports.analysis import analyze_model
+    from numeric_check.reports.report import Report
 
     torch.manual_seed(0)
     model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
     analysis = analyze_model(model, name="random <2l>", n_sequences=4)
-    write_report(analysis, tmp_path, formats=("svg",))
-    measured = browse(tmp_path, render_html(analysis, figures=figure_links(tmp_path)), name="index.html")
+    Report.of(analysis).write(tmp_path, formats=("svg",))
+    measured = browse(tmp_path, (tmp_path / "index.html").read_text(encoding="utf-8"), name="index.html")
     assert_readable(measured, min_maths=8)
     assert measured["images"], "no figures on the page"
     for src, natural, shown in measured["images"]:

@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 
-from tests.source_graph import find_cycle, import_graph, modules_of
+from tests.source_graph import find_cycle, import_graph, imported_modules, modules_of, strongly_connected
 
 PACKAGES = ("tensoralg", "derivations", "numeric_check")
 MAX_LINES = 600
@@ -30,10 +30,23 @@ def test_no_module_over_the_line_limit(package):
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
 
 
-@pytest.mark.parametrize("package", ["tensoralg", "derivations"])
+def test_strongly_connected_finds_every_circle():
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"c"}, "e": {"e"}, "f": {"a"}}
+    assert strongly_connected(graph) == [["a", "b"], ["c", "d"], ["e"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_an_import_for_type_checkers_counts(tmp_path):
+    """Issue 20: ``if TYPE_CHECKING:`` hid reports/analysis <-> findings and derivation <-> numeric."""
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.other import Thing\n")
+    assert imported_modules(source, {"pkg.other"}) == {"pkg.other"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle(package):
-    cycle = find_cycle(import_graph(package))
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    circles = strongly_connected(import_graph(package))
+    assert not circles, "import circles (TYPE_CHECKING imports count): " + "; ".join(" <-> ".join(c) for c in circles)
 
 
 #: Names that moved to their own modules when expr.py, parse.py and paths.py were split
@@ -52,3 +65,20 @@ def test_moved_names_are_importable_from_their_old_module(module):
     imported = importlib.import_module(module)
     missing = [name for name in STILL_IMPORTABLE[module] if not hasattr(imported, name)]
     assert not missing, f"{module} no longer offers {missing}"
+
+
+#: Modules still owed a move to ``md_table``: numeric_check/verification is outside the branch
+#: that moved the others (issue 20); the lead moves it when merging.
+HAND_WRITTEN_TABLES_OWED = {"numeric_check.verification.results"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_markdown_table_goes_through_md_table(package):
+    """Issue 20: one table writer (``tensoralg.display.md_table``); eight tables were written by hand."""
+    import re
+
+    rule = re.compile(r"""["']\|?(-{3}:?\|)+""")  # a table's rule row, "|---|---:|", in a string
+    by_hand = [name for name, path in modules_of(package).items()
+               if name != "tensoralg.display" and name not in HAND_WRITTEN_TABLES_OWED
+               and rule.search(path.read_text(encoding="utf-8"))]
+    assert not by_hand, f"Markdown tables written by hand (use tensoralg.display.md_table) in {by_hand}"

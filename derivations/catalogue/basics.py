@@ -63,7 +63,7 @@ def multi_head(heads: int = 3) -> Derivation:
     )
 
 
-@entry("attention-head", "an attention head as (A ⊗ W_O W_V)·x, with A = softmax*(S / sqrt(d_head)), S = xᵀ W_QK x")
+@entry("attention-head", "an attention head as (A ⊗ W_O W_V)·x, with A = softmax*(S / sqrt(d_head)), S = x W_QK xᵀ")
 def attention_head() -> Derivation:
     A, W_O, W_V = atom("A", "h"), atom("W_O", "h"), atom("W_V", "h")
     head = (
@@ -75,13 +75,14 @@ def attention_head() -> Derivation:
         .expand()
         .fold(W_OV)
     )
-    x = Atom("x", d_model, n_ctx)
+    x = Atom("x", n_ctx, d_model)
     scores = (
-        Chain.start(math("S^h"), Product([term((atom("W_Q", "h"), x)).T, term((atom("W_K", "h"), x))]),
-                    "transpose", detail=math("(W_Q^h x)ᵀ = xᵀ W_Q^hᵀ"),
+        Chain.start(math("S^h"), Product([term((x, atom("W_Q", "h").T)), term((x, atom("W_K", "h").T)).T]),
+                    "transpose", detail=math("(x W_K^hᵀ)ᵀ = W_K^h xᵀ"),
                     intro=prose("The pattern comes from scores: the query ", math("W_Q^h x_i"),
                                 " of position i against the key ", math("W_K^h x_j"),
-                                " of position j, for all pairs at once (x holds one column per position):"))
+                                " of position j, for all pairs at once (x holds one row per position, so its "
+                                "queries are the rows of ", math("x W_Q^hᵀ"), "):"))
         .expand()
         .fold(W_QK)
     )

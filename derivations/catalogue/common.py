@@ -9,9 +9,10 @@ from derivations.paths import Source
 from derivations.document import Math, Numbered, SumIndex, math, prose
 
 NOTATION = prose(
-    "Column vectors, as in the paper: ", math("x_0 = W_E t"), "; ",
-    math("(A ⊗ W)·x"), " mixes positions with A and maps each position's vector with W. "
-    "Numerically, with one row per position, ", math("(A ⊗ W)·x = A x Wᵀ"), ".",
+    "A position's vector is a column, as in the paper (", math("x_i = W_E t_i"), "); the stream ", math("x"),
+    " holds one row per position, row i being ", math("x_iᵀ"), ", as numerically. ",
+    math("(A ⊗ W)·x"), " mixes positions with A and maps each position's vector with W: ",
+    math("(A ⊗ W)·x = A x Wᵀ"), ".",
 )
 INDEXING = prose(Numbered(
     ("Layers and heads are 0-indexed, as in TransformerLens: L1H0 is head 0 of layer 1. "
@@ -20,8 +21,8 @@ INDEXING = prose(Numbered(
      "is its head 0 (TransformerLens and the code number layers from 0, so L1H0 here is their L0H0)."),
 ))
 SCORES = prose(
-    "One meaning of S everywhere: the scores ", math("S^h = xᵀ W_QK^h x"),
-    " are unscaled, and the pattern is ",
+    "One meaning of S everywhere: the scores ", math("S^h = x W_QK^h xᵀ"),
+    " (entry [i, j]: ", math("x_iᵀ W_QK^h x_j"), ", query i against key j) are unscaled, and the pattern is ",
     math("A^h = softmax*(S^h / sqrt(d_head))"),
     ", where the * masks the scores of later keys (autoregressive). A chain whose left side is ",
     math("S^h / sqrt(d_head)"), " carries the scale as a coefficient.",

@@ -133,6 +133,10 @@ def _centring(a, shape, rng):
     return np.eye(n) - np.ones((n, n)) / n
 
 
+#: `` := `` between a folded name, printed by the printer as its lines print it, and its definition.
+DEFINED_AS = Math(r" := ", " := ")
+
+
 @entry("layer-norm-folding", "layer norm with a frozen scale: (A ⊗ W_OV)(N ⊗ G C) = (A N) ⊗ W_OV', its bias a constant")
 def layer_norm_folding() -> Derivation:
     A, W = atom("A", "h"), atom("W_OV", "h")
@@ -147,7 +151,7 @@ def layer_norm_folding() -> Derivation:
                                  math("LN(x) = (N ⊗ G C)·x + (1 ⊗ b_LN)·1")))
         .expand()
         .apply(fold_word, "fold", (W, G, C), folded,
-               detail=prose(math("W_OV'^h := W_OV^h G C"),
+               detail=prose(term(folded), DEFINED_AS, term((W, G, C)),  # the printer's W_{OV'}, as in the lines
                             ": gain and centring folded into the weights"))
     )
     bias = (
@@ -189,7 +193,7 @@ def bias_folding(heads: int = 2) -> Derivation:
         .apply(rewrite_words, "stochastic", {(atom("A", i), one): (one,) for i in idx},
                detail=prose("for every head's pattern; ", math("1"), " is a column of ones"))
         .apply(fold_sum, "fold", folded, definition, 1,
-               detail=prose(math("b_O' := b_O + Σ_h W_O^h b_V^h")))
+               detail=prose(term(folded), DEFINED_AS, math("b_O + Σ_h W_O^h b_V^h")))
     )
     return Derivation(
         "bias-folding", "Folding the value biases into the output bias",

@@ -115,8 +115,8 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
                 chain = chain.regroup(groups, detail="by which sides pass through heads")
             chains.append(chain)
     notes = [NOTATION, INDEXING, prose("A score term ", math("P ⊗ Q ⊗ M"), " acts as ",
-                                       math("P xᵀ M x Qᵀ"),
-                                       " on the stream ", math("x"), " (one column per position): an ",
+                                       math("P x M xᵀ Qᵀ"),
+                                       " on the stream ", math("x"), " (one row per position): an ",
                                        math("n_ctx × n_ctx"), " matrix, "
                                        "entry [i, j] for query i and key j."),
              SCORES]

@@ -18,10 +18,10 @@ from derivations.errors import DerivationError
 from derivations.qk import expand_qk
 
 BLOCKS = Rule("plane-blocks", "products of the rotation blocks", Math(
-    r"C^{f} C^{g} = \delta_{fg} C^{f},\ C^{f} S^{g} = \delta_{fg} S^{f},\ S^{f\top} = -S^{f},\ "
-    r"S^{f} S^{g} = -\delta_{fg} C^{f},\ P_{pass}^2 = P_{pass},\ P_{pass} C^{f} = P_{pass} S^{f} = 0",
-    "C^f C^g = δ_fg C^f, C^f S^g = δ_fg S^f, S^fᵀ = -S^f, S^f S^g = -δ_fg C^f, P_pass² = P_pass, "
-    "P_pass C^f = P_pass S^f = 0"))
+    r"C^{f} C^{g} = \delta_{fg} C^{f},\ C^{f} J^{g} = \delta_{fg} J^{f},\ J^{f\top} = -J^{f},\ "
+    r"J^{f} J^{g} = -\delta_{fg} C^{f},\ P_{pass}^2 = P_{pass},\ P_{pass} C^{f} = P_{pass} J^{f} = 0",
+    "C^f C^g = δ_fg C^f, C^f J^g = δ_fg J^f, J^fᵀ = -J^f, J^f J^g = -δ_fg C^f, P_pass² = P_pass, "
+    "P_pass C^f = P_pass J^f = 0"))
 ROTARY_OPERATOR = Rule("rotary-operator", "writing out the rotary operator", Math(
     r"P \otimes Q \otimes L R M = \sum_{D_a \otimes D_b \otimes B \in R} D_a P \otimes D_b Q \otimes L B M",
     "P ⊗ Q ⊗ L R M = Σ_(D_a ⊗ D_b ⊗ B ∈ R) D_a P ⊗ D_b Q ⊗ L B M"))
@@ -40,7 +40,7 @@ def rotary_numeric(frequencies: int, partial: bool, style: str) -> Numeric:
         return arrays[a.label]
 
     return Numeric(dims={"d_head": d, "n_ctx": n},
-                   special={name: bound for name in ("C", "S", "P_pass", "D_cos", "D_sin")})
+                   special={name: bound for name in ("C", "J", "P_pass", "D_cos", "D_sin")})
 
 
 @entry("rotary", "rotary positions: the scores of a rotary head through one operator R^{h}, and Q-/K-composition through it")
@@ -80,8 +80,8 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
         "the terms ", math("D_a ⊗ D_b ⊗ B"), " of ", math("R^h"), ", ", str(4 * F + partial), " of them"), intro=prose(
         "Only pairs of the same plane survive, four terms each: ", math("q_iᵀ R_{j−i} k_j"),
         " with ", Math(r"R_{j-i} = " + (r"P_{pass} + " if partial else "") + r"\sum_f \cos((j-i)\theta_f)\, C^{f} + "
-                       r"\sin((j-i)\theta_f)\, S^{f}", "R_(j−i) = " + ("P_pass + " if partial else "")
-                       + "Σ_f cos((j−i)θ_f) C^f + sin((j−i)θ_f) S^f"),
+                       r"\sin((j-i)\theta_f)\, J^{f}", "R_(j−i) = " + ("P_pass + " if partial else "")
+                       + "Σ_f cos((j−i)θ_f) C^f + sin((j−i)θ_f) J^f"),
         ". The algebra names that sum once per head, ", math("R^h"), ", and keeps it in the feature word, one "
         "operator whatever the size of the head; written out, it is the line above:"))
     arch = Architecture(2, (H, 1), rotary=1.0)
@@ -103,7 +103,7 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
         NOTATION, SCORES,
         prose("The position factors ", D, " are diagonal (", math("θ_f = base^{−2f/d_rot}"),
               "); the feature blocks are fixed: ", math("C^f"),
-              " projects onto plane f, ", math("S^f"), " turns it by a right angle",
+              " projects onto plane f, ", math("J^f"), " turns it by a right angle (J, not S: S is the scores on every page)",
               *((" and ", math("P_pass"), " keeps the dimensions rotary leaves alone (partial rotary)")
                 if partial else ()), "."),
         prose("A score term ", math("P ⊗ Q ⊗ (L R^h M)"), " stands for its ", str(4 * F + partial),

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from derivations.architecture import head_label
+from tensoralg.display import md_table
 from numeric_check.errors import AnalysisError
 from numeric_check.model.hooks import block_hook
 
@@ -157,10 +158,10 @@ class PositionProfile:
         return getattr(self, kind)
 
     def summary(self, kind: str, head: tuple[int, int]) -> str:
-        """``"mean 0.93, min 0.81 at 40 (positions 1-63)"`` for one head."""
+        """``"mean 0.93, min 0.81 at 40 (positions 1–63)"`` for one head."""
         first, last = self.measured(kind)
         return (f"mean {float(self.mean(kind)[head]):.2f}, min {float(self.minimum(kind)[head]):.2f} "
-                f"at {int(self.argmin(kind)[head])} (positions {first}-{last})")
+                f"at {int(self.argmin(kind)[head])} (positions {first}–{last})")
 
 
 def position_profiles(
@@ -238,12 +239,9 @@ class LossGrid:
 
     def to_markdown(self) -> str:
         """A table: one row per length, one column per offset (nats)."""
-        lines = ["| length \\ offset | " + " | ".join(map(str, self.offsets)) + " |",
-                 "|---|" + "---:|" * len(self.offsets)]
-        for i, length in enumerate(self.lengths):
-            cells = ["-" if math.isnan(v) else f"{v:.2f}" for v in self.loss[i].tolist()]
-            lines.append(f"| {length} | " + " | ".join(cells) + " |")
-        return "\n".join(lines)
+        rows = [[str(length)] + ["-" if math.isnan(v) else f"{v:.2f}" for v in self.loss[i].tolist()]
+                for i, length in enumerate(self.lengths)]
+        return md_table(["length \\ offset", *map(str, self.offsets)], rows, right=range(1, len(self.offsets) + 1))
 
 
 def default_grid(n_ctx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

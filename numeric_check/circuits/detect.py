@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from derivations.architecture import head_label
+from tensoralg.display import md_table
 from numeric_check.circuits.behaviour import PositionProfile, position_profiles, profile_length
 from numeric_check.errors import AnalysisError
 from numeric_check.circuits.ov_qk import (
@@ -255,20 +256,17 @@ class HeadReport:
 
     def to_markdown(self) -> str:
         """A per-head table of both views, the classifications and the agreement."""
-        lines = [
-            "| head | prev-token (behaviour) | min over positions | prev-token (weights) | induction (behaviour) "
-            "| min over positions | induction (weights) | copying | K-comp excess | same-matching | partner |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
+        header = ["head", "prev-token (behaviour)", "min over positions", "prev-token (weights)", "induction (behaviour)",
+                  "min over positions", "induction (weights)", "copying", "K-comp excess", "same-matching", "partner"]
         b, w = self.behaviour, self.weights
         low_prev, low_ind = b.minimum("previous_token"), b.minimum("induction")
+        rows = []
         for l, h in _heads(b.previous_token):
             partner = w.partner[l][h]
             cells = [b.previous_token[l, h], low_prev[l, h], w.scores.previous_token[l, h], b.induction[l, h], low_ind[l, h],
                      w.scores.induction[l, h], w.copying[l, h], w.k_composition[l, h], w.same_matching[l, h]]
-            lines.append(f"| {head_label(l, h)} | " + " | ".join(_number(c) for c in cells)
-                         + f" | {head_label(*partner) if partner else '-'} |")
-        lines.append("")
+            rows.append([head_label(l, h), *map(_number, cells), head_label(*partner) if partner else "-"])
+        lines = [md_table(header, rows, right=range(1, 10)), ""]
         for name, classes in (("behaviour", self.by_behaviour), ("weights", self.by_weights)):
             found = classes.labels()
             lines.append(f"- by {name}: previous-token {', '.join(found['previous_token']) or 'none'}; "

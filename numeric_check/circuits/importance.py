@@ -11,9 +11,9 @@ pattern (and scales) frozen, and its output is read back — so nothing here
 re-implements the forward pass, and the sum over all paths equals the model's logits.
 
 Importance is measured as in the paper: the loss with terms up to order ``k``, the
-marginal reduction of each order, and the marginal effect of each individual-head and
-virtual-head term (how much the loss rises when that one term is removed from the sum
-of all terms of its order and below).
+marginal change of each order, and the marginal effect of each individual-head and
+virtual-head term (the change in loss when that one term is added to the other terms of
+its order and below: negative when it helps).
 
 >>> from derivations.architecture import Architecture
 >>> from numeric_check.model.circuit_model import CircuitModel
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from derivations.architecture import head_label
+from tensoralg.display import md_table
 from numeric_check.errors import ModelInputError, NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording, frozen_hooks, keep, record, run_blocks, unembed
@@ -250,21 +251,19 @@ class ImportanceReport:
         lines = [
             f"Model loss {self.model_loss:.4f} nats; uniform prediction {self.uniform_loss:.4f} nats.",
             "",
-            "| terms | loss with terms up to this order | marginal loss (change when added) |",
-            "|---|---:|---:|",
+            md_table(["terms", "loss with terms up to this order", "marginal loss (change when added)"],
+                     [[name, f"{loss:.4f}", f"{gain:+.4f}"] for name, loss, gain in self.order_rows()], right=(1, 2)),
         ]
-        lines += [f"| {name} | {loss:.4f} | {gain:+.4f} |" for name, loss, gain in self.order_rows()]
         if self.head_marginal:
             heads = sorted({h for _, h in self.head_marginal})
-            lines += ["", "Marginal loss of each individual-head term (change in loss when added; negative: it helps):", ""]
-            lines += ["| layer | " + " | ".join(f"H{h}" for h in heads) + " |", "|---|" + "---:|" * len(heads)]
-            for layer in sorted({l for l, _ in self.head_marginal}):
-                cells = [f"{self.head_marginal[(layer, h)]:+.4f}" if (layer, h) in self.head_marginal else "" for h in heads]
-                lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+            rows = [[str(layer)] + [f"{self.head_marginal[(layer, h)]:+.4f}" if (layer, h) in self.head_marginal else ""
+                                    for h in heads] for layer in sorted({l for l, _ in self.head_marginal})]
+            lines += ["", "Marginal loss of each individual-head term (change in loss when added; negative: it helps):", "",
+                      md_table(["layer", *(f"H{h}" for h in heads)], rows, right=range(1, len(heads) + 1))]
         if self.virtual_marginal:
-            lines += ["", f"Largest virtual-head terms (of {len(self.virtual_marginal)}):", ""]
-            lines += ["| virtual head | marginal loss |", "|---|---:|"]
-            lines += [f"| {path_label(pair)} | {value:+.4f} |" for pair, value in self.top_virtual(top_virtual)]
+            lines += ["", f"Largest virtual-head terms (of {len(self.virtual_marginal)}):", "",
+                      md_table(["virtual head", "marginal loss"],
+                               [[path_label(pair), f"{value:+.4f}"] for pair, value in self.top_virtual(top_virtual)], right=(1,))]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from tensoralg.display import md_table
 from tensoralg.escape import escape_text
 
 from numeric_check.circuits.ov_qk import ov_circuit, qk_circuit
@@ -67,15 +68,13 @@ class SkipTrigramTable:
 
     def to_markdown(self) -> str:
         """A Markdown table: rank, destination (QK) and score, out (OV) and logit."""
-        lines = [
+        rows = [[str(rank), d.label(), f"{d.score:.3f}", o.label(), f"{o.score:.3f}"]
+                for rank, (d, o) in enumerate(zip(self.destinations, self.outputs), start=1)]
+        return "\n".join([
             f"**L{self.layer}H{self.head}**, source token {token_label(self.source_token, self.source_text)}",
             "",
-            "| rank | destination (QK) | score | out (OV) | logit |",
-            "|---:|---|---:|---|---:|",
-        ]
-        for rank, (d, o) in enumerate(zip(self.destinations, self.outputs), start=1):
-            lines.append(f"| {rank} | {d.label()} | {d.score:.3f} | {o.label()} | {o.score:.3f} |")
-        return "\n".join(lines) + "\n"
+            md_table(["rank", "destination (QK)", "score", "out (OV)", "logit"], rows, right=(0, 2, 4)),
+        ]) + "\n"
 
 
 def check_vocab(model, vocab: Sequence[str] | None) -> list[str] | None:

@@ -319,9 +319,8 @@ def _run_analyze(args) -> int:
     import torch
 
     from numeric_check.reports.plots import check_formats
-    from numeric_check.reports.analysis import analyze_model, data_config_for, report_folder, write_report
-    from numeric_check.reports.findings import findings
-    from numeric_check.reports.html import write_html
+    from numeric_check.reports.analysis import analyze_model, data_config_for
+    from numeric_check.reports.report import Report, report_folder
     from numeric_check.training.toy import shipped_checkpoint
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -355,14 +354,12 @@ def _run_analyze(args) -> int:
     settings = {"n_sequences": args.sequences, "seed": args.seed}
     analysis = analyze_model(model, name=name, training=record, vocab=vocab, **settings)
     control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
-    written = write_report(analysis, out, control=control, formats=formats)
-    written.append(write_html(analysis, out, control))
-    rows = findings(analysis, control)
+    report = Report.of(analysis, control)  # the findings, computed once for the terminal and every file
+    written = report.write(out, formats)
     lines = [f"analysed {checkpoint or name} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
     if model.source_check is not None:
         lines.append(f"  {model.source_check.describe()}")
-    lines += [f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}" for f in rows]
-    verdict = f"{sum(f.holds for f in rows)}/{len(rows)} findings hold" if rows else "no findings apply to a 0-layer model"
-    lines.append(f"{verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")
+    lines += [f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}" for f in report.findings]
+    lines.append(f"{report.verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")
     print(terminal_safe("\n".join(lines)))  # file names may hold control characters
     return 0

@@ -20,6 +20,7 @@ import math
 import sys
 import time
 
+from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
 from numeric_check.reports.flags import check_batch, int_in, seed
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     out(text(derivation))
     expansion = expand_logits(arch)
     by_order = expansion.count_by_order()
-    out(f"For this model ({arch.describe()}): {len(expansion)} terms — "
+    out(f"For this model ({arch.describe()}): {counted(len(expansion), 'term')} — "
         + ", ".join(f"{n} of order {k}" for k, n in sorted(by_order.items())))
 
     out(_section("3. Every term against the model"))
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         layer, head = _parse_label(induction[0])
         qk = expand_qk(arch, layer, head)
         counts = {kind: len(terms) for kind, terms in qk.by_composition().items()}
-        out(f"{induction[0]}: {len(qk)} terms — " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        out(f"{induction[0]}: {counted(len(qk), 'term')} — " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
             + " (K-composition, Id ⊗ A^{h-1} ⊗ …, is the induction term)")
         qk_report = verify_qk(model, tokens, layer, head, expansion=qk)
         out(_largest_first(qk_report, args.rows))

@@ -11,7 +11,7 @@ carries the figures measured for it, so a reader can disagree with the verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from torch import Tensor
 
@@ -20,12 +20,7 @@ from tensoralg.escape import escape_text
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, best_head_floor, usable_positions
 from numeric_check.circuits.importance import path_label
 from numeric_check.errors import AnalysisError
-
-
-if TYPE_CHECKING:  # the analysis holds the figures; findings only read them
-    from numeric_check.reports.analysis import ModelAnalysis
-
-Head = tuple[int, int]
+from numeric_check.reports.analysis import Head, ModelAnalysis, composition_with
 
 # A positivity "near 1": the paper's induction heads sit above ~0.9. A head "copies" when
 # its OV positivity is clearly positive: random heads of the shipped models' shapes
@@ -91,21 +86,25 @@ def _one_layer_findings(a: ModelAnalysis, role: str) -> list[Finding]:
 
 
 def _across_context(a: ModelAnalysis, kind: str, heads: Sequence[Head], claim: str) -> Finding:
-    """Whether, at every measured query position, one of ``heads`` scores at least ``ACROSS_CONTEXT``."""
+    """Whether, at every usable query position, one of ``heads`` scores at least ``ACROSS_CONTEXT``.
+
+    ``claim`` holds ``{positions}``, filled with the range of query positions checked (``1–59``),
+    so that a claim names its range: a previous-token head's work at the last ``MIN_REPEAT``
+    positions serves only shorter repeats, and is left out of the claim, not hidden in it.
+    """
     profile = a.heads.behaviour.profile
     if profile is None or not heads:
-        return Finding(claim, "no such head by behaviour", False)
+        return Finding(claim.format(positions="(none measured)"), "no such head by behaviour", False)
     floor, where = best_head_floor(profile, kind, heads)
     first, last = profile.measured(kind)
     usable = usable_positions(kind, last + 1)
+    low, high = max(first, usable[0]), min(last, usable[-1])
+    claim = claim.format(positions=f"{low}–{high}")
     per_head = "; ".join(f"{head_label(*h)} {profile.summary(kind, h)}" for h in heads)
-    return Finding(claim, f"{per_head}; best head's lowest {floor:.2f} at position {where} of {max(first, usable[0])}-"
-                          f"{min(last, usable[-1])} (bar {ACROSS_CONTEXT}" + (f"; later keys serve only repeats shorter than "
-                          f"{MIN_REPEAT} tokens" if kind == "previous_token" else "") + ")", floor >= ACROSS_CONTEXT)
-
-
-def composition_with(a: ModelAnalysis, kind: str, writer: Head, reader: Head) -> float:
-    return float(a.composition[kind][writer[0], writer[1], reader[0], reader[1]])
+    left_out = (f"; positions {high + 1}–{last} serve only repeats shorter than {MIN_REPEAT} tokens and are not claimed"
+                if kind == "previous_token" and high < last else "")
+    return Finding(claim, f"best head's lowest {floor:.2f} at position {where} of {low}–{high} (bar {ACROSS_CONTEXT}){left_out}; "
+                          f"each head alone: {per_head}", floor >= ACROSS_CONTEXT)
 
 
 def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
@@ -118,7 +117,7 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
         layer0 = [h for h in classes.previous_token if h[0] == 0]
         out.append(Finding(f"layer 0 has a previous-token head (by {view})", f"attention to i-1: {_heads_text(layer0, values)}", bool(layer0)))
     out.append(_across_context(a, "previous_token", [h for h in hr.by_behaviour.previous_token if h[0] == 0],
-                               "the previous-token head attends to i-1 at every query position"))
+                               "at every query position {positions}, a previous-token head attends to i-1"))
     for view, classes, values in (
         ("behaviour", hr.by_behaviour, hr.behaviour.induction),
         ("weights", hr.by_weights, hr.weights.scores.induction),
@@ -126,7 +125,7 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
         later = [h for h in classes.induction if h[0] >= 1]
         out.append(Finding(f"a later layer has induction heads (by {view})", f"induction scores: {_heads_text(later, values)}", bool(later)))
     out.append(_across_context(a, "induction", [h for h in hr.by_behaviour.induction if h[0] >= 1],
-                               "induction heads attend inductively at every position of a repeat"))
+                               "at every query position {positions} of a repeat, one of the induction heads attends inductively"))
     found = bool(hr.by_behaviour.previous_token) and bool(hr.by_behaviour.induction)
     out.append(
         Finding(

@@ -4,8 +4,8 @@ The page holds what ``report.md`` holds — the findings with their verdicts, ea
 and QK circuits (the circuit as MathML from the tensoralg printer, with its eigenvalue
 positivity and behaviour scores), composition scores against their random baselines,
 previous-token and induction heads, term importance by order, the loss on repeats and the
-skip-trigram tables — and shows the figures that :func:`numeric_check.reports.analysis.write_report`
-wrote beside it (``figures/NAME.svg``, else ``.png``), so it needs no Markdown tooling and
+skip-trigram tables — and shows the figures that :meth:`numeric_check.reports.report.Report.write`
+writes beside it (``figures/NAME.svg``, else ``.png``), so it needs no Markdown tooling and
 no network. Model names and token strings are escaped (``escape_text(…, "html")``); the
 page shell, the CSS and the MathML conversion are :mod:`derivations.html`'s.
 
@@ -13,7 +13,7 @@ page shell, the CSS and the MathML conversion are :mod:`derivations.html`'s.
 >>> from numeric_check.model.circuit_model import CircuitModel
 >>> from numeric_check.reports.analysis import analyze_model
 >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
->>> page = render_html(analyze_model(model, name="<b>m</b>", n_sequences=2))
+>>> page = html_page(analyze_model(model, name="<b>m</b>", n_sequences=2), [])
 >>> "&lt;b&gt;m&lt;/b&gt;" in page and "<b>m</b>" not in page
 True
 """
@@ -21,7 +21,6 @@ True
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Iterable, Sequence
 
 from derivations.architecture import head_label
@@ -29,12 +28,11 @@ from derivations.document import math as formula
 from derivations.html import mathml, page
 from tensoralg.escape import escape_text
 
-from numeric_check.files import write_atomic
 from numeric_check.circuits.importance import path_label
-from numeric_check.reports.analysis import ModelAnalysis, composition_rows
-from numeric_check.reports.findings import findings
+from numeric_check.reports.analysis import ModelAnalysis, composition_rows, skip_trigram_title
+from numeric_check.reports.findings import Finding
 
-__all__ = ["FIGURES", "figure_links", "render_html", "write_html"]
+__all__ = ["FIGURES", "html_page"]
 
 #: The report's figures, in page order, with their captions.
 FIGURES = {
@@ -65,17 +63,6 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterab
         + "</tr>" for row in rows)
     cap = f"<caption>{caption}</caption>" if caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def figure_links(out_dir: Path | str) -> dict[str, str]:
-    """The figures written into ``out_dir/figures``, by name: the SVG where there is one, else the PNG."""
-    found = {}
-    for name in FIGURES:
-        for ext in ("svg", "png"):
-            if (Path(out_dir) / "figures" / f"{name}.{ext}").is_file():
-                found[name] = f"figures/{name}.{ext}"
-                break
-    return found
 
 
 def _figure(name: str, figures: dict[str, str]) -> list[str]:
@@ -147,7 +134,8 @@ def _importance_section(a: ModelAnalysis, figures: dict[str, str]) -> list[str]:
     if a.importance is None:
         return []
     out = ["<h2>Term importance by order</h2>", "<p>Attention patterns frozen; marginal: the change in loss "
-           "(nats) when a term is removed, as in the paper's table.</p>"]
+           "(nats) when a term is added to the terms of its order and below (negative: it helps), as in the paper's "
+           "table.</p>"]
     for report, what in ((a.importance, "all tokens"), (a.importance_repeat, "repeated tokens only")):
         if report is None:
             continue
@@ -166,7 +154,7 @@ def _token(score) -> str:
 def _skip_trigram_section(a: ModelAnalysis) -> list[str]:
     if not a.skip_trigrams:
         return []
-    out = [f"<h2>Skip-trigrams of the most important head, {_h(head_label(*a.top_head))}</h2>"]
+    out = [f"<h2>{_h(skip_trigram_title(a))}</h2>"]
     for t in a.skip_trigrams:
         source = f"#{t.source_token}" if t.source_text is None else f"<code>{_h(repr(t.source_text))}</code> ({t.source_token})"
         rows = [[str(r), _token(d), _num(d.score), _token(o), _num(o.score)]
@@ -184,13 +172,14 @@ def _model_line(a: ModelAnalysis) -> str:
             f"(uniform {losses['uniform_loss']:.3f}).</p>")
 
 
-def render_html(a: ModelAnalysis, control: ModelAnalysis | None = None, figures: dict[str, str] | None = None) -> str:
-    """The report as a complete HTML page; ``figures`` maps names of :data:`FIGURES` to relative paths."""
+def html_page(a: ModelAnalysis, rows: Sequence[Finding], control: ModelAnalysis | None = None,
+              figures: dict[str, str] | None = None) -> str:
+    """The report of ``a`` and its findings ``rows`` as a complete HTML page; ``figures`` maps
+    names of :data:`FIGURES` to relative paths."""
     figures = figures or {}
     body = [f"<h1>Circuit analysis: {_h(a.name)}</h1>", _model_line(a)]
     body += [f"<p><em>Note:</em> {_h(note)}</p>" for note in a.notes]
     body += _figure("training", figures)
-    rows = findings(a, control)
     if rows:
         body += _findings_section(rows)
     body += ["<h2>Heads and their circuits</h2>",
@@ -205,8 +194,3 @@ def render_html(a: ModelAnalysis, control: ModelAnalysis | None = None, figures:
     body.append(f"<footer>{_h(a.name)} · generated by tcircuits analyze · report.md, tables.tex and "
                 "analysis.json hold the same numbers</footer>")
     return page(f"Circuit analysis: {a.name}", "\n".join(body))
-
-
-def write_html(a: ModelAnalysis, out_dir: Path | str, control: ModelAnalysis | None = None) -> Path:
-    """Write ``out_dir/index.html``, linking the figures already in ``out_dir/figures``; return its path."""
-    return write_atomic(Path(out_dir) / "index.html", render_html(a, control, figure_links(out_dir)))

@@ -171,7 +171,7 @@ def test_specific_entries_say_what_the_paper_says():
     heads = catalogue.get("multi-head", heads=3).chains[0].last
     assert str(heads) == "Id ⊗ W_O^{0} r^{0} + Id ⊗ W_O^{1} r^{1} + Id ⊗ W_O^{2} r^{2}"
     head, scores = catalogue.get("attention-head").chains
-    assert str(head.last) == "A^{h} ⊗ W_OV^{h}" and str(scores.last) == "xᵀ W_QK^{h} x"
+    assert str(head.last) == "A^{h} ⊗ W_OV^{h}" and str(scores.last) == "x W_QK^{h} xᵀ"
     one = catalogue.get("one-layer")
     assert str(one.chains[1].last) == "1/sqrt(d_head)·Id ⊗ Id ⊗ W_Eᵀ W_QK^{h} W_E"
     assert str(one.chains[2].first) == "W_U W_OV^{h} W_E"
@@ -230,3 +230,53 @@ def test_oversize_requests_are_refused_with_a_max_order_that_fits():
     with pytest.raises(TooManyTerms, match=r"8,192 terms.*max_order=6 \(--max-order 6: 4,096 terms\)"):
         catalogue.get("path-expansion", layers=13, heads=1)
     assert len(catalogue.get("path-expansion", layers=3, heads=12, concrete=True).chains[0].last) == 2197
+
+
+@pytest.mark.parametrize("name, primed", [("layer-norm-folding", "W_{OV'}"), ("bias-folding", "b_{O'}")])
+def test_a_folded_name_is_printed_one_way_in_its_definition_and_its_lines(name, primed):
+    """Issue 19: the definition read ``W_{OV}'`` (W'_OV) and the lines ``W_{OV'}``."""
+    latex = catalogue.get(name).to_latex()
+    assert latex.count(primed) >= 2  # the definition and the line it folds into
+    assert "_{OV}'" not in latex and "_{O}'" not in latex
+
+
+def test_the_stream_x_holds_one_row_per_position_on_every_page():
+    """Issue 19: one page said ``(A ⊗ W)·x = A x Wᵀ`` (rows) and ``P xᵀ M x Qᵀ`` (columns); the
+    attention head's scores were ``xᵀ W_QK x``. x has one meaning: one row per position."""
+    from derivations.cli import DESCRIPTION
+
+    for name in catalogue.names():
+        text = " ".join(catalogue.get(name).to_text().split())
+        assert "column per position" not in text, name
+        for columns in ("xᵀ M x", "xᵀ W_QK", "xᵀ W_Q^{h}ᵀ"):
+            assert columns not in text, (name, columns)
+    assert "A x Wᵀ" in " ".join(catalogue.get("qk-expansion").to_text().split())
+    assert "P x M xᵀ Qᵀ" in " ".join(catalogue.get("qk-expansion").to_text().split())
+    assert "column per position" not in DESCRIPTION
+
+
+def test_S_means_the_scores_in_every_entry_and_notebook():
+    """Issue 19: rotary called its quarter-turn blocks S^f and notebook 03 the shift matrix S,
+    while every page says "one meaning of S everywhere: the scores"."""
+    import json
+    from pathlib import Path
+
+    for name in catalogue.names():
+        d = catalogue.get(name)
+        atoms = {a.name for chain in d.chains for step in chain.steps for t in step.expr.expand()
+                 for w in t.words for a in w}
+        assert "S" not in atoms, name
+        assert not re.search(r"\bS\^\{?f", d.to_text()), name
+    assert "J^{f}" in catalogue.get("rotary").to_latex()
+    for path in sorted(Path(__file__).resolve().parents[2].glob("tutorials/*.ipynb")):
+        source = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        assert not re.search(r"^\s*S\s*=", source, re.M) and "matrix $S$" not in source, path.name
+
+
+def test_formulae_side_by_side_in_prose_share_one_dollar_pair():
+    """``$W_{OV}^{h}$$ := $$W_O W_V$`` read as display maths (``$$``) in TeX and Pandoc."""
+    for name in catalogue.names():
+        d = catalogue.get(name)
+        for text in (d.to_markdown(), d.to_latex()):
+            glued = [line for line in text.splitlines() if "$$" in line and line.strip() != "$$"]
+            assert not glued, (name, glued[:2])

@@ -9,7 +9,7 @@ import sympy as sp
 from tensoralg import Product, TensorSum, d_head
 
 from derivations import catalogue
-from derivations.derivation import product_rule
+from derivations.derivation import Chain, product_rule
 from derivations.render import Math
 
 from tests.derivations.test_catalogue import IDS, VARIANTS
@@ -60,17 +60,18 @@ def derivation(request):
 def test_every_product_step_names_the_rule_it_applies(derivation):
     for chain in derivation.chains:
         for before, step in zip(chain.steps, chain.steps[1:]):
-            if step.rule.key in ("associativity", "mixed-product"):
-                assert step.rule.key == product_rule(before.expr), (derivation.name, str(before.expr))
+            if step.rule.key in ("associativity", "mixed-product", "sum-out", "scalars"):
+                assert step.rule.key == product_rule(before.expr, chain.sums), (derivation.name, str(before.expr))
                 slots = before.expr.n_slots
-                assert (slots == 1) == (step.rule.key == "associativity"), (derivation.name, step.rule.key, slots)
+                assert (slots == 1) == (step.rule.key != "mixed-product"), (derivation.name, step.rule.key, slots)
 
 
 def test_plain_matrix_products_are_associativity_not_the_mixed_product_rule():
     scores = catalogue.get("attention-head").chains[1]
     assert [s.rule.key for s in scores.steps] == ["transpose", "associativity", "fold"]
     virtual = {s.rule.key for s in catalogue.get("virtual-weights").steps}
-    assert "associativity" in virtual and "mixed-product" not in virtual
+    # issue 19: M_in (Σ_m M_out^m M_in^m) M_out = Σ_m M_in M_out^m M_in^m M_out is distributivity over Σ
+    assert "sum-out" in virtual and "associativity" not in virtual and "mixed-product" not in virtual
     assert "mixed-product" in {s.rule.key for s in catalogue.get("path-expansion").steps}
 
 
@@ -78,6 +79,20 @@ def test_product_rule_needs_two_slots_for_the_mixed_product():
     from tensoralg import atom, term
     assert product_rule(Product([term(atom("W_Q", "h").T), term(atom("W_K", "h"))])) == "associativity"
     assert product_rule(Product([term(atom("A", "h"), atom("W_OV", "h")), term(None, atom("W_E"))])) == "mixed-product"
+
+
+def test_a_product_step_that_moves_a_sum_or_a_scalar_says_so():
+    """Issue 19: "Associativity" named distributivity over Σ and a step that moved a scalar."""
+    from derivations.document import SumIndex
+    from tensoralg import atom, term
+
+    W_U, W_E, W = term(atom("W_U")), term(atom("W_E")), term(atom("W_OV", "h1"))
+    assert product_rule(Product([W_U, W, W_E]), [SumIndex("h1", "H_1")]) == "sum-out"
+    assert product_rule(Product([W_U, W, W_E])) == "associativity"  # h1 a fixed head: nothing summed
+    assert product_rule(Product([W_U, W, W_E], 3)) == "scalars"
+    assert product_rule(Product([W_U, -W_E])) == "scalars"
+    chain = Chain.start(None, Product([W_U, W, W_E]), "given", sums=(SumIndex("h1", "H_1"),)).expand()
+    assert chain.steps[-1].rule.name == "distributivity over a sum" and "Σ_m" in chain.steps[-1].rule.statement.text
 
 
 def test_scores_have_one_meaning_across_the_catalogue(derivation):

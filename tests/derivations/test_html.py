@@ -168,3 +168,12 @@ def test_every_line_of_an_expansion_says_its_rule():
     document = html_document(d, verification=None)
     assert document.count('<p class="why">') == len(d.steps)
     assert "The expression as given" in document
+
+
+def test_operator_names_keep_a_thin_space_before_what_they_apply_to():
+    """Issue 19: the browser ran ``<mi>log</mi>`` into the next name: "logsoftmax", "logd_vocab"."""
+    page_ = html_document(catalogue.get("marginal-loss"))
+    logs = re.findall(r"<mi>log</mi>(<[a-z]+)", page_)
+    assert len(logs) >= 3 and set(logs) <= {"<mspace", "<mo"}, logs
+    assert mathml(r"\log(x)", check=False).count("mspace") == 0  # before a bracket, none (as TeX)
+    assert "<mi>exp</mi><mspace" in mathml(r"\exp x", check=False)

@@ -190,5 +190,5 @@ def test_oversize_suggests_a_max_order():
 def test_layer_zero_and_repr():
     expansion = expand_qk(Architecture(1, 2), 0, 1)
     assert isinstance(expansion, QKExpansion) and len(expansion) == 1
-    assert repr(expansion) == "QKExpansion(L0H1 of 1 layer x 2 heads, none positions: 1 terms)"
+    assert repr(expansion) == "QKExpansion(L0H1 of 1 layer x 2 heads, none positions: 1 term)"
     assert expansion.to_tensor_sum() == term(None, None, (atom("W_E").T, atom("W_QK", "L0H1"), atom("W_E")), coeff=SCALE)

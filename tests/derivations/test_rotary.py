@@ -41,7 +41,7 @@ def test_every_line_checks_on_a_real_rotary_head(frequencies, partial, heads, st
 
 
 def test_the_check_catches_a_wrong_block_rule():
-    """The bindings are a real rotary head: a sign error in S^{f}ᵀ S^{f} = C^{f} is caught."""
+    """The bindings are a real rotary head: a sign error in J^{f}ᵀ J^{f} = C^{f} is caught."""
     d = get("rotary", frequencies=1)
     pairs = d.chains[1]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -108,7 +109,7 @@ def test_analyze_writes_the_report(tmp_path, capsys, handmade_checkpoints):
     assert code == 0
     stdout = capsys.readouterr().out
     assert "[x] layer 0 has a previous-token head (by behaviour)" in stdout
-    assert "[x] the previous-token head attends to i-1 at every query position" in stdout
+    assert re.search(r"\[x\] at every query position \d+–\d+, a previous-token head attends to i-1", stdout)
     assert "[x] the 2-layer model does induction at every length and offset" in stdout
     assert (out / "figures" / "profiles.svg").exists()
     assert "findings hold" in stdout

@@ -239,7 +239,7 @@ def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
 
 def test_a_report_folder_is_checked_before_the_analysis(tmp_path):
     from numeric_check.errors import OutputPathError
-    from numeric_check.reports.analysis import REPORT_FILES, report_folder
+    from numeric_check.reports.report import REPORT_FILES, report_folder
 
     for name in REPORT_FILES:
         (tmp_path / name).mkdir()
@@ -308,9 +308,9 @@ def hostile_analysis():
 def test_the_markdown_report_has_no_raw_html(hostile_analysis):
     from markdown_it import MarkdownIt
 
-    from numeric_check.reports.analysis import render_markdown
+    from numeric_check.reports.report import Report
 
-    markdown = render_markdown(hostile_analysis)
+    markdown = Report.of(hostile_analysis).markdown()
     tokens = MarkdownIt("commonmark").parse(markdown)
     raw = [t.content for token in tokens for t in [token, *(token.children or ())] if t.type.startswith("html")]
     assert raw == [] and "\x1b" not in markdown and "\x07" not in markdown
@@ -321,10 +321,10 @@ def test_the_markdown_report_has_no_raw_html(hostile_analysis):
 def test_the_latex_tables_with_hostile_names_and_tokens_compile_inertly(tmp_path, hostile_analysis):
     import subprocess
 
-    from numeric_check.reports.analysis import render_latex
+    from numeric_check.reports.report import Report
 
     (tmp_path / "secret.tex").write_text("SECRET-CONTENT")
-    tables = render_latex(hostile_analysis)
+    tables = Report.of(hostile_analysis).latex()
     assert tables.splitlines()[0].startswith("% Tables of") and "\\input{secret}" in tables.splitlines()[0]  # inert
     assert "\\input{secret}" not in "\n".join(tables.splitlines()[1:])
     (tmp_path / "tables.tex").write_text(tables)

@@ -21,7 +21,7 @@ def test_a_real_report_shows_verdict_checks_and_terms():
     report = nc.verify_logits(model, torch.zeros(1, 6, dtype=torch.long))
     shown = report._repr_markdown_()
     assert shown.startswith("**verify logits**") and "**PASSED**" in shown
-    assert "| 1. sum of all terms = model | PASS |" in shown.replace("\\1.", "1.")
+    assert "| 1\\. sum of all terms = model | PASS |" in shown  # "1\." (issue 19: was "\1.", shown as typed)
     assert all(t.label in shown for t in report.terms)
 
 
@@ -52,3 +52,18 @@ def test_a_report_as_html_shows_head_and_tail_and_escapes_labels():
     assert "<b>PASSED</b>" in shown and "⋯ 2,990 terms left out" in shown and "L0H2999" in shown
     assert "<i>" not in shown and "&lt;i&gt;tok&lt;/i&gt;" in shown and "a &lt;b&gt;model" in shown
     assert shown.count("<tr>") == 1 + 2 + 1 + 10 + 1  # two headers, two checks, 10 terms and the gap
+
+
+def test_an_analysis_shows_its_heads_and_a_report_its_findings_too():
+    """Issue 20: the analysis no longer renders the report (that needed findings: an import
+    circle); it shows its losses and heads, and ``Report.of(analysis)`` shows everything."""
+    from derivations.architecture import Architecture
+    from numeric_check.model.circuit_model import CircuitModel
+    from numeric_check.reports.analysis import analyze_model
+    from numeric_check.reports.report import Report
+
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+    analysis = analyze_model(model, name="m<1>", n_sequences=2)
+    shown = analysis._repr_markdown_()
+    assert shown.startswith("Analysis of m&lt;1&gt; (2 layers x 2 heads") and "| L1H1 |" in shown
+    assert "## Findings" in Report.of(analysis)._repr_markdown_()

@@ -15,16 +15,11 @@ import torch
 from derivations.architecture import Architecture
 from numeric_check.errors import AnalysisError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.reports.analysis import (
-    analysis_to_dict,
-    analyze_model,
-    data_config_for,
-    latex_escape,
-    render_latex,
-    render_markdown,
-    write_report,
-)
+from numeric_check.reports.analysis import analyze_model, data_config_for
 from numeric_check.reports.findings import findings
+from numeric_check.reports.latex import latex_escape
+from numeric_check.reports.report import REPORT_FILES, Report, write_report
+from tensoralg.escape import escape_text
 from tests.conftest import needs_pdflatex
 from tests.helpers import copying_model, exact_induction_model
 
@@ -65,9 +60,11 @@ def test_measured_figures_are_exact_for_the_hand_built_model(induction_analysis)
     # column of -1s (as large as Id_V): 1 / sqrt(2 V)
     assert float(a.composition["K"][0, 0, 1, 0]) == pytest.approx((2 * 48) ** -0.5)
     assert a.losses["repeat_loss"] < 0.5 * a.losses["uniform_loss"]
-    assert a.top_head == (1, 0) and len(a.skip_trigrams) == 3
-    # the induction head's OV circuit copies: source token 0 raises its own logit most
-    assert a.skip_trigrams[0].outputs[0].token == 0
+    assert a.top_head == (1, 0)
+    # issue 19: no skip-trigram tables for a previous-token or induction head (their token QK
+    # circuit is not how they attend); here both heads are, so none, and a note says why
+    assert a.skip_trigram_head is None and a.skip_trigrams == []
+    assert any(note.startswith("no skip-trigram tables") for note in a.notes)
 
 
 def test_random_model_fails_the_induction_findings():
@@ -106,14 +103,15 @@ def test_latex_escape():
 
 
 def test_report_with_token_strings_escapes_them(tmp_path):
-    model = exact_induction_model(d_vocab=24, n_ctx=12)
+    model = copying_model(d_vocab=24, n_ctx=12)  # a head that attends by token: it gets skip-trigram tables
     vocab = [f"t{i}" for i in range(24)]
     vocab[0], vocab[1] = "a_b&c", "50% | $x$"
     analysis = analyze_model(model, name="tok_model", n_sequences=4, vocab=vocab)
-    tex = render_latex(analysis)
+    assert analysis.skip_trigram_head == (0, 0)
+    tex = Report.of(analysis).latex()
     assert r"\texttt{a\_b\&c} (0)" in tex and "tok\\_model" in tex
     assert "a_b&c" not in tex
-    markdown = render_markdown(analysis)
+    markdown = Report.of(analysis).markdown()
     # Markdown: no maths, HTML entity or table cell can start in a token string
     assert '"50% \\| \\$x\\$" (1)' in markdown or '"a\\_b&amp;c" (0)' in markdown
     assert "$x$" not in markdown
@@ -122,22 +120,25 @@ def test_report_with_token_strings_escapes_them(tmp_path):
 def test_write_report_writes_markdown_latex_json_and_figures(tmp_path, induction_analysis, control_analysis):
     paths = write_report(induction_analysis, tmp_path, control=control_analysis, formats=["png"])
     names = sorted(p.relative_to(tmp_path).as_posix() for p in paths)
+    # issue 20: every file REPORT_FILES lists, index.html included (it was written apart, by the CLI)
     assert names == ["analysis.json", "figures/composition.png", "figures/importance.png", "figures/positivity.png",
-                     "figures/profiles.png", "report.md", "tables.tex"]
+                     "figures/profiles.png", "index.html", "report.md", "tables.tex"]
+    assert {p.name for p in paths if p.parent == tmp_path} == set(REPORT_FILES)
     report = (tmp_path / "report.md").read_text()
     for heading in ("## Findings", "## Heads", "## Composition scores", "## Previous-token and induction heads",
-                    "## Term importance by order", "## Skip-trigrams of the most important head, L1H0", "## Control: control"):
+                    "## Term importance by order", "## Control: control"):
         assert heading in report
+    assert "Skip-trigrams" not in report and "Note: no skip-trigram tables" in report  # its heads attend by position
     assert "![composition](figures/composition.png)" in report
     data = json.loads((tmp_path / "analysis.json").read_text())
     assert data["heads"]["by_behaviour"]["induction"] == ["L1H0"]
     assert all(f["holds"] for f in data["findings"])
-    assert data == json.loads(json.dumps(analysis_to_dict(induction_analysis, control_analysis)))
+    assert data == json.loads(json.dumps(Report.of(induction_analysis, control_analysis).to_dict()))
 
 
 @needs_pdflatex
 def test_latex_tables_compile(tmp_path, induction_analysis, control_analysis):
-    body = render_latex(induction_analysis, control_analysis)
+    body = Report.of(induction_analysis, control_analysis).latex()
     document = "\\documentclass{article}\n\\begin{document}\n" + body + "\n\\end{document}\n"
     (tmp_path / "tables.tex").write_text(document)
     result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "tables.tex"],
@@ -173,13 +174,16 @@ def test_shipped_models_bear_out_the_papers_findings():
         "the 1-layer control's heads copy (OV eigenvalue positivity clearly positive)",
         "the 1-layer control cannot do induction (loss on repeated tokens stays high)",
         # issue 12: across the whole context, not on average
-        "the previous-token head attends to i-1 at every query position",
-        "induction heads attend inductively at every position of a repeat",
+        "at every query position 1–59, a previous-token head attends to i-1",  # issue 19: the range is named
+        "at every query position 8–63 of a repeat, one of the induction heads attends inductively",
         "the 2-layer model does induction at every length and offset (loss on the second copy of a repeat)",
         "the 1-layer control cannot do induction at any length or offset (loss on the second copy of a repeat)",
     ]
     failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
     assert not failed
+    # issue 19: skip-trigram tables for a layer-0 head that is not the previous-token head
+    head = analyses[2].skip_trigram_head
+    assert head[0] == 0 and head not in analyses[2].heads.by_behaviour.previous_token
     assert shipped_checkpoint(0).exists()
 
 
@@ -206,7 +210,7 @@ def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance
 
 
 def test_report_text_goes_through_the_one_escaper():
-    from numeric_check.reports.analysis import findings_markdown
+    from numeric_check.reports.markdown import findings_markdown
     from numeric_check.reports.findings import Finding
     from numeric_check.circuits.skip_trigrams import token_label
 
@@ -215,3 +219,74 @@ def test_report_text_goes_through_the_one_escaper():
     assert "<" not in label and "&lt;img" in label
     md = findings_markdown([Finding("a <b>claim</b>", "x | y", True)])
     assert "<b>" not in md and "x \\| y" in md
+
+
+# -- a claim names its range or does not hold (issue 19) ---------------------------------------------
+
+
+def _profile_analysis(previous, induction):
+    from types import SimpleNamespace
+    from numeric_check.circuits.behaviour import PositionProfile
+
+    profile = PositionProfile(torch.tensor(previous, dtype=torch.float64), torch.tensor(induction, dtype=torch.float64), 2)
+    return SimpleNamespace(heads=SimpleNamespace(behaviour=SimpleNamespace(profile=profile)))
+
+
+def test_an_across_context_claim_names_the_positions_it_covers_and_leaves_out():
+    from numeric_check.reports.findings import _across_context
+
+    nan = float("nan")
+    # 12 positions: a previous-token head good at 1-7 (12 - MIN_REPEAT - 1) and failing at 8-11
+    previous = [[[nan] + [0.9] * 7 + [0.0] * 4]]
+    a = _profile_analysis(previous, [[[nan] * 12]])
+    f = _across_context(a, "previous_token", [(0, 0)], "at every query position {positions}, a previous-token head attends to i-1")
+    assert f.claim == "at every query position 1–7, a previous-token head attends to i-1" and f.holds
+    assert "positions 8–11 serve only repeats shorter than 4 tokens and are not claimed" in f.measured
+
+
+def test_heads_that_share_the_context_hold_only_as_a_group_and_say_so():
+    from numeric_check.reports.findings import _across_context
+
+    nan = float("nan")
+    induction = [[[nan] * 4 + [0.9, 0.9, 0.3, 0.3], [nan] * 4 + [0.3, 0.3, 0.9, 0.9]]]
+    a = _profile_analysis([[[nan] * 8, [nan] * 8]], induction)
+    claim = "at every query position {positions} of a repeat, one of the induction heads attends inductively"
+    f = _across_context(a, "induction", [(0, 0), (0, 1)], claim)
+    assert f.holds and f.claim.startswith("at every query position 4–7 of a repeat, one of")
+    assert "each head alone: L0H0 mean 0.60, min 0.30" in f.measured  # a single head's minimum below the bar is shown
+    alone = _across_context(a, "induction", [(0, 0)], claim)
+    assert not alone.holds and "best head's lowest 0.30" in alone.measured
+
+
+# -- one home for a model's report (issue 20) --------------------------------------------------------
+
+
+def test_a_report_computes_its_findings_once_for_every_format(monkeypatch, tmp_path, induction_analysis, control_analysis):
+    import numeric_check.reports.report as report_module
+
+    calls = []
+    real = report_module.findings
+    monkeypatch.setattr(report_module, "findings", lambda *args: calls.append(args) or real(*args))
+    report = Report.of(induction_analysis, control_analysis)
+    written = report.write(tmp_path, formats=["svg"])
+    assert len(calls) == 1 and report.verdict == f"{len(report.findings)}/{len(report.findings)} findings hold"
+    claims = [f.claim for f in report.findings]
+    markdown, html = (tmp_path / "report.md").read_text(), (tmp_path / "index.html").read_text()
+    data = json.loads((tmp_path / "analysis.json").read_text())
+    assert [f["claim"] for f in data["findings"]] == claims
+    assert all(escape_md(c) in markdown and escape_text(c, "html") in html for c in claims)
+    assert len(written) == len(REPORT_FILES) + 4  # and 4 figures (no training curve for a hand-built model)
+
+
+def escape_md(text: str) -> str:
+    return escape_text(text, "markdown")
+
+
+def test_write_report_takes_a_report_or_an_analysis_and_refuses_a_second_control(tmp_path, induction_analysis,
+                                                                                  control_analysis):
+    report = Report.of(induction_analysis, control_analysis)
+    with pytest.raises(AnalysisError, match="already holds its control"):
+        write_report(report, tmp_path, control=control_analysis)
+    with pytest.raises(AnalysisError, match="ModelAnalysis"):
+        Report.of("not an analysis")
+    assert report._repr_markdown_() == report.markdown()

@@ -12,7 +12,8 @@ from numeric_check.model.checkpoint import save_checkpoint
 from numeric_check.reports.analysis import analyze_model
 from numeric_check.reports.findings import findings
 from tensoralg.escape import escape_text
-from numeric_check.reports.html import FIGURES, figure_links, render_html, write_html
+from numeric_check.reports.html import FIGURES
+from numeric_check.reports.report import Report
 
 pytestmark = pytest.mark.slow  # full model analyses: left out by pytest -m "not slow"
 
@@ -31,9 +32,9 @@ def analyses():
 
 def test_page_has_every_section(analyses):
     a, control = analyses
-    page = render_html(a, control)
+    page = Report.of(a, control).html()
     for heading in ("Findings", "Heads and their circuits", "Composition scores", "Previous-token and induction heads",
-                    "Term importance by order", "Skip-trigrams of the most important head", "Control: control&lt;1l&gt;"):
+                    "Term importance by order", "Control: control&lt;1l&gt;"):
         assert f"<h2>{heading}" in page, heading
     assert page.count("does not hold") + page.count(">holds<") == len(findings(a, control))
     # each head's OV and QK circuits as MathML, with its numbers
@@ -45,7 +46,7 @@ def test_page_has_every_section(analyses):
 
 def test_names_and_token_strings_are_escaped(analyses):
     a, _ = analyses
-    page = render_html(a)
+    page = Report.of(a).html()
     body = page.split("<body>", 1)[1]
     assert "<script" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&amp;amp;" in body  # the name, shown as typed
@@ -53,18 +54,17 @@ def test_names_and_token_strings_are_escaped(analyses):
                          r"footer|math|mrow|mi|mo|mn|msup|msub|msubsup|mtext|mspace)\b)[a-z]", body)
 
 
-def test_figures_beside_the_page_prefer_svg(tmp_path, analyses):
+def test_the_page_shows_the_figures_written_with_it_svg_first(tmp_path, analyses):
     a, control = analyses
     (tmp_path / "figures").mkdir()
-    (tmp_path / "figures" / "positivity.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
-    (tmp_path / "figures" / "positivity.png").write_bytes(b"png")
-    (tmp_path / "figures" / "composition.png").write_bytes(b"png")
-    assert figure_links(tmp_path) == {"positivity": "figures/positivity.svg", "composition": "figures/composition.png"}
-    path = write_html(a, tmp_path, control)
-    page = path.read_text(encoding="utf-8")
-    assert path.name == "index.html"
-    assert '<img src="figures/positivity.svg"' in page and '<img src="figures/composition.png"' in page
+    (tmp_path / "figures" / "training.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")  # stale: not linked
+    Report.of(a, control).write(tmp_path, formats=["png", "svg"])
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert '<img src="figures/positivity.svg"' in page and '<img src="figures/composition.svg"' in page
+    assert "figures/training" not in page
     assert escape_text(FIGURES["positivity"], "html") in page
+    Report.of(a, control).write(tmp_path / "png", formats=["png"])
+    assert '<img src="figures/positivity.png"' in (tmp_path / "png" / "index.html").read_text(encoding="utf-8")
 
 
 def test_analyze_cli_writes_index_html(tmp_path, capsys):
@@ -80,3 +80,11 @@ def test_analyze_cli_writes_index_html(tmp_path, capsys):
     assert "<h1>Circuit analysis: m&lt;2l&gt;</h1>" in page
     sources = re.findall(r'<img src="([^"]+)"', page)
     assert sources and all((out / s).is_file() and s.endswith(".svg") for s in sources)
+
+
+def test_marginal_loss_is_said_to_be_the_change_when_a_term_is_added(analyses):
+    """Issue 19: the page said "removed" while the numbers are the change when a term is added
+    (negative: it helps), the sign of the paper's table and of ImportanceReport."""
+    page = Report.of(analyses[0]).html()
+    assert "when a term is removed" not in page
+    assert "when a term is added to the terms of its order and below (negative: it helps)" in page

@@ -77,3 +77,14 @@ def test_notebook_markdown_maths_cannot_carry_html():
     hostile = parse("A^{<img} ⊗ W_OV")
     for markdown in (md_math(hostile), expansion_markdown("t", {"sum": hostile.expand()})):
         assert "<" not in markdown and r"\lt" in markdown
+
+
+def test_one_term_is_counted_in_the_singular():
+    """Issue 19: "1 terms" in an expansion's repr and its notebook Markdown."""
+    from derivations import Architecture, expand_qk
+    from tensoralg.display import counted, expansion_markdown
+
+    assert counted(1, "term") == "1 term" and counted(0, "term") == "0 terms" and counted(12_345, "term") == "12,345 terms"
+    expansion = expand_qk(Architecture(1, 2), 0, 1)
+    assert repr(expansion).endswith(": 1 term)")
+    assert "1 term:" in expansion_markdown("x", {"input": expansion.to_tensor_sum()})

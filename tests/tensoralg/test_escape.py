@@ -71,3 +71,41 @@ def test_every_unicode_math_symbol_is_allowed_in_mathematics():
     for latex in UNICODE_MATH.values():
         check_math(latex)
     assert not re.search(r"\[U\+", "".join(escape_text(ch, "latex") for ch in UNICODE_MATH))
+
+
+# -- pages found wrong when read (issue 19) ----------------------------------------------------------
+
+
+def test_a_markdown_line_that_would_start_a_list_escapes_its_period_not_its_digit():
+    """CommonMark escapes punctuation only: "\\1." shows its backslash; "1\\." shows "1."."""
+    from tensoralg.escape import escape_text
+
+    assert escape_text("1. sum of all terms", "markdown") == "1\\. sum of all terms"
+    assert escape_text("12) twelve", "markdown") == "12\\) twelve"
+    assert escape_text("- item", "markdown") == "\\- item"
+    assert escape_text("L1. x", "markdown") == "L1. x"
+
+
+def test_markdown_math_writes_brackets_inside_text_as_maths():
+    r"""``\text{\lbrack …}`` shows "\lbrack" raw under MathJax: the command leaves the text."""
+    from tensoralg.escape import markdown_math
+
+    out = markdown_math(r"W_{E} \qquad \text{[direct path]}")
+    assert "\\text{\\lbrack" not in out and "\\rbrack \\text{}" in out
+    assert out == r"W_{E} \qquad \text{}\lbrack \text{direct path}\rbrack \text{}"
+    assert markdown_math(r"\mathrm{[x]}") == r"\mathrm{\lbrack x\rbrack }"  # maths mode: the commands as before
+    assert markdown_math(r"\text{\{}[") == r"\text{\{}\lbrack "  # escaped braces do not end the text
+
+
+def test_brackets_in_text_render_as_brackets_in_a_maths_renderer():
+    """latex2mathml reads ``\\text{}`` as MathJax does: the bracket is an operator, not "\\lbrack" text."""
+    from derivations.html import mathml
+    from tensoralg.escape import markdown_math
+
+    import pytest
+    from derivations.errors import HtmlError
+
+    shown = mathml(markdown_math(r"W_{E} \qquad \text{[direct path]}"), check=False)
+    assert "lbrack" not in shown and ">[</" in shown and ">]</" in shown and "direct" in shown
+    with pytest.raises(HtmlError, match="lbrack"):  # the old form: the command left as text
+        mathml(r"W \text{\lbrack direct path\rbrack }", check=False)

@@ -319,3 +319,18 @@ def test_expand_collects_products_reached_by_different_choices():
     scaled = (2 * identity(1) + a) @ (identity(1) - a)  # an identity term with a coefficient
     assert scaled.expand() == 2 * identity(1) - a - term((atom("A", "1"),) * 2)
     assert scaled.expand(max_order=1) == 2 * identity(1) - a
+
+
+def test_heads_sort_as_people_count_them():
+    """Issue 19: L0H10 sorted before L0H2 (string order of the index) in every printed sum."""
+    from derivations import Architecture, expand_logits
+
+    text = str(expand_logits(Architecture(1, 12)).to_tensor_sum())
+    positions = [text.index(f"A^{{L0H{h}}}") for h in range(12)]
+    assert positions == sorted(positions)
+    a = [atom("A", f"h{i}") for i in (10, 2, 1)]
+    assert [x.index for x in sorted(a)] == ["h1", "h2", "h10"]
+    # distinct indices that count alike stay distinct and ordered the same whatever the input order
+    s1 = term(atom("A", "h02")) + term(atom("A", "h2"))
+    s2 = term(atom("A", "h2")) + term(atom("A", "h02"))
+    assert str(s1) == str(s2) and len(s1) == 2

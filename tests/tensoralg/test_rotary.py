@@ -151,7 +151,7 @@ def test_block_rules_agree_with_the_arrays(word, other_atom, style):
     reduced = multiply_blocks(term(word))
     total = sum((float(t.coeff) * value(t.words[0]) for t in reduced), np.zeros((5, 5)))
     np.testing.assert_allclose(total, value(word), atol=1e-12)
-    assert all(sum(a.name in ("C", "S", "P_pass") for a in t.words[0]) <= 1 for t in reduced)
+    assert all(sum(a.name in ("C", "J", "P_pass") for a in t.words[0]) <= 1 for t in reduced)
 
 
 def test_a_rotary_head_prints_one_operator():

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from derivations.document import math as formula, prose
 
-from numeric_check.reports.analysis import make_figures
+from numeric_check.reports.report import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
 from numeric_check.reports.plots import plain_title
