@@ -169,7 +169,8 @@ def _model_line(a: ModelAnalysis) -> str:
     return (f"<p>Model: {_h(a.model.arch.describe())}; d_model={cfg.d_model}, d_head={cfg.d_head}, "
             f"d_vocab={cfg.d_vocab}, n_ctx={cfg.n_ctx}. Loss on repeated-segment data: {losses['loss']:.3f} nats "
             f"overall, {losses['repeat_loss']:.3f} on repeated tokens, {losses['other_loss']:.3f} elsewhere "
-            f"(uniform {losses['uniform_loss']:.3f}).</p>")
+            f"(uniform {losses['uniform_loss']:.3f}).</p>"
+            + (f"<p>{_h(a.model.source_check.describe())}.</p>" if a.model.source_check else ""))
 
 
 def html_page(a: ModelAnalysis, rows: Sequence[Finding], control: ModelAnalysis | None = None,

@@ -70,6 +70,7 @@ def _model_lines(a: ModelAnalysis) -> list[str]:
         f"Evaluated on repeated-segment data (segments of {a.data_config.seg_min}-{a.data_config.seg_max} tokens at "
         f"varying offsets): loss {losses['loss']:.3f} nats overall, {losses['repeat_loss']:.3f} on repeated tokens, "
         f"{losses['other_loss']:.3f} elsewhere; uniform {losses['uniform_loss']:.3f}.",
+        *([escape_text(a.model.source_check.describe() + ".", "markdown")] if a.model.source_check else []),
         "",
     ]
 

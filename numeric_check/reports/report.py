@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT
 from numeric_check.circuits.importance import path_label
-from numeric_check.errors import AnalysisError
+from numeric_check.errors import AnalysisError, OutputPathError
 from numeric_check.files import writable_dir, writable_file, write_atomic
 from numeric_check.reports.analysis import ModelAnalysis, composition_pairs, composition_with
 from numeric_check.reports.findings import Finding, findings
@@ -121,10 +122,17 @@ def write_report(report: Report | ModelAnalysis, out_dir: Path | str, *, control
     return report.write(out_dir, formats)
 
 
-def report_folder(out_dir: Path | str) -> Path:
+def report_folder(out_dir: Path | str, inputs: Sequence[Path | str] = ()) -> Path:
     """``out_dir``, checked before any analysis: a folder that can be written, in which every
     file of the report (and ``figures/``) can be replaced — a directory named ``report.md``
-    is found now, not after minutes of work."""
+    is found now, not after minutes of work — and none of which is one of ``inputs`` (a
+    checkpoint, its training record, a vocabulary: a report never replaces what it reads)."""
+    taken = {os.path.realpath(Path(out_dir) / name) for name in REPORT_FILES}
+    for path in inputs:  # before anything is created
+        real = os.path.realpath(path)
+        if real in taken or os.path.dirname(real) == os.path.realpath(Path(out_dir) / "figures"):
+            raise OutputPathError(f"the report in {str(out_dir)!r} would replace {str(path)!r}, which it reads; "
+                                  "choose another --out folder")
     out_dir = writable_dir(out_dir)
     for name in REPORT_FILES:
         writable_file(out_dir / name)
@@ -139,6 +147,7 @@ def _json_data(a: ModelAnalysis, rows: Sequence[Finding]) -> dict:
     data = {
         "name": a.name,
         "architecture": a.model.arch.describe(),
+        "source": a.model.source_check.to_dict() if a.model.source_check else None,
         "losses": a.losses,
         "copying": tensor(a.copying),
         "qk_positivity": tensor(a.qk_positivity),

@@ -109,7 +109,10 @@ def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
     lines = out.splitlines()
     assert lines[0].startswith(f"analysed {gpt2_dir.name} (Hugging Face) (2 layers x 4 heads, standard positions, layer norm")
     assert lines[1].startswith("  converted from GPT2LMHeadModel (Hugging Face, float32): logits equal to the source within ")
-    assert (tmp_path / "report" / "index.html").is_file()
+    page = (tmp_path / "report" / "index.html").read_text(encoding="utf-8")
+    assert "<p>converted from GPT2LMHeadModel (Hugging Face, float32): logits equal to the source within " in page
+    assert "converted from GPT2LMHeadModel" in (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert json.loads((tmp_path / "report" / "analysis.json").read_text())["source"]["source"].startswith("GPT2LMHeadModel")
     code, out, err = run_cli(capsys, "analyze", "m.safetensors", "--hf", str(gpt2_dir), "--out", str(tmp_path / "r2"))
     assert code == 2 and "give one model: --hf and --checkpoint both name one" in err
 
