@@ -73,7 +73,7 @@ class Architecture:
     expansion is unchanged (patterns are frozen).
 
     >>> Architecture(2, 8, norm="rms_norm", n_kv_heads=2, rotary=0.25, mlp=True, parallel=True).describe()
-    '2 layers x 8 heads, none positions, RMSNorm, MLPs, 2 key/value heads (4 query heads each), parallel attention and MLP, rotary on 25% of the head dimensions (neox pairing)'
+    '2 layers x 8 heads, no positional embedding, RMSNorm, MLPs, 2 key/value heads (4 query heads each), parallel attention and MLP, rotary on 25% of the head dimensions (neox pairing)'
     """
 
     n_layers: int
@@ -355,7 +355,7 @@ class Architecture:
             heads = f"{self.heads_per_layer[0]} heads"
         else:
             heads = "heads " + "/".join(map(str, self.heads_per_layer)) if self.n_layers else "no heads"
-        extras = [f"{self.positional} positions"]
+        extras = ["no positional embedding" if self.positional == "none" else f"{self.positional} positions"]
         norm = {"layer_norm": "layer norm", "rms_norm": "RMSNorm"}.get(self.norm)
         extras += [name for name, on in ((norm, norm), ("biases", self.biases), ("MLPs", self.mlp)) if on]
         if self.grouped:

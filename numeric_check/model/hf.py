@@ -56,7 +56,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     ...     num_attention_heads=4, num_key_value_heads=2, intermediate_size=12, max_position_embeddings=6))
     >>> model = from_hf(hf)
     >>> model.arch.describe()
-    '1 layer x 4 heads, none positions, RMSNorm, MLPs, 2 key/value heads (2 query heads each), rotary on all of the head dimensions (neox pairing)'
+    '1 layer x 4 heads, no positional embedding, RMSNorm, MLPs, 2 key/value heads (2 query heads each), rotary on all of the head dimensions (neox pairing)'
     >>> model.source_check.rel_diff < 1e-6
     True
     """

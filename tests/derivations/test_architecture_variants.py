@@ -262,7 +262,7 @@ def test_the_mlp_input_is_refused_when_too_large_or_absent():
 def test_describe_names_every_option():
     arch = Architecture(2, (4, 8), n_kv_heads=(2, 4), norm="rms_norm", mlp=True, parallel=True, rotary=0.25,
                         rotary_style="gptj")
-    assert arch.describe() == ("2 layers x heads 4/8, none positions, RMSNorm, MLPs, key/value heads 2/4, "
+    assert arch.describe() == ("2 layers x heads 4/8, no positional embedding, RMSNorm, MLPs, key/value heads 2/4, "
                                "parallel attention and MLP, rotary on 25% of the head dimensions (gptj pairing)")
     assert arch.kv_label(1, 7) == "L1KV3" and Architecture(1, 2).kv_label(0, 1) == "L0H1"
 

@@ -220,7 +220,7 @@ def test_oversize_suggests_a_max_order():
     with pytest.raises(TooManyTerms) as info:
         expand_logits(arch)
     assert str(info.value) == (
-        "the logits of 12 layers x 12 heads, none positions has 23,298,085,122,481 terms, more than limit=1,000,000; "
+        "the logits of 12 layers x 12 heads, no positional embedding has 23,298,085,122,481 terms, more than limit=1,000,000; "
         "pass max_order=3 (keeps 389,809 terms) or raise limit"
     )
     assert len(expand_logits(arch, 3)) == 389_809
@@ -245,4 +245,4 @@ def test_zero_layers_and_repr():
     expansion = expand_logits(Architecture(0, 1))
     assert [t.label for t in expansion] == ["tok (direct)"]
     assert isinstance(expansion, LogitExpansion)
-    assert repr(expand_logits(Architecture(3, 12), 1)) == "LogitExpansion(3 layers x 12 heads, none positions, max_order=1: 37 terms)"
+    assert repr(expand_logits(Architecture(3, 12), 1)) == "LogitExpansion(3 layers x 12 heads, no positional embedding, max_order=1: 37 terms)"

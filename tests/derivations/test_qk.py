@@ -181,7 +181,7 @@ def test_oversize_suggests_a_max_order():
         expand_qk(arch, 11, 0)
     assert str(info.value) == (
         # 13**22: (1 + 12)^11 paths on each side
-        "the scores of L11H0 in 12 layers x 12 heads, none positions has 3,211,838,877,954,855,105,157,369 terms, "
+        "the scores of L11H0 in 12 layers x 12 heads, no positional embedding has 3,211,838,877,954,855,105,157,369 terms, "
         "more than limit=1,000,000; pass max_order=2 (keeps 33,529 terms) or raise limit"
     )
     assert len(expand_qk(arch, 11, 0, 2)) == 33_529
@@ -190,5 +190,5 @@ def test_oversize_suggests_a_max_order():
 def test_layer_zero_and_repr():
     expansion = expand_qk(Architecture(1, 2), 0, 1)
     assert isinstance(expansion, QKExpansion) and len(expansion) == 1
-    assert repr(expansion) == "QKExpansion(L0H1 of 1 layer x 2 heads, none positions: 1 term)"
+    assert repr(expansion) == "QKExpansion(L0H1 of 1 layer x 2 heads, no positional embedding: 1 term)"
     assert expansion.to_tensor_sum() == term(None, None, (atom("W_E").T, atom("W_QK", "L0H1"), atom("W_E")), coeff=SCALE)
