@@ -9,6 +9,8 @@ by :class:`~numeric_check.verification.bounds.MaxAbsProduct`), never a ``[terms,
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
@@ -16,7 +18,7 @@ from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording
 from numeric_check.verification.bounds import MaxAbsProduct
-from numeric_check.verification.evaluate import LogitEvaluator
+from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 
 
 class LogitSpace:
@@ -60,3 +62,33 @@ class LogitSpace:
         if ref is None:
             return float((x @ self.product.blocks[0]).norm())
         return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
+
+    def ends_in_W_U(self, value: LogitTermValue) -> bool:
+        """Whether the term's last multiplier is ``W_Uᵀ`` (so its ``b_U`` coefficient is 0)."""
+        return value.left[-1][0].name == "W_U"
+
+    def widened(self, x: Tensor) -> Tensor:
+        """``x`` as an augmented input: a ``b_U`` coefficient of 0 appended when the model has ``b_U``
+        and ``x`` lacks it."""
+        return x if x.shape[-1] == self.product.k else self.of(x, 0.0)
+
+    def differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
+        """``ours - x`` before the unembedding for terms that end in ``W_Uᵀ`` (:meth:`ends_in_W_U`), ``ours``
+        each term's input to it (its part, :meth:`~LogitEvaluator.parts`): ``x`` is ``[n, batch, pos,
+        d_model]`` with ``x[k]`` for ``values[k]``. One buffer for all of them; each subtraction fused
+        into the term's last product (``x - c·y R`` as one ``addmm``, negated), or a subtraction when
+        nothing is left to apply."""
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        width = x.shape[-1]
+        for k, v in enumerate(values):
+            y, inner = v.y, v.left[:-1]
+            if not inner:
+                torch.sub(x[k], y, alpha=v.coeff, out=out[k]).neg_()
+                continue
+            for ref in inner[:-1]:
+                y = y @ right_multiplier(ev.binder, ref)
+            R = right_multiplier(ev.binder, inner[-1])
+            y = y.expand(*x.shape[1:-1], y.shape[-1])
+            torch.addmm(x[k].reshape(-1, width), y.reshape(-1, R.shape[0]), R, beta=-1, alpha=v.coeff,
+                        out=out[k].view(-1, width))
+        return out
