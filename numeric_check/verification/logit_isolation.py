@@ -48,7 +48,7 @@ def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, spac
 
     for indices, x, bias in isolate_final_groups(model, rec, paths, chunk_bytes=chunk_bytes):
         group = [values[j] for j in indices]
-        if exact or bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
+        if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
             for v, xi in zip(group, x.unbind(0)):
                 mine = space.aug(ev.parts(v))
                 error = mine - space.of(xi, bias)

@@ -36,6 +36,7 @@ class LogitSpace:
         self.product = MaxAbsProduct(blocks)
         self.rec = rec
         self.model = self.of(rec.final, 1.0)  # the model's own logits
+        self._stacks: dict[tuple, Tensor] = {}  # right factors stacked, by the terms' factors (see differences)
 
     def of(self, x: Tensor, bias: float) -> Tensor:
         """The augmented input of ``x @ W_U.T + bias * b_U``."""
@@ -75,9 +76,13 @@ class LogitSpace:
     def differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
         """``ours - x`` before the unembedding for terms that end in ``W_Uᵀ`` (:meth:`ends_in_W_U`), ``ours``
         each term's input to it (its part, :meth:`~LogitEvaluator.parts`): ``x`` is ``[n, batch, pos,
-        d_model]`` with ``x[k]`` for ``values[k]``. One buffer for all of them; each subtraction fused
-        into the term's last product (``x - c·y R`` as one ``addmm``, negated), or a subtraction when
-        nothing is left to apply."""
+        d_model]`` with ``x[k]`` for ``values[k]``. Each subtraction is fused into the term's last product
+        (``c·y R - x`` as one ``addmm``), or is a subtraction when nothing is left to apply; terms with one
+        product left of the same shape (a copy's paths through the heads of one layer, each ending in its
+        ``W_O^hᵀ``) in one batched product, their factors stacked once per set of factors."""
+        lefts = {v.left[:-1] for v in values}
+        if len(values) > 1 and all(len(inner) == 1 for inner in lefts) and len({v.y.shape for v in values}) == 1:
+            return self._batched_differences(ev, values, x)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         width = x.shape[-1]
         for k, v in enumerate(values):
@@ -92,3 +97,19 @@ class LogitSpace:
             torch.addmm(x[k].reshape(-1, width), y.reshape(-1, R.shape[0]), R, beta=-1, alpha=v.coeff,
                         out=out[k].view(-1, width))
         return out
+
+    def _batched_differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
+        """:meth:`differences` of terms with one product left each, ``c_k y_k R_k - x_k``, as one ``baddbmm``."""
+        refs = tuple(v.left[0] for v in values)
+        stacked = self._stacks.get(refs)
+        if stacked is None:
+            if len(self._stacks) >= 64:
+                self._stacks.clear()
+            stacked = self._stacks[refs] = torch.stack([right_multiplier(ev.binder, ref) for ref in refs])
+        n, width = len(values), x.shape[-1]
+        y = torch.stack([v.y.expand(*x.shape[1:-1], v.y.shape[-1]) for v in values]).view(n, -1, stacked.shape[1])
+        coeffs = {v.coeff for v in values}
+        if len(coeffs) > 1:
+            y = y * y.new_tensor([v.coeff for v in values]).view(n, 1, 1)
+        alpha = coeffs.pop() if len(coeffs) == 1 else 1.0
+        return torch.baddbmm(x.reshape(n, -1, width), y, stacked, beta=-1, alpha=alpha).view(x.shape)
