@@ -424,11 +424,6 @@ class LogitEvaluator:
         """The term before its last right-multiplier (``W_Uᵀ`` or ``b_Uᵀ``): ``{R: y}``, logits ``y @ R``."""
         return {value.left[-1]: self.apply_left(_scaled(value), value.left[:-1])}
 
-    def part_minus(self, value: LogitTermValue, x: Tensor) -> Tensor:
-        """``parts(value)[R] - x`` for the term's last right-multiplier ``R``, the subtraction fused
-        into the product before it (one pass over ``[batch, pos, width]`` fewer)."""
-        return self.batch_parts_minus(_batch([value], value.left), x[None])[0]
-
     def logits(self, value: LogitTermValue) -> Tensor:
         """The term's contribution to the logits, ``[batch, pos, d_vocab]``."""
         return self.apply_left(_scaled(value), value.left)
@@ -467,19 +462,6 @@ class LogitEvaluator:
             else:
                 out.append(_batch(group, left))
         return out
-
-    def batch_parts_minus(self, batch: "TermBatch", x: Tensor) -> Tensor:
-        """Each term before its last right-multiplier (as :meth:`parts`) minus ``x``, stacked
-        ``[n, batch, pos, width]``, the subtraction fused into the last product (:meth:`part_minus`
-        for many terms: one product for the group)."""
-        inner = batch.left[:-1]
-        if not inner:
-            return batch.y - x
-        y = batch.y
-        for ref in inner[:-1]:
-            y = y @ right_multiplier(self.binder, ref)
-        R = right_multiplier(self.binder, inner[-1])
-        return torch.addmm(x.reshape(-1, R.shape[1]), y.reshape(-1, R.shape[0]), R, beta=-1).view(x.shape)
 
     def batch_norms(self, batch: "TermBatch") -> list[float]:
         """Each term's Frobenius norm over the batch (:meth:`norm` for many terms)."""
