@@ -21,6 +21,9 @@ from numeric_check.verification.bounds import MaxAbsProduct
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 
 
+STACKS_LIMIT = 1 << 23  # entries of stacked factors kept (a set per layer: 11 x 12 x 64 x 768 fit, GPT-2 small)
+
+
 class LogitSpace:
     """Logits seen from before the unembedding: ``[x, c] ↦ x W_Uᵀ + c b_Uᵀ``.
 
@@ -103,9 +106,10 @@ class LogitSpace:
         refs = tuple(v.left[0] for v in values)
         stacked = self._stacks.get(refs)
         if stacked is None:
-            if len(self._stacks) >= 64:
-                self._stacks.clear()
-            stacked = self._stacks[refs] = torch.stack([right_multiplier(ev.binder, ref) for ref in refs])
+            stacked = torch.stack([right_multiplier(ev.binder, ref) for ref in refs])
+            if sum(t.numel() for t in self._stacks.values()) + stacked.numel() > STACKS_LIMIT:
+                self._stacks.clear()  # (a model with more layers than fit: stacked again when met again)
+            self._stacks[refs] = stacked
         n, width = len(values), x.shape[-1]
         y = torch.stack([v.y.expand(*x.shape[1:-1], v.y.shape[-1]) for v in values]).view(n, -1, stacked.shape[1])
         coeffs = {v.coeff for v in values}

@@ -120,3 +120,25 @@ def test_verification_by_groups_fails_on_one_wrong_head(monkeypatch, biases):
 def _remember(work, into):
     into["attn"] = work.blocks[1].attn
     return work
+
+
+def test_stacked_factors_stay_under_their_bound(monkeypatch):
+    """The stacked factors of batched differences are kept up to STACKS_LIMIT entries, then dropped
+    and stacked again; the differences do not change."""
+    import numeric_check.verification.logit_space as logit_space_module
+
+    model = CircuitModel.random(Architecture(3, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=2, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    terms = list(expand_logits(model.arch, 2))  # order 2: the copies through L0 end in L1 and in L2
+    ev = LogitEvaluator(Binder(model, rec), terms)
+    groups = [(indices, x) for indices, x, _ in isolate_final_groups(model, rec, [t.path for t in terms]) if len(indices) > 1]
+    values = {v.index: v for v in ev.values()}
+    space = LogitSpace(model, rec)
+    first = [space.differences(ev, [values[i] for i in indices], x) for indices, x in groups]
+    one_set = 3 * 4 * 8  # a layer's three W_O^hᵀ, 4 x 8 each
+    monkeypatch.setattr(logit_space_module, "STACKS_LIMIT", one_set)
+    space = LogitSpace(model, rec)
+    for (indices, x), expected in zip(groups, first):
+        torch.testing.assert_close(space.differences(ev, [values[i] for i in indices], x), expected, rtol=0, atol=0)
+        assert sum(t.numel() for t in space._stacks.values()) <= one_set
+    assert len({tuple(v.left[0] for v in (values[i] for i in indices)) for indices, _ in groups}) > 1  # sets were dropped
