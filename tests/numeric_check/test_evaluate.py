@@ -161,6 +161,9 @@ def test_a_term_alone_equals_the_shared_value():
 def test_blocked_gram():
     R = torch.randn(300, 2500, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(gram(R), R @ R.T, rtol=1e-12, atol=1e-9)
+    for panels in (3, 8):
+        assert torch.allclose(gram(R, panels), R @ R.T, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(gram(R.float()), (R @ R.T).float(), rtol=1e-4, atol=1e-2)
     small = R[:10, :20]
     assert torch.equal(gram(small), small @ small.T)
 
