@@ -69,6 +69,9 @@ from numeric_check.model.hook_paths import (
 from numeric_check.model.hooks import Constant, block_hook
 
 DEFAULT_CHUNK_BYTES = 1 << 28  # activations of the largest tensor of one batched pass (256 MiB)
+# streams of one group of paths handed on together (head outputs, ln_final, the caller's differences):
+# small enough to stay in a CPU's cache; larger tensors, allocated afresh each time, also cost page faults
+GROUP_BYTES = 1 << 22
 
 
 def _chunks(n_items: int, bytes_per_item: int, chunk_bytes: int) -> Iterator[range]:
@@ -143,16 +146,38 @@ def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[P
 
     ``model`` must be the model ``rec`` was recorded from. Copies run in batched chunks of
     about ``chunk_bytes`` of activations each; every path comes exactly once, chunk by
-    chunk (in index order within a chunk), so use ``i`` to match them.
+    chunk (copy by copy within a chunk), so use ``i`` to match them. :func:`isolate_final_groups`
+    gives the same streams stacked, a group at a time.
     """
-    for i, x in _isolated(model, rec, paths, None, chunk_bytes):
-        yield i, x, float(paths[i].source.kind == "unembed_bias")
+    for indices, x, bias in isolate_final_groups(model, rec, paths, chunk_bytes=chunk_bytes):
+        yield from ((i, xi, bias) for i, xi in zip(indices, x.unbind(0)))
+
+
+def isolate_final_groups(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[list[int], Tensor, float]]:
+    """:func:`isolate_final_streams` a group at a time: ``(indices, x, bias)`` with ``x[k]`` the
+    unembedding input of ``paths[indices[k]]``, stacked ``[n, batch, pos, d_model]``, and ``bias``
+    common to the group. A group is one copy's paths whose last heads are in one layer (their
+    head outputs come from one product, ``ln_final`` runs on them at once), at most
+    ``GROUP_BYTES`` of streams, so that every step works on tensors that stay in the CPU's cache;
+    or a single path. Every path comes exactly once.
+
+    >>> from derivations.architecture import Architecture
+    >>> from derivations.paths import TOKEN, Path
+    >>> from numeric_check.model.hook_paths import record
+    >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    >>> rec = record(model, torch.tensor([[1, 2, 3]]))
+    >>> [(i, tuple(x.shape)) for i, x, _ in isolate_final_groups(model, rec, [Path(TOKEN, ((0, 0),)), Path(TOKEN, ((0, 1),))])]
+    [([0, 1], (2, 1, 3, 8))]
+    """
+    for indices, x in _isolated(model, rec, paths, None, chunk_bytes):
+        yield indices, x, float(paths[indices[0]].source.kind == "unembed_bias")
 
 
 def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: int | None,
-              chunk_bytes: int) -> Iterator[tuple[int, Tensor]]:
-    """``(i, stream)``: each path's unembedding input (``upto=None``, see :func:`isolate_final_streams`)
-    or its residual stream entering block ``upto`` (every head of every path before it)."""
+              chunk_bytes: int) -> Iterator[tuple[list[int], Tensor]]:
+    """``(indices, streams)``: the paths' unembedding inputs (``upto=None``, see :func:`isolate_final_groups`)
+    or their residual streams entering block ``upto`` (every head of every path before it), stacked."""
     b, p = rec.n_batch, rec.n_pos
     heads = model.arch.heads_per_layer
     cfg = model.cfg  # per copy: a few residual-sized tensors and the widest of a layer's z and pattern
@@ -190,7 +215,7 @@ def _copies(paths: Sequence[Path]) -> dict[Path, list[int]]:
 
 def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], copies: dict[Path, list[int]],
                    children: dict[Path, Path], entering: dict[Path, Tensor], start: int,
-                   upto: int | None) -> Iterator[tuple[int, Tensor]]:
+                   upto: int | None) -> Iterator[tuple[list[int], Tensor]]:
     """One batched forward pass over one copy of the batch per prefix (see :func:`isolate_final_streams`),
     from the embeddings (``start == 0``, prefixes through no head) or from block ``start`` with each
     copy's stream ``entering[prefix]``; it stores in ``entering`` the streams the ``children`` (by their
@@ -233,14 +258,16 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
     streams: dict[Path, Tensor] = {}
     for child, parent in children.items():
         streams[child] = entering[child] = head_stream(where[parent], *child.heads[-1])
-    for c, prefix in enumerate(prefixes):  # copy by copy, each copy's paths in index order
+    for c, prefix in enumerate(prefixes):  # copy by copy
+        own = [i for i in copies[prefix] if paths[i] == prefix]
+        if own:
+            x = final[c * b:(c + 1) * b]
+            yield own, x.expand(len(own), *x.shape)
         ends = [i for i in copies[prefix] if paths[i] != prefix]
-        outputs = dict(_head_streams(model, rec, results, c, [paths[i] for i in ends], streams))
-        if upto is None and outputs:  # the model's ln_final (scale frozen) on all of them at once
-            normed = final_norm(model, rec, torch.cat([outputs[paths[i]] for i in ends])).split(b)
-            outputs = {paths[i]: x for i, x in zip(ends, normed)}
-        for i in copies[prefix]:
-            yield i, final[c * b:(c + 1) * b] if paths[i] == prefix else outputs[paths[i]]
+        for indices, x in _head_streams(model, rec, results, c, b, [paths[i] for i in ends], ends, streams):
+            if upto is None:  # the model's ln_final (scale frozen), on the group at once
+                x = final_norm(model, rec, x.flatten(0, 1)).view(x.shape)
+            yield indices, x
 
 
 def _post_scale(rec: Recording, layer: int) -> Tensor | None:
@@ -248,22 +275,30 @@ def _post_scale(rec: Recording, layer: int) -> Tensor | None:
     return rec.cache.get(block_hook(layer, "ln1_post.hook_scale"))
 
 
-def _head_streams(model: CircuitModel, rec: Recording, results: dict[int, Tensor], c: int, ends: Sequence[Path],
-                  streams: dict[Path, Tensor]) -> Iterator[tuple[Path, Tensor]]:
-    """What each path's last head writes in copy ``c`` (its stream from there on): the heads of one
-    layer at once, each the module's own ``head_output`` of its ``hook_z`` (``streams``: already made)."""
-    by_layer: dict[int, list[Path]] = {}
-    for path in ends:
+def _head_streams(model: CircuitModel, rec: Recording, results: dict[int, Tensor], c: int, b: int, ends: Sequence[Path],
+                  indices: Sequence[int], streams: dict[Path, Tensor]) -> Iterator[tuple[list[int], Tensor]]:
+    """``(indices, x)``: what the paths ``ends`` (numbered ``indices``) write with their last heads in copy
+    ``c`` (their streams from there on), stacked ``[n, b, pos, d_model]``: the heads of one layer at once,
+    at most ``GROUP_BYTES`` of them, by the module's own ``head_outputs`` of its ``hook_z``; a path
+    whose stream is already made (``streams``, popped) alone."""
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for i, path in zip(indices, ends):
         if path in streams:
-            yield path, streams.pop(path)
+            yield [i], streams.pop(path)[None]
         else:
-            by_layer.setdefault(path.heads[-1][0], []).append(path)
+            by_layer.setdefault(path.heads[-1][0], []).append((i, path.heads[-1][1]))
     for layer, group in by_layer.items():
-        heads = [path.heads[-1][1] for path in group]
-        b = rec.n_batch
-        z = results[layer][c * b:(c + 1) * b, :, heads]  # [b, pos, n, d_head]
-        out = model.head_streams(layer, z, heads, _post_scale(rec, layer))  # [n, b, pos, d_model]
-        yield from zip(group, out.unbind(0))
+        z = results[layer][c * b:(c + 1) * b]  # [b, pos, n_heads, d_head]
+        per_head = z[:, :, 0].numel() * model.cfg.d_model // model.cfg.d_head * z.element_size()
+        size = max(1, GROUP_BYTES // max(1, per_head))
+        n_parts = -(-len(group) // size)
+        size = -(-len(group) // n_parts)  # parts of equal size
+        for start in range(0, len(group), size):
+            part = group[start:start + size]
+            heads = [h for _, h in part]
+            run = heads == list(range(heads[0], heads[0] + len(heads)))
+            z_part = z[:, :, heads[0]:heads[0] + len(heads)] if run else z[:, :, heads]  # [b, pos, n, d_head]
+            yield [i for i, _ in part], model.head_streams(layer, z_part, heads, _post_scale(rec, layer))  # [n, b, pos, d]
 
 
 def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
@@ -287,8 +322,9 @@ def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], 
     if late:
         raise NumericCheckError(f"paths {late[:3]} pass through heads at or after layer {layer}; they do not reach it")
     out: list[Tensor | None] = [None] * len(paths)
-    for i, x in _isolated(model, rec, paths, layer, chunk_bytes):
-        out[i] = x
+    for indices, x in _isolated(model, rec, paths, layer, chunk_bytes):
+        for i, xi in zip(indices, x.unbind(0)):
+            out[i] = xi
     return out
 
 

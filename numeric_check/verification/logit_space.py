@@ -9,6 +9,8 @@ by :class:`~numeric_check.verification.bounds.MaxAbsProduct`), never a ``[terms,
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
@@ -16,7 +18,10 @@ from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording
 from numeric_check.verification.bounds import MaxAbsProduct
-from numeric_check.verification.evaluate import LogitEvaluator
+from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
+
+
+STACKS_LIMIT = 1 << 23  # entries of stacked factors kept (a set per layer: 11 x 12 x 64 x 768 fit, GPT-2 small)
 
 
 class LogitSpace:
@@ -34,6 +39,7 @@ class LogitSpace:
         self.product = MaxAbsProduct(blocks)
         self.rec = rec
         self.model = self.of(rec.final, 1.0)  # the model's own logits
+        self._stacks: dict[tuple, Tensor] = {}  # right factors stacked, by the terms' factors (see differences)
 
     def of(self, x: Tensor, bias: float) -> Tensor:
         """The augmented input of ``x @ W_U.T + bias * b_U``."""
@@ -60,3 +66,54 @@ class LogitSpace:
         if ref is None:
             return float((x @ self.product.blocks[0]).norm())
         return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
+
+    def ends_in_W_U(self, value: LogitTermValue) -> bool:
+        """Whether the term's last multiplier is ``W_Uᵀ`` (so its ``b_U`` coefficient is 0)."""
+        return value.left[-1][0].name == "W_U"
+
+    def widened(self, x: Tensor) -> Tensor:
+        """``x`` as an augmented input: a ``b_U`` coefficient of 0 appended when the model has ``b_U``
+        and ``x`` lacks it."""
+        return x if x.shape[-1] == self.product.k else self.of(x, 0.0)
+
+    def differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
+        """``ours - x`` before the unembedding for terms that end in ``W_Uᵀ`` (:meth:`ends_in_W_U`), ``ours``
+        each term's input to it (its part, :meth:`~LogitEvaluator.parts`): ``x`` is ``[n, batch, pos,
+        d_model]`` with ``x[k]`` for ``values[k]``. Each subtraction is fused into the term's last product
+        (``c·y R - x`` as one ``addmm``), or is a subtraction when nothing is left to apply; terms with one
+        product left of the same shape (a copy's paths through the heads of one layer, each ending in its
+        ``W_O^hᵀ``) in one batched product, their factors stacked once per set of factors."""
+        lefts = {v.left[:-1] for v in values}
+        if len(values) > 1 and all(len(inner) == 1 for inner in lefts) and len({v.y.shape for v in values}) == 1:
+            return self._batched_differences(ev, values, x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        width = x.shape[-1]
+        for k, v in enumerate(values):
+            y, inner = v.y, v.left[:-1]
+            if not inner:
+                torch.sub(x[k], y, alpha=v.coeff, out=out[k]).neg_()
+                continue
+            for ref in inner[:-1]:
+                y = y @ right_multiplier(ev.binder, ref)
+            R = right_multiplier(ev.binder, inner[-1])
+            y = y.expand(*x.shape[1:-1], y.shape[-1])
+            torch.addmm(x[k].reshape(-1, width), y.reshape(-1, R.shape[0]), R, beta=-1, alpha=v.coeff,
+                        out=out[k].view(-1, width))
+        return out
+
+    def _batched_differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
+        """:meth:`differences` of terms with one product left each, ``c_k y_k R_k - x_k``, as one ``baddbmm``."""
+        refs = tuple(v.left[0] for v in values)
+        stacked = self._stacks.get(refs)
+        if stacked is None:
+            stacked = torch.stack([right_multiplier(ev.binder, ref) for ref in refs])
+            if sum(t.numel() for t in self._stacks.values()) + stacked.numel() > STACKS_LIMIT:
+                self._stacks.clear()  # (a model with more layers than fit: stacked again when met again)
+            self._stacks[refs] = stacked
+        n, width = len(values), x.shape[-1]
+        y = torch.stack([v.y.expand(*x.shape[1:-1], v.y.shape[-1]) for v in values]).view(n, -1, stacked.shape[1])
+        coeffs = {v.coeff for v in values}
+        if len(coeffs) > 1:
+            y = y * y.new_tensor([v.coeff for v in values]).view(n, 1, 1)
+        alpha = coeffs.pop() if len(coeffs) == 1 else 1.0
+        return torch.baddbmm(x.reshape(n, -1, width), y, stacked, beta=-1, alpha=alpha).view(x.shape)

@@ -61,7 +61,8 @@ from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.logit_space import LogitSpace
-from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_final_streams, isolate_qk
+from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_qk
+from numeric_check.verification.logit_isolation import check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -323,20 +324,25 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         spent["largest"] = max(spent["largest"], _add_terms(ev, pending, kept_sum, results))
         if isolation:
             t0 = time.perf_counter()
-            _check_isolated(s, ev, space, pending, [kept[v.index].path for v in pending], results, scale, exact, chunk_bytes)
+            check_isolated(s.model, s.rec, ev, space, pending, [kept[v.index].path for v in pending], results,
+                           (s.atol, s.rtol, scale), exact, chunk_bytes)
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
 
-    # terms per flush: about chunk_bytes of isolated streams (paths that differ in their last head share a copy)
-    per_chunk = max(1, chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
-    done = 0
+    # a flush: terms holding a quarter of chunk_bytes (their values at their narrowest, often d_head wide;
+    # check 2 holds no stream of them, only groups as they arrive), and at most about four chunk_bytes of
+    # streams: each flush runs its sources' first copies again, so the fewer flushes the better
+    most = max(1, 4 * chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
+    done = held = 0
     for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
         if v.index >= len(kept):
             omitted_sum.add(v)
             continue
         pending.append(v)
-        if len(pending) >= per_chunk:
+        held += v.y.numel() * v.y.element_size()
+        if 4 * held >= chunk_bytes or len(pending) >= most:
             flush()
+            held = 0
         done += 1
         _tick(progress, "terms", done, len(kept))
     if pending:
@@ -368,33 +374,6 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[
             results[v.index].norm = norm
         largest = max(largest, ev.batch_max_row_norm(batch))
     return largest
-
-
-def _check_isolated(s: _Setup, ev: LogitEvaluator, space: LogitSpace, values: list, paths: list,
-                    results: list[TermResult], scale: float, exact: bool, chunk_bytes: int) -> None:
-    """Check 2 for a chunk of terms (``values``, and ``paths`` theirs): one batched isolation pass
-    through the model, each term's error formed before the unembedding as its stream arrives (the
-    subtraction fused into the term's last product; nothing of the chunk is held), certified by
-    its bound or else computed exactly."""
-    unsettled = []
-    for j, x, bias in isolate_final_streams(s.model, s.rec, paths, chunk_bytes=chunk_bytes):
-        v = values[j]
-        if len(space.names) == 1 and not exact:  # no b_U: the error alone
-            ours, error = None, ev.part_minus(v, x)
-        else:
-            ours = space.aug(ev.parts(v))
-            error = ours - space.of(x, bias)
-        r = results[v.index]
-        r.error_bound = space.product.bound(error)
-        if not exact and r.error_bound <= s.atol + s.rtol * scale:
-            r.passed = True  # certified: every entry of the error is at most the bound
-        else:
-            unsettled.append((r, error, space.aug(ev.parts(v)) if ours is None else ours))
-    if unsettled:
-        maxima = space.product.max_abs([t for _, error, ours in unsettled for t in (error, ours)])
-        for j, (r, _, _) in enumerate(unsettled):
-            r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
-            r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, own)
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,

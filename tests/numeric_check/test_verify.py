@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import numeric_check.verification.logit_isolation as logit_isolation
 import numeric_check.verification.verify as verify_module
 from derivations.architecture import Architecture
 from derivations.errors import ArchitectureError, TooManyTerms
@@ -115,13 +116,13 @@ def test_a_wrong_omitted_part_fails_check_3(monkeypatch):
 
 
 def test_a_wrong_isolation_fails_check_2(monkeypatch):
-    real = verify_module.isolate_final_streams
+    real = logit_isolation.isolate_final_groups
 
     def shifted(*args, **kwargs):
-        for i, x, bias in real(*args, **kwargs):
-            yield i, x + 1e-3, bias
+        for indices, x, bias in real(*args, **kwargs):
+            yield indices, x + 1e-3, bias
 
-    monkeypatch.setattr(verify_module, "isolate_final_streams", shifted)
+    monkeypatch.setattr(logit_isolation, "isolate_final_groups", shifted)
     report = verify_logits(small_model(), TOKENS)
     assert report.check("sum").passed and report.check("isolation").passed is False
     assert all(t.passed is False for t in report.terms)
