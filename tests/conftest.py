@@ -44,9 +44,11 @@ SCALE = {"default": 1, "quick": 0.25, "thorough": 10, "ci": 1}
 
 def _profile() -> str:
     """The profile asked for: ``--hypothesis-profile NAME`` on the command line, else
-    ``TCIRCUITS_HYPOTHESIS``, else ``default`` (read here, since the named settings below are
-    built when this module is imported, before hypothesis' own plugin loads a profile)."""
-    asked = os.environ.get("TCIRCUITS_HYPOTHESIS", "default")
+    ``TCIRCUITS_HYPOTHESIS``, else ``ci`` where the ``CI`` variable is set (a continuous
+    integration run: the same examples every time, so a red run is the change's, not the draw's)
+    and ``default`` elsewhere (read here, since the named settings below are built when this
+    module is imported, before hypothesis' own plugin loads a profile)."""
+    asked = os.environ.get("TCIRCUITS_HYPOTHESIS", "ci" if os.environ.get("CI") else "default")
     for i, arg in enumerate(sys.argv):
         if arg == "--hypothesis-profile" and i + 1 < len(sys.argv):
             asked = sys.argv[i + 1]
