@@ -196,7 +196,7 @@ def word_key(word: Word) -> str:
     return "\x01".join(f"{a.name}\x00{natural_key(a.index)}\x00{int(a.transposed)}" for a in word)
 
 
-_DIGITS = re.compile(r"\d+")
+_DIGITS = re.compile(r"\d+", re.ASCII)
 
 
 def natural_key(index: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, NamedTuple
 
-_STORED = re.compile(r"([A-Za-z]+)(\d*)('*)")
+_STORED = re.compile(r"([A-Za-z]+)(\d*)('*)", re.ASCII)
 
 
 class Bound(NamedTuple):
@@ -58,8 +58,8 @@ def stored_index(var: str, layer: int, index_from: int = 0) -> str | None:
     return f"{m[1]}{layer}{m[3]}" if int(m[2]) == layer + index_from else None
 
 
-_HEAD_LABEL = re.compile(r"L(\d+)H(\d+)")
-_LAYER_INDEX = re.compile(r"([A-Za-z])(\d+)('*)")
+_HEAD_LABEL = re.compile(r"L(\d{1,18})H(\d+)", re.ASCII)  # longer runs are no layer number
+_LAYER_INDEX = re.compile(r"([A-Za-z])(\d{1,18})('*)", re.ASCII)
 
 
 def stored_free_index(index: str, index_from: int = 0) -> str | None:

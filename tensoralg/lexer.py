@@ -84,7 +84,7 @@ def tokenize(text: str) -> list[Token]:
     return tokens
 
 
-SUBSCRIPTED_INDEX = re.compile(r"\^(?:\{([A-Za-z]+)_\{?(\d+)\}?\}|([A-Za-z]+)_(\d+))")
+SUBSCRIPTED_INDEX = re.compile(r"\^(?:\{([A-Za-z]+)_\{?(\d+)\}?\}|([A-Za-z]+)_(\d+))", re.ASCII)
 COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.DOTALL)
 INDEX_THEN_T = re.compile(r"(.*[^\s\\])\s*(T|\\top|ᵀ)")
 LATEX_TOKENS = {"otimes": ("OTIMES", "⊗"), "cdot": ("TIMES", "·"), "top": ("T", "ᵀ"), "intercal": ("T", "ᵀ")}
