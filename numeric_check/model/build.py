@@ -35,7 +35,7 @@ from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtyp
 # source activation names -> ours; gelu_pytorch_tanh is gelu_new's formula, gelu_fast the same
 # formula with sqrt(2/pi) rounded to 10 digits (relative difference ~1e-12)
 ACT_FN_ALIASES = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
-                  "silu": "silu", "swish": "silu"}
+                  "silu": "silu", "swish": "silu", "relu2": "relu2"}
 
 LayerNormWeights = tuple[Tensor, Tensor] | None  # (w, b); None for a parameter-free norm
 

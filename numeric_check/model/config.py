@@ -27,6 +27,7 @@ ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
     "relu": F.relu,
     "silu": F.silu,  # SwiGLU's gate (Llama, Qwen2, Mistral)
+    "relu2": lambda x: F.relu(x).square(),  # squared ReLU (Persimmon, Nemotron, Arcee, Jais 2)
 }
 
 

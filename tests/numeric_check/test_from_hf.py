@@ -4,8 +4,6 @@ verifies to order 2 and whose rotary heads' QK expansion verifies; bad input nam
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -15,54 +13,11 @@ from numeric_check import UnsupportedModel, from_hf, from_hf_gpt2, verify_logits
 from numeric_check.errors import WeightError
 
 transformers = pytest.importorskip("transformers")
+from tests.hf_zoo import exact_float64, randomise  # noqa: E402  (needs transformers)
+
 pytestmark = pytest.mark.slow
 
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1]])
-
-
-def exact_float64(hf):
-    """Hugging Face's RMSNorm and rotary embeddings round through float32 even in a float64
-    model (about 1e-8 of the logits); the reference here replaces those round trips by
-    float64, nothing else."""
-    params = getattr(hf.config, "rope_parameters", None) or {}
-    base = float(params.get("rope_theta", 10000.0))
-    for module in hf.modules():
-        name = type(module).__name__
-        if name.endswith("RMSNorm"):
-            gemma = name.startswith("Gemma")
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-
-            def norm(self, x, gemma=gemma, eps=eps):
-                y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-                return y * ((1.0 + self.weight) if gemma else self.weight)
-
-            module.forward = types.MethodType(norm, module)
-        elif name == "GPTJRotaryEmbedding":  # its sin/cos table, made in float32
-            dim = module.pos_embd_dim
-            inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-            angles = torch.arange(module.max_positions, dtype=torch.float64)[:, None] * inv
-            module.embed_positions = torch.cat((angles.sin(), angles.cos()), dim=1)
-        elif name.endswith("RotaryEmbedding"):
-            dim = 2 * module.inv_freq.shape[0]
-            inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-
-            def rotary(self, x, position_ids, inv=inv):
-                freqs = position_ids[..., None].to(torch.float64) * inv
-                emb = torch.cat((freqs, freqs), dim=-1)
-                return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-            module.forward = types.MethodType(rotary, module)
-    return hf
-
-
-def randomise(hf, seed: int):
-    """Every parameter random (norm gains and biases too, so that folding is exercised)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * (0.3 if p.ndim == 1 else 0.5))
-    return hf
-
 
 SMALL = dict(vocab_size=13, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
              max_position_embeddings=8)
@@ -152,11 +107,12 @@ def test_drawn_options_convert_and_verify(options, seed):
 def test_unsupported_features_are_named():
     with pytest.raises(UnsupportedModel, match=r"sliding-window attention \(window 4 < 8 positions\)"):
         from_hf(build("mistral", sliding_window=4))
-    with pytest.raises(UnsupportedModel, match="rope scaling 'linear'"):
+    with pytest.raises(UnsupportedModel, match=r"rope scaling \('linear'"):
         from_hf(build("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
-    bloom = transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=13, hidden_size=16, n_layer=1, n_head=4))
-    with pytest.raises(UnsupportedModel, match=r"^BloomForCausalLM \(model_type 'bloom'\) is not a family tcircuits reads; it reads GPT-2"):
-        from_hf(bloom)
+    ctrl = transformers.CTRLLMHeadModel(transformers.CTRLConfig(vocab_size=13, n_embd=16, n_layer=1, n_head=4, dff=8))
+    with pytest.raises(UnsupportedModel, match=r"^CTRLLMHeadModel \(model_type 'ctrl'\) is not a family tcircuits reads; "
+                                               r"it reads GPT-2"):
+        from_hf(ctrl)
     with pytest.raises(UnsupportedModel, match="^Linear is not a family tcircuits reads"):
         from_hf(torch.nn.Linear(2, 2))
 

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from numeric_check.errors import WeightError
 from numeric_check.model.build import ACT_FN_ALIASES, SourceWeights, f64, unsupported
+from numeric_check.model.readers import pending
 
 ROPE_TYPES = ("default",)
 
@@ -29,35 +30,53 @@ SIZES = frozenset({"vocab_size", "max_position_embeddings"})
 class Family:
     """A Hugging Face family tcircuits reads: its name, the model classes it covers, its reader and
     the config options the reader understands (an allow-list: any other option set off its
-    default is refused by name)."""
+    default is refused by name). ``converts=False``: every model of the family uses a feature the
+    algebra does not express yet (:mod:`~numeric_check.model.readers.pending`), so it is registered
+    only to be refused by that feature's name."""
 
     name: str
     classes: tuple[str, ...]
     read: Callable[[Any], SourceWeights]
     options: frozenset[str]
+    converts: bool = True
 
 
-def rotary(model: Any, rotary_emb: Any, d_head: int, source: str) -> tuple[float, float]:
+def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None) -> tuple[float, float]:
     """``(fraction of each head rotated, base)`` as the model's rotary embedding computes them:
     its inverse frequencies say how many dimensions turn (Llama ignores a config's
-    ``partial_rotary_factor``; GPT-NeoX honours it), and must be ``base^(-2f/d_rot)`` exactly
-    as rope_theta gives them — any rope scaling is refused by name."""
+    ``partial_rotary_factor``; GPT-NeoX honours it), and must be ``base^(-2f/d_rot)`` as
+    rope_theta gives them, compared in the buffer's own precision (a half-precision model's cast
+    rounds them) — any rope scaling is refused by name. ``declared``: the rotated dimensions the
+    attention slices (``rotary_ndims``), refused when odd."""
     config = model.config
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise unsupported(f"rope scaling {rope_type!r} (rope_parameters)", source)
+        pending.refuse(source, ("rope_scaling", f"{rope_type!r} in rope_parameters"))
     if float(getattr(rotary_emb, "attention_scaling", 1.0)) != 1.0:
-        raise unsupported("rotary embeddings scaled by attention_scaling", source)
+        pending.refuse(source, ("rope_scaling", "attention_scaling"))
+    if declared is not None:
+        rotated_dims(declared, d_head, source)
     base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    inv = rotary_emb.inv_freq.detach().to(torch.float64).cpu()
+    inv = rotary_emb.inv_freq.detach().cpu()
     rot_dims = 2 * inv.shape[0]
     expected = base ** (-torch.arange(0, rot_dims, 2, dtype=torch.float64) / rot_dims)
-    if not torch.allclose(inv, expected, rtol=1e-6, atol=0):  # float32 buffers agree to ~1e-7
-        raise unsupported("rotary inverse frequencies that are not rope_theta's (a scaled or modified rope)", source)
-    if rot_dims < 2 or rot_dims > d_head:
-        raise unsupported(f"rotary on {rot_dims} of {d_head} head dimensions", source)
+    rtol = max(1e-6, 4 * torch.finfo(inv.dtype).eps)  # float32 buffers agree to ~1e-7, half ones to a few ulps
+    if not torch.allclose(inv.to(torch.float64), expected.to(inv.dtype).to(torch.float64), rtol=rtol, atol=0):
+        pending.refuse(source, ("rope_scaling", "inverse frequencies that are not rope_theta's"))
+    if rot_dims < 2 or rot_dims > d_head or (declared is not None and declared != rot_dims):
+        raise unsupported(f"rotary on {declared or rot_dims} of {d_head} head dimensions", source)
     return rot_dims / d_head, base
+
+
+def rotated_dims(n: int, d_head: int, source: str, what: str = "") -> int:
+    """``n`` when it is an even number of at most ``d_head`` rotated dimensions; else refused, an odd number by that name."""
+    named = f"{what}={n}, " if what else ""
+    if n % 2:
+        raise unsupported(f"rotary on an odd number of dimensions ({named}{n} of d_head={d_head})", source)
+    if not 2 <= n <= d_head:
+        raise unsupported(f"rotary on {n} of {d_head} head dimensions ({named}at least 2 and at most d_head)", source)
+    return n
 
 
 def shape(t: Tensor, expected: tuple[int, ...], what: str, source: str) -> Tensor:
@@ -80,9 +99,13 @@ def bias(linear: Any, n: int, d_head: int, what: str, source: str) -> Tensor:
 
 
 def norm(module: Any, kind: str) -> tuple[Tensor, Tensor] | None:
-    """``(w, b)`` of a norm: LayerNorm ``(weight, bias)``, RMSNorm ``(weight, 0)``, Gemma's ``(1 + weight, 0)``."""
+    """``(w, b)`` of a norm: LayerNorm ``(weight, bias)``, RMSNorm ``(weight, 0)``, Gemma's ``(1 + weight, 0)``,
+    Nemotron's ``layer_plus_one`` ``(1 + weight, bias)``;
+    ``None`` for a norm without parameters (OLMo's, OPT's ``elementwise_affine=False``)."""
+    if getattr(module, "weight", None) is None:
+        return None
     w = f64(module.weight)
-    if kind == "gemma":
+    if kind in ("gemma", "layer_plus_one"):
         w = 1.0 + w
     b = f64(module.bias) if getattr(module, "bias", None) is not None else torch.zeros_like(w)
     return w, b
@@ -102,10 +125,56 @@ def unembed(model: Any, d_model: int, d_vocab: int, source: str) -> tuple[Tensor
     return W_U, b_U
 
 
+def sliding_window(config: Any) -> tuple[str, str] | None:
+    """``("window", detail)`` when sliding-window attention changes the mask: some layer uses it
+    (``layer_types``, ``use_sliding_window``) and its window is shorter than the context."""
+    layer_types = getattr(config, "layer_types", None)
+    used = "sliding_attention" in layer_types if layer_types else getattr(config, "use_sliding_window", True)
+    return pending.window(getattr(config, "sliding_window", None), config.max_position_embeddings, used)
+
+
 def refuse_windows(config: Any, source: str) -> None:
-    """Sliding-window attention changes the mask: refused unless its window covers every position."""
-    window = getattr(config, "sliding_window", None)
-    used = getattr(config, "use_sliding_window", window is not None)
-    layer_types = getattr(config, "layer_types", None) or ()
-    if (used and window is not None and window < config.max_position_embeddings) or "sliding_attention" in layer_types:
-        raise unsupported(f"sliding-window attention (window {window} < {config.max_position_embeddings} positions)", source)
+    """Refuse sliding-window attention by name (:func:`sliding_window`); harmless windows pass."""
+    found = sliding_window(config)
+    pending.refuse(source, *([found] if found else []))
+
+
+def linear(module: Any, n_out: int, what: str, source: str, n_in: int | None = None) -> tuple[Tensor, Tensor]:
+    """``nn.Linear`` ``y = x Wᵀ + b`` in the row convention: ``(Wᵀ [n_in, n_out], b [n_out])`` (zeros without bias)."""
+    W = f64(module.weight)
+    shape(W, (n_out, n_in if n_in is not None else W.shape[1]), what + ".weight", source)
+    b = f64(module.bias) if getattr(module, "bias", None) is not None else torch.zeros(n_out, dtype=torch.float64)
+    return W.T, b
+
+
+def plain_mlp(fc_in: Any, fc_out: Any, d_mlp: int, d_model: int, where: str, source: str) -> dict[str, Tensor]:
+    """``fc_out(act(fc_in(x)))`` from two ``nn.Linear``: ``W_in [d_model, d_mlp]``, ``W_out [d_mlp, d_model]``."""
+    W_in, b_in = linear(fc_in, d_mlp, where + "in", source, d_model)
+    W_out, b_out = linear(fc_out, d_model, where + "out", source, d_mlp)
+    return {"W_in": W_in, "b_in": b_in, "W_out": W_out, "b_out": b_out}
+
+
+def packed_gated_mlp(mlp: Any, d_mlp: int, d_model: int, where: str, source: str) -> dict[str, Tensor]:
+    """``down(up * act(gate))`` with gate and up packed in one ``gate_up_proj`` (gate first: Phi-3, GLM)."""
+    gate_up, b_gate_up = linear(mlp.gate_up_proj, 2 * d_mlp, where + "gate_up_proj", source, d_model)
+    W_out, b_out = linear(mlp.down_proj, d_model, where + "down_proj", source, d_mlp)
+    return {"W_gate": gate_up[:, :d_mlp], "b_gate": b_gate_up[:d_mlp], "W_in": gate_up[:, d_mlp:],
+            "b_in": b_gate_up[d_mlp:], "W_out": W_out, "b_out": b_out}
+
+
+def projections(q: Any, k: Any, v: Any, n: int, n_kv: int, d_head: int, d_model: int, where: str,
+                source: str) -> dict[str, Tensor]:
+    """Three ``nn.Linear`` projections (biases or not) as ``W_Q [n, d_model, d_head]``, ``b_Q [n, d_head]``, and
+    ``W_K``, ``b_K``, ``W_V``, ``b_V`` with ``n_kv`` heads."""
+    out = {}
+    for name, module, heads in (("Q", q, n), ("K", k, n_kv), ("V", v, n_kv)):
+        W, b = linear(module, heads * d_head, f"{where}{name.lower()}_proj", source, d_model)
+        out[f"W_{name}"] = W.reshape(d_model, heads, d_head).transpose(0, 1)
+        out[f"b_{name}"] = b.reshape(heads, d_head)
+    return out
+
+
+def heads_out(o_proj: Any, n_heads: int, d_head: int, d_model: int, what: str, source: str) -> tuple[Tensor, Tensor]:
+    """An output projection ``[d_model, n_heads * d_head]`` as ``W_O [n_heads, d_head, d_model]`` and ``b_O``."""
+    W, b = linear(o_proj, d_model, what, source, n_heads * d_head)
+    return W.reshape(n_heads, d_head, d_model), b

@@ -1,0 +1,232 @@
+"""Every Hugging Face family ``from_hf`` reads (issue 18): a tiny model of each, built offline from
+its config with every parameter perturbed (``tests/hf_zoo.py``), converts to logits equal to the
+source's, its path expansion verifies to order 2 and a layer-1 head's QK expansion verifies;
+options that combine are drawn by hypothesis; what the algebra does not express is refused by
+its true name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk
+
+transformers = pytest.importorskip("transformers")
+from tests.hf_zoo import build, source_dtype  # noqa: E402  (needs transformers)
+
+pytestmark = pytest.mark.slow
+
+TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
+SOME = settings(max_examples=5, deadline=None)
+
+#: (model type, config options): every family read, in the settings it reads differently
+CONVERTS = [
+    ("phi", {}),
+    ("phi3", {"num_key_value_heads": 2}),
+    ("stablelm", {"use_parallel_residual": True, "use_qkv_bias": True}),
+    ("stablelm", {}),
+    ("olmo", {"attention_bias": True}),
+    ("falcon", {}),
+    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "bias": True}),
+    ("falcon", {"parallel_attn": False, "multi_query": False}),
+    ("gpt_bigcode", {}),
+    ("gpt_bigcode", {"multi_query": False, "scale_attn_weights": False}),
+    ("opt", {}),
+    ("opt", {"word_embed_proj_dim": 8, "enable_bias": False}),
+    ("starcoder2", {}),
+    ("granite", {"embedding_multiplier": 3.0, "residual_multiplier": 0.4, "attention_multiplier": 0.2,
+                 "logits_scaling": 5.0}),
+    ("gpt_neo", {}),
+    ("codegen", {}),
+    ("cohere", {"logit_scale": 0.3, "attention_bias": True}),
+    ("ministral", {}),
+    ("seed_oss", {}),
+    ("smollm3", {}),
+    ("ernie4_5", {"use_bias": True}),
+    ("helium", {}),
+    ("hyperclovax", {"embedding_multiplier": 2.0, "logits_scaling": 3.0, "attention_multiplier": 0.3}),
+    ("exaone", {}),
+    ("internlm3", {}),
+    ("iquestcoder", {}),
+    ("gpt-sw3", {}),
+    ("glm", {}),
+    ("arcee", {}),  # squared ReLU
+    ("jais2", {}),
+    ("nemotron", {}),  # layer norm with 1 + w gains
+    ("persimmon", {"qk_layernorm": False}),
+    ("cohere2", {"logit_scale": 0.5}),
+    ("biogpt", {"scale_embedding": False}),
+    ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
+]
+
+
+def relative(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def converted(model_type: str, seed: int = 0, **options):
+    hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
+    model = from_hf(hf)
+    with torch.no_grad():
+        rel = relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64))
+    assert rel <= model.source_check.tolerance, (model_type, options, rel)
+    return model, rel
+
+
+@pytest.mark.parametrize("model_type, options", CONVERTS)
+def test_converts_equal_to_the_source_and_verifies(model_type, options):
+    torch.set_num_threads(1)
+    model, rel = converted(model_type, 1, **options)
+    if source_dtype(model_type) == torch.float64:
+        assert rel < 1e-7  # float64 throughout but GPT-Neo's attention, Cohere's and Ernie's rotary (float32)
+    report = verify_logits(model, TOKENS, max_order=2)
+    assert report.passed, report
+    qk = verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1)
+    assert qk.passed, qk
+
+
+@SOME
+@given(st.booleans(), st.booleans(), st.sampled_from([(False, 1), (True, 1), (True, 2), (True, 4)]), st.integers(0, 99))
+def test_falcon_layouts_combine(multi_query, parallel, new_decoder, seed):
+    new, n_kv = new_decoder
+    options = {"multi_query": multi_query, "parallel_attn": parallel or new, "bias": parallel}
+    if new:
+        options.update(new_decoder_architecture=True, num_kv_heads=n_kv)
+    model, _ = converted("falcon", seed, **options)
+    assert verify_qk(model, TOKENS, 1, 3).passed
+
+
+@SOME
+@given(st.booleans(), st.booleans(), st.sampled_from([0.5, 1.0]), st.integers(0, 99))
+def test_stablelm_options_combine(parallel, qkv_bias, rotary, seed):
+    converted("stablelm", seed, use_parallel_residual=parallel, use_qkv_bias=qkv_bias,
+              rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": rotary})
+
+
+@SOME
+@given(st.sampled_from([8, 12, 16]), st.booleans(), st.booleans(), st.integers(0, 99))
+def test_opt_options_combine(proj_dim, bias, affine, seed):
+    converted("opt", seed, word_embed_proj_dim=proj_dim, enable_bias=bias, layer_norm_elementwise_affine=affine)
+
+
+@SOME
+@given(st.lists(st.floats(0.125, 8.0), min_size=4, max_size=4), st.integers(0, 99))
+def test_granite_multipliers_fold(m, seed):
+    options = dict(zip(("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"), m))
+    converted("granite", seed, **options)
+    converted("hyperclovax", seed, **options)
+
+
+REFUSED = [
+    ("falcon", {"alibi": True}, r"uses ALiBi position biases \(alibi=True\)"),
+    ("gpt_neo", {"window_size": 4}, r"uses local attention \(window 4 < 8 positions\)"),
+    ("ministral", {"sliding_window": 4}, r"uses sliding-window attention \(window 4 < 8 positions\)"),
+    ("starcoder2", {"sliding_window": 3}, r"uses sliding-window attention \(window 3 < 8 positions\)"),
+    ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
+    ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
+    ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
+    ("olmo", {"clip_qkv": 8.0}, r"clipped queries, keys and values \(clip_qkv=8.0\)"),
+    ("cohere", {"use_qk_norm": True}, r"q/k normalisation \(q_norm, k_norm\)"),
+    ("stablelm", {"qk_layernorm": True}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
+    ("phi", {"qk_layernorm": True}, r"q/k normalisation \(qk_layernorm\)"),
+    ("stablelm", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
+     r"rotary on an odd number of dimensions \(1 of d_head=4\)"),
+    ("gptj", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
+    ("codegen", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
+    ("smollm3", {"no_rope_layer_interval": 2}, r"layers without rotary \(no_rope_layers: layer 1 of 2\)"),
+    ("hyperclovax", {"use_post_norm": True}, r"norms after a sublayer \(post_norm1, post_norm2\)"),
+    ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),
+    ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
+     r"rope scaling \('dynamic'"),
+    ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]},
+     r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
+    ("cohere2", {"sliding_window": 4}, r"sliding-window attention \(window 4 < 8 positions\)"),
+    ("vaultgemma", {}, r"attention-score soft-capping \(attn_logit_softcapping=50.0\) and output-logit soft-capping"),
+    ("olmo3", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
+    ("exaone4", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
+    ("apertus", {}, r"q/k normalisation \(q_norm, k_norm\) and rope scaling \('llama3' in rope_parameters\)"),
+    ("cwm", {}, r"rope scaling \('llama3' in rope_parameters\)"),
+    ("ministral3", {}, r"rope scaling \('yarn' in rope_parameters\)"),
+    ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("glm4", {}, r"norms after a sublayer \(post_self_attn_layernorm, post_mlp_layernorm\)"),
+    ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),
+    ("mpt", {}, r"ALiBi position biases \(attn_config.alibi=True\)"),
+    ("qwen3", {}, r"^the Qwen3 model uses q/k normalisation \(q_norm, k_norm\), which CircuitModel cannot express yet$"),
+    ("hunyuan_v1_dense", {}, r"q/k normalisation \(query_layernorm, key_layernorm\)"),
+    ("olmo2", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
+    ("persimmon", {}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
+    ("gemma2", {}, r"norms after a sublayer .*, attention-score soft-capping \(attn_logit_softcapping=50.0\) and "
+                   r"output-logit soft-capping"),
+    ("gemma3_text", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
+    ("mixtral", {}, r"uses mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("olmoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("qwen2_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("qwen3_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+]
+
+
+@pytest.mark.parametrize("model_type, options, message", REFUSED)
+def test_what_the_algebra_cannot_express_is_refused_by_its_name(model_type, options, message):
+    with pytest.raises(UnsupportedModel, match=message):
+        from_hf(build(model_type, dtype=source_dtype(model_type), **options))
+
+
+@pytest.mark.parametrize("model_type, options", [
+    ("starcoder2", {"sliding_window": 8}),  # a window that covers the context
+    ("ministral", {"sliding_window": 4, "layer_types": ["full_attention", "full_attention"]}),  # no layer uses it
+    ("gpt_neo", {"window_size": 8}),
+    ("olmo", {"clip_qkv": None}),
+])
+def test_harmless_settings_are_not_refused(model_type, options):
+    converted(model_type, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("model_type", ["llama", "phi", "stablelm"])
+def test_half_precision_rotary_buffers_are_compared_in_their_precision(model_type, dtype):
+    # the cast rounds inv_freq (bfloat16: ~1e-3); the frequencies are recomputed from the config and
+    # compared in the buffer's precision, and the source check measures the half-precision rounding
+    hf = build(model_type, dtype=dtype)
+    model = from_hf(hf)
+    assert model.source_check.rel_diff <= model.source_check.tolerance
+
+
+def test_families_registered_only_to_be_refused_are_not_listed_as_read():
+    from numeric_check.model.readers import FAMILIES, family_names
+
+    listed = family_names()
+    assert "Llama (LlamaForCausalLM)" in listed and "Falcon (FalconForCausalLM)" in listed
+    for family in FAMILIES:
+        assert (f"{family.name} (" in listed) == family.converts, family.name
+
+
+#: options a user's checkpoint may set, each of which some family reads and others do not know
+_DRAWN = st.fixed_dictionaries({}, optional={
+    "tie_word_embeddings": st.booleans(),
+    "attention_bias": st.booleans(),
+    "mlp_bias": st.booleans(),
+    "hidden_act": st.sampled_from(["gelu", "silu", "relu2", "gelu_new"]),
+    "sliding_window": st.sampled_from([None, 3, 8]),
+    "logit_scale": st.floats(0.1, 2.0),
+    "use_parallel_residual": st.booleans(),
+    "rope_parameters": st.sampled_from([{"rope_type": "default", "rope_theta": 100.0},
+                                        {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}]),
+})
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(CONVERTS), _DRAWN, st.integers(0, 99))
+def test_drawn_options_convert_equal_to_the_source_or_are_refused_by_name(case, drawn, seed):
+    torch.set_num_threads(1)
+    model_type, options = case[0], {**case[1], **drawn}
+    try:
+        hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
+    except Exception:  # noqa: BLE001 - a config transformers itself rejects or cannot build
+        return
+    try:
+        model = from_hf(hf)
+    except UnsupportedModel as err:  # refused: naming an option it was given, or a feature it uses
+        assert " uses " in str(err) or any(f"sets {k}=" in str(err) for k in options), str(err)
+        return
+    with torch.no_grad():
+        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
