@@ -77,7 +77,7 @@ ZOO: dict[str, tuple[str, str, dict]] = {
                                                "attention_heads": N_HEADS, "ffn_dim": D_MLP, "max_position_embeddings": N_CTX,
                                                **_TOKENS}),
     # refused by the features the algebra does not express yet
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "bloom": ("BloomConfig", "BloomForCausalLM", {"vocab_size": VOCAB, "hidden_size": D_MODEL, "n_layer": N_LAYERS,
@@ -142,7 +142,7 @@ def exact_float64(hf):
     for module in hf.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm"):
-            _rms_norm(module, gemma=name.startswith("Gemma"))
+            _rms_norm(module, gemma="Gemma" in name)  # Gemma's and VaultGemma's gains are 1 + w
         elif name == "OlmoLayerNorm":
             module.forward = types.MethodType(lambda self, x: F.layer_norm(x, self.normalized_shape, eps=1e-5), module)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
@@ -171,12 +171,17 @@ def _rms_norm(module, gemma: bool) -> None:
 
 
 def _rotary(module, base: float, interleave: bool) -> None:
+    """rope_theta's frequencies in float64; a scaled rope keeps its own frequencies (the buffer's, made in
+    float32) and attention factor, with the angles and their cosines made in float64."""
     dim = 2 * module.inv_freq.shape[0]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    factor = 1.0
+    if getattr(module, "rope_type", "default") != "default":
+        inv, factor = module.inv_freq.to(torch.float64).clone(), float(module.attention_scaling)
 
     def rotary(self, x, position_ids):
         freqs = position_ids[..., None].to(torch.float64) * inv
         emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleave else torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
     module.forward = types.MethodType(rotary, module)

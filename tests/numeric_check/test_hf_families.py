@@ -59,6 +59,35 @@ CONVERTS = [
     ("cohere2", {"logit_scale": 0.5}),
     ("biogpt", {"scale_embedding": False}),
     ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
+    # the decoder options of issue 18: q/k norms, norms after a sublayer, windows, soft-caps, scaled ropes
+    ("qwen3", {}),  # q/k RMSNorm per head
+    ("qwen3", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),  # layer 1 windowed
+    ("qwen2", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),
+    ("mistral", {"sliding_window": 3}),
+    ("ministral", {"sliding_window": 4}),
+    ("starcoder2", {"sliding_window": 3}),
+    ("cohere2", {"sliding_window": 4}),
+    ("phi3", {"sliding_window": 3, "num_key_value_heads": 2}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 2.0, "original_max_position_embeddings": 4}}),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                   "original_max_position_embeddings": 4}}),  # attention factor != 1
+    ("cwm", {}),  # llama3 rope
+    ("ministral3", {}),  # yarn rope
+    ("olmo2", {}),  # q/k RMSNorm over all heads, norms after each sublayer only
+    ("olmo3", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),
+    ("exaone4", {}),
+    ("gemma2", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),  # sandwich norms, caps
+    ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": 2.0}),
+    ("gemma3_text", {"sliding_window": 3}),  # q/k norm with 1 + w gains, both layers on the sliding rope
+    ("vaultgemma", {}),
+    ("glm4", {}),  # post_self_attn_layernorm, post_mlp_layernorm
+    ("hyperclovax", {"use_post_norm": True, "residual_multiplier": 0.5}),  # the multiplier after the post norm
+    ("persimmon", {}),  # q/k layer norm
+    ("phi", {"qk_layernorm": True}),
+    ("stablelm", {"qk_layernorm": True}),  # one layer norm per head
+    ("cohere", {"use_qk_norm": True}),  # [heads, d_head] gains
 ]
 
 
@@ -122,44 +151,31 @@ def test_granite_multipliers_fold(m, seed):
 REFUSED = [
     ("falcon", {"alibi": True}, r"uses ALiBi position biases \(alibi=True\)"),
     ("gpt_neo", {"window_size": 4}, r"uses local attention \(window 4 < 8 positions\)"),
-    ("ministral", {"sliding_window": 4}, r"uses sliding-window attention \(window 4 < 8 positions\)"),
-    ("starcoder2", {"sliding_window": 3}, r"uses sliding-window attention \(window 3 < 8 positions\)"),
     ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
     ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
     ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
     ("olmo", {"clip_qkv": 8.0}, r"clipped queries, keys and values \(clip_qkv=8.0\)"),
-    ("cohere", {"use_qk_norm": True}, r"q/k normalisation \(q_norm, k_norm\)"),
-    ("stablelm", {"qk_layernorm": True}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
-    ("phi", {"qk_layernorm": True}, r"q/k normalisation \(qk_layernorm\)"),
     ("stablelm", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
      r"rotary on an odd number of dimensions \(1 of d_head=4\)"),
     ("gptj", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("codegen", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("smollm3", {"no_rope_layer_interval": 2}, r"layers without rotary \(no_rope_layers: layer 1 of 2\)"),
-    ("hyperclovax", {"use_post_norm": True}, r"norms after a sublayer \(post_norm1, post_norm2\)"),
     ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),
     ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
      r"rope scaling \('dynamic'"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('dynamic'"),
+    ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.0],
+                                  "long_factor": [2.0, 2.0]}}, r"rope scaling \('longrope'"),
     ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]},
      r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
-    ("cohere2", {"sliding_window": 4}, r"sliding-window attention \(window 4 < 8 positions\)"),
-    ("vaultgemma", {}, r"attention-score soft-capping \(attn_logit_softcapping=50.0\) and output-logit soft-capping"),
-    ("olmo3", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("exaone4", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("apertus", {}, r"q/k normalisation \(q_norm, k_norm\) and rope scaling \('llama3' in rope_parameters\)"),
-    ("cwm", {}, r"rope scaling \('llama3' in rope_parameters\)"),
-    ("ministral3", {}, r"rope scaling \('yarn' in rope_parameters\)"),
+    ("gemma3_text", {"layer_types": ["sliding_attention", "full_attention"]},
+     r"rotary frequencies that differ between layer types \(rope_theta 1000000.0 in full_attention, 10000.0 in "
+     r"sliding_attention\)"),
+    ("apertus", {}, r"activation function 'xielu'"),
+    ("hunyuan_v1_dense", {}, r"q/k normalisation after the rotary rotation \(query_layernorm, key_layernorm\)"),
     ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("glm4", {}, r"norms after a sublayer \(post_self_attn_layernorm, post_mlp_layernorm\)"),
     ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),
     ("mpt", {}, r"ALiBi position biases \(attn_config.alibi=True\)"),
-    ("qwen3", {}, r"^the Qwen3 model uses q/k normalisation \(q_norm, k_norm\), which CircuitModel cannot express yet$"),
-    ("hunyuan_v1_dense", {}, r"q/k normalisation \(query_layernorm, key_layernorm\)"),
-    ("olmo2", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("persimmon", {}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
-    ("gemma2", {}, r"norms after a sublayer .*, attention-score soft-capping \(attn_logit_softcapping=50.0\) and "
-                   r"output-logit soft-capping"),
-    ("gemma3_text", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
     ("mixtral", {}, r"uses mixture-of-experts MLPs \(4 experts, 2 per token\)"),
     ("olmoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
     ("qwen2_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),

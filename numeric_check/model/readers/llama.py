@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import pending
+from numeric_check.model.readers import decoder, pending
 from numeric_check.model.readers.common import (
-    ROPE_TYPES, Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, sliding_window, split_heads,
+    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, split_heads,
     unembed,
 )
 
@@ -64,45 +65,37 @@ class Scales:
 
 def pending_features(model: Any) -> list[tuple[str, str]]:
     """What a Llama-layout model uses that the algebra does not express yet (see :mod:`pending`)."""
-    config, layer = model.config, model.model.layers[0]
-    attn, found = layer.self_attn, []
-    qk = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
-          if getattr(attn, n, None) is not None]
-    if qk:
-        found.append(("qk_norm", ", ".join(qk)))
-    post = [n for n in ("post_feedforward_layernorm", "post_attention_layernorm") if _is_post_norm(layer, n)]
-    post += [n for n in ("post_norm1", "post_norm2") if type(getattr(layer, n, torch.nn.Identity())).__name__ != "Identity"]
-    post += [n for n in ("post_self_attn_layernorm", "post_mlp_layernorm") if getattr(layer, n, None) is not None]
-    if post:
-        found.append(("post_norm", ", ".join(post)))
-    for attr, key in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
-        if getattr(config, attr, None):
-            found.append((key, f"{attr}={getattr(config, attr)}"))
+    config, found = model.config, []
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
     if any(hasattr(getattr(block, "mlp", None), "experts") for block in model.model.layers):
         found.append(("moe", f"{experts} experts, {getattr(config, 'num_experts_per_tok', '?')} per token"))
-    scaled = sorted({t for t in _rope_types(getattr(config, "rope_parameters", None) or {}) if t not in ROPE_TYPES})
-    if scaled:
-        found.append(("rope_scaling", f"{', '.join(map(repr, scaled))} in rope_parameters"))
-    window = sliding_window(config)
-    return found + ([window] if window else [])
+    return found
 
 
-def _rope_types(params: dict) -> list[str]:
-    """The rope types of ``rope_parameters``: one, or one per layer type (Gemma 3, OLMo 3)."""
-    if all(isinstance(v, dict) for v in params.values()) and params:
-        return [t for v in params.values() for t in _rope_types(v)]
-    return [params.get("rope_type", params.get("type", "default"))]
+def norm_names(layer: Any) -> tuple[str, str | None, str | None, str | None, str | None]:
+    """``(sublayer_norm, ln1, ln2, ln1_post, ln2_post)``: the block's norm modules that read the stream
+    before each sublayer and that normalise each sublayer's output (None: none). OLMo 2 and EXAONE 4
+    normalise only the outputs; Gemma 2/3 both (the MLP reads ``pre_feedforward_layernorm``; their
+    ``post_attention_layernorm`` follows attention), GLM-4 and HyperCLOVA X (``use_post_norm``) too."""
+    def has(name: str) -> bool:
+        return type(getattr(layer, name, None)).__name__ not in ("NoneType", "Identity")
 
-
-def _is_post_norm(layer: Any, name: str) -> bool:
-    """Gemma 2/3 and OLMo 2 normalise each sublayer's output (``post_feedforward_layernorm``;
-    their ``post_attention_layernorm`` then follows attention instead of preceding the MLP)."""
-    return getattr(layer, name, None) is not None and getattr(layer, "post_feedforward_layernorm", None) is not None
+    if has("attention_layernorm"):  # Apertus' names
+        return "pre", "attention_layernorm", "feedforward_layernorm", None, None
+    pre_mlp = next((n for n in ("pre_feedforward_layernorm", "post_attention_layernorm") if has(n)), None)  # parallel: none
+    if has("post_feedforward_layernorm"):
+        if not has("input_layernorm"):
+            return "post", None, None, "post_attention_layernorm", "post_feedforward_layernorm"
+        return "both", "input_layernorm", pre_mlp, "post_attention_layernorm", "post_feedforward_layernorm"
+    for post1, post2 in (("post_self_attn_layernorm", "post_mlp_layernorm"), ("post_norm1", "post_norm2")):
+        if has(post1):
+            return "both", "input_layernorm", "post_attention_layernorm", post1, post2
+    return "pre", "input_layernorm", pre_mlp, None, None
 
 
 def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: Scales = Scales()) -> SourceWeights:
-    """A Llama-layout model as :class:`SourceWeights` (``layout``, ``scales``: how it departs from Llama)."""
+    """A Llama-layout model as :class:`SourceWeights` (``layout``, ``scales``: how it departs from Llama);
+    q/k norms, norms after a sublayer, sliding windows, soft-caps and scaled ropes read as the modules hold them."""
     config = model.config
     pending.refuse(source, *pending_features(model))
     d_model, n_heads = config.hidden_size, config.num_attention_heads
@@ -111,9 +104,11 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
     if n_heads % n_kv:
         raise unsupported(f"{n_heads} query heads in {n_kv} key/value groups (not divisible)", source)
     declared = getattr(model.model.layers[0].self_attn, "rotary_ndims", None)
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, declared)
+    rope_of, rotary_emb = _one_rotary(model, source)
+    fraction, theta = rotary(rope_of, rotary_emb, d_head, source, declared, scaled=True)
     dims = (d_model, n_heads, n_kv, d_head)
     layers = [_layer(layer, i, dims, config, layout, scales, source) for i, layer in enumerate(model.model.layers)]
+    qk = decoder.qk_modules(model.model.layers[0].self_attn, source)
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
     kind = "layer_norm" if layout.norm.startswith("layer") else "rms_norm"
     return SourceWeights(
@@ -123,7 +118,28 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         eps=_eps(model, layout), attn_scale=scales.attn or math.sqrt(d_head), d_head=d_head,
         n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, parallel=layout.parallel,
         rotary=fraction, rotary_style=layout.rotary_style, rotary_base=theta,
+        qk_norm=decoder.qk_kind(qk[0]) if qk else None,
+        qk_norm_scope=decoder.qk_scope(layers[0].q_norm[0], d_head) if qk else "head",
+        sublayer_norm=norm_names(model.model.layers[0])[0], window=decoder.windows(config, len(layers), source),
+        **decoder.softcaps(config), **decoder.rope_fields(rotary_emb),
     )
+
+
+def _one_rotary(model: Any, source: str) -> tuple[Any, Any]:
+    """``(what holds the config, the rotary embedding)`` for :func:`rotary`: the model's own, or, where each
+    layer type has its own rope (Gemma 3, OLMo 3), the one every layer type used shares; ropes that differ
+    between the layer types used are refused."""
+    emb = model.model.rotary_emb
+    if hasattr(emb, "inv_freq"):
+        return model, emb
+    used = sorted(set(model.config.layer_types[:len(model.model.layers)]))
+    ropes = {t: SimpleNamespace(inv_freq=getattr(emb, f"{t}_inv_freq"), rope_type=emb.rope_type[t],
+                                attention_scaling=getattr(emb, f"{t}_attention_scaling")) for t in used}
+    first = ropes[used[0]]
+    if any(not torch.equal(r.inv_freq, first.inv_freq) or r.attention_scaling != first.attention_scaling for r in ropes.values()):
+        thetas = ", ".join(f"{model.config.rope_parameters[t].get('rope_theta')} in {t}" for t in used)
+        raise unsupported(f"rotary frequencies that differ between layer types (rope_theta {thetas})", source)
+    return SimpleNamespace(config=SimpleNamespace(rope_parameters=model.config.rope_parameters[used[0]])), first
 
 
 def _eps(model: Any, layout: Layout) -> float:
@@ -138,8 +154,10 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
     d_model, n_heads, n_kv, d_head = dims
     a, where = layer.self_attn, f"layers.{i}.self_attn."
     W_O, b_O = heads_out(a.o_proj, n_heads, d_head, d_model, where + "o_proj", source)
-    ln1 = norm(layer.input_layernorm, layout.norm)
-    ln2 = ln1 if layout.parallel else norm(layer.post_attention_layernorm, layout.norm)
+    mode, *names = norm_names(layer)
+    ln1, ln2, post1, post2 = (norm(getattr(layer, n), layout.norm) if n else None for n in names)
+    if layout.parallel:
+        ln2 = ln1
     d_mlp = config.intermediate_size
     if layout.mlp == "gated":
         mlp = _gated_mlp(layer.mlp, d_mlp)
@@ -149,7 +167,14 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
         mlp = plain_mlp(layer.mlp.up_proj, layer.mlp.down_proj, d_mlp, d_model, f"layers.{i}.mlp.", source)
     else:
         mlp = plain_mlp(layer.mlp.c_fc, layer.mlp.c_proj, d_mlp, d_model, f"layers.{i}.mlp.c_", source)
-    r = scales.residual
+    # a sublayer's output is multiplied by residual_multiplier after its post norm (HyperCLOVA X): into the post
+    # norm's gain then, since a norm's eps makes it not scale-invariant
+    r, post_r = (1.0, scales.residual) if mode != "pre" else (scales.residual, 1.0)
+    for what, post in (("ln1_post", post1), ("ln2_post", post2)):
+        if post is not None and post[1].any():
+            raise unsupported(f"a norm after a sublayer with a bias (layers.{i} {what})", source)
+    qk = decoder.qk_modules(a, source)
+    q_norm, k_norm = (decoder.qk_weights(m, d_head, layout.norm == "gemma") for m in qk) if qk else (None, None)
     return LayerWeights(
         W_Q=split_heads(a.q_proj.weight, n_heads, d_head, d_model, where + "q_proj.weight", source),
         W_K=split_heads(a.k_proj.weight, n_kv, d_head, d_model, where + "k_proj.weight", source),
@@ -159,6 +184,8 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
         b_K=bias(a.k_proj, n_kv, d_head, where + "k_proj.bias", source),
         b_V=bias(a.v_proj, n_kv, d_head, where + "v_proj.bias", source),
         ln1=ln1, ln2=ln2, mlp={**mlp, "W_out": mlp["W_out"] * r, "b_out": mlp["b_out"] * r},
+        q_norm=q_norm, k_norm=k_norm, ln1_post=None if post1 is None else post1[0] * post_r,
+        ln2_post=None if post2 is None else post2[0] * post_r,
     )
 
 
@@ -277,21 +304,21 @@ FAMILIES = (
     Family("Cohere 2", ("Cohere2ForCausalLM",), _read_cohere2, _LLAMA | _WINDOWS | {"layer_norm_eps", "logit_scale"}),
     # every model of these uses a feature the algebra does not express yet: refused by its name
     Family("VaultGemma", ("VaultGemmaForCausalLM",), lambda m: _read_gemma(m, "the VaultGemma model"),
-           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
-    _family("OLMo 3", "Olmo3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("EXAONE 4", "Exaone4ForCausalLM", _LLAMA | _WINDOWS | {"sliding_window_pattern"}, converts=False),
-    _family("Apertus", "ApertusForCausalLM", _LLAMA, converts=False),
-    _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
+           _LLAMA | _WINDOWS | _GEMMA2),
+    _family("OLMo 3", "Olmo3ForCausalLM", _LLAMA | _WINDOWS),
+    _family("EXAONE 4", "Exaone4ForCausalLM", _LLAMA | _WINDOWS | {"sliding_window_pattern"}),
+    _family("Apertus", "ApertusForCausalLM", _LLAMA, Layout(mlp="up_down")),
+    _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS),
+    _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS),
     _family("PhiMoE", "PhimoeForCausalLM", _LLAMA | _WINDOWS | _MOE | {"input_jitter_noise", "lm_head_bias"}, converts=False),
-    _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM, converts=False),
+    _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM),
     _family("HunYuan dense", "HunYuanDenseV1ForCausalLM", _LLAMA | {"eod_token_id"}, converts=False),
-    _family("Qwen3", "Qwen3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("OLMo 2", "Olmo2ForCausalLM", _LLAMA, converts=False),
+    _family("Qwen3", "Qwen3ForCausalLM", _LLAMA | _WINDOWS),
+    _family("OLMo 2", "Olmo2ForCausalLM", _LLAMA),
     Family("Gemma 2", ("Gemma2ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 2 model"),
-           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
+           _LLAMA | _WINDOWS | _GEMMA2),
     Family("Gemma 3", ("Gemma3ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 3 model"),
-           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
+           _LLAMA | _WINDOWS | _GEMMA2),
     _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
     _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}, converts=False),
     _family("Qwen2-MoE", "Qwen2MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
