@@ -91,6 +91,11 @@ CONVERTS = [
 ]
 
 
+#: sources that run part of a float64 pass in float32 beyond exact_float64's reach: Gemma 2's, Gemma 3's and
+#: VaultGemma's eager softmax, OLMo 3's and Gemma 3's rotary tables (one per layer type); the source check's tolerance holds
+FLOAT32_INSIDE = {"gemma2", "gemma3_text", "vaultgemma", "olmo3"}
+
+
 def relative(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
@@ -108,7 +113,7 @@ def converted(model_type: str, seed: int = 0, **options):
 def test_converts_equal_to_the_source_and_verifies(model_type, options):
     torch.set_num_threads(1)
     model, rel = converted(model_type, 1, **options)
-    if source_dtype(model_type) == torch.float64:
+    if source_dtype(model_type) == torch.float64 and model_type not in FLOAT32_INSIDE:
         assert rel < 1e-7  # float64 throughout but GPT-Neo's attention, Cohere's and Ernie's rotary (float32)
     report = verify_logits(model, TOKENS, max_order=2)
     assert report.passed, report
