@@ -88,6 +88,7 @@ CONVERTS = [
     ("phi", {"qk_layernorm": True}),
     ("stablelm", {"qk_layernorm": True}),  # one layer norm per head
     ("cohere", {"use_qk_norm": True}),  # [heads, d_head] gains
+    ("gpt_neo", {"window_size": 4}),  # local layers: windows
 ]
 
 
@@ -155,7 +156,6 @@ def test_granite_multipliers_fold(m, seed):
 
 REFUSED = [
     ("falcon", {"alibi": True}, r"uses ALiBi position biases \(alibi=True\)"),
-    ("gpt_neo", {"window_size": 4}, r"uses local attention \(window 4 < 8 positions\)"),
     ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
     ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
     ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
