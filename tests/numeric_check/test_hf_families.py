@@ -89,6 +89,8 @@ CONVERTS = [
     ("stablelm", {"qk_layernorm": True}),  # one layer norm per head
     ("cohere", {"use_qk_norm": True}),  # [heads, d_head] gains
     ("gpt_neo", {"window_size": 4}),  # local layers: windows
+    ("falcon", {"alibi": True}),  # ALiBi slopes / sqrt(d_head), through the mask
+    ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 2, "num_attention_heads": 2}),
 ]
 
 
@@ -155,7 +157,8 @@ def test_granite_multipliers_fold(m, seed):
 
 
 REFUSED = [
-    ("falcon", {"alibi": True}, r"uses ALiBi position biases \(alibi=True\)"),
+    ("falcon", {"alibi": True, "attn_implementation": "eager"}, r"ALiBi in eager attention \(alibi=True, "
+     r"attn_implementation='eager': Hugging Face adds the biases twice"),
     ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
     ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
     ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
