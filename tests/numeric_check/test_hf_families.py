@@ -91,6 +91,11 @@ CONVERTS = [
     ("gpt_neo", {"window_size": 4}),  # local layers: windows
     ("falcon", {"alibi": True}),  # ALiBi slopes / sqrt(d_head), through the mask
     ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 2, "num_attention_heads": 2}),
+    ("falcon", {"alibi": True, "hidden_size": 24, "num_attention_heads": 6}),  # slopes of a head count not a power of 2
+    ("bloom", {}),  # BLOOM's slopes; the embedding's layer norm folded into W_E
+    ("bloom", {"hidden_size": 24, "n_head": 6}),
+    ("mpt", {}),  # MPT's slopes (alibi_bias_max=8, as Hugging Face builds them)
+    ("mpt", {"d_model": 24, "n_heads": 6, "attn_config": {"alibi": True, "softmax_scale": 0.3}}),
 ]
 
 
@@ -182,8 +187,10 @@ REFUSED = [
     ("apertus", {}, r"activation function 'xielu'"),
     ("hunyuan_v1_dense", {}, r"q/k normalisation after the rotary rotation \(query_layernorm, key_layernorm\)"),
     ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),
-    ("mpt", {}, r"ALiBi position biases \(attn_config.alibi=True\)"),
+    ("bloom", {"apply_residual_connection_post_layernorm": True}, r"a residual stream that carries each layer norm's "
+     r"output \(apply_residual_connection_post_layernorm=True\)"),
+    ("mpt", {"attn_config": {"alibi": False}}, r"attention without ALiBi \(attn_config.alibi=False\)"),
+    ("mpt", {"attn_config": {"alibi": True, "clip_qkv": 2.0}}, r"clipped queries, keys and values \(attn_config.clip_qkv=2.0\)"),
     ("mixtral", {}, r"uses mixture-of-experts MLPs \(4 experts, 2 per token\)"),
     ("olmoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
     ("qwen2_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
