@@ -96,6 +96,11 @@ CONVERTS = [
     ("bloom", {"hidden_size": 24, "n_head": 6}),
     ("mpt", {}),  # MPT's slopes (alibi_bias_max=8, as Hugging Face builds them)
     ("mpt", {"d_model": 24, "n_heads": 6, "attn_config": {"alibi": True, "softmax_scale": 0.3}}),
+    # mixtures of experts, in float32 (Hugging Face's expert kernels refuse float64)
+    ("mixtral", {}),  # top-2 weights renormalised
+    ("olmoe", {}),  # not renormalised; q/k RMSNorm over all heads
+    ("qwen3_moe", {}),
+    ("qwen3_moe", {"norm_topk_prob": True, "sliding_window": 3, "use_sliding_window": True, "max_window_layers": 0}),
 ]
 
 
@@ -186,15 +191,14 @@ REFUSED = [
      r"sliding_attention\)"),
     ("apertus", {}, r"activation function 'xielu'"),
     ("hunyuan_v1_dense", {}, r"q/k normalisation after the rotary rotation \(query_layernorm, key_layernorm\)"),
-    ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("phimoe", {}, r"mixture-of-experts routing by PhimoeTopKRouter \(tcircuits reads a softmax over the experts"),
     ("bloom", {"apply_residual_connection_post_layernorm": True}, r"a residual stream that carries each layer norm's "
      r"output \(apply_residual_connection_post_layernorm=True\)"),
     ("mpt", {"attn_config": {"alibi": False}}, r"attention without ALiBi \(attn_config.alibi=False\)"),
     ("mpt", {"attn_config": {"alibi": True, "clip_qkv": 2.0}}, r"clipped queries, keys and values \(attn_config.clip_qkv=2.0\)"),
-    ("mixtral", {}, r"uses mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("olmoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("qwen2_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("qwen3_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("olmoe", {"clip_qkv": 3.0}, r"clipped queries, keys and values \(clip_qkv=3.0\)"),
+    ("qwen2_moe", {}, r"a shared expert beside the routed ones \(shared_expert, shared_expert_gate"),
+    ("qwen3_moe", {"mlp_only_layers": [1]}, r"dense MLP layers among mixture-of-experts layers \(layer 1 of 2"),
 ]
 
 

@@ -33,9 +33,9 @@ SIZES = frozenset({"vocab_size", "max_position_embeddings"})
 class Family:
     """A Hugging Face family tcircuits reads: its name, the model classes it covers, its reader and
     the config options the reader understands (an allow-list: any other option set off its
-    default is refused by name). ``converts=False``: every model of the family uses a feature the
-    algebra does not express yet (:mod:`~numeric_check.model.readers.pending`), so it is registered
-    only to be refused by that feature's name."""
+    default is refused by name). ``converts=False``: every model of the family uses something the
+    algebra does not express (HunYuan's q/k norm after the rotation, PhiMoE's routing, Qwen2-MoE's
+    shared expert), so it is registered only to be refused by that feature's name."""
 
     name: str
     classes: tuple[str, ...]
@@ -129,20 +129,6 @@ def unembed(model: Any, d_model: int, d_vocab: int, source: str) -> tuple[Tensor
     W_U = shape(f64(head.weight), (d_vocab, d_model), "lm_head.weight", source).T
     b_U = f64(head.bias) if getattr(head, "bias", None) is not None else torch.zeros(d_vocab, dtype=torch.float64)
     return W_U, b_U
-
-
-def sliding_window(config: Any) -> tuple[str, str] | None:
-    """``("window", detail)`` when sliding-window attention changes the mask: some layer uses it
-    (``layer_types``, ``use_sliding_window``) and its window is shorter than the context."""
-    layer_types = getattr(config, "layer_types", None)
-    used = "sliding_attention" in layer_types if layer_types else getattr(config, "use_sliding_window", True)
-    return pending.window(getattr(config, "sliding_window", None), config.max_position_embeddings, used)
-
-
-def refuse_windows(config: Any, source: str) -> None:
-    """Refuse sliding-window attention by name (:func:`sliding_window`); harmless windows pass."""
-    found = sliding_window(config)
-    pending.refuse(source, *([found] if found else []))
 
 
 def linear(module: Any, n_out: int, what: str, source: str, n_in: int | None = None) -> tuple[Tensor, Tensor]:

@@ -12,11 +12,15 @@ rotary), Ernie 4.5 and Helium (interleaved rotary pairs), HyperCLOVA X (Granite'
 logits multiplied), GLM (packed gate/up, interleaved partial rotary), Arcee, Jais 2 and Nemotron
 (up/down MLPs with squared ReLU; Nemotron's layer norm has ``1 + w`` gains).
 
-Every model of the rest uses a feature the algebra does not express yet
-(:mod:`~numeric_check.model.readers.pending`), found by :func:`pending_features` and named all
-at once: q/k norm (Qwen3, HunYuan dense, Apertus), norms after each sublayer (GLM-4), both
-(OLMo 2 and 3, EXAONE 4, Gemma 3), soft-caps (Gemma 2, VaultGemma), rope scaling (CWM,
-Ministral 3), mixture-of-experts MLPs (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, PhiMoE).
+With the decoder options of issue 18 (:mod:`~numeric_check.model.readers.decoder`): q/k norms
+per head (Qwen3, Gemma 3, EXAONE 4's, StableLM's and Cohere's) or over all heads (OLMo 2 and 3,
+OLMoE); norms after each sublayer only (OLMo 2 and 3, EXAONE 4) or before and after (Gemma 2/3,
+GLM-4, HyperCLOVA X's ``use_post_norm``); sliding windows per layer; Gemma 2's and VaultGemma's
+soft-caps; linear, llama3 and YaRN rope (CWM, Ministral 3); mixtures of experts with a softmax
+router (Mixtral, OLMoE, Qwen2-MoE and Qwen3-MoE without a shared expert). Refused by name:
+HunYuan dense (q/k norm after the rotation), PhiMoE (sparsemixer routing), a shared expert,
+dense layers between expert layers, ropes that differ between layer types (Gemma 3's defaults),
+dynamic and longrope scaling (their frequencies depend on the length).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import decoder, pending
+from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import (
     Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, split_heads,
     unembed,
@@ -63,13 +67,27 @@ class Scales:
     attn: float | None = None
 
 
-def pending_features(model: Any) -> list[tuple[str, str]]:
-    """What a Llama-layout model uses that the algebra does not express yet (see :mod:`pending`)."""
-    config, found = model.config, []
-    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
-    if any(hasattr(getattr(block, "mlp", None), "experts") for block in model.model.layers):
-        found.append(("moe", f"{experts} experts, {getattr(config, 'num_experts_per_tok', '?')} per token"))
-    return found
+def experts(model: Any, source: str) -> tuple[int, bool] | None:
+    """``(experts per token, renormalised)`` of a mixture-of-experts model (Mixtral, OLMoE, Qwen2/3-MoE: a
+    softmax router, the top k experts' weights renormalised to sum to 1 or not); None without experts. Every
+    layer must be one (no dense layers between), with a softmax router and no shared expert."""
+    blocks = [getattr(block, "mlp", None) for block in model.model.layers]
+    moe = [hasattr(mlp, "experts") for mlp in blocks]
+    if not any(moe):
+        return None
+    if not all(moe):
+        dense = ", ".join(str(i) for i, m in enumerate(moe) if not m)
+        raise unsupported(f"dense MLP layers among mixture-of-experts layers (layer {dense} of {len(moe)}: "
+                          "mlp_only_layers, decoder_sparse_step)", source)
+    mlp = blocks[0]
+    if getattr(mlp, "shared_expert", None) is not None:
+        raise unsupported("a shared expert beside the routed ones (shared_expert, shared_expert_gate: a sigmoid-gated "
+                          "MLP every position goes through)", source)
+    router = getattr(mlp, "gate", None)
+    if type(router).__name__ not in ("MixtralTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter"):
+        raise unsupported(f"mixture-of-experts routing by {type(getattr(mlp, 'router', router)).__name__} (tcircuits reads a "
+                          "softmax over the experts, the top k kept)", source)
+    return int(router.top_k), bool(getattr(router, "norm_topk_prob", True))
 
 
 def norm_names(layer: Any) -> tuple[str, str | None, str | None, str | None, str | None]:
@@ -97,7 +115,9 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
     """A Llama-layout model as :class:`SourceWeights` (``layout``, ``scales``: how it departs from Llama);
     q/k norms, norms after a sublayer, sliding windows, soft-caps and scaled ropes read as the modules hold them."""
     config = model.config
-    pending.refuse(source, *pending_features(model))
+    if getattr(config, "clip_qkv", None) is not None:  # clamps queries, keys and values: not a linear map
+        raise unsupported(f"clipped queries, keys and values (clip_qkv={config.clip_qkv})", source)
+    moe = experts(model, source)
     d_model, n_heads = config.hidden_size, config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
@@ -116,8 +136,9 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         b_U=b_U * scales.logits, layers=layers, ln_final=norm(model.model.norm, layout.norm), positional="none",
         layer_norm=kind == "layer_norm", norm=kind, act_fn=act(getattr(config, layout.act), source),
         eps=_eps(model, layout), attn_scale=scales.attn or math.sqrt(d_head), d_head=d_head,
-        n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, parallel=layout.parallel,
+        n_ctx=config.max_position_embeddings, d_mlp=layers[0].mlp["W_out"].shape[-2], parallel=layout.parallel,
         rotary=fraction, rotary_style=layout.rotary_style, rotary_base=theta,
+        experts_top_k=moe[0] if moe else 1, moe_renormalise=moe[1] if moe else True,
         qk_norm=decoder.qk_kind(qk[0]) if qk else None,
         qk_norm_scope=decoder.qk_scope(layers[0].q_norm[0], d_head) if qk else "head",
         sublayer_norm=norm_names(model.model.layers[0])[0], window=decoder.windows(config, len(layers), source),
@@ -159,7 +180,9 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
     if layout.parallel:
         ln2 = ln1
     d_mlp = config.intermediate_size
-    if layout.mlp == "gated":
+    if hasattr(layer.mlp, "experts"):
+        mlp = _experts(layer.mlp)
+    elif layout.mlp == "gated":
         mlp = _gated_mlp(layer.mlp, d_mlp)
     elif layout.mlp == "packed":
         mlp = packed_gated_mlp(layer.mlp, d_mlp, d_model, f"layers.{i}.mlp.", source)
@@ -197,6 +220,18 @@ def _gated_mlp(mlp: Any, d_mlp: int) -> dict[str, Tensor]:
     return {"W_gate": f64(mlp.gate_proj.weight).T, "b_gate": b(mlp.gate_proj, d_mlp),
             "W_in": f64(mlp.up_proj.weight).T, "b_in": b(mlp.up_proj, d_mlp),
             "W_out": f64(mlp.down_proj.weight).T, "b_out": b(mlp.down_proj, mlp.down_proj.weight.shape[0])}
+
+
+def _experts(mlp: Any) -> dict[str, Tensor]:
+    """A mixture of experts as SourceWeights holds it: ``W_router [d_model, E]`` (the router's ``x Wᵀ``) and every
+    expert's gated MLP stacked first (``gate_up_proj [E, 2m, d]``: gate then up; ``down_proj [E, d, m]``), no biases."""
+    gate_up, down = f64(mlp.experts.gate_up_proj), f64(mlp.experts.down_proj)
+    (E, two_m, _), d = gate_up.shape, down.shape[1]
+    m = two_m // 2
+    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+    return {"W_router": f64(mlp.gate.weight).T, "W_gate": gate_up[:, :m].transpose(1, 2),
+            "W_in": gate_up[:, m:].transpose(1, 2), "W_out": down.transpose(1, 2),
+            "b_gate": zeros(E, m), "b_in": zeros(E, m), "b_out": zeros(E, d)}
 
 
 def _read_gemma(model: Any, source: str = "the Gemma model") -> SourceWeights:
@@ -263,7 +298,8 @@ _GRANITE = frozenset({"embedding_multiplier", "residual_multiplier", "attention_
 _INTERLEAVED = Layout(rotary_style="gptj")  # rotary pairs (2f, 2f + 1): cos/sin repeated by interleaving
 _GLM = Layout(mlp="packed", rotary_style="gptj")
 _WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
-#: options whose only effect is a feature :func:`pending_features` refuses by name
+#: mixture-of-experts options: read (sizes, top k, norm_topk_prob), refused by name by :func:`experts` (dense layers
+#: between, a shared expert) or without effect in eval mode (jitter, router losses)
 _MOE = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                   "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "output_router_logits",
                   "router_aux_loss_coef", "router_jitter_noise", "qkv_bias"})
@@ -319,8 +355,8 @@ FAMILIES = (
            _LLAMA | _WINDOWS | _GEMMA2),
     Family("Gemma 3", ("Gemma3ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 3 model"),
            _LLAMA | _WINDOWS | _GEMMA2),
-    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
-    _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}, converts=False),
+    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE),
+    _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}),
     _family("Qwen2-MoE", "Qwen2MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
-    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
+    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE),
 )
