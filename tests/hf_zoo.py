@@ -76,7 +76,7 @@ ZOO: dict[str, tuple[str, str, dict]] = {
     "xglm": ("XGLMConfig", "XGLMForCausalLM", {"vocab_size": VOCAB, "d_model": D_MODEL, "num_layers": N_LAYERS,
                                                "attention_heads": N_HEADS, "ffn_dim": D_MLP, "max_position_embeddings": N_CTX,
                                                **_TOKENS}),
-    # refused by the features the algebra does not express yet
+    # the decoder options of issue 18 (q/k norms, post norms, windows, soft-caps, scaled rope, ALiBi, experts); some refused
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
