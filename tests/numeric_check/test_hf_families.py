@@ -78,6 +78,7 @@ CONVERTS = [
     ("olmo2", {}),  # q/k RMSNorm over all heads, norms after each sublayer only
     ("olmo3", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),
     ("exaone4", {}),
+    ("exaone4", {"sliding_window": 3, "layer_types": ["sliding_attention", "sliding_attention"]}),
     ("gemma2", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),  # sandwich norms, caps
     ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": 2.0}),
     ("gemma3_text", {"sliding_window": 3}),  # q/k norm with 1 + w gains, both layers on the sliding rope
@@ -166,6 +167,41 @@ def test_granite_multipliers_fold(m, seed):
     converted("hyperclovax", seed, **options)
 
 
+@SOME
+@given(st.sampled_from([2, 3, 8]), st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=2,
+                                                   max_size=2),
+       st.sampled_from([None, 2.0, 50.0]), st.sampled_from([None, 3.0]), st.integers(0, 99))
+def test_gemma2_windows_and_caps_combine(window, layer_types, attn_cap, logit_cap, seed):
+    # (no window at all: Hugging Face's Gemma 2 itself cannot run)
+    model, _ = converted("gemma2", seed, sliding_window=window, layer_types=layer_types,
+                         attn_logit_softcapping=attn_cap, final_logit_softcapping=logit_cap)
+    assert verify_qk(model, TOKENS, 1, 3).passed
+
+
+@SOME
+@given(st.sampled_from(["qwen3", "olmo2", "olmo3", "exaone4", "gemma3_text", "glm4"]), st.sampled_from([None, 2, 5]),
+       st.sampled_from([{"rope_type": "default", "rope_theta": 100.0},
+                        {"rope_type": "linear", "rope_theta": 1e4, "factor": 3.0},
+                        {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 4}]),
+       st.integers(0, 99))
+def test_qk_and_post_norms_combine_with_windows_and_scaled_rope(model_type, window, rope, seed):
+    options = {"rope_parameters": dict(rope)}  # a copy: configs write into it
+    if model_type in ("olmo3", "gemma3_text"):  # one rope per layer type
+        options["rope_parameters"] = {t: dict(rope) for t in ("sliding_attention", "full_attention")}
+    if model_type in ("qwen3", "olmo3", "gemma3_text") and window:  # OLMo 2 and GLM-4 have no windows
+        options.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
+        if model_type == "qwen3":  # its config drops the window without use_sliding_window
+            options["use_sliding_window"] = True
+    try:
+        hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
+    except Exception:  # noqa: BLE001 - a config transformers itself rejects
+        return
+    model = from_hf(hf)
+    with torch.no_grad():
+        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+    assert verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1).passed
+
+
 REFUSED = [
     ("falcon", {"alibi": True, "attn_implementation": "eager"}, r"ALiBi in eager attention \(alibi=True, "
      r"attn_implementation='eager': Hugging Face adds the biases twice"),
@@ -190,6 +226,8 @@ REFUSED = [
      r"rotary frequencies that differ between layer types \(rope_theta 1000000.0 in full_attention, 10000.0 in "
      r"sliding_attention\)"),
     ("apertus", {}, r"activation function 'xielu'"),
+    ("exaone4", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},
+     r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
     ("hunyuan_v1_dense", {}, r"q/k normalisation after the rotary rotation \(query_layernorm, key_layernorm\)"),
     ("phimoe", {}, r"mixture-of-experts routing by PhimoeTopKRouter \(tcircuits reads a softmax over the experts"),
     ("bloom", {"apply_residual_connection_post_layernorm": True}, r"a residual stream that carries each layer norm's "

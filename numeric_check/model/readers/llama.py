@@ -282,6 +282,13 @@ def _read_cohere2(model: Any) -> SourceWeights:
     return _read_cohere(model, "the Cohere 2 model")
 
 
+def _read_exaone4(model: Any) -> SourceWeights:
+    # with a sliding window configured, EXAONE 4 turns queries and keys only in its sliding-window layers
+    _refuse_layers_without_rotary(model, lambda a: a.sliding_window is None or a.is_sliding, "full-attention layers",
+                                  "the EXAONE 4 model")
+    return read_llama_like(model, "the EXAONE 4 model")
+
+
 def _read_olmo(model: Any) -> SourceWeights:
     if model.config.clip_qkv is not None:  # clamps queries, keys and values: not a linear map
         raise unsupported(f"clipped queries, keys and values (clip_qkv={model.config.clip_qkv})", "the OLMo model")
@@ -342,7 +349,7 @@ FAMILIES = (
     Family("VaultGemma", ("VaultGemmaForCausalLM",), lambda m: _read_gemma(m, "the VaultGemma model"),
            _LLAMA | _WINDOWS | _GEMMA2),
     _family("OLMo 3", "Olmo3ForCausalLM", _LLAMA | _WINDOWS),
-    _family("EXAONE 4", "Exaone4ForCausalLM", _LLAMA | _WINDOWS | {"sliding_window_pattern"}),
+    Family("EXAONE 4", ("Exaone4ForCausalLM",), _read_exaone4, _LLAMA | _WINDOWS | {"sliding_window_pattern"}),
     _family("Apertus", "ApertusForCausalLM", _LLAMA, Layout(mlp="up_down")),
     _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS),
     _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS),
