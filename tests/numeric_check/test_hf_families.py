@@ -64,6 +64,8 @@ CONVERTS = [
     ("qwen3", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),  # layer 1 windowed
     ("qwen2", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),
     ("mistral", {"sliding_window": 3}),
+    ("mistral", {"sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"]}),  # ignored: every layer
+    ("starcoder2", {"sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"]}),
     ("ministral", {"sliding_window": 4}),
     ("starcoder2", {"sliding_window": 3}),
     ("cohere2", {"sliding_window": 4}),

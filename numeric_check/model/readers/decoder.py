@@ -50,12 +50,16 @@ def qk_scope(gain: Tensor, d_head: int) -> str:
     return "all" if gain.ndim == 1 and gain.numel() != d_head else "head"
 
 
-def windows(config: Any, n_layers: int, source: str) -> int | tuple[int | None, ...] | None:
+def windows(config: Any, n_layers: int, source: str, per_layer: bool = True) -> int | tuple[int | None, ...] | None:
     """The sliding window of each layer (``i − j < window`` kept), as the config says which layers use it
-    (``layer_types``; else every layer unless ``use_sliding_window=False``); None where the window covers the context."""
+    (``layer_types``; else every layer unless ``use_sliding_window=False``); None where the window covers the context.
+    ``per_layer=False``: the family masks every layer whenever ``sliding_window`` is set (Mistral, Starcoder2,
+    Mixtral, Qwen3-MoE build one mask from it and ignore ``layer_types``)."""
     w = getattr(config, "sliding_window", None)
     if w is None or w >= config.max_position_embeddings:
         return None
+    if not per_layer:
+        return w
     types = getattr(config, "layer_types", None)
     if not types:
         return w if getattr(config, "use_sliding_window", True) else None

@@ -46,7 +46,8 @@ class Layout:
     """How a family departs from Llama. ``norm``: ``"rms"``, ``"gemma"`` (RMSNorm with ``1 + w``
     gains) or ``"layer"`` (layer norm, with or without gain and bias); ``parallel``: the MLP reads
     ``input_layernorm``'s output; ``mlp``: ``"gated"`` (gate/up/down), ``"packed"`` (gate_up/down),
-    ``"plain"`` (c_fc/c_proj) or ``"up_down"`` (up/down, no gate)."""
+    ``"plain"`` (c_fc/c_proj) or ``"up_down"`` (up/down, no gate); ``layer_windows``: the sliding window
+    applies to the layers ``layer_types`` names (else to every layer, :func:`decoder.windows`)."""
 
     norm: str = "rms"
     eps: str = "rms_norm_eps"
@@ -54,6 +55,7 @@ class Layout:
     parallel: bool = False
     mlp: str = "gated"
     rotary_style: str = "neox"
+    layer_windows: bool = True  # False: one sliding-window mask for every layer, layer_types ignored
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         experts_top_k=moe[0] if moe else 1, moe_renormalise=moe[1] if moe else True,
         qk_norm=decoder.qk_kind(qk[0]) if qk else None,
         qk_norm_scope=decoder.qk_scope(layers[0].q_norm[0], d_head) if qk else "head",
-        sublayer_norm=norm_names(model.model.layers[0])[0], window=decoder.windows(config, len(layers), source),
+        sublayer_norm=norm_names(model.model.layers[0])[0],
+        window=decoder.windows(config, len(layers), source, layout.layer_windows),
         **decoder.softcaps(config), **decoder.rope_fields(rotary_emb),
     )
 
@@ -304,6 +307,7 @@ _LLAMA = frozenset({
 _GRANITE = frozenset({"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"})
 _INTERLEAVED = Layout(rotary_style="gptj")  # rotary pairs (2f, 2f + 1): cos/sin repeated by interleaving
 _GLM = Layout(mlp="packed", rotary_style="gptj")
+_ONE_WINDOW = Layout(layer_windows=False)  # one mask from sliding_window for every layer
 _WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
 #: mixture-of-experts options: read (sizes, top k, norm_topk_prob), refused by name by :func:`experts` (dense layers
 #: between, a shared expert) or without effect in eval mode (jitter, router losses)
@@ -320,14 +324,14 @@ def _family(name: str, cls: str, options: frozenset[str], layout: Layout = Layou
 FAMILIES = (
     _family("Llama", "LlamaForCausalLM", _LLAMA),
     _family("Qwen2", "Qwen2ForCausalLM", _LLAMA | _WINDOWS),
-    _family("Mistral", "MistralForCausalLM", _LLAMA | _WINDOWS),
+    _family("Mistral", "MistralForCausalLM", _LLAMA | _WINDOWS, _ONE_WINDOW),
     Family("Gemma", ("GemmaForCausalLM",), _read_gemma, _LLAMA),
     Family("StableLM", ("StableLmForCausalLM",), _read_stablelm,
            _LLAMA | {"layer_norm_eps", "use_qkv_bias", "qk_layernorm", "use_parallel_residual"}),
     Family("OLMo", ("OlmoForCausalLM",), _read_olmo, _LLAMA | {"clip_qkv"}),
     _family("Starcoder2", "Starcoder2ForCausalLM",
             _LLAMA | _WINDOWS | {"norm_epsilon", "use_bias", "residual_dropout", "embedding_dropout"},
-            Layout(norm="layer", eps="norm_epsilon", mlp="plain")),
+            Layout(norm="layer", eps="norm_epsilon", mlp="plain", layer_windows=False)),
     Family("Granite", ("GraniteForCausalLM",), _read_granite, _LLAMA | _GRANITE),
     Family("Cohere", ("CohereForCausalLM",), _read_cohere, _LLAMA | {"layer_norm_eps", "logit_scale", "use_qk_norm"}),
     _family("Ministral", "MinistralForCausalLM", _LLAMA | _WINDOWS),
@@ -362,8 +366,8 @@ FAMILIES = (
            _LLAMA | _WINDOWS | _GEMMA2),
     Family("Gemma 3", ("Gemma3ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 3 model"),
            _LLAMA | _WINDOWS | _GEMMA2),
-    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE),
+    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE, _ONE_WINDOW),
     _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}),
     _family("Qwen2-MoE", "Qwen2MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
-    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE),
+    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, _ONE_WINDOW),
 )
