@@ -76,6 +76,12 @@ CONVERTS = [
     ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
                                    "original_max_position_embeddings": 4}}),  # attention factor != 1
     ("cwm", {}),  # llama3 rope
+    ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+    ("gpt_neox", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                      "original_max_position_embeddings": 4, "partial_rotary_factor": 0.5}}),
+    ("persimmon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 0.5}}),
+    ("phi", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 2.0, "original_max_position_embeddings": 4, "partial_rotary_factor": 0.5}}),
     ("ministral3", {}),  # yarn rope
     ("olmo2", {}),  # q/k RMSNorm over all heads, norms after each sublayer only
     ("olmo3", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),
@@ -216,7 +222,7 @@ REFUSED = [
     ("gptj", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("codegen", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("smollm3", {"no_rope_layer_interval": 2}, r"layers without rotary \(no_rope_layers: layer 1 of 2\)"),
-    ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),
+    ("falcon", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('dynamic'"),
     ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
      r"rope scaling \('dynamic'"),
     ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('dynamic'"),

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.layers import alibi_slopes
+from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, rotary, unembed
 
 
@@ -53,7 +54,8 @@ def read_falcon(model: Any) -> SourceWeights:
         raise unsupported(f"{h} query heads in {n_kv} key/value groups (not divisible)", source)
     # ALiBi replaces rotary; its biases (BLOOM's slopes times the key's position) reach the scores through the
     # mask, divided by sqrt(d_head) like the scores
-    fraction, theta = (None, 10000.0) if config.alibi else rotary(model, model.transformer.rotary_emb, d_head, source)
+    fraction, theta = (None, 10000.0) if config.alibi else rotary(model, model.transformer.rotary_emb, d_head, source,
+                                                                                    scaled=True)
     layers, parallel = [], False
     for i, layer in enumerate(model.transformer.h):
         a, where = layer.self_attention, f"h.{i}.self_attention."
@@ -73,6 +75,7 @@ def read_falcon(model: Any) -> SourceWeights:
         act_fn=act(config.activation, source), eps=float(config.layer_norm_epsilon), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.ffn_hidden_size, parallel=parallel,
         rotary=fraction, rotary_base=theta, alibi_slopes=alibi_slopes(h) / math.sqrt(d_head) if config.alibi else None,
+        **({} if config.alibi else decoder.rope_fields(model.transformer.rotary_emb)),
     )
 
 

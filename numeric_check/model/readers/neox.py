@@ -18,7 +18,7 @@ def read_gpt_neox(model: Any) -> SourceWeights:
     config, source = model.config, "the GPT-NeoX model"
     d_model, n_heads = config.hidden_size, config.num_attention_heads
     d_head = d_model // n_heads
-    fraction, theta = rotary(model, model.gpt_neox.rotary_emb, d_head, source)
+    fraction, theta = rotary(model, model.gpt_neox.rotary_emb, d_head, source, scaled=True)
     layers = [_layer(layer, layer.attention, i, n_heads, d_head, d_model, source)
               for i, layer in enumerate(model.gpt_neox.layers)]
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
@@ -28,6 +28,7 @@ def read_gpt_neox(model: Any) -> SourceWeights:
         act_fn=act(config.hidden_act, source), eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size,
         parallel=bool(config.use_parallel_residual), rotary=fraction, rotary_base=theta,
+        **decoder.rope_fields(model.gpt_neox.rotary_emb),
     )
 
 
@@ -54,7 +55,7 @@ def read_persimmon(model: Any) -> SourceWeights:
     d_model, n_heads = config.hidden_size, config.num_attention_heads
     d_head = d_model // n_heads
     attn0 = model.model.layers[0].self_attn
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims)
+    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims, scaled=True)
     layers = [_layer(layer, layer.self_attn, i, n_heads, d_head, d_model, source) for i, layer in enumerate(model.model.layers)]
     for layer, block in zip(layers, model.model.layers):  # qk_layernorm: a layer norm over each head's d_head
         qk = decoder.qk_modules(block.self_attn, source)
@@ -66,7 +67,7 @@ def read_persimmon(model: Any) -> SourceWeights:
         ln_final=norm(model.model.final_layernorm, "layer_norm"), positional="none", layer_norm=True, act_fn=act_fn,
         eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head), d_head=d_head,
         n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, rotary=fraction, rotary_base=theta,
-        qk_norm="layer_norm" if layers[0].q_norm is not None else None,
+        qk_norm="layer_norm" if layers[0].q_norm is not None else None, **decoder.rope_fields(model.model.rotary_emb),
     )
 
 

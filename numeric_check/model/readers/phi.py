@@ -37,7 +37,7 @@ def read_phi(model: Any) -> SourceWeights:
     config, source = model.config, "the Phi model"
     d_model, n_heads, n_kv, d_head = _dims(config, source)
     attn0 = model.model.layers[0].self_attn
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims)
+    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims, scaled=True)
     layers = []
     for i, layer in enumerate(model.model.layers):
         a, where = layer.self_attn, f"layers.{i}.self_attn."
@@ -62,13 +62,14 @@ def read_phi(model: Any) -> SourceWeights:
         act_fn=act(config.hidden_act, source), eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, parallel=True,
         rotary=fraction, rotary_base=theta, qk_norm="layer_norm" if layers[0].q_norm is not None else None,
+        **decoder.rope_fields(model.model.rotary_emb),
     )
 
 
 def read_phi3(model: Any) -> SourceWeights:
     config, source = model.config, "the Phi-3 model"
     d_model, n_heads, n_kv, d_head = _dims(config, source)
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source)
+    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, scaled=True)
     d_mlp, layers = config.intermediate_size, []
     for i, layer in enumerate(model.model.layers):
         a, where = layer.self_attn, f"layers.{i}."
@@ -89,7 +90,7 @@ def read_phi3(model: Any) -> SourceWeights:
         ln_final=norm(model.model.norm, "rms"), positional="none", layer_norm=False, norm="rms_norm",
         act_fn=act(config.hidden_act, source), eps=float(config.rms_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=d_mlp, rotary=fraction, rotary_base=theta,
-        window=decoder.windows(config, len(layers), source),
+        window=decoder.windows(config, len(layers), source), **decoder.rope_fields(model.model.rotary_emb),
     )
 
 
