@@ -10,6 +10,7 @@ compared with its source to ~1e-15 instead of ~1e-7.
 
 from __future__ import annotations
 
+import copy
 import types
 
 import torch
@@ -116,7 +117,8 @@ def source_dtype(model_type: str) -> torch.dtype:
 def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype = torch.float64, **options):
     """A tiny ``model_type`` model, every parameter random (seeded), in eval mode; ``options`` override the config."""
     config_name, model_name, sizes = ZOO[model_type]
-    config = getattr(transformers, config_name)(**{**sizes, **options})
+    # a deep copy: configs write into the dicts they are given (rope_parameters), and tests reuse theirs
+    config = getattr(transformers, config_name)(**copy.deepcopy({**sizes, **options}))
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config)
     model = randomise(model.to(torch.float64).eval(), seed)
