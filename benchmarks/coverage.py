@@ -110,7 +110,7 @@ def section(seeds: int) -> str:
         "",
         f"**Refused, naming what they use: {len(refused)} model types** (in their default configuration; GPT-1's "
         "post-layer-norm blocks are outside the residual-stream algebra, and so are OPT's when "
-        "`do_layer_norm_before=False`; the rope scalings whose frequencies depend on the length are named in "
+        "`do_layer_norm_before=False`; the rope scalings whose frequencies change within the context are named in "
         "`numeric_check/model/readers/pending.py`)",
         "",
         md_table(["model type", "family", "refused for"], [[f"`{t}`", f, reason] for t, f, reason in refused]),

@@ -105,8 +105,9 @@ def test_drawn_options_convert_and_verify(options, seed):
 
 
 def test_unsupported_features_are_named():
-    with pytest.raises(UnsupportedModel, match=r"rope scaling \('dynamic'"):  # its frequencies change with the length
-        from_hf(build("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}))
+    with pytest.raises(UnsupportedModel, match=r"rope scaling \('longrope'"):  # its frequencies change within the context
+        from_hf(build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.0], "long_factor": [2.0, 2.0],
+                                                "original_max_position_embeddings": 4}))
     ctrl = transformers.CTRLLMHeadModel(transformers.CTRLConfig(vocab_size=13, n_embd=16, n_layer=1, n_head=4, dff=8))
     with pytest.raises(UnsupportedModel, match=r"^CTRLLMHeadModel \(model_type 'ctrl'\) is not a family tcircuits reads; "
                                                r"it reads GPT-2"):

@@ -76,6 +76,10 @@ CONVERTS = [
     ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
                                    "original_max_position_embeddings": 4}}),  # attention factor != 1
     ("cwm", {}),  # llama3 rope
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0,
+                                   "original_max_position_embeddings": 4}}),  # dynamic NTK: constant within n_ctx
+    ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 3.0, "partial_rotary_factor": 1.0}}),
+    ("falcon", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 3.0}}),
     ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
     ("gpt_neox", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
                                       "original_max_position_embeddings": 4, "partial_rotary_factor": 0.5}}),
@@ -222,10 +226,9 @@ REFUSED = [
     ("gptj", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("codegen", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("smollm3", {"no_rope_layer_interval": 2}, r"layers without rotary \(no_rope_layers: layer 1 of 2\)"),
-    ("falcon", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('dynamic'"),
-    ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
-     r"rope scaling \('dynamic'"),
-    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('dynamic'"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.0],
+                                   "long_factor": [2.0, 2.0], "original_max_position_embeddings": 4}},
+     r"rope scaling \('longrope'"),  # the long factors from original_max_position_embeddings on, within the context
     ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.0],
                                   "long_factor": [2.0, 2.0]}}, r"rope scaling \('longrope'"),
     ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]},

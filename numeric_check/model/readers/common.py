@@ -20,9 +20,10 @@ from numeric_check.model.build import ACT_FN_ALIASES, SourceWeights, f64, unsupp
 from numeric_check.model.readers import pending
 
 ROPE_TYPES = ("default",)
-#: rope types whose frequencies do not depend on the length: a reader that passes ``scaled=True`` to
+#: rope types whose frequencies do not change within the context (dynamic NTK changes them only beyond
+#: max_position_embeddings, which CircuitModel's n_ctx refuses): a reader that passes ``scaled=True`` to
 #: :func:`rotary` reads them (:func:`~numeric_check.model.readers.decoder.rope_fields`)
-SCALED_ROPE = ("linear", "llama3", "yarn")
+SCALED_ROPE = ("linear", "llama3", "yarn", "dynamic")
 
 #: config keys every reader reads or that never change what a causal LM computes in eval mode
 #: (see :data:`numeric_check.model.options.HARMLESS` for the rest)

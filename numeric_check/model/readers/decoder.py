@@ -78,7 +78,11 @@ def softcaps(config: Any) -> dict[str, float | None]:
 
 def rope_fields(rotary_emb: Any) -> dict[str, Any]:
     """A scaled rope's SourceWeights fields: the rotary embedding's own inverse frequencies and its
-    attention factor (``cos`` and ``sin`` are multiplied by it); empty for rope_theta's own."""
-    if getattr(rotary_emb, "rope_type", "default") == "default":
+    attention factor (``cos`` and ``sin`` are multiplied by it); empty for rope_theta's own. Dynamic NTK: the
+    frequencies it starts from and returns to (``original_inv_freq``), which it keeps for every length up to
+    ``max_position_embeddings`` (a longer input, which n_ctx refuses, would grow them)."""
+    rope_type = getattr(rotary_emb, "rope_type", "default")
+    if rope_type == "default":
         return {}
-    return {"rotary_inv_freq": f64(rotary_emb.inv_freq), "rotary_factor": float(rotary_emb.attention_scaling)}
+    inv = rotary_emb.original_inv_freq if rope_type == "dynamic" else rotary_emb.inv_freq
+    return {"rotary_inv_freq": f64(inv), "rotary_factor": float(rotary_emb.attention_scaling)}

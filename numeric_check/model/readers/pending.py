@@ -7,14 +7,15 @@ leaves :data:`PENDING`. Nothing here decides *whether* a model uses a feature â€
 from the modules and the config â€” only what the feature is called.
 
 q/k norms, norms after a sublayer, sliding windows and local attention, soft-caps, ALiBi, linear,
-llama3 and YaRN rope and mixtures of experts have left (the readers read them,
-:mod:`~numeric_check.model.readers.decoder`); what is left is the rope scalings whose frequencies
-depend on the length (dynamic NTK, longrope) and any other rope type.
+llama3, YaRN and dynamic NTK rope (constant within the context) and mixtures of experts have left
+(the readers read them, :mod:`~numeric_check.model.readers.decoder`); what is left is the rope
+scalings whose frequencies change within the context (longrope: long factors from
+``original_max_position_embeddings`` on) and any other rope type.
 
->>> refuse("the Llama model", ("rope_scaling", "'dynamic' in rope_parameters"))
+>>> refuse("the Phi-3 model", ("rope_scaling", "'longrope' in rope_parameters"))
 Traceback (most recent call last):
 ...
-numeric_check.errors.UnsupportedModel: the Llama model uses rope scaling ('dynamic' in rope_parameters), which CircuitModel cannot express yet
+numeric_check.errors.UnsupportedModel: the Phi-3 model uses rope scaling ('longrope' in rope_parameters), which CircuitModel cannot express yet
 """
 
 from __future__ import annotations
