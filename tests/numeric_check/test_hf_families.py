@@ -234,7 +234,12 @@ REFUSED = [
     ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]},
      r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
     ("gemma3_text", {"layer_types": ["sliding_attention", "full_attention"]},
-     r"rotary frequencies that differ between layer types \(rope_theta 1000000.0 in full_attention, 10000.0 in "
+     r"rotary frequencies that differ between layer types \(default rope_theta 1000000.0 in full_attention, default "
+     r"rope_theta 10000.0 in sliding_attention\)"),
+    ("olmo3", {"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+                                   "full_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+               "sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},
+     r"differ between layer types \(linear rope_theta 10000.0 in full_attention, dynamic rope_theta 10000.0 in "
      r"sliding_attention\)"),
     ("apertus", {}, r"activation function 'xielu'"),
     ("exaone4", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},

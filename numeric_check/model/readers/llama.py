@@ -158,11 +158,13 @@ def _one_rotary(model: Any, source: str) -> tuple[Any, Any]:
         return model, emb
     used = sorted(set(model.config.layer_types[:len(model.model.layers)]))
     ropes = {t: SimpleNamespace(inv_freq=getattr(emb, f"{t}_inv_freq"), rope_type=emb.rope_type[t],
+                                original_inv_freq=getattr(emb, f"{t}_original_inv_freq"),
                                 attention_scaling=getattr(emb, f"{t}_attention_scaling")) for t in used}
     first = ropes[used[0]]
     if any(not torch.equal(r.inv_freq, first.inv_freq) or r.attention_scaling != first.attention_scaling for r in ropes.values()):
-        thetas = ", ".join(f"{model.config.rope_parameters[t].get('rope_theta')} in {t}" for t in used)
-        raise unsupported(f"rotary frequencies that differ between layer types (rope_theta {thetas})", source)
+        ropes_of = ", ".join(f"{ropes[t].rope_type} rope_theta {model.config.rope_parameters[t].get('rope_theta')} in {t}"
+                             for t in used)
+        raise unsupported(f"rotary frequencies that differ between layer types ({ropes_of})", source)
     return SimpleNamespace(config=SimpleNamespace(rope_parameters=model.config.rope_parameters[used[0]])), first
 
 
