@@ -108,12 +108,13 @@ def section(seeds: int) -> str:
         "Where the float64 column is above 1e-12 (" + ", ".join(f"`{t}`" for t, m in converted
                                                    if m["exact"] > 1e-12 and source_dtype(t) == torch.float64)
         + ") the source computes part of its forward pass in float32 that `exact_float64` leaves as it is (GPT-Neo's "
-        "attention scores, the rotation of queries and keys in Cohere and Ernie 4.5).",
+        "attention scores, the rotation of queries and keys in Cohere and Ernie 4.5, the eager softmax of Gemma 2/3, "
+        "VaultGemma, BLOOM and MPT, the rotary tables kept per layer type in Gemma 3 and OLMo 3).",
         "",
-        f"**Refused, naming what they use: {len(refused)} model types** (the features the algebra does not express "
-        "yet are named in one place, `numeric_check/model/readers/pending.py`; GPT-1's post-layer-norm blocks are "
-        "outside the residual-stream algebra, and so are OPT's when `do_layer_norm_before=False`; mixture-of-experts "
-        "models built in float32)",
+        f"**Refused, naming what they use: {len(refused)} model types** (in their default configuration; GPT-1's "
+        "post-layer-norm blocks are outside the residual-stream algebra, and so are OPT's when "
+        "`do_layer_norm_before=False`; the rope scalings whose frequencies change within the context are named in "
+        "`numeric_check/model/readers/pending.py`)",
         "",
         md_table(["model type", "family", "refused for"], [[f"`{t}`", f, reason] for t, f, reason in refused]),
         "",

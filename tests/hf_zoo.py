@@ -10,6 +10,7 @@ compared with its source to ~1e-15 instead of ~1e-7.
 
 from __future__ import annotations
 
+import copy
 import types
 
 import torch
@@ -77,8 +78,8 @@ ZOO: dict[str, tuple[str, str, dict]] = {
                                                "attention_heads": N_HEADS, "ffn_dim": D_MLP, "max_position_embeddings": N_CTX,
                                                **_TOKENS}),
     "ctrl": ("CTRLConfig", "CTRLLMHeadModel", {**_GPT2_SIZES, "dff": D_MLP}),
-    # refused by the features the algebra does not express yet
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, "head_dim": 4}),
+    # the decoder options of issue 18 (q/k norms, post norms, windows, soft-caps, scaled rope, ALiBi, experts); some refused
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4}),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {**_LLAMA_SIZES, **_KV, "head_dim": 4, **_TOKENS}),
     "bloom": ("BloomConfig", "BloomForCausalLM", {"vocab_size": VOCAB, "hidden_size": D_MODEL, "n_layer": N_LAYERS,
@@ -112,13 +113,6 @@ ZOO: dict[str, tuple[str, str, dict]] = {
 
 #: (model type, config options): every family read, in the settings it reads differently
 CONVERTS = [
-    ("gpt2", {"scale_attn_weights": False, "activation_function": "relu"}),
-    ("gpt_neox", {"use_parallel_residual": False, "attention_bias": False}),
-    ("gptj", {"rotary_dim": 4}),
-    ("llama", {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
-    ("qwen2", {"num_key_value_heads": 4}),
-    ("mistral", {"sliding_window": None}),
-    ("gemma", {"num_key_value_heads": 1}),
     ("phi", {}),
     ("phi3", {"num_key_value_heads": 2}),
     ("stablelm", {"use_parallel_residual": True, "use_qkv_bias": True}),
@@ -154,8 +148,70 @@ CONVERTS = [
     ("persimmon", {"qk_layernorm": False}),
     ("cohere2", {"logit_scale": 0.5}),
     ("biogpt", {"scale_embedding": False}),
-    ("ctrl", {}),
     ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
+    # the decoder options of issue 18: q/k norms, norms after a sublayer, windows, soft-caps, scaled ropes
+    ("qwen3", {}),  # q/k RMSNorm per head
+    ("qwen3", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),  # layer 1 windowed
+    ("qwen2", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),
+    ("mistral", {"sliding_window": 3}),
+    ("mistral", {"sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"]}),  # ignored: every layer
+    ("starcoder2", {"sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"]}),
+    ("ministral", {"sliding_window": 4}),
+    ("starcoder2", {"sliding_window": 3}),
+    ("cohere2", {"sliding_window": 4}),
+    ("phi3", {"sliding_window": 3, "num_key_value_heads": 2}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 2.0, "original_max_position_embeddings": 4}}),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                   "original_max_position_embeddings": 4}}),  # attention factor != 1
+    ("cwm", {}),  # llama3 rope
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0,
+                                   "original_max_position_embeddings": 4}}),  # dynamic NTK: constant within n_ctx
+    ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 3.0, "partial_rotary_factor": 1.0}}),
+    ("falcon", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 3.0}}),
+    ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+    ("gpt_neox", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                      "original_max_position_embeddings": 4, "partial_rotary_factor": 0.5}}),
+    ("persimmon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 0.5}}),
+    ("phi", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 2.0, "original_max_position_embeddings": 4, "partial_rotary_factor": 0.5}}),
+    ("ministral3", {}),  # yarn rope
+    ("olmo2", {}),  # q/k RMSNorm over all heads, norms after each sublayer only
+    ("olmo3", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),
+    ("exaone4", {}),
+    ("exaone4", {"sliding_window": 3, "layer_types": ["sliding_attention", "sliding_attention"]}),
+    ("gemma2", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),  # sandwich norms, caps
+    ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": 2.0}),
+    ("gemma3_text", {"sliding_window": 3}),  # q/k norm with 1 + w gains, both layers on the sliding rope
+    ("vaultgemma", {}),
+    ("glm4", {}),  # post_self_attn_layernorm, post_mlp_layernorm
+    ("hyperclovax", {"use_post_norm": True, "residual_multiplier": 0.5}),  # the multiplier after the post norm
+    ("persimmon", {}),  # q/k layer norm
+    ("phi", {"qk_layernorm": True}),
+    ("stablelm", {"qk_layernorm": True}),  # one layer norm per head
+    ("cohere", {"use_qk_norm": True}),  # [heads, d_head] gains
+    ("gpt_neo", {"window_size": 4}),  # local layers: windows
+    ("falcon", {"alibi": True}),  # ALiBi slopes / sqrt(d_head), through the mask
+    ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 2, "num_attention_heads": 2}),
+    ("falcon", {"alibi": True, "hidden_size": 24, "num_attention_heads": 6}),  # slopes of a head count not a power of 2
+    ("bloom", {}),  # BLOOM's slopes; the embedding's layer norm folded into W_E
+    ("bloom", {"hidden_size": 24, "n_head": 6}),
+    ("mpt", {}),  # MPT's slopes (alibi_bias_max=8, as Hugging Face builds them)
+    ("mpt", {"d_model": 24, "n_heads": 6, "attn_config": {"alibi": True, "softmax_scale": 0.3}}),
+    # mixtures of experts, in float32 (Hugging Face's expert kernels refuse float64)
+    ("mixtral", {}),  # top-2 weights renormalised
+    ("olmoe", {}),  # not renormalised; q/k RMSNorm over all heads
+    ("qwen3_moe", {}),
+    ("qwen3_moe", {"norm_topk_prob": True, "sliding_window": 3, "use_sliding_window": True, "max_window_layers": 0}),
+    ("gpt2", {"scale_attn_weights": False, "activation_function": "relu"}),
+    ("gpt_neox", {"use_parallel_residual": False, "attention_bias": False}),
+    ("gptj", {"rotary_dim": 4}),
+    ("llama", {"num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
+    ("qwen2", {"num_key_value_heads": 4}),
+    ("mistral", {"sliding_window": None}),
+    ("gemma", {"num_key_value_heads": 1}),
+    ("ctrl", {}),
 ]
 
 
@@ -168,7 +224,8 @@ def source_dtype(model_type: str) -> torch.dtype:
 def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype = torch.float64, **options):
     """A tiny ``model_type`` model, every parameter random (seeded), in eval mode; ``options`` override the config."""
     config_name, model_name, sizes = ZOO[model_type]
-    config = getattr(transformers, config_name)(**{**sizes, **options})
+    # a deep copy: configs write into the dicts they are given (rope_parameters), and tests reuse theirs
+    config = getattr(transformers, config_name)(**copy.deepcopy({**sizes, **options}))
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config)
     model = randomise(model.to(torch.float64).eval(), seed)
@@ -194,7 +251,7 @@ def exact_float64(hf):
     for module in hf.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm"):
-            _rms_norm(module, gemma=name.startswith("Gemma"))
+            _rms_norm(module, gemma="Gemma" in name)  # Gemma's and VaultGemma's gains are 1 + w
         elif name == "OlmoLayerNorm":
             module.forward = types.MethodType(lambda self, x: F.layer_norm(x, self.normalized_shape, eps=1e-5), module)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
@@ -223,12 +280,17 @@ def _rms_norm(module, gemma: bool) -> None:
 
 
 def _rotary(module, base: float, interleave: bool) -> None:
+    """rope_theta's frequencies in float64; a scaled rope keeps its own frequencies (the buffer's, made in
+    float32) and attention factor, with the angles and their cosines made in float64."""
     dim = 2 * module.inv_freq.shape[0]
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    factor = 1.0
+    if getattr(module, "rope_type", "default") != "default":
+        inv, factor = module.inv_freq.to(torch.float64).clone(), float(module.attention_scaling)
 
     def rotary(self, x, position_ids):
         freqs = position_ids[..., None].to(torch.float64) * inv
         emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleave else torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
     module.forward = types.MethodType(rotary, module)

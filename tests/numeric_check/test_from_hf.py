@@ -106,10 +106,9 @@ def test_drawn_options_convert_and_verify(options, seed):
 
 
 def test_unsupported_features_are_named():
-    with pytest.raises(UnsupportedModel, match=r"sliding-window attention \(window 4 < 8 positions\)"):
-        from_hf(build("mistral", sliding_window=4))
-    with pytest.raises(UnsupportedModel, match=r"rope scaling \('linear'"):
-        from_hf(build("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
+    with pytest.raises(UnsupportedModel, match=r"rope scaling \('longrope'"):  # its frequencies change within the context
+        from_hf(build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.0], "long_factor": [2.0, 2.0],
+                                                "original_max_position_embeddings": 4}))
     rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=13, hidden_size=16, num_hidden_layers=2,
                                                                 attention_hidden_size=16, intermediate_size=32))
     with pytest.raises(UnsupportedModel, match=r"^RwkvForCausalLM \(model_type 'rwkv'\) is not a family tcircuits reads; "

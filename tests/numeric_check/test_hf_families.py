@@ -21,6 +21,13 @@ pytestmark = pytest.mark.slow
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
 SOME = settings(max_examples=5, deadline=None)
 
+
+
+#: sources that run part of a float64 pass in float32 beyond exact_float64's reach: Gemma 2's, Gemma 3's and
+#: VaultGemma's eager softmax, OLMo 3's and Gemma 3's rotary tables (one per layer type); the source check's tolerance holds
+FLOAT32_INSIDE = {"gemma2", "gemma3_text", "vaultgemma", "olmo3"}
+
+
 def relative(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
@@ -38,7 +45,7 @@ def converted(model_type: str, seed: int = 0, **options):
 def test_converts_equal_to_the_source_and_verifies(model_type, options):
     torch.set_num_threads(1)
     model, rel = converted(model_type, 1, **options)
-    if source_dtype(model_type) == torch.float64:
+    if source_dtype(model_type) == torch.float64 and model_type not in FLOAT32_INSIDE:
         assert rel < 1e-7  # float64 throughout but GPT-Neo's attention, Cohere's and Ernie's rotary (float32)
     report = verify_logits(model, TOKENS, max_order=2)
     assert report.passed, report
@@ -78,53 +85,80 @@ def test_granite_multipliers_fold(m, seed):
     converted("hyperclovax", seed, **options)
 
 
+@SOME
+@given(st.sampled_from([2, 3, 8]), st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=2,
+                                                   max_size=2),
+       st.sampled_from([None, 2.0, 50.0]), st.sampled_from([None, 3.0]), st.integers(0, 99))
+def test_gemma2_windows_and_caps_combine(window, layer_types, attn_cap, logit_cap, seed):
+    # (no window at all: Hugging Face's Gemma 2 itself cannot run)
+    model, _ = converted("gemma2", seed, sliding_window=window, layer_types=layer_types,
+                         attn_logit_softcapping=attn_cap, final_logit_softcapping=logit_cap)
+    assert verify_qk(model, TOKENS, 1, 3).passed
+
+
+@SOME
+@given(st.sampled_from(["qwen3", "olmo2", "olmo3", "exaone4", "gemma3_text", "glm4"]), st.sampled_from([None, 2, 5]),
+       st.sampled_from([{"rope_type": "default", "rope_theta": 100.0},
+                        {"rope_type": "linear", "rope_theta": 1e4, "factor": 3.0},
+                        {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 4}]),
+       st.integers(0, 99))
+def test_qk_and_post_norms_combine_with_windows_and_scaled_rope(model_type, window, rope, seed):
+    options = {"rope_parameters": dict(rope)}  # a copy: configs write into it
+    if model_type in ("olmo3", "gemma3_text"):  # one rope per layer type
+        options["rope_parameters"] = {t: dict(rope) for t in ("sliding_attention", "full_attention")}
+    if model_type in ("qwen3", "olmo3", "gemma3_text") and window:  # OLMo 2 and GLM-4 have no windows
+        options.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
+        if model_type == "qwen3":  # its config drops the window without use_sliding_window
+            options["use_sliding_window"] = True
+    try:
+        hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
+    except Exception:  # noqa: BLE001 - a config transformers itself rejects
+        return
+    model = from_hf(hf)
+    with torch.no_grad():
+        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+    assert verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1).passed
+
+
 REFUSED = [
-    ("falcon", {"alibi": True}, r"uses ALiBi position biases \(alibi=True\)"),
-    ("gpt_neo", {"window_size": 4}, r"uses local attention \(window 4 < 8 positions\)"),
-    ("ministral", {"sliding_window": 4}, r"uses sliding-window attention \(window 4 < 8 positions\)"),
-    ("starcoder2", {"sliding_window": 3}, r"uses sliding-window attention \(window 3 < 8 positions\)"),
+    ("falcon", {"alibi": True, "attn_implementation": "eager"}, r"ALiBi in eager attention \(alibi=True, "
+     r"attn_implementation='eager': Hugging Face adds the biases twice"),
     ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
     ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
     ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
     ("olmo", {"clip_qkv": 8.0}, r"clipped queries, keys and values \(clip_qkv=8.0\)"),
-    ("cohere", {"use_qk_norm": True}, r"q/k normalisation \(q_norm, k_norm\)"),
-    ("stablelm", {"qk_layernorm": True}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
-    ("phi", {"qk_layernorm": True}, r"q/k normalisation \(qk_layernorm\)"),
     ("stablelm", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
      r"rotary on an odd number of dimensions \(1 of d_head=4\)"),
     ("gptj", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("codegen", {"rotary_dim": 3}, r"rotary on an odd number of dimensions \(rotary_dim=3, 3 of d_head=4\)"),
     ("smollm3", {"no_rope_layer_interval": 2}, r"layers without rotary \(no_rope_layers: layer 1 of 2\)"),
-    ("hyperclovax", {"use_post_norm": True}, r"norms after a sublayer \(post_norm1, post_norm2\)"),
-    ("falcon", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, r"rope scaling \('linear'"),
-    ("stablelm", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0, "partial_rotary_factor": 1.0}},
-     r"rope scaling \('dynamic'"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.0],
+                                   "long_factor": [2.0, 2.0], "original_max_position_embeddings": 4}},
+     r"rope scaling \('longrope'"),  # the long factors from original_max_position_embeddings on, within the context
+    ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.0],
+                                  "long_factor": [2.0, 2.0]}}, r"rope scaling \('longrope'"),
     ("cohere2", {"layer_types": ["sliding_attention", "full_attention"]},
      r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
-    ("cohere2", {"sliding_window": 4}, r"sliding-window attention \(window 4 < 8 positions\)"),
-    ("vaultgemma", {}, r"attention-score soft-capping \(attn_logit_softcapping=50.0\) and output-logit soft-capping"),
-    ("olmo3", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("exaone4", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("apertus", {}, r"q/k normalisation \(q_norm, k_norm\) and rope scaling \('llama3' in rope_parameters\)"),
-    ("cwm", {}, r"rope scaling \('llama3' in rope_parameters\)"),
-    ("ministral3", {}, r"rope scaling \('yarn' in rope_parameters\)"),
-    ("gpt_oss", {}, r"attention sinks \(a learned logit per head in every softmax\), mixture-of-experts MLPs \(4 experts, 2 "
-                    r"per token\), rope scaling \('yarn' in rope_parameters\) and sliding-window attention \(window 4 < 8"),
-    ("phimoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("glm4", {}, r"norms after a sublayer \(post_self_attn_layernorm, post_mlp_layernorm\)"),
-    ("bloom", {}, r"^the BLOOM model uses ALiBi position biases"),
-    ("mpt", {}, r"ALiBi position biases \(attn_config.alibi=True\)"),
-    ("qwen3", {}, r"^the Qwen3 model uses q/k normalisation \(q_norm, k_norm\), which CircuitModel cannot express yet$"),
-    ("hunyuan_v1_dense", {}, r"q/k normalisation \(query_layernorm, key_layernorm\)"),
-    ("olmo2", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("persimmon", {}, r"q/k normalisation \(q_layernorm, k_layernorm\)"),
-    ("gemma2", {}, r"norms after a sublayer .*, attention-score soft-capping \(attn_logit_softcapping=50.0\) and "
-                   r"output-logit soft-capping"),
-    ("gemma3_text", {}, r"q/k normalisation \(q_norm, k_norm\) and norms after a sublayer"),
-    ("mixtral", {}, r"uses mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("olmoe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("qwen2_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
-    ("qwen3_moe", {}, r"mixture-of-experts MLPs \(4 experts, 2 per token\)"),
+    ("gemma3_text", {"layer_types": ["sliding_attention", "full_attention"]},
+     r"rotary frequencies that differ between layer types \(default rope_theta 1000000.0 in full_attention, default "
+     r"rope_theta 10000.0 in sliding_attention\)"),
+    ("olmo3", {"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+                                   "full_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+               "sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},
+     r"differ between layer types \(linear rope_theta 10000.0 in full_attention, dynamic rope_theta 10000.0 in "
+     r"sliding_attention\)"),
+    ("apertus", {}, r"activation function 'xielu'"),
+    ("exaone4", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},
+     r"layers without rotary \(full-attention layers: layer 1 of 2\)"),
+    ("hunyuan_v1_dense", {}, r"q/k normalisation after the rotary rotation \(query_layernorm, key_layernorm\)"),
+    ("phimoe", {}, r"mixture-of-experts routing by PhimoeTopKRouter \(tcircuits reads a softmax over the experts"),
+    ("bloom", {"apply_residual_connection_post_layernorm": True}, r"a residual stream that carries each layer norm's "
+     r"output \(apply_residual_connection_post_layernorm=True\)"),
+    ("mpt", {"attn_config": {"alibi": False}}, r"attention without ALiBi \(attn_config.alibi=False\)"),
+    ("mpt", {"attn_config": {"alibi": True, "clip_qkv": 2.0}}, r"clipped queries, keys and values \(attn_config.clip_qkv=2.0\)"),
+    ("olmoe", {"clip_qkv": 3.0}, r"clipped queries, keys and values \(clip_qkv=3.0\)"),
+    ("qwen2_moe", {}, r"a shared expert beside the routed ones \(shared_expert, shared_expert_gate"),
+    ("qwen3_moe", {"mlp_only_layers": [1]}, r"dense MLP layers among mixture-of-experts layers \(layer 1 of 2"),
 ]
 
 
@@ -186,8 +220,10 @@ def test_drawn_options_convert_equal_to_the_source_or_are_refused_by_name(case, 
         return
     try:
         model = from_hf(hf)
-    except UnsupportedModel as err:  # refused: naming an option it was given, or a feature it uses
-        assert " uses " in str(err) or any(f"sets {k}=" in str(err) for k in options), str(err)
+    except UnsupportedModel as err:  # refused: naming an option it was given, or a feature it uses, or because
+        # Hugging Face's own model cannot run the drawn config (Gemma 2 or a windowed layer type without a window)
+        message = str(err)
+        assert " uses " in message or "fails to run" in message or any(f"sets {k}=" in message for k in options), message
         return
     with torch.no_grad():
         assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance

@@ -20,6 +20,10 @@ from numeric_check.model.build import ACT_FN_ALIASES, SourceWeights, f64, unsupp
 from numeric_check.model.readers import pending
 
 ROPE_TYPES = ("default",)
+#: rope types whose frequencies do not change within the context (dynamic NTK changes them only beyond
+#: max_position_embeddings, which CircuitModel's n_ctx refuses): a reader that passes ``scaled=True`` to
+#: :func:`rotary` reads them (:func:`~numeric_check.model.readers.decoder.rope_fields`)
+SCALED_ROPE = ("linear", "llama3", "yarn", "dynamic")
 
 #: config keys every reader reads or that never change what a causal LM computes in eval mode
 #: (see :data:`numeric_check.model.options.HARMLESS` for the rest)
@@ -30,9 +34,9 @@ SIZES = frozenset({"vocab_size", "max_position_embeddings"})
 class Family:
     """A Hugging Face family tcircuits reads: its name, the model classes it covers, its reader and
     the config options the reader understands (an allow-list: any other option set off its
-    default is refused by name). ``converts=False``: every model of the family uses a feature the
-    algebra does not express yet (:mod:`~numeric_check.model.readers.pending`), so it is registered
-    only to be refused by that feature's name."""
+    default is refused by name). ``converts=False``: every model of the family uses something the
+    algebra does not express (HunYuan's q/k norm after the rotation, PhiMoE's routing, Qwen2-MoE's
+    shared expert), so it is registered only to be refused by that feature's name."""
 
     name: str
     classes: tuple[str, ...]
@@ -41,19 +45,21 @@ class Family:
     converts: bool = True
 
 
-def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None) -> tuple[float, float]:
+def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None,
+           scaled: bool = False) -> tuple[float, float]:
     """``(fraction of each head rotated, base)`` as the model's rotary embedding computes them:
     its inverse frequencies say how many dimensions turn (Llama ignores a config's
     ``partial_rotary_factor``; GPT-NeoX honours it), and must be ``base^(-2f/d_rot)`` as
     rope_theta gives them, compared in the buffer's own precision (a half-precision model's cast
-    rounds them) — any rope scaling is refused by name. ``declared``: the rotated dimensions the
-    attention slices (``rotary_ndims``), refused when odd."""
+    rounds them) — any other rope scaling is refused by name. ``declared``: the rotated dimensions the
+    attention slices (``rotary_ndims``), refused when odd. ``scaled``: the reader reads the rope
+    scalings of :data:`SCALED_ROPE` (frequencies and attention factor: the rotary embedding's own)."""
     config = model.config
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
+    if rope_type not in ROPE_TYPES + (SCALED_ROPE if scaled else ()):
         pending.refuse(source, ("rope_scaling", f"{rope_type!r} in rope_parameters"))
-    if float(getattr(rotary_emb, "attention_scaling", 1.0)) != 1.0:
+    if rope_type in ROPE_TYPES and float(getattr(rotary_emb, "attention_scaling", 1.0)) != 1.0:
         pending.refuse(source, ("rope_scaling", "attention_scaling"))
     if declared is not None:
         rotated_dims(declared, d_head, source)
@@ -62,7 +68,8 @@ def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int 
     rot_dims = 2 * inv.shape[0]
     expected = base ** (-torch.arange(0, rot_dims, 2, dtype=torch.float64) / rot_dims)
     rtol = max(1e-6, 4 * torch.finfo(inv.dtype).eps)  # float32 buffers agree to ~1e-7, half ones to a few ulps
-    if not torch.allclose(inv.to(torch.float64), expected.to(inv.dtype).to(torch.float64), rtol=rtol, atol=0):
+    if rope_type in ROPE_TYPES and not torch.allclose(inv.to(torch.float64), expected.to(inv.dtype).to(torch.float64),
+                                                      rtol=rtol, atol=0):
         pending.refuse(source, ("rope_scaling", "inverse frequencies that are not rope_theta's"))
     if rot_dims < 2 or rot_dims > d_head or (declared is not None and declared != rot_dims):
         raise unsupported(f"rotary on {declared or rot_dims} of {d_head} head dimensions", source)
@@ -123,20 +130,6 @@ def unembed(model: Any, d_model: int, d_vocab: int, source: str) -> tuple[Tensor
     W_U = shape(f64(head.weight), (d_vocab, d_model), "lm_head.weight", source).T
     b_U = f64(head.bias) if getattr(head, "bias", None) is not None else torch.zeros(d_vocab, dtype=torch.float64)
     return W_U, b_U
-
-
-def sliding_window(config: Any) -> tuple[str, str] | None:
-    """``("window", detail)`` when sliding-window attention changes the mask: some layer uses it
-    (``layer_types``, ``use_sliding_window``) and its window is shorter than the context."""
-    layer_types = getattr(config, "layer_types", None)
-    used = "sliding_attention" in layer_types if layer_types else getattr(config, "use_sliding_window", True)
-    return pending.window(getattr(config, "sliding_window", None), config.max_position_embeddings, used)
-
-
-def refuse_windows(config: Any, source: str) -> None:
-    """Refuse sliding-window attention by name (:func:`sliding_window`); harmless windows pass."""
-    found = sliding_window(config)
-    pending.refuse(source, *([found] if found else []))
 
 
 def linear(module: Any, n_out: int, what: str, source: str, n_in: int | None = None) -> tuple[Tensor, Tensor]:

@@ -1,6 +1,6 @@
 """Falcon: one fused query/key/value projection in three layouts (multi-head, multi-query, and the
 new decoder architecture's key/value groups), rotary, parallel or sequential blocks with one or
-two layer norms; ALiBi (``alibi=True``) is refused by name until the algebra has it."""
+two layer norms; or ALiBi (``alibi=True``) instead of rotary, in its default (SDPA) attention."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import pending
+from numeric_check.model.layers import alibi_slopes
+from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, rotary, unembed
 
 
@@ -43,14 +44,18 @@ def _norms(layer: Any, config: Any) -> tuple[Any, Any, bool]:
 
 def read_falcon(model: Any) -> SourceWeights:
     config, source = model.config, "the Falcon model"
-    if config.alibi:
-        pending.refuse(source, ("alibi", "alibi=True"))
     d_model, h = config.hidden_size, config.num_attention_heads
     d_head = d_model // h
+    if config.alibi and getattr(config, "_attn_implementation", None) == "eager":
+        raise unsupported("ALiBi in eager attention (alibi=True, attn_implementation='eager': Hugging Face adds the "
+                          "biases twice there, once before the scaling and once in the mask; load it with 'sdpa')", source)
     n_kv = config.num_kv_heads if config.new_decoder_architecture else 1 if config.multi_query else h
     if h % n_kv:
         raise unsupported(f"{h} query heads in {n_kv} key/value groups (not divisible)", source)
-    fraction, theta = rotary(model, model.transformer.rotary_emb, d_head, source)
+    # ALiBi replaces rotary; its biases (BLOOM's slopes times the key's position) reach the scores through the
+    # mask, divided by sqrt(d_head) like the scores
+    fraction, theta = (None, 10000.0) if config.alibi else rotary(model, model.transformer.rotary_emb, d_head, source,
+                                                                                    scaled=True)
     layers, parallel = [], False
     for i, layer in enumerate(model.transformer.h):
         a, where = layer.self_attention, f"h.{i}.self_attention."
@@ -69,7 +74,8 @@ def read_falcon(model: Any) -> SourceWeights:
         ln_final=norm(model.transformer.ln_f, "layer"), positional="none", layer_norm=True,
         act_fn=act(config.activation, source), eps=float(config.layer_norm_epsilon), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.ffn_hidden_size, parallel=parallel,
-        rotary=fraction, rotary_base=theta,
+        rotary=fraction, rotary_base=theta, alibi_slopes=alibi_slopes(h) / math.sqrt(d_head) if config.alibi else None,
+        **({} if config.alibi else decoder.rope_fields(model.transformer.rotary_emb)),
     )
 
 

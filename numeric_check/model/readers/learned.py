@@ -2,9 +2,9 @@
 
 GPTBigCode (StarCoder, SantaCoder): ``nn.Linear`` weights, a fused projection with one shared
 key/value head (multi-query) or one per head. GPT-Neo (the TinyStories models): no ``1/sqrt(d)``
-scaling of the scores; its local-attention layers are refused by name unless their window covers
-the context. CTRL: fixed sinusoidal positions, token embeddings scaled by ``sqrt(d_model)``. (OPT,
-BioGPT and XGLM: :mod:`~numeric_check.model.readers.fairseq`.)
+scaling of the scores; its local-attention layers are sliding windows of ``window_size`` positions.
+CTRL: fixed sinusoidal positions, token embeddings scaled by ``sqrt(d_model)``. (OPT, BioGPT and
+XGLM: :mod:`~numeric_check.model.readers.fairseq`.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import pending
 from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, projections, unembed
 
 _GPT2_SIZES = frozenset({"n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
@@ -74,9 +73,6 @@ def _learned(model: Any, body: Any, layers: list[LayerWeights], d_head: int, d_m
 
 def read_gpt_neo(model: Any) -> SourceWeights:
     config, source = model.config, "the GPT-Neo model"
-    if "local" in config.attention_layers:
-        found = pending.window(config.window_size, config.max_position_embeddings, key="local")
-        pending.refuse(source, *([found] if found else []))
     d_model, h = config.hidden_size, config.num_heads
     d_head = d_model // h
     d_mlp, layers = config.intermediate_size or 4 * d_model, []
@@ -88,7 +84,12 @@ def read_gpt_neo(model: Any) -> SourceWeights:
             ln1=norm(block.ln_1, "layer"), ln2=norm(block.ln_2, "layer"),
             mlp=plain_mlp(block.mlp.c_fc, block.mlp.c_proj, d_mlp, d_model, f"h.{i}.mlp.c_", source),
         ))
-    return _learned(model, model.transformer, layers, d_head, d_mlp, config.max_position_embeddings, 1.0, source)
+    src = _learned(model, model.transformer, layers, d_head, d_mlp, config.max_position_embeddings, 1.0, source)
+    # local layers keep i - j < window_size (a window that covers the context changes nothing)
+    w = config.window_size if config.window_size < config.max_position_embeddings else None
+    windows = tuple(w if kind == "local" else None for kind in config.attention_layers)
+    src.window = windows if any(windows) else None
+    return src
 
 
 def read_ctrl(model: Any) -> SourceWeights:

@@ -12,27 +12,31 @@ rotary), Ernie 4.5 and Helium (interleaved rotary pairs), HyperCLOVA X (Granite'
 logits multiplied), GLM (packed gate/up, interleaved partial rotary), Arcee, Jais 2 and Nemotron
 (up/down MLPs with squared ReLU; Nemotron's layer norm has ``1 + w`` gains).
 
-Every model of the rest uses a feature the algebra does not express yet
-(:mod:`~numeric_check.model.readers.pending`), found by :func:`pending_features` and named all
-at once: q/k norm (Qwen3, HunYuan dense, Apertus), norms after each sublayer (GLM-4), both
-(OLMo 2 and 3, EXAONE 4, Gemma 3), soft-caps (Gemma 2, VaultGemma), rope scaling (CWM,
-Ministral 3), mixture-of-experts MLPs (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE, PhiMoE), and GPT-OSS
-(attention sinks, mixture-of-experts MLPs, rope scaling, sliding windows).
+With the decoder options of issue 18 (:mod:`~numeric_check.model.readers.decoder`): q/k norms
+per head (Qwen3, Gemma 3, EXAONE 4's, StableLM's and Cohere's) or over all heads (OLMo 2 and 3,
+OLMoE); norms after each sublayer only (OLMo 2 and 3, EXAONE 4) or before and after (Gemma 2/3,
+GLM-4, HyperCLOVA X's ``use_post_norm``); sliding windows per layer; Gemma 2's and VaultGemma's
+soft-caps; linear, llama3 and YaRN rope (CWM, Ministral 3); mixtures of experts with a softmax
+router (Mixtral, OLMoE, Qwen2-MoE and Qwen3-MoE without a shared expert). Refused by name:
+HunYuan dense (q/k norm after the rotation), PhiMoE (sparsemixer routing), a shared expert,
+dense layers between expert layers, ropes that differ between layer types (Gemma 3's defaults),
+dynamic and longrope scaling (their frequencies depend on the length).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import pending
+from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import (
-    ROPE_TYPES, Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, sliding_window, split_heads,
+    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, split_heads,
     unembed,
 )
 
@@ -42,7 +46,8 @@ class Layout:
     """How a family departs from Llama. ``norm``: ``"rms"``, ``"gemma"`` (RMSNorm with ``1 + w``
     gains) or ``"layer"`` (layer norm, with or without gain and bias); ``parallel``: the MLP reads
     ``input_layernorm``'s output; ``mlp``: ``"gated"`` (gate/up/down), ``"packed"`` (gate_up/down),
-    ``"plain"`` (c_fc/c_proj) or ``"up_down"`` (up/down, no gate)."""
+    ``"plain"`` (c_fc/c_proj) or ``"up_down"`` (up/down, no gate); ``layer_windows``: the sliding window
+    applies to the layers ``layer_types`` names (else to every layer, :func:`decoder.windows`)."""
 
     norm: str = "rms"
     eps: str = "rms_norm_eps"
@@ -50,6 +55,7 @@ class Layout:
     parallel: bool = False
     mlp: str = "gated"
     rotary_style: str = "neox"
+    layer_windows: bool = True  # False: one sliding-window mask for every layer, layer_types ignored
 
 
 @dataclass(frozen=True)
@@ -63,60 +69,68 @@ class Scales:
     attn: float | None = None
 
 
-def pending_features(model: Any) -> list[tuple[str, str]]:
-    """What a Llama-layout model uses that the algebra does not express yet (see :mod:`pending`)."""
-    config, layer = model.config, model.model.layers[0]
-    attn, found = layer.self_attn, []
-    qk = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
-          if getattr(attn, n, None) is not None]
-    if qk:
-        found.append(("qk_norm", ", ".join(qk)))
-    post = [n for n in ("post_feedforward_layernorm", "post_attention_layernorm") if _is_post_norm(layer, n)]
-    post += [n for n in ("post_norm1", "post_norm2") if type(getattr(layer, n, torch.nn.Identity())).__name__ != "Identity"]
-    post += [n for n in ("post_self_attn_layernorm", "post_mlp_layernorm") if getattr(layer, n, None) is not None]
-    if post:
-        found.append(("post_norm", ", ".join(post)))
-    for attr, key in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
-        if getattr(config, attr, None):
-            found.append((key, f"{attr}={getattr(config, attr)}"))
-    if getattr(attn, "sinks", None) is not None:
-        found.append(("sinks", "a learned logit per head in every softmax"))
-    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
-    if any(hasattr(getattr(block, "mlp", None), "experts") for block in model.model.layers):
-        found.append(("moe", f"{experts} experts, {getattr(config, 'num_experts_per_tok', '?')} per token"))
-    scaled = sorted({t for t in _rope_types(getattr(config, "rope_parameters", None) or {}) if t not in ROPE_TYPES})
-    if scaled:
-        found.append(("rope_scaling", f"{', '.join(map(repr, scaled))} in rope_parameters"))
-    window = sliding_window(config)
-    return found + ([window] if window else [])
+def experts(model: Any, source: str) -> tuple[int, bool] | None:
+    """``(experts per token, renormalised)`` of a mixture-of-experts model (Mixtral, OLMoE, Qwen2/3-MoE: a
+    softmax router, the top k experts' weights renormalised to sum to 1 or not); None without experts. Every
+    layer must be one (no dense layers between), with a softmax router and no shared expert."""
+    blocks = [getattr(block, "mlp", None) for block in model.model.layers]
+    moe = [hasattr(mlp, "experts") for mlp in blocks]
+    if not any(moe):
+        return None
+    if not all(moe):
+        dense = ", ".join(str(i) for i, m in enumerate(moe) if not m)
+        raise unsupported(f"dense MLP layers among mixture-of-experts layers (layer {dense} of {len(moe)}: "
+                          "mlp_only_layers, decoder_sparse_step)", source)
+    mlp = blocks[0]
+    if getattr(mlp, "shared_expert", None) is not None:
+        raise unsupported("a shared expert beside the routed ones (shared_expert, shared_expert_gate: a sigmoid-gated "
+                          "MLP every position goes through)", source)
+    router = getattr(mlp, "gate", None)
+    if type(router).__name__ not in ("MixtralTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter"):
+        raise unsupported(f"mixture-of-experts routing by {type(getattr(mlp, 'router', router)).__name__} (tcircuits reads a "
+                          "softmax over the experts, the top k kept)", source)
+    return int(router.top_k), bool(getattr(router, "norm_topk_prob", True))
 
 
-def _rope_types(params: dict) -> list[str]:
-    """The rope types of ``rope_parameters``: one, or one per layer type (Gemma 3, OLMo 3)."""
-    if all(isinstance(v, dict) for v in params.values()) and params:
-        return [t for v in params.values() for t in _rope_types(v)]
-    return [params.get("rope_type", params.get("type", "default"))]
+def norm_names(layer: Any) -> tuple[str, str | None, str | None, str | None, str | None]:
+    """``(sublayer_norm, ln1, ln2, ln1_post, ln2_post)``: the block's norm modules that read the stream
+    before each sublayer and that normalise each sublayer's output (None: none). OLMo 2 and EXAONE 4
+    normalise only the outputs; Gemma 2/3 both (the MLP reads ``pre_feedforward_layernorm``; their
+    ``post_attention_layernorm`` follows attention), GLM-4 and HyperCLOVA X (``use_post_norm``) too."""
+    def has(name: str) -> bool:
+        return type(getattr(layer, name, None)).__name__ not in ("NoneType", "Identity")
 
-
-def _is_post_norm(layer: Any, name: str) -> bool:
-    """Gemma 2/3 and OLMo 2 normalise each sublayer's output (``post_feedforward_layernorm``;
-    their ``post_attention_layernorm`` then follows attention instead of preceding the MLP)."""
-    return getattr(layer, name, None) is not None and getattr(layer, "post_feedforward_layernorm", None) is not None
+    if has("attention_layernorm"):  # Apertus' names
+        return "pre", "attention_layernorm", "feedforward_layernorm", None, None
+    pre_mlp = next((n for n in ("pre_feedforward_layernorm", "post_attention_layernorm") if has(n)), None)  # parallel: none
+    if has("post_feedforward_layernorm"):
+        if not has("input_layernorm"):
+            return "post", None, None, "post_attention_layernorm", "post_feedforward_layernorm"
+        return "both", "input_layernorm", pre_mlp, "post_attention_layernorm", "post_feedforward_layernorm"
+    for post1, post2 in (("post_self_attn_layernorm", "post_mlp_layernorm"), ("post_norm1", "post_norm2")):
+        if has(post1):
+            return "both", "input_layernorm", "post_attention_layernorm", post1, post2
+    return "pre", "input_layernorm", pre_mlp, None, None
 
 
 def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: Scales = Scales()) -> SourceWeights:
-    """A Llama-layout model as :class:`SourceWeights` (``layout``, ``scales``: how it departs from Llama)."""
+    """A Llama-layout model as :class:`SourceWeights` (``layout``, ``scales``: how it departs from Llama);
+    q/k norms, norms after a sublayer, sliding windows, soft-caps and scaled ropes read as the modules hold them."""
     config = model.config
-    pending.refuse(source, *pending_features(model))
+    if getattr(config, "clip_qkv", None) is not None:  # clamps queries, keys and values: not a linear map
+        raise unsupported(f"clipped queries, keys and values (clip_qkv={config.clip_qkv})", source)
+    moe = experts(model, source)
     d_model, n_heads = config.hidden_size, config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     if n_heads % n_kv:
         raise unsupported(f"{n_heads} query heads in {n_kv} key/value groups (not divisible)", source)
     declared = getattr(model.model.layers[0].self_attn, "rotary_ndims", None)
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, declared)
+    rope_of, rotary_emb = _one_rotary(model, source)
+    fraction, theta = rotary(rope_of, rotary_emb, d_head, source, declared, scaled=True)
     dims = (d_model, n_heads, n_kv, d_head)
     layers = [_layer(layer, i, dims, config, layout, scales, source) for i, layer in enumerate(model.model.layers)]
+    qk = decoder.qk_modules(model.model.layers[0].self_attn, source)
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
     kind = "layer_norm" if layout.norm.startswith("layer") else "rms_norm"
     return SourceWeights(
@@ -124,9 +138,34 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         b_U=b_U * scales.logits, layers=layers, ln_final=norm(model.model.norm, layout.norm), positional="none",
         layer_norm=kind == "layer_norm", norm=kind, act_fn=act(getattr(config, layout.act), source),
         eps=_eps(model, layout), attn_scale=scales.attn or math.sqrt(d_head), d_head=d_head,
-        n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, parallel=layout.parallel,
+        n_ctx=config.max_position_embeddings, d_mlp=layers[0].mlp["W_out"].shape[-2], parallel=layout.parallel,
         rotary=fraction, rotary_style=layout.rotary_style, rotary_base=theta,
+        experts_top_k=moe[0] if moe else 1, moe_renormalise=moe[1] if moe else True,
+        qk_norm=decoder.qk_kind(qk[0]) if qk else None,
+        qk_norm_scope=decoder.qk_scope(layers[0].q_norm[0], d_head) if qk else "head",
+        sublayer_norm=norm_names(model.model.layers[0])[0],
+        window=decoder.windows(config, len(layers), source, layout.layer_windows),
+        **decoder.softcaps(config), **decoder.rope_fields(rotary_emb),
     )
+
+
+def _one_rotary(model: Any, source: str) -> tuple[Any, Any]:
+    """``(what holds the config, the rotary embedding)`` for :func:`rotary`: the model's own, or, where each
+    layer type has its own rope (Gemma 3, OLMo 3), the one every layer type used shares; ropes that differ
+    between the layer types used are refused."""
+    emb = model.model.rotary_emb
+    if hasattr(emb, "inv_freq"):
+        return model, emb
+    used = sorted(set(model.config.layer_types[:len(model.model.layers)]))
+    ropes = {t: SimpleNamespace(inv_freq=getattr(emb, f"{t}_inv_freq"), rope_type=emb.rope_type[t],
+                                original_inv_freq=getattr(emb, f"{t}_original_inv_freq"),
+                                attention_scaling=getattr(emb, f"{t}_attention_scaling")) for t in used}
+    first = ropes[used[0]]
+    if any(not torch.equal(r.inv_freq, first.inv_freq) or r.attention_scaling != first.attention_scaling for r in ropes.values()):
+        ropes_of = ", ".join(f"{ropes[t].rope_type} rope_theta {model.config.rope_parameters[t].get('rope_theta')} in {t}"
+                             for t in used)
+        raise unsupported(f"rotary frequencies that differ between layer types ({ropes_of})", source)
+    return SimpleNamespace(config=SimpleNamespace(rope_parameters=model.config.rope_parameters[used[0]])), first
 
 
 def _eps(model: Any, layout: Layout) -> float:
@@ -141,10 +180,14 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
     d_model, n_heads, n_kv, d_head = dims
     a, where = layer.self_attn, f"layers.{i}.self_attn."
     W_O, b_O = heads_out(a.o_proj, n_heads, d_head, d_model, where + "o_proj", source)
-    ln1 = norm(layer.input_layernorm, layout.norm)
-    ln2 = ln1 if layout.parallel else norm(layer.post_attention_layernorm, layout.norm)
+    mode, *names = norm_names(layer)
+    ln1, ln2, post1, post2 = (norm(getattr(layer, n), layout.norm) if n else None for n in names)
+    if layout.parallel:
+        ln2 = ln1
     d_mlp = config.intermediate_size
-    if layout.mlp == "gated":
+    if hasattr(layer.mlp, "experts"):
+        mlp = _experts(layer.mlp)
+    elif layout.mlp == "gated":
         mlp = _gated_mlp(layer.mlp, d_mlp)
     elif layout.mlp == "packed":
         mlp = packed_gated_mlp(layer.mlp, d_mlp, d_model, f"layers.{i}.mlp.", source)
@@ -152,7 +195,14 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
         mlp = plain_mlp(layer.mlp.up_proj, layer.mlp.down_proj, d_mlp, d_model, f"layers.{i}.mlp.", source)
     else:
         mlp = plain_mlp(layer.mlp.c_fc, layer.mlp.c_proj, d_mlp, d_model, f"layers.{i}.mlp.c_", source)
-    r = scales.residual
+    # a sublayer's output is multiplied by residual_multiplier after its post norm (HyperCLOVA X): into the post
+    # norm's gain then, since a norm's eps makes it not scale-invariant
+    r, post_r = (1.0, scales.residual) if mode != "pre" else (scales.residual, 1.0)
+    for what, post in (("ln1_post", post1), ("ln2_post", post2)):
+        if post is not None and post[1].any():
+            raise unsupported(f"a norm after a sublayer with a bias (layers.{i} {what})", source)
+    qk = decoder.qk_modules(a, source)
+    q_norm, k_norm = (decoder.qk_weights(m, d_head, layout.norm == "gemma") for m in qk) if qk else (None, None)
     return LayerWeights(
         W_Q=split_heads(a.q_proj.weight, n_heads, d_head, d_model, where + "q_proj.weight", source),
         W_K=split_heads(a.k_proj.weight, n_kv, d_head, d_model, where + "k_proj.weight", source),
@@ -162,6 +212,8 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
         b_K=bias(a.k_proj, n_kv, d_head, where + "k_proj.bias", source),
         b_V=bias(a.v_proj, n_kv, d_head, where + "v_proj.bias", source),
         ln1=ln1, ln2=ln2, mlp={**mlp, "W_out": mlp["W_out"] * r, "b_out": mlp["b_out"] * r},
+        q_norm=q_norm, k_norm=k_norm, ln1_post=None if post1 is None else post1[0] * post_r,
+        ln2_post=None if post2 is None else post2[0] * post_r,
     )
 
 
@@ -173,6 +225,18 @@ def _gated_mlp(mlp: Any, d_mlp: int) -> dict[str, Tensor]:
     return {"W_gate": f64(mlp.gate_proj.weight).T, "b_gate": b(mlp.gate_proj, d_mlp),
             "W_in": f64(mlp.up_proj.weight).T, "b_in": b(mlp.up_proj, d_mlp),
             "W_out": f64(mlp.down_proj.weight).T, "b_out": b(mlp.down_proj, mlp.down_proj.weight.shape[0])}
+
+
+def _experts(mlp: Any) -> dict[str, Tensor]:
+    """A mixture of experts as SourceWeights holds it: ``W_router [d_model, E]`` (the router's ``x Wᵀ``) and every
+    expert's gated MLP stacked first (``gate_up_proj [E, 2m, d]``: gate then up; ``down_proj [E, d, m]``), no biases."""
+    gate_up, down = f64(mlp.experts.gate_up_proj), f64(mlp.experts.down_proj)
+    (E, two_m, _), d = gate_up.shape, down.shape[1]
+    m = two_m // 2
+    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
+    return {"W_router": f64(mlp.gate.weight).T, "W_gate": gate_up[:, :m].transpose(1, 2),
+            "W_in": gate_up[:, m:].transpose(1, 2), "W_out": down.transpose(1, 2),
+            "b_gate": zeros(E, m), "b_in": zeros(E, m), "b_out": zeros(E, d)}
 
 
 def _read_gemma(model: Any, source: str = "the Gemma model") -> SourceWeights:
@@ -223,6 +287,13 @@ def _read_cohere2(model: Any) -> SourceWeights:
     return _read_cohere(model, "the Cohere 2 model")
 
 
+def _read_exaone4(model: Any) -> SourceWeights:
+    # with a sliding window configured, EXAONE 4 turns queries and keys only in its sliding-window layers
+    _refuse_layers_without_rotary(model, lambda a: a.sliding_window is None or a.is_sliding, "full-attention layers",
+                                  "the EXAONE 4 model")
+    return read_llama_like(model, "the EXAONE 4 model")
+
+
 def _read_olmo(model: Any) -> SourceWeights:
     if model.config.clip_qkv is not None:  # clamps queries, keys and values: not a linear map
         raise unsupported(f"clipped queries, keys and values (clip_qkv={model.config.clip_qkv})", "the OLMo model")
@@ -238,8 +309,10 @@ _LLAMA = frozenset({
 _GRANITE = frozenset({"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"})
 _INTERLEAVED = Layout(rotary_style="gptj")  # rotary pairs (2f, 2f + 1): cos/sin repeated by interleaving
 _GLM = Layout(mlp="packed", rotary_style="gptj")
+_ONE_WINDOW = Layout(layer_windows=False)  # one mask from sliding_window for every layer
 _WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
-#: options whose only effect is a feature :func:`pending_features` refuses by name
+#: mixture-of-experts options: read (sizes, top k, norm_topk_prob), refused by name by :func:`experts` (dense layers
+#: between, a shared expert) or without effect in eval mode (jitter, router losses)
 _MOE = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                   "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "output_router_logits",
                   "router_aux_loss_coef", "router_jitter_noise", "qkv_bias"})
@@ -253,14 +326,14 @@ def _family(name: str, cls: str, options: frozenset[str], layout: Layout = Layou
 FAMILIES = (
     _family("Llama", "LlamaForCausalLM", _LLAMA),
     _family("Qwen2", "Qwen2ForCausalLM", _LLAMA | _WINDOWS),
-    _family("Mistral", "MistralForCausalLM", _LLAMA | _WINDOWS),
+    _family("Mistral", "MistralForCausalLM", _LLAMA | _WINDOWS, _ONE_WINDOW),
     Family("Gemma", ("GemmaForCausalLM",), _read_gemma, _LLAMA),
     Family("StableLM", ("StableLmForCausalLM",), _read_stablelm,
            _LLAMA | {"layer_norm_eps", "use_qkv_bias", "qk_layernorm", "use_parallel_residual"}),
     Family("OLMo", ("OlmoForCausalLM",), _read_olmo, _LLAMA | {"clip_qkv"}),
     _family("Starcoder2", "Starcoder2ForCausalLM",
             _LLAMA | _WINDOWS | {"norm_epsilon", "use_bias", "residual_dropout", "embedding_dropout"},
-            Layout(norm="layer", eps="norm_epsilon", mlp="plain")),
+            Layout(norm="layer", eps="norm_epsilon", mlp="plain", layer_windows=False)),
     Family("Granite", ("GraniteForCausalLM",), _read_granite, _LLAMA | _GRANITE),
     Family("Cohere", ("CohereForCausalLM",), _read_cohere, _LLAMA | {"layer_norm_eps", "logit_scale", "use_qk_norm"}),
     _family("Ministral", "MinistralForCausalLM", _LLAMA | _WINDOWS),
@@ -280,24 +353,23 @@ FAMILIES = (
     Family("Cohere 2", ("Cohere2ForCausalLM",), _read_cohere2, _LLAMA | _WINDOWS | {"layer_norm_eps", "logit_scale"}),
     # every model of these uses a feature the algebra does not express yet: refused by its name
     Family("VaultGemma", ("VaultGemmaForCausalLM",), lambda m: _read_gemma(m, "the VaultGemma model"),
-           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
-    _family("OLMo 3", "Olmo3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("EXAONE 4", "Exaone4ForCausalLM", _LLAMA | _WINDOWS | {"sliding_window_pattern"}, converts=False),
-    _family("Apertus", "ApertusForCausalLM", _LLAMA, converts=False),
-    _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("GPT-OSS", "GptOssForCausalLM", _LLAMA | _WINDOWS | _MOE | {"swiglu_alpha", "swiglu_limit"}, converts=False),
+           _LLAMA | _WINDOWS | _GEMMA2),
+    _family("OLMo 3", "Olmo3ForCausalLM", _LLAMA | _WINDOWS),
+    Family("EXAONE 4", ("Exaone4ForCausalLM",), _read_exaone4, _LLAMA | _WINDOWS | {"sliding_window_pattern"}),
+    _family("Apertus", "ApertusForCausalLM", _LLAMA, Layout(mlp="up_down")),
+    _family("CWM", "CwmForCausalLM", _LLAMA | _WINDOWS),
+    _family("Ministral 3", "Ministral3ForCausalLM", _LLAMA | _WINDOWS),
     _family("PhiMoE", "PhimoeForCausalLM", _LLAMA | _WINDOWS | _MOE | {"input_jitter_noise", "lm_head_bias"}, converts=False),
-    _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM, converts=False),
+    _family("GLM-4", "Glm4ForCausalLM", _LLAMA, _GLM),
     _family("HunYuan dense", "HunYuanDenseV1ForCausalLM", _LLAMA | {"eod_token_id"}, converts=False),
-    _family("Qwen3", "Qwen3ForCausalLM", _LLAMA | _WINDOWS, converts=False),
-    _family("OLMo 2", "Olmo2ForCausalLM", _LLAMA, converts=False),
+    _family("Qwen3", "Qwen3ForCausalLM", _LLAMA | _WINDOWS),
+    _family("OLMo 2", "Olmo2ForCausalLM", _LLAMA),
     Family("Gemma 2", ("Gemma2ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 2 model"),
-           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
+           _LLAMA | _WINDOWS | _GEMMA2),
     Family("Gemma 3", ("Gemma3ForCausalLM",), lambda m: _read_gemma(m, "the Gemma 3 model"),
-           _LLAMA | _WINDOWS | _GEMMA2, converts=False),
-    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
-    _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}, converts=False),
+           _LLAMA | _WINDOWS | _GEMMA2),
+    _family("Mixtral", "MixtralForCausalLM", _LLAMA | _WINDOWS | _MOE, _ONE_WINDOW),
+    _family("OLMoE", "OlmoeForCausalLM", _LLAMA | _MOE | {"clip_qkv"}),
     _family("Qwen2-MoE", "Qwen2MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
-    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, converts=False),
+    _family("Qwen3-MoE", "Qwen3MoeForCausalLM", _LLAMA | _WINDOWS | _MOE, _ONE_WINDOW),
 )

@@ -1,6 +1,6 @@
 """GPT-NeoX (Pythia) and Persimmon: fused query/key/value (per head: query, key, value), partial
-rotary; GPT-NeoX's blocks parallel or sequential. Persimmon's q/k layer norm is refused by name
-until the algebra has it, and so is its squared-ReLU activation."""
+rotary; GPT-NeoX's blocks parallel or sequential; Persimmon's q/k layer norm (``qk_layernorm``: one
+layer norm over each head's queries and keys, before the rotation)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64
-from numeric_check.model.readers import pending
+from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import Family, act, heads_out, norm, plain_mlp, rotary, shape, unembed
 
 
@@ -18,7 +18,7 @@ def read_gpt_neox(model: Any) -> SourceWeights:
     config, source = model.config, "the GPT-NeoX model"
     d_model, n_heads = config.hidden_size, config.num_attention_heads
     d_head = d_model // n_heads
-    fraction, theta = rotary(model, model.gpt_neox.rotary_emb, d_head, source)
+    fraction, theta = rotary(model, model.gpt_neox.rotary_emb, d_head, source, scaled=True)
     layers = [_layer(layer, layer.attention, i, n_heads, d_head, d_model, source)
               for i, layer in enumerate(model.gpt_neox.layers)]
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
@@ -28,6 +28,7 @@ def read_gpt_neox(model: Any) -> SourceWeights:
         act_fn=act(config.hidden_act, source), eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size,
         parallel=bool(config.use_parallel_residual), rotary=fraction, rotary_base=theta,
+        **decoder.rope_fields(model.gpt_neox.rotary_emb),
     )
 
 
@@ -50,20 +51,23 @@ def _layer(layer: Any, attn: Any, i: int, n_heads: int, d_head: int, d_model: in
 
 def read_persimmon(model: Any) -> SourceWeights:
     config, source = model.config, "the Persimmon model"
-    if config.qk_layernorm:
-        pending.refuse(source, ("qk_norm", "q_layernorm, k_layernorm"))
     act_fn = act(config.hidden_act, source)
     d_model, n_heads = config.hidden_size, config.num_attention_heads
     d_head = d_model // n_heads
     attn0 = model.model.layers[0].self_attn
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims)
+    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims, scaled=True)
     layers = [_layer(layer, layer.self_attn, i, n_heads, d_head, d_model, source) for i, layer in enumerate(model.model.layers)]
+    for layer, block in zip(layers, model.model.layers):  # qk_layernorm: a layer norm over each head's d_head
+        qk = decoder.qk_modules(block.self_attn, source)
+        if qk:
+            layer.q_norm, layer.k_norm = (decoder.qk_weights(m, d_head) for m in qk)
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
     return SourceWeights(
         W_E=f64(model.model.embed_tokens.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.model.final_layernorm, "layer_norm"), positional="none", layer_norm=True, act_fn=act_fn,
         eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head), d_head=d_head,
         n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, rotary=fraction, rotary_base=theta,
+        qk_norm="layer_norm" if layers[0].q_norm is not None else None, **decoder.rope_fields(model.model.rotary_emb),
     )
 
 

@@ -2,9 +2,9 @@
 
 Phi: one layer norm (with bias) read by attention and MLP in parallel, partial rotary on the
 first ``rotary_ndims`` dimensions of each head, biased projections and a biased ``lm_head``;
-its optional q/k layer norm is refused by name until the algebra has it. Phi-3: Llama with the
+its optional q/k layer norm (``qk_layernorm``: over each head, before the rotation). Phi-3: Llama with the
 queries, keys and values packed in one ``qkv_proj`` and the gate and up projections in one
-``gate_up_proj``.
+``gate_up_proj``, sliding windows read per layer.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import pending
+from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, refuse_windows, rotary, shape, split_heads, unembed,
+    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, shape, split_heads, unembed,
 )
 
 
@@ -35,11 +35,9 @@ def _dims(config: Any, source: str) -> tuple[int, int, int, int]:
 
 def read_phi(model: Any) -> SourceWeights:
     config, source = model.config, "the Phi model"
-    if config.qk_layernorm:
-        pending.refuse(source, ("qk_norm", "qk_layernorm"))
     d_model, n_heads, n_kv, d_head = _dims(config, source)
     attn0 = model.model.layers[0].self_attn
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims)
+    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, attn0.rotary_ndims, scaled=True)
     layers = []
     for i, layer in enumerate(model.model.layers):
         a, where = layer.self_attn, f"layers.{i}.self_attn."
@@ -54,21 +52,24 @@ def read_phi(model: Any) -> SourceWeights:
             b_V=bias(a.v_proj, n_kv, d_head, where + "v_proj.bias", source), ln1=ln, ln2=ln,
             mlp=plain_mlp(layer.mlp.fc1, layer.mlp.fc2, config.intermediate_size, d_model, f"layers.{i}.mlp.fc", source),
         ))
+        qk = decoder.qk_modules(a, source)  # qk_layernorm: a layer norm over each head's d_head, before the rotation
+        if qk:
+            layers[-1].q_norm, layers[-1].k_norm = (decoder.qk_weights(m, d_head) for m in qk)
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
     return SourceWeights(
         W_E=f64(model.model.embed_tokens.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.model.final_layernorm, "layer"), positional="none", layer_norm=True,
         act_fn=act(config.hidden_act, source), eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, parallel=True,
-        rotary=fraction, rotary_base=theta,
+        rotary=fraction, rotary_base=theta, qk_norm="layer_norm" if layers[0].q_norm is not None else None,
+        **decoder.rope_fields(model.model.rotary_emb),
     )
 
 
 def read_phi3(model: Any) -> SourceWeights:
     config, source = model.config, "the Phi-3 model"
-    refuse_windows(config, source)
     d_model, n_heads, n_kv, d_head = _dims(config, source)
-    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source)
+    fraction, theta = rotary(model, model.model.rotary_emb, d_head, source, scaled=True)
     d_mlp, layers = config.intermediate_size, []
     for i, layer in enumerate(model.model.layers):
         a, where = layer.self_attn, f"layers.{i}."
@@ -89,6 +90,7 @@ def read_phi3(model: Any) -> SourceWeights:
         ln_final=norm(model.model.norm, "rms"), positional="none", layer_norm=False, norm="rms_norm",
         act_fn=act(config.hidden_act, source), eps=float(config.rms_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=d_mlp, rotary=fraction, rotary_base=theta,
+        window=decoder.windows(config, len(layers), source), **decoder.rope_fields(model.model.rotary_emb),
     )
 
 
