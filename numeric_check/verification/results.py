@@ -124,13 +124,12 @@ class VerifyReport:
 
     def to_markdown(self, max_rows: int | None = None) -> str:
         """A summary and a Markdown table of the terms (the first ``max_rows``, or all)."""
-        lines = ["```", *self.summary_lines(), "```", "", "| term | order | norm | max abs error | ok |", "|---|---:|---:|---:|---|"]
         rows = self.rows()
-        for label, order, norm, err, ok in rows[:max_rows]:
-            lines.append(f"| `{label}` | {order} | {norm} | {err} | {ok} |")
+        shown = [[md_text(label), order, norm, err, ok] for label, order, norm, err, ok in rows[:max_rows]]
         if max_rows is not None and len(rows) > max_rows:
-            lines.append(f"| … {len(rows) - max_rows:,} more | | | | |")
-        return "\n".join(lines)
+            shown.append([f"… {len(rows) - max_rows:,} more", "", "", "", ""])
+        table = md_table(["term", "order", "norm", "max abs error", "ok"], shown, right=[1, 2, 3])
+        return "\n".join(["```", *self.summary_lines(), "```", "", table])
 
     def to_text(self, max_rows: int | None = None) -> str:
         """A summary and an aligned plain-text table of the terms."""
