@@ -352,7 +352,8 @@ class Architecture:
     def describe(self) -> str:
         """One line for humans: ``2 layers x 4 heads, qk_only positions, layer norm``."""
         if self.uniform and self.n_layers:
-            heads = f"{self.heads_per_layer[0]} heads"
+            n = self.heads_per_layer[0]
+            heads = f"{n} head" + ("" if n == 1 else "s")
         else:
             heads = "heads " + "/".join(map(str, self.heads_per_layer)) if self.n_layers else "no heads"
         extras = ["no positional embedding" if self.positional == "none" else f"{self.positional} positions"]
