@@ -159,6 +159,7 @@ REFUSED = [
     ("olmoe", {"clip_qkv": 3.0}, r"clipped queries, keys and values \(clip_qkv=3.0\)"),
     ("qwen2_moe", {}, r"a shared expert beside the routed ones \(shared_expert, shared_expert_gate"),
     ("qwen3_moe", {"mlp_only_layers": [1]}, r"dense MLP layers among mixture-of-experts layers \(layer 1 of 2"),
+    ("gpt_oss", {}, r"^the GPT-OSS model uses attention sinks \(a learned logit per head in every softmax\)"),
 ]
 
 
