@@ -19,7 +19,7 @@ from derivations.expansion import expansion
 from tensoralg import parse
 from tensoralg.errors import TensorAlgError
 from tensoralg.inference import MAX_INFERENCE_WORK, Shapes
-from tests.conftest import HEAVY, PROPERTY, THOROUGH
+from tests.conftest import HEAVY, PROPERTY, THOROUGH, needs_pdflatex
 from tests.helpers import bounded, quickly, run_cli
 from tests.strategies import long_digit_runs, scalar_texts, undeclared_products
 
@@ -126,3 +126,16 @@ def test_atoms_made_in_python_cannot_hold_what_would_print_raw(bad):
     if not bad.isdigit():
         with pytest.raises(TensorAlgError):
             Atom(f"W{bad}", 2, 2)
+
+
+@pytest.mark.slow
+@needs_pdflatex
+def test_the_largest_document_within_the_limit_compiles(capsys, tmp_path):
+    """3 layers of 12 heads expanded in full (2,197 terms, none elided) is within the document limit,
+    so it must compile: pdflatex once stopped at 'TeX capacity exceeded' on it (issue 21)."""
+    layer = lambda l: "(Id + " + " + ".join(f"A^{{L{l}H{h}}} ⊗ W_OV^{{L{l}H{h}}}" for h in range(12)) + ")"  # noqa: E731
+    text = "(Id ⊗ W_U)" + layer(2) + layer(1) + layer(0) + "(Id ⊗ W_E)"
+    code, out, err = run_cli(capsys, "expand", text, "--max-terms", "0", "--format", "latex",
+                             "-o", str(tmp_path / "big.tex"), "--pdf")
+    assert code == 0, err
+    assert (tmp_path / "big.pdf").stat().st_size > 100_000
