@@ -7,7 +7,6 @@ rope on TransformerLens — and the converted model silently computes something 
 option is either understood by the reader, known :data:`HARMLESS` (it changes no value the model
 computes in eval mode: token ids, dropout, caching, hook flags), or at its default.
 
->>> from types import SimpleNamespace
 >>> check_options({"n_layer": 2, "shout": True}, {"n_layer": 1, "shout": False}, {"n_layer"}, "the toy model")
 Traceback (most recent call last):
 ...
