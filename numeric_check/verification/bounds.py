@@ -108,9 +108,17 @@ class MaxAbsProduct:
         if not rows.numel():
             return [0.0] * xs.shape[0]
         norms = torch.linalg.vector_norm(rows, dim=2).amax(1).tolist()
-        eps = torch.finfo(rows.dtype).eps if rows.dtype.is_floating_point else 0.0
-        factor = self.column_norm * (1 + 4 * (self.k + 2) * eps)
+        factor = self.bound_factor if rows.dtype == self.dtype else self._factor(rows.dtype)
         return [norm * factor for norm in norms]
+
+    @property
+    def bound_factor(self) -> float:
+        """``f`` with ``max |x F| ≤ f · max‖x‖`` over the rows of ``x`` (the column norm, rounding allowed for)."""
+        return self._factor(self.dtype)
+
+    def _factor(self, dtype: torch.dtype) -> float:
+        eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+        return self.column_norm * (1 + 4 * (self.k + 2) * eps)
 
     # -- the screen --------------------------------------------------------------------------
     def _screen_factor(self) -> tuple[Tensor, float, float]:

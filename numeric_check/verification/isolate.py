@@ -45,7 +45,7 @@ torch.Size([1, 3, 10])
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -170,14 +170,49 @@ def isolate_final_groups(model: CircuitModel, rec: Recording, paths: Sequence[Pa
     >>> [(i, tuple(x.shape)) for i, x, _ in isolate_final_groups(model, rec, [Path(TOKEN, ((0, 0),)), Path(TOKEN, ((0, 1),))])]
     [([0, 1], (2, 1, 3, 8))]
     """
-    for indices, x in _isolated(model, rec, paths, None, chunk_bytes):
+    for indices, x, _ in _isolated(model, rec, paths, None, chunk_bytes):
         yield indices, x, float(paths[indices[0]].source.kind == "unembed_bias")
 
 
+class HeadGroup(NamedTuple):
+    """Paths of one copy of the batch whose last heads are ``heads`` of ``layer``, as the model's own
+    ``attn.hook_z`` holds them in that copy: ``z`` ``[batch, pos, n, d_head]`` (``z[:, :, k]`` for
+    ``paths[indices[k]]``). What each gives the unembedding is :func:`head_final_inputs` of it."""
+
+    indices: list[int]
+    z: Tensor
+    layer: int
+    heads: list[int]
+
+
+def isolate_final_parts(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[HeadGroup | tuple[list[int], Tensor, float]]:
+    """:func:`isolate_final_groups`, except that a group of paths ending in heads comes as the model's
+    ``z`` of those heads (a :class:`HeadGroup`), one step before its unembedding inputs: from there
+    on a path's stream is a fixed linear map of its ``z`` (the head's ``W_O``, norms with frozen
+    scales), which a caller may apply once per head (:class:`HeadMaps`) instead of once per path
+    (:func:`head_final_inputs`). Other groups come as ``(indices, x, bias)``."""
+    for indices, x, at in _isolated(model, rec, paths, None, chunk_bytes, raw=True):
+        if at is None:
+            yield indices, x, float(paths[indices[0]].source.kind == "unembed_bias")
+        else:
+            yield HeadGroup(indices, x, *at)
+
+
+def head_final_inputs(model: CircuitModel, rec: Recording, layer: int, heads: list[int], z: Tensor) -> Tensor:
+    """What heads ``heads`` of ``layer`` give the unembedding from their ``z`` ``[batch, pos, n, d_head]``
+    (copies of the batch stacked along it): the module's own ``head_outputs``, its norm after
+    attention and ``ln_final`` (scales frozen), ``[n, batch, pos, d_model]``."""
+    x = model.head_streams(layer, z, heads, _post_scale(rec, layer))
+    return final_norm(model, rec, x.flatten(0, 1)).view(x.shape)
+
+
 def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: int | None,
-              chunk_bytes: int) -> Iterator[tuple[list[int], Tensor]]:
-    """``(indices, streams)``: the paths' unembedding inputs (``upto=None``, see :func:`isolate_final_groups`)
-    or their residual streams entering block ``upto`` (every head of every path before it), stacked."""
+              chunk_bytes: int, raw: bool = False) -> Iterator[tuple[list[int], Tensor, tuple[int, list[int]] | None]]:
+    """``(indices, streams, None)``: the paths' unembedding inputs (``upto=None``, see
+    :func:`isolate_final_groups`) or their residual streams entering block ``upto`` (every head of every
+    path before it), stacked; with ``raw``, paths ending in heads as ``(indices, z, (layer, heads))``
+    (see :func:`isolate_final_parts`)."""
     b, p = rec.n_batch, rec.n_pos
     heads = model.arch.heads_per_layer
     cfg = model.cfg  # per copy: a few residual-sized tensors and the widest of a layer's z and pattern
@@ -193,7 +228,8 @@ def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: 
             for start in sorted(starts):  # one pass per starting layer
                 group = [q for q in prefixes if (q.heads[-1][0] + 1 if q.heads else 0) == start]
                 children = {q: parent for q, parent in parent_of.items() if parent in group}
-                yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start, upto)
+                yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start,
+                                          upto, raw)
             for q in prefixes:
                 entering.pop(q, None)
 
@@ -215,7 +251,7 @@ def _copies(paths: Sequence[Path]) -> dict[Path, list[int]]:
 
 def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], copies: dict[Path, list[int]],
                    children: dict[Path, Path], entering: dict[Path, Tensor], start: int,
-                   upto: int | None) -> Iterator[tuple[list[int], Tensor]]:
+                   upto: int | None, raw: bool = False) -> Iterator[tuple[list[int], Tensor, tuple | None]]:
     """One batched forward pass over one copy of the batch per prefix (see :func:`isolate_final_streams`),
     from the embeddings (``start == 0``, prefixes through no head) or from block ``start`` with each
     copy's stream ``entering[prefix]``; it stores in ``entering`` the streams the ``children`` (by their
@@ -262,12 +298,13 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         own = [i for i in copies[prefix] if paths[i] == prefix]
         if own:
             x = final[c * b:(c + 1) * b]
-            yield own, x.expand(len(own), *x.shape)
+            yield own, x.expand(len(own), *x.shape), None
         ends = [i for i in copies[prefix] if paths[i] != prefix]
-        for indices, x in _head_streams(model, rec, results, c, b, [paths[i] for i in ends], ends, streams):
-            if upto is None:  # the model's ln_final (scale frozen), on the group at once
+        for indices, x, at in _head_streams(model, rec, results, c, b, [paths[i] for i in ends], ends, streams,
+                                            raw and upto is None):
+            if at is None and upto is None:  # the model's ln_final (scale frozen), on the group at once
                 x = final_norm(model, rec, x.flatten(0, 1)).view(x.shape)
-            yield indices, x
+            yield indices, x, at
 
 
 def _post_scale(rec: Recording, layer: int) -> Tensor | None:
@@ -276,19 +313,25 @@ def _post_scale(rec: Recording, layer: int) -> Tensor | None:
 
 
 def _head_streams(model: CircuitModel, rec: Recording, results: dict[int, Tensor], c: int, b: int, ends: Sequence[Path],
-                  indices: Sequence[int], streams: dict[Path, Tensor]) -> Iterator[tuple[list[int], Tensor]]:
-    """``(indices, x)``: what the paths ``ends`` (numbered ``indices``) write with their last heads in copy
-    ``c`` (their streams from there on), stacked ``[n, b, pos, d_model]``: the heads of one layer at once,
-    at most ``GROUP_BYTES`` of them, by the module's own ``head_outputs`` of its ``hook_z``; a path
-    whose stream is already made (``streams``, popped) alone."""
+                  indices: Sequence[int], streams: dict[Path, Tensor],
+                  raw: bool = False) -> Iterator[tuple[list[int], Tensor, tuple[int, list[int]] | None]]:
+    """``(indices, x, None)``: what the paths ``ends`` (numbered ``indices``) write with their last heads in
+    copy ``c`` (their streams from there on), stacked ``[n, b, pos, d_model]``: the heads of one layer at
+    once, at most ``GROUP_BYTES`` of them, by the module's own ``head_outputs`` of its ``hook_z``; a path
+    whose stream is already made (``streams``, popped) alone. With ``raw``, a layer's heads come as
+    ``(indices, z, (layer, heads))``, their ``z`` ``[b, pos, n, d_head]`` (all of them at once)."""
     by_layer: dict[int, list[tuple[int, int]]] = {}
     for i, path in zip(indices, ends):
         if path in streams:
-            yield [i], streams.pop(path)[None]
+            yield [i], streams.pop(path)[None], None
         else:
             by_layer.setdefault(path.heads[-1][0], []).append((i, path.heads[-1][1]))
     for layer, group in by_layer.items():
         z = results[layer][c * b:(c + 1) * b]  # [b, pos, n_heads, d_head]
+        if raw:
+            heads = [h for _, h in group]
+            yield [i for i, _ in group], z if heads == list(range(z.shape[2])) else z[:, :, heads], (layer, heads)
+            continue
         per_head = z[:, :, 0].numel() * model.cfg.d_model // model.cfg.d_head * z.element_size()
         size = max(1, GROUP_BYTES // max(1, per_head))
         n_parts = -(-len(group) // size)
@@ -298,7 +341,7 @@ def _head_streams(model: CircuitModel, rec: Recording, results: dict[int, Tensor
             heads = [h for _, h in part]
             run = heads == list(range(heads[0], heads[0] + len(heads)))
             z_part = z[:, :, heads[0]:heads[0] + len(heads)] if run else z[:, :, heads]  # [b, pos, n, d_head]
-            yield [i for i, _ in part], model.head_streams(layer, z_part, heads, _post_scale(rec, layer))  # [n, b, pos, d]
+            yield [i for i, _ in part], model.head_streams(layer, z_part, heads, _post_scale(rec, layer)), None  # [n, b, pos, d]
 
 
 def isolate_logit_paths(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
@@ -322,7 +365,7 @@ def isolate_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], 
     if late:
         raise NumericCheckError(f"paths {late[:3]} pass through heads at or after layer {layer}; they do not reach it")
     out: list[Tensor | None] = [None] * len(paths)
-    for indices, x in _isolated(model, rec, paths, layer, chunk_bytes):
+    for indices, x, _ in _isolated(model, rec, paths, layer, chunk_bytes):
         for i, xi in zip(indices, x.unbind(0)):
             out[i] = xi
     return out

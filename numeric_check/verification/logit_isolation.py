@@ -1,39 +1,55 @@
 """Check 2 of :func:`~numeric_check.verification.verify.verify_logits`: each term against its path
 isolated through the model's own hooks, compared before the unembedding.
 
-The model's isolated streams arrive a group at a time (one copy's paths whose last heads are in
-one layer: :func:`~numeric_check.verification.isolate.isolate_final_groups`). Each term's error
-``ours - x`` is formed before the unembedding, where it is exactly equivalent (the logits are
-linear in what reaches ``W_U``): the subtraction fused into the term's last product, written into
-one buffer for the group (:meth:`LogitSpace.differences`), so that nothing of the group is
-allocated twice and every step works on tensors that stay in the CPU's cache. A term passes on
-the rigorous bound of its logit-space error, ``max |e·w| ≤ max‖e‖ · max‖w‖``, when that is within
-the tolerance; otherwise (or with ``exact``) its largest logit-space error is computed exactly,
-for all such terms in one screened pass (:class:`~numeric_check.verification.bounds.MaxAbsProduct`).
+The model's isolated paths arrive a group at a time (one copy's paths whose last heads are in one
+layer: :func:`~numeric_check.verification.isolate.isolate_final_parts`). Each term's error
+``e = ours - x`` is taken before the unembedding, where it is exactly equivalent (the logits are
+linear in what reaches ``W_U``), and a term passes on a rigorous bound of its logit-space error,
+``max |e·w| ≤ max‖e‖ · max‖w‖``, when that is within the tolerance.
+
+A path ending in a head arrives as the model's own ``z`` of that head (its ``hook_z`` in the
+path's copy): from there the model is a fixed linear map at each position, ``x[p] = σ_p z[p] M_h``
+(the head's ``W_O``, its norm after attention and ``ln_final``, their scales ``σ_p`` frozen).
+:class:`HeadMaps` takes ``M_h`` from the model's own modules (on a basis, once per head) and
+``σ_p`` from the same modules on a random probe, which also measures how far the modules are from
+that form (their rounding). Our term is ``c y R`` with ``y`` ``d_head`` wide, so at each position
+
+    ‖e[p]‖ ≤ ‖σ_p z[p] - c y[p]‖ ‖M_h‖₂ + |c| ‖y[p]‖ ‖M_h - R‖₂ + κ |σ_p| ‖z[p]‖ ‖M_h‖₂
+
+(``κ`` four times that measured rounding): every quantity ``d_head`` wide, none ``d_model`` wide.
+A term this does not settle (or every term, with ``exact``) is compared in full: the model's own
+modules give its unembedding input (:func:`~numeric_check.verification.isolate.head_final_inputs`)
+and the subtraction is fused into our term's last product (:meth:`LogitSpace.differences`); it
+passes on that difference's bound, or else its largest logit-space error is computed exactly, for
+all such terms in one screened pass (:class:`~numeric_check.verification.bounds.MaxAbsProduct`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
 from torch import Tensor
 
 from derivations.paths import Path
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording
-from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue
-from numeric_check.verification.isolate import isolate_final_groups
+from numeric_check.model.hook_paths import Recording, final_norm
+from numeric_check.model.hooks import Constant
+from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
+from numeric_check.verification.isolate import HeadGroup, head_final_inputs, isolate_final_parts
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.results import TermResult
 
 
 def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, space: LogitSpace,
                    values: Sequence[LogitTermValue], paths: Sequence[Path], results: list[TermResult],
-                   tolerance: tuple[float, float, float], exact: bool, chunk_bytes: int) -> None:
+                   tolerance: tuple[float, float, float], exact: bool, chunk_bytes: int,
+                   maps: "HeadMaps | None" = None) -> None:
     """Check 2 for a chunk of terms (``values``, ``paths[k]`` that of ``values[k]``): one batched isolation
     pass through the model; sets each term's ``error_bound``, ``passed`` and, when its bound does not
     settle it, ``max_abs_error``. ``tolerance``: ``(atol, rtol, scale)``, a term's tolerance being
-    ``atol + rtol · max(scale, its own largest logit)``."""
+    ``atol + rtol · max(scale, its own largest logit)``. ``maps``: the model's :class:`HeadMaps` (made once
+    for a verification's chunks; made here when not given)."""
     atol, rtol, scale = tolerance
     tol = atol + rtol * scale
     unsettled: list[tuple[TermResult, Tensor, Tensor]] = []
@@ -46,7 +62,14 @@ def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, spac
         else:
             unsettled.append((r, space.widened(error), ours()))
 
-    for indices, x, bias in isolate_final_groups(model, rec, paths, chunk_bytes=chunk_bytes):
+    maps = HeadMaps(model, rec) if maps is None else maps
+    for part in isolate_final_parts(model, rec, paths, chunk_bytes=chunk_bytes):
+        if isinstance(part, HeadGroup):
+            (indices, x), bias = _unsettled_heads(model, rec, ev, maps, space, part, values, results, tol, exact), 0.0
+            if not indices:
+                continue
+        else:
+            indices, x, bias = part
         group = [values[j] for j in indices]
         if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
             for v, xi in zip(group, x.unbind(0)):
@@ -62,3 +85,128 @@ def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, spac
         for j, (r, _, _) in enumerate(unsettled):
             r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
             r.passed = r.max_abs_error <= atol + rtol * max(scale, own)
+
+
+def _unsettled_heads(model: CircuitModel, rec: Recording, ev: LogitEvaluator, maps: "HeadMaps", space: LogitSpace,
+                     part: HeadGroup, values: Sequence[LogitTermValue], results: list[TermResult], tol: float,
+                     exact: bool) -> tuple[list[int], Tensor | None]:
+    """Certify the terms of ``part`` that :meth:`HeadMaps.bounds` settles (``passed``, ``error_bound``);
+    return the others' indices and their unembedding inputs, by the model's own modules."""
+    keep = list(range(len(part.indices)))
+    if not exact:
+        bounds = maps.bounds(ev, part, [values[j] for j in part.indices])
+        if bounds is not None:
+            factor = space.product.bound_factor
+            keep = []
+            for k, (j, bound) in enumerate(zip(part.indices, bounds)):
+                bound *= factor
+                if bound <= tol:
+                    r = results[values[j].index]
+                    r.error_bound, r.passed = bound, True
+                else:
+                    keep.append(k)
+    if not keep:
+        return [], None
+    z = part.z if len(keep) == len(part.indices) else part.z[:, :, keep]
+    return [part.indices[k] for k in keep], head_final_inputs(model, rec, part.layer, [part.heads[k] for k in keep], z)
+
+
+class HeadMaps:
+    """What the model does after a head's ``z``, as a linear map at each position: ``x[p] = σ_p z[p] M_h``.
+
+    Per layer, made when first needed: ``M`` ``[n_heads, d_head, d_model]``, the model's own
+    ``head_outputs``, norm after attention and ``ln_final`` applied to a basis with their scales set
+    to 1; ``sigma`` ``[batch, pos]``, the frozen scales' product, read off the same modules (recorded
+    scales) on a random probe ``g`` of one head; ``kappa``, four times the largest ``‖F(g)[p] - σ_p g[p]
+    M‖ / ‖σ_p g[p] M‖`` over the probe (the modules' rounding, or how far they are from this form);
+    ``None`` for a layer whose map is not of this form (no bound is given then).
+    """
+
+    def __init__(self, model: CircuitModel, rec: Recording):
+        self.model, self.rec = model, rec
+        self._layers: dict[int, tuple[Tensor, Tensor, Tensor, float] | None] = {}
+        self._gaps: dict[tuple, Tensor] = {}
+
+    def layer(self, layer: int) -> tuple[Tensor, Tensor, Tensor, float] | None:
+        """``(M, norms of M (spectral), sigma, kappa)`` of ``layer``, or ``None``."""
+        if layer not in self._layers:
+            self._layers[layer] = self._measure(layer)
+        return self._layers[layer]
+
+    @torch.no_grad()
+    def _measure(self, layer: int):
+        model, rec = self.model, self.rec
+        n, e = model.arch.heads_per_layer[layer], model.cfg.d_head
+        like = rec.final
+        heads = list(range(n))
+        # M: the basis e_i at "position" i of one sequence, every scale 1
+        basis = torch.eye(e, dtype=like.dtype, device=like.device)[None, :, None, :].expand(1, e, n, e)
+        post = None if rec.cache.get(f"blocks.{layer}.ln1_post.hook_scale") is None else like.new_ones(1, e, 1)
+        unit = model.head_streams(layer, basis, heads, post).flatten(0, 1)  # [n, e, d_model]
+        if "ln_final.hook_scale" in rec.cache:
+            with model.hooks([("ln_final.hook_scale", Constant(like.new_ones(n, e, 1)))]):
+                unit = model.ln_final(unit)
+        else:
+            unit = model.ln_final(unit)
+        M = unit.view(n, e, -1)
+        # sigma: the recorded scales, on a random probe of one head (the head of largest M) at every
+        # position: the scales are per position, the same for every head of the layer
+        head = int(torch.linalg.matrix_norm(M).argmax())
+        gen = torch.Generator(device=like.device).manual_seed(0)
+        g = torch.randn(rec.n_batch, rec.n_pos, 1, e, generator=gen, dtype=like.dtype, device=like.device)
+        actual = head_final_inputs(model, rec, layer, [head], g)[0]  # [b, pos, d_model]
+        pred = g[:, :, 0] @ M[head]
+        weight = pred.pow(2).sum(-1)
+        if not bool((weight > 0).all()):
+            return None
+        sigma = (actual * pred).sum(-1) / weight  # [b, pos]
+        scaled = sigma[..., None] * pred
+        miss = torch.linalg.vector_norm(actual - scaled, dim=-1) / torch.linalg.vector_norm(scaled, dim=-1)
+        kappa = 4 * max(float(miss.max()), torch.finfo(like.dtype).eps)
+        if not kappa < 1e-2 or not bool(torch.isfinite(sigma).all()):
+            return None
+        return M, _spectral_norms(M), sigma, kappa
+
+    def _gaps_of(self, ev: LogitEvaluator, layer: int, heads: list[int], refs: tuple, M: Tensor) -> Tensor:
+        """``‖M_h - R‖`` for each head and its term's last factor ``R`` (Frobenius, at least the spectral
+        norm), ``[n]``; once per set of heads and factors."""
+        key = (layer, tuple(heads), refs)
+        gaps = self._gaps.get(key)
+        if gaps is None:
+            values = []
+            for h, ref in zip(heads, refs):
+                R = right_multiplier(ev.binder, ref)
+                values.append(float(torch.linalg.vector_norm(M[h] - R)) if M[h].shape == R.shape else float("inf"))
+            gaps = self._gaps[key] = M.new_tensor(values)
+        return gaps
+
+    @torch.no_grad()
+    def bounds(self, ev: LogitEvaluator, part: HeadGroup, group: Sequence[LogitTermValue]) -> list[float] | None:
+        """A bound on ``max_p ‖e[p]‖`` for each term of ``part`` (see the module), or ``None`` when its
+        terms or its layer are not of the form it bounds."""
+        measured = self.layer(part.layer)
+        if measured is None or not all(len(v.left) == 2 and v.left[-1][0].name == "W_U" for v in group):
+            return None
+        M, m_norm, sigma, kappa = measured
+        z = part.z.movedim(2, 0)  # [n, b, pos, e]
+        if any(v.y.shape[-1] != z.shape[-1] for v in group):
+            return None
+        y = torch.stack([v.y.expand(z.shape[1:]) for v in group])  # [n, b, pos, e]
+        coeffs = z.new_tensor([v.coeff for v in group]).view(-1, 1, 1)
+        heads = part.heads
+        m = m_norm[heads].view(-1, 1, 1)
+        gaps = self._gaps_of(ev, part.layer, heads, tuple(v.left[0] for v in group), M).view(-1, 1, 1)
+        sz = sigma[None, ..., None] * z
+        rows = lambda t: torch.linalg.vector_norm(t, dim=-1)  # noqa: E731 - [n, b, pos]
+        bound = (rows(sz - coeffs[..., None] * y) * m + coeffs.abs() * rows(y) * gaps + kappa * rows(sz) * m)
+        return bound.flatten(1).amax(1).tolist()
+
+
+def _spectral_norms(M: Tensor) -> Tensor:
+    """Upper bounds on ``‖M_h‖₂`` of a stack ``[n, r, c]``: ``sqrt(λ_max(M_h M_hᵀ))`` in float64 (the
+    ``r × r`` Gram matrix: far cheaper than an SVD when ``r`` is ``d_head``), widened for its rounding."""
+    A = M.double()
+    gram = A @ A.transpose(1, 2) if A.shape[1] <= A.shape[2] else A.transpose(1, 2) @ A
+    top = torch.linalg.eigvalsh(gram)[:, -1].clamp(min=0)
+    slack = 4 * max(A.shape[1:]) * torch.finfo(torch.float64).eps * torch.linalg.matrix_norm(gram, ord="fro")
+    return (top + slack).sqrt().to(M.dtype)

@@ -62,7 +62,7 @@ from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_qk
-from numeric_check.verification.logit_isolation import check_isolated
+from numeric_check.verification.logit_isolation import HeadMaps, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -318,6 +318,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     (scale,) = space.product.max_abs([space.model])
     exact = _exact_by_default(rec, s.model, len(kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []
+    maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
     spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
 
     def flush() -> None:  # the pending terms: norms and sum by groups, then check 2
@@ -325,7 +326,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         if isolation:
             t0 = time.perf_counter()
             check_isolated(s.model, s.rec, ev, space, pending, [kept[v.index].path for v in pending], results,
-                           (s.atol, s.rtol, scale), exact, chunk_bytes)
+                           (s.atol, s.rtol, scale), exact, chunk_bytes, maps)
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
 

@@ -142,3 +142,35 @@ def test_stacked_factors_stay_under_their_bound(monkeypatch):
         torch.testing.assert_close(space.differences(ev, [values[i] for i in indices], x), expected, rtol=0, atol=0)
         assert sum(t.numel() for t in space._stacks.values()) <= one_set
     assert len({tuple(v.left[0] for v in (values[i] for i in indices)) for indices, _ in groups}) > 1  # sets were dropped
+
+
+@FAST
+@given(models_and_tokens(max_batch=2), st.sampled_from([torch.float64, torch.float32]))
+def test_head_map_bounds_hold_the_exact_errors(pair, dtype):
+    """Check 2's bound through the head maps (the model's z, then x[p] = σ_p z[p] M_h) is at least each
+    term's exact logit-space error, for any architecture the strategy draws (norms before and after
+    attention, RMSNorm, grouped queries, rotary…), in float64 and float32."""
+    model, tokens = pair
+    exact = verify_logits(model, tokens, exact_errors=True, dtype=dtype)
+    bounded = verify_logits(model, tokens, exact_errors=False, dtype=dtype)
+    assert exact.passed and bounded.passed
+    for a, b in zip(exact.terms, bounded.terms):
+        assert a.max_abs_error <= b.error_bound or b.max_abs_error is not None, (a.label, a.max_abs_error, b.error_bound)
+
+
+def test_head_maps_are_the_models_own_map_after_z():
+    """HeadMaps: σ_p z[p] M_h is what the model's modules give the unembedding from a head's z, within
+    the rounding it measures (kappa), on a model with norms after attention and RMSNorm."""
+    from numeric_check.verification.isolate import head_final_inputs
+    from numeric_check.verification.logit_isolation import HeadMaps
+
+    arch = Architecture(2, 3, norm="rms_norm", sublayer_norm="both")
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, dtype=torch.float64)
+    rec = record(model, TOKENS)
+    maps = HeadMaps(model, rec)
+    for layer in range(2):
+        M, norms, sigma, kappa = maps.layer(layer)
+        z = torch.randn(*TOKENS.shape, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(layer))
+        ours = sigma[None, ..., None] * torch.einsum("bpne,ned->nbpd", z, M)
+        torch.testing.assert_close(ours, head_final_inputs(model, rec, layer, [0, 1, 2], z), rtol=1e-13, atol=1e-13)
+        assert kappa < 1e-12 and norms.shape == (3,)

@@ -115,17 +115,27 @@ def test_a_wrong_omitted_part_fails_check_3(monkeypatch):
     assert report.check("truncation").passed is False and not report.passed
 
 
-def test_a_wrong_isolation_fails_check_2(monkeypatch):
-    real = logit_isolation.isolate_final_groups
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("where", ["z", "stream"])
+def test_a_wrong_isolation_fails_check_2(monkeypatch, exact, where):
+    """The model's isolated paths off by 1e-3 — in a head's z (paths ending in heads, certified through
+    the head maps unless exact) or in a finished stream (paths ending in no head) — fail check 2."""
+    real, wrong = logit_isolation.isolate_final_parts, set()
 
-    def shifted(*args, **kwargs):
-        for indices, x, bias in real(*args, **kwargs):
-            yield indices, x + 1e-3, bias
+    def shifted(model, rec, paths, **kwargs):
+        for part in real(model, rec, paths, **kwargs):
+            if isinstance(part, logit_isolation.HeadGroup) == (where == "z"):
+                wrong.update(paths[i].label for i in part[0])
+            if isinstance(part, logit_isolation.HeadGroup):
+                yield part._replace(z=part.z + 1e-3) if where == "z" else part
+            else:
+                indices, x, bias = part
+                yield indices, (x + 1e-3 if where == "stream" else x), bias
 
-    monkeypatch.setattr(logit_isolation, "isolate_final_groups", shifted)
-    report = verify_logits(small_model(), TOKENS)
+    monkeypatch.setattr(logit_isolation, "isolate_final_parts", shifted)
+    report = verify_logits(small_model(), TOKENS, exact_errors=exact)
     assert report.check("sum").passed and report.check("isolation").passed is False
-    assert all(t.passed is False for t in report.terms)
+    assert wrong and {t.label for t in report.terms if not t.passed} == wrong
 
 
 def test_qk_coefficient_is_bound_to_the_models_attention_scale():
@@ -162,7 +172,7 @@ def test_bounded_and_exact_term_errors_agree():
     bounded = verify_logits(model, TOKENS, exact_errors=False)
     assert exact.passed and bounded.passed
     for a, b in zip(exact.terms, bounded.terms):
-        assert b.max_abs_error is None and a.max_abs_error <= a.error_bound == b.error_bound
+        assert b.max_abs_error is None and a.max_abs_error <= min(a.error_bound, b.error_bound)
     assert "≤" in bounded.to_text() and "bound" in bounded.check("isolation").detail
 
 
