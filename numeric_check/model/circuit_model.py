@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from copy import deepcopy
 from typing import Any, Callable, Iterable, Iterator
 
@@ -315,15 +316,12 @@ class CircuitModel(nn.Module):
     def check_finite(self) -> None:
         """Raise :class:`WeightError` naming the first parameter with NaN or Inf entries.
 
-        A fast pre-check per parameter (``aminmax`` propagates NaN and sees ±Inf, without the
-        boolean temporary of ``isfinite``); the exact scan runs only on a parameter that fails it.
+        A fast pre-check per parameter (:func:`weight_max_abs`: ``aminmax`` propagates NaN and sees ±Inf,
+        without the boolean temporary of ``isfinite``; remembered while the parameter is unchanged); the
+        exact scan runs only on a parameter that fails it.
         """
         for name, param in self.named_parameters():
-            if not param.numel():
-                continue
-            with torch.no_grad():
-                low, high = torch.aminmax(param.detach())
-            if bool(torch.isfinite(low) & torch.isfinite(high)):
+            if not param.numel() or math.isfinite(weight_max_abs(param)):
                 continue
             bad = ~torch.isfinite(param)
             if bad.any():
@@ -443,6 +441,34 @@ def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float
     else:  # [out, in]
         std = init_std or 1 / math.sqrt(param.shape[-1])
     return torch.randn(param.shape, generator=gen, dtype=torch.float64) * std
+
+
+# id(weight) -> (a weak reference to it, its storage and version counter when measured, max |weight|)
+_WEIGHT_MAX_ABS: dict[int, tuple[weakref.ref, tuple, float]] = {}
+
+
+def weight_max_abs(t: Tensor) -> float:
+    """:func:`max_abs` of a weight (a model's own parameter object), remembered while it is unchanged (the
+    same storage and version counter: an in-place write or a new tensor measures it again). Verifying
+    a model prompt after prompt scans each of its weights once, not once per call.
+
+    >>> w = nn.Parameter(torch.tensor([1.0, -3.0]))
+    >>> weight_max_abs(w), weight_max_abs(w)
+    (3.0, 3.0)
+    >>> with torch.no_grad():
+    ...     _ = w.mul_(2)
+    >>> weight_max_abs(w)
+    6.0
+    """
+    stamp = (t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device))
+    key = id(t)  # the object itself (a model's parameter): a tensor compares by value, not identity
+    entry = _WEIGHT_MAX_ABS.get(key)
+    if entry is not None and entry[0]() is t and entry[1] == stamp:
+        return entry[2]
+    with torch.no_grad():
+        value = max_abs(t.detach())
+    _WEIGHT_MAX_ABS[key] = (weakref.ref(t, lambda _, key=key: _WEIGHT_MAX_ABS.pop(key, None)), stamp, value)
+    return value
 
 
 def max_abs(t: Tensor) -> float:

@@ -27,12 +27,15 @@ True
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
 
 from numeric_check.model.circuit_model import max_abs
+
+if TYPE_CHECKING:
+    from numeric_check.verification.constants import UnembedConstants
 
 _U32 = 2.0**-24
 _TINY32 = 2.0**-126  # smallest normal float32
@@ -43,10 +46,11 @@ class MaxAbsProduct:
 
     ``blocks``: matrices ``[k_i, m]`` (e.g. ``W_Uᵀ`` and ``b_U[None]``); an ``X`` is
     ``[..., Σ k_i]`` and ``X F = Σ_i X[..., block i] F_i``. ``chunk``: columns of ``F`` per
-    step of the float32 screen.
+    step of the float32 screen. ``constants``: where the screen's float32 copy of ``F`` and its column
+    norm are kept between verifications of one model (``F`` must then be that model's unembedding).
     """
 
-    def __init__(self, blocks: Sequence[Tensor], chunk: int = 4096):
+    def __init__(self, blocks: Sequence[Tensor], chunk: int = 4096, constants: "UnembedConstants | None" = None):
         self.blocks = [b.detach() for b in blocks]
         m = {b.shape[1] for b in self.blocks}
         if len(m) != 1:
@@ -59,6 +63,7 @@ class MaxAbsProduct:
         self._screen: tuple[Tensor, float, float] | None = None  # (Fᵀ scaled, in float32; its scale; max column norm)
         self._col_norm: float | None = None
         self._blocks_finite: bool | None = None
+        self.constants = constants
 
     # -- the float64 product, chunk by chunk ------------------------------------------------
     def _product(self, x: Tensor, start: int, stop: int) -> Tensor:
@@ -85,8 +90,10 @@ class MaxAbsProduct:
     def column_norm(self) -> float:
         """``max_j ‖F[:, j]‖`` (float64): ``|x · F[:, j]| ≤ ‖x‖ · column_norm`` for every row ``x``."""
         if self._col_norm is None:
-            squares = sum(torch.linalg.vector_norm(b, dim=0).pow(2) for b in self.blocks)
-            self._col_norm = float(squares.max().sqrt()) if self.m else 0.0
+            def make() -> float:
+                squares = sum(torch.linalg.vector_norm(b, dim=0).pow(2) for b in self.blocks)
+                return float(squares.max().sqrt()) if self.m else 0.0
+            self._col_norm = make() if self.constants is None else self.constants.get("column_norm", make)
         return self._col_norm
 
     def bound(self, x: Tensor) -> float:
@@ -122,21 +129,26 @@ class MaxAbsProduct:
 
     # -- the screen --------------------------------------------------------------------------
     def _screen_factor(self) -> tuple[Tensor, float, float]:
-        """``Fᵀ`` scaled by a power of two into [-1, 1], in float32, ``[m, k]`` padded to a multiple of 8."""
+        """``Fᵀ`` scaled by a power of two into [-1, 1], in float32, ``[m, k]`` padded to a multiple of 8;
+        that power of two; the column norm times it. Made once (kept in ``constants`` when given)."""
         if self._screen is None:
-            top = max((max_abs(b) for b in self.blocks), default=0.0)
-            scale = 2.0 ** -math.frexp(top)[1] if top > 0 else 1.0
-            safe = 2.0**-60 <= top <= 2.0**60  # scaling after the conversion to float32 is exact
-            Ft = torch.empty(self.m, -(-self.k // 8) * 8, dtype=torch.float32, device=self.blocks[0].device)
-            Ft[:, self.k:] = 0
-            at = 0
-            for b, w in zip(self.blocks, self.widths):
-                Ft[:, at:at + w] = b.T if safe else b.T * scale  # no float32 overflow or underflow
-                at += w
-            if safe:
-                Ft.mul_(scale)
-            self._screen = (Ft, scale, self.column_norm * scale)
+            self._screen = (self._make_screen_factor() if self.constants is None
+                            else self.constants.get("screen", self._make_screen_factor))
         return self._screen
+
+    def _make_screen_factor(self) -> tuple[Tensor, float, float]:
+        top = max((max_abs(b) for b in self.blocks), default=0.0)
+        scale = 2.0 ** -math.frexp(top)[1] if top > 0 else 1.0
+        safe = 2.0**-60 <= top <= 2.0**60  # scaling after the conversion to float32 is exact
+        Ft = torch.empty(self.m, -(-self.k // 8) * 8, dtype=torch.float32, device=self.blocks[0].device)
+        Ft[:, self.k:] = 0
+        at = 0
+        for b, w in zip(self.blocks, self.widths):
+            Ft[:, at:at + w] = b.T if safe else b.T * scale  # no float32 overflow or underflow
+            at += w
+        if safe:
+            Ft.mul_(scale)
+        return Ft, scale, self.column_norm * scale
 
     def max_abs(self, xs: Sequence[Tensor]) -> list[float]:
         """``max |x F|`` for each ``x`` in ``xs`` (0 when ``x`` is empty, nan when it holds nan)."""

@@ -53,6 +53,7 @@ from torch import Tensor
 
 from derivations.paths import PathTerm, Source
 from numeric_check.verification.bind import Binder, SourceInput
+from numeric_check.verification.constants import UnembedConstants
 from tensoralg.atoms import Atom, Word
 
 # A right-multiplier ``R`` of a stream: ``(base atom, factor index j, transposed)`` stands for
@@ -377,10 +378,12 @@ class LogitEvaluator:
 
     :meth:`values` yields a :class:`LogitTermValue` per term (in trie order, not list
     order); :meth:`logits` and :meth:`norm` finish one term; :class:`LogitSum` adds them.
+    ``constants``: the model's :class:`~numeric_check.verification.constants.UnembedConstants`, where
+    ``W_Uᵀ W_U`` is kept between verifications of one model.
     """
 
-    def __init__(self, binder: Binder, terms: Sequence[PathTerm]):
-        self.binder = binder
+    def __init__(self, binder: Binder, terms: Sequence[PathTerm], constants: UnembedConstants | None = None):
+        self.binder, self.constants = binder, constants
         self.terms = list(terms)
         self.trie = StreamTrie(binder)
         self._left: list[tuple[FactorRef, ...]] = []
@@ -432,7 +435,9 @@ class LogitEvaluator:
         """``K = (R_1 … R_k)(R_1 … R_k)ᵀ``, cached by suffix (``W_Uᵀ W_U`` is computed once)."""
         if left not in self._grams:
             R = right_multiplier(self.binder, left[0])
-            if len(left) == 1:
+            if len(left) == 1 and left[0][0].name == "W_U" and self.constants is not None:
+                self._grams[left] = self.constants.get(f"gram {left[0][1]} {left[0][2]}", lambda: gram(R))
+            elif len(left) == 1:
                 self._grams[left] = gram(R)
             else:
                 self._grams[left] = R @ self.gram(left[1:]) @ R.T

@@ -18,6 +18,7 @@ from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording
 from numeric_check.verification.bounds import MaxAbsProduct
+from numeric_check.verification.constants import UnembedConstants
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 
 
@@ -31,12 +32,14 @@ class LogitSpace:
     what it gives ``W_Uᵀ``, and its coefficient of ``b_U`` when the model has one. Every check
     compares these (exactly equivalent, by linearity) and unembeds only what it reports:
     largest absolute entries, by :class:`~numeric_check.verification.bounds.MaxAbsProduct` (exact float64).
+    ``constants``: the model's :class:`~numeric_check.verification.constants.UnembedConstants` (kept between
+    verifications of one model).
     """
 
-    def __init__(self, model: CircuitModel, rec: Recording):
+    def __init__(self, model: CircuitModel, rec: Recording, constants: UnembedConstants | None = None):
         self.names = ["W_U"] + (["b_U"] if model.b_U is not None else [])
         blocks = [model.W_U.detach().T] + ([model.b_U.detach()[None]] if model.b_U is not None else [])
-        self.product = MaxAbsProduct(blocks)
+        self.product = MaxAbsProduct(blocks, constants=constants)
         self.rec = rec
         self.model = self.of(rec.final, 1.0)  # the model's own logits
         self._stacks: dict[tuple, Tensor] = {}  # right factors stacked, by the terms' factors (see differences)

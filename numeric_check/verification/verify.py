@@ -62,6 +62,7 @@ from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_qk
+from numeric_check.verification.constants import UnembedConstants
 from numeric_check.verification.logit_isolation import HeadMaps, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
@@ -84,6 +85,7 @@ class _Setup:
     timings: dict[str, float]
     notes: list[str]
     source: str | None = None  # how the model was converted and how closely it computes its source
+    constants: UnembedConstants | None = None  # what the unembedding alone gives, kept with the user's model
 
 
 def _check_tolerance(name: str, value, allow_none: bool) -> float:
@@ -122,8 +124,9 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
     rec = record(work, tokens)
     timings["forward"] = time.perf_counter() - start
     check = model.source_check
+    constants = UnembedConstants(model.W_U, model.b_U, work.dtype, work.device)
     return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec),
-                  None if check is None else check.describe())
+                  None if check is None else check.describe(), constants)
 
 
 def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:
@@ -258,7 +261,9 @@ def verify_logits(
     logits are ``x W_Uᵀ + c b_U``, linear in what reaches ``W_U``): the model's forward passes
     stop at ``ln_final``'s output, and only the differences are unembedded, for their largest
     entries (:class:`~numeric_check.verification.bounds.MaxAbsProduct`: float64 figures from a float32
-    screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (float64, once per call).
+    screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (in ``dtype``); it and the screen's float32
+    ``W_U`` are kept with ``model`` for its next verification while ``W_U`` and ``b_U`` are unchanged
+    (:mod:`~numeric_check.verification.constants`).
 
     ``isolation=False`` skips check 2 (a batched forward pass of the model per chunk of
     terms, patterns frozen so that queries and keys are never computed). A logit-space
@@ -311,10 +316,10 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     full = _full_terms(build, len(kept), len(kept) + n_omitted, s.notes)
     omitted = [t for t in full if t.order > expansion.max_order] if full else []
     start = time.perf_counter()
-    ev = LogitEvaluator(s.binder, kept + omitted)
+    ev = LogitEvaluator(s.binder, kept + omitted, s.constants)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
-    space = LogitSpace(s.model, rec)
+    space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
     exact = _exact_by_default(rec, s.model, len(kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []

@@ -1,0 +1,58 @@
+"""What verification derives from a model's unembedding alone, kept between verifications of that model.
+
+Two quantities cost a verification as much as an unembedding of the whole batch, and depend on
+nothing but ``W_U`` (and ``b_U``): the Gram matrix ``W_Uᵀ W_U`` that gives every term's norm, and
+the float32 copy of ``[W_Uᵀ; b_U]`` that screens largest logits
+(:class:`~numeric_check.verification.bounds.MaxAbsProduct`). A person verifies one model on prompt
+after prompt; :class:`UnembedConstants` keeps both with the model's own ``W_U`` parameter (weakly:
+they go when it goes), for the dtype and device they were made in, and makes them again when
+``W_U`` or ``b_U`` has changed (another tensor, or the same one written in place).
+
+>>> import torch
+>>> W_U = torch.randn(10, 4)
+>>> made = []
+>>> first = UnembedConstants(W_U, None, torch.float64, "cpu").get("gram", lambda: made.append(1) or W_U.T @ W_U)
+>>> again = UnembedConstants(W_U, None, torch.float64, "cpu").get("gram", lambda: made.append(1) or W_U.T @ W_U)
+>>> len(made), again is first
+(1, True)
+>>> _ = W_U.mul_(2)  # written in place: made again
+>>> _ = UnembedConstants(W_U, None, torch.float64, "cpu").get("gram", lambda: made.append(1) or W_U.T @ W_U)
+>>> len(made)
+2
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+# by id(W_U): (a weak reference to it, the stamp, the constants); a tensor compares by value, so it
+# cannot be the key of a WeakKeyDictionary. An entry goes when its W_U is collected.
+_STORE: dict[int, tuple[weakref.ref, tuple, dict[str, Tensor]]] = {}
+
+
+class UnembedConstants:
+    """The constants of one model's unembedding in one dtype and device (see the module).
+
+    ``W_U`` and ``b_U`` are the user's own parameters (not a working copy's): the store is keyed by
+    ``W_U``, and stamped with both tensors' storage and version counter, the dtype and the device.
+    """
+
+    def __init__(self, W_U: Tensor, b_U: Tensor | None, dtype: torch.dtype, device: torch.device | str):
+        self.key = W_U
+        self.stamp = tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype) if t is not None else None
+                           for t in (W_U, b_U)) + (dtype, str(device))
+
+    def get(self, name: str, make: Callable[[], Tensor]) -> Tensor:
+        """The constant ``name``, made by ``make()`` unless kept from an earlier verification."""
+        key = id(self.key)
+        entry = _STORE.get(key)
+        if entry is None or entry[0]() is not self.key or entry[1] != self.stamp:
+            entry = _STORE[key] = (weakref.ref(self.key, lambda _, key=key: _STORE.pop(key, None)), self.stamp, {})
+        values = entry[2]
+        if name not in values:
+            values[name] = make()
+        return values[name]
