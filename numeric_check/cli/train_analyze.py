@@ -88,6 +88,10 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
     p.add_argument("--batch-size", type=int_in(1), default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
     p.add_argument("--lr", type=finite_float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
+    p.add_argument("--warmup-steps", type=int_in(0), default=d.warmup_steps, metavar="N",
+                   help=f"steps over which the learning rate rises linearly to --lr (default {d.warmup_steps})")
+    p.add_argument("--decay-steps", type=int_in(0), default=d.decay_steps, metavar="N",
+                   help=f"last steps over which it falls linearly to 0 (default {d.decay_steps}; 0: constant to the end)")
     p.add_argument("--weight-decay", type=finite_float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
     p.add_argument("--init-std", type=finite_float, default=d.init_std, help=f"std of the initial weights (default {d.init_std})")
     p.add_argument("--seed", type=seed, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
@@ -120,6 +124,8 @@ def _run_train_toy(args) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        decay_steps=args.decay_steps,
         weight_decay=args.weight_decay,
         seed=args.seed,
         init_std=args.init_std,

@@ -16,6 +16,8 @@ from numeric_check.errors import TrainConfigError
 
 MAX_PARAMETERS = 50_000_000  # a toy model; larger ones are refused before anything is allocated
 MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
+# fields added after records were first written, at the values those runs used
+LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0}
 MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 
 
@@ -56,6 +58,8 @@ class TrainConfig:
     steps: int = 5000
     batch_size: int = 64
     lr: float = 1e-3
+    warmup_steps: int = 0
+    decay_steps: int = 0
     weight_decay: float = 0.01
     seed: int = 0
     eval_batches: int = 8
@@ -93,6 +97,11 @@ class TrainConfig:
                 raise TrainConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.lr == 0:
             raise TrainConfigError("lr must be > 0, got 0")
+        for name in ("warmup_steps", "decay_steps"):
+            _check_int(name, getattr(self, name), minimum=0)
+        if self.warmup_steps + self.decay_steps > self.steps:
+            raise TrainConfigError(f"warmup_steps={self.warmup_steps} and decay_steps={self.decay_steps} add up to more "
+                                   f"than steps={self.steps}; expected warmup_steps + decay_steps <= steps")
         if self.init_std is not None and (
             isinstance(self.init_std, bool)
             or not isinstance(self.init_std, (int, float))
@@ -128,14 +137,28 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def lr_factor(self, step: int) -> float:
+        """The learning rate at ``step`` (from 0) as a fraction of ``lr``: rising linearly over the first
+        ``warmup_steps``, then held, then falling linearly to 0 over the last ``decay_steps``.
+
+        >>> c = TrainConfig(steps=10, warmup_steps=2, decay_steps=4)
+        >>> [round(c.lr_factor(i), 2) for i in range(10)]
+        [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2]
+        """
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        left = self.steps - step  # steps still to take, this one included
+        return min(1.0, left / (self.decay_steps + 1)) if self.decay_steps else 1.0
+
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        """Inverse of :meth:`to_dict`; unknown keys are an error that lists the known ones."""
+        """Inverse of :meth:`to_dict`; unknown keys are an error that lists the known ones. A record
+        written before the learning-rate schedule existed trained at a constant rate."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise TrainConfigError(f"unknown TrainConfig fields {unknown}; expected some of {sorted(known)}")
-        return cls(**data)
+        return cls(**{**LEGACY_FIELDS, **data})
 
 
 def _check_int(name: str, value, minimum: int) -> None:

@@ -207,6 +207,8 @@ def train_toy(
         losses = next_token_losses(model(batch.tokens), batch)
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * config.lr_factor(step - 1)
         optimizer.step()
         record = {name: losses[name].item() for name in ("loss", "repeat_loss")}
         history.loss.append(record["loss"])

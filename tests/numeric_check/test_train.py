@@ -132,6 +132,8 @@ def test_seeded_determinism():
         (dict(lr=0.0), "lr must be > 0"),
         (dict(lr=float("nan")), "lr must be a finite number"),
         (dict(init_std=0.0), "init_std must be None or a finite number > 0, got 0.0"),
+        (dict(warmup_steps=-1), "warmup_steps must be an int >= 0, got -1"),
+        (dict(steps=10, warmup_steps=6, decay_steps=5), "warmup_steps=6 and decay_steps=5 add up to more than steps=10"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_numbers(kwargs, message):
@@ -145,6 +147,29 @@ def test_config_round_trips_through_a_dict():
     assert TrainConfig.from_dict(config.to_dict()) == config
     with pytest.raises(TrainConfigError, match="unknown TrainConfig fields \\['colour'\\]"):
         TrainConfig.from_dict({**config.to_dict(), "colour": "red"})
+
+
+def test_records_from_before_the_schedule_read_as_a_constant_rate():
+    old = {k: v for k, v in TrainConfig(**TINY).to_dict().items() if k not in ("warmup_steps", "decay_steps")}
+    config = TrainConfig.from_dict(old)
+    assert (config.warmup_steps, config.decay_steps) == (0, 0)
+    assert {config.lr_factor(i) for i in range(config.steps)} == {1.0}
+
+
+def test_the_learning_rate_follows_the_schedule_in_training(monkeypatch):
+    """The optimiser's rate at each step is lr x lr_factor: up over warmup_steps, down to its last
+    step over decay_steps (never 0: every step learns)."""
+    config = TrainConfig(**{**TINY, "steps": 8}, warmup_steps=2, decay_steps=3, lr=0.01)
+    seen = []
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    train_toy(config)
+    assert seen == pytest.approx([0.005, 0.01, 0.01, 0.01, 0.01, 0.0075, 0.005, 0.0025])
 
 
 def test_losses_split_repeated_part_from_the_rest():
