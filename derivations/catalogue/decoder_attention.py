@@ -3,6 +3,8 @@ which change no term (a mask on a frozen pattern; a cap after the expanded quant
 
 from __future__ import annotations
 
+from math import isqrt
+
 import sympy as sp
 
 from tensoralg import atom, d_head, sandwich, term
@@ -10,7 +12,7 @@ from tensoralg import atom, d_head, sandwich, term
 from derivations.architecture import Architecture
 from derivations.catalogue.common import NOTATION, SCORES, by_order, scaled_scores, stream_product
 from derivations.catalogue.qk import by_composition
-from derivations.catalogue.registry import check_count, entry
+from derivations.catalogue.registry import DOCUMENT_LIMIT, check_count, check_terms, entry
 from derivations.derivation import Chain, Derivation, Rule
 from derivations.document import Math, math, prose
 from derivations.errors import DerivationError
@@ -28,7 +30,11 @@ WINDOWS = prose(
 
 
 def _scores_of_layer_1(arch: Architecture, intro) -> Chain:
-    """The scores of L1H0 from the token source on both sides, checked against expand_qk."""
+    """The scores of L1H0 from the token source on both sides, checked against expand_qk: ``(1 + H)²``
+    terms for ``H`` heads in layer 0, refused above :data:`DOCUMENT_LIMIT` before anything is built."""
+    H = arch.heads_per_layer[0]
+    fits = isqrt(DOCUMENT_LIMIT) - 1
+    check_terms(f"the scores of L1H0 with {H} heads in layer 0", (1 + H) ** 2, f"use at most {fits} heads")
     stream = stream_product(arch, 0, 1, (atom("W_E"),), concrete=True).expand()
     middle = term(atom("W_QK", "L1H0"), coeff=1 / sp.sqrt(d_head))
     chain = Chain.start(scaled_scores(r"\mathrm{L1H0}", "L1H0"), sandwich(stream, middle, stream), "bilinear",
