@@ -26,7 +26,7 @@ all such terms in one screened pass (:class:`~numeric_check.verification.bounds.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording, final_norm
 from numeric_check.model.hooks import Constant
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
-from numeric_check.verification.isolate import HeadGroup, head_final_inputs, isolate_final_parts
+from numeric_check.verification.isolate import GROUP_BYTES, HeadGroup, head_final_inputs, isolate_final_parts
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.results import TermResult
 
@@ -64,22 +64,10 @@ def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, spac
 
     maps = HeadMaps(model, rec) if maps is None else maps
     for part in isolate_final_parts(model, rec, paths, chunk_bytes=chunk_bytes):
-        if isinstance(part, HeadGroup):
-            (indices, x), bias = _unsettled_heads(model, rec, ev, maps, space, part, values, results, tol, exact), 0.0
-            if not indices:
-                continue
-        else:
-            indices, x, bias = part
-        group = [values[j] for j in indices]
-        if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
-            for v, xi in zip(group, x.unbind(0)):
-                mine = space.aug(ev.parts(v))
-                error = mine - space.of(xi, bias)
-                settle(v, error, space.product.bound(error), lambda mine=mine: mine)
-            continue
-        errors = space.differences(ev, group, x)  # [n, batch, pos, d_model]; b_U on neither side
-        for v, error, bound in zip(group, errors.unbind(0), space.product.bounds(errors)):
-            settle(v, error, bound, lambda v=v: space.aug(ev.parts(v)))
+        groups = [part] if not isinstance(part, HeadGroup) else \
+            _unsettled_heads(model, rec, ev, maps, space, part, values, results, tol, exact)
+        for indices, x, bias in groups:
+            _compare(ev, space, [values[j] for j in indices], x, bias, settle)
     if unsettled:
         maxima = space.product.max_abs([t for _, error, mine in unsettled for t in (error, mine)])
         for j, (r, _, _) in enumerate(unsettled):
@@ -87,11 +75,27 @@ def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, spac
             r.passed = r.max_abs_error <= atol + rtol * max(scale, own)
 
 
+def _compare(ev: LogitEvaluator, space: LogitSpace, group: list[LogitTermValue], x: Tensor, bias: float,
+             settle: Callable) -> None:
+    """Each term of ``group`` against its unembedding input ``x[k]`` (``bias``: ``b_U``'s coefficient), in full:
+    the difference formed before the unembedding and handed to ``settle`` with its bound."""
+    if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
+        for v, xi in zip(group, x.unbind(0)):
+            mine = space.aug(ev.parts(v))
+            error = mine - space.of(xi, bias)
+            settle(v, error, space.product.bound(error), lambda mine=mine: mine)
+        return
+    errors = space.differences(ev, group, x)  # [n, batch, pos, d_model]; b_U on neither side
+    for v, error, bound in zip(group, errors.unbind(0), space.product.bounds(errors)):
+        settle(v, error, bound, lambda v=v: space.aug(ev.parts(v)))
+
+
 def _unsettled_heads(model: CircuitModel, rec: Recording, ev: LogitEvaluator, maps: "HeadMaps", space: LogitSpace,
                      part: HeadGroup, values: Sequence[LogitTermValue], results: list[TermResult], tol: float,
-                     exact: bool) -> tuple[list[int], Tensor | None]:
+                     exact: bool) -> Iterator[tuple[list[int], Tensor, float]]:
     """Certify the terms of ``part`` that :meth:`HeadMaps.bounds` settles (``passed``, ``error_bound``);
-    return the others' indices and their unembedding inputs, by the model's own modules."""
+    yield the others as ``(indices, x, 0.0)``, their unembedding inputs by the model's own modules, at
+    most ``GROUP_BYTES`` of them at a time."""
     keep = list(range(len(part.indices)))
     if not exact:
         bounds = maps.bounds(ev, part, [values[j] for j in part.indices])
@@ -105,10 +109,12 @@ def _unsettled_heads(model: CircuitModel, rec: Recording, ev: LogitEvaluator, ma
                     r.error_bound, r.passed = bound, True
                 else:
                     keep.append(k)
-    if not keep:
-        return [], None
-    z = part.z if len(keep) == len(part.indices) else part.z[:, :, keep]
-    return [part.indices[k] for k in keep], head_final_inputs(model, rec, part.layer, [part.heads[k] for k in keep], z)
+    per_head = rec.final.numel() * rec.final.element_size()
+    size = max(1, GROUP_BYTES // max(1, per_head))
+    for start in range(0, len(keep), size):
+        ks = keep[start:start + size]
+        x = head_final_inputs(model, rec, part.layer, [part.heads[k] for k in ks], part.z[:, :, ks])
+        yield [part.indices[k] for k in ks], x, 0.0
 
 
 class HeadMaps:
