@@ -34,7 +34,7 @@ from torch import Tensor
 from derivations.paths import Path
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import Recording, final_norm
-from numeric_check.model.hooks import Constant
+from numeric_check.model.hooks import Constant, block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 from numeric_check.verification.isolate import GROUP_BYTES, HeadGroup, head_final_inputs, isolate_final_parts
 from numeric_check.verification.logit_space import LogitSpace
@@ -147,7 +147,7 @@ class HeadMaps:
         heads = list(range(n))
         # M: the basis e_i at "position" i of one sequence, every scale 1
         basis = torch.eye(e, dtype=like.dtype, device=like.device)[None, :, None, :].expand(1, e, n, e)
-        post = None if rec.cache.get(f"blocks.{layer}.ln1_post.hook_scale") is None else like.new_ones(1, e, 1)
+        post = None if rec.cache.get(block_hook(layer, "ln1_post.hook_scale")) is None else like.new_ones(1, e, 1)
         unit = model.head_streams(layer, basis, heads, post).flatten(0, 1)  # [n, e, d_model]
         if "ln_final.hook_scale" in rec.cache:
             with model.hooks([("ln_final.hook_scale", Constant(like.new_ones(n, e, 1)))]):
