@@ -5,7 +5,8 @@ head that attends to ``i - 1`` for queries 1–32 and nowhere else averages 0.5.
 behaviour is measured position by position:
 
 - :func:`repeat_sweep` draws random sequences, each holding one segment of ``seg_len``
-  tokens twice in a row, with the first copy's start swept evenly over the context;
+  tokens twice in a row, the second copies tiling the context (every query position lies in
+  a second copy equally often, the last ones too);
 - :func:`position_profiles` runs the model on them and returns, per head and query
   position, the mean attention to ``i - 1`` (previous token) and to the tokens that
   followed earlier occurrences of the current token (induction), with their minimum
@@ -71,13 +72,16 @@ def profile_length(model, n_positions: int | None = None) -> int:
 def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed: int = 0) -> tuple[Tensor, Tensor]:
     """``batch`` random sequences ``[batch, n_positions]``, each with a segment of ``seg_len`` tokens twice in a row.
 
-    The first copy of sequence ``b`` starts at ``round(b * (n_positions - 2 seg_len) / (batch - 1))``:
-    offsets spread evenly from the start of the context to the end. Returns the tokens
-    and the first copies' starts ``[batch]`` (CPU, seeded).
+    The second copies tile the positions ``seg_len .. n_positions - 1``: they start at ``seg_len``,
+    ``2 seg_len``, … and, when those do not reach the end, at ``n_positions - seg_len``; sequence
+    ``b`` takes tile ``b mod tiles``. So every query position from ``seg_len`` on is in the second
+    copy of ``batch // tiles`` sequences at least — the last positions as often as the middle
+    ones (offsets swept evenly from start to end left the last position in one sequence of 64).
+    Returns the tokens and the first copies' starts ``[batch]`` (CPU, seeded).
 
     >>> tokens, starts = repeat_sweep(10, 12, 3, 4, seed=0)
     >>> starts.tolist()
-    [0, 2, 4, 6]
+    [0, 3, 6, 0]
     >>> bool((tokens[1, 2:5] == tokens[1, 5:8]).all())
     True
     """
@@ -90,8 +94,10 @@ def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed:
         )
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, d_vocab, (batch, n_positions), generator=gen)
-    span = n_positions - 2 * seg_len
-    starts = torch.tensor([round(b * span / max(batch - 1, 1)) for b in range(batch)], dtype=torch.long)
+    tiles = list(range(0, n_positions - 2 * seg_len + 1, seg_len))  # first copies' starts
+    if tiles[-1] != n_positions - 2 * seg_len:
+        tiles.append(n_positions - 2 * seg_len)  # the last second copy ends at the last position
+    starts = torch.tensor([tiles[b % len(tiles)] for b in range(batch)], dtype=torch.long)
     pos = torch.arange(n_positions)
     second = (pos >= (starts + seg_len)[:, None]) & (pos < (starts + 2 * seg_len)[:, None])  # [batch, pos]
     source = torch.where(second, pos - seg_len, pos)

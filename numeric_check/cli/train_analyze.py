@@ -50,10 +50,12 @@ layer 0 composed (K-composition) with an induction head in layer 1. So:
   --layers 0   is the direct path only: bigram statistics, none here.
 
 The defaults are a recipe measured on a shared 2-core CPU (one thread; the 2-layer
-model takes about 6 minutes of CPU time): vocab 128, context 64, up to 6 repeats of
+model takes about 15 minutes of CPU time): vocab 128, context 64, up to 8 repeats of
 3-32 tokens per sequence, placed left to right in half of the sequences and right to
-left in the other half, d_model 64, 4 heads of 16, qk_only positions, no layer norm,
-weights N(0, 0.1^2), AdamW lr 1e-3, batch 64, 5,000 steps. With one repeat of 16-32
+left in the other half, d_model 128, 4 heads of 32, qk_only positions, no layer norm,
+weights N(0, 0.1^2), AdamW lr 1e-3 (reached over 100 steps, held, then brought down
+linearly to 0 over the last 4,500), batch 64, 14,000 steps: the loss on a repeat of
+4 tokens stays under 1 nat at every offset. With one repeat of 16-32
 tokens per sequence, the previous-token head learnt only the first half of the
 context: no later query ever needed it there.
 """
@@ -88,10 +90,11 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
     p.add_argument("--batch-size", type=int_in(1), default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
     p.add_argument("--lr", type=finite_float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
-    p.add_argument("--warmup-steps", type=int_in(0), default=d.warmup_steps, metavar="N",
-                   help=f"steps over which the learning rate rises linearly to --lr (default {d.warmup_steps})")
-    p.add_argument("--decay-steps", type=int_in(0), default=d.decay_steps, metavar="N",
-                   help=f"last steps over which it falls linearly to 0 (default {d.decay_steps}; 0: constant to the end)")
+    p.add_argument("--warmup-steps", type=int_in(0), default=None, metavar="N",
+                   help=f"steps over which the learning rate rises linearly to --lr (default min(100, steps/10): {d.warmup_steps})")
+    p.add_argument("--decay-steps", type=int_in(0), default=None, metavar="N",
+                   help="last steps over which it falls linearly to 0 (default min(4500, the rest/3): "
+                        f"{d.decay_steps}; 0: constant to the end)")
     p.add_argument("--weight-decay", type=finite_float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
     p.add_argument("--init-std", type=finite_float, default=d.init_std, help=f"std of the initial weights (default {d.init_std})")
     p.add_argument("--seed", type=seed, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")

@@ -154,7 +154,7 @@ def test_shipped_models_bear_out_the_papers_findings():
     analyses = {}
     for layers in (2, 1):
         path = shipped_checkpoint(layers)
-        assert path.stat().st_size < 300_000, f"{path.name} should stay a few hundred KB at most"
+        assert path.stat().st_size < 1_000_000, f"{path.name} should stay under a megabyte"  # d_model 128: 690 KB
         record = training_record_for(path)
         assert record is not None and record["train_config"]["n_layers"] == layers
         analyses[layers] = analyze_model(load_checkpoint(path), name=path.stem, training=record, n_sequences=32)

@@ -156,6 +156,13 @@ def test_records_from_before_the_schedule_read_as_a_constant_rate():
     assert {config.lr_factor(i) for i in range(config.steps)} == {1.0}
 
 
+def test_the_default_schedule_fits_any_number_of_steps():
+    assert (TrainConfig().warmup_steps, TrainConfig().decay_steps) == (100, 4500)  # the shipped model's
+    assert (TrainConfig(steps=1000).warmup_steps, TrainConfig(steps=1000).decay_steps) == (100, 300)
+    assert (TrainConfig(steps=3).warmup_steps, TrainConfig(steps=3).decay_steps) == (0, 1)
+    assert TrainConfig(steps=3, decay_steps=0).decay_steps == 0  # given: kept
+
+
 def test_the_learning_rate_follows_the_schedule_in_training(monkeypatch):
     """The optimiser's rate at each step is lr x lr_factor: up over warmup_steps, down to its last
     step over decay_steps (never 0: every step learns)."""
