@@ -20,6 +20,7 @@ from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from derivations.architecture import head_label
 from tensoralg.escape import escape_text
@@ -166,6 +167,8 @@ def importance_bars(report, *, top_virtual: int = 8) -> Figure:
         axes[2].set_yticks(range(len(top)), ["→".join(head_label(*h) for h in pair) for pair, _ in top], fontsize=7)
         axes[2].invert_yaxis()
         axes[2].set(title="Largest virtual heads", xlabel="nats")
+        axes[2].xaxis.set_major_locator(MaxNLocator(4, symmetric=True))  # small values: long tick labels that collide
+        axes[2].ticklabel_format(axis="x", style="sci", scilimits=(-2, 3))
     axes[0].axhline(0, color="k", lw=0.6)
     axes[1].axhline(0, color="k", lw=0.6)
     if report.virtual_marginal:
