@@ -6,7 +6,9 @@ the float32 copy of ``[W_Uᵀ; b_U]`` that screens largest logits
 (:class:`~numeric_check.verification.bounds.MaxAbsProduct`). A person verifies one model on prompt
 after prompt; :class:`UnembedConstants` keeps both with the model's own ``W_U`` parameter (weakly:
 they go when it goes), for the dtype and device they were made in, and makes them again when
-``W_U`` or ``b_U`` has changed (another tensor, or the same one written in place).
+``W_U`` or ``b_U`` has changed (another tensor, or the same one written in place). A constant
+above ``KEEP_BYTES`` (256 MiB: GPT-2's float32 ``W_U`` is 154 MB, Llama 3's would be 2 GiB) is
+made each time rather than held after the verification.
 
 >>> import torch
 >>> W_U = torch.randn(10, 4)
@@ -32,6 +34,7 @@ from torch import Tensor
 # by id(W_U): (a weak reference to it, the stamp, the constants); a tensor compares by value, so it
 # cannot be the key of a WeakKeyDictionary. An entry goes when its W_U is collected.
 _STORE: dict[int, tuple[weakref.ref, tuple, dict[str, Tensor]]] = {}
+KEEP_BYTES = 1 << 28  # a constant larger than this (256 MiB) is not kept between verifications
 
 
 class UnembedConstants:
@@ -53,6 +56,18 @@ class UnembedConstants:
         if entry is None or entry[0]() is not self.key or entry[1] != self.stamp:
             entry = _STORE[key] = (weakref.ref(self.key, lambda _, key=key: _STORE.pop(key, None)), self.stamp, {})
         values = entry[2]
-        if name not in values:
-            values[name] = make()
-        return values[name]
+        if name in values:
+            return values[name]
+        value = make()
+        if _bytes(value) <= KEEP_BYTES:  # a float32 copy of a 128k x 4096 W_U (2 GiB) is made again, not kept
+            values[name] = value
+        return value
+
+
+def _bytes(value) -> int:
+    """The bytes of the tensors in ``value`` (a tensor, a number, or a tuple of them)."""
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, tuple):
+        return sum(_bytes(v) for v in value)
+    return 0

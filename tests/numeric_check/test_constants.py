@@ -1,0 +1,75 @@
+"""What verification keeps from a model's unembedding between calls (issue 17): kept while W_U and
+b_U are unchanged, made again when they change, never kept above its size cap, and never a reason
+for a different verdict or figure."""
+
+from __future__ import annotations
+
+import torch
+
+import numeric_check.verification.constants as constants
+from derivations.architecture import Architecture
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.verification.constants import UnembedConstants
+from numeric_check.verification.verify import verify_logits
+
+TOKENS = torch.tensor([[1, 2, 3, 1, 2], [4, 5, 6, 7, 0]])
+
+
+def model():
+    return CircuitModel.random(Architecture(2, 2, biases=True), d_model=8, d_head=4, d_vocab=12, n_ctx=6, seed=0,
+                               dtype=torch.float64)
+
+
+def test_a_second_verification_reuses_the_unembedding_constants_and_reports_the_same():
+    m = model()
+    made = []
+    real = UnembedConstants.get
+
+    def counting(self, name, make):
+        return real(self, name, lambda: made.append(name) or make())
+
+    try:
+        UnembedConstants.get = counting
+        first = verify_logits(m, TOKENS, exact_errors=False)
+        n_first = len(made)
+        second = verify_logits(m, TOKENS, exact_errors=False)
+        assert n_first > 0 and len(made) == n_first  # nothing made again
+        assert [t.norm for t in first.terms] == [t.norm for t in second.terms]
+        assert first.scale == second.scale and first.passed and second.passed
+        with torch.no_grad():
+            m.W_U.mul_(2)  # written in place: a new version, made again
+        third = verify_logits(m, TOKENS, exact_errors=False)
+        assert len(made) == 2 * n_first and third.passed
+        fresh = model()  # another model object with the same doubled W_U: nothing kept for it
+        with torch.no_grad():
+            fresh.W_U.mul_(2)
+        alone = verify_logits(fresh, TOKENS, exact_errors=False)
+        assert third.scale == alone.scale != first.scale
+        assert [t.norm for t in third.terms] == [t.norm for t in alone.terms]
+    finally:
+        UnembedConstants.get = real
+
+
+def test_another_dtype_or_a_new_W_U_is_another_entry():
+    W = torch.randn(5, 3)
+    a = UnembedConstants(W, None, torch.float64, "cpu").get("x", lambda: torch.ones(1))
+    b = UnembedConstants(W, None, torch.float32, "cpu").get("x", lambda: torch.zeros(1))
+    assert float(a) == 1 and float(b) == 0
+    assert float(UnembedConstants(torch.randn(5, 3), None, torch.float32, "cpu").get("x", lambda: torch.full((1,), 7.0))) == 7
+
+
+def test_constants_above_the_cap_are_not_kept(monkeypatch):
+    monkeypatch.setattr(constants, "KEEP_BYTES", 16)
+    W, made = torch.randn(5, 3), []
+    for _ in range(2):
+        UnembedConstants(W, None, torch.float64, "cpu").get("big", lambda: made.append(1) or torch.zeros(100))
+    assert len(made) == 2
+
+
+def test_an_entry_goes_with_its_W_U():
+    W = torch.randn(5, 3)
+    UnembedConstants(W, None, torch.float64, "cpu").get("x", lambda: torch.zeros(1))
+    key = id(W)
+    assert key in constants._STORE
+    del W
+    assert key not in constants._STORE
