@@ -22,9 +22,9 @@ only in part. With --pdf, DIR/paper.pdf holds the same content (needs pdflatex).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
+from numeric_check.cli.progress import StepBar
 from numeric_check.reports.flags import seed
 
 EPILOG = """\
@@ -46,36 +46,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-class Progress:
-    """tqdm on stderr, one tick per step (a line per step without tqdm); nothing with ``quiet``."""
-
-    def __init__(self, total: int, quiet: bool):
-        self.total, self.quiet, self.bar = total, quiet, None
-
-    def __enter__(self) -> "Progress":
-        if not self.quiet:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=self.total, file=sys.stderr, unit="step", dynamic_ncols=True)
-            except ImportError:
-                self.bar = None
-        return self
-
-    def __call__(self, step: str) -> None:
-        if self.quiet:
-            return
-        if self.bar is not None:
-            self.bar.set_description_str(step[:40])
-            self.bar.update(1)
-        else:
-            print(f"{step}", file=sys.stderr)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # Heavy imports here: the CLI imports this module to build its parser.
@@ -86,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     check_outputs(args.out, args.pdf)  # a bad folder is refused before any work
-    with Progress(step_count(args.pdf), args.quiet) as progress:
-        paper, written = write_paper(args.out, pdf=args.pdf, progress=progress, seed=args.seed)
+    with StepBar(step_count(args.pdf), args.quiet) as bar:
+        paper, written = write_paper(args.out, pdf=args.pdf, progress=bar.tick, seed=args.seed)
     counts: dict[str, int] = {}
     for f in paper.findings:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 from tensoralg.escape import terminal_safe
 
+from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import add_model_arguments, check_model_flags, wants_user_model
 from numeric_check.reports.flags import check_batch, finite_float, int_in, seed, threads
 from numeric_check.errors import InputFileError, NumericCheckError
@@ -138,7 +138,11 @@ def _run_train_toy(args) -> int:
     sidecar = writable_file(out.with_suffix(".json"))
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    with _progress_bar(config.steps, disabled=args.quiet) as progress:
+    with StepBar(config.steps, args.quiet) as bar:
+        def progress(step: int, record: dict) -> None:
+            every = step % 50 == 0 or step == config.steps  # the losses beside the bar, refreshed now and then
+            bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": f"{record['repeat_loss']:.3f}"} if every else {}))
+
         model, history = train_toy(config, progress, device=device)
     seconds = time.perf_counter() - start
     from numeric_check.model.checkpoint import save_checkpoint
@@ -159,37 +163,6 @@ def _run_train_toy(args) -> int:
         f"wrote {out} and {sidecar}"
     ))
     return 0
-
-
-class _progress_bar:
-    """tqdm on stderr when available (a plain line every 10% otherwise); a context manager."""
-
-    def __init__(self, total: int, disabled: bool):
-        self.total, self.disabled, self.bar = total, disabled, None
-
-    def __enter__(self):
-        if not self.disabled:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=self.total, file=sys.stderr, unit="step", dynamic_ncols=True)
-            except ImportError:
-                self.bar = None
-        return self
-
-    def __call__(self, step: int, record: dict) -> None:
-        if self.disabled:
-            return
-        if self.bar is not None:
-            self.bar.update(1)
-            if step % 50 == 0 or step == self.total:
-                self.bar.set_postfix(loss=f"{record['loss']:.3f}", repeat=f"{record['repeat_loss']:.3f}")
-        elif step % max(1, self.total // 10) == 0 or step == self.total:
-            print(f"step {step}/{self.total}: loss {record['loss']:.3f}, repeat {record['repeat_loss']:.3f}", file=sys.stderr)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # --- analyze ---------------------------------------------------------------------------
