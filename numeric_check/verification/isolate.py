@@ -19,6 +19,9 @@ compared, and ``b_U`` is on only for its own source. Paths that differ only in t
 share one copy of the batch (every head's ``hook_z`` is read at that layer), a copy starts
 where its prefix's copy left off (the head's output is its stream), and copies run batched,
 in chunks that bound memory.
+:func:`isolate_final_parts` hands over paths ending in heads one step earlier, as the model's
+``hook_z`` of those heads, for a caller that applies the rest of the model (the head's ``W_O``,
+norms with frozen scales: :func:`head_final_inputs`) once per head rather than once per path.
 
 For QK scores (:func:`isolate_qk`) each side path's stream entering the layer is
 isolated the same way; the model's own attention module then computes the head's
