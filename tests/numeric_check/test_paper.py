@@ -14,7 +14,7 @@ from tests.test_browser import CHROMIUM, browse
 
 from derivations.document import prose
 from numeric_check.errors import AnalysisError, OutputPathError
-from numeric_check.reports.paper.claims import VERDICTS, PaperFinding, ranges
+from numeric_check.reports.paper.claims import VERDICTS, PaperFinding, analysis_checks, ranges
 from numeric_check.reports.paper.content import SECTIONS
 from numeric_check.reports.paper.figures import CAPTIONS
 
@@ -76,13 +76,85 @@ def test_findings_state_a_value_a_control_and_a_verdict(built):
     for f in found.values():
         assert f.verdict in VERDICTS and f.measured and f.control, f.key
         assert f.verdict != "holds in part" or f.where, f"{f.key}: a partial verdict must say where"
-    # the shipped models bear the paper out (README): the circuit is there
-    for key in ("copying", "k-composition", "induction-circuits", "virtual-heads", "bugs"):
+    # the shipped models bear the paper's circuit out (README): the circuit is there
+    for key in ("copying", "skip-trigrams", "previous-token", "k-composition", "induction-heads", "induction-loss",
+                "virtual-heads"):
         assert found[key].verdict == "holds", (key, found[key].measured)
-    # the previous-token head stops at the last positions: said, with the range
-    assert re.search(r"positions 1–\d+ of 1–63", found["previous-token"].where)
+    # the previous-token head is judged on the analysis report's range, and what lies beyond is said
+    checks = {f.claim: f for f in analysis_checks(paper)}
+    span = re.search(r"judged at query positions (\d+–\d+)", found["previous-token"].where).group(1)
+    assert f"at every query position {span}, a previous-token head attends to i-1" in checks
+    assert "not claimed" in found["previous-token"].where
     page = (out / "two-layers.html").read_text(encoding="utf-8")
     assert 'id="previous-token"' in page and "holds in part" in page
+
+
+@pytest.mark.slow
+def test_every_part_holds_only_where_its_control_fails(built):
+    """A finding is a test that can fail: each part's rule, applied to its control, says "does not hold"
+    — or the part does not hold either, and the page says why."""
+    out, paper, _ = built
+    found = {f.key: f for f in paper.findings}
+    for f in found.values():
+        assert f.parts, f.key
+        for p in f.parts:
+            assert p.control and p.measured, (f.key, p.text)
+            assert p.verdict == "does not hold" or not p.control_holds, (f.key, p.text)
+    passing_controls = {(f.key, p.text) for f in found.values() for p in f.parts if p.control_holds}
+    # on the shipped models only two controls pass their rule: the flat bigram table (a model that learned
+    # nothing lies on it) and the K-composition positivity with a random partner head
+    assert {key for key, _ in passing_controls} == {"bigrams", "induction-circuits"}, passing_controls
+    # parts judged one by one: a part that does not hold says so, on the page too
+    marginal = found["marginal-loss"]
+    assert marginal.verdict == "holds in part" and [p.verdict for p in marginal.parts] == ["holds", "does not hold", "holds"]
+    assert "does not hold: the direct path models bigrams" in marginal.where
+    assert found["induction-circuits"].verdict == "holds in part"
+    assert [p.verdict for p in found["induction-circuits"].parts] == ["holds", "does not hold"]
+    # flat bigrams and no learned skip-trigram pairs: the page says the data cannot show these
+    assert found["bigrams"].verdict == "does not hold" and "retrained" in found["bigrams"].note
+    assert found["bugs"].verdict == "does not hold" and "no bug can be formed" in found["bugs"].measured
+    skip = found["skip-trigrams"]
+    assert any("QK circuit chooses the source" in p.text for p in skip.parts)
+    page = (out / "two-layers.html").read_text(encoding="utf-8")
+    assert page.count('class="part"') == sum(len(f.parts) for f in found.values() if f.key in
+                                             {k for s in paper.sections if s.slug == "two-layers" for k in s.spec.findings})
+    assert "cannot tell the model from its control" in page
+
+
+def test_each_rule_fails_on_its_control():
+    """The rules themselves, on the controls the companion names."""
+    import math
+
+    from numeric_check.reports.paper import claims as c
+
+    ln = math.log(128)
+    assert c.learned_bigrams(ln - 1.8, ln) and not c.learned_bigrams(ln, ln)  # a model that learned nothing
+    assert c.most_copy([0.91, 0.89, 0.94, 0.78]) and not c.most_copy([0.03, 0.31, -0.1, 0.2])  # random heads
+    assert c.lowers(3.71, 4.85) and not c.lowers(5.54, 4.85)  # a random one-layer model
+    assert c.picks_source([3.0, 2.6]) and not c.picks_source([0.9, 1.0])  # a random token in the source's place
+    assert c.raises_out([1.4, 1.6], [0.1, -0.1]) and not c.raises_out([0.1, -0.1], [0.1, -0.1])
+    assert c.combine(1.0, 0.6, 0.05) and not c.combine(1.0, 0.2, 0.05) and not c.combine(1.0, 0.6, 0.4)
+    assert c.attends_everywhere(0.82) and not c.attends_everywhere(0.0) and not c.attends_everywhere(math.nan)
+    assert c.well_above([0.17], 0.089) and not c.well_above([0.11], 0.089)  # a partner that is not previous-token
+    assert c.not_above([0.07], 0.089) and not c.not_above([0.17], 0.089)
+    assert c.near_one([1.0]) and not c.near_one([0.31])
+    assert c.below([0.9], 2.43) and not c.below([3.08, 5.16], 2.43)
+    assert c.much_smaller(0.016, -4.46) and not c.much_smaller(0.08, 0.32)  # heads that do not lower the loss
+    assert c.carry_most([0.0, -4.46, 0.02]) and not c.carry_most([0.5, 0.32, 0.08])
+    assert not c.carry_most([-1.8, -1.0, 0.0])  # the direct path carrying most
+
+
+def test_a_verdict_must_agree_with_its_parts():
+    from numeric_check.reports.paper.claims import Part, finding
+
+    good = Part("a", "1", True, "0", False)
+    passes_too = Part("b", "1", True, "1", True)
+    assert passes_too.verdict == "does not hold" and "cannot tell" in passes_too.why
+    f = finding("x", prose("a claim"), (good, passes_too))
+    assert f.verdict == "holds in part" and f.where.startswith("does not hold: b")
+    assert finding("y", prose("a claim"), (passes_too,)).verdict == "does not hold"
+    with pytest.raises(AnalysisError, match="disagrees with its parts"):
+        PaperFinding("z", prose("a claim"), "1", "0", "holds", parts=(passes_too,))
 
 
 def test_partial_verdict_needs_a_known_word():
@@ -173,5 +245,5 @@ def test_random_models_do_not_bear_the_paper_out():
                 for n in (0, 1, 2)}
     found = paper_findings(Measurements(analyses, random_copying(analyses[1].model, n_models=2)))
     assert set(REQUIRED) <= set(found)
-    for key in ("bugs", "induction-heads", "induction-circuits", "induction-loss"):
+    for key in ("bigrams", "bugs", "induction-heads", "induction-circuits", "induction-loss", "virtual-heads"):
         assert found[key].verdict == "does not hold", (key, found[key].measured)

@@ -16,7 +16,7 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, verdict_of
 from numeric_check.reports.paper.content import Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
-from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, model_check_text, trigram_rows
+from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
 
 PREAMBLE = r"""\documentclass[10pt]{article}
 \usepackage[margin=2cm]{geometry}
@@ -34,9 +34,19 @@ def _t(text) -> str:
 
 
 def finding_latex(f: PaperFinding) -> list[str]:
-    rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
-    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim) + r"\end{quote}",
-             r"\begin{description}\setlength{\itemsep}{0pt}"]
+    if f.parts:
+        rows = [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
+    else:
+        rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
+    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim) + r"\end{quote}"]
+    for i, p in enumerate(f.parts, start=1):
+        label = f"Part {i} of {len(f.parts)}: " if len(f.parts) > 1 else "Rule: "
+        lines += [r"\textbf{" + _t(label) + "}" + _t(p.text), r"\begin{description}\setlength{\itemsep}{0pt}",
+                  rf"\item[measured] {_t(p.measured)}", rf"\item[control] {_t(control_text(p))}"]
+        if len(f.parts) > 1 or p.why:  # one part: its verdict is the finding's, given once below
+            lines.append(rf"\item[verdict] \textbf{{{_t(p.verdict)}}}" + (" " + _t(p.why) if p.why else ""))
+        lines.append(r"\end{description}")
+    lines.append(r"\begin{description}\setlength{\itemsep}{0pt}")
     lines += [rf"\item[{_t(k)}] {_t(v)}" for k, v in rows]
     lines += [rf"\item[verdict] \textbf{{{_t(f.verdict)}}}", r"\end{description}"]
     if f.figure:  # in place, not floating: the figure stays with its finding

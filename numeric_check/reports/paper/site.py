@@ -13,7 +13,7 @@ from derivations.html import CSS, html_body, mathml, page, prose_html
 from derivations.layout import Layout, prose_text
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, verdict_of
+from numeric_check.reports.paper.claims import PaperFinding, Part, analysis_checks, verdict_of
 from numeric_check.reports.paper.content import Equation, Paper, Section
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.verification.results import VerifyReport
@@ -30,6 +30,8 @@ nav.pages .here { font-weight: 600; }
 .finding dl { display: grid; grid-template-columns: max-content 1fr; gap: 0.2rem 1rem; margin: 0.4rem 0; }
 .finding dt { color: var(--muted); font: 0.85rem/1.6 system-ui, sans-serif; }
 .finding dd { margin: 0; }
+.finding .part { border-left: 3px solid var(--rule); padding-left: 0.8rem; margin: 0.6rem 0; }
+.finding .part p { margin: 0.2rem 0; font-weight: 600; }
 .badge.part { background: #b26a00; }
 .derivation { border-top: 2px solid var(--rule); margin-top: 2rem; }
 .finding figure img { max-width: 40rem; }
@@ -68,11 +70,34 @@ def figure_html(name: str) -> str:
             f"<figcaption>{prose_html(CAPTIONS[name])}</figcaption></figure>")
 
 
-def finding_html(f: PaperFinding) -> str:
-    rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
+def control_text(part: Part) -> str:
+    """The control's value and what the part's rule says on it."""
+    said = ("the rule does not hold there, as it must" if not part.control_holds else
+            "the rule holds there too, so it cannot tell the model from its control")
+    return f"{part.control} — {said}"
+
+
+def parts_html(f: PaperFinding) -> str:
+    """Each part of the claim: the rule, the value on the model, the control and the verdict."""
+    out = []
+    for i, p in enumerate(f.parts, start=1):
+        label = f"part {i} of {len(f.parts)}: " if len(f.parts) > 1 else "rule: "
+        dl = f"<dt>measured</dt><dd>{_h(p.measured)}</dd><dt>control</dt><dd>{_h(control_text(p))}</dd>"
+        if len(f.parts) > 1 or p.why:  # one part: its verdict is the finding's, shown once below
+            dl += f"<dt>verdict</dt><dd>{verdict_badge(p.verdict)}{' ' + _h(p.why) if p.why else ''}</dd>"
+        out.append(f'<div class="part"><p>{_h(label)}{_h(p.text)}</p><dl>{dl}</dl></div>')
+    return "".join(out)
+
+
+def finding_html(f: PaperFinding, extra: str = "") -> str:
+    """A finding's box: the claim, ``extra`` (HTML shown with the claim, e.g. its tables), each part, the verdict."""
+    if f.parts:
+        rows = [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
+    else:
+        rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
     dl = "".join(f"<dt>{_h(k)}</dt><dd>{_h(v)}</dd>" for k, v in rows)
     dl += f"<dt>verdict</dt><dd>{verdict_badge(f.verdict)}</dd>"
-    return (f'<div class="finding" id="{_h(f.key)}"><blockquote>{prose_html(f.claim)}</blockquote><dl>{dl}</dl>'
+    return (f'<div class="finding" id="{_h(f.key)}"><blockquote>{prose_html(f.claim)}</blockquote>{extra}{parts_html(f)}<dl>{dl}</dl>'
             + (figure_html(f.figure) if f.figure else "") + "</div>")
 
 
@@ -147,8 +172,7 @@ def section_page(paper: Paper, section: Section) -> str:
     if section.findings:
         body.append("<h2>What the shipped models show</h2>")
         for f in section.findings:
-            html = finding_html(f)
-            body.append(html.replace("</dl>", "</dl>" + trigrams_html(paper), 1) if f.key == "skip-trigrams" else html)
+            body.append(finding_html(f, trigrams_html(paper) if f.key == "skip-trigrams" else ""))
         if section.slug == "two-layers":
             body.append(analysis_checks_html(paper))
     if section.slug == "appendix":
