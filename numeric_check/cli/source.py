@@ -99,7 +99,7 @@ def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserMo
 
     from numeric_check.model.config import resolve_device, resolve_dtype
 
-    dtype, device = resolve_dtype(dtype), resolve_device(device, prefer_cuda=True)
+    dtype, device = resolve_dtype(dtype), resolve_device(device)
     if args.tl is not None:
         try:
             from transformer_lens import HookedTransformer
@@ -134,7 +134,7 @@ def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, 
     from numeric_check.model.hf import check_hf, from_hf
 
     convert, check = (from_transformer_lens, check_transformer_lens) if user.library == "tl" else (from_hf, check_hf)
-    model = convert(user.source, dtype=dtype, device=resolve_device(device, prefer_cuda=True), check=False)
+    model = convert(user.source, dtype=dtype, device=resolve_device(device), check=False)
     tokens = tokens_for(model)
     model.source_check = check(user.source, model, tokens)
     return model, tokens

@@ -41,7 +41,8 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
                           biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None) -> CircuitModel:
     """A :class:`CircuitModel` computing the same logits as a TransformerLens ``HookedTransformer``, checked against it.
 
-    ``dtype`` of the result (folding is done in float64); ``device`` defaults to the source's.
+    ``dtype`` of the result (folding is done in float64 on the CPU); ``device`` where it goes (``None`` or
+    ``"auto"``: CUDA when present, else the CPU; the source may be anywhere).
     ``biases``: ``None`` keeps biases only when some folded bias is non-zero; ``True`` always
     keeps them; ``False`` requires them all to be zero. ``check``, ``check_tokens``: as for
     :func:`~numeric_check.model.hf.from_hf` (the measurement is kept as ``model.source_check``).
@@ -59,7 +60,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
         raise UnsupportedModel(
             f"from_transformer_lens expects a transformer_lens.HookedTransformer, got {type(model).__name__}"
         )
-    ours = build(_read_transformer_lens(model), dtype, device or model.W_E.device, biases)
+    ours = build(_read_transformer_lens(model), dtype, device, biases)
     ours.source_check = (check_transformer_lens(model, ours, check_tokens) if check
                          else unchecked("HookedTransformer (TransformerLens)"))
     return ours

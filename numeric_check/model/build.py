@@ -21,7 +21,7 @@ Nothing here reads a source model, and the source is never modified.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -114,8 +114,25 @@ class SourceWeights:
 
 
 def f64(t: Tensor) -> Tensor:
-    """A float64 copy of ``t``, detached (the source's tensor is never touched)."""
-    return t.detach().to(torch.float64, copy=True)
+    """A float64 copy of ``t`` on the CPU, detached (the source's tensor is never touched): conversion
+    reads the source, wherever it lives, into CPU float64, folds there, and moves the result once."""
+    return t.detach().to(device="cpu", dtype=torch.float64, copy=True)
+
+
+def on_cpu(src: SourceWeights) -> SourceWeights:
+    """``src`` with every tensor in CPU float64, whatever device a reader read it from (a reader that
+    forgot :func:`f64`, a buffer such as ALiBi's slopes): :func:`build` folds on the CPU only."""
+    def conv(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value if value.device.type == "cpu" and value.dtype == torch.float64 else f64(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(conv(v) for v in value)
+        if isinstance(value, dict):
+            return {k: conv(v) for k, v in value.items()}
+        if isinstance(value, LayerWeights):
+            return LayerWeights(**{f.name: conv(getattr(value, f.name)) for f in fields(value)})
+        return value
+    return SourceWeights(**{f.name: conv(getattr(src, f.name)) for f in fields(src)})
 
 
 def unsupported(feature: str, source: str) -> UnsupportedModel:
@@ -195,9 +212,11 @@ def check_shapes(src: SourceWeights) -> None:
 
 def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, biases: bool | None = None) -> CircuitModel:
     """The :class:`CircuitModel` of ``src``, folded into the paper's convention (see the module's docstring),
-    in ``dtype`` on ``device`` (folding is done in float64 on the CPU). ``biases``: ``None`` keeps biases only
-    when some folded bias is non-zero; ``True`` always keeps them; ``False`` requires them all to be zero."""
-    dtype = resolve_dtype(dtype)
+    in ``dtype`` on ``device`` (``None``: CUDA when present; folding is done in float64 on the CPU, and the
+    result moved once). ``biases``: ``None`` keeps biases only when some folded bias is non-zero; ``True``
+    always keeps them; ``False`` requires them all to be zero."""
+    dtype, device = resolve_dtype(dtype), resolve_device(device)
+    src = on_cpu(src)
     check_shapes(src)
     centred = centre if src.layer_norm else (lambda t, axis: t)
     W_pos = fold_positions(src)
@@ -249,10 +268,10 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
                       rotary_inv_freq=None if src.rotary_inv_freq is None else tuple(src.rotary_inv_freq.tolist()),
                       rotary_factor=src.rotary_factor, moe_renormalise=src.moe_renormalise)
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
-    missing = model.load_state_dict({k: v.cpu() for k, v in paper.items()}, strict=False)
+    missing = model.load_state_dict(paper, strict=False)
     if missing.missing_keys or missing.unexpected_keys:  # a bug here, not the user's
         raise WeightError(f"adapter produced mismatched weights: missing {missing.missing_keys}, unexpected {missing.unexpected_keys}")
-    return model.to(device=resolve_device(device), dtype=dtype)
+    return model.to(device=device, dtype=dtype)
 
 
 def _experts(layer: LayerWeights, prefix: str, centred) -> dict[str, Tensor]:

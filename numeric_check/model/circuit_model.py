@@ -246,10 +246,10 @@ class CircuitModel(nn.Module):
         return [(module, name, axis) for module, name, axis in writers if getattr(module, name) is not None]
 
     def working_copy(self, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None) -> "CircuitModel":
-        """A copy in ``dtype`` on ``device`` (``None``: CUDA when available) for verification; ``self`` is not touched.
+        """A copy in ``dtype`` on ``device`` (``None``: this model's device) for verification; ``self`` is not touched.
 
         The copy has its own modules and hook points (the hook functions registered here stay
-        behind) and frozen parameters. With layer norm, its weights that write to the residual
+        behind), frozen parameters, and its buffers on ``device`` too. With layer norm, its weights that write to the residual
         stream (:meth:`residual_writers`) are centred over ``d_model`` in the new dtype. Every
         reader of the stream is then a layer norm, which removes the mean anyway, so the copy
         computes the same function; but its stream is centred to the precision of ``dtype``
@@ -265,7 +265,7 @@ class CircuitModel(nn.Module):
         (torch.float64, False, True)
         """
         dtype = resolve_dtype(dtype)
-        device = resolve_device(device, prefer_cuda=True)
+        device = self.device if device is None else resolve_device(device)
         self.check_finite()
         with torch.no_grad(), hooks_set_aside(self):
             copy = deepcopy(self, memo={id(p): p for p in self.parameters()})  # new modules, the same weight tensors
@@ -274,6 +274,9 @@ class CircuitModel(nn.Module):
                 for name, p in list(module.named_parameters(recurse=False)):
                     # no copy when dtype and device already match: never modified in place
                     setattr(module, name, nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False))
+                for name, b in list(module.named_buffers(recurse=False)):
+                    if b is not None:  # their users cast them to the dtype they meet
+                        module._buffers[name] = b.to(device=device)
             if self.arch.layer_norm:
                 for module, name, axis in copy.residual_writers():
                     p = getattr(module, name)

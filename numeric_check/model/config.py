@@ -31,22 +31,40 @@ ACT_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def resolve_device(device: str | torch.device | None = None, *, prefer_cuda: bool = False) -> torch.device:
-    """A usable ``torch.device``; ``None`` means CPU (or CUDA when present, if ``prefer_cuda``).
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """The device a person asked for, decided once at the edge (a command's ``--device``, a ``device=``
+    argument): ``None`` or ``"auto"`` is the current CUDA device when CUDA is present, else the CPU;
+    ``"cuda"`` is the current CUDA device, ``"cuda:N"`` that one. Code inside follows its input's
+    device and never calls this with ``None``.
+
+    Raises :class:`~numeric_check.errors.DeviceError` naming the device and what to use instead.
 
     >>> resolve_device("cpu")
     device(type='cpu')
+    >>> resolve_device("tpu")
+    Traceback (most recent call last):
+    numeric_check.errors.DeviceError: unknown device 'tpu'; expected 'auto', 'cpu', 'cuda' or 'cuda:N'
     """
-    if device is None:
-        return torch.device("cuda" if prefer_cuda and torch.cuda.is_available() else "cpu")
+    if device is None or device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise DeviceError(f"unknown device {device!r}; expected e.g. 'cpu', 'cuda' or 'cuda:0'") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"device {str(device)!r} requested but CUDA is not available here; use 'cpu'")
-    if device.type not in ("cpu", "cuda"):
-        raise DeviceError(f"device type {device.type!r} is not supported; expected 'cpu' or 'cuda'")
+        raise DeviceError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise DeviceError(f"device type {device.type!r} is not supported; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build of torch" if torch.version.cuda is None else "no CUDA device is visible"
+        raise DeviceError(f"device {str(device)!r} requested but CUDA is not available here ({build}); use --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.index >= count:
+        raise DeviceError(f"device {str(device)!r} does not exist: this machine has {count} CUDA device"
+                          f"{'s' if count != 1 else ''} (cuda:0{f'..cuda:{count - 1}' if count > 1 else ''}); "
+                          "name one of them or use --device cpu")
     return device
 
 

@@ -44,7 +44,8 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     """A :class:`CircuitModel` computing the same logits as a Hugging Face causal LM, checked against it.
 
     Families read: :func:`numeric_check.model.readers.family_names`. ``dtype`` of the result
-    (folding is done in float64), ``device`` defaults to the source's; ``biases``: ``None`` keeps
+    (folding is done in float64 on the CPU), ``device`` where it goes (``None`` or ``"auto"``: CUDA when
+    present, else the CPU; the source may be anywhere); ``biases``: ``None`` keeps
     biases only when some folded bias is non-zero, ``True`` always, ``False`` requires them zero.
     Before it is returned the result runs beside the source on probe tokens (and on
     ``check_tokens``, the ids you will study, when given); the measurement is kept as
@@ -73,8 +74,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     source = f"the {family.name} model"
     check_hf_options(model.config, family.options, source)
     _refuse_bad_weights(model, source)
-    weight = next(iter(model.parameters()), None)
-    ours = build(family.read(model), dtype, device or (weight.device if weight is not None else "cpu"), biases)
+    ours = build(family.read(model), dtype, device, biases)
     ours.source_check = check_hf(model, ours, check_tokens) if check else unchecked(f"{name} (Hugging Face)")
     return ours
 

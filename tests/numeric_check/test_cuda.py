@@ -22,11 +22,13 @@ def model_and_tokens():
     return model, tokens
 
 
-def test_default_device_is_cuda():
+def test_default_device_is_cuda_and_verification_follows_the_model():
     model, tokens = model_and_tokens()
+    assert model.device.type == "cuda"  # auto: CUDA when present
     report = verify_logits(model, tokens)
     assert report.device.startswith("cuda") and report.passed, report.to_text()
-    assert model.device.type == "cpu"  # the user's model stays where it was
+    on_cpu = verify_logits(model.to("cpu"), tokens)
+    assert on_cpu.device == "cpu" and on_cpu.passed
 
 
 @pytest.mark.parametrize("max_order", [None, 0, 1])

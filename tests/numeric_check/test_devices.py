@@ -1,0 +1,139 @@
+"""One device, decided at the edge: every path from a user's model runs on "cuda" without meeting the CPU.
+
+These run on a CPU-only machine: :func:`tests.fake_cuda.fake_cuda` makes a ``cuda:0`` whose tensors
+live on the CPU and raise torch's own device-mismatch error when they meet a CPU tensor, as a GPU
+machine does. The source is held on "cuda" or on the CPU, the result is asked on "cuda", and every
+parameter and buffer of the result, and the verification, must be there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.errors import DeviceError
+from numeric_check.model.build import fold_norm
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import resolve_device
+from numeric_check.verification.verify import verify_logits, verify_qk
+from tests.fake_cuda import fake_cuda, on_cuda
+
+transformers = pytest.importorskip("transformers")
+from tests.hf_zoo import build as build_hf, source_dtype  # noqa: E402  (needs transformers)
+
+TOKENS = torch.tensor([[1, 5, 2, 7, 3, 5, 2]])
+
+
+def all_on_cuda(model) -> list[str]:
+    """The parameters and buffers of ``model`` that are not on the fake ``cuda:0``."""
+    return [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t is not None and not on_cuda(t)]
+
+
+# --- the one decision -------------------------------------------------------------------------
+
+def test_auto_is_cuda_when_present_and_cuda_means_the_current_device():
+    with fake_cuda():
+        assert resolve_device(None) == resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 0)
+        with pytest.raises(DeviceError, match=r"device 'cuda:1' does not exist: this machine has 1 CUDA device "
+                                              r"\(cuda:0\); name one of them or use --device cpu"):
+            resolve_device("cuda:1")
+
+
+def test_auto_is_the_cpu_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(None) == resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(DeviceError, match=r"device 'cuda' requested but CUDA is not available here .*; use --device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(DeviceError, match=r"unknown device 'gpu0'; expected 'auto', 'cpu', 'cuda' or 'cuda:N'"):
+        resolve_device("gpu0")
+
+
+def test_the_fake_device_catches_a_fold_across_devices():
+    """What a GPU showed (a reader's CPU zeros meeting the source's CUDA weights in fold_norm) fails here too."""
+    with fake_cuda():
+        W = torch.randn(4, 3, dtype=torch.float64).to("cuda")
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            fold_norm((torch.ones(4, dtype=torch.float64, device="cuda"), torch.zeros(4, dtype=torch.float64)), W,
+                      torch.zeros(3, dtype=torch.float64), 0)
+
+
+# --- models made here -------------------------------------------------------------------------
+
+def test_a_working_copy_moves_buffers_with_parameters():
+    arch = Architecture(2, 2, positional="none", norm="rms_norm", alibi=True, n_kv_heads=1)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=11, n_ctx=8, seed=0, device="cpu")
+    with fake_cuda():
+        work = model.working_copy(torch.float64, "cuda")
+        assert all_on_cuda(work) == []
+        assert work(TOKENS).device == torch.device("cuda", 0)
+    assert model.device.type == "cpu"  # the user's model stays where it was
+
+
+def test_verification_follows_the_model_it_is_given():
+    arch = Architecture(2, (2, 3), positional="standard", layer_norm=True, biases=True, mlp=True)
+    with fake_cuda():
+        model = CircuitModel.random(arch, d_model=16, d_head=4, d_vocab=40, n_ctx=10, seed=0)  # auto: cuda
+        assert all_on_cuda(model) == []
+        report = verify_logits(model, TOKENS, max_order=2)
+        assert report.device == "cuda:0" and report.passed, report.to_text()
+        qk = verify_qk(model, TOKENS, 1, 2, max_order=1)
+        assert qk.device == "cuda:0" and qk.passed, qk.to_text()
+        assert verify_logits(model, TOKENS, max_order=1, device="cpu").device == "cpu"
+
+
+# --- the user's model: Hugging Face, held on the CPU or on "cuda" -----------------------------
+
+FAMILIES = [
+    ("gpt2", {}),  # learned positions, layer norm, biases
+    ("qwen2", {}),  # rotary with grouped queries, RMSNorm, a gated MLP
+    ("bloom", {}),  # ALiBi
+    ("mixtral", {}),  # a mixture of experts
+    ("gemma2", {}),  # norms after each sublayer, soft-caps, windows
+]
+
+
+@pytest.mark.parametrize("source_on", ["cpu", "cuda"])
+@pytest.mark.parametrize("model_type, options", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_a_hugging_face_model_converts_onto_cuda_and_verifies_there(model_type, options, source_on):
+    if model_type == "mixtral" and source_on == "cuda":
+        pytest.skip("Hugging Face routes experts with torch.histc on integers, a CUDA kernel the CPU lacks")
+    torch.set_num_threads(1)
+    # as Hugging Face built it (the zoo's exact float64 rotary is a test patch that makes CPU tensors)
+    hf = build_hf(model_type, 1, exact=False, dtype=source_dtype(model_type), **options)
+    with fake_cuda():
+        hf = hf.to(source_on)
+        model = nc_from_hf(hf, device="cuda", check_tokens=TOKENS)
+        assert all_on_cuda(model) == [], model_type
+        assert model.source_check.rel_diff <= model.source_check.tolerance
+        report = verify_logits(model, TOKENS, max_order=1)
+        assert report.device == "cuda:0" and report.passed, report.to_text()
+
+
+def nc_from_hf(hf, **kwargs):
+    from numeric_check.model.hf import from_hf
+
+    return from_hf(hf, **kwargs)
+
+
+def test_a_cuda_model_converts_onto_the_cpu():
+    hf = build_hf("llama", 2, exact=False)
+    with fake_cuda():
+        model = nc_from_hf(hf.to("cuda"), device="cpu")
+        assert all(t.device.type == "cpu" and not on_cuda(t) for t in model.parameters())
+        assert verify_logits(model, TOKENS, max_order=1).passed
+
+
+# --- the user's model: TransformerLens --------------------------------------------------------
+
+def test_a_transformer_lens_model_converts_onto_cuda_and_verifies_there():
+    tl = pytest.importorskip("transformer_lens")
+    cfg = tl.HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=10, d_head=4, n_heads=2, d_vocab=12, d_mlp=24,
+                                     act_fn="gelu", normalization_type="LN", device="cpu", seed=0)
+    source = tl.HookedTransformer(cfg).eval()
+    from numeric_check.model.adapters import from_transformer_lens
+
+    with fake_cuda():
+        model = from_transformer_lens(source, device="cuda", check_tokens=TOKENS)
+        assert all_on_cuda(model) == []
+        assert verify_logits(model, TOKENS, max_order=2).passed
