@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
 from numeric_check.cli.source import add_model_arguments, add_text_arguments
 from numeric_check.errors import AttributionError
@@ -68,11 +69,11 @@ def register(subparsers) -> None:
     what.add_argument("--top", type=int_in(0), default=30, help="terms shown and checked by isolation (default 30)")
     what.add_argument("--dtype", default="float64", choices=DTYPES,
                       help="dtype of the computation, and of the --hf/--tl model as loaded (default float64)")
-    what.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    add_runtime_arguments(what)
     out = p.add_argument_group("output")
     out.add_argument("--format", default="text", choices=FORMATS, help="text (default), json (every term), html (a bar chart), markdown")
     out.add_argument("-o", "--output", metavar="FILE", help="write there (atomically) instead of printing")
-    p.set_defaults(func=run)
+    p.set_defaults(func=with_runtime(run))
 
 
 def add_source_options(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import time
+from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
 from pathlib import Path
 
 from tensoralg.escape import terminal_safe
@@ -98,17 +99,16 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--weight-decay", type=finite_float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
     p.add_argument("--init-std", type=finite_float, default=d.init_std, help=f"std of the initial weights (default {d.init_std})")
     p.add_argument("--seed", type=seed, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
-    p.add_argument("--threads", type=threads, default=1, help="torch CPU threads (default 1: the machine is shared)")
-    p.add_argument("--device", default=None, help="'cpu' (default) or 'cuda'")
+    add_runtime_arguments(p, device_help="auto (the default: CUDA when present, else the CPU), cpu, cuda or cuda:N; "
+                          "the shipped weights are rebuilt bit for bit on the CPU")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "float16"], help="dtype of the saved weights (default float32)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run_train_toy)
+    p.set_defaults(func=with_runtime(_run_train_toy))
 
 
 def _run_train_toy(args) -> int:
     import torch
 
-    from numeric_check.model.config import resolve_device
     from numeric_check.training.toy import TrainConfig, train_toy, training_record
 
     check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
@@ -133,17 +133,15 @@ def _run_train_toy(args) -> int:
         seed=args.seed,
         init_std=args.init_std,
     )
-    device = resolve_device(args.device)
     out = writable_file(args.out, ".safetensors")  # both outputs checked before the training, not after
     sidecar = writable_file(out.with_suffix(".json"))
-    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     with StepBar(config.steps, args.quiet) as bar:
         def progress(step: int, record: dict) -> None:
             every = step % 50 == 0 or step == config.steps  # the losses beside the bar, refreshed now and then
             bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": f"{record['repeat_loss']:.3f}"} if every else {}))
 
-        model, history = train_toy(config, progress, device=device)
+        model, history = train_toy(config, progress, device=args.device)
     seconds = time.perf_counter() - start
     from numeric_check.model.checkpoint import save_checkpoint
 
@@ -211,7 +209,6 @@ def register_analyze(subparsers) -> None:
     add_model_arguments(yours)
     yours.add_argument("--dtype", default="float32", choices=["float64", "float32"],
                        help="dtype of the --hf/--tl model as loaded and analysed (default float32)")
-    yours.add_argument("--device", help="with --hf/--tl: cpu or cuda (default: cuda when available)")
     p.set_defaults(text=None, text_file=None)
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
@@ -220,8 +217,8 @@ def register_analyze(subparsers) -> None:
     p.add_argument("--sequences", type=int_in(1), default=64, metavar="N", help="repeated-segment sequences to evaluate on (default 64)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the evaluation data and the random baselines (default 0)")
     p.add_argument("--formats", default="png,svg", help="figure formats, comma-separated: png, svg, pdf (default png,svg)")
-    p.add_argument("--threads", type=threads, default=1, help="torch CPU threads (default 1)")
-    p.set_defaults(func=_run_analyze)
+    add_runtime_arguments(p)
+    p.set_defaults(func=with_runtime(_run_analyze))
 
 
 def _read_vocab(path: Path) -> list[str]:
@@ -289,11 +286,11 @@ def _vocab_by_id(vocab: dict, what: str) -> list[str]:
     return tokens
 
 
-def _load_model(path: Path):
+def _load_model(path: Path, device):
     from numeric_check.model.checkpoint import load_checkpoint
     from numeric_check.training.toy import training_record_for
 
-    model = load_checkpoint(path)
+    model = load_checkpoint(path, device=device)
     return model, training_record_for(path, model)
 
 
@@ -315,16 +312,15 @@ def _run_analyze(args) -> int:
     vocab = _read_vocab(args.vocab) if args.vocab else None
     inputs = [p for c in (checkpoint, control_path) if c is not None for p in (c, Path(c).with_suffix(".json"))]
     out = report_folder(args.out, inputs + ([args.vocab] if args.vocab else []))
-    torch.set_num_threads(args.threads)
     if wants_user_model(args):
         model, name, tokenizer = _user_model(args)
         record, vocab, control_path = None, vocab or _tokenizer_vocab(tokenizer, model.cfg.d_vocab), args.control
     else:
-        model, record = _load_model(checkpoint)
+        model, record = _load_model(checkpoint, args.device)
         name = checkpoint.stem
     control_model = control_record = None
     if control_path is not None:
-        control_model, control_record = _load_model(control_path)
+        control_model, control_record = _load_model(control_path, args.device)
         if control_model.arch.n_layers != 1:
             raise NumericCheckError(
                 f"the control must be a 1-layer model; {str(control_path)!r} has {control_model.arch.n_layers} layers"

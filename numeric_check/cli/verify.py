@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from numeric_check.cli.runtime import add_runtime_arguments, fit_threads, with_runtime
 from typing import TYPE_CHECKING
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
@@ -124,14 +125,14 @@ def register(subparsers) -> None:
     check.add_argument("--no-isolation", action="store_true", help="skip check 2 (a forward pass per chunk of terms; slow on large vocabularies)")
     check.add_argument("--dtype", default="float64", choices=DTYPES,
                        help="dtype of the verification, and of the --hf/--tl model as loaded (default float64)")
-    check.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    add_runtime_arguments(check)
     check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--max-rows", type=int_in(1), help="print at most this many terms in the table")
     out.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(func=with_runtime(run))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,6 +172,7 @@ def model_and_tokens(args: argparse.Namespace):
         return text if text is not None else build_tokens(args, model)
 
     model, tokens = convert(user, args.dtype, args.device, tokens_for)
+    fit_threads(args, model.cfg.d_model)
     return model, tokens, user.tokenizer
 
 
