@@ -1,6 +1,8 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   create the environment and run the main job
 #   make test   create the environment and run the whole test suite
+#   make gpu-wheels   (with a network) the wheels a GPU machine lacks, into wheels/gpu
+#   make gpu-check    (on a GPU machine, offline) the suite with CUDA visible and the GPU benchmarks
 # Both build .venv once (torch's local CPU wheel first, so pip never pulls a CUDA build).
 
 PYTHON ?= python3
@@ -8,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench env clean
+.PHONY: demo test bench env clean gpu-wheels gpu-check
 
 env: $(STAMP)
 
@@ -26,6 +28,17 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# pure-Python wheels that the borrowed GPU machine (torch, transformers, hypothesis, pytest) lacks
+GPU_WHEELS := transformer-lens==3.9.0 datasets dill multiprocess better-abc fancy-einsum typeguard beartype \
+              jaxtyping wadler-lindig latex2mathml markdown-it-py mdurl
+
+gpu-wheels:
+	mkdir -p wheels/gpu
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d wheels/gpu $(GPU_WHEELS)
+
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -86,3 +86,12 @@ def needs_pdflatex(test):
     ``pdflatex`` is not installed."""
     skip = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
     return pytest.mark.latex(skip(test))
+
+
+def pytest_runtest_logreport(report):
+    """With ``TCIRCUITS_INSTAFAIL=1`` (``make gpu-check``), each failure is printed the moment it happens,
+    so a run cut at its time limit still says what failed."""
+    if report.failed and os.environ.get("TCIRCUITS_INSTAFAIL"):
+        last = str(report.longrepr).strip().splitlines()[-1:] or [""]
+        sys.__stdout__.write(f"\nFAILED {report.nodeid} ({report.when}): {last[0][:300]}\n")
+        sys.__stdout__.flush()
