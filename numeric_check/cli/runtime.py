@@ -8,8 +8,9 @@ that the device is decided once, before anything is loaded (``args.device`` is t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-from typing import Callable
+from typing import Callable, Iterator
 
 from numeric_check.reports.flags import threads
 
@@ -35,8 +36,37 @@ def with_runtime(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 
         args.device = resolve_device(args.device)
         use_threads(args.threads, getattr(args, "d_model", None))
-        return run(args)
+        with device_errors(args.device):
+            return run(args)
     return wrapped
+
+
+@contextlib.contextmanager
+def device_errors(device) -> Iterator[None]:
+    """CUDA's own failures — out of memory, a device busy or lost — as one
+    :class:`~numeric_check.errors.DeviceError` line naming the device and what to do (outputs are
+    written whole at the end, so none is left half-written)."""
+    import torch
+
+    from numeric_check.errors import DeviceError
+
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        free = ""
+        try:
+            free_bytes, total = torch.cuda.mem_get_info(device)
+            free = f" ({free_bytes / 2**30:.1f} of {total / 2**30:.1f} GiB free now)"
+        except Exception:  # noqa: BLE001 - only to say how much is free
+            pass
+        raise DeviceError(f"CUDA ran out of memory on {device}{free}; try shorter prompts, a lower --max-order, "
+                          "--dtype float32, or --device cpu") from None
+    except RuntimeError as error:
+        text = " ".join(str(error).split())
+        if device.type != "cuda" or not any(k in text for k in ("CUDA error", "CUDA-capable", "cuDNN", "CUBLAS", "NCCL")):
+            raise
+        raise DeviceError(f"the CUDA device {device} failed: {text[:200]}; if another process holds it, wait or "
+                          "pick another with --device cuda:N, or use --device cpu") from None
 
 
 def fit_threads(args: argparse.Namespace, d_model: int) -> None:

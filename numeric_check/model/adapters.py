@@ -27,7 +27,9 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import UnsupportedModel, WeightError
-from numeric_check.model.build import ACT_FN_ALIASES, LayerNormWeights, LayerWeights, SourceWeights, build, f64, unsupported
+from numeric_check.model.build import (
+    ACT_FN_ALIASES, LayerNormWeights, LayerWeights, SourceWeights, build, f64, on_one_device, unsupported,
+)
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.options import check_tl_options
@@ -60,6 +62,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
         raise UnsupportedModel(
             f"from_transformer_lens expects a transformer_lens.HookedTransformer, got {type(model).__name__}"
         )
+    on_one_device(model, "the TransformerLens model")
     ours = build(_read_transformer_lens(model), dtype, device, biases)
     ours.source_check = (check_transformer_lens(model, ours, check_tokens) if check
                          else unchecked("HookedTransformer (TransformerLens)"))

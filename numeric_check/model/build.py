@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from derivations.architecture import Architecture
-from numeric_check.errors import UnsupportedModel, WeightError
+from numeric_check.errors import DeviceError, UnsupportedModel, WeightError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 
@@ -117,6 +117,16 @@ def f64(t: Tensor) -> Tensor:
     """A float64 copy of ``t`` on the CPU, detached (the source's tensor is never touched): conversion
     reads the source, wherever it lives, into CPU float64, folds there, and moves the result once."""
     return t.detach().to(device="cpu", dtype=torch.float64, copy=True)
+
+
+def on_one_device(model: Any, source: str) -> None:
+    """Refuse a source whose parameters are spread over several devices without a device map to run
+    it (Hugging Face's ``hf_device_map``): it could not be run beside its conversion."""
+    devices = sorted({str(p.device) for p in model.parameters()})
+    if len(devices) > 1 and not getattr(model, "hf_device_map", None):
+        raise DeviceError(f"{source} is split across {' and '.join(devices)} without a device map to run it; put it "
+                          "on one device first (model.to('cuda') or model.to('cpu')); tcircuits reads it into the CPU "
+                          "and moves the result to --device either way")
 
 
 def on_cpu(src: SourceWeights) -> SourceWeights:

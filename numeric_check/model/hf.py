@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import UnsupportedModel, WeightError
-from numeric_check.model.build import build
+from numeric_check.model.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.options import check_hf_options
 from numeric_check.model.readers import BY_CLASS, family_names
@@ -74,6 +74,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     source = f"the {family.name} model"
     check_hf_options(model.config, family.options, source)
     _refuse_bad_weights(model, source)
+    on_one_device(model, source)
     ours = build(family.read(model), dtype, device, biases)
     ours.source_check = check_hf(model, ours, check_tokens) if check else unchecked(f"{name} (Hugging Face)")
     return ours

@@ -8,6 +8,8 @@ parameter and buffer of the result, and the verification, must be there.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -137,3 +139,70 @@ def test_a_transformer_lens_model_converts_onto_cuda_and_verifies_there():
         model = from_transformer_lens(source, device="cuda", check_tokens=TOKENS)
         assert all_on_cuda(model) == []
         assert verify_logits(model, TOKENS, max_order=2).passed
+
+
+# --- the command line on a user's saved folder, on the default device (auto: "cuda" here) -----
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    from tests.helpers import saved_hf_model
+
+    return saved_hf_model(tmp_path_factory.mktemp("gpt2"), "gpt2")
+
+
+@pytest.mark.slow
+def test_verify_and_attribute_a_saved_folder_on_cuda(capsys, gpt2_dir):
+    from tests.helpers import run_cli
+
+    with fake_cuda():
+        code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat.",
+                                 "--max-order", "1", "--json")
+        assert code == 0, err
+        assert json.loads(out)["device"] == "cuda:0"
+        code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
+                                 "--target", " the", "--top", "5", "--format", "json")
+        assert code == 0, err
+        assert json.loads(out)["device"] == "cuda:0"
+
+
+@pytest.mark.slow
+def test_analyze_a_saved_folder_on_cuda(capsys, gpt2_dir, tmp_path):
+    from tests.helpers import run_cli
+
+    with fake_cuda():
+        code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
+                                 "--sequences", "4", "--formats", "svg")
+    assert code == 0, err
+    assert (tmp_path / "report" / "index.html").exists()
+
+
+def test_a_device_that_does_not_exist_is_one_line_before_loading(capsys, gpt2_dir):
+    from tests.helpers import run_cli
+
+    with fake_cuda():
+        code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--device", "cuda:2")
+    assert code == 2 and err.count("\n") == 1
+    assert "device 'cuda:2' does not exist: this machine has 1 CUDA device (cuda:0)" in err
+
+
+def test_a_model_split_across_two_devices_is_one_line():
+    hf = build_hf("gpt2", 0, exact=False)
+    with fake_cuda():
+        hf.transformer.h[1].to("cuda")
+        with pytest.raises(DeviceError, match=r"the GPT-2 model is split across cpu and cuda:0 without a device map to run "
+                                              r"it; put it on one device first"):
+            nc_from_hf(hf, device="cuda")
+
+
+def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_do():
+    from numeric_check.cli.runtime import device_errors
+
+    with fake_cuda():
+        with pytest.raises(DeviceError, match=r"CUDA ran out of memory on cuda:0 \(8.0 of 16.0 GiB free now\); try "
+                                              r".*or --device cpu"):
+            with device_errors(torch.device("cuda", 0)):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        with pytest.raises(DeviceError, match=r"the CUDA device cuda:0 failed: CUDA error: all CUDA-capable devices are "
+                                              r"busy or unavailable; if another process holds it"):
+            with device_errors(torch.device("cuda", 0)):
+                raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
