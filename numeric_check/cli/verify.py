@@ -81,6 +81,8 @@ examples:
   tcircuits verify --layers 3 --heads 8 --max-order 1 --json
   tcircuits verify --layers 2 --heads 2 --qk 1 0 --tokens "5,1,2,5,1"
   tcircuits verify --checkpoint induction_2l.safetensors --seq-len 32 --no-isolation
+  torchrun --nproc-per-node 2 $(which tcircuits) verify --layers 4 --heads 8 --max-order 2
+      (each rank a share of the terms: gloo on CPUs, NCCL and one GPU per rank on CUDA; rank 0 prints)
 """
 
 _RANDOM_DEFAULTS = {"layers": 2, "heads": "4", "d_model": 32, "d_head": 8, "d_vocab": 50, "n_ctx": 16,
@@ -126,6 +128,8 @@ def register(subparsers) -> None:
     check.add_argument("--dtype", default="float64", choices=DTYPES,
                        help="dtype of the verification, and of the --hf/--tl model as loaded (default float64)")
     add_runtime_arguments(check)
+    check.add_argument("--rank-timeout", type=finite_float, default=1800.0, metavar="SECONDS",
+                       help="under torchrun: how long a rank waits for the others before it stops with an error (default 1800)")
     check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
@@ -136,7 +140,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the model and tokens, verify, print the report; 0 if every check passed, else 1."""
+    """Build the model and tokens, verify, print the report; 0 if every check passed, else 1. Under
+    ``torchrun`` every rank verifies a share of the terms and rank 0 alone prints the whole report."""
+    from numeric_check.verification import distributed
+
+    args.device = distributed.init_from_environment(args.device, args.rank_timeout)
+    try:
+        return _run(args)
+    finally:
+        distributed.finish()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from numeric_check.verification.distributed import is_first_rank
     from numeric_check.verification.verify import verify_logits, verify_qk
 
     model, tokens, tokenizer = model_and_tokens(args)
@@ -145,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     rtol = args.rtol if args.rtol is not None else default_rtol(dtype)
     common = dict(max_order=args.max_order, dtype=dtype, device=args.device, atol=args.atol, rtol=rtol,
                   isolation=not args.no_isolation)
-    with _Progress(disabled=args.no_progress) as progress:
+    first = is_first_rank()
+    with _Progress(disabled=args.no_progress or not first) as progress:
         if args.qk is None:
             report = verify_logits(model, tokens, progress=progress, **common)
         else:
@@ -153,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
             report = verify_qk(model, tokens, layer, head, progress=progress, **common)
     if tokenizer is not None:
         report.tokens = [token_line(tokenizer, row) for row in tokens.tolist()]
-    print(report.to_json() if args.json else terminal_safe(report.to_text(args.max_rows)))
+    if first:
+        print(report.to_json() if args.json else terminal_safe(report.to_text(args.max_rows)))
     return 0 if report.passed else 1
 
 

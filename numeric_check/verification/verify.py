@@ -63,6 +63,7 @@ from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_qk
 from numeric_check.verification.constants import UnembedConstants
+from numeric_check.verification.distributed import Shard, qk_prefix
 from numeric_check.verification.logit_isolation import HeadMaps, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 
@@ -251,6 +252,7 @@ def verify_logits(
     progress: Progress | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     exact_errors: bool | None = None,
+    distributed: bool | None = None,
 ) -> VerifyReport:
     """Check the path expansion of the logits against ``model`` on ``tokens`` (see the module docstring).
 
@@ -275,7 +277,13 @@ def verify_logits(
     exactly when cheap (``terms·batch·pos·d_vocab·d_model ≤ EXACT_LIMIT``, about a second of
     products). Pass/fail is the same either way. ``rtol=None`` is :func:`default_rtol` of
     ``dtype``. ``expansion`` may be given (built for ``model.arch``); ``limit`` bounds the
-    terms built. ``progress(stage, done, total)`` is called as terms are checked.
+    terms built. ``progress(stage, done, total)`` is called as terms are checked (this rank's).
+
+    ``distributed``: shard the terms over the ``torch.distributed`` ranks (``None``: when it is
+    initialised with more than one rank, as under ``torchrun``): every rank must call this with the
+    same arguments; each evaluates and isolates a disjoint share of the terms' prefixes, the sums and
+    largest terms are reduced, and every rank returns the whole report
+    (:mod:`~numeric_check.verification.distributed`; a rank that stops: a one-line :class:`VerifyError`).
 
     Raises :class:`~numeric_check.errors.ModelInputError` (tokens),
     :class:`~numeric_check.errors.WeightError` (NaN/Inf weights),
@@ -293,12 +301,13 @@ def verify_logits(
     _checked(model)
     expansion = _resolve_expansion(expansion, LogitExpansion, arch, max_order, build)
     max_order = expansion.max_order
+    shard = Shard.current(distributed)
     s = _setup(model, tokens, dtype, device, atol, rtol)
     if s.model.arch.logit_softcap is not None:
         s.notes.append(f"the logits are expanded and checked before the final soft-cap c·tanh(x/c), c = {s.model.arch.logit_softcap:g}: "
                        "the cap is not linear, so the expansion stops at the quantity it acts on (the model's output is the capped value)")
     with torch.no_grad(), _cyclic_gc_paused():
-        return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes, exact_errors)
+        return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes, exact_errors, shard)
 
 
 def _exact_by_default(rec: Recording, model: CircuitModel, n_terms: int) -> bool:
@@ -309,19 +318,22 @@ def _exact_by_default(rec: Recording, model: CircuitModel, n_terms: int) -> bool
 
 
 def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool, progress, chunk_bytes: int,
-                   exact_errors: bool | None) -> VerifyReport:
+                   exact_errors: bool | None, shard: Shard | None = None) -> VerifyReport:
     arch, rec = s.model.arch, s.rec
-    kept: list[PathTerm] = list(expansion)
-    n_omitted = LogitExpansion(arch).n_terms - len(kept)  # an int past 2**63 too
-    full = _full_terms(build, len(kept), len(kept) + n_omitted, s.notes)
-    omitted = [t for t in full if t.order > expansion.max_order] if full else []
+    all_kept: list[PathTerm] = list(expansion)
+    n_omitted = LogitExpansion(arch).n_terms - len(all_kept)  # an int past 2**63 too
+    full = _full_terms(build, len(all_kept), len(all_kept) + n_omitted, s.notes)
+    all_omitted = [t for t in full if t.order > expansion.max_order] if full else []
+    mine = range(len(all_kept)) if shard is None else shard.select(all_kept)  # this rank's share (see distributed)
+    kept = [all_kept[i] for i in mine] if shard is not None else all_kept
+    omitted = [all_omitted[i] for i in shard.select(all_omitted)] if shard is not None else all_omitted
     start = time.perf_counter()
     ev = LogitEvaluator(s.binder, kept + omitted, s.constants)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
     space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
-    exact = _exact_by_default(rec, s.model, len(kept)) if exact_errors is None else bool(exact_errors)
+    exact = _exact_by_default(rec, s.model, len(all_kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []
     maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
     spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
@@ -355,7 +367,15 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         flush()
     largest = spent["largest"]
     kept_aug = space.aug(kept_sum.parts())
-    omitted_aug = space.aug(omitted_sum.parts()) if omitted else None
+    omitted_aug = space.aug(omitted_sum.parts()) if all_omitted else None
+    if shard is not None:  # the ranks meet: sums added, the largest term taken, every rank's results gathered
+        largest = shard.max(largest, "taking the largest term", kept_aug)
+        kept_aug = shard.sum_(kept_aug, "adding the kept terms")
+        if omitted_aug is not None:
+            omitted_aug = shard.sum_(omitted_aug, "adding the omitted terms")
+        results = _gathered(shard, list(mine), results, len(all_kept))
+        s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
+                       "prefixes; the timings are rank 0's")
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]
     s.timings["isolation"] = spent["isolation"]
     start = time.perf_counter()
@@ -367,6 +387,19 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     s.timings["unembed"] = time.perf_counter() - start
     checks.insert(1, _isolation_check(results, isolation, scale, s))
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
+
+
+def _gathered(shard: Shard, mine: list[int], results: list[TermResult], n: int) -> list[TermResult]:
+    """Every rank's term results (``mine``: this rank's indices of them), in the expansion's order."""
+    out: list[TermResult | None] = [None] * n
+    for indices, theirs in shard.gather((mine, results), "gathering the term results"):
+        for i, r in zip(indices, theirs):
+            out[i] = r
+    missing = [i for i, r in enumerate(out) if r is None]
+    if missing:
+        raise VerifyError(f"rank {shard.rank} of {shard.world}: {len(missing):,} terms had no rank (e.g. term {missing[0]}); "
+                          "every rank must build the same expansion")
+    return out
 
 
 def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[TermResult]) -> float:
@@ -471,6 +504,7 @@ def verify_qk(
     limit: int = 1_000_000,
     progress: Progress | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    distributed: bool | None = None,
 ) -> VerifyReport:
     """Check the expansion of head ``(layer, head)``'s pre-softmax scores (:func:`derivations.qk.expand_qk`).
 
@@ -496,20 +530,25 @@ def verify_qk(
     expansion = _resolve_expansion(expansion, QKExpansion, arch, max_order, build)
     if (expansion.layer, expansion.head) != (layer, head):
         raise ExpansionMismatch(f"the expansion is of head L{expansion.layer}H{expansion.head}, not L{layer}H{head}")
+    shard = Shard.current(distributed)
     s = _setup(model, tokens, dtype, device, atol, rtol)
     if s.model.arch.attn_softcap is not None:
         s.notes.append(f"the scores are expanded and checked before the attention soft-cap c·tanh(s/c), c = {s.model.arch.attn_softcap:g}, "
                        "which acts on them before the softmax (hook_attn_scores holds them before the cap)")
     with torch.no_grad(), _cyclic_gc_paused():
-        return _verify_qk(s, expansion, build, isolation, progress, chunk_bytes)
+        return _verify_qk(s, expansion, build, isolation, progress, chunk_bytes, shard)
 
 
-def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progress, chunk_bytes: int) -> VerifyReport:
+def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progress, chunk_bytes: int,
+               shard: Shard | None = None) -> VerifyReport:
     arch, rec, layer, head = s.model.arch, s.rec, expansion.layer, expansion.head
-    kept: list[QKTerm] = list(expansion)
-    n_omitted = QKExpansion(arch, layer, head).n_terms - len(kept)
-    full = _full_terms(build, len(kept), len(kept) + n_omitted, s.notes)
-    omitted = [t for t in full if t.order > expansion.max_order] if full else []
+    all_kept: list[QKTerm] = list(expansion)
+    n_omitted = QKExpansion(arch, layer, head).n_terms - len(all_kept)
+    full = _full_terms(build, len(all_kept), len(all_kept) + n_omitted, s.notes)
+    all_omitted = [t for t in full if t.order > expansion.max_order] if full else []
+    mine = range(len(all_kept)) if shard is None else shard.select(all_kept, qk_prefix)  # see distributed
+    kept = [all_kept[i] for i in mine] if shard is not None else all_kept
+    omitted = [all_omitted[i] for i in shard.select(all_omitted, qk_prefix)] if shard is not None else all_omitted
     start = time.perf_counter()
     ev = QKEvaluator(s.binder, kept + omitted)
     below = s.model.blocks[layer].attn.mask(rec.n_pos, s.model.device)  # the keys the head sees (causal, window)
@@ -536,10 +575,18 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
             r.max_abs_error = max_abs(ours - iso[:, below])
             r.passed = r.max_abs_error <= s.atol + s.rtol * max(scale, max_abs(ours))
             _tick(progress, "isolation", i + 1, len(kept))
+    if shard is not None:  # the ranks meet (as for logits)
+        largest = shard.max(largest, "taking the largest term", reference)
+        kept_sum = shard.sum_(kept_sum.contiguous(), "adding the kept terms")
+        if all_omitted:
+            omitted_sum = shard.sum_(omitted_sum.contiguous(), "adding the omitted terms")
+        results = _gathered(shard, list(mine), results, len(all_kept))
+        s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
+                       "prefixes; the timings are rank 0's")
     s.timings["isolation"] = time.perf_counter() - start
     cancels = largest > CANCELLING * scale  # as for logits: then the sum is rounded at the terms' scale
     sum_scale = largest if cancels else scale
-    checks = [_sum_check(kept_sum[:, below], omitted_sum[:, below] if omitted else None, full, reference[:, below], sum_scale, s),
+    checks = [_sum_check(kept_sum[:, below], omitted_sum[:, below] if all_omitted else None, full, reference[:, below], sum_scale, s),
               _isolation_check(results, isolation, scale, s)]
     if cancels and checks[0].passed is not None:
         checks[0].detail = "; ".join(filter(None, [checks[0].detail, f"relative to the largest term ({largest:.3g}), "

@@ -1,0 +1,171 @@
+"""A verification past one process: the term stream sharded over ``torch.distributed`` ranks.
+
+Under ``torchrun --nproc-per-node N tcircuits verify …`` (NCCL on GPUs, gloo on CPUs) every rank
+builds the same expansion, evaluates a disjoint share of it, and the ranks meet once at the end:
+the sums of the terms are added (``all_reduce``), the largest term and the worst errors taken
+(``MAX``), and every rank's term results gathered, so that each rank holds the whole report (rank 0
+prints it). No process pool of our own: the processes are torchrun's.
+
+The share is by *prefix*: terms that start with the same source and first head (at order 2 of
+GPT-2 small about 2,000 prefixes) stay on one rank, where they share the trie's work and the
+isolation pass's copies; prefixes go to ranks largest first, each to the least loaded rank (by
+terms), the same on every rank since the expansion is. When there are too few prefixes for the
+ranks (a small model), the first two heads make the prefix.
+
+A rank that dies or stops answering makes the others' next collective fail (at once when its
+connection closes; after ``timeout`` when it hangs): they raise a one-line
+:class:`~numeric_check.errors.VerifyError` and no report is written.
+
+>>> from derivations.architecture import Architecture
+>>> from derivations.paths import expand_logits
+>>> terms = list(expand_logits(Architecture(2, 2), 2))
+>>> shares = [Shard(rank, 2).select(terms) for rank in range(2)]
+>>> sorted(shares[0] + shares[1]) == list(range(len(terms))), set(shares[0]) & set(shares[1])
+(True, set())
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from numeric_check.errors import VerifyError
+
+PREFIXES_PER_RANK = 8  # fewer prefixes of one head than this per rank: prefixes of two heads
+DEFAULT_TIMEOUT_S = 1800.0  # how long a rank waits for the others at a collective
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's share of a verification: rank ``rank`` of ``world`` (``group``: the
+    ``torch.distributed`` process group, ``None`` for the default one or for a plan made without one)."""
+
+    rank: int
+    world: int
+    group: Any = None
+
+    @classmethod
+    def current(cls, distributed: bool | None) -> "Shard | None":
+        """The shard of this process: ``None`` when ``distributed`` is False, or when it is ``None`` and
+        ``torch.distributed`` is not initialised with more than one rank; a :class:`VerifyError` when
+        ``distributed`` is True and it is not initialised."""
+        if distributed is False:
+            return None
+        dist = torch.distributed
+        ready = dist.is_available() and dist.is_initialized()
+        if not ready:
+            if distributed:
+                raise VerifyError("distributed=True needs torch.distributed initialised (run under torchrun, or call "
+                                  "torch.distributed.init_process_group first)")
+            return None
+        world = dist.get_world_size()
+        return cls(dist.get_rank(), world) if world > 1 or distributed else None
+
+    def select(self, terms: Sequence, prefix: Callable[[Any, int], tuple] | None = None) -> list[int]:
+        """The indices (ascending) of the terms this rank evaluates: whole prefixes (``prefix(term,
+        depth)``, by default the term's source and first ``depth`` heads), largest first to the least
+        loaded rank."""
+        prefix = _logit_prefix if prefix is None else prefix
+        depth = 1
+        keys = [prefix(t, depth) for t in terms]
+        if len(set(keys)) < PREFIXES_PER_RANK * self.world:
+            depth = 2
+            keys = [prefix(t, depth) for t in terms]
+        members: dict[tuple, list[int]] = {}
+        for i, key in enumerate(keys):
+            members.setdefault(key, []).append(i)
+        loads = [(0, r) for r in range(self.world)]  # (terms, rank): a heap
+        mine: list[int] = []
+        for key in sorted(members, key=lambda k: (-len(members[k]), members[k][0])):
+            load, rank = heapq.heappop(loads)
+            if rank == self.rank:
+                mine += members[key]
+            heapq.heappush(loads, (load + len(members[key]), rank))
+        return sorted(mine)
+
+    # -- collectives: each a one-line VerifyError when another rank is gone ---------------------------
+    def sum_(self, tensor: Tensor, what: str) -> Tensor:
+        """``tensor`` summed over the ranks, in place."""
+        return self._call(lambda: torch.distributed.all_reduce(tensor, group=self.group), what, tensor)
+
+    def max(self, value: float, what: str, like: Tensor) -> float:
+        """The largest ``value`` of any rank (sent as a tensor made like ``like``)."""
+        t = torch.tensor([value], dtype=torch.float64, device=like.device)
+        self._call(lambda: torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.group), what)
+        return float(t)
+
+    def gather(self, obj: Any, what: str) -> list:
+        """Every rank's ``obj``, in rank order (pickled)."""
+        out: list = [None] * self.world
+        self._call(lambda: torch.distributed.all_gather_object(out, obj, group=self.group), what)
+        return out
+
+    def _call(self, collective: Callable[[], Any], what: str, result: Any = None) -> Any:
+        try:
+            collective()
+        except (RuntimeError, ValueError) as error:  # DistBackendError and gloo's connection errors are RuntimeErrors
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise VerifyError(f"rank {self.rank} of {self.world}: another rank stopped or did not answer while "
+                              f"{what} ({first[:200]}); no report written") from None
+        return result
+
+
+def _logit_prefix(term, depth: int) -> tuple:
+    """A logits term's prefix: its source and its first ``depth`` heads."""
+    return (term.source.input_key, term.heads[:depth])
+
+
+def qk_prefix(term, depth: int) -> tuple:
+    """A QK term's prefix: its query side's source and first ``depth`` heads, then its key side's source."""
+    return (term.query.source.input_key, term.query.heads[:depth], term.key.source.input_key)
+
+
+def init_from_environment(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
+    """Under torchrun (``WORLD_SIZE`` > 1 in the environment): initialise the default process group
+    (NCCL for a CUDA ``device``, gloo otherwise; ``timeout_s`` for every collective) and return this
+    rank's device (``cuda:LOCAL_RANK`` for CUDA, one card per rank); otherwise ``device`` unchanged."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if not timeout_s > 0:
+        raise VerifyError(f"the ranks' timeout must be a number of seconds > 0, got {timeout_s!r}")
+    if world <= 1 or torch.distributed.is_initialized():
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                             **({"device_id": device} if backend == "nccl" else {}))
+    except (RuntimeError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise VerifyError(f"could not join the {world} ranks torchrun started ({backend}): {first[:200]}") from None
+    _stop_on_sigterm(torch.distributed.get_rank(), world)
+    return device
+
+
+def is_first_rank() -> bool:
+    """Whether this process prints: rank 0, or the only process."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0
+
+
+def _stop_on_sigterm(rank: int, world: int) -> None:
+    """torchrun ends the other ranks with SIGTERM when one fails: end this one with a one-line error."""
+    import signal
+
+    def stop(signum, frame):
+        raise VerifyError(f"rank {rank} of {world}: stopped by torchrun (another rank failed); no report written")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def finish() -> None:
+    """Leave the process group made by :func:`init_from_environment` (if any)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,135 @@
+"""Verification sharded over torch.distributed ranks: two gloo ranks on the CPU give the report of one process."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from derivations.paths import expand_logits
+from derivations.qk import expand_qk
+from numeric_check.errors import VerifyError
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.verification.distributed import Shard, qk_prefix
+from numeric_check.verification.verify import verify_logits, verify_qk
+
+ARCH = Architecture(2, 3, layer_norm=True, mlp=True, biases=True, positional="standard")
+TOKENS = [[1, 5, 2, 7, 3, 1], [4, 4, 0, 9, 2, 8]]
+
+
+def _model() -> CircuitModel:
+    return CircuitModel.random(ARCH, d_model=12, d_head=4, d_vocab=11, n_ctx=8, seed=3, dtype=torch.float64)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, out: str, dies: bool) -> None:
+    """One rank: join the gloo group, verify (logits at order 1 and one head's scores), write what it got."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        if dies and rank == 1:
+            os._exit(3)  # a rank that dies before the others meet it
+        model = _model()
+        try:
+            logits = verify_logits(model, TOKENS, max_order=1, device="cpu")
+            qk = verify_qk(model, TOKENS, 1, 2, max_order=1, device="cpu")
+        except VerifyError as error:
+            Path(out, f"{rank}.err").write_text(str(error))
+            return
+        Path(out, f"{rank}.json").write_text(json.dumps([json.loads(logits.to_json()), json.loads(qk.to_json())]))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _run_ranks(tmp_path: Path, dies: bool = False) -> list[int]:
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(tmp_path), dies)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]
+
+
+def _same(a: dict, b: dict) -> None:
+    """Two reports equal term by term: labels, heads, verdicts exactly; figures to rounding."""
+    scale = a["scale"]
+    assert [t["label"] for t in a["terms"]] == [t["label"] for t in b["terms"]]
+    for x, y in zip(a["terms"], b["terms"]):
+        assert (x["heads"], x["order"], x["passed"], x["source"]) == (y["heads"], y["order"], y["passed"], y["source"])
+        assert math.isclose(x["norm"], y["norm"], rel_tol=1e-12, abs_tol=1e-14 * scale), x["label"]
+        for key in ("max_abs_error", "error_bound"):
+            assert (x[key] is None) == (y[key] is None), (x["label"], key)
+            if x[key] is not None:
+                assert abs(x[key] - y[key]) <= 1e-12 * scale, (x["label"], key)
+    assert [(c["name"], c["passed"]) for c in a["checks"]] == [(c["name"], c["passed"]) for c in b["checks"]]
+    for x, y in zip(a["checks"], b["checks"]):
+        if x["max_abs_error"] is not None:
+            assert abs(x["max_abs_error"] - y["max_abs_error"]) <= 1e-12 * scale, x["name"]
+    assert a["passed"] and b["passed"]
+
+
+def test_two_gloo_ranks_give_the_report_of_one_process(tmp_path):
+    codes = _run_ranks(tmp_path)
+    assert codes == [0, 0], [p.read_text() for p in tmp_path.glob("*.err")]
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    model = _model()
+    alone = [json.loads(verify_logits(model, TOKENS, max_order=1, device="cpu").to_json()),
+             json.loads(verify_qk(model, TOKENS, 1, 2, max_order=1, device="cpu").to_json())]
+    for got in ranks:
+        for report, expected in zip(got, alone):
+            _same(report, expected)
+            assert any("2 ranks" in note for note in report["notes"])
+    assert alone[0]["n_omitted"] > 0 and alone[0]["checks"][2]["passed"]  # check 3 ran, over sharded terms
+
+
+def test_a_rank_that_dies_stops_the_other_with_one_line(tmp_path):
+    codes = _run_ranks(tmp_path, dies=True)
+    assert codes[1] == 3
+    assert not list(tmp_path.glob("*.json"))  # no report
+    message = (tmp_path / "0.err").read_text()
+    assert "\n" not in message and message.startswith("rank 0 of 2: another rank stopped") and "no report written" in message
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_shares_are_disjoint_whole_prefixes_and_cover_every_term(world):
+    terms = list(expand_logits(Architecture(3, 4, mlp=True), 2))
+    shares = [Shard(r, world).select(terms) for r in range(world)]
+    assert sorted(i for share in shares for i in share) == list(range(len(terms)))
+    depth = 1 if world == 2 else 2  # (3 x 4 heads: too few one-head prefixes for 5 ranks, never for 2)
+    owner = {}
+    for r, share in enumerate(shares):
+        for i in share:
+            key = (terms[i].source.input_key, terms[i].heads[:depth])
+            assert owner.setdefault(key, r) == r  # a prefix stays on one rank
+    sizes = [len(share) for share in shares]
+    assert max(sizes) - min(sizes) <= max(len(terms) // (4 * world), 60)  # balanced by terms
+
+
+def test_qk_shares_cover_every_term():
+    terms = list(expand_qk(Architecture(2, 3), 1, 0))
+    shares = [Shard(r, 2).select(terms, qk_prefix) for r in range(2)]
+    assert sorted(shares[0] + shares[1]) == list(range(len(terms))) and not set(shares[0]) & set(shares[1])
+
+
+def test_distributed_true_without_a_process_group_is_refused():
+    with pytest.raises(VerifyError, match="torch.distributed initialised"):
+        verify_logits(_model(), TOKENS, max_order=0, device="cpu", distributed=True)
