@@ -128,8 +128,9 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
     if arch.positional == "qk_only":
         notes.append("Positions that enter the queries and keys only are added to them after the layer norm, so each "
                      "pair of inputs (tokens, positions) has its own sum.")
-    if layer > 0:
-        notes.append(_induction_note(chains[-1], concrete))
+    if layer > 0:  # the token-token chain (with positions in Q and K, the last chain is position-position)
+        notes.append(_induction_note(next((c for c in chains if "K-composition" in dict(c.steps[-1].groups)), chains[-1]),
+                                     concrete))
     params = (("layers", arch.n_layers), ("heads", arch.n_heads), ("layer", layer), ("head", head),
               ("positional", arch.positional), ("layer_norm", arch.layer_norm), ("concrete", concrete),
               ("max_order", max_order))

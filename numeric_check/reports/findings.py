@@ -48,22 +48,31 @@ class Finding:
         return f"{escape_text(self.claim, 'markdown')}: {verdict} ({escape_text(self.measured, 'markdown')})"
 
 
-def _heads_text(heads: Sequence[Head], values: Tensor | None = None) -> str:
+def _label(head: Head, index_from: int = 0) -> str:
+    """``L{l}H{h}`` with layers numbered from ``index_from`` (0: TransformerLens, 1: the paper)."""
+    return head_label(head[0] + index_from, head[1])
+
+
+def _path(heads: Sequence[Head], index_from: int = 0) -> str:
+    return "→".join(_label(h, index_from) for h in heads) if heads else path_label(())
+
+
+def _heads_text(heads: Sequence[Head], values: Tensor | None = None, ix: int = 0) -> str:
     if not heads:
         return "none"
     if values is None:
-        return ", ".join(head_label(*h) for h in heads)
-    return ", ".join(f"{head_label(*h)} {float(values[h]):.2f}" for h in heads)
+        return ", ".join(_label(h, ix) for h in heads)
+    return ", ".join(f"{_label(h, ix)} {float(values[h]):.2f}" for h in heads)
 
 
-def _one_layer_findings(a: ModelAnalysis, role: str) -> list[Finding]:
+def _one_layer_findings(a: ModelAnalysis, role: str, ix: int = 0) -> list[Finding]:
     heads = list(a.model.arch.heads())
     copying = [float(a.copying[h]) for h in heads]
     copiers = sum(c >= COPYING for c in copying)
     out = [
         Finding(
             f"the 1-layer {role}'s heads copy (OV eigenvalue positivity clearly positive)",
-            f"OV positivity {', '.join(f'{head_label(*h)} {c:.2f}' for h, c in zip(heads, copying))}; "
+            f"OV positivity {', '.join(f'{_label(h, ix)} {c:.2f}' for h, c in zip(heads, copying))}; "
             f"{copiers}/{len(heads)} >= {COPYING} (random heads: about 0 ± 0.1)",
             copiers * 2 > len(heads),
         )
@@ -75,7 +84,7 @@ def _one_layer_findings(a: ModelAnalysis, role: str) -> list[Finding]:
         Finding(
             f"the 1-layer {role} cannot do induction (loss on repeated tokens stays high)",
             f"loss on repeated tokens {repeat:.2f} nats (uniform {uniform:.2f}, induction bar < {bar:.2f}); "
-            f"induction heads by behaviour: {_heads_text(found)}",
+            f"induction heads by behaviour: {_heads_text(found, ix=ix)}",
             repeat >= bar and not found,
         )
     )
@@ -85,7 +94,7 @@ def _one_layer_findings(a: ModelAnalysis, role: str) -> list[Finding]:
     return out
 
 
-def _across_context(a: ModelAnalysis, kind: str, heads: Sequence[Head], claim: str) -> Finding:
+def _across_context(a: ModelAnalysis, kind: str, heads: Sequence[Head], claim: str, ix: int = 0) -> Finding:
     """Whether, at every usable query position, one of ``heads`` scores at least ``ACROSS_CONTEXT``.
 
     ``claim`` holds ``{positions}``, filled with the range of query positions checked (``1–59``),
@@ -100,14 +109,14 @@ def _across_context(a: ModelAnalysis, kind: str, heads: Sequence[Head], claim: s
     usable = usable_positions(kind, last + 1)
     low, high = max(first, usable[0]), min(last, usable[-1])
     claim = claim.format(positions=f"{low}–{high}")
-    per_head = "; ".join(f"{head_label(*h)} {profile.summary(kind, h)}" for h in heads)
+    per_head = "; ".join(f"{_label(h, ix)} {profile.summary(kind, h)}" for h in heads)
     left_out = (f"; positions {high + 1}–{last} serve only repeats shorter than {MIN_REPEAT} tokens and are not claimed"
                 if kind == "previous_token" and high < last else "")
     return Finding(claim, f"best head's lowest {floor:.2f} at position {where} of {low}–{high} (bar {ACROSS_CONTEXT}){left_out}; "
                           f"each head alone: {per_head}", floor >= ACROSS_CONTEXT)
 
 
-def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
+def _multi_layer_findings(a: ModelAnalysis, ix: int = 0) -> list[Finding]:
     hr = a.heads
     out = []
     for view, classes, values in (
@@ -115,17 +124,17 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
         ("weights", hr.by_weights, hr.weights.scores.previous_token),
     ):
         layer0 = [h for h in classes.previous_token if h[0] == 0]
-        out.append(Finding(f"layer 0 has a previous-token head (by {view})", f"attention to i-1: {_heads_text(layer0, values)}", bool(layer0)))
+        out.append(Finding(f"layer {ix} has a previous-token head (by {view})", f"attention to i-1: {_heads_text(layer0, values, ix)}", bool(layer0)))
     out.append(_across_context(a, "previous_token", [h for h in hr.by_behaviour.previous_token if h[0] == 0],
-                               "at every query position {positions}, a previous-token head attends to i-1"))
+                               "at every query position {positions}, a previous-token head attends to i-1", ix))
     for view, classes, values in (
         ("behaviour", hr.by_behaviour, hr.behaviour.induction),
         ("weights", hr.by_weights, hr.weights.scores.induction),
     ):
         later = [h for h in classes.induction if h[0] >= 1]
-        out.append(Finding(f"a later layer has induction heads (by {view})", f"induction scores: {_heads_text(later, values)}", bool(later)))
+        out.append(Finding(f"a later layer has induction heads (by {view})", f"induction scores: {_heads_text(later, values, ix)}", bool(later)))
     out.append(_across_context(a, "induction", [h for h in hr.by_behaviour.induction if h[0] >= 1],
-                               "at every query position {positions} of a repeat, one of the induction heads attends inductively"))
+                               "at every query position {positions} of a repeat, one of the induction heads attends inductively", ix))
     found = bool(hr.by_behaviour.previous_token) and bool(hr.by_behaviour.induction)
     out.append(
         Finding(
@@ -138,13 +147,13 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
     induction = [h for h in hr.by_behaviour.induction if h[0] >= 1]
     if induction:
         copying = [float(a.copying[h]) for h in induction]
-        out.append(Finding("induction heads copy (OV positivity near 1)", _heads_text(induction, a.copying), min(copying) >= NEAR_ONE))
+        out.append(Finding("induction heads copy (OV positivity near 1)", _heads_text(induction, a.copying, ix), min(copying) >= NEAR_ONE))
         pairs = [(hr.weights.partner[h[0]][h[1]], h) for h in induction]
         same = [float(hr.weights.same_matching[h]) for h in induction]
         out.append(
             Finding(
                 "induction heads same-match (K-composition circuit positivity near 1)",
-                ", ".join(f"{path_label((w, r))} {s:.2f}" for (w, r), s in zip(pairs, same)),
+                ", ".join(f"{_path((w, r), ix)} {s:.2f}" for (w, r), s in zip(pairs, same)),
                 min(same) >= NEAR_ONE,
             )
         )
@@ -152,7 +161,7 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
         out.append(
             Finding(
                 "K-composition with the previous-token head is above the random baseline",
-                ", ".join(f"{path_label((w, r))} {s:.3f}" for (w, r), s in zip(pairs, k)) + f" (baseline {a.baseline['K']:.3f})",
+                ", ".join(f"{_path((w, r), ix)} {s:.3f}" for (w, r), s in zip(pairs, k)) + f" (baseline {a.baseline['K']:.3f})",
                 min(k) > a.baseline["K"],
             )
         )
@@ -161,7 +170,7 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
             out.append(
                 Finding(
                     f"{kind}-composition with the previous-token head is not above the baseline",
-                    ", ".join(f"{path_label((w, r))} {s:.3f}" for (w, r), s in zip(pairs, scores))
+                    ", ".join(f"{_path((w, r), ix)} {s:.3f}" for (w, r), s in zip(pairs, scores))
                     + f" (baseline {a.baseline[kind]:.3f}; K above: {min(k):.3f})",
                     max(scores) <= a.baseline[kind],
                 )
@@ -192,7 +201,7 @@ def _multi_layer_findings(a: ModelAnalysis) -> list[Finding]:
     return out
 
 
-def findings(analysis: ModelAnalysis, control: ModelAnalysis | None = None) -> list[Finding]:
+def findings(analysis: ModelAnalysis, control: ModelAnalysis | None = None, *, index_from: int = 0) -> list[Finding]:
     """The paper's findings for ``analysis`` (and a 1-layer ``control``), with measured figures.
 
     Multi-layer models: a previous-token head in layer 0 and induction heads later, by
@@ -201,15 +210,16 @@ def findings(analysis: ModelAnalysis, control: ModelAnalysis | None = None) -> l
     baseline while Q and V do not; the loss on repeated tokens is below
     ``INDUCTION_LOSS_FRACTION * log(d_vocab)``; virtual heads matter little. 1-layer
     models (or the control): most heads copy (positivity >= ``COPYING``); the loss on repeated tokens stays above
-    that bar and no head attends inductively.
+    that bar and no head attends inductively. Heads and layers are numbered from ``index_from`` (0, as
+    TransformerLens; 1, as the paper).
     """
     out: list[Finding] = []
     if analysis.n_layers >= 2:
-        out += _multi_layer_findings(analysis)
+        out += _multi_layer_findings(analysis, index_from)
     elif analysis.n_layers == 1:
-        out += _one_layer_findings(analysis, "model")
+        out += _one_layer_findings(analysis, "model", index_from)
     if control is not None:
         if control.n_layers != 1:
             raise AnalysisError(f"the control must be a 1-layer model; {control.name!r} has {control.n_layers} layers")
-        out += _one_layer_findings(control, "control")
+        out += _one_layer_findings(control, "control", index_from)
     return out

@@ -46,6 +46,30 @@ def _colour(layer: int) -> str:
     return LAYER_COLOURS[layer % len(LAYER_COLOURS)]
 
 
+def _label(layer: int, head: int, index_from: int = 0) -> str:
+    """A head's label with layers numbered from ``index_from`` (0: TransformerLens, 1: the paper)."""
+    return head_label(layer + index_from, head)
+
+
+#: Points closer than this (in positivity units, both axes) share one label, so labels never overlap.
+NEAR = (0.3, 0.1)
+
+
+def label_groups(points: Sequence[tuple[float, float]], near: tuple[float, float] = NEAR) -> list[list[int]]:
+    """Indices of ``points`` grouped so that each point lies within ``near`` of another of its group
+    (single linkage); each group is labelled once.
+
+    >>> label_groups([(0.9, 0.9), (0.95, 0.92), (-0.5, 0.1)])
+    [[0, 1], [2]]
+    """
+    groups: list[list[int]] = []
+    for i, (x, y) in enumerate(points):
+        joined = [g for g in groups if any(abs(x - points[j][0]) < near[0] and abs(y - points[j][1]) < near[1] for j in g)]
+        merged = [i] + [j for g in joined for j in g]
+        groups = [g for g in groups if g not in joined] + [sorted(merged)]
+    return sorted(groups)
+
+
 def positivity_scatter(
     ov_positivity,
     qk_positivity,
@@ -54,12 +78,15 @@ def positivity_scatter(
     ylabel: str = "QK circuit eigenvalue positivity (same-matching)",
     title: str = "Heads by eigenvalue positivity",
     highlight: Sequence[tuple[int, int]] = (),
+    index_from: int = 0,
 ) -> Figure:
     """Each head as a point (OV positivity, QK positivity), coloured by layer, as in the paper.
 
     Inputs are ``[n_layers, n_heads]``; NaN entries (a head without the score) are left
     out. Points near (1, 1) copy what they attend to and attend to matching tokens.
-    ``highlight`` heads get their label.
+    ``highlight`` heads get their label (every head when there are 16 or fewer); heads whose points
+    lie close together share one label (:func:`label_groups`), so no two labels overlap. Layers
+    are numbered from ``index_from`` in labels and legend.
     """
     x = _array(ov_positivity, "ov_positivity", 2)
     y = _array(qk_positivity, "qk_positivity", 2)
@@ -69,17 +96,23 @@ def positivity_scatter(
     ax = fig.add_subplot()
     ax.axhline(0, color="0.8", lw=0.8, zorder=0)
     ax.axvline(0, color="0.8", lw=0.8, zorder=0)
-    placed: list[tuple[float, float]] = []
+    labelled: list[tuple[tuple[float, float], str]] = []
     for layer in range(x.shape[0]):
         keep = ~(np.isnan(x[layer]) | np.isnan(y[layer]))
         if keep.any():
-            ax.scatter(x[layer][keep], y[layer][keep], s=40, color=_colour(layer), label=f"layer {layer}", edgecolor="k", lw=0.4)
+            ax.scatter(x[layer][keep], y[layer][keep], s=40, color=_colour(layer), label=f"layer {layer + index_from}",
+                       edgecolor="k", lw=0.4)
         for head in np.nonzero(keep)[0]:
-            point = (float(x[layer, head]), float(y[layer, head]))
             if (layer, int(head)) in set(highlight) or x.size <= 16:
-                crowd = sum(abs(point[0] - p[0]) < 0.12 and abs(point[1] - p[1]) < 0.06 for p in placed)
-                ax.annotate(head_label(layer, int(head)), point, xytext=(5, 3 - 9 * crowd), textcoords="offset points", fontsize=7)
-                placed.append(point)
+                labelled.append(((float(x[layer, head]), float(y[layer, head])), _label(layer, int(head), index_from)))
+    for group in label_groups([p for p, _ in labelled]):
+        xs, ys = [labelled[i][0][0] for i in group], [labelled[i][0][1] for i in group]
+        right = min(xs) < 0.3  # labels to the right of points on the left, else to the left
+        low = max(ys) > 0.8  # below points near the top (the title is above), else above
+        anchor = (min(xs) if right else max(xs), min(ys) if low else max(ys))
+        ax.annotate(", ".join(labelled[i][1] for i in group), anchor, xytext=(6 if right else -6, -6 if low else 6),
+                    textcoords="offset points", fontsize=8, ha="left" if right else "right", va="top" if low else "bottom",
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
     ax.set(xlim=(-1.05, 1.05), ylim=(-1.05, 1.05), xlabel=xlabel, ylabel=ylabel)
     plain_title(ax, title)
     ax.legend(loc="best", fontsize=8, frameon=True, framealpha=0.8)
@@ -93,7 +126,8 @@ def _pair_axes(n_heads: Sequence[int]) -> tuple[list[tuple[int, int]], list[tupl
     return [x for x in heads if x[0] >= 1], [x for x in heads if x[0] < last]
 
 
-def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, object] | None = None, title: str | None = None) -> Figure:
+def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, object] | None = None, title: str | None = None,
+                         index_from: int = 0) -> Figure:
     """Q-, K- and V-composition scores as heatmaps: later head (rows) by earlier head (columns).
 
     ``scores[kind]`` is ``[n_layers, n_heads, n_layers, n_heads]`` indexed
@@ -120,7 +154,7 @@ def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, objec
         grids[kind] = grid
     # one colour scale for every panel, so Q, K and V compare at a glance
     bound = max(max(np.nanmax(np.abs(g)) for g in grids.values()), 1e-9)
-    fig = Figure(figsize=(3.6 * len(arrays) + 0.8, 0.35 * len(rows) + 2.2), layout="constrained")
+    fig = Figure(figsize=(2.6 * len(arrays) + 1.0, 0.4 * len(rows) + 2.0), layout="constrained")
     axes = fig.subplots(1, len(arrays), squeeze=False)[0]
     for ax, (kind, grid) in zip(axes, grids.items()):
         if baseline is None:
@@ -129,19 +163,21 @@ def composition_heatmaps(scores: dict[str, object], *, baseline: dict[str, objec
             image = ax.imshow(grid, cmap="RdBu_r", norm=TwoSlopeNorm(0, -bound, bound))
         if grid.size <= 144:
             for i, j in zip(*np.nonzero(~np.isnan(grid))):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6)
-        ax.set_xticks(range(len(cols)), [head_label(*c) for c in cols], rotation=90, fontsize=7)
-        ax.set_yticks(range(len(rows)), [head_label(*r) for r in rows], fontsize=7)
+                light = abs(grid[i, j]) > 0.6 * bound  # white on the darkest cells
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8 if grid.size <= 36 else 6,
+                        color="white" if light else "black")
+        ax.set_xticks(range(len(cols)), [_label(*c, index_from) for c in cols], rotation=90, fontsize=8)
+        ax.set_yticks(range(len(rows)), [_label(*r, index_from) for r in rows], fontsize=8)
         ax.set_xlabel("earlier head (writes)")
         ax.set_ylabel("later head (reads)")
-        ax.set_title(f"{kind}-composition" + (" minus baseline" if baseline is not None else ""))
+        ax.set_title(f"{kind}-composition")  # "minus baseline" once, in the figure's title
     fig.colorbar(image, ax=list(axes), shrink=0.8)
     if title:
         plain_title(fig, title)
     return fig
 
 
-def importance_bars(report, *, top_virtual: int = 8) -> Figure:
+def importance_bars(report, *, top_virtual: int = 8, index_from: int = 0) -> Figure:
     """Term importance (an :class:`~numeric_check.circuits.importance.ImportanceReport`) as bars.
 
     Left: marginal loss by order (direct path, individual heads, virtual
@@ -149,22 +185,22 @@ def importance_bars(report, *, top_virtual: int = 8) -> Figure:
     largest virtual-head terms.
     """
     panels = 2 + bool(report.virtual_marginal)
-    fig = Figure(figsize=(4.0 * panels, 3.6), layout="constrained")
+    fig = Figure(figsize=(2.9 * panels, 3.4), layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
     names = ["direct", "heads", "virtual"] + [f"order {k}" for k in range(3, len(report.loss_by_order))]
     if report.truncated:
         names[len(report.loss_by_order) - 1] = "rest"
     marginal = report.marginal_by_order
     axes[0].bar(names[: len(marginal)], marginal, color="0.45")
-    axes[0].set(title="Marginal loss by order (change when added)", ylabel="nats")
+    axes[0].set(title="Marginal loss by order\n(change when added)", ylabel="nats")
     heads = sorted(report.head_marginal)
     axes[1].bar(range(len(heads)), [report.head_marginal[h] for h in heads], color=[_colour(l) for l, _ in heads])
-    axes[1].set_xticks(range(len(heads)), [head_label(*h) for h in heads], rotation=90, fontsize=7)
-    axes[1].set(title="Individual heads (change in loss when added)", ylabel="nats")
+    axes[1].set_xticks(range(len(heads)), [_label(*h, index_from) for h in heads], rotation=90, fontsize=8)
+    axes[1].set(title="Individual heads\n(change in loss when added)", ylabel="nats")
     if report.virtual_marginal:
         top = report.top_virtual(top_virtual)
         axes[2].barh(range(len(top)), [value for _, value in top], color="0.6")
-        axes[2].set_yticks(range(len(top)), ["→".join(head_label(*h) for h in pair) for pair, _ in top], fontsize=7)
+        axes[2].set_yticks(range(len(top)), ["→".join(_label(*h, index_from) for h in pair) for pair, _ in top], fontsize=8)
         axes[2].invert_yaxis()
         axes[2].set(title="Largest virtual heads", xlabel="nats")
         axes[2].xaxis.set_major_locator(MaxNLocator(4, symmetric=True))  # small values: long tick labels that collide
@@ -184,6 +220,7 @@ def position_profiles_figure(
     induction_heads: Sequence[tuple[int, int]],
     threshold: float | None = None,
     title: str | None = None,
+    index_from: int = 0,
 ) -> Figure:
     """Attention by query position: to ``i - 1`` for ``previous_heads`` (left), inductive for ``induction_heads`` (right).
 
@@ -193,21 +230,21 @@ def position_profiles_figure(
     ``threshold`` draws the classification bar.
     """
     panels = {"attention to i-1": (_array(previous_token, "previous_token", 3), previous_heads),
-              "attention to the token after an earlier occurrence": (_array(induction, "induction", 3), induction_heads)}
-    fig = Figure(figsize=(9.6, 3.4), layout="constrained")
+              "attention after an earlier occurrence": (_array(induction, "induction", 3), induction_heads)}
+    fig = Figure(figsize=(8.4, 3.4), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     for ax, (label, (values, heads)) in zip(axes, panels.items()):
         for layer, head in heads:
             if not (0 <= layer < values.shape[0] and 0 <= head < values.shape[1]):
                 raise PlotError(f"head {head_label(layer, head)} is outside profiles of shape {values.shape}")
             curve = values[layer, head]
-            ax.plot(np.arange(len(curve)), curve, lw=1.2, label=head_label(layer, head),
+            ax.plot(np.arange(len(curve)), curve, lw=1.2, label=_label(layer, head, index_from),
                     color=_colour(layer) if len(heads) == 1 else None)
         if threshold is not None:
             ax.axhline(threshold, color="0.6", ls="--", lw=0.8)
         ax.set(xlabel="query position i", ylim=(-0.02, 1.02), title=label)
         if heads:
-            ax.legend(frameon=False, fontsize=7, ncol=2)
+            ax.legend(frameon=False, fontsize=8, ncol=2)
         else:
             ax.text(0.5, 0.5, "no such head", ha="center", va="center", transform=ax.transAxes, color="0.5")
     axes[0].set_ylabel("mean attention")

@@ -167,8 +167,8 @@ def _json_data(a: ModelAnalysis, rows: Sequence[Finding]) -> dict:
     return data
 
 
-def make_figures(a: ModelAnalysis) -> dict[str, object]:
-    """The report's figures by name (Matplotlib figures, not yet written)."""
+def make_figures(a: ModelAnalysis, index_from: int = 0) -> dict[str, object]:
+    """The report's figures by name (Matplotlib figures, not yet written); layers numbered from ``index_from``."""
     from numeric_check.reports import plots  # imported when figures are drawn: matplotlib is slow to import
 
     figures = {}
@@ -176,20 +176,23 @@ def make_figures(a: ModelAnalysis) -> dict[str, object]:
         figures["training"] = plots.training_curve(a.training["curve"], uniform_loss=a.losses["uniform_loss"],
                                                    title=f"Training of {a.name}")
     if a.n_layers:
-        ylabel = ("QK positivity (layer 0: token QK;\nlater: K-composition with partner)" if a.n_layers > 1
+        ylabel = (f"QK positivity (layer {index_from}: token QK;\nlater: K-composition with partner)" if a.n_layers > 1
                   else "QK circuit eigenvalue positivity")
         induction = a.heads.by_behaviour.induction + a.heads.by_behaviour.previous_token if a.heads else ()
         figures["positivity"] = plots.positivity_scatter(a.copying, a.scatter_y, ylabel=ylabel,
-                                                         title=f"{a.name}: copying vs matching", highlight=induction)
+                                                         title=f"{a.name}: copying vs matching", highlight=induction,
+                                                         index_from=index_from)
     if a.heads is not None and a.heads.behaviour.profile is not None:
         profile, found = a.heads.behaviour.profile, a.heads.by_behaviour
         figures["profiles"] = plots.position_profiles_figure(
             profile.previous_token, profile.induction, previous_heads=found.previous_token,
-            induction_heads=found.induction, threshold=ACROSS_CONTEXT, title=f"{a.name}: attention by query position")
+            induction_heads=found.induction, threshold=ACROSS_CONTEXT, title=f"{a.name}: attention by query position",
+            index_from=index_from)
     if a.composition:
         baseline = {k: torch.full_like(v, a.baseline[k]) for k, v in a.composition.items()}
         figures["composition"] = plots.composition_heatmaps(a.composition, baseline=baseline,
-                                                            title=f"{a.name}: composition scores minus random baseline")
+                                                            title=f"{a.name}: composition scores minus random baseline",
+                                                            index_from=index_from)
     if a.importance is not None and a.n_layers:
-        figures["importance"] = plots.importance_bars(a.importance)
+        figures["importance"] = plots.importance_bars(a.importance, index_from=index_from)
     return figures

@@ -209,6 +209,8 @@ def test_the_pdf_compiles_with_the_same_content(tmp_path):
     for section in paper.sections:
         assert section.title.split(":")[0] in tex
     assert tex.count(r"\includegraphics") == sum(1 for f in paper.findings if f.figure)
+    shown = [f.figure for f in paper.findings if f.figure]
+    assert len(shown) == len(set(shown)) == len(CAPTIONS)  # each figure once
     if shutil.which("pdftotext"):
         import subprocess
 
@@ -247,3 +249,31 @@ def test_random_models_do_not_bear_the_paper_out():
     assert set(REQUIRED) <= set(found)
     for key in ("bigrams", "bugs", "induction-heads", "induction-circuits", "induction-loss", "virtual-heads"):
         assert found[key].verdict == "does not hold", (key, found[key].measured)
+
+
+@pytest.mark.slow
+def test_the_companion_numbers_layers_as_the_paper_and_shows_what_its_checks_count(built):
+    """Issue 27.3: H_1 is the first layer on every page, said once; the QK expansion shows the positional
+    terms that its check on the model counts."""
+    out, paper, _ = built
+    from derivations import catalogue
+
+    text = "".join((out / name).read_text(encoding="utf-8") for name in ["index.html"] + [f"{s.slug}.html" for s in SECTIONS])
+    assert text.count("Layers are numbered from 1, as in the paper") == 1 and "0-indexed" not in text
+    assert "L0H" not in text.replace("their L0H0", "")  # every head in the paper's numbering, figures' captions too
+    assert "<mi>H</mi><mrow><mn>0</mn>" not in text  # no H_0
+    assert "<mi>H</mi><mrow><mn>1</mn>" in text
+    qk = next(e for e in paper.equations if e.name == "two-layer-qk")
+    arch = paper.measurements.analysis(2).model.arch
+    assert dict(qk.derivation.params)["positional"] == arch.positional == "qk_only"
+    assert "No K-composition terms survive" not in text
+    # the symbolic sums shown, taken over the model's heads, are the terms the check counts
+    concrete = catalogue.get("two-layer-qk", heads=arch.n_heads, positional=arch.positional, concrete=True)
+    assert sum(len(c.last.terms) for c in concrete.chains[1:]) == len(qk.model_check.terms) == 36
+    page = (out / "two-layers.html").read_text(encoding="utf-8")
+    section = page[page.index('id="two-layer-qk"'):]
+    assert "<mi>W</mi><mrow><mi>p" in section[:section.index("</section><p class=\"cmd\">")]  # W_pos
+    assert "tcircuits derive two-layer-qk --heads 4 --positional qk_only --index-from 1" in section
+    for svg in ("profiles", "composition", "positivity-2l", "importance"):
+        drawn = (out / "figures" / f"{svg}.svg").read_text(encoding="utf-8")
+        assert "L0H" not in drawn, svg  # matplotlib writes text as paths with the label in a comment

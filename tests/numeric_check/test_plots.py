@@ -98,3 +98,29 @@ def test_bad_input_is_rejected_clearly():
         save_figure(positivity_scatter(torch.zeros(1, 1), torch.zeros(1, 1)), ".", "x", formats=["jpg"])
     with pytest.raises(PlotError, match="training curve is empty"):
         training_curve([])
+
+
+def test_scatter_labels_never_overlap_and_follow_the_layer_numbering():
+    """Heads whose points lie close share one label (issue 27.5: the companion's scatters overlapped)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    x = torch.tensor([[-0.95, -0.83, -0.45, -0.55], [1.0, 1.0, 0.999, 0.998]])
+    y = torch.tensor([[0.75, 0.75, -0.08, -0.3], [1.0, 1.0, 1.0, 0.999]])
+    fig = positivity_scatter(x, y, index_from=1)
+    FigureCanvasAgg(fig).draw()
+    texts = fig.axes[0].texts
+    assert sorted(t.get_text() for t in texts) == ["L1H0, L1H1", "L1H2", "L1H3", "L2H0, L2H1, L2H2, L2H3"]
+    boxes = [t.get_window_extent() for t in texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    title = fig.axes[0].title.get_window_extent()
+    assert not any(b.overlaps(title) for b in boxes)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["layer 1", "layer 2"]
+
+
+def test_composition_values_are_readable_and_labels_follow_the_numbering():
+    scores = {kind: _scores(2, 4, seed) for seed, kind in enumerate("QKV")}
+    fig = composition_heatmaps(scores, index_from=1)
+    values = [t for t in fig.axes[0].texts]
+    assert len(values) == 16 and min(t.get_fontsize() for t in values) >= 8
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["L2H0", "L2H1", "L2H2", "L2H3"]
+    assert fig.get_size_inches()[0] <= 9  # drawn at about the width it is shown at: 100 % in a page and the PDF

@@ -25,7 +25,6 @@ from derivations.architecture import head_label
 from derivations.document import as_prose, math as formula, prose
 from derivations.layout import prose_text
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, best_head_floor, usable_positions
-from numeric_check.circuits.importance import path_label
 from numeric_check.errors import AnalysisError
 from numeric_check.reports.analysis import ModelAnalysis
 from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, Finding, composition_with, findings
@@ -48,6 +47,20 @@ PICKS = 2.0
 WELL_ABOVE = 1.5
 #: The data "hold" a skip-trigram when the out follows the source this many times more often than chance.
 DATA_FAVOURS = 1.5
+
+
+#: The companion numbers layers as the paper does: ``H_1`` and L1H0 are the first layer's (TransformerLens: L0H0).
+INDEX_FROM = 1
+
+
+def label(layer: int, head: int) -> str:
+    """A head's label in the paper's numbering: ``label(0, 2) == 'L1H2'``, head 2 of the first layer."""
+    return head_label(layer + INDEX_FROM, head)
+
+
+def path(heads) -> str:
+    """A path's label in the paper's numbering, ``'direct'`` when empty: ``path([(0, 1), (1, 0)]) == 'L1H1→L2H0'``."""
+    return "→".join(label(*h) for h in heads) if heads else "direct"
 
 
 # --- the rules: each a pure function, tested on its control ------------------------------------
@@ -220,7 +233,7 @@ def analysis_checks(m) -> list[Finding]:
     """The analysis report's own findings (:func:`numeric_check.reports.findings.findings`) for the
     two-layer model with the one-layer model as its control; ``m``: measurements or a paper."""
     m = getattr(m, "measurements", m)
-    return findings(m.analysis(2), m.analysis(1))
+    return findings(m.analysis(2), m.analysis(1), index_from=INDEX_FROM)
 
 
 def ranges(values: list[int]) -> str:
@@ -267,7 +280,7 @@ def copying_one_layer(m: Measurements) -> PaperFinding:
     values = [float(one.copying[h]) for h in heads]
     rnd = [float(v) for v in m.random_copying]
     part = Part(f"more than half of the heads have OV eigenvalue positivity at least {COPYING}",
-                "OV positivity " + ", ".join(f"{head_label(*h)} {v:.2f}" for h, v in zip(heads, values))
+                "OV positivity " + ", ".join(f"{label(*h)} {v:.2f}" for h, v in zip(heads, values))
                 + f"; {sum(v >= COPYING for v in values)}/{len(heads)} at or above {COPYING}", most_copy(values),
                 f"{len(rnd)} random heads of the same shapes: {sum(v >= COPYING for v in rnd)}/{len(rnd)} at or above "
                 f"{COPYING} (mean {float(m.random_copying.mean()):.2f} ± {float(m.random_copying.std()):.2f}, "
@@ -290,7 +303,7 @@ def skip_trigrams(m: Measurements) -> PaperFinding:
     if m.attention:
         ratios = [float(r) for a in m.attention for r in a.ratio]
         control = [float(r) for a in m.attention for r in a.control]
-        head = head_label(m.attention[0].layer, m.attention[0].head)
+        head = label(m.attention[0].layer, m.attention[0].head)
         parts.append(Part(
             f"the QK circuit chooses the source: at each destination of the strongest skip-trigrams, {head} attends "
             f"to the source token at least {PICKS:g} times as much as to the average other token",
@@ -409,7 +422,7 @@ def previous_token(m: Measurements) -> PaperFinding:
     control, control_where = _floor(one, "previous_token", list(one.model.arch.heads()))
     span = f"{claimed[0]}–{claimed[-1]}" if claimed else "(none measured)"
     part = Part(f"at every query position {span}, a first-layer head attends at least {ACROSS_CONTEXT} to i − 1",
-                (f"{head_label(*head)}: attention to i − 1 {float(two.heads.behaviour.previous_token[head]):.2f} by "
+                (f"{label(*head)}: attention to i − 1 {float(two.heads.behaviour.previous_token[head]):.2f} by "
                  f"behaviour, {float(two.heads.weights.scores.previous_token[head]):.2f} by weights; the best head's "
                  f"lowest {floor:.2f} at position {where}") if head else "no previous-token head in the first layer",
                 attends_everywhere(floor),
@@ -435,10 +448,10 @@ def k_composition(m: Measurements) -> PaperFinding:
     parts = (
         Part(f"K-composition with the previous-token head is well above random (at least {WELL_ABOVE:g} × the random "
              f"matrices' {base.get('K', math.nan):.3f})",
-             ", ".join(f"{path_label(p)} K {s:.3f}" for p, s in zip(pairs, k)) or "no pair found",
+             ", ".join(f"{path(p)} K {s:.3f}" for p, s in zip(pairs, k)) or "no pair found",
              well_above(k, base.get("K", math.nan)),
              (f"the same induction heads with the first-layer heads that are not previous-token heads "
-              f"({', '.join(head_label(*h) for h in others)}): K at most {max(other_k):.3f}") if other_k else
+              f"({', '.join(label(*h) for h in others)}): K at most {max(other_k):.3f}") if other_k else
              "no first-layer head that is not a previous-token head",
              well_above([max(other_k)], base.get("K", math.nan)) if other_k else False),
         Part("unlike Q- and V-composition: neither is above random",
@@ -466,8 +479,8 @@ def induction_heads(m: Measurements) -> PaperFinding:
     span = f"{claimed[0]}–{claimed[-1]}" if claimed else "(none measured)"
     part = Part(f"at every query position {span} of a repeat, an induction head attends at least {ACROSS_CONTEXT} to the "
                 "token after the earlier occurrence, and weights and behaviour find the same heads",
-                ("by behaviour " + ", ".join(f"{head_label(*h)} {float(hr.behaviour.induction[h]):.2f}" for h in heads)
-                 + "; by weights " + (", ".join(head_label(*h) for h in weights) or "none")
+                ("by behaviour " + ", ".join(f"{label(*h)} {float(hr.behaviour.induction[h]):.2f}" for h in heads)
+                 + "; by weights " + (", ".join(label(*h) for h in weights) or "none")
                  + f"; the two views {'agree' if hr.agree else 'disagree'}; the best head's lowest {floor:.2f} at "
                  f"position {where}") if heads else "no induction head by behaviour",
                 hr.agree and bool(heads) and attends_everywhere(floor),
@@ -492,15 +505,15 @@ def induction_circuits(m: Measurements) -> PaperFinding:
     control_values = random_partner + list(other.values())
     parts = (
         Part(f"their OV circuits copy: positivity at least {NEAR_ONE}",
-             ", ".join(f"{head_label(*h)} {c:.2f}" for h, c in zip(heads, copying)) or "no induction head",
+             ", ".join(f"{label(*h)} {c:.2f}" for h, c in zip(heads, copying)) or "no induction head",
              near_one(copying), f"{len(rnd)} random heads: largest {max(rnd):.2f}", near_one([max(rnd)])),
         Part(f"their QK circuits same-match through K-composition with the previous-token head: positivity of "
              f"the K-composition circuit at least {NEAR_ONE}",
-             ", ".join(f"{path_label((partners[h], h))} {s:.2f}" for h, s in zip(heads, same)) or "no induction head",
+             ", ".join(f"{path((partners[h], h))} {s:.2f}" for h, s in zip(heads, same)) or "no induction head",
              near_one(same),
              "the same circuit with another partner: "
              + (f"a random head {min(random_partner):.2f}–{max(random_partner):.2f}" if random_partner else "")
-             + "".join(f"; {head_label(*w)} (not a previous-token head) "
+             + "".join(f"; {label(*w)} (not a previous-token head) "
                        f"{min(v for (ww, _), v in other.items() if ww == w):.2f}–"
                        f"{max(v for (ww, _), v in other.items() if ww == w):.2f}" for w in others if heads),
              near_one([max(control_values)]) if control_values else False),
@@ -551,7 +564,7 @@ def virtual_heads(m: Measurements) -> PaperFinding:
     part = Part(f"on repeated tokens the individual heads lower the loss (by {MATTERS} nats at least) and all virtual "
                 f"heads together change it by less than {MUCH_SMALLER:g} of that",
                 f"virtual heads {orders[2]:+.3f} nats, individual heads {orders[1]:+.3f}; the largest virtual head "
-                f"{path_label(largest[0][0]) if largest else '–'} {largest[0][1] if largest else math.nan:+.3f}",
+                f"{path(largest[0][0]) if largest else '–'} {largest[0][1] if largest else math.nan:+.3f}",
                 much_smaller(orders[2], orders[1]),
                 f"a two-layer model that learned nothing (random weights): virtual {rnd[2]:+.3f}, individual {rnd[1]:+.3f}",
                 much_smaller(rnd[2], rnd[1]))
@@ -578,7 +591,7 @@ def marginal_by_order(m: Measurements) -> PaperFinding:
     )
     return finding("marginal-loss", "Expanding the logits by path order, the first-order terms (individual heads) carry "
                    "most of the loss reduction, the direct path models bigrams, and the second-order terms (virtual "
-                   "heads) add little.", parts, figure="importance", note=FLAT_DATA.replace("this claim", "the direct path's part"))
+                   "heads) add little.", parts, note=FLAT_DATA.replace("this claim", "the direct path's part"))
 
 
 def paper_findings(m: Measurements) -> dict[str, PaperFinding]:

@@ -11,16 +11,18 @@ plain text escaped by the writers, formulae typeset by the one printer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from derivations import catalogue
+from derivations.architecture import Architecture
+from derivations.catalogue import INDEXING
 from derivations.derivation import Derivation
 from derivations.document import math, prose
 from derivations.errors import DerivationError
 from derivations.numeric import Verification
 
-from numeric_check.reports.paper.claims import PaperFinding, paper_findings
+from numeric_check.reports.paper.claims import INDEX_FROM, PaperFinding, paper_findings  # noqa: F401 (INDEX_FROM: for the writers)
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.verification.results import VerifyReport
 
@@ -45,10 +47,13 @@ SECTIONS = (
               math("W_U"), " reads the logits off its end. Here ", math("A^h ⊗ W"), " mixes positions with the attention "
               "pattern and transforms each position's vector with W; numerically ", math("(A ⊗ W)·x = A x Wᵀ"),
               " for x with one row per position."),
-        prose("Layers and heads are numbered from 0, as in TransformerLens (L1H0 is head 0 of the second layer). Every "
-              "equation below is a derivation of the catalogue (tcircuits derive NAME), each line checked numerically "
-              "against its first on random matrices; where a shipped model has the architecture, the final sum is also "
-              "checked term by term against the model itself."),
+        prose("Layers are numbered from 1, as in the paper, here and on every page of this companion: ",
+              math("H_1", fixed=True), " is the set of heads of the first layer, ", math("H_2", fixed=True),
+              " of the second, and L1H0 is head 0 of the first layer (TransformerLens and tcircuits' code number from 0: "
+              "their L0H0; tcircuits derive NAME --index-from 1 prints as here). Every equation below is a derivation of "
+              "the catalogue (tcircuits derive NAME), each line checked numerically against its first on random "
+              "matrices; where a shipped model has the architecture, the derivation is drawn for that model (its "
+              "heads, its positions) and its final sum is also checked term by term against the model itself."),
     ), ("attention-head", "multi-head")),
     SectionSpec("zero-layer", "Zero layers: the bigram table", (
         prose("With no layers, the logits are ", math("T = W_U W_E"), " applied to the current token: the model can only "
@@ -66,6 +71,11 @@ SECTIONS = (
               ", and a second-layer head's attention scores expand into direct, Q-, K- and QK-composition terms. "
               "K-composition with a previous-token head is how induction heads find the token after an earlier "
               "occurrence of the current one."),
+        prose("The shipped models add positions right before ", math("W_Q"), " and ", math("W_K"), " (as the paper's "
+              "models do), so the QK expansion below has a sum for each pair of inputs: tokens and positions on the "
+              "query and on the key side. The position–position term ", math("W_posᵀ W_QK^h W_pos"),
+              " is how a previous-token head finds the position before its own. Each sum over a layer's heads counts "
+              "once per head of the model in the check beside it."),
     ), ("two-layer-logits", "two-layer-qk", "composition-scores", "induction-mechanism", "marginal-loss"),
         ("previous-token", "k-composition", "induction-heads", "induction-circuits", "induction-loss", "virtual-heads",
          "marginal-loss"), {"two-layer-logits": "logits-2l", "two-layer-qk": "qk-2l"}),
@@ -77,6 +87,10 @@ SECTIONS = (
     ), ("tensor-product-readings", "virtual-weights", "subspace-deletion", "layer-norm-folding", "bias-folding",
         "qk-expansion", "rotary")),
 )
+
+
+#: Catalogue parameters read from a shipped model's architecture, where an entry takes them.
+MODEL_PARAMS = ("heads", "positional")
 
 
 @dataclass(frozen=True)
@@ -118,9 +132,23 @@ class Paper:
         return [e for s in self.sections for e in s.equations]
 
 
-def equation(name: str, model_check: VerifyReport | None = None) -> Equation:
-    """The catalogue entry ``name`` with its default parameters, verified line by line."""
-    derivation = catalogue.get(name)
+def model_params(name: str, arch: Architecture | None) -> dict:
+    """The parameters of catalogue entry ``name`` that ``arch`` fixes (its heads per layer, its positions)."""
+    if arch is None:
+        return {}
+    taken = catalogue.lookup(name).params
+    values = {"heads": arch.n_heads, "positional": arch.positional}
+    return {k: values[k] for k in MODEL_PARAMS if k in taken}
+
+
+def without_indexing_note(derivation: Derivation) -> Derivation:
+    """The derivation without its note on layer numbering: the companion says it once, in its notation section."""
+    return replace(derivation, notes=tuple(n for n in derivation.notes if n != INDEXING))
+
+
+def equation(name: str, model_check: VerifyReport | None = None, params: dict | None = None) -> Equation:
+    """The catalogue entry ``name`` with ``params`` (else its defaults), verified line by line."""
+    derivation = without_indexing_note(catalogue.get(name, **(params or {})))
     try:
         verification: Verification | str = derivation.verify()
     except DerivationError as error:  # shown on the page, never hidden
@@ -128,12 +156,21 @@ def equation(name: str, model_check: VerifyReport | None = None) -> Equation:
     return Equation(name, derivation, verification, model_check)
 
 
+def _checked_arch(m: Measurements, check: str | None) -> Architecture | None:
+    """The architecture of the shipped model a model check (``logits-2l``, ``qk-2l`` …) runs on."""
+    if not check:
+        return None
+    return m.analysis(int(check.split("-")[1].rstrip("l"))).model.arch
+
+
 def build_paper(m: Measurements, progress: Callable[[str], None] = lambda step: None) -> Paper:
     """Every section with its equations (built and verified) and findings; ``progress`` after each section."""
     found = paper_findings(m)
     sections = []
     for spec in SECTIONS:
-        equations = tuple(equation(n, m.verification.get(spec.model_checks.get(n, ""))) for n in spec.equations)
+        equations = tuple(equation(n, m.verification.get(spec.model_checks.get(n, "")),
+                                   model_params(n, _checked_arch(m, spec.model_checks.get(n))))
+                          for n in spec.equations)
         sections.append(Section(spec, equations, tuple(found[k] for k in spec.findings)))
         progress(f"derived and checked: {spec.title}")
     return Paper(tuple(sections), m)

@@ -1,5 +1,5 @@
-"""The companion's figures: the analysis report's (:func:`~numeric_check.reports.analysis.make_figures`)
-and three of its own (the bigram table, the skip-trigram bugs, the loss on repeats by length).
+"""The companion's figures: the analysis report's (:func:`~numeric_check.reports.report.make_figures`,
+with the paper's layer numbers) and three of its own (the bigram table, the skip-trigram bugs, the loss on repeats by length).
 
 Figures are Matplotlib :class:`~matplotlib.figure.Figure` objects drawn without ``pyplot``;
 :func:`figures` returns them by name with their captions, :mod:`numeric_check.reports.plots`
@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from derivations.document import math as formula, prose
 
+from numeric_check.reports.paper.claims import INDEX_FROM, label as head_name
 from numeric_check.reports.report import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
@@ -33,8 +34,8 @@ CAPTIONS = {
     "profiles": "Two-layer model: attention by query position of the previous-token head (left) and the induction "
                 "heads (right); the dashed line is the bar of 0.4.",
     "composition": "Two-layer model: Q-, K- and V-composition scores minus their random baseline, writer head by reader head.",
-    "positivity-2l": "Two-layer model: OV positivity (copying, x) against QK positivity (y; layer 1: the K-composition "
-                     "circuit with the previous-token head, same-matching).",
+    "positivity-2l": "Two-layer model: OV positivity (copying, x) against QK positivity (y; second layer: the "
+                     "K-composition circuit with the previous-token head, same-matching).",
     "repeat-loss": "Loss on the second copy of a repeated random segment (its first token excluded) by segment length: "
                    "mean over offsets of the first copy, and the range over offsets.",
     "importance": "Two-layer model, loss on repeated tokens: marginal loss by path order, of each head, and of the "
@@ -70,7 +71,7 @@ def bugs_figure(m: Measurements) -> Figure:
     ax.set(ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.35 * top))
     ax.legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
     if m.bugs:
-        plain_title(ax, f"induction_1l, head L{m.bugs[0].layer}H{m.bugs[0].head}")
+        plain_title(ax, f"induction_1l, head {head_name(m.bugs[0].layer, m.bugs[0].head)}")
     return fig
 
 
@@ -92,8 +93,8 @@ def repeat_loss_figure(m: Measurements) -> Figure:
 
 
 def figures(m: Measurements) -> dict[str, Figure]:
-    """Every figure of the companion by name (keys of :data:`CAPTIONS`)."""
-    one, two = make_figures(m.analysis(1)), make_figures(m.analysis(2))
+    """Every figure of the companion by name (keys of :data:`CAPTIONS`), layers numbered as the paper does."""
+    one, two = make_figures(m.analysis(1), INDEX_FROM), make_figures(m.analysis(2), INDEX_FROM)
     out = {
         "bigrams": bigram_figure(m),
         "positivity-1l": one["positivity"],
@@ -102,6 +103,7 @@ def figures(m: Measurements) -> dict[str, Figure]:
         "composition": two["composition"],
         "positivity-2l": two["positivity"],
         "repeat-loss": repeat_loss_figure(m),
-        "importance": plots.importance_bars(m.analysis(2).importance_repeat or m.analysis(2).importance),
+        "importance": plots.importance_bars(m.analysis(2).importance_repeat or m.analysis(2).importance,
+                                            index_from=INDEX_FROM),
     }
     return {name: out[name] for name in CAPTIONS if name in out}

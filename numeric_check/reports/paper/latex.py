@@ -13,8 +13,8 @@ from derivations.layout import Layout, prose_latex
 from derivations.render import latex_body
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, verdict_of
-from numeric_check.reports.paper.content import Equation, Paper
+from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, label, verdict_of
+from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
 
@@ -26,6 +26,9 @@ PREAMBLE = r"""\documentclass[10pt]{article}
 \setlength{\parindent}{0pt}
 \setlength{\parskip}{0.5em}
 \sloppy
+\makeatletter  % a figure at its natural size (fonts as drawn), narrowed only to fit the line
+\def\maxwidth{\ifdim\Gin@nat@width>\linewidth\linewidth\else\Gin@nat@width\fi}
+\makeatother
 """
 
 
@@ -38,26 +41,26 @@ def finding_latex(f: PaperFinding) -> list[str]:
         rows = [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
     else:
         rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
-    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim) + r"\end{quote}"]
+    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim, INDEX_FROM) + r"\end{quote}"]
     for i, p in enumerate(f.parts, start=1):
         label = f"Part {i} of {len(f.parts)}: " if len(f.parts) > 1 else "Rule: "
         lines += [r"\textbf{" + _t(label) + "}" + _t(p.text), r"\begin{description}\setlength{\itemsep}{0pt}",
                   rf"\item[measured] {_t(p.measured)}", rf"\item[control] {_t(control_text(p))}"]
         if len(f.parts) > 1 or p.why:  # one part: its verdict is the finding's, given once below
-            lines.append(rf"\item[verdict] \textbf{{{_t(p.verdict)}}}" + (" " + _t(p.why) if p.why else ""))
+            lines.append(rf"\item[verdict] \textbf{{{_t(p.verdict)}}}")  # why: in the control's line
         lines.append(r"\end{description}")
     lines.append(r"\begin{description}\setlength{\itemsep}{0pt}")
     lines += [rf"\item[{_t(k)}] {_t(v)}" for k, v in rows]
     lines += [rf"\item[verdict] \textbf{{{_t(f.verdict)}}}", r"\end{description}"]
     if f.figure:  # in place, not floating: the figure stays with its finding
-        lines += [r"\begin{center}", rf"\includegraphics[width=0.75\linewidth]{{figures/{f.figure}.pdf}}\\",
-                  rf"{{\small {prose_latex(CAPTIONS[f.figure])}}}", r"\end{center}"]
+        lines += [r"\begin{center}", rf"\includegraphics[width=\maxwidth]{{figures/{f.figure}.pdf}}\\",
+                  rf"{{\small {prose_latex(CAPTIONS[f.figure], INDEX_FROM)}}}", r"\end{center}"]
     return lines + [r"\medskip"]
 
 
 def equation_latex(e: Equation) -> list[str]:
-    layout = Layout()
-    lines = [r"\subsection{" + prose_latex(e.derivation.title) + "}"]
+    layout = Layout(index_from=INDEX_FROM)
+    lines = [r"\subsection{" + prose_latex(e.derivation.title, INDEX_FROM) + "}"]
     v = e.verification
     if isinstance(v, str):
         lines.append(r"\textbf{Not verified:} " + _t(v))
@@ -75,7 +78,7 @@ def equation_latex(e: Equation) -> list[str]:
 def trigrams_latex(paper: Paper) -> list[str]:
     lines = []
     for t in paper.measurements.tables:
-        lines += [r"\begin{center}", _t(f"L{t.layer}H{t.head}, source #{t.source_token}") + r"\\[2pt]",
+        lines += [r"\begin{center}", _t(f"{label(t.layer, t.head)}, source #{t.source_token}") + r"\\[2pt]",
                   r"\begin{tabular}{rlrlr}", r"\hline " + " & ".join(map(_t, TRIGRAM_HEADER)) + r" \\ \hline"]
         lines += [" & ".join(map(_t, row)) + r" \\" for row in trigram_rows(t)]
         lines += [r"\hline", r"\end{tabular}", r"\end{center}"]
@@ -102,11 +105,11 @@ def paper_latex(paper: Paper) -> str:
     lines = ["% tcircuits paper: generated", PREAMBLE.rstrip("\n"), r"\title{" + _t(TITLE) + "}", r"\author{}", r"\date{}",
              r"\begin{document}", r"\maketitle", ""]
     lines += [r"\section*{Findings}", r"\begin{tabular}{p{0.78\linewidth}l}", r"\hline claim & verdict \\ \hline"]
-    lines += [rf"{prose_latex(f.claim)} & {_t(f.verdict)} \\" for f in paper.findings]
+    lines += [rf"{prose_latex(f.claim, INDEX_FROM)} & {_t(f.verdict)} \\" for f in paper.findings]
     lines += [r"\hline", r"\end{tabular}", ""]
     for section in paper.sections:
         lines += [r"\section{" + _t(section.title) + "}"]
-        lines += [prose_latex(p) + "\n" for p in section.spec.paragraphs]
+        lines += [prose_latex(p, INDEX_FROM) + "\n" for p in section.spec.paragraphs]
         if section.findings:
             lines.append(r"\subsection*{What the shipped models show}")
             for f in section.findings:

@@ -8,13 +8,16 @@ through ``escape_text(…, "html")``.
 
 from __future__ import annotations
 
+import re
+
+from derivations import catalogue
 from derivations.derivation import RULES
 from derivations.html import CSS, html_body, mathml, page, prose_html
 from derivations.layout import Layout, prose_text
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding, Part, analysis_checks, verdict_of
-from numeric_check.reports.paper.content import Equation, Paper, Section
+from numeric_check.reports.paper.claims import PaperFinding, Part, analysis_checks, label, verdict_of
+from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper, Section
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.verification.results import VerifyReport
 
@@ -34,7 +37,7 @@ nav.pages .here { font-weight: 600; }
 .finding .part p { margin: 0.2rem 0; font-weight: 600; }
 .badge.part { background: #b26a00; }
 .derivation { border-top: 2px solid var(--rule); margin-top: 2rem; }
-.finding figure img { max-width: 40rem; }
+.finding figure img { width: auto; max-width: 100%; }  /* drawn at the size it is read at: 100 % */
 td.section { white-space: nowrap; }
 .trigrams { display: flex; gap: 1.5rem; flex-wrap: wrap; }
 """
@@ -66,8 +69,8 @@ def _nav(paper: Paper, here: str) -> str:
 
 
 def figure_html(name: str) -> str:
-    return (f'<figure><img src="figures/{_h(name)}.svg" alt="{_h(prose_text(CAPTIONS[name]))}" loading="eager">'
-            f"<figcaption>{prose_html(CAPTIONS[name])}</figcaption></figure>")
+    return (f'<figure><img src="figures/{_h(name)}.svg" alt="{_h(prose_text(CAPTIONS[name], INDEX_FROM))}" loading="eager">'
+            f"<figcaption>{prose_html(CAPTIONS[name], INDEX_FROM)}</figcaption></figure>")
 
 
 def control_text(part: Part) -> str:
@@ -84,7 +87,7 @@ def parts_html(f: PaperFinding) -> str:
         label = f"part {i} of {len(f.parts)}: " if len(f.parts) > 1 else "rule: "
         dl = f"<dt>measured</dt><dd>{_h(p.measured)}</dd><dt>control</dt><dd>{_h(control_text(p))}</dd>"
         if len(f.parts) > 1 or p.why:  # one part: its verdict is the finding's, shown once below
-            dl += f"<dt>verdict</dt><dd>{verdict_badge(p.verdict)}{' ' + _h(p.why) if p.why else ''}</dd>"
+            dl += f"<dt>verdict</dt><dd>{verdict_badge(p.verdict)}</dd>"  # why: in the control's line
         out.append(f'<div class="part"><p>{_h(label)}{_h(p.text)}</p><dl>{dl}</dl></div>')
     return "".join(out)
 
@@ -97,7 +100,7 @@ def finding_html(f: PaperFinding, extra: str = "") -> str:
         rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
     dl = "".join(f"<dt>{_h(k)}</dt><dd>{_h(v)}</dd>" for k, v in rows)
     dl += f"<dt>verdict</dt><dd>{verdict_badge(f.verdict)}</dd>"
-    return (f'<div class="finding" id="{_h(f.key)}"><blockquote>{prose_html(f.claim)}</blockquote>{extra}{parts_html(f)}<dl>{dl}</dl>'
+    return (f'<div class="finding" id="{_h(f.key)}"><blockquote>{prose_html(f.claim, INDEX_FROM)}</blockquote>{extra}{parts_html(f)}<dl>{dl}</dl>'
             + (figure_html(f.figure) if f.figure else "") + "</div>")
 
 
@@ -106,19 +109,34 @@ CHECKS = {"sum": "sum of all terms = model", "isolation": "each term = its isola
 
 
 def model_check_text(report: VerifyReport) -> str:
-    """One sentence: what was checked on the model and the largest errors against their tolerances."""
+    """One sentence: what was checked on the model and the largest errors against their tolerances (heads
+    in the paper's numbering: the report names them as TransformerLens does)."""
     parts = [f"{CHECKS.get(c.name, c.name)}: max |error| "
              f"{c.max_abs_error:.1e} (tolerance {c.tolerance:.1e})"
              for c in report.checks if c.passed is not None and c.max_abs_error is not None]
     n = len(report.terms)
-    return (f"{report.target} of {report.model}, on {report.n_batch} × {report.n_pos} repeated random tokens in "
+    target = re.sub(r"\bL(\d+)H(\d+)\b", lambda h: label(int(h.group(1)), int(h.group(2))), report.target)
+    return (f"{target} of {report.model}, on {report.n_batch} × {report.n_pos} repeated random tokens in "
             f"{report.dtype}: {plural(n, 'term')}; the sum of all terms against the model's own forward "
             f"pass and each term against its path isolated by the model's hooks — " + "; ".join(parts))
 
 
+def derive_command(e: Equation) -> str:
+    """The command line that prints ``e``'s derivation as the companion shows it.
+
+    >>> from derivations import catalogue
+    >>> derive_command(Equation("two-layer-qk", catalogue.get("two-layer-qk", positional="qk_only"), "not run"))
+    'tcircuits derive two-layer-qk --positional qk_only --index-from 1'
+    """
+    defaults = catalogue.lookup(e.name).params
+    options = [f"--{k.replace('_', '-')} {v}" for k, v in e.derivation.params
+               if k in defaults and v != defaults[k] and not isinstance(v, bool)]
+    return " ".join([f"tcircuits derive {e.name}", *options] + (["--index-from 1"] if INDEX_FROM else []))
+
+
 def equation_html(e: Equation) -> str:
-    body = html_body(e.derivation, Layout(), e.verification, heading="h3")
-    body += f'<p class="cmd">The whole derivation: <code>tcircuits derive {_h(e.name)}</code></p>'
+    body = html_body(e.derivation, Layout(index_from=INDEX_FROM), e.verification, heading="h3")
+    body += f'<p class="cmd">The whole derivation: <code>{_h(derive_command(e))}</code></p>'
     if e.model_check is not None:
         ok = e.model_check.passed
         body += (f'<p class="verification{"" if ok else " bad"}"><span class="badge{"" if ok else " bad"}">'
@@ -149,7 +167,7 @@ def trigrams_html(paper: Paper) -> str:
     for t in paper.measurements.tables:
         head = "".join(f"<th>{_h(c)}</th>" for c in TRIGRAM_HEADER)
         body = "".join("<tr>" + "".join(f'<td class="num">{_h(c)}</td>' for c in row) + "</tr>" for row in trigram_rows(t))
-        out.append(f"<table><caption>L{t.layer}H{t.head}, source #{t.source_token}</caption><thead><tr>{head}</tr></thead>"
+        out.append(f"<table><caption>{_h(label(t.layer, t.head))}, source #{t.source_token}</caption><thead><tr>{head}</tr></thead>"
                    f"<tbody>{body}</tbody></table>")
     return '<div class="trigrams">' + "".join(out) + "</div>"
 
@@ -168,7 +186,7 @@ def analysis_checks_html(paper: Paper) -> str:
 
 def section_page(paper: Paper, section: Section) -> str:
     body = [_nav(paper, section.slug), f"<h1>{_h(section.title)}</h1>"]
-    body += [f"<p>{prose_html(p)}</p>" for p in section.spec.paragraphs]
+    body += [f"<p>{prose_html(p, INDEX_FROM)}</p>" for p in section.spec.paragraphs]
     if section.findings:
         body.append("<h2>What the shipped models show</h2>")
         for f in section.findings:
@@ -203,7 +221,7 @@ def index_page(paper: Paper) -> str:
              "<th>section</th></tr></thead><tbody>"]
     for s in paper.sections:
         for f in s.findings:
-            body.append(f'<tr><td><a href="{_h(s.slug)}.html#{_h(f.key)}">{prose_html(f.claim)}</a></td>'
+            body.append(f'<tr><td><a href="{_h(s.slug)}.html#{_h(f.key)}">{prose_html(f.claim, INDEX_FROM)}</a></td>'
                         f'<td>{verdict_badge(f.verdict)}</td><td class="section">{_h(s.title.split(":")[0])}</td></tr>')
     body += ["</tbody></table>", "<footer>generated by tcircuits paper</footer>"]
     return page(TITLE, "\n".join(body), css=CSS + EXTRA_CSS)
