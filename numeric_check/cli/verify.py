@@ -130,6 +130,8 @@ def register(subparsers) -> None:
     add_runtime_arguments(check)
     check.add_argument("--rank-timeout", type=finite_float, default=1800.0, metavar="SECONDS",
                        help="under torchrun: how long a rank waits for the others before it stops with an error (default 1800)")
+    check.add_argument("--max-hours", type=finite_float, default=1.0, metavar="H",
+                       help="refuse, before starting, a verification estimated to take longer (default 1)")
     check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
@@ -162,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     common = dict(max_order=args.max_order, dtype=dtype, device=args.device, atol=args.atol, rtol=rtol,
                   isolation=not args.no_isolation)
     first = is_first_rank()
+    announce_duration(args, model, tokens, first)
     with _Progress(disabled=args.no_progress or not first) as progress:
         if args.qk is None:
             report = verify_logits(model, tokens, progress=progress, **common)
@@ -173,6 +176,25 @@ def _run(args: argparse.Namespace) -> int:
     if first:
         print(report.to_json() if args.json else terminal_safe(report.to_text(args.max_rows)))
     return 0 if report.passed else 1
+
+
+ANNOUNCE_S = 600  # runs estimated longer than this say so on stderr before they start
+
+
+def announce_duration(args: argparse.Namespace, model: CircuitModel, tokens, first: bool) -> None:
+    """Before the verification: its terms counted and its time estimated; a one-line error above
+    ``--max-hours``, a line on stderr (rank 0) above :data:`ANNOUNCE_S`."""
+    import torch
+
+    from numeric_check.verification.budget import duration, refuse_long
+
+    ranks = torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
+    seconds = refuse_long(model.arch, args.max_order, None if args.qk is None else tuple(args.qk), batch=tokens.shape[0],
+                          pos=tokens.shape[-1], d_model=model.cfg.d_model, d_head=model.cfg.d_head, dtype=args.dtype,
+                          device=args.device, max_hours=args.max_hours, ranks=ranks)
+    if first and seconds > ANNOUNCE_S:
+        print(f"tcircuits verify: about {duration(seconds)} on {args.device.type} (an estimate from the terms' count)",
+              file=sys.stderr, flush=True)
 
 
 def model_and_tokens(args: argparse.Namespace):

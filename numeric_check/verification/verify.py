@@ -121,8 +121,13 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
     rtol = default_rtol(dtype) if rtol is None else _check_tolerance("rtol", rtol, False)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    work = _checked(model).working_copy(dtype, device)
-    rec = record(work, tokens)
+    try:
+        work = _checked(model).working_copy(dtype, device)
+        rec = record(work, tokens)
+    except torch.cuda.OutOfMemoryError as error:
+        raise VerifyError(f"CUDA ran out of memory while copying the model to the device and recording its forward pass "
+                          f"({_first_line(error)}); free memory on the card, use fewer tokens, or run with --device cpu "
+                          "(device='cpu')") from None
     timings["forward"] = time.perf_counter() - start
     check = model.source_check
     constants = UnembedConstants(model.W_U, model.b_U, work.dtype, work.device)
@@ -200,6 +205,62 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
+def chunk_for(device: torch.device, chunk_bytes: int | None = None) -> int:
+    """The chunk of a verification (the activations of one batched pass, in bytes): ``chunk_bytes``
+    when given; otherwise :data:`~numeric_check.verification.isolate.DEFAULT_CHUNK_BYTES` on the CPU and,
+    on a CUDA device, a sixteenth of its free memory now (at least 16 MiB, at most 16 times the CPU's).
+
+    >>> chunk_for(torch.device("cpu")) == DEFAULT_CHUNK_BYTES
+    True
+    """
+    if chunk_bytes is not None:
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise VerifyError(f"chunk_bytes must be an int >= 1 (bytes of one batched pass) or None, got {chunk_bytes!r}")
+        return chunk_bytes
+    if device.type != "cuda":
+        return DEFAULT_CHUNK_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(max(free // 16, MIN_CHUNK_BYTES << 4), DEFAULT_CHUNK_BYTES << 4))
+
+
+MIN_CHUNK_BYTES = 1 << 20  # out of memory with chunks this small: the verification stops (see _shrinking)
+
+
+def _shrinking(run: Callable[[int], VerifyReport], chunk_bytes: int | None, s: _Setup) -> VerifyReport:
+    """``run(chunk)``, and when the device runs out of memory in the middle of it, ``run`` again with a
+    chunk a quarter the size (the report says so), down to :data:`MIN_CHUNK_BYTES`; then a one-line
+    :class:`VerifyError` naming the chunk and the CPU."""
+    first = chunk = chunk_for(s.model.device, chunk_bytes)
+    notes = list(s.notes)
+    while True:
+        try:
+            report = run(chunk)
+        except torch.cuda.OutOfMemoryError as error:
+            failure = _first_line(error)
+        else:
+            if chunk != first:
+                report.notes.append(f"{s.model.device} ran out of memory with chunks of {_mib(first)}: verified with chunks "
+                                    f"of {_mib(chunk)}")
+            return report
+        if s.model.device.type == "cuda":  # (the failed attempt's tensors went with its traceback)
+            torch.cuda.empty_cache()
+        if chunk <= MIN_CHUNK_BYTES:
+            raise VerifyError(f"{s.model.device} ran out of memory in the middle of the verification even with chunks of "
+                              f"{_mib(chunk)} (from {_mib(first)}; {failure}); free memory on the device, use fewer tokens "
+                              "or a lower max_order, or run with --device cpu (device='cpu')")
+        chunk = max(MIN_CHUNK_BYTES, chunk // 4)
+        s.notes[:] = notes
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
 def _tick(progress: Progress | None, stage: str, done: int, total: int) -> None:
     if progress is not None:
         progress(stage, done, total)
@@ -250,7 +311,7 @@ def verify_logits(
     expansion: LogitExpansion | None = None,
     limit: int = 1_000_000,
     progress: Progress | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     exact_errors: bool | None = None,
     distributed: bool | None = None,
 ) -> VerifyReport:
@@ -268,7 +329,11 @@ def verify_logits(
     (:mod:`~numeric_check.verification.constants`).
 
     ``isolation=False`` skips check 2 (a batched forward pass of the model per chunk of
-    terms, patterns frozen so that queries and keys are never computed). A logit-space
+    terms, patterns frozen so that queries and keys are never computed). ``chunk_bytes``: the
+    activations of one such pass (``None``: :func:`chunk_for` the device, sized to a GPU's free
+    memory); when the device runs out of memory in the middle, the verification starts again with a
+    chunk a quarter the size (the report's notes say so), and below 1 MiB stops with a
+    :class:`~numeric_check.errors.VerifyError` naming the chunk and the CPU. A logit-space
     error ``e W_Uᵀ`` is certified by the rigorous bound ``max |e·w| ≤ max‖e‖ · max‖w‖`` when
     that is within the tolerance: for a term of check 2 it is reported as ``error_bound``
     (``max_abs_error`` left ``None``), for checks 1 and 3 as ``max_abs_error`` with
@@ -307,7 +372,8 @@ def verify_logits(
         s.notes.append(f"the logits are expanded and checked before the final soft-cap c·tanh(x/c), c = {s.model.arch.logit_softcap:g}: "
                        "the cap is not linear, so the expansion stops at the quantity it acts on (the model's output is the capped value)")
     with torch.no_grad(), _cyclic_gc_paused():
-        return _verify_logits(s, expansion, build, isolation, progress, chunk_bytes, exact_errors, shard)
+        return _shrinking(lambda chunk: _verify_logits(s, expansion, build, isolation, progress, chunk, exact_errors, shard),
+                          chunk_bytes, s)
 
 
 def _exact_by_default(rec: Recording, model: CircuitModel, n_terms: int) -> bool:
@@ -503,7 +569,7 @@ def verify_qk(
     expansion: QKExpansion | None = None,
     limit: int = 1_000_000,
     progress: Progress | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     distributed: bool | None = None,
 ) -> VerifyReport:
     """Check the expansion of head ``(layer, head)``'s pre-softmax scores (:func:`derivations.qk.expand_qk`).
@@ -536,7 +602,7 @@ def verify_qk(
         s.notes.append(f"the scores are expanded and checked before the attention soft-cap c·tanh(s/c), c = {s.model.arch.attn_softcap:g}, "
                        "which acts on them before the softmax (hook_attn_scores holds them before the cap)")
     with torch.no_grad(), _cyclic_gc_paused():
-        return _verify_qk(s, expansion, build, isolation, progress, chunk_bytes, shard)
+        return _shrinking(lambda chunk: _verify_qk(s, expansion, build, isolation, progress, chunk, shard), chunk_bytes, s)
 
 
 def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progress, chunk_bytes: int,

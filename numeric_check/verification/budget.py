@@ -1,0 +1,91 @@
+"""How long a verification would take, said before it starts: terms counted symbolically, times a cost.
+
+The terms of an expansion are counted without building one (:class:`~derivations.paths.LogitExpansion`
+and :class:`~derivations.qk.QKExpansion` count by order), so a run of hours is refused in a moment,
+with its estimate and the largest ``max_order`` that fits. The cost of a term is a per-term overhead
+(the engine's Python and kernel launches, growing with the path's length) plus its arithmetic (a
+``batch·pos × d_model × d_head`` product) at a device's rate. The constants were measured by
+``benchmarks/bench_scale.py`` and ``benchmarks/bench_order3.py``:
+
+- CPU, one thread: GPT-2-small size at order 2 (51,782 terms, 32 tokens) 7.1 s in float32 and 11.7 s
+  in float64 (137 and 226 µs a term; the model gives 139 and 229); the 6-layer x 8-head model of
+  d_model 256 at order 3 (31,584 terms) about 10 s in float64 (317 µs a term; the model gives 245);
+- CUDA (one H100, before the batched evaluation): GPT-2-small size at order 2, 6.0 s in float32 and
+  6.1 s in float64, 116 µs a term, nearly all overhead.
+
+It is an estimate, good to a factor of about two: enough to tell seconds from hours.
+
+>>> round(estimate_seconds(51_782, 1, 32, 768, 64, "float32", "cpu"), 1)
+7.2
+"""
+
+from __future__ import annotations
+
+import torch
+
+from derivations.architecture import Architecture
+from derivations.paths import LogitExpansion
+from derivations.qk import QKExpansion
+from numeric_check.errors import VerifyError
+from numeric_check.model.config import resolve_dtype
+
+# device type -> (overhead s per term at order 2, float32; the same in float64; product flop/s float32; float64)
+COSTS = {"cpu": (100e-6, 150e-6, 80e9, 40e9), "cuda": (110e-6, 110e-6, 20e12, 10e12)}
+
+
+def estimate_seconds(n_terms: int, batch: int, pos: int, d_model: int, d_head: int, dtype, device, *,
+                     order: int = 2, ranks: int = 1, threads: int | None = None) -> float:
+    """The seconds ``n_terms`` terms of ``order`` heads would take on ``device`` (its type: ``cpu``,
+    ``cuda``; others as the CPU), shared by ``ranks`` processes; on the CPU the arithmetic over
+    ``threads`` (``None``: torch's now)."""
+    kind = torch.device(device).type
+    over32, over64, rate32, rate64 = COSTS.get(kind, COSTS["cpu"])
+    wide = resolve_dtype(dtype) == torch.float64
+    overhead = (over64 if wide else over32) * max(1, order) / 2
+    rate = (rate64 if wide else rate32) * (max(1, threads or torch.get_num_threads()) if kind != "cuda" else 1)
+    per_term = overhead + 2 * batch * pos * d_model * d_head / rate
+    return n_terms * per_term / max(1, ranks)
+
+
+def counts_by_order(arch: Architecture, max_order: int | None, qk: tuple[int, int] | None = None) -> dict[int, int]:
+    """How many terms of each order the expansion has (of the logits, or of head ``qk``'s scores), counted
+    without building it."""
+    expansion = LogitExpansion(arch, max_order) if qk is None else QKExpansion(arch, qk[0], qk[1], max_order)
+    return expansion.count_by_order()
+
+
+def refuse_long(arch: Architecture, max_order: int | None, qk: tuple[int, int] | None, *, batch: int, pos: int,
+                d_model: int, d_head: int, dtype, device, max_hours: float, ranks: int = 1) -> float:
+    """The estimated seconds of the verification; a one-line :class:`VerifyError` before it starts
+    when that is above ``max_hours``, with the count, the estimate and the largest order that fits."""
+    def seconds(counts: dict[int, int]) -> float:
+        return sum(estimate_seconds(n, batch, pos, d_model, d_head, dtype, device, order=k, ranks=ranks)
+                   for k, n in counts.items())
+
+    counts = counts_by_order(arch, max_order, qk)
+    total = seconds(counts)
+    if total <= max_hours * 3600:
+        return total
+    fits = [k for k in sorted(counts) if seconds({j: n for j, n in counts.items() if j <= k}) <= max_hours * 3600]
+    advice = (f"max_order={fits[-1]} keeps {sum(n for j, n in counts.items() if j <= fits[-1]):,} terms "
+              f"(about {duration(seconds({j: n for j, n in counts.items() if j <= fits[-1]}))})" if fits
+              else "even the direct terms are too many")
+    where = f"{ranks} processes on {torch.device(device).type}" if ranks > 1 else str(torch.device(device).type)
+    raise VerifyError(f"{sum(counts.values()):,} terms would take about {duration(total)} on {where} (an estimate, within "
+                      f"about 2x), more than {max_hours:g} hours; {advice}; or run on a GPU, or on several with torchrun, "
+                      "or raise max_hours (--max-hours)")
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in the unit a person reads: 40 s, 12 minutes, 3.4 hours, 9 days.
+
+    >>> duration(42.0), duration(720.0), duration(12_240.0), duration(777_600.0)
+    ('42 s', '12 minutes', '3.4 hours', '9 days')
+    """
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.0f} days"
