@@ -31,7 +31,8 @@ SUBTRACTED = Rule("difference", "the right side subtracted from the left, like t
 def identity_document(text: str, atoms: dict | None = None, *, index_from: int = 0, opaque: bool = False,
                       seed: int = 0) -> tuple[Derivation, IdentityCheck]:
     """The check of ``text`` (``"LHS = RHS"``) as a derivation, with the :class:`IdentityCheck`."""
-    result = check(text, atoms=atoms or None, index_from=index_from, opaque=opaque, seed=seed)
+    result = check(text, atoms=atoms or None, index_from=index_from, opaque=opaque, seed=seed,
+                   max_terms=catalogue.DOCUMENT_LIMIT)  # the limit of tcircuits expand
     chains = [_side(LHS, result.lhs, result.lhs_text), _side(RHS, result.rhs, result.rhs_text)]
     if result.holds and chains[0].last != chains[1].last:  # W_OV on one side, W_O W_V on the other: unfold
         for d in STANDARD_DEFINITIONS.values():

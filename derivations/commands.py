@@ -151,6 +151,20 @@ def heads_arg(text: str):
     return values[0] if len(values) == 1 else values
 
 
+MAX_CHECK_SEED = 2**32 - 1  # numpy's seeds of the random bindings
+
+
+def seed_arg(text: str) -> int:
+    """``--seed`` of ``check``: an integer from 0 to 2**32 - 1, refused otherwise by argparse (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {MAX_CHECK_SEED}, got {text!r}") from None
+    if not 0 <= value <= MAX_CHECK_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {MAX_CHECK_SEED}, got {text}")
+    return value
+
+
 def derive(args) -> int:
     if args.list:
         width = max(map(len, catalogue.names()))
@@ -235,12 +249,14 @@ The language (a product binds tighter than ⊗, which binds tighter than +):
                the heads of a layer, kept symbolic; each term is summed over its own index
   activations  (A ⊗ W) x = A x Wᵀ: an operator applied to x, one token per row
   the paper's  \\otimes \\cdot ^\\top ^{T} \\mathrm{Id} \\left( \\right) W_{OV} \\sum_{h \\in H_1} read as
-  LaTeX        above; W_Q^{hT} (or ^{h\\top}) is W_Q^{h}ᵀ; h_2 is h2; other commands are refused
-               with what to type
+  LaTeX        above, \\frac{a}{b} and \\sqrt{a} as a/b and sqrt(a); W_Q^{hT}, ^{h^T} or ^{h\\top}
+               is W_Q^{h}ᵀ; h_2 is h2; other commands are refused with what to type
   products     AC, where A and C are atoms of the expression and AC is not declared, is the
-               product A C (a note says so); a number after a matrix (A 1) is refused
+               product A C (a note says so), and AxW^T is A x Wᵀ; 1 after a matrix or beside ⊗
+               (A^h 1, 1 ⊗ b_O) is the column of ones, any other number there is refused
   functions    softmax(…), exp(…), LN(…) are not linear: refused ("write the pattern as A^h"),
-               or read as opaque matrices softmax^{1} with --opaque
+               or with --opaque read as unknown matrices, one per function and argument:
+               softmax(A) and softmax(B) differ, softmax(A + B) is softmax(B + A)
   identities   LHS = RHS is for tcircuits check
 
 Layer numbers: with --index-from 0 (the default, as TransformerLens) H_0 is the first
@@ -286,7 +302,8 @@ def add_index_from(parser: argparse.ArgumentParser) -> None:
 
 def add_opaque(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opaque", action="store_true",
-                        help="read softmax(…), exp(…), LN(…) as opaque matrices (softmax^{1}) instead of refusing them")
+                        help="read softmax(…), exp(…), LN(…) as opaque matrices, one unknown per function and "
+                             "argument (softmax(A) is not softmax(B)), instead of refusing them")
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -348,7 +365,7 @@ def register(subparsers) -> None:
     c.add_argument("identity", metavar="IDENTITY", help='the identity, quoted: "LHS = RHS"')
     c.add_argument("--atom", type=atom_arg, action="append", metavar="NAME=ROWS,COLS",
                    help="declare an atom beyond the paper's, e.g. V=d_model,k (repeatable)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the random bindings (default 0)")
+    c.add_argument("--seed", type=seed_arg, default=0, help="seed of the random bindings, 0 to 2**32 - 1 (default 0)")
     add_opaque(c)
     add_index_from(c)
     add_output_options(c)

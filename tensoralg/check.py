@@ -25,15 +25,16 @@ import sympy as sp
 
 from tensoralg.bound import Bound
 from tensoralg.definitions import STANDARD_DEFINITIONS, fold, unfold
-from tensoralg.errors import BindingError, ParseError, ShapeMismatch, TensorAlgError
+from tensoralg.errors import BindingError, ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, ExpansionTooLarge
 from tensoralg.display import html_repr, html_text
-from tensoralg.expr import Expr, TensorSum
+from tensoralg.expr import Add, Expr, Product, TensorSum
 from tensoralg.lexer import tokenize
 from tensoralg.numeric import to_numpy
-from tensoralg.parse import notes, read
+from tensoralg.parse import notes, parse, read
 from tensoralg.rules import expand_steps
 
 ZERO_TEXTS = ("0", "0·Id")
+MAX_TERMS = 5000  # terms a side may expand to (as tcircuits expand: derivations.catalogue.DOCUMENT_LIMIT)
 RULE_NAMES = {"mixed_product": "mixed-product rule", "collect": "collecting like terms"}
 
 
@@ -126,18 +127,40 @@ def split_equation(text: str) -> tuple[str, str]:
 
 
 def check(lhs, rhs=None, atoms: Mapping | None = None, *, index_from: int = 0, seed: int = 0,
-          opaque: bool = False) -> IdentityCheck:
+          opaque: bool = False, max_terms: int = MAX_TERMS) -> IdentityCheck:
     """Decide ``lhs = rhs`` (strings in the text language, or expressions); ``check("L = R")``
-    takes both sides in one string. See the module docstring for how."""
+    takes both sides in one string. See the module docstring for how.
+
+    Decimals typed are the exact rationals they write (``0.1 A + 0.2 A = 0.3 A`` holds). A side
+    whose expansion counts more than ``max_terms`` terms is refused before anything is expanded.
+    ``seed`` is an integer in ``0 .. 2**32 - 1``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise TensorAlgError(f"the seed of the random bindings is an integer from 0 to 2**32 - 1, got {seed!r}")
     if rhs is None:
         lhs, rhs = split_equation(lhs)
     sides, texts, found = read_sides(lhs, rhs, atoms, index_from, opaque)
+    for name, side in zip(("the left side", "the right side"), sides):
+        count_terms(side, name, max_terms)
     canonical = _apart([_unfolded(s) for s in sides])
     difference = _folded(_minus(canonical[0], canonical[1]))
     error = numeric_difference(canonical, seed)
     counter = None if difference.is_zero else counterexample(canonical, seed)
     return IdentityCheck(texts[0], texts[1], sides[0], sides[1], tuple(expand_steps(sides[0])),
                        tuple(expand_steps(sides[1])), difference, error, counter, found)
+
+
+def count_terms(side: Expr, name: str, max_terms: int = MAX_TERMS) -> int:
+    """The terms ``side`` expands to, counted without expanding (products of sums multiply their
+    counts); more than ``max_terms`` is an :class:`ExpansionTooLarge` error at once.
+
+    >>> count_terms(parse("(A + B)(C + D)"), "the left side")
+    4
+    """
+    n = side.count() if isinstance(side, (Product, Add)) else len(side)
+    if n > max_terms:
+        raise ExpansionTooLarge(f"{name} expands to {n:,} terms, more than the {max_terms:,} a check expands; "
+                           "check a smaller identity (fewer factors, or sums with fewer terms)")
+    return n
 
 
 def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, list, tuple]:
@@ -151,14 +174,17 @@ def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, li
     declared = dict(atoms or {})
     found: list[str] = []
     names: frozenset = frozenset()
-    readings = [read(s, declared or None, index_from=index_from, opaque=opaque) for s in typed]  # errors point here
+    readings = [read(s, declared or None, index_from=index_from, opaque=opaque, exact=True)
+                for s in typed]  # errors point here
     alone = [_value(r) for r in readings]
     if len({e.n_slots for e in alone}) > 1:
-        raise TensorAlgError(f"the sides have different numbers of tensor slots: "
-                             f"{' against '.join(str(e.n_slots) for e in alone)}")
+        raise SlotMismatch(f"the sides have different numbers of tensor slots: "
+                           f"{' against '.join(f'{t!r} has {e.n_slots}' for t, e in zip(typed, alone))}; "
+                           f"{_slots_hint(alone)}")
     if typed:
         try:
-            both = read(" - ".join(f"({s})" for s in typed), declared or None, index_from=index_from, opaque=opaque)
+            both = read(" - ".join(f"({s})" for s in typed), declared or None, index_from=index_from, opaque=opaque,
+                        exact=True)
         except ShapeMismatch as err:
             raise ShapeMismatch(f"the sides have different shapes, so they cannot be equal: "
                                 f"{str(err).splitlines()[0].split(' at position')[0]}", dims=err.dims) from None
@@ -172,7 +198,7 @@ def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, li
     for s in (lhs, rhs):
         if isinstance(s, str) and s.strip() not in ZERO_TEXTS:
             sides.append(_value(read(s, declared or None, index_from=index_from, visible=False, opaque=opaque,
-                                     names=names)))
+                                     names=names, exact=True)))
         else:
             sides.append(s)
     exprs = [s for s in sides if isinstance(s, Expr)]
@@ -180,6 +206,13 @@ def read_sides(lhs, rhs, atoms, index_from: int, opaque: bool) -> tuple[list, li
         raise TensorAlgError("both sides are 0; give at least one side with an atom")
     zero = TensorSum([], n_slots=exprs[0].n_slots)
     return [s if isinstance(s, Expr) else zero for s in sides], texts, tuple(dict.fromkeys(found))
+
+
+def _slots_hint(sides) -> str:
+    """What to write when the sides' slots differ: the identity of as many slots as the wider side."""
+    k = max(e.n_slots for e in sides)
+    return (f"write each side with {k} slots (the identity on {k} slots is {' ⊗ '.join(['Id'] * k)}; "
+            f"a bare Id widens only inside a sum or a product with {k}-slot terms)")
 
 
 def _value(r) -> Expr:
@@ -268,10 +301,20 @@ def _values(sides, dims: dict, rng, integers: bool) -> dict:
 
 
 def _evaluate(sides, dims: dict, values: dict) -> list[np.ndarray]:
+    """Both sides as dense arrays; a zero side (``W_E = 0``) as zeros of the other's shape."""
     n = sides[0].n_slots
     known = [next((s.slot_shapes[i] for s in sides if s.slot_shapes[i] is not None), None) for i in range(n)]
     slot_sizes = {i: 2 if shape is None else int(sp.sympify(shape[0]).subs(dims)) for i, shape in enumerate(known)}
-    return [to_numpy(s, values, dims={str(d): n for d, n in dims.items()}, slot_sizes=slot_sizes) for s in sides]
+    out = [None if s.is_zero else to_numpy(s, values, dims={str(d): n for d, n in dims.items()}, slot_sizes=slot_sizes)
+           for s in sides]
+    like = next((v for v in out if v is not None), None)
+    if like is None:
+        like = np.zeros((int(np.prod([slot_sizes[i] for i in range(n)])),) * 2)
+    out = [np.zeros_like(like) if v is None else v for v in out]
+    if out[0].shape != out[1].shape:
+        raise ShapeMismatch(f"the sides have different shapes on random sizes, {out[0].shape} against {out[1].shape}, "
+                            "so they cannot be equal")
+    return out
 
 
 def numeric_difference(sides, seed: int = 0, trials: int = 3) -> float:
@@ -307,4 +350,4 @@ def _matrix(value: np.ndarray) -> str:
         .replace(". ", " ")
 
 
-__all__ = ["IdentityCheck", "Counterexample", "check", "split_equation"]
+__all__ = ["IdentityCheck", "Counterexample", "MAX_TERMS", "check", "count_terms", "split_equation"]

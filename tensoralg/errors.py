@@ -70,6 +70,10 @@ class InvalidOrder(TensorAlgError, ValueError):
     """A truncation order that is not an integer >= 0."""
 
 
+class ExpansionTooLarge(TensorAlgError, ValueError):
+    """An expression whose expansion counts more terms than a caller's limit (counted, never built)."""
+
+
 class EmptySum(TensorAlgError, ValueError):
     """An operation that needs at least one term was given none."""
 

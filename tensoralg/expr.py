@@ -241,13 +241,16 @@ class TensorSum(Expr):
             self.bound)
 
     def __eq__(self, other) -> bool:
+        """Equal terms in as many slots; zero is zero in any number of slots (``0``, as typed, is every zero)."""
         if not isinstance(other, TensorSum):
             return NotImplemented
+        if not self._terms and not other._terms:
+            return True
         return self.n_slots == other.n_slots and self._terms == other._terms
 
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash((self.n_slots, frozenset(self._terms.items())))
+            self._hash = hash((self.n_slots if self._terms else 0, frozenset(self._terms.items())))
         return self._hash
 
     def to_sympy(self, dims: Mapping | None = None):

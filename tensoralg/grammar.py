@@ -14,12 +14,14 @@ TensorSum(A ⊗ W_OV)
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.coefficients import NON_FINITE
+from tensoralg.definitions import STANDARD_DEFINITIONS, fold, unfold
 from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
 from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes
@@ -47,8 +49,9 @@ class Parser:
     """Recursive descent over the token list; one method per grammar rule."""
 
     def __init__(self, text: str, table: dict, shapes: Shapes | None, index_from: int, hint: str,
-                 visible: bool = False, opaque: bool = False, names: frozenset = frozenset()):
+                 visible: bool = False, opaque: bool = False, names: frozenset = frozenset(), exact: bool = False):
         self.text = text
+        self.exact = exact  # decimals as the exact rationals they are written as (0.1 is 1/10), not floats
         self.visible = visible  # keep like terms typed at the top level apart (to collect as a step)
         self.depth = 0
         self.nesting = 0  # groups open at this point: bounded by MAX_NESTING
@@ -70,8 +73,8 @@ class Parser:
         self.opaque = opaque  # read f(…) of a nonlinear f as an opaque matrix instead of refusing it
         self.opaque_calls: dict[str, dict[str, str]] = {}
         declared = {name for name in table if name not in STANDARD_SHAPES}
-        self.names = declared | names | {t.text for t in self.tokens if t.kind == "NAME" and t.text not in RESERVED
-                                    and t.text not in self.scalars}
+        self.names = frozenset(declared | names | {t.text for t in self.tokens if t.kind == "NAME"
+                                                   and t.text not in RESERVED and t.text not in self.scalars})
 
     # -- helpers --------------------------------------------------------------
     @property
@@ -147,6 +150,8 @@ class Parser:
                                  "rename one of them", pos)
         if isinstance(value, _Word):
             return term(value.atoms, coeff=value.coeff)
+        if _is_scalar(value) and value.is_zero and len(self.tokens) == 2:  # "0", as the printers write the zero sum
+            return TensorSum([], n_slots=1)
         if not isinstance(value, (Expr, Applied)):
             raise ParseError(
                 f"the text is only the scalar {value}; a tensor expression needs an atom or Id (e.g. '{value}·Id')",
@@ -172,6 +177,7 @@ class Parser:
             raise self.error(f"cannot add the scalar {value} to a tensor expression; multiply it by a term", pos)
         exprs = [self.as_expr(v, p) for p, v in parts]
         self.check_slots(parts, exprs, "add")
+        self.equate([shape for e in exprs for shape in e.slot_shapes if shape is not None and e.n_slots == 1])
         try:
             total = add(*exprs)
         except TensorAlgError as err:
@@ -239,10 +245,16 @@ class Parser:
 
     def tensor(self):
         start = self.tok.pos
-        operands = [(start, self.product())]
+        operands = [(start, self.operand())]
         while self.tok.kind == "OTIMES":
-            self.take()
-            operands.append((self.tok.pos, self.product()))
+            otimes = self.take()
+            if otimes.text != "⊗" and self.tok.kind in ("END", "RPAREN", "PLUS", "MINUS", "OTIMES", "EQUALS"):
+                before = self.text[start : otimes.pos].strip()
+                raise self.error(f"'(x)' is the ASCII spelling of ⊗, so '{before}(x)' reads as '{before} ⊗' with "
+                                 f"nothing after it; a function's value such as {before}(x) is not an expression of "
+                                 "the algebra: write the operator applied to the activation, as in (A^h ⊗ W_OV^h) x "
+                                 "or (A^h ⊗ W_OV^h)·x", otimes.pos)
+            operands.append((self.tok.pos, self.operand()))
         if len(operands) == 1:
             return operands[0][1]
         for pos, value in operands:
@@ -258,6 +270,15 @@ class Parser:
         except TensorAlgError as err:
             raise self.located(err, start) from None
 
+    def operand(self):
+        """An operand of ⊗: a product; the number ``1`` alone beside ⊗ is the column of ones."""
+        first = self.tok
+        value = self.product()
+        if (first.kind == "NUM" and first.text == "1" and self.tokens[self.i - 1] is first
+                and (self.tok.kind == "OTIMES" or self.tokens[self.i - 2].kind == "OTIMES")):
+            return self.ones(first)
+        return value
+
     def product(self):
         start = self.tok.pos
         coeff: sp.Expr = sp.S.One
@@ -269,9 +290,12 @@ class Parser:
         while True:
             pos, kind = self.tok.pos, self.tok.kind
             value = self.power()
-            if op == "JUXTAPOSED" and kind == "NUM" and items:  # "A 1" is not 1·A: refuse, never misread
+            if op == "JUXTAPOSED" and kind == "NUM" and items and self.tokens[self.i - 1][1:3] == ("1", pos):
+                value = self.ones(self.tokens[self.i - 1])  # "A^h 1": A^h times the column of ones
+            elif op == "JUXTAPOSED" and kind == "NUM" and items:  # "A 2" is not 2·A: refuse, never misread
                 raise self.error(f"a number after a matrix ({self.text[pos:self.tok.pos].strip()!r}) is not "
-                                 "read as a scalar or a vector of ones; write the coefficient first, as in 2·A", pos)
+                                 "read as a scalar (only 1 there is read, as the column of ones); write the "
+                                 "coefficient first, as in 2·A", pos)
             if op == "DIV":
                 coeff = self.scalar(coeff / self.divisor(value, pos), pos)
             elif _is_scalar(value):
@@ -431,7 +455,7 @@ class Parser:
         token = self.tok
         if token.kind == "NUM":
             self.take()
-            value = sp.Float(token.text) if any(c in token.text for c in ".eE") else sp.Integer(token.text)
+            value = number_value(token.text, self.exact)
             return self.scalar(value, token.pos)
         if token.kind == "LPAREN":
             self.take()
@@ -457,6 +481,8 @@ class Parser:
         token = self.take()
         name = token.text
         index_token = self.take() if self.tok.kind == "INDEX" else None
+        if index_token is not None and name in self.scalars and _INTEGER.fullmatch(index_token.text):
+            return self.raise_to(self.scalars[name], sp.Integer(index_token.text), token.pos, index_token.pos)
         if index_token is not None and (name in RESERVED or name in self.scalars):
             raise self.error(f"{name} takes no index", index_token.pos)
         if name == "Id":
@@ -475,6 +501,8 @@ class Parser:
             return self.scalars[name]
         if name in NONLINEAR and self.tok.kind == "LPAREN":
             return self.nonlinear(token)
+        if name in NONLINEAR and self.tok.kind == "OTIMES" and self.tok.text != "⊗" and index_token is None:
+            return self.nonlinear_of_x(token)
         index = index_token.text if index_token else ""
         if index in self.scope:
             index = self.scope[index]
@@ -488,7 +516,11 @@ class Parser:
         pieces = split_name(name, self.names) if index_token is None else None
         if pieces is not None:  # (AC) ⊗ (BD): the atoms A and C of this expression, juxtaposed
             self.rewrites.append(("juxtaposed", name, pieces))
-            return _Word(sp.S.One, tuple(a for piece in pieces for a in self.atom_named(piece, "").atoms))
+            atoms = tuple(a for piece in pieces for a in self.atom_named(piece, "").atoms)
+            while self.tok.kind == "T":  # AxW^T: the postfix transpose binds to the atom before it, W
+                self.take()
+                atoms = atoms[:-1] + (atoms[-1].T,)
+            return _Word(sp.S.One, atoms)
         return self.atom_named(name, index, token)
 
     def atom_named(self, name: str, index: str, token: Token | None = None) -> "_Word":
@@ -507,20 +539,58 @@ class Parser:
         )
 
     def nonlinear(self, token: Token):
-        """``softmax(…)``: refused, or with ``opaque`` the opaque matrix ``softmax^{1}`` (one per argument)."""
-        start = self.i
+        """``softmax(…)``: refused, or with ``opaque`` an unknown matrix of the function and its argument."""
         self.take()
         self.enter(token.pos, f"{token.text}(")
-        self.sum()
+        pos = self.tok.pos
+        value = self.sum()
         self.nesting -= 1
         self.expect("RPAREN", f"')' to close {token.text}(")
         if not self.opaque:
             raise self.error(f"{token.text}(…) {NONLINEAR_HINT}", token.pos)
-        argument = self.text[self.tokens[start].end : self.tokens[self.i - 1].pos].strip()
-        calls = self.opaque_calls.setdefault(token.text, {})
-        index = calls.setdefault(argument, str(len(calls) + 1))
-        self.rewrites.append(("opaque", f"{token.text}({argument})", f"{token.text}^{{{index}}}"))
-        return self.atom_named(token.text, index, token)
+        return self.opaque_matrix(token, value, pos)
+
+    def nonlinear_of_x(self, token: Token):
+        """``LN(x)``: the tokenizer reads ``(x)`` as ⊗, but after a nonlinear function it is the application
+        to the activation ``x`` (with ``opaque``); refused otherwise, saying both readings."""
+        otimes = self.take()
+        if not self.opaque:
+            raise self.error(f"{token.text}(x): {token.text} {NONLINEAR_HINT}. Note that '(x)' alone is the ASCII "
+                             f"spelling of ⊗ (so {token.text}(x) reads as '{token.text} ⊗'); an operator applied to "
+                             "an activation is written (A^h ⊗ W_OV^h) x", token.pos)
+        return self.opaque_matrix(token, self.atom_named("x", "", otimes), otimes.pos)
+
+    def opaque_matrix(self, token: Token, value, pos: int) -> "_Word":
+        """``f(arg)`` as one unknown matrix named ``f(arg)``, ``arg`` in canonical form: the same function of
+        the same argument is the same unknown, anything else another; its shape is the argument's."""
+        if _is_scalar(value):
+            argument, shape = sp.sstr(value), None
+        else:
+            expr = canonical_argument(self.expanded(self.as_expr(value, pos), pos, f"the argument of {token.text}"))
+            bound = tuple(b for i, b in sorted(self.bound.items()) if any(a.index == i for t in expr for w in t.words
+                                                                          for a in w))
+            argument = str(expr.with_bound(bound)) if len(expr) else "0"
+            shape = expr.slot_shapes[0] if expr.n_slots == 1 else None
+        name = f"{token.text}({argument})"
+        typed = self.text[token.pos : self.tokens[self.i - 1].end]
+        self.rewrites.append(("opaque", typed, name))
+        if name in self.table or shape is None:
+            return self.atom_named(name, "", token)
+        return _Word(sp.S.One, (Atom(name, shape[0], shape[1]),))
+
+    def ones(self, token: Token) -> "_Word":
+        """The column of ones ``1`` (``n × 1``, its rows fixed by the product), where a matrix must stand:
+        after a matrix (``A^h 1``) or beside ``⊗`` (``1 ⊗ b_O``), as the folding derivations print it."""
+        self.rewrites.append(("ones", token.text))
+        if "1" in self.table or self.shapes is None:
+            return self.atom_named("1", "", token)
+        rows, cols = self.shapes.shape("1")
+        if self.shapes.is_fresh(cols):
+            self.shapes.unify([(cols, sp.S.One)])
+        rows, cols = self.shapes.shape("1")
+        if cols != 1:
+            raise self.error(f"the column of ones 1 has one column, but the products here give it {cols}", token.pos)
+        return _Word(sp.S.One, (Atom("1", rows, cols),))
 
     # -- checks ---------------------------------------------------------------
     def as_expr(self, value, pos: int) -> Expr:
@@ -533,7 +603,22 @@ class Parser:
             return value.result()
         return value
 
+    def equate(self, shapes: list) -> None:
+        """Every shape in ``shapes`` must be the same (the terms of a 1-slot sum): all the equations
+        that involve undeclared names at once, so that shape inference reads the text again once,
+        not once per name (a sum of 3,000 names took minutes)."""
+        if self.shapes is None or len(shapes) < 3:
+            return
+        first = shapes[0]
+        pairs = [(a, b) for shape in shapes[1:] for a, b in zip(first, shape) if a != b]
+        if any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
+            raise ShapeMismatch("the terms of a sum have different shapes", dims=pairs)
+
     def check_word(self, word: Word, pos: int) -> None:
+        if self.shapes is not None and len(word) > 2:  # every link of the word at once (as equate)
+            pairs = [(a.shape[1], b.shape[0]) for a, b in zip(word, word[1:]) if a.shape[1] != b.shape[0]]
+            if len(pairs) > 1 and any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
+                raise ShapeMismatch("the atoms of a product do not chain", dims=pairs)
         try:
             word_shape(word)
         except ShapeMismatch as err:
@@ -555,6 +640,30 @@ class Parser:
 
 
 
+
+
+_INTEGER = re.compile(r"-?\d{1,4}", re.ASCII)
+
+
+def number_value(text: str, exact: bool = False) -> sp.Expr:
+    """A number literal: an integer, or a decimal as a float, or with ``exact`` the rational it writes
+    (``0.1`` is ``1/10``, ``2e-3`` is ``1/500``), as a person typing it means."""
+    if not any(c in text for c in ".eE"):
+        return sp.Integer(text)
+    if not exact:
+        return sp.Float(text)
+    mantissa, _, exponent = text.lower().partition("e")
+    return sp.Rational(mantissa if mantissa not in (".", "") else "0") * sp.Integer(10) ** int(exponent or 0)
+
+
+def canonical_argument(expr: TensorSum) -> TensorSum:
+    """A function's argument in one form for all its spellings: like terms collected, then the
+    definitions unfolded and folded again (``x W_Q^{h}ᵀ W_K^{h} xᵀ`` is ``x W_QK^{h} xᵀ``)."""
+    for d in STANDARD_DEFINITIONS.values():
+        expr = unfold(expr, d)
+    for d in STANDARD_DEFINITIONS.values():
+        expr = fold(expr, d)
+    return expr
 
 
 def _is_scalar(value) -> bool:

@@ -257,8 +257,11 @@ class TensorLatexPrinter:
     def bracketed(self, factor, bound=()) -> tuple[str, str, bool]:
         """``(latex, text, bracketed)`` of a product's factor, in brackets where precedence needs them."""
         parts = self.summands(factor, bound) if len(factor) else []
-        latex = self.join([(x.negative, x.sum_latex + x.latex) for x in parts]) if parts else "0"
-        text = join_text([(x.negative, x.sum_text + x.text) for x in parts]) if parts else "0"
+        # a zero factor keeps its slots, (0·Id ⊗ Id): "(0)" would read back as the coefficient 0
+        zero = [r"\mathrm{Id}"] * factor.n_slots, ["Id"] * factor.n_slots
+        latex = self.join([(x.negative, x.sum_latex + x.latex) for x in parts]) if parts else \
+            r"0 \cdot " + r" \otimes ".join(zero[0])
+        text = join_text([(x.negative, x.sum_text + x.text) for x in parts]) if parts else "0·" + " ⊗ ".join(zero[1])
         if self.needs_brackets(factor):
             return r"\left(" + latex + r"\right)", "(" + text + ")", True
         return latex, text, False

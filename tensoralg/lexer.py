@@ -35,7 +35,8 @@ SIMPLE = {
     "-": "MINUS", "−": "MINUS", "(": "LPAREN", ")": "RPAREN", "ᵀ": "T", "=": "EQUALS",
 }
 NUMBER = re.compile(r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
-NAME = re.compile(r"[A-Za-z](?:[A-Za-z0-9]|_(?!\{))*(?:_\{[A-Za-z0-9]+\})?'*", re.ASCII)  # W_OV' (a folded weight), W_{OV}
+NAME = re.compile(r"[A-Za-z](?:[A-Za-z0-9]|_(?!\{))*(?:_\{(?:[A-Za-z0-9]|\\_)+'*\})?'*", re.ASCII)  # W_OV' (a folded weight), W_{OV}, W_{OV'}
+LATEX_SUBSCRIPT = re.compile(r"_\{\\(?:mathrm|text|operatorname|mathit)\{([A-Za-z0-9]+'*)\}\}", re.ASCII)  # W_{\mathrm{OV}}
 OTIMES_ASCII = re.compile(r"\(\s*x\s*\)")
 BARE_INDEX = re.compile(r"[A-Za-z0-9]+")
 SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9])|\\sum(?![A-Za-z])|\\Sigma(?![A-Za-z]))")
@@ -48,6 +49,7 @@ MAX_EXPONENT = 300  # |e| in a literal such as 1e-300 (as a float's range)
 def tokenize(text: str) -> list[Token]:
     """Split ``text`` into tokens; raise :class:`ParseError` at the first bad character."""
     tokens: list[Token] = []
+    frames: list[str] = []  # what each open brace of \frac{…}{…} or \sqrt{…} closes
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
@@ -65,6 +67,11 @@ def tokenize(text: str) -> list[Token]:
             if token.kind == "INDEX" and (m := INDEX_THEN_T.fullmatch(token.text)):  # ^{hT}, ^{h\top}: h, then ᵀ
                 tokens.append(Token("INDEX", m[1], i, token.end))
                 token = Token("T", m[2], token.end, token.end)
+        elif ch == "\\" and (m := BRACED_COMMAND.match(text, i)):  # \frac{a}{b} is (a)/(b), \sqrt{a} is sqrt(a)
+            frames.append("numerator" if m[1] != "sqrt" else "root")
+            if m[1] == "sqrt":
+                tokens.append(Token("NAME", "sqrt", i, m.end() - 1))
+            token = Token("LPAREN", "{", m.end() - 1, m.end())
         elif ch == "\\" and not SUM_START.match(text, i):
             token = latex_command(text, i)
             if token is None:  # spacing
@@ -75,18 +82,53 @@ def tokenize(text: str) -> list[Token]:
         elif m := NUMBER.match(text, i):
             token = number(text, m)
         elif m := NAME.match(text, i):
-            token = Token("NAME", m.group().replace("{", "").replace("}", ""), i, m.end())
+            token = Token("NAME", _name_text(m.group()), i, m.end())
+            if (sub := LATEX_SUBSCRIPT.match(text, m.end())) and "_" not in token.text:  # W_{\mathrm{OV}}
+                token = Token("NAME", f"{token.text}_{sub[1]}", i, sub.end())
+        elif ch == "{" and frames:
+            raise ParseError("a '{' here opens nothing: braces follow \\frac, \\sqrt, '^' or '_'", text, i)
+        elif ch == "}" and frames:
+            tokens.extend(close_frame(text, i, frames))
+            i = tokens[-1].end
+            continue
         else:
             raise ParseError(f"unexpected character {ch!r}", text, i)
         tokens.append(token)
         i = token.end
+    if frames:
+        raise ParseError(f"unclosed '{{' of a LaTeX {'fraction' if frames[-1] != 'root' else 'square root'}", text, n)
     tokens.append(Token("END", "", n, n))
     return tokens
 
 
+BRACED_COMMAND = re.compile(r"\\(d?frac|tfrac|sqrt)\s*\{")
+_ESCAPED = re.compile(r"\\([_{}#$%&])")
+
+
+def _name_text(matched: str) -> str:
+    """``W_{OV'}`` → ``W_OV'``; ``W_{a\\_b}`` → ``W_a_b`` (the printer escapes TeX's ``_``)."""
+    return _ESCAPED.sub(r"\1", matched).replace("{", "").replace("}", "")
+
+
+def close_frame(text: str, i: int, frames: list[str]) -> list[Token]:
+    """The tokens of a ``}`` that closes a LaTeX group: ``)``, and after a numerator ``/ (`` (the
+    denominator's ``{`` must follow)."""
+    frame = frames.pop()
+    out = [Token("RPAREN", "}", i, i + 1)]
+    if frame == "numerator":
+        j = i + 1
+        while j < len(text) and text[j].isspace():
+            j += 1
+        if text[j : j + 1] != "{":
+            raise ParseError("\\frac takes two groups, \\frac{a}{b}: expected '{' for the denominator", text, j)
+        frames.append("denominator")
+        out += [Token("DIV", "/", j, j), Token("LPAREN", "{", j, j + 1)]
+    return out
+
+
 SUBSCRIPTED_INDEX = re.compile(r"\^(?:\{([A-Za-z]+)_\{?(\d+)\}?\}|([A-Za-z]+)_(\d+))", re.ASCII)
 COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.DOTALL)
-INDEX_THEN_T = re.compile(r"(.*[^\s\\])\s*(T|\\top|ᵀ)")
+INDEX_THEN_T = re.compile(r"(.*[^\s\\^])\s*(?:\^\s*)?(T|\\top|\{T\}|ᵀ)")  # hT, h^T, h\top: h, then ᵀ
 LATEX_TOKENS = {"otimes": ("OTIMES", "⊗"), "cdot": ("TIMES", "·"), "top": ("T", "ᵀ"), "intercal": ("T", "ᵀ")}
 SPACING = frozenset([" "] + ", ; ! : quad qquad left right bigl bigr Bigl Bigr big Big biggl biggr".split())
 TEXT_COMMANDS = re.compile(r"\\(?:mathrm|operatorname|text|mathit)\{([A-Za-z][A-Za-z0-9_]*)\}")
@@ -139,12 +181,12 @@ def caret(text: str, i: int) -> Token:
     if m := SUBSCRIPTED_INDEX.match(text, i):  # ^{h_2}, ^{h_{2}}, ^h_2: the index h2
         return Token("INDEX", (m[1] or m[3]) + (m[2] or m[4]), i, m.end())
     if nxt == "{":
-        close = text.find("}", i + 2)
-        opening = text.find("{", i + 2)
+        close = matching_brace(text, i + 1)
         if close < 0:
+            opening = text.find("{", i + 2)
+            if 0 <= opening < text.find("}", i + 2):
+                raise ParseError("an index may not contain '{'", text, opening)
             raise ParseError("unclosed index: '^{' without '}'", text, i)
-        if 0 <= opening < close:
-            raise ParseError("an index may not contain '{'", text, opening)
         index = text[i + 2 : close]
         if not index.strip():
             raise ParseError("empty index '^{}'", text, i)
@@ -154,7 +196,7 @@ def caret(text: str, i: int) -> Token:
                              text, i + 2 + unprintable)
         if index.strip() in ("T", "\\top", "\\intercal", "ᵀ"):  # ^{T}, ^{\top}: a transpose, as ^T
             return Token("T", "^T", i, close + 1)
-        return Token("INDEX", index, i, close + 1)
+        return Token("INDEX", latex_index(index, text, i + 2), i, close + 1)
     for command in ("\\top", "\\intercal"):  # ^\top
         if text.startswith(command, i + 1):
             return Token("T", "^T", i, i + 1 + len(command))
@@ -163,7 +205,54 @@ def caret(text: str, i: int) -> Token:
         raise ParseError("after '^' expected an index ('^h', '^{h1}') or 'T' (transpose)", text, i + 1)
     if m.group() == "T":
         return Token("T", "^T", i, m.end())
+    transposed_first(m.group(), text, i + 1)
     return Token("INDEX", m.group(), i, m.end())
+
+
+def matching_brace(text: str, start: int) -> int:
+    """The position of the ``}`` closing the ``{`` at ``text[start]`` (nested braces counted), or -1."""
+    depth = 0
+    for k in range(start, len(text)):
+        if text[k] == "{" and text[k - 1 : k] != "\\":
+            depth += 1
+        elif text[k] == "}" and text[k - 1 : k] != "\\":
+            depth -= 1
+            if depth == 0:
+                return k
+    return -1
+
+
+LATEX_IN_INDEX = re.compile(r"\\(?:mathrm|text|operatorname|mathit)\{([^{}]*)\}")
+SUB_IN_INDEX = re.compile(r"([A-Za-z])_(?:\{(\d+)\}|(\d))")
+
+
+def latex_index(index: str, text: str, pos: int) -> str:
+    r"""What the printers write inside ``^{…}`` read back as the index: ``\mathrm{L0H3}`` → ``L0H3``,
+    ``h_{12}`` → ``h12``, ``\mathrm{a\_b}`` → ``a_b``, a trailing ``\top`` kept for :func:`tokenize` to
+    split off. Refused: a superscript that is neither an index nor a transpose (``^{Th}``: the
+    transpose goes after the head; ``^{h^2}``; any other LaTeX command)."""
+    read = LATEX_IN_INDEX.sub(lambda m: _ESCAPED.sub(r"\1", m[1]), index)
+    read = SUB_IN_INDEX.sub(lambda m: m[1] + (m[2] or m[3]), read)
+    core = INDEX_THEN_T.fullmatch(read)
+    core = core[1] if core else read
+    transposed_first(core.strip(), text, pos)
+    if "^" in core:
+        raise ParseError(f"a superscript inside an index ('{index}') is neither a head nor a transpose: an index "
+                         "is a head such as h or h1, a transpose is written after it, as in ^{hT} or ^{h}ᵀ", text, pos)
+    if "{" in core or "}" in core:
+        raise ParseError(f"an index may not contain '{{' (read '{index}'); write ^{{h1}}, ^{{L0H3}} or "
+                         "^{\\mathrm{L0H3}}", text, pos + index.find("{") if "{" in index else pos)
+    return read
+
+
+TRANSPOSE_FIRST = re.compile(r"(?:T|ᵀ|\\top(?![A-Za-z]))\s*([A-Za-z0-9].*)", re.DOTALL)
+
+
+def transposed_first(index: str, text: str, pos: int) -> None:
+    """Refuse ``^{Th}``: a transpose before the head would otherwise name a head ``Th``."""
+    if m := TRANSPOSE_FIRST.fullmatch(index):
+        raise ParseError(f"the superscript '{index}' is neither a head nor a transpose: a head's transpose is "
+                         f"written after the head, as in ^{{{m[1]}T}} or ^{{{m[1]}}}ᵀ", text, pos)
 
 
 def indexed_sum(text: str, i: int, start: int) -> Token:
@@ -178,6 +267,13 @@ def indexed_sum(text: str, i: int, start: int) -> Token:
         raise ParseError(f"unclosed '{text[i:start]}_{{': {SUM_HINT}", text, i)
     m = SUM_BODY.fullmatch(text, start + 2, close)
     if m is None:
+        inside = text[start + 2 : close]
+        union = next((u for u in ("∪", "\\cup", " cup ", "|") if u in inside), None)
+        if union is not None:  # Σ_{h∈H_1∪H_2}: the heads of two layers
+            var = re.match(r"\s*([^∈\s]*)", inside)[1] or "h"
+            raise ParseError(f"a sum over a union of head sets ('{inside.strip()}') is not read: a sum runs over one "
+                             f"layer's heads; write one sum per layer, as in Σ_{{{var}∈H_1}} A^{var} ⊗ W_OV^{var} + "
+                             f"Σ_{{{var}∈H_2}} A^{var} ⊗ W_OV^{var}", text, start + 2 + inside.index(union.strip() or union))
         raise ParseError(f"cannot read the range of the sum: {SUM_HINT}", text, start + 2)
     var = re.sub(r"[_{}]", "", m[1])  # h_2, h_{2}: the subscripted index h2
     return Token("SUM", f"{var}∈{m[2].replace('{', '').replace('}', '')}", i, close + 1)

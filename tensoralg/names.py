@@ -30,18 +30,20 @@ NONLINEAR_HINT = ("is not linear, so it is no operator of the algebra: write the
 
 def split_name(name: str, known) -> tuple[str, ...] | None:
     """``name`` as two or more names of ``known`` run together (the fewest pieces), or ``None``;
-    names longer than :data:`MAX_SPLIT` are not split (the search recurses once per character)."""
+    names longer than :data:`MAX_SPLIT` are not split (the search recurses once per character).
+    Each prefix is looked up in ``known`` (a set), so a sum of thousands of names splits fast."""
     if len(name) > MAX_SPLIT:
         return None
-    known = frozenset(k for k in known if k != name)
+    known = known if isinstance(known, (set, frozenset)) else frozenset(known)
 
     @lru_cache(maxsize=None)
     def best(start: int) -> tuple[str, ...] | None:
         if start == len(name):
             return ()
         options = []
-        for k in known:
-            if name.startswith(k, start) and (rest := best(start + len(k))) is not None:
+        for end in range(start + 1, len(name) + 1):
+            k = name[start:end]
+            if k != name and k in known and (rest := best(end)) is not None:
                 options.append((k,) + rest)
         return min(options, key=len) if options else None
 

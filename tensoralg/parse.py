@@ -30,7 +30,10 @@ Rules worth knowing:
   says so (``("juxtaposed", "AC", ("A", "C"))`` in the rewrites; :func:`parse` warns with
   :class:`~tensoralg.names.ReadingNote`).
 - A nonlinear function of an operator (``softmax(…)``, ``exp(…)``, ``LN(…)``) is refused
-  ("write the pattern as A^h"); ``opaque=True`` reads it as an opaque matrix ``softmax^{1}``.
+  ("write the pattern as A^h"); ``opaque=True`` reads it as an opaque matrix named by the
+  function and its argument in canonical form, ``softmax(A + B)``: the same application is the
+  same unknown, any other application another.
+- ``1`` beside ``⊗`` or after a matrix (``1 ⊗ b_O``, ``A^h 1``) is the column of ones.
 - An equation ``LHS = RHS`` is refused here: :func:`tensoralg.check` decides it.
 - Names: the paper's atoms keep their shapes (``A`` is ``n_ctx × n_ctx``), atoms declared
   with ``atoms=`` theirs; any other name is a matrix with a fresh shape ``rows_B × cols_B``
@@ -49,7 +52,8 @@ Rules worth knowing:
 - ``+`` collects canonical sums; a sum with a lazy part is a lazy
   :class:`~tensoralg.expr.Add` of its parts, in order. :func:`read` keeps like terms typed
   at the top level apart, to be collected as a step.
-- Scalars: integers, decimals (SymPy ``Float``; write ``1/2`` for an exact half),
+- Scalars: integers, decimals (SymPy ``Float``, or exact with ``exact=True``, as
+  :func:`tensoralg.check` reads them; write ``1/2`` for an exact half), ``\\frac{a}{b}``, ``\\sqrt{a}``,
   ``/``, ``**``, ``sqrt(...)`` and the dimension symbols ``n_ctx d_model d_head d_vocab
   d_mlp`` (plus any symbol used in a shape declared with ``atoms=``).
 - ``(x)`` is always the tensor product, so an atom named ``x`` is written without
@@ -87,13 +91,14 @@ API_HINT = "declare others with atoms="
 
 def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None, *, index_from: int = 0,
          generic: bool = True, hint: str = API_HINT, visible: bool = True, opaque: bool = False,
-         names: Iterable[str] = ()) -> Reading:
+         names: Iterable[str] = (), exact: bool = False) -> Reading:
     """Read ``text`` with everything :func:`parse` knows, and more: the indices bound by
     its sums, the rewrites made while reading, an operator applied to an activation (kept
     apart, so a derivation can show the step), and the shapes inferred for undeclared names.
     With ``visible`` (the default), like terms typed at the top level stay a lazy sum, to
     be collected as a step. ``names`` are more names of atoms of the expression (the other side
-    of an identity), for reading ``AC`` as ``A C``; ``opaque`` reads ``softmax(…)`` as a matrix.
+    of an identity), for reading ``AC`` as ``A C``; ``opaque`` reads ``softmax(…)`` as a matrix;
+    ``exact`` reads decimals as the rationals they write (``0.1`` is ``1/10``; floats otherwise).
 
     ``index_from`` says how ``H_l`` counts layers: 0 (the default, as TransformerLens:
     ``H_1`` is the second layer) or 1 (the paper's: ``H_1`` is the first). Indices are
@@ -113,7 +118,7 @@ def read(text: str, atoms: Mapping[str, AtomDecl] | Iterable[Atom] | None = None
     table = {**STANDARD_SHAPES, **declared_table(atoms)}
     shapes = Shapes(len(text)) if generic else None
     while True:
-        parser = Parser(text, table, shapes, index_from, hint, visible, opaque, frozenset(names))
+        parser = Parser(text, table, shapes, index_from, hint, visible, opaque, frozenset(names), exact)
         try:
             value = parser.parse()
             break
@@ -135,7 +140,10 @@ def notes(reading: Reading) -> list[str]:
         if rewrite[0] == "juxtaposed":
             out.append(juxtaposed_note(rewrite[1], rewrite[2]))
         elif rewrite[0] == "opaque":
-            out.append(f"{rewrite[1]} is read as the opaque matrix {rewrite[2]} (not a function of its argument)")
+            out.append(f"{rewrite[1]} is read as the opaque matrix {rewrite[2]}, an unknown of the function and "
+                       "its argument (the same application is the same matrix, any other another)")
+        elif rewrite[0] == "ones":
+            out.append("1 beside ⊗ or after a matrix is read as a column of ones (n × 1)")
     return list(dict.fromkeys(out))
 
 

@@ -72,3 +72,53 @@ def test_sides_may_be_expressions():
 def test_malformed_identities_are_refused_with_what_was_expected(text, message):
     with pytest.raises((ParseError, TensorAlgError), match=message):
         check(text)
+
+
+# -- issue 27: opaque functions are unknowns of their argument; the slides' forms ---------------
+
+def test_an_opaque_function_is_an_unknown_of_its_name_and_argument():
+    read = lambda text: parse(text, opaque=True)  # noqa: E731
+    with pytest.warns(Warning):
+        assert read("softmax(A)") != read("softmax(B)")
+        assert read("exp(A)") != read("exp(-A)") and read("LN(A)") != read("LN(B)")
+        assert read("softmax(A)") != read("exp(A)")
+        assert read("softmax(A + B)") == read("softmax(B + A)") == read("softmax(2·A + B - A)")
+        assert str(read("softmax(A+B)")) == "softmax(A + B)"
+        assert read("softmax(x W_QK^{h1} xᵀ)").slot_shapes == read("x W_QK^{h1} xᵀ").slot_shapes  # the argument's shape
+    assert check("softmax(A) = softmax(B)", opaque=True).holds is False
+    assert check("softmax(A) + softmax(A) = 2·softmax(A)", opaque=True).holds
+
+
+def test_postfix_transpose_binds_to_the_atom_before_it():
+    assert check("(A ⊗ W)x = AxW^T").holds
+    assert not check("(A ⊗ W)x = (AxW)^T").holds  # the control: the whole product transposed is another matrix
+
+
+def test_decimals_a_person_types_are_exact():
+    r = check("0.1 A + 0.2 A = 0.3 A")
+    assert r.holds and r.numeric_error == 0
+    assert not check("0.1 A + 0.2 A = 0.30000000000000004 A").holds  # exact: a different number
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, "1", True])
+def test_a_bad_seed_is_refused(seed):
+    with pytest.raises(TensorAlgError, match="seed of the random bindings is an integer from 0 to 2\\*\\*32 - 1"):
+        check("A = A", seed=seed)
+
+
+@pytest.mark.parametrize("identity", ["W_E = 0", "0 = X", "A ⊗ B = 0", "(A ⊗ B) x = 0"])
+def test_a_zero_side_against_a_rectangular_side(identity):
+    r = check(identity)
+    assert not r.holds and r.counterexample is not None and r.numeric_error > 0
+
+
+def test_the_terms_are_counted_before_anything_is_expanded():
+    from tensoralg.check import count_terms
+    from tensoralg.errors import ExpansionTooLarge
+
+    product = "".join(f"(A^{{a{i}}}+A^{{b{i}}})" for i in range(30))
+    with pytest.raises(ExpansionTooLarge, match="the left side expands to 1,073,741,824 terms, more than the 5,000"):
+        check(f"{product} = A^{{a0}}")
+    with pytest.raises(ExpansionTooLarge, match="the right side expands to 16 terms, more than the 10"):
+        check("A = (A + B)(A + B)(A + B)(A + B)", max_terms=10)
+    assert count_terms(parse("(A + B)(A + B)(A + B)(A + B)"), "a side", max_terms=16) == 16

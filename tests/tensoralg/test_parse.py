@@ -198,10 +198,19 @@ def test_parse_takes_text():
     ("A^2 A^1 ⊗ W_OV^2ᵀ", "A^{2} A^{1} ⊗ W_OV^{2}ᵀ"),
     ("W_OV^h^T", "W_OV^{h}ᵀ"),
     ("A^T", "Aᵀ"),
-    ("A^Th", "A^{Th}"),
+    ("A^{h^T}", "A^{h}ᵀ"),
+    ("A^{h^\\top}", "A^{h}ᵀ"),
 ])
 def test_bare_superscripts_read_as_braced_ones(new, old):
     assert parse(new) == parse(old)
+
+
+@pytest.mark.parametrize("text", ["A^Th", "A^{Th}", "W_QK^{T h1}", "W_QK^{\\top h}", "A^{h^2}"])
+def test_a_superscript_neither_a_head_nor_a_transpose_is_refused_never_a_head(text):
+    """``W_QK^{Th}`` made a head named Th (issue 27): the transpose goes after the head."""
+    with pytest.raises(ParseError, match="neither a head nor a transpose") as info:
+        parse(text)
+    assert "^{hT}" in str(info.value) or "^{h1T}" in str(info.value)
 
 
 def test_undeclared_names_get_shapes_that_the_products_fix():

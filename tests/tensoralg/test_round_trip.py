@@ -97,7 +97,21 @@ def test_subscripted_and_primed_sum_indices():
 
 def test_a_number_after_a_matrix_is_refused_not_dropped():
     with pytest.raises(ParseError, match="a number after a matrix"):
-        parse("A^{h} 1 ⊗ W_OV^{h} b_LN")  # the catalogue's column of ones; it read as A ⊗ W_OV b_LN
+        parse("A^{h} 2 ⊗ W_OV^{h} b_LN")  # it read as A ⊗ W_OV b_LN, the number dropped
+
+
+def test_one_after_a_matrix_or_beside_otimes_is_the_column_of_ones():
+    """The folding entries print the column of ones as 1 (issue 27): ``A^{h} 1`` and ``1 ⊗ b_O`` read
+    back as that atom (rows fixed by the product, one column), and the reader says so."""
+    with pytest.warns(ReadingNote, match="column of ones"):
+        e = parse("A^{h} 1 ⊗ W_OV^{h} b_LN")
+    (t,) = e
+    ones = t.words[0][1]
+    assert ones.name == "1" and ones.shape == (sp.Symbol("n_ctx", positive=True, integer=True), 1)
+    with pytest.warns(ReadingNote):
+        assert parse("1 ⊗ b_O").slot_shapes[0][1] == 1
+        assert parse("(A^{h} ⊗ W_OV^{h})(1 ⊗ b_LN)").expand() == e
+    assert parse("1·A") == parse("A")  # a coefficient 1 stays a coefficient
 
 
 def _catalogue_lines(index_from: int = 0):
