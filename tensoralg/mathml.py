@@ -21,6 +21,8 @@ from tensoralg.errors import MathMLError
 from tensoralg.escape import check_math, escape_text
 
 _COMMAND_LEFT = re.compile(r"\\[A-Za-z]+|\\.")
+#: ``:=`` (as a relation) outside ``\text{…}``, which is left as it is.
+_COLON_EQUALS = re.compile(r"(\\text\{[^{}]*\})|:\s*=")
 _ENTITY = re.compile(r"&#x([0-9A-Fa-f]+);|&#(\d+);")
 
 
@@ -94,8 +96,8 @@ def to_mathml(latex: str, display: str = "inline", check: bool = True) -> str:
         raise MathMLError(f"display must be 'inline' or 'block', got {display!r}")
     if check:
         check_math(latex)
-    try:
-        element = convert_to_element(latex, display=display)
+    try:  # ":=" as one relation (≔): latex2mathml reads it as ":" then "=", which browsers set as ": ="
+        element = convert_to_element(_COLON_EQUALS.sub(lambda m: m.group(1) or r"\coloneqq ", latex), display=display)
     except Exception as error:  # latex2mathml raises its own and plain Python errors
         raise MathMLError(f"cannot convert {latex!r} to MathML: {type(error).__name__}: {error}") from None
     if display == "block":  # limits under Σ inside \left( … \right) too, as TeX sets them in display

@@ -50,7 +50,7 @@ SECTIONS = (
         prose("Layers are numbered from 1, as in the paper, here and on every page of this companion: ",
               math("H_1", fixed=True), " is the set of heads of the first layer, ", math("H_2", fixed=True),
               " of the second, and L1H0 is head 0 of the first layer (TransformerLens and tcircuits' code number from 0: "
-              "their L0H0; tcircuits derive NAME --index-from 1 prints as here). Every equation below is a derivation of "
+              "their L0H0; tcircuits derive prints as here with the option index-from set to 1). Every equation below is a derivation of "
               "the catalogue (tcircuits derive NAME), each line checked numerically against its first on random "
               "matrices; where a shipped model has the architecture, the derivation is drawn for that model (its "
               "heads, its positions) and its final sum is also checked term by term against the model itself."),

@@ -99,7 +99,7 @@ def finding_html(f: PaperFinding, extra: str = "") -> str:
     else:
         rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
     dl = "".join(f"<dt>{_h(k)}</dt><dd>{_h(v)}</dd>" for k, v in rows)
-    dl += f"<dt>verdict</dt><dd>{verdict_badge(f.verdict)}</dd>"
+    dl += f"<dt>{'verdict' if len(f.parts) < 2 else 'the whole claim'}</dt><dd>{verdict_badge(f.verdict)}</dd>"
     return (f'<div class="finding" id="{_h(f.key)}"><blockquote>{prose_html(f.claim, INDEX_FROM)}</blockquote>{extra}{parts_html(f)}<dl>{dl}</dl>'
             + (figure_html(f.figure) if f.figure else "") + "</div>")
 
