@@ -16,6 +16,10 @@ Nothing here prints; every failure is a :class:`~numeric_check.errors.NumericChe
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ from typing import Any
 from numeric_check.errors import ModelLoadError, VerifyCLIError
 
 MAX_TOKEN_LINE = 16  # tokens shown per sequence in a report's token line
+TOKENIZE_SECONDS = 20.0  # a prompt or target is tokenized within this, or the tokenizer is refused
 
 
 @contextmanager
@@ -66,6 +71,8 @@ class UserModel:
     tokenizer: Any | None
     name: str
     library: str  # "hf" or "tl"
+    prompt_ids: Any | None = None  # the prompt's ids as read before the weights (--hf), or None
+    status: Any = None  # the terminal's progress line (:class:`Status`), cleared by :func:`convert`
 
 
 def wants_user_model(args: argparse.Namespace) -> bool:
@@ -94,35 +101,141 @@ def check_model_flags(args: argparse.Namespace, other_flags: list[str]) -> None:
 
 
 def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserModel:
-    """The ``--hf`` or ``--tl`` model in ``dtype`` on ``device``, in eval mode, with its tokenizer."""
+    """The ``--hf`` or ``--tl`` model in ``dtype`` on ``device``, in eval mode, with its tokenizer.
+
+    A Hugging Face folder is read as data (:mod:`numeric_check.model.load`): its tokenizer first, so
+    that the prompt and ``--target`` are checked before the weights are read; a name is looked up in
+    the cache at once when the hub cannot be reached. Progress is shown on a terminal."""
+    for flag, text in _texts_given(args):
+        check_utf8(text, flag)
+    status = Status(enabled=not getattr(args, "no_progress", False))
+    try:
+        user = (_load_transformer_lens(args.tl, dtype, device, status) if args.tl is not None
+                else _load_hugging_face(args, dtype, device, status))
+    except BaseException:
+        status.done()
+        raise
+    user.status = status
+    return user
+
+
+def _load_hugging_face(args: argparse.Namespace, dtype: Any, device: Any, status: "Status") -> UserModel:
+    """The folder found, its tokenizer read and the arguments checked (no torch yet), then the weights."""
+    try:
+        import transformers  # noqa: F401 - only whether it is installed
+    except ImportError:
+        raise ModelLoadError("--hf needs Hugging Face transformers: pip install 'tcircuits[hf]'") from None
+    from numeric_check.model import load
+
+    what = f"the Hugging Face model {args.hf!r}" + (f" at revision {args.revision!r}" if args.revision else "")
+    status.say(f"finding {what}")
+    folder = _loading(what, lambda: load.model_folder(args.hf, args.revision))
+    needs_tokenizer = any(v is not None for v in (args.text, args.text_file, getattr(args, "target", None),
+                                                   getattr(args, "logit_diff", None)))
+    status.say(f"reading the tokenizer of {what}")
+    try:
+        tokenizer = _loading(f"the tokenizer of {what}", lambda: load.load_tokenizer(folder))
+    except ModelLoadError:
+        if needs_tokenizer:
+            raise
+        tokenizer = None  # labels only: a model saved without a tokenizer still runs on --tokens
+    user = UserModel(None, tokenizer, f"{Path(args.hf).name or args.hf} (Hugging Face)", "hf")
+    if tokenizer is not None:
+        _check_arguments_early(args, user, _loading(what, lambda: load.read_config(folder)))
+    status.say(f"loading {what}")
     import torch
 
     from numeric_check.model.config import resolve_device, resolve_dtype
 
     dtype, device = resolve_dtype(dtype), resolve_device(device)
-    if args.tl is not None:
-        try:
-            from transformer_lens import HookedTransformer
-        except ImportError:
-            raise ModelLoadError("--tl needs TransformerLens: pip install 'tcircuits[tl]'") from None
-        model = _loading(f"the TransformerLens model {args.tl!r}",
-                         lambda: HookedTransformer.from_pretrained(args.tl, device=str(device), dtype=dtype))
-        return UserModel(model.eval(), getattr(model, "tokenizer", None), f"{args.tl} (TransformerLens)", "tl")
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError:
-        raise ModelLoadError("--hf needs Hugging Face transformers: pip install 'tcircuits[hf]'") from None
-    what = f"the Hugging Face model {args.hf!r}" + (f" at revision {args.revision!r}" if args.revision else "")
-    model = _loading(what, lambda: AutoModelForCausalLM.from_pretrained(args.hf, revision=args.revision, dtype=dtype))
-    try:
-        tokenizer = _loading(f"the tokenizer of {what}", lambda: _tokenizer(AutoTokenizer, args.hf, args.revision))
-    except ModelLoadError:
-        if args.text is not None or args.text_file is not None or getattr(args, "target", None) is not None:
-            raise
-        tokenizer = None  # labels only: a model saved without a tokenizer still runs on --tokens
+    model = _loading(what, lambda: load.load_model(folder, dtype))
     with torch.no_grad():
-        model = model.to(device).eval()
-    return UserModel(model, tokenizer, f"{Path(args.hf).name or args.hf} (Hugging Face)", "hf")
+        user.source = model.to(device).eval()
+    status.say(f"converting {what} and checking it against the source")
+    return user
+
+
+def _load_transformer_lens(name: str, dtype: Any, device: Any, status: "Status") -> UserModel:
+    """``HookedTransformer.from_pretrained(name)``, from the Hugging Face cache alone (an error at
+    once naming it) when the hub cannot be reached."""
+    try:
+        from transformer_lens import HookedTransformer
+    except ImportError:
+        raise ModelLoadError("--tl needs TransformerLens: pip install 'tcircuits[tl]'") from None
+    from numeric_check.model.config import resolve_device, resolve_dtype
+    from numeric_check.model.load import hub_offline, hub_reachable, offline_message
+
+    dtype, device = resolve_dtype(dtype), resolve_device(device)
+    status.say(f"loading the TransformerLens model {name!r}")
+    offline = not hub_reachable()
+    try:
+        with hub_offline(offline), warnings.catch_warnings():
+            # TransformerLens 3 asks its own callers to move to TransformerBridge; nothing a tcircuits user can act on
+            warnings.filterwarnings("ignore", message=r"HookedTransformer\.from_pretrained is deprecated")
+            model = _loading(f"the TransformerLens model {name!r}",
+                             lambda: HookedTransformer.from_pretrained(name, device=str(device), dtype=dtype))
+    except ModelLoadError as error:
+        if offline and any(word in str(error) for word in ("offline", "Offline", "cache", "LocalEntryNotFound")):
+            raise ModelLoadError(f"cannot load the TransformerLens model: {offline_message(name)}") from None
+        raise
+    status.say(f"converting the TransformerLens model {name!r} and checking it against the source")
+    return UserModel(model.eval(), getattr(model, "tokenizer", None), f"{name} (TransformerLens)", "tl")
+
+
+def _texts_given(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(flag, text)`` of every text argument a tokenizer will read (``--text``, ``--target``, ``--logit-diff``)."""
+    given = [("--text", args.text)] if getattr(args, "text", None) is not None else []
+    if isinstance(getattr(args, "target", None), str):
+        given.append(("--target", args.target))
+    given += [("--logit-diff", t) for t in getattr(args, "logit_diff", None) or () if isinstance(t, str)]
+    return given
+
+
+def check_utf8(text: str, flag: str) -> None:
+    """``text`` is valid Unicode: an argument that was not UTF-8 arrives with lone surrogates
+    (``\\udcff``), which no tokenizer can read.
+
+    >>> check_utf8("a\\udcffb", "--text")
+    Traceback (most recent call last):
+    numeric_check.errors.VerifyCLIError: --text is not valid UTF-8: the byte 0xff at character 1; give UTF-8 text
+    """
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            byte = f"the byte 0x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else f"a lone surrogate U+{ord(ch):04X}"
+            raise VerifyCLIError(f"{flag} is not valid UTF-8: {byte} at character {i}; give UTF-8 text")
+
+
+def _check_arguments_early(args: argparse.Namespace, user: UserModel, config: dict) -> None:
+    """The prompt and ``--target``/``--logit-diff`` read by the tokenizer and held to the config's
+    context and vocabulary before the weights are loaded; the prompt's ids are kept."""
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    d_vocab = next((v for k in ("vocab_size", "n_vocab") if isinstance(v := text_config.get(k), int)), None)
+    n_ctx = next((v for k in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length")
+                  if isinstance(v := text_config.get(k), int) and v > 0), None)
+    user.prompt_ids = text_tokens(args, user, n_ctx, d_vocab)
+    goal = getattr(args, "target", None), getattr(args, "logit_diff", None)
+    if any(g is not None for g in goal) and d_vocab is not None:
+        from numeric_check.circuits.attribution import resolve_target
+        from numeric_check.cli.attribute import parse_token
+
+        target, diff = goal
+        resolve_target(None if target is None else parse_token(target),
+                       None if diff is None else tuple(parse_token(t) for t in diff), d_vocab,
+                       _BoundedTokenizer(user.tokenizer))
+
+
+class _BoundedTokenizer:
+    """A tokenizer whose ``encode`` and ``decode`` run within :data:`TOKENIZE_SECONDS` (for ``--target``)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text, add_special_tokens=False):
+        return bounded(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)),
+                       f"the tokenizer on {text[:40]!r}")
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids)
 
 
 def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, Any]:
@@ -134,41 +247,152 @@ def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, 
     from numeric_check.model.hf import check_hf, from_hf
 
     convert, check = (from_transformer_lens, check_transformer_lens) if user.library == "tl" else (from_hf, check_hf)
-    model = convert(user.source, dtype=dtype, device=resolve_device(device), check=False)
-    tokens = tokens_for(model)
-    model.source_check = check(user.source, model, tokens)
+    try:
+        model = convert(user.source, dtype=dtype, device=resolve_device(device), check=False)
+        tokens = tokens_for(model)
+        model.source_check = check(user.source, model, tokens)
+    finally:
+        if user.status is not None:
+            user.status.done()
     return model, tokens
 
 
-def text_tokens(args: argparse.Namespace, user: UserModel, n_ctx: int, d_vocab: int):
-    """The ``--text`` / ``--text-file`` prompt as a ``[1, pos]`` id tensor, or ``None`` when neither was given."""
+def text_tokens(args: argparse.Namespace, user: UserModel, n_ctx: int | None, d_vocab: int | None):
+    """The ``--text`` / ``--text-file`` prompt as a ``[1, pos]`` id tensor, or ``None`` when neither was
+    given; read by the tokenizer within :data:`TOKENIZE_SECONDS` (a tokenizer that panics or runs away
+    is one line), held to ``n_ctx`` and ``d_vocab`` (each skipped when ``None``)."""
     import torch
 
     if args.text is None and args.text_file is None:
         return None
-    if args.text_file is not None:
-        from numeric_check.errors import InputFileError
-        from numeric_check.model.checkpoint import read_text_file
+    if user.prompt_ids is not None:
+        ids = user.prompt_ids
+    else:
+        if args.text_file is not None:
+            from numeric_check.errors import InputFileError
+            from numeric_check.model.checkpoint import read_text_file
 
-        text = read_text_file(args.text_file, "the prompt file", InputFileError)
-    else:
-        text = args.text
-    if not text.strip():
-        raise VerifyCLIError("the prompt is empty; give some text to tokenize")
-    if user.tokenizer is None:
-        raise ModelLoadError(f"{user.name} has no tokenizer to read the prompt with; give token ids with --tokens")
-    if user.library == "tl":
-        ids = user.source.to_tokens(text).cpu().reshape(1, -1)
-    else:
-        ids = torch.tensor([user.tokenizer(text)["input_ids"]])
+            text = read_text_file(args.text_file, "the prompt file", InputFileError)
+        else:
+            text = args.text
+        check_utf8(text, "--text" if args.text_file is None else "the prompt file")
+        if not text.strip():
+            raise VerifyCLIError("the prompt is empty; give some text to tokenize")
+        if user.tokenizer is None:
+            raise ModelLoadError(f"{user.name} has no tokenizer to read the prompt with; give token ids with --tokens")
+        if user.library == "tl":
+            source = user.source
+            ids = torch.tensor([bounded(lambda: source.to_tokens(text).reshape(-1).tolist(), "the tokenizer on the prompt")])
+        else:
+            tokenizer = user.tokenizer
+            ids = torch.tensor([bounded(lambda: list(tokenizer(text)["input_ids"]), "the tokenizer on the prompt")],
+                               dtype=torch.long)
     if ids.shape[1] == 0:
         raise VerifyCLIError("the prompt tokenizes to no tokens")
-    if ids.shape[1] > n_ctx:
+    if n_ctx is not None and ids.shape[1] > n_ctx:
         raise VerifyCLIError(f"the prompt is {ids.shape[1]:,} tokens, more than the model's context n_ctx={n_ctx:,}; "
                              "shorten it")
-    if int(ids.max()) >= d_vocab:
+    if d_vocab is not None and int(ids.max()) >= d_vocab:
         raise VerifyCLIError(f"the tokenizer gives the id {int(ids.max())}, outside the model's vocabulary 0..{d_vocab - 1}")
     return ids
+
+
+def bounded(call, what: str, seconds: float | None = None):
+    """``call()`` run in a forked child within ``seconds`` (:data:`TOKENIZE_SECONDS`): its result (a
+    JSON value) comes back through a pipe; a call that raises — a Rust ``PanicException`` included —
+    dies, or runs past the time is one :class:`ModelLoadError` line naming ``what``; the child's
+    standard error (a panic's backtrace) is dropped. Without ``fork``, ``call()`` runs in-process."""
+    import json
+    import select
+    import signal
+    import time
+
+    seconds = TOKENIZE_SECONDS if seconds is None else seconds
+    if not hasattr(os, "fork"):
+        return _in_process(call, what)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no thread pool to lose across the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return into the caller's code
+        status = 0
+        try:
+            os.close(read)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            try:
+                answer = {"ok": call()}
+            except BaseException as error:  # noqa: BLE001 - a PanicException is a BaseException
+                answer = {"error": _one_line(error)}
+            data = json.dumps(answer).encode()
+            while data:
+                data = data[os.write(write, data):]
+        except BaseException:  # noqa: BLE001
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise ModelLoadError(f"{what} did not finish within {seconds:g} s; the tokenizer runs away on this "
+                                     "input (give token ids with --tokens)")
+            chunk = os.read(read, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        raise ModelLoadError(f"{what} failed: the tokenizer crashed (give token ids with --tokens)") from None
+    if "error" in answer:
+        raise ModelLoadError(f"{what} failed: {answer['error']}")
+    return answer["ok"]
+
+
+def _in_process(call, what: str):
+    try:
+        return call()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - a PanicException is a BaseException
+        raise ModelLoadError(f"{what} failed: {_one_line(error)}") from None
+
+
+def _one_line(error: BaseException) -> str:
+    from numeric_check.model.load import one_line
+
+    return one_line(f"{type(error).__name__}: {error}" if type(error).__name__ == "PanicException" else error, 200)
+
+
+class Status:
+    """What is being done, one line on standard error that each step overwrites, while it is a
+    terminal (and ``enabled``); cleared by :meth:`done`."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.shown = False
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            from tensoralg.escape import terminal_safe
+
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            line = terminal_safe(f"tcircuits: {text} …")[:width]
+            sys.stderr.write("\r\x1b[K" + line)
+            sys.stderr.flush()
+            self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
 
 
 def token_strings(tokenizer: Any | None, ids: list[int]) -> list[str]:
@@ -185,14 +409,6 @@ def token_line(tokenizer: Any | None, ids: list[int], limit: int = MAX_TOKEN_LIN
     return shown + (f" · … ({len(ids):,} tokens)" if len(ids) > limit else "")
 
 
-def _tokenizer(auto: Any, name: str, revision: str | None) -> Any:
-    """``AutoTokenizer.from_pretrained``, refusing the empty tokenizer it makes for a folder that holds none."""
-    tokenizer = auto.from_pretrained(name, revision=revision)
-    if len(tokenizer) < 2:
-        raise ValueError("no tokenizer files were found beside the model (its vocabulary is empty)")
-    return tokenizer
-
-
 def _loading(what: str, load):
     """``load()`` with the library's progress bars off; any failure of the loading library as one
     :class:`ModelLoadError` line naming ``what``."""
@@ -201,6 +417,7 @@ def _loading(what: str, load):
             return load()
     except (KeyboardInterrupt, MemoryError):
         raise
+    except ModelLoadError as error:
+        raise ModelLoadError(f"cannot load {what}: {error}") from None
     except Exception as error:  # noqa: BLE001 - the libraries raise OSError, ValueError, KeyError, ...
-        detail = " ".join(str(error).split())[:300] or type(error).__name__
-        raise ModelLoadError(f"cannot load {what}: {detail}") from None
+        raise ModelLoadError(f"cannot load {what}: {_one_line(error)}") from None

@@ -132,3 +132,353 @@ def test_attribute_on_a_saved_hugging_face_folder_with_a_text_prompt(capsys, gpt
     assert result["source"].startswith("converted from GPT2LMHeadModel") and result["target"]["ids"] == [293, 292] and result["target"]["texts"] == [" Mary", " John"]
     code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The cat", "--target", " Paris")
     assert code == 2 and "target ' Paris' is 3 tokens for this tokenizer ([221, 297, 266]); expected exactly one" in err
+
+
+# -- a model folder is data (issue 29 item 1, issue 28 items 4 and 5) --------------------------
+
+class NoStdin:
+    """Standard input that fails the test if anything reads it (transformers' trust_remote_code question)."""
+
+    def _read(self, *args):
+        raise AssertionError("standard input was read")
+
+    read = readline = readlines = _read
+
+    def fileno(self):
+        raise OSError("no standard input")
+
+    def isatty(self):
+        return True
+
+
+def copy_folder(src, dst, **config):
+    """A copy of the saved folder ``src`` at ``dst``, its config.json updated with ``config``."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    if config:
+        path = dst / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}), encoding="utf-8")
+    return dst
+
+
+def edit_tensors(folder, edit):
+    """``edit(tensors)`` applied to the folder's model.safetensors, which is saved again."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def one_line_error(code, out, err, *fragments):
+    assert code == 2 and out == "", (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("tcircuits ") and "\x1b" not in err, err
+    assert "Traceback" not in err and "LOAD REPORT" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('ran')\n"
+
+
+@pytest.mark.parametrize("model_type", ["evil", "gpt2"])
+def test_a_folder_asking_for_its_own_code_is_refused_by_name_and_nothing_runs(capsys, monkeypatch, tmp_path, gpt2_dir,
+                                                                              model_type):
+    marker = tmp_path / "ran"
+    folder = copy_folder(gpt2_dir, tmp_path / "remote", model_type=model_type, auto_map={
+        "AutoConfig": "configuration_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilModel"})
+    for name in ("configuration_evil.py", "modeling_evil.py"):
+        (folder / name).write_text(EVIL.format(marker=str(marker)), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", NoStdin())
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--no-progress")
+    one_line_error(code, out, err, "config.json asks for code from the folder (auto_map: configuration_evil.EvilConfig, "
+                   "modeling_evil.EvilModel); tcircuits runs no code from a model folder")
+    assert not marker.exists()
+
+
+def test_a_tokenizer_asking_for_its_own_code_is_refused(capsys, monkeypatch, tmp_path, gpt2_dir):
+    marker = tmp_path / "ran"
+    folder = copy_folder(gpt2_dir, tmp_path / "remote")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "tokenization_evil.py").write_text(EVIL.format(marker=str(marker)), encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", NoStdin())
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--no-progress")
+    one_line_error(code, out, err, "tokenizer_config.json asks for code from the folder (auto_map: "
+                   "tokenization_evil.EvilTokenizer)")
+    assert not marker.exists()
+
+
+class Evil:
+    """A pickle that would run a command when unpickled by a full unpickler."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("kind", ["state_dict", "bare", "legacy"])
+def test_a_pickle_holding_more_than_tensors_is_refused_without_advice_to_unpickle_it(capsys, tmp_path, gpt2_dir, kind):
+    import pickle
+
+    import torch
+    from safetensors.torch import load_file
+
+    marker = tmp_path / "ran"
+    folder = copy_folder(gpt2_dir, tmp_path / "pickle")
+    tensors = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    if kind == "bare":
+        (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Evil(marker)))
+    else:
+        torch.save({**tensors, "x": Evil(marker)}, folder / "pytorch_model.bin",
+                   _use_new_zipfile_serialization=kind == "state_dict")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    one_line_error(code, out, err, "pytorch_model.bin is not a file of tensors", "tcircuits reads weights only")
+    assert "weights_only" not in err and "False" not in err and "arbitrary code" not in err
+    assert not marker.exists()
+
+
+def test_a_weights_only_pickle_is_read(capsys, tmp_path, gpt2_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    folder = copy_folder(gpt2_dir, tmp_path / "pickle")
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--no-progress")
+    assert code == 0 and "PASSED" in out, err
+
+
+@pytest.mark.parametrize("layers, fragment", [
+    (10**6, "config.json says 1,000,000 layers (n_layer) but model.safetensors holds 2 (transformer.h.0 … transformer.h.1)"),
+    (1, "config.json says 1 layer (n_layer) but model.safetensors holds 2"),
+    (3, "config.json says 3 layers (n_layer) but model.safetensors holds 2"),
+])
+def test_a_layer_count_the_weights_do_not_hold_is_refused_before_a_layer_is_built(capsys, tmp_path, gpt2_dir, layers,
+                                                                                 fragment):
+    from tests.helpers import quickly
+
+    folder = copy_folder(gpt2_dir, tmp_path / "layers", n_layer=layers)
+    with quickly(20):
+        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    one_line_error(code, out, err, fragment)
+
+
+@pytest.mark.parametrize("edit, config, fragment", [
+    (lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"), {},
+     "2 tensors missing from model.safetensors (transformer.h.0.attn.c_attn.weight, transformer.h.1.mlp.c_fc.bias)"),
+    (lambda t: t.__setitem__("transformer.h.0.attn.extra", __import__("torch").zeros(3)), {},
+     "1 tensor not used by the model but stored in model.safetensors (transformer.h.0.attn.extra)"),
+    (lambda t: t.__setitem__("transformer.h.0.attn.c_attn.weight", __import__("torch").zeros(16, 40)), {},
+     "model.safetensors holds tensors of other shapes than config.json gives: transformer.h.0.attn.c_attn.weight "
+     "[16, 40] (config: [16, 48])"),
+    (None, {"vocab_size": 10**12}, "transformer.wte.weight [300, 16] (config: [1000000000000, 16])"),
+])
+def test_tensors_missing_unused_or_reshaped_are_listed_before_any_conversion(capsys, monkeypatch, tmp_path, gpt2_dir,
+                                                                             edit, config, fragment):
+    from numeric_check.model import hf
+
+    folder = copy_folder(gpt2_dir, tmp_path / "edited", **config)
+    if edit is not None:
+        edit_tensors(folder, lambda t: (t.pop("transformer.h.0.attn.c_attn.weight") if "missing" in fragment else None,
+                                        edit(t)))
+    monkeypatch.setattr(hf, "from_hf", lambda *a, **k: pytest.fail("converted"))
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    one_line_error(code, out, err, fragment)
+
+
+def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(capsys, monkeypatch, gpt2_dir):
+    from numeric_check.model import load
+
+    monkeypatch.setattr(load, "available_memory", lambda: 4096)
+    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--tokens", "1,2", "--no-progress")
+    one_line_error(code, out, err, "the model config.json describes needs 0.1 MiB as float64, more than the 0.0 MiB of "
+                   "memory available")
+
+
+def test_an_offline_hub_name_fails_at_once_naming_the_cache(capsys, monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    from numeric_check.model import load
+    from tests.helpers import quickly
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
+    monkeypatch.chdir(tmp_path)
+    with quickly(5):
+        code, out, err = run_cli(capsys, "verify", "--hf", "gpt2", "--text", "hi", "--no-progress")
+    one_line_error(code, out, err, f"'gpt2' is not in the Hugging Face cache ({tmp_path / 'hub'}) and huggingface.co "
+                   "cannot be reached")
+    assert constants.HF_HUB_OFFLINE is False  # as it was
+
+
+def test_an_offline_hub_name_is_read_from_the_cache(capsys, monkeypatch, tmp_path, gpt2_dir):
+    import shutil
+
+    from huggingface_hub import constants
+
+    from numeric_check.model import load
+
+    repo = tmp_path / "hub" / "models--someone--tiny-gpt2"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(gpt2_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
+    code, out, err = run_cli(capsys, "verify", "--hf", "someone/tiny-gpt2", "--text", "The cat", "--max-order", "0",
+                             "--no-progress")
+    assert code == 0 and "PASSED" in out, err
+
+
+def test_the_hub_is_offline_at_once_with_hf_hub_offline(monkeypatch):
+    from huggingface_hub import constants
+
+    from numeric_check.model.load import hub_reachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert hub_reachable() is False
+
+
+def test_an_offline_transformer_lens_name_fails_at_once_naming_the_cache(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("transformer_lens")
+    from huggingface_hub import constants
+
+    from numeric_check.model import load
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "verify", "--tl", "gpt2", "--text", "hi", "--no-progress")
+    one_line_error(code, out, err, "cannot load the TransformerLens model: 'gpt2' is not in the Hugging Face cache")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--hf", "{dir}/config.json"], "it is a file; give the folder saved with save_pretrained"),
+    (["--hf", "./no-such-folder"], "there is no such folder"),
+    (["--hf", "{dir}", "--revision", "main"], "it is a folder, and --revision picks a version of a model on the hub"),
+])
+def test_a_path_that_is_no_model_folder_is_one_line(capsys, gpt2_dir, argv, fragment):
+    code, out, err = run_cli(capsys, "verify", *[a.replace("{dir}", str(gpt2_dir)) for a in argv], "--no-progress")
+    one_line_error(code, out, err, fragment)
+
+
+def test_a_missing_tokenizer_says_what_to_save_install_or_pass(capsys, monkeypatch, tmp_path, gpt2_dir):
+    import importlib.util
+
+    folder = copy_folder(gpt2_dir, tmp_path / "bare")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "hi", "--no-progress")
+    one_line_error(code, out, err, "the folder holds no tokenizer", "tokenizer.save_pretrained", "--tokens")
+    (folder / "tokenizer.model").write_bytes(b"\x00")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "hi", "--no-progress")
+    one_line_error(code, out, err, "the tokenizer is tokenizer.model, which needs sentencepiece: pip install sentencepiece")
+
+
+# -- prompts and tokenizers (issue 29 item 4) ---------------------------------------------------
+
+@pytest.mark.parametrize("command, argv, fragment", [
+    ("verify", ["--text", "a\udcffb"], "--text is not valid UTF-8: the byte 0xff at character 1"),
+    ("attribute", ["--text", "The cat", "--target", "\udcff"], "--target is not valid UTF-8: the byte 0xff at character 0"),
+    ("attribute", ["--text", "The cat", "--logit-diff", " the", "x\udc80"], "--logit-diff is not valid UTF-8: the byte 0x80"),
+])
+def test_a_prompt_or_target_that_is_not_utf8_is_one_line(capsys, gpt2_dir, command, argv, fragment):
+    code, out, err = run_cli(capsys, command, "--hf", str(gpt2_dir), *argv)
+    one_line_error(code, out, err, fragment)
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line(capsys, gpt2_dir, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(b"a\xffb")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text-file", str(prompt), "--no-progress")
+    one_line_error(code, out, err, "is not UTF-8 text (byte 1")
+
+
+@pytest.fixture(scope="module")
+def panicking_dir(tmp_path_factory, gpt2_dir):
+    """The GPT-2 folder with a tokenizer whose pre-tokenizer splits on ``(a+)+$`` (a Rust panic on ``aaa…a!``)."""
+    import shutil
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("panic") / "model"
+    shutil.copytree(gpt2_dir, folder)
+    tok = Tokenizer(models.WordLevel({"a": 0, "!": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(a+)+$"), behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("verify", ["--text", "a" * 40 + "!", "--no-progress"]),
+    ("attribute", ["--text", "a!", "--target", "a" * 40 + "!"]),
+])
+def test_a_tokenizer_that_panics_is_one_line(capsys, panicking_dir, command, argv):
+    from tests.helpers import quickly
+
+    with quickly(30):
+        code, out, err = run_cli(capsys, command, "--hf", str(panicking_dir), *argv)
+    one_line_error(code, out, err, "failed: PanicException: Onig: Regex search error: retry-limit-in-match over")
+    assert "panicked at" not in err
+
+
+def test_a_call_that_runs_away_is_stopped_within_its_bound():
+    import time
+
+    from numeric_check.cli.source import bounded
+    from numeric_check.errors import ModelLoadError
+    from tests.helpers import quickly
+
+    with quickly(5), pytest.raises(ModelLoadError, match=r"^the tokenizer on the prompt did not finish within 0.5 s"):
+        bounded(lambda: time.sleep(60), "the tokenizer on the prompt", seconds=0.5)
+    assert bounded(lambda: [1, 2, 3], "x") == [1, 2, 3]
+
+
+def test_a_bad_target_is_reported_before_the_weights_are_read(capsys, monkeypatch, gpt2_dir):
+    from numeric_check.model import load
+
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("the weights were read first"))
+    code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The cat", "--target", " Paris")
+    one_line_error(code, out, err, "target ' Paris' is 3 tokens for this tokenizer ([221, 297, 266]); expected exactly one")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat. " * 20,
+                             "--no-progress")
+    one_line_error(code, out, err, "more than the model's context n_ctx=32")
+
+
+def test_transformers_tables_and_escapes_become_one_line():
+    from numeric_check.model.load import one_line
+
+    report = ("\x1b[1mLOAD REPORT\x1b[0m from: /m\n|Key | Status|\n|----+-------|\n"
+              "|transformer.wte.weight | \x1b[31mMISMATCH\x1b[0m|\n\nNotes:\n- MISMATCH:\tckpt weights were loaded")
+    assert one_line(report) == "LOAD REPORT from: /m Key Status transformer.wte.weight MISMATCH Notes: - MISMATCH: ckpt weights were loaded"
+    assert one_line("x" * 400, 50) == "x" * 49 + "…"
+
+
+def test_analyze_shows_what_it_is_loading_on_a_terminal(capsys, monkeypatch, gpt2_dir, tmp_path):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr("sys.stderr", screen)
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
+                             "--sequences", "4", "--formats", "svg")
+    assert code == 0, screen.getvalue()
+    shown = screen.getvalue()
+    assert f"tcircuits: loading the Hugging Face model {str(gpt2_dir)!r} …" in shown
+    assert "checking it against the source …" in shown and "\n" not in shown.split("against the source …")[0]
+    assert shown.split("against the source …")[1].startswith("\r\x1b[K")  # the line is cleared before the analysis
