@@ -10,7 +10,10 @@ TransformerLens: ``to_tokens``, which prepends BOS). The conversion is checked a
 model on probe tokens *and on these tokens* before anything is computed
 (:mod:`numeric_check.model.source_check`).
 
-Nothing here prints; every failure is a :class:`~numeric_check.errors.NumericCheckError` in one line.
+A Hugging Face folder is data (:mod:`numeric_check.model.load`: no code, no pickle beyond tensors, the
+config held to the stored tensors); the prompt and ``--target`` are read by the tokenizer, within a
+time bound, before the weights. Nothing here prints but the progress line on a terminal
+(:class:`Status`); every failure is a :class:`~numeric_check.errors.NumericCheckError` in one line.
 """
 
 from __future__ import annotations

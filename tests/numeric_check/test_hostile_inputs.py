@@ -334,3 +334,74 @@ def test_the_latex_tables_with_hostile_names_and_tokens_compile_inertly(tmp_path
     assert run.returncode == 0, run.stdout[-2000:]
     log = (tmp_path / "doc.log").read_text(errors="replace")
     assert "SECRET-CONTENT" not in log and "runsystem" not in log and not (tmp_path / "pwned").exists()
+
+
+# -- a Hugging Face model folder (issue 29 items 1 and 5, issue 28 item 4) ---------------------
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.helpers import saved_hf_model
+
+    return saved_hf_model(tmp_path_factory.mktemp("hf") / "gpt2", "gpt2")
+
+
+HOSTILE_FIELDS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size", "layer_norm_epsilon",
+                  "model_type", "activation_function", "tie_word_embeddings", "num_hidden_layers", "torch_dtype")
+HOSTILE_VALUES = (0, 1, 3, -1, 2.5, 10**6, 10**9, 10**12, 10**30, "x", "gpt2", "llama", None, True, [], {}, "float8_e4m3fn")
+
+
+def _hostile_folder(src, dst, edits, drop=(), extra=()):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(edits)
+    (dst / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    if drop or extra:
+        tensors = load_file(dst / "model.safetensors")
+        for name in drop:
+            tensors.pop(name, None)
+        tensors.update({name: torch.zeros(2) for name in extra})
+        save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_any_hostile_model_folder_loads_as_saved_or_is_one_of_our_errors(hf_folder, tmp_path_factory, monkeypatch):
+    """A property per family: any edit of a saved folder's config and tensors gives the model as saved
+    or a :class:`ModelLoadError` line, in bounded time and memory, with nothing read from standard
+    input and no file of the folder changed."""
+    from hypothesis import given, settings, strategies as st
+
+    from numeric_check.errors import NumericCheckError
+    from numeric_check.model.load import load_model
+    from tests.helpers import bounded, folder_state
+
+    names = sorted(json.loads((hf_folder / "config.json").read_text()))
+    from safetensors import safe_open
+
+    with safe_open(str(hf_folder / "model.safetensors"), "pt") as f:
+        stored = sorted(f.keys())
+    monkeypatch.setattr("sys.stdin", None)
+    counter = iter(range(10**6))
+
+    @settings(max_examples=25, deadline=None)
+    @given(edits=st.dictionaries(st.sampled_from(HOSTILE_FIELDS + tuple(names)), st.sampled_from(HOSTILE_VALUES), max_size=3),
+           drop=st.lists(st.sampled_from(stored), max_size=2), extra=st.lists(st.sampled_from(["x.y", "transformer.h.5.z"]),
+                                                                              max_size=1))
+    def check(edits, drop, extra):
+        folder = _hostile_folder(hf_folder, tmp_path_factory.mktemp("edit") / f"m{next(counter)}", edits, drop, extra)
+        before = folder_state(folder)
+        with bounded(60, 200):
+            try:
+                model = load_model(folder, torch.float64)
+            except NumericCheckError as error:
+                assert "\n" not in str(error) and "\x1b" not in str(error), str(error)
+            else:  # what loaded is what was saved: every stored tensor used, none made up
+                assert not drop and not extra, (edits, drop, extra)
+                assert sum(p.numel() for p in model.parameters()) > 0
+        assert folder_state(folder) == before
+
+    check()
