@@ -23,7 +23,7 @@ from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
 from derivations.errors import DerivationError, LatexError, OutputError
 from derivations.checking import identity_document
-from derivations.files import writable_file, write_atomic
+from derivations.files import output_file, writable_file, write_atomic
 from derivations.expansion import CLI_HINT, expansion
 from derivations.html import html_document
 
@@ -103,14 +103,15 @@ def emit(derivation: Derivation, args) -> int:
         raise DerivationError(f"--pdf compiles LaTeX; it cannot be combined with --format {args.format}")
     fmt = "latex" if args.pdf else (args.format or "text")
     max_terms = None if args.max_terms == 0 else args.max_terms
-    out = writable_file(args.output) if args.output else None  # checked before the work
+    force = getattr(args, "force", False)
+    out = output_file(args.output, force=force)  # checked before the work; None: standard output (-o -)
     target = None
     if args.pdf:
-        target = writable_file(out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"))
+        target = writable_file(out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"), force=force)
     document = render(derivation, fmt, max_terms, getattr(args, "index_from", 0))
     if out is not None:
         write_atomic(out, document)
-    elif not args.pdf:
+    elif not args.pdf or args.output is not None:  # with --pdf, the LaTeX is printed when -o - asks for it
         print(terminal_safe(document), end="" if document.endswith("\n") else "\n")
     if target is not None:
         pdf, _ = compile_latex(document)
@@ -309,7 +310,9 @@ def add_opaque(parser: argparse.ArgumentParser) -> None:
 def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default=None, help="output format (default: text; html: one self-contained page, "
                              "maths as MathML, open it in a browser)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="write to FILE instead of standard output (- or /dev/stdout: standard output)")
+    parser.add_argument("--force", action="store_true", help="let -o replace a checkpoint or a training record")
     parser.add_argument("--pdf", action="store_true",
                         help="compile the LaTeX with pdflatex; the PDF goes next to -o FILE (or NAME.pdf)")
     parser.add_argument("--max-terms", type=int, default=40, metavar="N",

@@ -1,7 +1,7 @@
 """Writing what a numeric command produces: :mod:`derivations.files`' atomic writer (a
 temporary file with a name of its own beside the output, then a rename; links replaced,
-never followed; FIFOs and devices refused), with :class:`~numeric_check.errors.OutputPathError`
-as the error, so that a checkpoint, a report or a training record is never left half-written.
+never followed; FIFOs, devices and system folders refused) and its folder written whole
+(:func:`output_folder`), with :class:`~numeric_check.errors.OutputPathError` as the error, so that a checkpoint, a report or a training record is never left half-written.
 
 >>> import tempfile
 >>> folder = Path(tempfile.mkdtemp())
@@ -18,9 +18,18 @@ from derivations import files
 
 from numeric_check.errors import OutputPathError
 
+OutputFolder = files.OutputFolder
+output_file = partial(files.output_file, error=OutputPathError)
 writable_dir = partial(files.writable_dir, error=OutputPathError)
 writable_file = partial(files.writable_file, error=OutputPathError, create=True)
 write_atomic = partial(files.write_atomic, error=OutputPathError)
 atomic_path = partial(files.atomic_path, error=OutputPathError)
 
-__all__ = ["OutputPathError", "atomic_path", "writable_dir", "writable_file", "write_atomic"]
+
+def output_folder(path: Path | str, names, *, force: bool = False, inputs=()) -> files.OutputFolder:
+    """A :class:`~derivations.files.OutputFolder` (written beside ``path``, swapped in whole) whose
+    errors are :class:`OutputPathError`."""
+    return files.OutputFolder(path, names, force=force, inputs=inputs, error=OutputPathError)
+
+__all__ = ["OutputFolder", "OutputPathError", "atomic_path", "output_file", "output_folder", "writable_dir", "writable_file",
+           "write_atomic"]

@@ -390,6 +390,17 @@ json_values = st.recursive(
 #: must stay as it was), a dangling link, a FIFO, a folder.
 OUTPUT_PLACES = ("absent", "file", "link", "dangling", "fifo", "folder")
 
+#: What may already sit in a folder a command writes whole (issue 29): the tool's own file as it
+#: wrote it, one a person edited since, a person's file, a link to a file elsewhere, a FIFO, a folder.
+FOLDER_KINDS = ("ours", "edited", "file", "link", "fifo", "folder")
+
+
+def output_folders(names: list[str]) -> st.SearchStrategy[dict[str, str]]:
+    """An old output folder: ``{relative path: kind of FOLDER_KINDS}`` at names the command writes
+    (``names``) and at names of a person's own."""
+    return st.dictionaries(st.sampled_from([*names, "notes.txt", "figures/mine.svg", "sub/deep.txt"]),
+                           st.sampled_from(FOLDER_KINDS), max_size=6)
+
 LINE_BREAKS_IN_TOKENS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines() breaks on each
 
 

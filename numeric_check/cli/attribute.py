@@ -72,7 +72,10 @@ def register(subparsers) -> None:
     add_runtime_arguments(what)
     out = p.add_argument_group("output")
     out.add_argument("--format", default="text", choices=FORMATS, help="text (default), json (every term), html (a bar chart), markdown")
-    out.add_argument("-o", "--output", metavar="FILE", help="write there (atomically) instead of printing")
+    out.add_argument("-o", "--output", metavar="FILE",
+                     help="write there (atomically) instead of printing; - or /dev/stdout: standard output")
+    out.add_argument("--force", action="store_true",
+                     help="let -o replace a file this command reads, a checkpoint or a training record")
     p.set_defaults(func=with_runtime(run))
 
 
@@ -122,11 +125,15 @@ def parse_token(text: str) -> int | str:
 def run(args: argparse.Namespace) -> int:
     """Attribute, print or write the result; 0 when every check passed, else 1."""
     from numeric_check.circuits.attribution import attribute
-    from numeric_check.files import write_atomic, writable_file
+    from pathlib import Path
+
+    from numeric_check.files import output_file, write_atomic
 
     if args.max_order not in (1, 2):
         raise AttributionError(f"--max-order must be 1 or 2, got {args.max_order}")
-    output = writable_file(args.output, SUFFIXES[args.format]) if args.output else None
+    checkpoint = [Path(args.checkpoint), Path(args.checkpoint).with_suffix(".json")] if args.checkpoint else []  # and its record
+    inputs = checkpoint + [Path(p) for p in (getattr(args, "text_file", None), getattr(args, "hf", None)) if p]
+    output = output_file(args.output, SUFFIXES[args.format], inputs=inputs, force=args.force)
     model, tokens, tokenizer = load_source(args)
     goal = dict(target=parse_token(args.target)) if args.target is not None else dict(
         logit_diff=tuple(parse_token(t) for t in args.logit_diff))

@@ -17,6 +17,11 @@ that model. Each finding is stated as the paper states it, with the value measur
 shipped models (numeric_check/data/induction_0l, _1l, _2l) when the page is built, the
 control's value, a verdict (holds, holds in part, does not hold) and where it holds when
 only in part. With --pdf, DIR/paper.pdf holds the same content (needs pdflatex).
+
+DIR is written whole: the site is built in a new folder beside it and swapped in at the end,
+so a run that fails or is interrupted leaves DIR as it was. A file in DIR that tcircuits did
+not write (or that changed since) is refused by name; --force replaces those at the names the
+companion writes and keeps the others.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def register(subparsers) -> None:
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the site into (made if missing)")
     parser.add_argument("--pdf", action="store_true", help="also compile DIR/paper.pdf with pdflatex")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files in DIR that tcircuits did not write (or that changed since) at the names it writes")
     parser.add_argument("--seed", type=seed, default=0, help="seed of every sampled batch and random control (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -55,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.reports.paper.build import check_outputs, step_count, write_paper
 
     torch.set_num_threads(1)
-    check_outputs(args.out, args.pdf)  # a bad folder is refused before any work
+    check_outputs(args.out, args.pdf, args.force)  # a bad folder is refused before any work
     with StepBar(step_count(args.pdf), args.quiet) as bar:
-        paper, written = write_paper(args.out, pdf=args.pdf, progress=bar.tick, seed=args.seed)
+        paper, written = write_paper(args.out, pdf=args.pdf, progress=bar.tick, seed=args.seed, force=args.force)
     counts: dict[str, int] = {}
     for f in paper.findings:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1

@@ -102,6 +102,7 @@ def register_train_toy(subparsers) -> None:
     add_runtime_arguments(p, device_help="auto (the default: CUDA when present, else the CPU), cpu, cuda or cuda:N; "
                           "the shipped weights are rebuilt bit for bit on the CPU")
     p.add_argument("--save-dtype", default="float32", choices=["float32", "float16"], help="dtype of the saved weights (default float32)")
+    p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out and its training record")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=with_runtime(_run_train_toy))
 
@@ -133,8 +134,9 @@ def _run_train_toy(args) -> int:
         seed=args.seed,
         init_std=args.init_std,
     )
-    out = writable_file(args.out, ".safetensors")  # both outputs checked before the training, not after
-    sidecar = writable_file(out.with_suffix(".json"))
+    # both outputs checked before the training, not after; an existing one is kept unless --force
+    out = writable_file(args.out, ".safetensors", new=True, force=args.force)
+    sidecar = writable_file(out.with_suffix(".json"), new=True, force=args.force)
     start = time.perf_counter()
     with StepBar(config.steps, args.quiet) as bar:
         def progress(step: int, record: dict) -> None:
@@ -186,7 +188,11 @@ induction. Without CHECKPOINT, the 2-layer model shipped with tcircuits is analy
 with the shipped 1-layer model as control.
 
 Writes into OUT: index.html (the report as a web page: open it in a browser),
-report.md, tables.tex (plain LaTeX), analysis.json, and figures/*.png and *.svg.
+report.md, tables.tex (plain LaTeX), analysis.json, and figures/*.png and *.svg. OUT is
+written whole: in a new folder beside it, swapped in at the end, so a run that fails or is
+interrupted leaves OUT as it was. A file in OUT that tcircuits did not write (or that changed
+since) is refused by name; --force replaces those at the names the report writes and keeps
+the others.
 """
 
 ANALYZE_EPILOG = """\
@@ -211,6 +217,8 @@ def register_analyze(subparsers) -> None:
                        help="dtype of the --hf/--tl model as loaded and analysed (default float32)")
     p.set_defaults(text=None, text_file=None)
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
+    p.add_argument("--force", action="store_true",
+                   help="replace files in OUT that tcircuits did not write (or that changed since) at the names it writes")
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
     p.add_argument("--vocab", type=Path, metavar="FILE",
                    help="token strings: a JSON list, or one token per line (d_vocab entries)")
@@ -299,7 +307,7 @@ def _run_analyze(args) -> int:
 
     from numeric_check.reports.plots import check_formats
     from numeric_check.reports.analysis import analyze_model, data_config_for
-    from numeric_check.reports.report import Report, report_folder
+    from numeric_check.reports.report import Report, report_output
     from numeric_check.training.toy import shipped_checkpoint
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -311,7 +319,7 @@ def _run_analyze(args) -> int:
         control_path = control_path or shipped_checkpoint(1)
     vocab = _read_vocab(args.vocab) if args.vocab else None
     inputs = [p for c in (checkpoint, control_path) if c is not None for p in (c, Path(c).with_suffix(".json"))]
-    out = report_folder(args.out, inputs + ([args.vocab] if args.vocab else []))
+    folder = report_output(args.out, inputs + ([args.vocab] if args.vocab else []), force=args.force, formats=formats)
     if wants_user_model(args):
         model, name, tokenizer = _user_model(args)
         record, vocab, control_path = None, vocab or _tokenizer_vocab(tokenizer, model.cfg.d_vocab), args.control
@@ -333,7 +341,9 @@ def _run_analyze(args) -> int:
     analysis = analyze_model(model, name=name, training=record, vocab=vocab, **settings)
     control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
     report = Report.of(analysis, control)  # the findings, computed once for the terminal and every file
-    written = report.write(out, formats)
+    with folder as staging:  # written beside --out, swapped in whole
+        written = report.write(staging, formats)
+    out = folder.path
     lines = [f"analysed {checkpoint or name} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
     if model.source_check is not None:
         lines.append(f"  {model.source_check.describe()}")

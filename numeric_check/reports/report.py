@@ -6,7 +6,8 @@ optionally a 1-layer control's), the paper's findings measured on them — compu
 (:mod:`~numeric_check.reports.markdown`), LaTeX tables (:mod:`~numeric_check.reports.latex`),
 JSON (:meth:`Report.to_dict`) and HTML (:mod:`~numeric_check.reports.html`), with figures.
 :meth:`Report.write` writes every file of :data:`REPORT_FILES` and ``figures/``.
-``tcircuits analyze`` builds one; a companion that gathers several models' reports into
+``tcircuits analyze`` builds one and writes it whole (:func:`report_output`: into a new folder
+beside ``--out``, swapped in at the end); a companion that gathers several models' reports into
 one site reuses the same object and writers.
 
 >>> from derivations.architecture import Architecture
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -34,8 +34,8 @@ from torch import Tensor
 
 from numeric_check.circuits.behaviour import ACROSS_CONTEXT
 from numeric_check.circuits.importance import path_label
-from numeric_check.errors import AnalysisError, OutputPathError
-from numeric_check.files import writable_dir, writable_file, write_atomic
+from numeric_check.errors import AnalysisError
+from numeric_check.files import OutputFolder, output_folder, writable_dir, write_atomic
 from numeric_check.reports.analysis import ModelAnalysis, composition_pairs, composition_with
 from numeric_check.reports.findings import Finding, findings
 from numeric_check.reports.html import html_page
@@ -45,6 +45,8 @@ from numeric_check.verification.results import strict_json
 
 #: The files :meth:`Report.write` writes into its folder, besides ``figures/``.
 REPORT_FILES = ("report.md", "tables.tex", "analysis.json", "index.html")
+#: The figures :func:`make_figures` may draw, each written as ``figures/NAME.FORMAT``.
+FIGURE_NAMES = ("training", "positivity", "profiles", "composition", "importance")
 
 
 @dataclass(frozen=True)
@@ -122,22 +124,21 @@ def write_report(report: Report | ModelAnalysis, out_dir: Path | str, *, control
     return report.write(out_dir, formats)
 
 
-def report_folder(out_dir: Path | str, inputs: Sequence[Path | str] = ()) -> Path:
-    """``out_dir``, checked before any analysis: a folder that can be written, in which every
-    file of the report (and ``figures/``) can be replaced — a directory named ``report.md``
-    is found now, not after minutes of work — and none of which is one of ``inputs`` (a
-    checkpoint, its training record, a vocabulary: a report never replaces what it reads)."""
-    taken = {os.path.realpath(Path(out_dir) / name) for name in REPORT_FILES}
-    for path in inputs:  # before anything is created
-        real = os.path.realpath(path)
-        if real in taken or os.path.dirname(real) == os.path.realpath(Path(out_dir) / "figures"):
-            raise OutputPathError(f"the report in {str(out_dir)!r} would replace {str(path)!r}, which it reads; "
-                                  "choose another --out folder")
-    out_dir = writable_dir(out_dir)
-    for name in REPORT_FILES:
-        writable_file(out_dir / name)
-    writable_dir(out_dir / "figures")
-    return out_dir
+def report_output(out_dir: Path | str, inputs: Sequence[Path | str] = (), *, force: bool = False,
+                  formats: Sequence[str] = ("png", "svg", "pdf")) -> OutputFolder:
+    """The report's folder, checked before any analysis (nothing is created): it can be made or
+    replaced whole; no folder, FIFO or device sits at a report file or figure name (a directory
+    named ``report.md`` is found now, not after minutes of work); none of ``inputs`` (a checkpoint,
+    its training record, a vocabulary: a report never replaces what it reads) is at one of those
+    names; and every file in it was written by tcircuits and is unchanged, unless ``force``.
+    Enter it to write into a new folder that is swapped in whole at the end."""
+    names = list(REPORT_FILES) + [f"figures/{name}.{fmt}" for name in FIGURE_NAMES for fmt in formats]
+    return output_folder(out_dir, names, force=force, inputs=inputs).check()
+
+
+def report_folder(out_dir: Path | str, inputs: Sequence[Path | str] = (), *, force: bool = False) -> Path:
+    """:func:`report_output`'s checks; returns ``out_dir``."""
+    return report_output(out_dir, inputs, force=force).path
 
 
 def _json_data(a: ModelAnalysis, rows: Sequence[Finding]) -> dict:

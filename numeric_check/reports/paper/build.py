@@ -1,7 +1,10 @@
 """Building the companion: measure once, derive and check, draw, write the site (and the PDF).
 
-:func:`write_paper` checks every output path first, then runs the steps (:func:`step_count`
-of them, each reported to ``progress``), and writes files atomically.
+:func:`write_paper` checks every output path first (:func:`check_outputs`), then runs the steps
+(:func:`step_count` of them, each reported to ``progress``) writing into a new folder beside
+the output folder, and swaps it in whole at the end (:func:`~numeric_check.files.output_folder`):
+a run that fails or is interrupted leaves the old folder exactly as it was, and a file in it
+that tcircuits did not write is refused, by name, unless ``force``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Callable
 
 from derivations.commands import compile_latex, pdflatex
 
-from numeric_check.files import writable_dir, writable_file, write_atomic
+from numeric_check.files import OutputFolder, output_folder, write_atomic
 from numeric_check.reports.paper.content import SECTIONS, Paper, build_paper
 from numeric_check.reports.paper.figures import CAPTIONS, figures
 from numeric_check.reports.paper.latex import paper_latex
@@ -31,26 +34,42 @@ def page_names() -> list[str]:
     return ["index.html"] + [f"{s.slug}.html" for s in SECTIONS]
 
 
-def check_outputs(out_dir: Path | str, pdf: bool = False) -> Path:
-    """``out_dir`` made and checked before any work: every page, figure and the PDF can be written
-    (and, for the PDF, pdflatex is installed)."""
+def output_names(pdf: bool = False) -> list[str]:
+    """Every file the companion may write, relative to its folder."""
+    formats = ("svg", "pdf") if pdf else ("svg",)
+    return (page_names() + ([PDF_NAME, "paper.tex"] if pdf else [])
+            + [f"figures/{name}.{fmt}" for name in CAPTIONS for fmt in formats])
+
+
+def paper_folder(out_dir: Path | str, pdf: bool = False, force: bool = False) -> OutputFolder:
+    """The companion's folder, checked before any work (nothing is created): the folder can be
+    made or replaced whole, no folder or FIFO sits at a page, figure or PDF name, every file in it
+    was written by tcircuits and is unchanged (or ``force``), and, for the PDF, pdflatex is installed."""
     if pdf:
         pdflatex()  # installed, or a LatexError now, before minutes of work
-    out_dir = writable_dir(out_dir)
-    figures_dir = writable_dir(out_dir / "figures")
-    for name in page_names() + ([PDF_NAME, "paper.tex"] if pdf else []):
-        writable_file(out_dir / name)
-    for name in CAPTIONS:
-        writable_file(figures_dir / f"{name}.svg")
-    return out_dir
+    return output_folder(out_dir, output_names(pdf), force=force).check()
+
+
+def check_outputs(out_dir: Path | str, pdf: bool = False, force: bool = False) -> Path:
+    """:func:`paper_folder`'s checks; returns ``out_dir``."""
+    return paper_folder(out_dir, pdf, force).path
 
 
 def write_paper(out_dir: Path | str, *, pdf: bool = False, progress: Callable[[str], None] = lambda step: None,
-                seed: int = 0) -> tuple[Paper, list[Path]]:
-    """Build the companion into ``out_dir``; return the paper and the files written."""
-    out_dir = check_outputs(out_dir, pdf)
+                seed: int = 0, force: bool = False) -> tuple[Paper, list[Path]]:
+    """Build the companion into ``out_dir``, swapped in whole at the end; return the paper and the
+    files written (their paths in ``out_dir``)."""
+    folder = paper_folder(out_dir, pdf, force)
     measurements = measure(progress, seed=seed)
     paper = build_paper(measurements, progress)
+    with folder as staging:
+        written = _write(paper, measurements, staging, pdf, progress)
+    return paper, [folder.path / path.relative_to(staging) for path in written]
+
+
+def _write(paper: Paper, measurements, out_dir: Path, pdf: bool, progress: Callable[[str], None]) -> list[Path]:
+    """Draw and write every file into the new folder ``out_dir``."""
+    (out_dir / "figures").mkdir()
     written: list[Path] = []
     formats = ("svg", "pdf") if pdf else ("svg",)
     for name, figure in figures(measurements).items():
@@ -66,4 +85,4 @@ def write_paper(out_dir: Path | str, *, pdf: bool = False, progress: Callable[[s
         document, _ = compile_latex(source, files=resources)
         written.append(write_atomic(out_dir / PDF_NAME, document))
         progress("PDF")
-    return paper, written
+    return written
