@@ -55,6 +55,62 @@ def test_the_exercises_start_blank_and_the_solutions_assert_their_checks():
         assert "A^2 A^1" not in json.dumps(ex) + json.dumps(sol)  # heads are not powers
 
 
+def _exercises(nb):
+    """``(question, answer cell, check cell)`` of each exercise: the answer cell's markdown question is the
+    nearest markdown cell before it."""
+    cells, out = nb.cells, []
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "code" and "# your answer" in cell.source:
+            question = next(c.source for c in reversed(cells[:i]) if c.cell_type == "markdown")
+            out.append((question, cell.source, cells[i + 1].source))
+    return out
+
+
+def _calls(source: str, name: str) -> list:
+    import ast
+
+    return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == name]
+
+
+def test_each_exercise_asks_its_question_and_its_check_holds_no_answer():
+    """Issue 27.5: a question per exercise; the check compares a digest, or an expression with the question
+    in an asked form, and never computes the answer from the model or the tool."""
+    import re
+
+    for exercises, solutions in zip(NOTEBOOKS, SOLUTIONS):
+        ex, sol = nbformat.read(exercises, as_version=4), nbformat.read(solutions, as_version=4)
+        for n, ((question, _, check), (_, solved, _)) in enumerate(zip(_exercises(ex), _exercises(sol)), start=1):
+            where = f"{exercises.name} exercise {n}"
+            assert re.search(rf"\*\*{n}\.\*\*\s+\S.{{20,}}", question, re.S), where  # the question, stated
+            assert _calls(check, "check_digest") or _calls(check, "check_expression"), where
+            assert not _calls(check, "check_value"), where  # a value is compared by digest, never computed
+            for computes in (".expand(", "len(", ".composition", "shift_matrix(", "copying", ".terms"):
+                assert computes not in check, (where, computes)
+            answer = solved.split("=", 1)[1].split("#")[0].strip()
+            assert not re.search(rf"(?<![\w.]){re.escape(answer)}(?![\w.])", check), (where, answer)  # not in its check
+            for call in _calls(check, "check_expression"):  # the question pasted back is refused: a form is asked
+                from derivations.exercises import check_expression
+
+                question_text = call.args[1].value
+                form = next(k.value.value for k in call.keywords if k.arg == "form")
+                assert check_expression(question_text, question_text, form=form).ok is False, where
+
+
+def test_an_expression_check_never_shows_the_answer():
+    from derivations.exercises import check_expression
+
+    question = "(A ⊗ B)(Id ⊗ D)(C ⊗ Id)"
+    for wrong in ("0", "Id ⊗ Id", "A ⊗ B", "X ⊗ Y"):
+        message = check_expression(wrong, question, form="expanded").message
+        assert "A C" not in message and "B D" not in message, (wrong, message)
+    assert check_expression("A C ⊗ B D", question, form="expanded").ok
+    assert check_expression("(A C) ⊗ (B D)", question, form="expanded").ok  # brackets around a word are no product
+    transposed = "(A^{h2} A^{h1} ⊗ W_U W_E)ᵀ"
+    assert check_expression("A^{h1}ᵀ A^{h2}ᵀ ⊗ W_Eᵀ W_Uᵀ", transposed, form="transposes on atoms").ok
+    assert check_expression("(A^{h2} A^{h1})ᵀ ⊗ (W_U W_E)^T", transposed, form="transposes on atoms").ok is False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS + SOLUTIONS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_notebook_runs(path):
