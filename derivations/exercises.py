@@ -146,31 +146,29 @@ def check_digest(answer, digest: str, hint: str = "", decimals: int | None = Non
     >>> check_digest(6, answer_digest(6)).ok, check_digest(5, answer_digest(6)).ok
     (True, False)
     """
-    if _blank(answer):
-        return Feedback(None, f"Not answered yet. Hint: {hint}")
-    try:
-        right = answer_digest(answer, decimals) == digest
-    except (TypeError, ValueError):
-        right = False
-    if right:
-        return Feedback(True, "Right.")
-    shown = np.array2string(np.asarray(answer), max_line_width=200) if not isinstance(answer, str) else repr(answer)
-    return Feedback(False, f"Not yet: you wrote {shown}. Hint: {hint}")
+    return _compared(answer, lambda: answer_digest(answer, decimals) == digest, hint)
 
 
 def check_value(answer, expected, hint: str = "", tol: float = 1e-6) -> Feedback:
     """Is ``answer`` (a number, a string or an array) ``expected`` (numbers to ``tol``)?"""
+    def same() -> bool:
+        if isinstance(expected, str) or isinstance(answer, str):
+            return str(answer).strip() == str(expected)
+        a, e = np.asarray(answer, dtype=float), np.asarray(expected, dtype=float)
+        return a.shape == e.shape and bool(np.allclose(a, e, atol=tol, rtol=tol))
+
+    return _compared(answer, same, hint)
+
+
+def _compared(answer, right, hint: str) -> Feedback:
+    """The feedback on a value: not answered, right (``right()``; an answer it cannot read is wrong) or what was written."""
     if _blank(answer):
         return Feedback(None, f"Not answered yet. Hint: {hint}")
     try:
-        if isinstance(expected, str) or isinstance(answer, str):
-            right = str(answer).strip() == str(expected)
-        else:
-            a, e = np.asarray(answer, dtype=float), np.asarray(expected, dtype=float)
-            right = a.shape == e.shape and bool(np.allclose(a, e, atol=tol, rtol=tol))
+        ok = right()
     except (TypeError, ValueError):
-        right = False
-    if right:
+        ok = False
+    if ok:
         return Feedback(True, "Right.")
     shown = np.array2string(np.asarray(answer), max_line_width=200) if not isinstance(answer, str) else repr(answer)
     return Feedback(False, f"Not yet: you wrote {shown}. Hint: {hint}")
