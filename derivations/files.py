@@ -79,8 +79,10 @@ def writable_dir(path: Path | str, error: type[Exception] = OutputError, create:
     try:
         if create:
             path.mkdir(parents=True, exist_ok=True)
+        elif os.path.lexists(path) and not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "it is not a folder")
         elif not path.is_dir():
-            raise FileNotFoundError(2, "No such directory")
+            raise FileNotFoundError(errno.ENOENT, "No such directory")
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as err:
@@ -298,8 +300,10 @@ class OutputFolder:
         if self._empty:
             raise self.error("output folder '' is empty; expected a folder name")
         real = Path(os.path.realpath(self.path))
-        if any(_inside(str(real), folder) for folder in SYSTEM_FOLDERS):
-            raise self._fail(f"it is in {_shown(real)}, a system folder, whose files tcircuits never replaces")
+        for folder in SYSTEM_FOLDERS:
+            if _inside(str(real), folder):
+                raise self._fail(f"it is under {folder}" + ("" if str(real) == os.path.abspath(self.path) else
+                                 f" (as {_shown(real)})") + ": tcircuits never replaces a file in a system folder")
         try:
             here = os.getcwd()
         except OSError:
