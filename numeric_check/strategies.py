@@ -70,12 +70,12 @@ def model_configs(draw, arch: Architecture | None = None, max_d_model: int = 16,
 
 
 @st.composite
-def circuit_models(draw, dtype: torch.dtype = torch.float64, **config_options) -> CircuitModel:
-    """A :class:`CircuitModel` with seeded random weights (``config_options`` go to :func:`model_configs`)."""
+def circuit_models(draw, dtype: torch.dtype = torch.float64, device: str = "cpu", **config_options) -> CircuitModel:
+    """A :class:`CircuitModel` with seeded random weights on ``device`` (``config_options`` go to :func:`model_configs`)."""
     cfg = draw(model_configs(**config_options))
     return CircuitModel.random(
         cfg.arch, d_model=cfg.d_model, d_head=cfg.d_head, d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, d_mlp=cfg.d_mlp,
-        act_fn=cfg.act_fn, seed=draw(st.integers(0, 2**31 - 1)), dtype=dtype,
+        act_fn=cfg.act_fn, seed=draw(st.integers(0, 2**31 - 1)), dtype=dtype, device=device,
     )
 
 
@@ -133,4 +133,4 @@ def decoder_models(draw, dtype: torch.dtype = torch.float64) -> CircuitModel:
     return CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, gated_mlp=gated,
                                act_fn="silu" if gated else "gelu", rotary_base=draw(st.sampled_from([100.0, 10000.0])),
                                rotary_inv_freq=inv_freq, rotary_factor=draw(st.floats(0.5, 2.0)) if scaled else 1.0,
-                               seed=draw(st.integers(0, 1000)), dtype=dtype)
+                               seed=draw(st.integers(0, 1000)), dtype=dtype, device="cpu")

@@ -95,3 +95,18 @@ def pytest_runtest_logreport(report):
         last = str(report.longrepr).strip().splitlines()[-1:] or [""]
         sys.__stdout__.write(f"\nFAILED {report.nodeid} ({report.when}): {last[0][:300]}\n")
         sys.__stdout__.flush()
+
+
+@pytest.fixture(autouse=True)
+def _rehearse_on_cuda():
+    """With ``TCIRCUITS_FAKE_CUDA=1`` every test runs as on a GPU machine: ``auto`` is a fake ``cuda:0``
+    whose tensors raise torch's own error when they meet the CPU (:mod:`tests.fake_cuda`). A rehearsal
+    of ``make gpu-check`` on a CPU: what fails here assumes the default device or mixes devices.
+    (Gradients are off inside, so training tests are not rehearsed.)"""
+    if not os.environ.get("TCIRCUITS_FAKE_CUDA"):
+        yield
+        return
+    from tests.fake_cuda import fake_cuda
+
+    with fake_cuda():
+        yield

@@ -132,7 +132,7 @@ def noisy_induction_model(positional: str = "qk_only", beta: float = 40.0, noise
     V, N = NOISY_VOCAB, NOISY_CONTEXT
     d_model = 2 * V + N
     model = CircuitModel.random(
-        Architecture(2, 2, positional=positional), d_model=d_model, d_head=max(V, N), d_vocab=V, n_ctx=N, seed=seed, dtype=torch.float64
+        Architecture(2, 2, positional=positional), d_model=d_model, d_head=max(V, N), d_vocab=V, n_ctx=N, seed=seed, dtype=torch.float64, device="cpu"
     )
     tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, d_model)
 

@@ -110,7 +110,7 @@ def test_analysis_page_renders_with_its_figures(tmp_path):
     from numeric_check.reports.report import Report
 
     torch.manual_seed(0)
-    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16, device="cpu")
     analysis = analyze_model(model, name="random <2l>", n_sequences=4)
     Report.of(analysis).write(tmp_path, formats=("svg",))
     measured = browse(tmp_path, (tmp_path / "index.html").read_text(encoding="utf-8"), name="index.html")

@@ -156,7 +156,7 @@ def test_the_markdown_renderer_finds_raw_html_when_it_is_there():
 
 # -- the checkpoint loader ---------------------------------------------------------------------
 
-SMALL = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0)
+SMALL = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0, device="cpu")
 SMALL_CONFIG = SMALL.cfg.to_dict()
 
 

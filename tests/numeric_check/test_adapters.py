@@ -70,7 +70,7 @@ def rel_error(ours, theirs):
 @pytest.mark.parametrize("attn_only", [True, False])
 def test_transformer_lens_logits_and_activations_match(positional, norm, attn_only):
     source = tl_model(positional_embedding_type=positional, normalization_type=norm, attn_only=attn_only)
-    model = from_transformer_lens(source)
+    model = from_transformer_lens(source, device="cpu")
     toks = tokens()
     theirs, their_cache = source.run_with_cache(toks)
     ours, our_cache = model.run_with_cache(toks)
@@ -98,25 +98,25 @@ def test_transformer_lens_logits_and_activations_match(positional, norm, attn_on
 @pytest.mark.parametrize("act_fn", ["gelu", "gelu_new", "relu", "gelu_pytorch_tanh"])
 def test_transformer_lens_activations_and_attention_scale(act_fn):
     source = tl_model(act_fn=act_fn, attn_scale=1.7)
-    model = from_transformer_lens(source)
+    model = from_transformer_lens(source, device="cpu")
     assert model.cfg.attn_scale == 1.7
     assert rel_error(model(tokens()), source(tokens())) < 1e-9
     unscaled = tl_model(use_attn_scale=False, normalization_type="LNPre", attn_only=True)
-    assert from_transformer_lens(unscaled).cfg.attn_scale == 1.0
-    assert rel_error(from_transformer_lens(unscaled)(tokens()), unscaled(tokens())) < 1e-9
+    assert from_transformer_lens(unscaled, device="cpu").cfg.attn_scale == 1.0
+    assert rel_error(from_transformer_lens(unscaled, device="cpu")(tokens()), unscaled(tokens())) < 1e-9
 
 
 def test_transformer_lens_float32_and_default_precision():
     source = tl_model(dtype=torch.float32)
-    model = from_transformer_lens(source, dtype=torch.float32)
-    assert model.dtype == torch.float32 and from_transformer_lens(source).dtype == torch.float64
+    model = from_transformer_lens(source, dtype=torch.float32, device="cpu")
+    assert model.dtype == torch.float32 and from_transformer_lens(source, device="cpu").dtype == torch.float64
     assert rel_error(model(tokens()), source(tokens())) < 1e-5
 
 
 def test_transformer_lens_source_is_not_modified_and_no_aliasing():
     source = tl_model()
     before = {k: v.clone() for k, v in source.state_dict().items()}
-    model = from_transformer_lens(source)
+    model = from_transformer_lens(source, device="cpu")
     for key, value in source.state_dict().items():
         assert torch.equal(value, before[key]), key
     with torch.no_grad():
@@ -126,7 +126,7 @@ def test_transformer_lens_source_is_not_modified_and_no_aliasing():
 
 def test_weight_shapes_follow_the_paper():
     source = tl_model(normalization_type=None)
-    model = from_transformer_lens(source)
+    model = from_transformer_lens(source, device="cpu")
     attn = model.blocks[0].attn
     assert attn.W_Q.shape == (3, 5, 12) and attn.W_O.shape == (3, 12, 5)
     assert model.W_E.shape == (12, D_VOCAB) and model.W_pos.shape == (12, N_CTX) and model.W_U.shape == (D_VOCAB, 12)
@@ -139,19 +139,19 @@ def test_biases_kept_only_when_nonzero_or_asked():
     plain = tl.HookedTransformer(tl.HookedTransformerConfig(
         n_layers=1, d_model=8, n_ctx=4, d_head=4, n_heads=2, d_vocab=10, attn_only=True, normalization_type=None,
         dtype=torch.float64))
-    assert not from_transformer_lens(plain).arch.biases
-    forced = from_transformer_lens(plain, biases=True)
+    assert not from_transformer_lens(plain, device="cpu").arch.biases
+    forced = from_transformer_lens(plain, biases=True, device="cpu")
     assert forced.arch.biases and not forced.blocks[0].attn.b_Q.any()
     with pytest.raises(UnsupportedModel, match=r"biases=False but the model has non-zero \(folded\) biases: b_U"):
-        from_transformer_lens(tl_model(), biases=False)
+        from_transformer_lens(tl_model(), biases=False, device="cpu")
 
 
 def test_shortformer_layer_norm_gains():
     one_layer = tl_model(n_layers=1, positional_embedding_type="shortformer", equal_ln1_gains=False)
-    assert rel_error(from_transformer_lens(one_layer)(tokens()), one_layer(tokens())) < 1e-9
+    assert rel_error(from_transformer_lens(one_layer, device="cpu")(tokens()), one_layer(tokens())) < 1e-9
     unequal = tl_model(positional_embedding_type="shortformer", equal_ln1_gains=False)
     with pytest.raises(UnsupportedModel, match=r"shortformer positions with ln1 gains that differ between layers"):
-        from_transformer_lens(unequal)
+        from_transformer_lens(unequal, device="cpu")
 
 
 def _with(model, **attrs):
@@ -174,7 +174,7 @@ def _with(model, **attrs):
 )
 def test_transformer_lens_unsupported_features_are_named(build, feature):
     with pytest.raises(UnsupportedModel, match=feature):
-        from_transformer_lens(build())
+        from_transformer_lens(build(), device="cpu")
 
 
 @pytest.mark.parametrize("options", [
@@ -188,7 +188,7 @@ def test_transformer_lens_models_of_today_convert_and_verify(options):
     """Grouped-query attention, RMSNorm, gated MLPs (TransformerLens adds b_in after the gate's product:
     it moves into b_out), parallel blocks, rotary in both pairings."""
     source = tl_model(**{"n_heads": 2, "d_head": 6, **options})
-    model = from_transformer_lens(source)
+    model = from_transformer_lens(source, device="cpu")
     with torch.no_grad():
         assert rel_error(model(tokens()), source(tokens())) < 1e-12
     assert verify_logits(model, tokens(1), max_order=1).passed
@@ -199,23 +199,23 @@ def test_to_transformer_lens_refuses_what_it_does_not_write():
     from derivations.architecture import Architecture
     from numeric_check.model.circuit_model import CircuitModel
 
-    model = CircuitModel.random(Architecture(1, 2, norm="rms_norm", rotary=1.0), d_model=8, d_head=4, d_vocab=10, n_ctx=4)
+    model = CircuitModel.random(Architecture(1, 2, norm="rms_norm", rotary=1.0), d_model=8, d_head=4, d_vocab=10, n_ctx=4, device="cpu")
     with pytest.raises(UnsupportedModel, match="^to_transformer_lens writes models without RMSNorm, rotary; this model has them$"):
         to_transformer_lens(model)
 
 
 def test_unsupported_wording_is_pinned():
     with pytest.raises(UnsupportedModel) as info:
-        from_transformer_lens(_with(tl_model(), positional_embedding_type="relative_positional_bias"))
+        from_transformer_lens(_with(tl_model(), positional_embedding_type="relative_positional_bias"), device="cpu")
     assert str(info.value) == "the TransformerLens model uses relative positional bias, which CircuitModel cannot express"
     with pytest.raises(UnsupportedModel, match=r"^from_transformer_lens expects a transformer_lens.HookedTransformer, got GPT2LMHeadModel$"):
-        from_transformer_lens(gpt2_model())
+        from_transformer_lens(gpt2_model(), device="cpu")
 
 
 # --- Hugging Face GPT-2 --------------------------------------------------------------------------
 def test_gpt2_logits_match_float64():
     source = gpt2_model()
-    model = from_hf_gpt2(source)
+    model = from_hf_gpt2(source, device="cpu")
     assert model.arch.describe() == "2 layers x 3 heads, standard positions, layer norm, biases, MLPs"
     assert model.cfg.act_fn == "gelu_new" and model.cfg.d_head == 4 and model.cfg.d_mlp == 48
     with torch.no_grad():
@@ -224,12 +224,12 @@ def test_gpt2_logits_match_float64():
 
 def test_gpt2_float32_sdpa_and_options():
     source = gpt2_model(dtype=torch.float32, attn_implementation="sdpa", activation_function="relu", n_inner=20)
-    model = from_hf_gpt2(source, dtype=torch.float32)
+    model = from_hf_gpt2(source, dtype=torch.float32, device="cpu")
     assert model.cfg.act_fn == "relu" and model.cfg.d_mlp == 20
     with torch.no_grad():
         assert rel_error(model(tokens()), source(tokens()).logits) < 1e-5
     unscaled = gpt2_model(scale_attn_weights=False, activation_function="gelu")
-    model = from_hf_gpt2(unscaled)
+    model = from_hf_gpt2(unscaled, device="cpu")
     assert model.cfg.attn_scale == 1.0
     with torch.no_grad():
         assert rel_error(model(tokens()), unscaled(tokens()).logits) < 1e-9
@@ -245,18 +245,18 @@ def test_gpt2_matches_transformer_lens_patterns():
 
     hooked.load_state_dict(convert_gpt2_weights(source, hooked.cfg), strict=False)
     _, theirs = hooked.run_with_cache(tokens())
-    _, ours = from_hf_gpt2(source).run_with_cache(tokens())
+    _, ours = from_hf_gpt2(source, device="cpu").run_with_cache(tokens())
     for name in ("blocks.1.attn.hook_pattern", "blocks.0.ln1.hook_scale", "blocks.1.ln2.hook_scale"):
         torch.testing.assert_close(ours[name], theirs[name], rtol=1e-9, atol=1e-12)
 
 
 def test_gpt2_unsupported():
     with pytest.raises(UnsupportedModel, match=r"scale_attn_by_inverse_layer_idx"):
-        from_hf_gpt2(gpt2_model(scale_attn_by_inverse_layer_idx=True))
+        from_hf_gpt2(gpt2_model(scale_attn_by_inverse_layer_idx=True), device="cpu")
     with pytest.raises(UnsupportedModel, match=r"activation function 'quick_gelu'"):
-        from_hf_gpt2(gpt2_model(activation_function="quick_gelu"))
+        from_hf_gpt2(gpt2_model(activation_function="quick_gelu"), device="cpu")
     with pytest.raises(UnsupportedModel, match=r"^from_hf reads Hugging Face models; HookedTransformer is a TransformerLens model: use from_transformer_lens$"):
-        from_hf_gpt2(tl_model())
+        from_hf_gpt2(tl_model(), device="cpu")
 
 
 # --- round trips over random architectures ---------------------------------------------------
@@ -276,7 +276,7 @@ def test_property_round_trip_through_transformer_lens(data):
     hooked = to_transformer_lens(model)
     ours = model(toks)
     torch.testing.assert_close(hooked(toks), ours, rtol=1e-9, atol=1e-9)
-    back = from_transformer_lens(hooked, biases=model.arch.biases)
+    back = from_transformer_lens(hooked, biases=model.arch.biases, device="cpu")
     summary = lambda a: (a.heads_per_layer, a.layer_norm, a.biases, a.mlp and a.n_layers > 0)
     assert summary(back.arch) == summary(model.arch)
     assert back.arch.positional == model.arch.positional or model.arch.positional == "none"
@@ -289,6 +289,6 @@ def test_to_transformer_lens_needs_uniform_heads():
     from numeric_check.model.circuit_model import CircuitModel
     from derivations.architecture import Architecture
 
-    model = CircuitModel.random(Architecture(2, (1, 3)), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+    model = CircuitModel.random(Architecture(2, (1, 3)), d_model=4, d_head=2, d_vocab=5, n_ctx=3, device="cpu")
     with pytest.raises(UnsupportedModel, match=r"same number of heads in every layer; this model has heads 1/3"):
         to_transformer_lens(model)

@@ -74,7 +74,7 @@ def test_html_and_markdown_files(capsys, tmp_path):
 
 
 def test_checkpoint_model(capsys, tmp_path):
-    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=11, n_ctx=6, seed=3)
+    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=11, n_ctx=6, seed=3, device="cpu")
     path = tmp_path / "m.safetensors"
     save_checkpoint(model, path)
     code, out, err = run(capsys, "--checkpoint", str(path), "--tokens", "1,2,1,2", "--target", "1")

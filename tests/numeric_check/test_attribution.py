@@ -32,7 +32,7 @@ PROMPT = [1, 2, 3, 1, 2, 7]
 
 
 def small_model(arch=FULL, seed=0, **kw) -> CircuitModel:
-    return CircuitModel.random(arch, seed=seed, **(dict(d_model=8, d_head=4, d_vocab=12, n_ctx=8) | kw))
+    return CircuitModel.random(arch, seed=seed, **(dict(d_model=8, d_head=4, d_vocab=12, n_ctx=8, device="cpu") | kw))
 
 
 class Tokenizer:

@@ -26,7 +26,7 @@ TOKENS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]])
 
 @pytest.fixture(scope="module")
 def model():
-    return CircuitModel.random(ARCH, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, dtype=torch.float64)
+    return CircuitModel.random(ARCH, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, dtype=torch.float64, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_atoms_that_do_not_fit(binder, bad, match):
 
 
 def test_unknown_atoms_and_missing_parts():
-    plain = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0)
+    plain = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0, device="cpu")
     b = Binder(plain, record(plain, [[0, 1]]))
     with pytest.raises(AtomBindingError, match="no layer norm"):
         b.position(atom("N", "L0"))
@@ -137,7 +137,7 @@ def test_record_rejects_bad_tokens(model):
 
 @pytest.mark.parametrize("arch", [ARCH, Architecture(0, 1, positional="standard", biases=True), Architecture(1, 2)])
 def test_record_stops_before_the_unembedding(arch):
-    m = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, dtype=torch.float64)
+    m = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, dtype=torch.float64, device="cpu")
     rec = record(m, TOKENS)
     assert rec.final.shape == (2, 4, 8) and "logits" not in rec.__dict__  # no unembedding yet
     assert torch.equal(rec.logits, m(TOKENS))  # the model's own expression, bit for bit

@@ -18,7 +18,7 @@ ARCH = Architecture(2, (1, 3), positional="qk_only", layer_norm=True, biases=Tru
 
 def make(dtype=torch.float64, arch=ARCH):
     d_mlp = 10 if arch.mlp else None
-    return CircuitModel.random(arch, d_model=8, d_head=3, d_vocab=13, n_ctx=5, d_mlp=d_mlp, act_fn="relu", seed=2, dtype=dtype)
+    return CircuitModel.random(arch, d_model=8, d_head=3, d_vocab=13, n_ctx=5, d_mlp=d_mlp, act_fn="relu", seed=2, dtype=dtype, device="cpu")
 
 
 def assert_same(a, b):

@@ -34,7 +34,7 @@ DIMS = dict(d_model=12, d_head=3, d_vocab=15, n_ctx=6)
 
 
 def make(arch=Architecture(3, (2, 3, 1), positional="qk_only"), seed=0, **kw):
-    return CircuitModel.random(arch, **{**DIMS, **kw}, seed=seed, dtype=torch.float64)
+    return CircuitModel.random(arch, **{**DIMS, "device": "cpu", **kw}, seed=seed, dtype=torch.float64)
 
 
 def dense_head(model, layer, head):
@@ -159,7 +159,7 @@ def test_eigenvalues_match_transformer_lens():
         normalization_type=None, dtype=torch.float64, seed=1,
     )
     tl = HookedTransformer(cfg)
-    model = from_transformer_lens(tl)
+    model = from_transformer_lens(tl, device="cpu")
     with torch.no_grad():
         theirs_ov, theirs_full = tl.OV.eigenvalues, (tl.W_E @ tl.OV @ tl.W_U).eigenvalues
     ours_ov, ours_full = ov_eigenvalues(model), ov_circuit_eigenvalues(model)

@@ -65,7 +65,7 @@ def test_scores_are_the_dense_definition(model, kind):
 
 def test_a_cyclic_permutation_would_be_caught():
     """Guard for the paper's erratum: permuting the product cyclically changes the scores, and ours do not."""
-    model = CircuitModel.random(Architecture(2, 2), d_model=10, d_head=3, d_vocab=12, n_ctx=4, seed=5, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(2, 2), d_model=10, d_head=3, d_vocab=12, n_ctx=4, seed=5, dtype=torch.float64, device="cpu")
     for kind in "QKV":
         scores = composition_scores(model, kind)
         for h1 in range(2):
@@ -89,9 +89,9 @@ def test_agrees_with_transformer_lens(convert):
     if convert == "adapter":
         from numeric_check.model.adapters import from_transformer_lens
 
-        model = from_transformer_lens(tl)
+        model = from_transformer_lens(tl, device="cpu")
     else:  # by hand: TransformerLens rows -> paper columns
-        model = CircuitModel.random(Architecture(3, 4), d_model=24, d_head=5, d_vocab=20, n_ctx=8, dtype=torch.float64)
+        model = CircuitModel.random(Architecture(3, 4), d_model=24, d_head=5, d_vocab=20, n_ctx=8, dtype=torch.float64, device="cpu")
         with torch.no_grad():
             for ours, theirs in zip(model.blocks, tl.blocks):
                 for name in ("W_Q", "W_K", "W_V", "W_O"):
@@ -105,7 +105,7 @@ def test_agrees_with_transformer_lens(convert):
 
 def test_baseline_is_seeded_and_matches_the_analytic_second_moment():
     """For rotation-invariant random weights E[score²] = 1/d_model exactly; the mean sits just below 1/sqrt(d_model)."""
-    model = CircuitModel.random(Architecture(2, 2), d_model=32, d_head=4, d_vocab=12, n_ctx=4, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(2, 2), d_model=32, d_head=4, d_vocab=12, n_ctx=4, dtype=torch.float64, device="cpu")
     for kind in "QKV":
         b = composition_baseline(model, kind, n_samples=400, seed=1)
         assert b == composition_baseline(model, kind, n_samples=400, seed=1)
@@ -121,7 +121,7 @@ def test_baseline_is_seeded_and_matches_the_analytic_second_moment():
 
 
 def test_baseline_subtraction_only_touches_earlier_to_later_pairs():
-    model = CircuitModel.random(Architecture(3, (2, 1, 2)), d_model=16, d_head=4, d_vocab=12, n_ctx=4, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(3, (2, 1, 2)), d_model=16, d_head=4, d_vocab=12, n_ctx=4, dtype=torch.float64, device="cpu")
     raw = composition_scores(model, "V")
     shifted = composition_scores(model, "V", baseline=True, n_samples=32, seed=3)
     b = composition_baseline(model, "V", n_samples=32, seed=3)
@@ -135,7 +135,7 @@ def test_baseline_subtraction_only_touches_earlier_to_later_pairs():
 
 
 def test_float32_model_with_float64_computation():
-    model = CircuitModel.random(Architecture(2, 2), d_model=16, d_head=4, d_vocab=12, n_ctx=4)
+    model = CircuitModel.random(Architecture(2, 2), d_model=16, d_head=4, d_vocab=12, n_ctx=4, device="cpu")
     assert composition_scores(model, "K").dtype == torch.float32
     scores = composition_scores(model, "K", dtype=torch.float64)
     assert scores.dtype == torch.float64
@@ -143,7 +143,7 @@ def test_float32_model_with_float64_computation():
 
 
 def test_bad_kind_lists_the_valid_ones():
-    model = CircuitModel.random(Architecture(2, 1), d_model=8, d_head=2, d_vocab=12, n_ctx=4)
+    model = CircuitModel.random(Architecture(2, 1), d_model=8, d_head=2, d_vocab=12, n_ctx=4, device="cpu")
     with pytest.raises(AnalysisError, match=r"unknown composition kind 'O'; expected one of 'Q', 'K', 'V'"):
         composition_scores(model, "O")
     with pytest.raises(AnalysisError, match="n_samples must be an int >= 1"):

@@ -17,7 +17,7 @@ TOKENS = torch.tensor([[1, 2, 3, 1, 2], [4, 5, 6, 7, 0]])
 
 def model():
     return CircuitModel.random(Architecture(2, 2, biases=True), d_model=8, d_head=4, d_vocab=12, n_ctx=6, seed=0,
-                               dtype=torch.float64)
+                               dtype=torch.float64, device="cpu")
 
 
 def test_a_second_verification_reuses_the_unembedding_constants_and_reports_the_same():

@@ -38,7 +38,7 @@ def test_demo_fails_a_circuit_that_works_in_half_the_context(tmp_path, capsys):
 
 
 def test_demo_on_a_random_model_verifies_but_finds_no_circuit(tmp_path, capsys):
-    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=12, seed=1)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=12, seed=1, device="cpu")
     path = tmp_path / "random.safetensors"
     save_checkpoint(model, path)
     assert main(["demo", "--checkpoint", str(path)]) == 1

@@ -50,7 +50,7 @@ def test_behaviour_finds_the_built_heads(model):
 def test_behaviour_scores_are_the_means_of_the_position_profiles():
     """The scores average the by-position profiles (read from the cached patterns in
     test_behaviour), and keep them, so the minimum over positions is at hand."""
-    m = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=12, dtype=torch.float64)
+    m = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=20, n_ctx=12, dtype=torch.float64, device="cpu")
     tokens, _ = repeat_sweep(20, 12, 3, 4, seed=0)
     _, cache = m.run_with_cache(tokens)
     pattern = cache["blocks.0.attn.hook_pattern"]
@@ -110,13 +110,13 @@ def test_model_without_positions_is_said_clearly():
 
 
 def test_one_layer_model_has_no_induction_heads():
-    m = CircuitModel.random(Architecture(1, 3, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=12, seed=1)
+    m = CircuitModel.random(Architecture(1, 3, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=12, seed=1, device="cpu")
     report = detect_heads(m, batch=4)
     assert report.by_weights.induction == () and (report.weights.scores.induction == 0).all()
 
 
 def test_ragged_heads_are_nan():
-    m = CircuitModel.random(Architecture(2, (1, 3), positional="standard"), d_model=16, d_head=4, d_vocab=20, n_ctx=12)
+    m = CircuitModel.random(Architecture(2, (1, 3), positional="standard"), d_model=16, d_head=4, d_vocab=20, n_ctx=12, device="cpu")
     report = detect_heads(m, batch=2)
     for scores in (report.behaviour, report.weights.scores):
         assert scores.previous_token.shape == (2, 3)
@@ -138,6 +138,6 @@ def test_bad_options_are_clear_errors(model):
         behaviour_scores(model, batch=0)
     with pytest.raises(AnalysisError, match=r"n_positions must be an int in 2..16"):
         previous_token_scores_by_weights(model, n_positions=17)
-    tiny = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+    tiny = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3, device="cpu")
     with pytest.raises(AnalysisError, match="need n_ctx >= 4"):
         behaviour_scores(tiny)

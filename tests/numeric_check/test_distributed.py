@@ -26,7 +26,7 @@ TOKENS = [[1, 5, 2, 7, 3, 1], [4, 4, 0, 9, 2, 8]]
 
 
 def _model() -> CircuitModel:
-    return CircuitModel.random(ARCH, d_model=12, d_head=4, d_vocab=11, n_ctx=8, seed=3, dtype=torch.float64)
+    return CircuitModel.random(ARCH, d_model=12, d_head=4, d_vocab=11, n_ctx=8, seed=3, dtype=torch.float64, device="cpu")
 
 
 def _free_port() -> int:

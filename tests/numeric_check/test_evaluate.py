@@ -95,7 +95,7 @@ def test_qk_terms_match_the_dense_definition(pair, data):
 
 def two_layer(d_vocab=13):
     arch = Architecture(2, 3, positional="standard")
-    model = CircuitModel.random(arch, d_model=16, d_head=4, d_vocab=d_vocab, n_ctx=8, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=16, d_head=4, d_vocab=d_vocab, n_ctx=8, seed=0, dtype=torch.float64, device="cpu")
     tokens = torch.randint(0, d_vocab, (2, 7), generator=torch.Generator().manual_seed(0))
     return model, tokens
 

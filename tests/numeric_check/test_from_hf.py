@@ -68,11 +68,11 @@ def relative(a, b) -> float:
 def test_logits_equal_hugging_faces(family, options):
     torch.set_num_threads(1)
     hf = build(family, **options)
-    ours = from_hf(hf, dtype=torch.float64)
+    ours = from_hf(hf, dtype=torch.float64, device="cpu")
     with torch.no_grad():
         assert relative(ours(TOKENS), hf(TOKENS).logits) < 1e-12
     if family == "gpt2":
-        assert ours.arch == from_hf_gpt2(hf).arch
+        assert ours.arch == from_hf_gpt2(hf, device="cpu").arch
 
 
 @pytest.mark.parametrize("family, options", CASES)
@@ -99,7 +99,7 @@ def llama_options(draw):
 def test_drawn_options_convert_and_verify(options, seed):
     torch.set_num_threads(1)
     hf = build("llama", seed, **options)
-    model = from_hf(hf, dtype=torch.float64)
+    model = from_hf(hf, dtype=torch.float64, device="cpu")
     with torch.no_grad():
         assert relative(model(TOKENS), hf(TOKENS).logits) < 1e-12
     assert verify_qk(model, TOKENS, 1, 3).passed
@@ -108,18 +108,18 @@ def test_drawn_options_convert_and_verify(options, seed):
 def test_unsupported_features_are_named():
     with pytest.raises(UnsupportedModel, match=r"rope scaling \('longrope'"):  # its frequencies change within the context
         from_hf(build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.0], "long_factor": [2.0, 2.0],
-                                                "original_max_position_embeddings": 4}))
+                                                "original_max_position_embeddings": 4}), device="cpu")
     rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=13, hidden_size=16, num_hidden_layers=2,
                                                                 attention_hidden_size=16, intermediate_size=32))
     with pytest.raises(UnsupportedModel, match=r"^RwkvForCausalLM \(model_type 'rwkv'\) is not a family tcircuits reads; "
                                                r"it reads GPT-2"):
-        from_hf(rwkv)
+        from_hf(rwkv, device="cpu")
     with pytest.raises(UnsupportedModel, match="^Linear is not a family tcircuits reads"):
-        from_hf(torch.nn.Linear(2, 2))
+        from_hf(torch.nn.Linear(2, 2), device="cpu")
 
 
 def test_a_config_that_disagrees_with_its_weights_is_refused():
     hf = build("llama", num_key_value_heads=2)
     hf.config.num_key_value_heads = 1
     with pytest.raises(WeightError, match=r"k_proj.weight has shape \(8, 16\) but the config says \(4, 16\)"):
-        from_hf(hf)
+        from_hf(hf, device="cpu")

@@ -34,7 +34,7 @@ def relative(a, b) -> float:
 
 def converted(model_type: str, seed: int = 0, **options):
     hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
-    model = from_hf(hf)
+    model = from_hf(hf, device="cpu")
     with torch.no_grad():
         rel = relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64))
     assert rel <= model.source_check.tolerance, (model_type, options, rel)
@@ -114,7 +114,7 @@ def test_qk_and_post_norms_combine_with_windows_and_scaled_rope(model_type, wind
         hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
     except Exception:  # noqa: BLE001 - a config transformers itself rejects
         return
-    model = from_hf(hf)
+    model = from_hf(hf, device="cpu")
     with torch.no_grad():
         assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
     assert verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1).passed
@@ -185,7 +185,7 @@ def test_half_precision_rotary_buffers_are_compared_in_their_precision(model_typ
     # the cast rounds inv_freq (bfloat16: ~1e-3); the frequencies are recomputed from the config and
     # compared in the buffer's precision, and the source check measures the half-precision rounding
     hf = build(model_type, dtype=dtype)
-    model = from_hf(hf)
+    model = from_hf(hf, device="cpu")
     assert model.source_check.rel_diff <= model.source_check.tolerance
 
 
@@ -220,7 +220,7 @@ def test_drawn_options_convert_equal_to_the_source_or_are_refused_by_name(case, 
     except Exception:  # noqa: BLE001 - a config transformers itself rejects or cannot build
         return
     try:
-        model = from_hf(hf)
+        model = from_hf(hf, device="cpu")
     except UnsupportedModel as err:  # refused: naming an option it was given, or a feature it uses, or because
         # Hugging Face's own model cannot run the drawn config (Gemma 2 or a windowed layer type without a window)
         message = str(err)

@@ -28,7 +28,7 @@ torch.set_num_threads(1)
 @pytest.fixture
 def saved(tmp_path):
     """A small model saved, with its config as a dict and its tensors."""
-    model = CircuitModel.random(Architecture(1, 2, positional="standard"), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=1)
+    model = CircuitModel.random(Architecture(1, 2, positional="standard"), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=1, device="cpu")
     path = tmp_path / "model.safetensors"
     save_checkpoint(model, path)
     with safe_open(str(path), "pt") as f:
@@ -211,7 +211,7 @@ def test_weights_near_the_float32_limit_are_an_overflow_error_not_nan():
     from numeric_check.errors import AnalysisError
     from numeric_check.reports.analysis import analyze_model
 
-    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=6, n_ctx=8, seed=0, dtype=torch.float32)
+    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=6, n_ctx=8, seed=0, dtype=torch.float32, device="cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.sign(p) * 1e37)  # finite weights near float32's limit; the logits are not

@@ -116,7 +116,7 @@ def test_the_shipped_records_match_their_models():
 
 # -- torch files and configs ----------------------------------------------------------------------
 
-MODEL = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0)
+MODEL = CircuitModel.random(Architecture(1, 2), d_model=4, d_head=2, d_vocab=5, n_ctx=3, seed=0, device="cpu")
 
 
 @pytest.mark.parametrize("mangle", [

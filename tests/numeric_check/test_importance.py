@@ -26,7 +26,7 @@ ARCHS = [
 
 
 def _model(arch, dtype=torch.float64, seed=0):
-    return CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=11, n_ctx=7, seed=seed, dtype=dtype)
+    return CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=11, n_ctx=7, seed=seed, dtype=dtype, device="cpu")
 
 
 def _tokens(batch=3, pos=7, seed=0):

@@ -26,7 +26,7 @@ def isolated(model, rec, paths, **kw):
 
 
 def test_one_head_by_hand():
-    model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     (logits,) = isolated(model, rec, [Path(TOKEN, ((0, 1),))])
     A = rec.cache["blocks.0.attn.hook_pattern"][:, 1]
@@ -38,7 +38,7 @@ def test_one_head_by_hand():
 
 def test_bias_and_mlp_sources_by_hand():
     arch = Architecture(2, 2, layer_norm=True, biases=True, mlp=True)
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     n_final = 1 / rec.cache["ln_final.hook_scale"]
     bias, mlp, b_U = isolated(model, rec, [Path(Source("bias", 0)), Path(Source("mlp", 1)), Path(Source("unembed_bias"))])
@@ -82,7 +82,7 @@ def test_qk_pairs_add_up_to_the_scores(pair, data):
 
 
 def test_streams_stop_at_the_layer():
-    model = CircuitModel.random(Architecture(3, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(3, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     direct, through = isolate_streams(model, rec, [Path(TOKEN), Path(TOKEN, ((0, 1),))], layer=1)
     assert torch.allclose(direct, model.W_E.T[TOKENS].detach())
@@ -93,7 +93,7 @@ def test_streams_stop_at_the_layer():
 
 def test_isolation_leaves_no_hooks_and_no_changes():
     arch = Architecture(2, 2, biases=True, mlp=True, positional="qk_only")
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rec = record(model, TOKENS)
     paths = [t.path for t in expand_logits(arch)]
@@ -107,7 +107,7 @@ def test_isolation_leaves_no_hooks_and_no_changes():
 
 def test_paths_differing_in_their_last_head_share_a_copy():
     arch = Architecture(2, 3, layer_norm=True)
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     paths = [t.path for t in expand_logits(arch)]  # tok: direct, 3 through L0, 3 through L1, 9 through both
     rows = {"hook_embed": 0, "blocks.1.hook_resid_pre": 0}
@@ -134,7 +134,7 @@ def test_qk_side_paths_share_copies_and_run_the_target_block_alone():
     """Side paths entering layer 2 are isolated one copy per prefix (as logits paths are); queries and
     keys come from block 2 alone, and no query or key is formed below it (patterns frozen)."""
     arch = Architecture(3, 2)
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     pairs = [(t.query, t.key) for t in expand_qk(arch, 2, 1)]
     rows = {"hook_embed": 0, "blocks.0.attn.hook_q": 0, "blocks.1.attn.hook_q": 0, "blocks.2.attn.hook_q": 0}
@@ -152,7 +152,7 @@ def test_qk_side_paths_share_copies_and_run_the_target_block_alone():
 
 
 def test_streams_of_paths_through_later_heads_are_an_error():
-    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     with pytest.raises(NumericCheckError, match=r"pass through heads at or after layer 1"):
         isolate_streams(model, rec, [Path(TOKEN, ((1, 0),))], layer=1)

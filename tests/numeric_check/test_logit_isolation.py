@@ -57,7 +57,7 @@ def test_groups_hold_each_path_once_and_equal_its_logits(pair, data):
 
 
 def test_a_copys_paths_through_one_layer_come_in_one_group():
-    model = CircuitModel.random(Architecture(2, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(2, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, dtype=torch.float64, device="cpu")
     rec, terms, _, _ = setup(model, TOKENS)
     sizes = sorted(len(indices) for indices, _, _ in isolate_final_groups(model, rec, [t.path for t in terms]))
     # tok (direct) alone; tok through each L0 head alone (each stream is also its copy's start); tok
@@ -66,7 +66,7 @@ def test_a_copys_paths_through_one_layer_come_in_one_group():
 
 
 def test_groups_stay_under_their_bound(monkeypatch):
-    model = CircuitModel.random(Architecture(2, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(2, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, dtype=torch.float64, device="cpu")
     rec, terms, _, _ = setup(model, TOKENS)
     per_path = rec.final.numel() * rec.final.element_size()
     monkeypatch.setattr(isolate_module, "GROUP_BYTES", 2 * per_path)
@@ -97,7 +97,7 @@ def test_differences_are_each_terms_part_minus_its_stream(pair):
 def test_verification_by_groups_fails_on_one_wrong_head(monkeypatch, biases):
     """A group's product goes wrong for one head only: that head's terms, and only those, fail check 2."""
     arch = Architecture(2, 3, layer_norm=True, biases=biases)
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, device="cpu")
     attn = type(model.blocks[1].attn)
     outputs = attn.head_outputs
 
@@ -127,7 +127,7 @@ def test_stacked_factors_stay_under_their_bound(monkeypatch):
     and stacked again; the differences do not change."""
     import numeric_check.verification.logit_space as logit_space_module
 
-    model = CircuitModel.random(Architecture(3, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=2, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(3, 3), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=2, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     terms = list(expand_logits(model.arch, 2))  # order 2: the copies through L0 end in L1 and in L2
     ev = LogitEvaluator(Binder(model, rec), terms)
@@ -165,7 +165,7 @@ def test_head_maps_are_the_models_own_map_after_z():
     from numeric_check.verification.logit_isolation import HeadMaps
 
     arch = Architecture(2, 3, norm="rms_norm", sublayer_norm="both")
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=1, dtype=torch.float64, device="cpu")
     rec = record(model, TOKENS)
     maps = HeadMaps(model, rec)
     for layer in range(2):

@@ -26,7 +26,7 @@ ARCHS = [
 
 
 def make(arch=FULL, seed=0, dtype=torch.float64, **kw):
-    return CircuitModel.random(arch, **{**DIMS, **kw}, seed=seed, dtype=dtype)
+    return CircuitModel.random(arch, **{**DIMS, "device": "cpu", **kw}, seed=seed, dtype=dtype)
 
 
 def tokens(batch=3, pos=7, seed=1):

@@ -39,13 +39,13 @@ def test_decoder_models_verify_through_their_hooks(model):
 @pytest.mark.parametrize("scope", ["head", "all"])
 def test_qk_norm_verifies_with_grouped_heads_and_rotary(kind, scope):
     arch = Architecture(2, 4, n_kv_heads=2, norm="rms_norm", qk_norm=kind, qk_norm_scope=scope, rotary=1.0, biases=True)
-    _verified(CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=3, dtype=torch.float64))
+    _verified(CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=3, dtype=torch.float64, device="cpu"))
 
 
 def test_qk_norm_gains_fold_into_the_bound_weights():
     """W_Q is bound with the gain (and a layer norm's centring) folded in: the plain weight would fail."""
     arch = Architecture(1, 2, qk_norm="layer_norm")
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=0, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=0, dtype=torch.float64, device="cpu")
     attn = model.blocks[0].attn
     assert not torch.allclose(attn.q_norm.gain, torch.ones_like(attn.q_norm.gain))
     binder = Binder(model, record(model, TOKENS))
@@ -59,7 +59,7 @@ def test_qk_norm_gains_fold_into_the_bound_weights():
 def test_a_qk_norm_scale_of_another_scope_is_refused():
     from numeric_check.errors import AtomBindingError
 
-    model = CircuitModel.random(Architecture(1, 2, qk_norm="rms_norm"), d_model=8, d_head=4, d_vocab=9, n_ctx=6)
+    model = CircuitModel.random(Architecture(1, 2, qk_norm="rms_norm"), d_model=8, d_head=4, d_vocab=9, n_ctx=6, device="cpu")
     with pytest.raises(AtomBindingError, match="each head"):
         Binder(model, record(model, TOKENS)).position(atom("N", "L0,q"))
 
@@ -67,7 +67,7 @@ def test_a_qk_norm_scale_of_another_scope_is_refused():
 @pytest.mark.parametrize("sublayer", ["post", "both"])
 def test_norms_after_sublayers_verify(sublayer):
     arch = Architecture(2, 2, norm="rms_norm", sublayer_norm=sublayer, mlp=True, biases=True, qk_norm="rms_norm")
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=2, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=2, dtype=torch.float64, device="cpu")
     block = model.blocks[0]
     assert block.ln1_post is not None and block.ln2_post is not None
     assert (block.ln1.__class__.__name__ == "Identity") == (sublayer == "post")
@@ -80,7 +80,7 @@ def test_norms_after_sublayers_verify(sublayer):
 def test_windows_soft_caps_and_alibi_verify():
     arch = Architecture(2, 3, norm="rms_norm", window=(2, None), alibi=True, attn_softcap=0.5, logit_softcap=1.0,
                         biases=True, mlp=True)
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=4, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=4, dtype=torch.float64, device="cpu")
     logits, cache = model.run_with_cache(TOKENS)
     pattern = cache["blocks.0.attn.hook_pattern"][0, 0]
     assert pattern[5, :4].abs().max() == 0 and pattern[5, 4] > 0  # a window of 2 keeps keys 4 and 5 only
@@ -90,7 +90,7 @@ def test_windows_soft_caps_and_alibi_verify():
     qk = verify_qk(model, TOKENS, 1, 2)
     assert qk.passed and any("before the attention soft-cap" in n for n in qk.notes)
     _verified(CircuitModel.random(Architecture(2, 2, window=(None, 2), rotary=1.0), d_model=8, d_head=4, d_vocab=9,
-                                  n_ctx=6, seed=5, dtype=torch.float64))
+                                  n_ctx=6, seed=5, dtype=torch.float64, device="cpu"))
 
 
 def test_the_alibi_term_is_the_heads_bias():
@@ -99,7 +99,7 @@ def test_the_alibi_term_is_the_heads_bias():
     from numeric_check.model.layers import alibi_slopes
 
     model = CircuitModel.random(Architecture(2, 4, alibi=True), d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=0,
-                                dtype=torch.float64)
+                                dtype=torch.float64, device="cpu")
     terms = list(expand_qk(model.arch, 1, 3))
     index = next(i for i, t in enumerate(terms) if t.query.source.kind == "alibi")
     assert repr(terms[index].term) == "Term(Id ⊗ Id ⊗ B_ALiBi^{L1H3})"
@@ -116,7 +116,7 @@ def test_decoder_models_round_trip_through_checkpoints(tmp_path):
 
     arch = Architecture(2, 3, norm="rms_norm", sublayer_norm="both", qk_norm="layer_norm", qk_norm_scope="all",
                         window=(2, None), alibi=True, attn_softcap=5.0, logit_softcap=3.0, mlp=True, biases=True)
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=6, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=6, dtype=torch.float64, device="cpu")
     cfg = ModelConfig(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, d_mlp=model.cfg.d_mlp, alibi_slopes=(0.5, 0.25, 0.1))
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     path = tmp_path / "decoder.safetensors"
@@ -152,7 +152,7 @@ def test_rope_scaling_is_frequencies_and_a_factor(rope_type, spec):
     ours = rotate(x.transpose(1, 2), 4, "neox", 1000.0, tuple(inv.tolist()), factor, pos_dim=1).transpose(1, 2)
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-14)
     model = CircuitModel.random(Architecture(2, 2, norm="rms_norm", rotary=1.0), d_model=8, d_head=4, d_vocab=9, n_ctx=6,
-                                rotary_inv_freq=tuple(inv.tolist()), rotary_factor=factor, seed=1, dtype=torch.float64)
+                                rotary_inv_freq=tuple(inv.tolist()), rotary_factor=factor, seed=1, dtype=torch.float64, device="cpu")
     _verified(model)
     assert ModelConfig.from_dict(model.cfg.to_dict()) == model.cfg
 
@@ -164,7 +164,7 @@ def test_mixture_of_experts_mlps_are_opaque_sources_with_their_routing_recorded(
     arch = Architecture(2, 2, norm="rms_norm", mlp=True, experts=4, experts_top_k=2, biases=True)
     assert "MLPs of 4 experts (top 2 per position)" in arch.describe()
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=7, dtype=torch.float64,
-                                gated_mlp=True, act_fn="silu")
+                                gated_mlp=True, act_fn="silu", device="cpu")
     if not renormalise:
         model.cfg = ModelConfig(**{**model.cfg.__dict__, "moe_renormalise": False})
         model.blocks[0].mlp.renormalise = model.blocks[1].mlp.renormalise = False
@@ -235,7 +235,7 @@ def test_build_reads_every_decoder_field_of_source_weights():
                         alibi=True, attn_softcap=5.0, logit_softcap=3.0, mlp=True, experts=3, experts_top_k=2,
                         rotary=0.5, biases=True)
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=8, dtype=torch.float64, gated_mlp=True,
-                                act_fn="silu", rotary_inv_freq=(0.3,), rotary_factor=1.2)
+                                act_fn="silu", rotary_inv_freq=(0.3,), rotary_factor=1.2, device="cpu")
     built = build(_source_weights(model), biases=True)
     assert built.cfg.to_dict() == {**model.cfg.to_dict(), "alibi_slopes": [0.25, 0.0625, 0.015625, 0.00390625]}
     assert torch.allclose(built(TOKENS), model(TOKENS), rtol=0, atol=1e-13)
@@ -248,7 +248,7 @@ def test_circuits_read_the_folded_weights_and_to_transformer_lens_refuses_what_i
     from numeric_check.model.adapters import to_transformer_lens
 
     arch = Architecture(1, 2, norm="rms_norm", sublayer_norm="both", qk_norm="rms_norm")
-    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=9, dtype=torch.float64)
+    model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=9, dtype=torch.float64, device="cpu")
     attn, gain = model.blocks[0].attn, model.blocks[0].ln1_post.gain
     ov = model.W_U @ (gain[:, None] * attn.W_O[1]) @ attn.W_V[1] @ model.W_E
     assert torch.allclose(ov_circuit(model, 0, 1).materialize(), ov)
@@ -263,7 +263,7 @@ def test_every_option_at_once_verifies_truncated_expansions_too():
     arch = Architecture(3, 2, norm="rms_norm", sublayer_norm="both", qk_norm="layer_norm", window=(2, None, 3), alibi=True,
                         attn_softcap=1.0, logit_softcap=2.0, biases=True, mlp=True, experts=3, experts_top_k=2, rotary=1.0)
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=3, dtype=torch.float64,
-                                rotary_inv_freq=(0.7, 0.05), rotary_factor=1.1)
+                                rotary_inv_freq=(0.7, 0.05), rotary_factor=1.1, device="cpu")
     tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]])
     for k in (0, 1):
         qk, logits = verify_qk(model, tokens, 2, 1, max_order=k), verify_logits(model, tokens, max_order=k)

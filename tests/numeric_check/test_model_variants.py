@@ -37,7 +37,7 @@ def variant_models(draw):
     gated = mlp and draw(st.booleans())
     return CircuitModel.random(arch, d_model=8, d_head=d_head, d_vocab=9, n_ctx=6, gated_mlp=gated,
                                act_fn="silu" if gated else "gelu", rotary_base=draw(st.sampled_from([100.0, 10000.0])),
-                               seed=draw(st.integers(0, 1000)), dtype=torch.float64)
+                               seed=draw(st.integers(0, 1000)), dtype=torch.float64, device="cpu")
 
 
 @HEAVY
@@ -70,7 +70,7 @@ def test_the_models_rotation_is_the_algebras(d_head, style, seed, data):
 
 
 def test_shared_key_value_heads_are_stored_once():
-    model = CircuitModel.random(Architecture(1, 8, n_kv_heads=2), d_model=8, d_head=4, d_vocab=9, n_ctx=6)
+    model = CircuitModel.random(Architecture(1, 8, n_kv_heads=2), d_model=8, d_head=4, d_vocab=9, n_ctx=6, device="cpu")
     attn = model.blocks[0].attn
     assert attn.W_K.shape == (2, 4, 8) and attn.W_Q.shape == (8, 4, 8)
     assert attn.kv_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -81,7 +81,7 @@ def test_shared_key_value_heads_are_stored_once():
 
 def test_a_discarded_output_is_not_computed():
     """Path isolation replaces attention and MLP outputs by constants: the modules then skip them."""
-    model = CircuitModel.random(Architecture(1, 2, mlp=True), d_model=8, d_head=4, d_vocab=9, n_ctx=6)
+    model = CircuitModel.random(Architecture(1, 2, mlp=True), d_model=8, d_head=4, d_vocab=9, n_ctx=6, device="cpu")
     fired = []
     zeros = torch.zeros(1, 5, 8)
     hooks = [(block_hook(0, "hook_attn_out"), Constant(zeros)), (block_hook(0, "hook_mlp_out"), Constant(zeros)),
@@ -94,7 +94,7 @@ def test_a_discarded_output_is_not_computed():
 
 
 def test_head_outputs_of_a_layer_at_once_equal_each_heads():
-    model = CircuitModel.random(Architecture(1, 3), d_model=8, d_head=4, d_vocab=9, n_ctx=6, dtype=torch.float64)
+    model = CircuitModel.random(Architecture(1, 3), d_model=8, d_head=4, d_vocab=9, n_ctx=6, dtype=torch.float64, device="cpu")
     attn = model.blocks[0].attn
     z = torch.randn(2, 5, 3, 4, dtype=torch.float64)
     for heads in ([0, 1, 2], [2, 0]):

@@ -62,7 +62,7 @@ def test_an_analysis_shows_its_heads_and_a_report_its_findings_too():
     from numeric_check.reports.analysis import analyze_model
     from numeric_check.reports.report import Report
 
-    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16, device="cpu")
     analysis = analyze_model(model, name="m<1>", n_sequences=2)
     shown = analysis._repr_markdown_()
     assert shown.startswith("Analysis of m&lt;1&gt; (2 layers x 2 heads") and "| L1H1 |" in shown

@@ -246,7 +246,7 @@ def test_random_models_do_not_bear_the_paper_out():
 
     torch.set_num_threads(1)
     analyses = {n: analyze_model(CircuitModel.random(Architecture(n, 2, positional="qk_only"), d_model=8, d_head=4,
-                                                     d_vocab=12, n_ctx=16, seed=n), name=f"random_{n}l", n_sequences=4)
+                                                     d_vocab=12, n_ctx=16, seed=n, device="cpu"), name=f"random_{n}l", n_sequences=4)
                 for n in (0, 1, 2)}
     found = paper_findings(Measurements(analyses, random_copying(analyses[1].model, n_models=2)))
     assert set(REQUIRED) <= set(found)

@@ -72,7 +72,7 @@ def test_composition_heatmaps_show_only_earlier_to_later_pairs(tmp_path):
 
 
 def test_importance_bars_and_training_curve(tmp_path):
-    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0)
+    model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6, seed=0, device="cpu")
     report = term_importance(model, torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(0)))
     fig = importance_bars(report)
     assert len(fig.axes) == 3

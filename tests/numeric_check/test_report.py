@@ -68,7 +68,7 @@ def test_measured_figures_are_exact_for_the_hand_built_model(induction_analysis)
 
 
 def test_random_model_fails_the_induction_findings():
-    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=16, seed=3)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=16, d_head=4, d_vocab=20, n_ctx=16, seed=3, device="cpu")
     rows = {f.claim: f.holds for f in findings(analyze_model(model, n_sequences=8))}
     assert not rows["layer 0 has a previous-token head (by behaviour)"]
     assert not rows["a later layer has induction heads (by behaviour)"]
@@ -81,10 +81,10 @@ def test_control_must_have_one_layer(induction_analysis):
 
 
 def test_data_config_is_fitted_to_the_model():
-    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=10)
+    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=10, device="cpu")
     config = data_config_for(model)
     assert (config.d_vocab, config.n_ctx, config.seg_max) == (7, 10, 5)
-    tiny = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=3)
+    tiny = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=3, device="cpu")
     with pytest.raises(AnalysisError, match="need n_ctx >= 4"):
         data_config_for(tiny)
     record = {"train_config": {"d_vocab": 9, "n_ctx": 10, "seg_min": 2, "seg_max": 5}}
@@ -93,7 +93,7 @@ def test_data_config_is_fitted_to_the_model():
 
 
 def test_vocab_of_wrong_length_is_rejected():
-    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=10)
+    model = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=7, n_ctx=10, device="cpu")
     with pytest.raises(AnalysisError, match="vocab has 3 entries but the model's d_vocab is 7"):
         analyze_model(model, vocab=["a", "b", "c"])
 
@@ -191,7 +191,7 @@ def test_large_models_are_evaluated_on_capped_sequences_and_skip_term_importance
     import numeric_check.reports.analysis as report
     from numeric_check.errors import NumericCheckError
 
-    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=300)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=300, device="cpu")
     assert data_config_for(model).n_ctx == report.DATA_N_CTX
 
     def too_big(*args, **kwargs):

@@ -23,8 +23,8 @@ HOSTILE = "<script>alert(1)</script>&amp;"
 @pytest.fixture(scope="module")
 def analyses():
     torch.manual_seed(0)
-    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
-    control = CircuitModel.random(Architecture(1, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16)
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16, device="cpu")
+    control = CircuitModel.random(Architecture(1, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16, device="cpu")
     vocab = [HOSTILE if i == 0 else f"tok{i}" for i in range(12)]
     a = analyze_model(model, name=HOSTILE, n_sequences=4, vocab=vocab)
     return a, analyze_model(control, name="control<1l>", n_sequences=4)

@@ -19,7 +19,7 @@ VOCAB = [f"tok{i}" for i in range(30)]
 
 @pytest.fixture(scope="module")
 def model():
-    return CircuitModel.random(Architecture(2, 3, positional="qk_only"), d_model=16, d_head=4, d_vocab=30, n_ctx=8, seed=4, dtype=torch.float64)
+    return CircuitModel.random(Architecture(2, 3, positional="qk_only"), d_model=16, d_head=4, d_vocab=30, n_ctx=8, seed=4, dtype=torch.float64, device="cpu")
 
 
 def test_top_tokens_are_the_dense_columns(model):

@@ -56,7 +56,7 @@ def hooked(seed=0, **options):
 
 
 def test_a_conversion_states_its_source_and_the_measured_difference():
-    model = from_hf(llama())
+    model = from_hf(llama(), device="cpu")
     check = model.source_check
     assert isinstance(check, SourceCheck)
     assert check.source == "LlamaForCausalLM (Hugging Face, float64)"
@@ -70,30 +70,30 @@ def test_a_conversion_states_its_source_and_the_measured_difference():
 
 
 def test_transformer_lens_in_float64_is_held_to_float64():
-    model = from_transformer_lens(hooked())
+    model = from_transformer_lens(hooked(), device="cpu")
     assert model.source_check.tolerance == FLOAT64_TOLERANCE
     assert model.source_check.rel_diff < 1e-13
 
 
 def test_the_users_tokens_are_checked_too():
     tokens = torch.tensor([[3, 1, 4, 1, 5]])
-    model = from_hf(llama(), check_tokens=tokens)
+    model = from_hf(llama(), check_tokens=tokens, device="cpu")
     assert model.source_check.n_sequences == 3 and model.source_check.n_tokens == 2 * 8 + 5
     with pytest.raises(ModelInputError, match=r"check_tokens must be token ids in 0..12"):
-        from_hf(llama(), check_tokens=torch.tensor([[1, 13]]))
+        from_hf(llama(), check_tokens=torch.tensor([[1, 13]]), device="cpu")
 
 
 def test_a_model_in_training_mode_is_checked_in_eval_mode_and_left_as_it_was():
     hf = llama(attention_dropout=0.5)
     hf.train()
-    from_hf(hf)
+    from_hf(hf, device="cpu")
     assert hf.training
 
 
 def test_the_tolerance_follows_the_lowest_precision():
     assert lowest_precision(torch.float64, torch.float32) == torch.float32
     assert lowest_precision(torch.float64, torch.bfloat16) == torch.bfloat16
-    model = from_hf(llama(), dtype=torch.float32)
+    model = from_hf(llama(), dtype=torch.float32, device="cpu")
     assert 1e-7 < model.source_check.tolerance < 1e-3
 
 
@@ -101,8 +101,8 @@ def test_a_model_too_large_to_copy_is_held_to_a_fixed_tolerance(monkeypatch):
     from numeric_check.model import source_check
 
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
-    assert from_hf(llama(), dtype=torch.float32).source_check.tolerance == 1e-3
-    assert from_hf(llama()).source_check.tolerance < 1e-3  # float64: measured against itself, no copy in float64
+    assert from_hf(llama(), dtype=torch.float32, device="cpu").source_check.tolerance == 1e-3
+    assert from_hf(llama(), device="cpu").source_check.tolerance < 1e-3  # float64: measured against itself, no copy in float64
 
 
 # --- the kinds of wrong conversion: each refused, by name or by the check --------------------------
@@ -110,7 +110,7 @@ def test_a_model_too_large_to_copy_is_held_to_a_fixed_tolerance(monkeypatch):
 
 def test_gemma_with_bidirectional_attention_is_refused_by_name():
     with pytest.raises(UnsupportedModel, match=r"^the Gemma model sets use_bidirectional_attention=True \(default "):
-        from_hf(gemma(use_bidirectional_attention=True))
+        from_hf(gemma(use_bidirectional_attention=True), device="cpu")
 
 
 def test_an_option_let_through_is_caught_by_the_source_check(monkeypatch):
@@ -119,7 +119,7 @@ def test_an_option_let_through_is_caught_by_the_source_check(monkeypatch):
     monkeypatch.setitem(BY_CLASS, "GemmaForCausalLM", type(family)(family.name, family.classes, family.read,
                                                                      family.options | {"use_bidirectional_attention"}))
     with pytest.raises(SourceMismatch) as info:
-        from_hf(gemma(use_bidirectional_attention=True))
+        from_hf(gemma(use_bidirectional_attention=True), device="cpu")
     message = str(info.value)
     assert message.startswith("from_hf: the converted model's logits differ from the source's (GemmaForCausalLM")
     assert "the residual streams agree at the input of block 0 and part at the input of block 1" in message
@@ -129,26 +129,26 @@ def test_transformer_lens_dynamic_rope_scaling_is_refused_by_name():
     """Its frequencies change with the length; YaRN and fixed scalings are read (test_adapters_decoders)."""
     model = hooked(positional_embedding_type="rotary", rotary_dim=4, use_dynamic_ntk_rope=True, train_seq_length=4)
     with pytest.raises(UnsupportedModel, match=r"^the TransformerLens model uses dynamic NTK rope scaling, whose frequencies change"):
-        from_transformer_lens(model)
+        from_transformer_lens(model, device="cpu")
 
 
 def test_transformer_lens_olmoe_q_k_norms_are_refused_by_name():
     model = hooked(normalization_type="RMS", original_architecture="OlmoeForCausalLM")
     with pytest.raises(UnsupportedModel, match=r"an original_architecture for which TransformerLens changes its computation"):
-        from_transformer_lens(model)
+        from_transformer_lens(model, device="cpu")
 
 
 def test_an_unknown_transformer_lens_option_is_refused_by_name():
     model = hooked(use_logn_attn=False, relative_attention_num_buckets=7)
     with pytest.raises(UnsupportedModel, match=r"sets relative_attention_num_buckets=7 \(default None\), an option tcircuits does not read"):
-        from_transformer_lens(model)
+        from_transformer_lens(model, device="cpu")
 
 
 def test_an_attribute_changed_after_the_model_was_built_is_caught_and_named():
     hf = llama()
     hf.model.layers[1].self_attn.scaling = 0.1
     with pytest.raises(SourceMismatch) as info:
-        from_hf(hf)
+        from_hf(hf, device="cpu")
     message = str(info.value)
     assert "part at the input of block 2" not in message  # block 1 is the last: the streams agree at every block input
     assert "model.layers.1.self_attn.scaling = 0.1 (built as 0.5)" in message
@@ -158,7 +158,7 @@ def test_a_submodule_replaced_after_the_model_was_built_is_caught_and_named():
     hf = llama()
     hf.model.layers[0].mlp.act_fn = torch.nn.ReLU()
     with pytest.raises(SourceMismatch, match=r"model.layers.0.mlp.act_fn is a ReLU where a fresh model has a SiLU"):
-        from_hf(hf)
+        from_hf(hf, device="cpu")
 
 
 def test_a_forward_replaced_on_an_instance_is_caught_and_named():
@@ -167,14 +167,14 @@ def test_a_forward_replaced_on_an_instance_is_caught_and_named():
     original = block.forward
     block.forward = lambda x: 2 * original(x)
     with pytest.raises(SourceMismatch, match=r"part at the input of block 1 .*model.layers.0.mlp.forward was replaced"):
-        from_hf(hf)
+        from_hf(hf, device="cpu")
 
 
 def test_a_transformer_lens_model_patched_after_it_was_built_is_caught_and_named():
     model = hooked()
     model.blocks[1].ln2.eps = 0.5  # TransformerLens reads the attribute; the adapter reads the config
     with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: .*blocks.1.ln2.eps = 0.5 \(built as 1e-05\)"):
-        from_transformer_lens(model)
+        from_transformer_lens(model, device="cpu")
 
 
 def test_weights_that_cannot_run_are_refused_before_anything_is_built():
@@ -182,13 +182,13 @@ def test_weights_that_cannot_run_are_refused_before_anything_is_built():
     with torch.no_grad():
         hf.model.layers[0].mlp.up_proj.weight[0, 0] = math.nan
     with pytest.raises(WeightError, match=r"^the Llama model: model.layers.0.mlp.up_proj.weight holds NaN or infinite values$"):
-        from_hf(hf)
+        from_hf(hf, device="cpu")
     with pytest.raises(UnsupportedModel, match=r"holds model.embed_tokens.weight in float8_e4m3fn"):
-        from_hf(llama().to(torch.float8_e4m3fn))
+        from_hf(llama().to(torch.float8_e4m3fn), device="cpu")
     with torch.device("meta"):
         meta = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
     with pytest.raises(WeightError, match=r"is on the meta device \(model.embed_tokens.weight holds no values\)"):
-        from_hf(meta)
+        from_hf(meta, device="cpu")
 
 
 def test_options_are_read_by_allow_list():
@@ -264,18 +264,18 @@ def test_transformer_lens_conversions_equal_their_source_or_are_refused_by_name(
         model = hooked(seed, **options)
     except Exception:  # noqa: BLE001 - TransformerLens itself refuses the combination
         return
-    _equal_or_refused_by_name(lambda: from_transformer_lens(model))
+    _equal_or_refused_by_name(lambda: from_transformer_lens(model, device="cpu"))
 
 
 def test_a_source_that_cannot_run_is_refused_with_what_it_raised():
     model = hooked(attn_only=True, parallel_attn_mlp=True, d_mlp=None)  # TransformerLens builds it, then cannot run it
     with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: the source \(HookedTransformer \(TransformerLens, "
                                              r"float64\)\) fails to run on 2 x 12 probe tokens \(AttributeError: "):
-        from_transformer_lens(model)
+        from_transformer_lens(model, device="cpu")
 
 
 def test_check_false_is_said_in_every_report():
-    model = from_hf(llama(), check=False)
+    model = from_hf(llama(), check=False, device="cpu")
     assert model.source_check.describe() == ("converted from LlamaForCausalLM (Hugging Face); "
                                              "not checked against the source (check=False)")
     assert "not checked against the source" in verify_logits(model, torch.tensor([[1, 2]]), max_order=0).to_text()
@@ -300,7 +300,7 @@ def test_a_config_edited_after_construction_is_refused_in_one_line(family, key, 
         hf = llama()
     setattr(hf.config, key, max(1, int(getattr(hf.config, key) * factor)))
     try:
-        model = from_hf(hf.eval())
+        model = from_hf(hf.eval(), device="cpu")
     except (WeightError, UnsupportedModel) as error:
         assert "\n" not in str(error)
         return

@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 
 def small_model(arch=None, seed=0, **kw) -> CircuitModel:
     arch = arch or Architecture(2, 2, positional="standard", layer_norm=True, biases=True, mlp=True)
-    sizes = dict(d_model=8, d_head=4, d_vocab=12, n_ctx=6) | kw
+    sizes = dict(d_model=8, d_head=4, d_vocab=12, n_ctx=6, device="cpu") | kw
     return CircuitModel.random(arch, seed=seed, **sizes)
 
 
@@ -288,7 +288,8 @@ def test_bad_options(kwargs, error, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
-def test_cuda_without_cuda():
+def test_cuda_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # so on a GPU machine too
     with pytest.raises(DeviceError, match="CUDA is not available"):
         verify_logits(small_model(), TOKENS, device="cuda")
 
@@ -347,7 +348,7 @@ def test_transformer_lens_models_verify():
             for name, p in source.named_parameters():
                 if name.split(".")[-1].startswith("b_"):
                     p.normal_(0, 0.1)
-        model = from_transformer_lens(source)
+        model = from_transformer_lens(source, device="cpu")
         tokens = torch.randint(0, 20, (2, 6))
         assert torch.allclose(model(tokens), source(tokens).double(), atol=1e-4)
         assert verify_logits(model, tokens, max_order=1).passed
@@ -364,7 +365,7 @@ def test_gpt2_models_verify():
         for name, p in hf.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
-    model = from_hf_gpt2(hf)
+    model = from_hf_gpt2(hf, device="cpu")
     tokens = torch.randint(0, 20, (2, 6))
     assert torch.allclose(model(tokens), hf(tokens).logits.double(), atol=1e-4)
     report = verify_logits(model, tokens)
@@ -376,7 +377,7 @@ def test_terms_that_cancel_are_checked_at_their_own_scale():
     """Tokens and positions that nearly cancel (x ≈ 0): the terms are ~1e7 times the logits and the
     scores, and their sum is rounded at the terms' scale. Found by hypothesis on a 1-dim model."""
     model = CircuitModel.random(Architecture(1, 1, positional="standard"), d_model=4, d_head=3, d_vocab=5, n_ctx=2,
-                                seed=0, dtype=torch.float64)
+                                seed=0, dtype=torch.float64, device="cpu")
     with torch.no_grad():
         model.W_pos[:, 0] = -model.W_E[:, 2] * (1 - 1e-7)
     tokens = torch.tensor([[2]])

@@ -59,7 +59,7 @@ def test_a_failing_check_exits_1(capsys):
 
 
 def test_checkpoint(tmp_path, capsys):
-    model = CircuitModel.random(Architecture(1, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=9, n_ctx=5, seed=3)
+    model = CircuitModel.random(Architecture(1, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=9, n_ctx=5, seed=3, device="cpu")
     path = tmp_path / "model.safetensors"
     save_checkpoint(model, path)
     code, out, _ = run(capsys, "--checkpoint", str(path), "--seq-len", "5")

@@ -19,7 +19,7 @@ TOKENS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 0]]
 
 
 def _model() -> CircuitModel:
-    return CircuitModel.random(ARCH, d_model=8, d_head=4, d_vocab=12, n_ctx=6, seed=0)
+    return CircuitModel.random(ARCH, d_model=8, d_head=4, d_vocab=12, n_ctx=6, seed=0, device="cpu")
 
 
 def _out_of_memory_above(monkeypatch, name: str, limit: int) -> list[int]:
