@@ -401,6 +401,17 @@ def output_folders(names: list[str]) -> st.SearchStrategy[dict[str, str]]:
     return st.dictionaries(st.sampled_from([*names, "notes.txt", "figures/mine.svg", "sub/deep.txt"]),
                            st.sampled_from(FOLDER_KINDS), max_size=6)
 
+
+def output_texts() -> st.SearchStrategy[tuple[str, str, str]]:
+    """What a person may type after ``-o`` (issue 29), as ``(folder, name, ending)`` to join in a
+    sandbox: a folder that exists, a new one, a file, a link to another folder; a new name, a
+    file, a link, a FIFO, a checkpoint or its training record, nothing, ``.``, ``..``; and a
+    trailing ``/`` or ``/.``. (Paths under /dev are tried only in a private mount namespace.)"""
+    return st.tuples(st.sampled_from(["", "DIR/", "NEW/", "FILE/", "LINKDIR/"]),
+                     st.sampled_from(["new.txt", "EXISTING", "LINK", "DANGLING", "FIFO", "m.json", "m.safetensors",
+                                      "", ".", "..", "o\x1bu\nt.tex"]),
+                     st.sampled_from(["", "/", "/."]))
+
 LINE_BREAKS_IN_TOKENS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines() breaks on each
 
 

@@ -31,7 +31,7 @@ from derivations.errors import OutputError
 from derivations.files import MANIFEST, OutputFolder
 from tests.conftest import FUZZ
 from tests.helpers import folder_state, quickly
-from tests.strategies import output_folders
+from tests.strategies import output_folders, output_texts
 from tests.test_hostile_files import one_line_error, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -477,3 +477,46 @@ def test_derive_never_replaces_a_training_record_beside_its_checkpoint(tmp_path)
     code, err = run(["derive", "zero-layer", "-o", str(tmp_path / "m.safetensors")])
     assert one_line_error(code, err) and "it is a checkpoint" in err
     assert run(["derive", "zero-layer", "--format", "json", "-o", str(tmp_path / "m.json"), "--force"])[0] == 0
+
+
+@FUZZ
+@given(text=output_texts(), force=st.booleans(), argv=st.sampled_from([["derive", "zero-layer"],
+                                                                       ["expand", "A ⊗ W", "--format", "json"]]))
+def test_any_output_path_is_written_whole_or_refused_and_nothing_else_changes(tmp_path_factory, text, force, argv):
+    """Any ``-o`` a person may type: status 0 and the one file named written (a link at it
+    replaced, never followed), or one line of error and nothing changed; a checkpoint or its
+    record replaced only with --force; never a file named after a folder, never a temporary file."""
+    box, elsewhere = tmp_path_factory.mktemp("box"), tmp_path_factory.mktemp("elsewhere")
+    victim = elsewhere / "victim.txt"
+    victim.write_text("precious")
+    (box / "DIR").mkdir()
+    (box / "FILE").write_text("a person's file")
+    (box / "LINKDIR").symlink_to(elsewhere, target_is_directory=True)
+    for folder in (box, box / "DIR"):
+        (folder / "EXISTING").write_text("old")
+        (folder / "LINK").symlink_to(victim)
+        (folder / "DANGLING").symlink_to(folder / "nowhere")
+        os.mkfifo(folder / "FIFO")
+        (folder / "m.safetensors").write_bytes(b"weights")
+        (folder / "m.json").write_text('{"record": 1}')
+    where = f"{box}/{''.join(text)}" if any(text) else ""  # joined as text: a trailing / kept
+    before, outside = folder_state(box), folder_state(elsewhere)
+    with quickly(20):
+        code, err = run([*argv, "-o", where, *(["--force"] if force else [])])
+    after = folder_state(box)
+    assert "Traceback" not in err and victim.read_text() == "precious"
+    if code != 0:
+        assert one_line_error(code, err) and after == before and folder_state(elsewhere) == outside, err
+        return
+    folder, name, ending = text
+    written = Path(where)
+    assert ending == "" and name not in ("", ".", "..") and folder != "FILE/"
+    assert written.is_file() and not written.is_symlink() and written.read_text(encoding="utf-8") != "old"
+    if folder in ("", "DIR/"):  # where the FIFO, the checkpoint and its record are
+        assert name != "FIFO" and (force or name not in ("m.json", "m.safetensors"))
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert changed <= {str(written), str(written.parent)} | ({str(box / "NEW")} if folder == "NEW/" else set())
+    if folder == "LINKDIR/":  # through the link to a folder: that folder gains the one file
+        assert set(folder_state(elsewhere)) - set(outside) == {str(elsewhere / name)}
+    else:
+        assert folder_state(elsewhere) == outside
