@@ -41,15 +41,15 @@ def multi_head(heads: int = 3) -> Derivation:
     identities = {(e[h].T, e[k]): (() if h == k else None) for h in range(H) for k in range(H)}
     chain = (
         Chain.start(math("W_O r"), Product([W_O, stacked]), "block",
-                    detail=prose("with the basis vectors ", math("e_h"), " of ", Math(rf"\mathbf{{R}}^{{{H}}}", f"R^{H}")),
+                    detail=prose("with the basis vectors ", math("e^h"), " of ", Math(rf"\mathbf{{R}}^{{{H}}}", f"R^{H}")),
                     intro=prose("Each head h writes its result ", math("r^h"), " (one position, ",
                                 math("d_head"), " numbers); the layer concatenates them and multiplies by ",
                                 math("W_O"), ", whose column blocks ", math("W_O^h"), " belong to the heads: ",
                                 blocks, "."))
         .expand()
         .apply(rewrite_words, "orthonormality", identities,
-               detail=prose(math("e_hᵀ e_h = 1"), " and ",
-                            math("e_hᵀ e_k = 0"), " for ", math("h ≠ k")))
+               detail=prose(math("e^hᵀ e^h = 1"), " and ",
+                            math("e^hᵀ e^k = 0"), " for ", math("h ≠ k")))
     )
     return Derivation(
         "multi-head", "Multi-head attention is a sum of independent heads",

@@ -18,7 +18,7 @@ d_c = sp.Symbol("d_c", positive=True, integer=True)  # width of a generic compon
 k_dim = sp.Symbol("k", positive=True, integer=True)  # dimension of a deleted subspace
 
 
-@entry("virtual-weights", "virtual weights across intermediate layers: W_virt = M_in^(J) (Π_k T_k) M_out^(I)")
+@entry("virtual-weights", "virtual weights across intermediate layers: W_virt = M_in^(J) (Π_k T^k) M_out^(I)")
 def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> Derivation:
     K = check_count("layers", layers, 1)
     M = check_count("heads", heads, 1)
@@ -58,12 +58,12 @@ def virtual_weights(layers: int = 2, heads: int = 2, concrete: bool = False) -> 
         (chain,),
         notes=(prose("Each component c reads with ", math("M_in^c"), " (",
                      math("d_c × d_model"), ") and writes with ", math("M_out^c"), "; an intermediate layer k maps "
-                     "the residual stream by ", Math(r"T_k = \mathrm{Id} + \sum_m M_{out}^{(k,m)} M_{in}^{(k,m)}",
-                                                    "T_k = Id + Σ_m M_out^(k,m) M_in^(k,m)"),
-                     " (positions and nonlinearities set aside: these are the residual-side words of the paths)."),
+                     "the residual stream by ", Math(r"T^{k} = \mathrm{Id} + \sum_m M_{out}^{(k,m)} M_{in}^{(k,m)}",
+                                                    "T^k = Id + Σ_m M_out^(k,m) M_in^(k,m)"),
+                     " (k names the layer, as a head's superscript does: not a power; positions and nonlinearities set aside: these are the residual-side words of the paths)."),
                prose("Column vectors, so products read right to left: I writes first, J reads last. In row-vector "
-                     "order the same product is ", Math(r"M_{out}^{(I)} \bigl(\prod_k T_k\bigr) M_{in}^{(J)}",
-                                                        "M_out^(I) (Π_k T_k) M_in^(J)"), "."),
+                     "order the same product is ", Math(r"M_{out}^{(I)} \bigl(\prod_k T^{k}\bigr) M_{in}^{(J)}",
+                                                        "M_out^(I) (Π_k T^k) M_in^(J)"), "."),
                INDEXING),
         params=(("layers", K), ("heads", M), ("concrete", concrete)),
         numeric=Numeric(dims={"d_c": 2}, derived={"T": lambda a: layer_map(int(a.index))}),

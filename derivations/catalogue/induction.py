@@ -122,7 +122,7 @@ def induction_mechanism() -> Derivation:
                                 "its scores for that path (see two-layer-qk) is:"))
         .apply(substitute, "substitution", A_prev, term(P),
                detail=prose("the earlier head is a previous-token head: ", math("A^prev = P_shift"),
-                            ", the shift matrix below"))
+                            ", the shift matrix written out in the notes above"))
         .apply(rewrite_words, "substitution", {(W_E.T, QK, OV, W_E): ()},
                detail=prose("suppose the circuit matches tokens: ",
                             math("W_Eᵀ W_QK^h W_OV^prev W_E = Id"),
