@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import copy
 import types
+import unittest
 
 import torch
 import torch.nn.functional as F
 import transformers
+
+from numeric_check.model.readers.common import rope_parameters
+
+#: transformers' major version: 4 spells the rope as rope_theta, rope_scaling, partial_rotary_factor (5: rope_parameters)
+MAJOR = int(transformers.__version__.split(".")[0])
 
 VOCAB, D_MODEL, N_LAYERS, N_HEADS, D_MLP, N_CTX = 13, 16, 2, 4, 24, 8
 
@@ -197,6 +203,7 @@ CONVERTS = [
     ("falcon", {"alibi": True, "hidden_size": 24, "num_attention_heads": 6}),  # slopes of a head count not a power of 2
     ("bloom", {}),  # BLOOM's slopes; the embedding's layer norm folded into W_E
     ("bloom", {"hidden_size": 24, "n_head": 6}),
+    ("bloom", {"slow_but_exact": True, "pretraining_tp": 2}),  # dense and dense_4h_to_h run slice by slice, no biases
     ("mpt", {}),  # MPT's slopes (alibi_bias_max=8, as Hugging Face builds them)
     ("mpt", {"d_model": 24, "n_heads": 6, "attn_config": {"alibi": True, "softmax_scale": 0.3}}),
     # mixtures of experts, in float32 (Hugging Face's expert kernels refuse float64)
@@ -217,17 +224,63 @@ CONVERTS = [
 
 def source_dtype(model_type: str) -> torch.dtype:
     """float64, except where Hugging Face's model cannot run in it: mixture-of-experts kernels refuse float64,
-    and XGLM's attention fills its mask with float64's minimum, which overflows its float32 scores."""
-    return torch.float32 if "moe" in model_type or model_type in ("mixtral", "xglm", "gpt_oss") else torch.float64
+    and XGLM's attention fills its mask with float64's minimum, which overflows its float32 scores (MPT's too in
+    transformers 4)."""
+    float32 = ("mixtral", "xglm", "gpt_oss") + (("mpt",) if MAJOR < 5 else ())
+    return torch.float32 if "moe" in model_type or model_type in float32 else torch.float64
+
+
+def config_kwargs(model_type: str, kwargs: dict) -> dict:
+    """A config's keyword arguments as the installed transformers spells them: unchanged in 5; in 4,
+    ``rope_parameters`` as ``rope_theta``, ``rope_scaling`` and ``partial_rotary_factor`` (GPT-NeoX's
+    ``rotary_pct``), per layer type (OLMo 3, Gemma 3) the full-attention layers' rope and Gemma 3's sliding
+    layers' ``rope_local_base_freq``."""
+    params = kwargs.pop("rope_parameters", None) if MAJOR < 5 else None
+    if not params:
+        return kwargs
+    if "full_attention" in params:
+        if model_type == "gemma3_text" and "sliding_attention" in params:
+            kwargs["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
+        params = params["full_attention"]
+    params = dict(params)
+    kwargs["rope_theta"] = params.pop("rope_theta", 10000.0)
+    partial = params.pop("partial_rotary_factor", None)
+    if partial is not None:
+        kwargs["rotary_pct" if model_type == "gpt_neox" else "partial_rotary_factor"] = partial
+    if params.get("rope_type", "default") != "default":
+        # Phi-3 reads "type" (and nothing more), the others "rope_type"
+        if model_type == "phi3":
+            params["type"] = params.pop("rope_type")
+        kwargs["rope_scaling"] = params
+    return kwargs
+
+
+def missing(model_type: str) -> str | None:
+    """Why the installed transformers cannot build ``model_type`` (it lacks the config or model class), or None."""
+    config_name, model_name, _ = ZOO[model_type]
+    absent = [name for name in (config_name, model_name) if not hasattr(transformers, name)]
+    return (f"transformers {transformers.__version__} has no {' or '.join(absent)} (model type {model_type!r} came "
+            "later)") if absent else None
 
 
 def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype = torch.float64, **options):
-    """A tiny ``model_type`` model, every parameter random (seeded), in eval mode; ``options`` override the config."""
+    """A tiny ``model_type`` model, every parameter random (seeded), in eval mode; ``options`` override the config
+    (``rope_parameters`` as transformers 5 spells it, given to transformers 4 in its own keys). A model type the
+    installed transformers lacks raises ``unittest.SkipTest`` with the reason (pytest skips the test)."""
+    reason = missing(model_type)
+    if reason:
+        raise unittest.SkipTest(reason)
     config_name, model_name, sizes = ZOO[model_type]
     # a deep copy: configs write into the dicts they are given (rope_parameters), and tests reuse theirs
-    config = getattr(transformers, config_name)(**copy.deepcopy({**sizes, **options}))
+    kwargs = copy.deepcopy({**sizes, **options})
+    kwargs = config_kwargs(model_type, kwargs)
+    config = getattr(transformers, config_name)(**kwargs)
     torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(config)
+    try:
+        model = getattr(transformers, model_name)(config)
+    except Exception as err:  # noqa: BLE001 - the installed transformers' own code cannot build it
+        raise unittest.SkipTest(f"transformers {transformers.__version__} cannot build {model_name} with {options} "
+                                f"({type(err).__name__}: {err})") from None
     model = randomise(model.to(torch.float64).eval(), seed)
     if exact and dtype == torch.float64:
         exact_float64(model)
@@ -246,8 +299,8 @@ def randomise(hf, seed: int):
 def exact_float64(hf):
     """Replace Hugging Face's float32 round trips in a float64 model (RMSNorm, OLMo's and Cohere's
     layer norms, rotary tables) by float64; nothing else changes."""
-    params = getattr(hf.config, "rope_parameters", None) or {}
-    base = float(params.get("rope_theta", 10000.0))
+    config = hf.config
+    bases = [rope_parameters(config).get("rope_theta", 10000.0), getattr(config, "rope_local_base_freq", None)]
     for module in hf.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm"):
@@ -259,14 +312,35 @@ def exact_float64(hf):
                 centred = x - x.mean(-1, keepdim=True)
                 return self.weight * centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
             module.forward = types.MethodType(cohere, module)
+        elif name in ("GPTJAttention", "CodeGenAttention") and isinstance(getattr(module, "embed_positions", None),
+                                                                          torch.Tensor):  # transformers 4: the table there
+            module.embed_positions = _sin_cos(module.rotary_dim or module.embed_dim, module.embed_positions.shape[0])
         elif name in ("GPTJRotaryEmbedding", "CodeGenRotaryEmbedding"):  # sin/cos tables made in float32
             dim = module.pos_embd_dim
             inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
             angles = torch.arange(module.max_positions, dtype=torch.float64)[:, None] * inv
             module.embed_positions = torch.cat((angles.sin(), angles.cos()), dim=1)
         elif name.endswith("RotaryEmbedding") and hasattr(module, "inv_freq"):
-            _rotary(module, base, interleave=name.startswith("Cohere"))
+            _rotary(module, _base_of(module, bases), interleave=name.startswith("Cohere"))
     return hf
+
+
+def _sin_cos(dim: int, n_positions: int) -> torch.Tensor:
+    """GPT-J's and CodeGen's ``[sin | cos]`` table of rope_theta 10000 on ``dim`` dimensions, in float64."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv
+    return torch.cat((angles.sin(), angles.cos()), dim=1)
+
+
+def _base_of(module, bases: list) -> float:
+    """The rope_theta among ``bases`` whose frequencies the rotary module holds (Gemma 3's local rope in
+    transformers 4 has its own), else the first."""
+    dim = 2 * module.inv_freq.shape[0]
+    for base in (b for b in bases if b is not None):
+        inv = 1.0 / (float(base) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        if torch.allclose(module.inv_freq.to(torch.float64), inv, rtol=1e-5):
+            return float(base)
+    return float(bases[0])
 
 
 def _rms_norm(module, gemma: bool) -> None:

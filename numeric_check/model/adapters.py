@@ -107,8 +107,12 @@ def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = N
     True
     """
     from transformer_lens import HookedTransformer, HookedTransformerConfig  # optional dependency (tcircuits[tl])
+    from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
     arch, cfg = model.arch, model.cfg
+    if arch.mlp and cfg.act_fn not in SUPPORTED_ACTIVATIONS:  # TransformerLens 2 has no relu2
+        raise UnsupportedModel(f"this TransformerLens has no activation {cfg.act_fn!r} (it has "
+                               f"{', '.join(sorted(SUPPORTED_ACTIVATIONS))})")
     features = [name for name, on in (("RMSNorm", arch.norm == "rms_norm"), ("grouped-query attention", arch.grouped),
                                       ("parallel attention and MLP", arch.parallel), ("rotary", arch.rotary is not None),
                                       ("a gated MLP", cfg.gated_mlp), ("q/k normalisation", arch.qk_norm is not None),
@@ -279,7 +283,7 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
         d_head=cfg.d_head,
         n_ctx=cfg.n_ctx,
         d_mlp=None if cfg.attn_only else cfg.d_mlp,
-        **_tl_decoder_options(cfg, kind),
+        **_tl_decoder_options(cfg, kind, model),
         **(_tl_rope_scaling(model, cfg) if rotary else {}),
     )
 
@@ -315,12 +319,14 @@ def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:
             "W_gate": stack("W_gate"), "b_gate": zeros(cfg.d_mlp), "W_out": stack("W_out"), "b_out": zeros(cfg.d_model)}
 
 
-def _tl_decoder_options(cfg: Any, kind: str) -> dict[str, Any]:
+def _tl_decoder_options(cfg: Any, kind: str, model: Any) -> dict[str, Any]:
     """The SourceWeights fields of TransformerLens' options of today's decoders: q/k norm, norms before
-    and after each sublayer, local attention, soft-caps, ALiBi (its slopes, ``2^(-8/n)`` to the power h+1)."""
+    and after each sublayer, local attention (each layer's ``attn_type`` as its module was built, not
+    ``cfg.attn_types``), soft-caps, ALiBi (its slopes, ``2^(-8/n)`` to the power h+1)."""
     window = None
     if cfg.use_local_attn:
-        window = tuple(cfg.window_size if t == "local" else None for t in cfg.attn_types)
+        window = tuple(_tl_window(block.attn, cfg) for block in model.blocks)
+        window = window if any(window) else None
     cap = lambda c: float(c) if c is not None and c > 0 else None  # noqa: E731 - TransformerLens: off at <= 0
     slopes = None
     if kind == "alibi":  # TransformerLens' own slopes, 2^(-8/n) to the power h + 1 (in float32, as it uses them)
@@ -331,7 +337,19 @@ def _tl_decoder_options(cfg: Any, kind: str) -> dict[str, Any]:
             "sublayer_norm": "both" if cfg.use_normalization_before_and_after else "pre", "window": window,
             "attn_softcap": cap(cfg.attn_scores_soft_cap), "logit_softcap": cap(cfg.output_logits_soft_cap),
             "alibi_slopes": slopes, "experts_top_k": cfg.experts_per_token if cfg.num_experts else 1,
-            "moe_renormalise": bool(cfg.norm_topk_prob)}
+            "moe_renormalise": bool(getattr(cfg, "norm_topk_prob", True))}  # TransformerLens 2: always
+
+
+def _tl_window(attn: Any, cfg: Any) -> int | None:
+    """A layer's window as its attention computes it: None for a global layer (``attn_type``, fixed at construction);
+    a local one keeps ``i − j < w``: TransformerLens 2's banded ``mask`` buffer (built from the window then),
+    TransformerLens 3's ``cfg.window_size`` (read at each forward)."""
+    if getattr(attn, "attn_type", "global") != "local":
+        return None
+    mask = getattr(attn, "mask", None)
+    if isinstance(mask, Tensor) and mask.ndim == 2 and mask.numel():
+        return int(mask[-1].sum())
+    return cfg.window_size
 
 
 def _tl_norm(module: Any, where: str) -> LayerNormWeights:

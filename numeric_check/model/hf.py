@@ -30,10 +30,12 @@ from numeric_check.model.readers import BY_CLASS, family_names
 from numeric_check.model.source_check import (
     changed_modules,
     check_against_source,
+    float64_copy,
     fresh_on_meta,
     in_eval_mode,
     lowest_precision,
     probe_tokens,
+    relative,
     unchecked,
     user_tokens,
 )
@@ -72,7 +74,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
             + f" is not a family tcircuits reads; it reads {family_names()}"
         )
     source = f"the {family.name} model"
-    check_hf_options(model.config, family.options, source)
+    check_hf_options(model.config, family.options, source, model)
     _refuse_bad_weights(model, source)
     on_one_device(model, source)
     ours = build(family.read(model), dtype, device, biases)
@@ -85,7 +87,15 @@ from_hf_gpt2 = from_hf
 
 
 def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
-    """Run ``ours`` beside the Hugging Face ``model`` (:func:`~numeric_check.model.source_check.check_against_source`)."""
+    """Run ``ours`` beside the Hugging Face ``model`` (:func:`~numeric_check.model.source_check.check_against_source`).
+
+    A source held in half precision (bfloat16, float16) is run as a float64 copy of itself
+    (:func:`~numeric_check.model.source_check.float64_copy`): the conversion is held to float64's
+    tolerance (Hugging Face's own float32 round trips set it), so a half-precision model that is not what
+    its weights say is refused like a float64 one; how far the source as held is from its copy (its own
+    rounding) is measured on the first probe and stated apart. A copy too large, or one that cannot run in
+    float64 (some expert kernels), leaves the source compared as it is, at its own precision. A float32
+    source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for."""
     cfg = ours.cfg
     batches = [probe_tokens(cfg.d_vocab, cfg.n_ctx)]
     if tokens is not None:
@@ -93,18 +103,37 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     device = next(iter(model.parameters())).device
     dtype = next(iter(model.parameters())).dtype
 
-    def run(tokens: Tensor):
-        out = model(input_ids=tokens.to(device), output_hidden_states=True)
-        streams = getattr(out, "hidden_states", None)
-        return out.logits, list(streams[:-1]) if streams else None
+    def runner(source: Any):
+        def run(tokens: Tensor):
+            out = source(input_ids=tokens.to(device), output_hidden_states=True)
+            streams = getattr(out, "hidden_states", None)
+            return out.logits, list(streams[:-1]) if streams else None
+        return run
 
     def suspects() -> list[str]:
         fresh = fresh_on_meta(lambda: type(model)(model.config))
         return [] if fresh is None else changed_modules(model, fresh)
 
-    name = f"{type(model).__name__} (Hugging Face, {str(dtype).removeprefix('torch.')})"
-    precision = lowest_precision(dtype, torch.float32)  # its norms, rotary and softmax round through float32
-    return in_eval_mode(model, lambda: check_against_source(ours, run, name, precision, batches, suspects, "from_hf"))
+    held = str(dtype).removeprefix("torch.")
+    reference, own = model, None
+    if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
+        copied = float64_copy(model)
+        if copied is not None:
+            copied.eval()
+            try:
+                with torch.no_grad():
+                    exact, as_held = runner(copied)(batches[0])[0], runner(model)(batches[0])[0]
+                reference, own = copied, (relative(as_held, exact), held)
+            except Exception:  # noqa: BLE001 - the source cannot run in float64 (an expert kernel): compare it as held
+                reference = model
+    if reference is model:
+        name = f"{type(model).__name__} (Hugging Face, {held})"
+        precision = lowest_precision(dtype, torch.float32)  # its norms, rotary and softmax round through float32
+    else:
+        name = f"{type(model).__name__} (Hugging Face, {held}, run as a float64 copy)"
+        precision = torch.float32  # the copy's norms, rotary and softmax still round through float32
+    return in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
+                                                            suspects, "from_hf", own))
 
 
 def _refuse_bad_weights(model: Any, source: str) -> None:

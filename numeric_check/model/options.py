@@ -16,6 +16,11 @@ numeric_check.errors.UnsupportedModel: the toy model sets shout=True (default Fa
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+import re
+import sys
+import types
 from typing import Any, Iterable, Mapping
 
 from numeric_check.errors import UnsupportedModel
@@ -64,14 +69,56 @@ def check_options(options: Mapping[str, Any], defaults: Mapping[str, Any], under
         )
 
 
-def check_hf_options(config: Any, understood: Iterable[str], source: str) -> None:
+#: a key transformers 5 reads -> the keys transformers 4 spelt the same options with (a reader that understands the
+#: first reads the others too: :func:`numeric_check.model.readers.common.rope_parameters`)
+HF_4X_SPELLINGS = {
+    "rope_parameters": frozenset({"rope_theta", "rope_scaling", "partial_rotary_factor", "rope_local_base_freq"}),
+}
+
+
+def check_hf_options(config: Any, understood: Iterable[str], source: str, model: Any = None) -> None:
     """:func:`check_options` for a Hugging Face ``PretrainedConfig``: the defaults are those of a
-    config of the same class built with no arguments."""
+    config of the same class built with no arguments. Options transformers 4 spelt otherwise
+    (:data:`HF_4X_SPELLINGS`) are understood with the option they became. A stray key (one the config
+    class does not define, kept from a checkpoint's config.json) that no code of ``model``'s class
+    names (:func:`named_in_code`) is ignored by the source, so it is not refused either."""
+    understood = set(understood)
+    understood |= {old for new, olds in HF_4X_SPELLINGS.items() if new in understood for old in olds}
     try:
         defaults = type(config)().to_dict()
     except Exception:  # noqa: BLE001 - a config class that needs arguments: compare with nothing
         defaults = {}
-    check_options(config.to_dict(), defaults, understood, source, HF_HARMLESS)
+    options = config.to_dict()
+    stray = set()
+    if model is not None and defaults:
+        stray = {key for key in options if key not in defaults and not named_in_code(type(model), key)}
+    check_options(options, defaults, understood, source, HF_HARMLESS | stray)
+
+
+def named_in_code(model_class: type, key: str) -> bool:
+    """Whether ``key`` appears as a word in the code a Hugging Face model class runs: its modeling and
+    configuration modules and the transformers modules they draw on (rope, masks, attention kernels,
+    ``modeling_utils``; not ``transformers.utils``' docstrings and logging). A key no such code names
+    cannot change what the model computes; code whose source cannot be read may name anything."""
+    code = _code_of(model_class)
+    return code is None or re.search(rf"\b{re.escape(key)}\b", code) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _code_of(model_class: type) -> str | None:
+    module = sys.modules.get(model_class.__module__)
+    if module is None:
+        return None
+    modules = {module}
+    for obj in list(vars(module).values()):
+        found = obj if isinstance(obj, types.ModuleType) else inspect.getmodule(obj)
+        name = getattr(found, "__name__", "")
+        if name.startswith("transformers.") and not name.startswith(("transformers.utils", "transformers.generation")):
+            modules.add(found)
+    try:
+        return "\n".join(inspect.getsource(found) for found in modules)
+    except (OSError, TypeError):  # no source to read
+        return None
 
 
 def check_tl_options(cfg: Any, understood: Iterable[str], source: str) -> None:

@@ -25,7 +25,9 @@ modules with a fresh one built from its config on the meta device), or an option
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -90,13 +92,21 @@ class SourceCheck:
     tolerance: float
     n_sequences: int
     n_tokens: int
+    #: a source held in lower precision than float64 is compared as a float64 copy of itself; this is how far
+    #: the source as held (bfloat16, float16, float32) is from that copy: its own rounding, stated apart
+    source_rounding: float | None = None
+    held_in: str | None = None  # the source's own precision then ("bfloat16")
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
         if self.n_tokens == 0:
             return f"converted from {self.source}; not checked against the source (check=False)"
+        own = ""
+        if self.source_rounding is not None:
+            own = (f"; the source as held in {self.held_in} differs from its float64 copy by {self.source_rounding:.2g} "
+                   "(its own rounding, not the conversion's)")
         return (f"converted from {self.source}: logits equal to the source within {self.rel_diff:.1g} of their largest "
-                f"entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} tokens")
+                f"entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} tokens{own}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,12 +121,12 @@ def probe_tokens(d_vocab: int, n_ctx: int, length: int | None = None) -> Tensor:
     """:data:`PROBE_BATCH` sequences of ``min(length or PROBE_LENGTH, n_ctx)`` random token ids (fixed seed)."""
     gen = torch.Generator().manual_seed(PROBE_SEED)
     n_pos = max(1, min(length or PROBE_LENGTH, n_ctx))
-    return torch.randint(0, d_vocab, (PROBE_BATCH, n_pos), generator=gen)
+    return torch.randint(0, d_vocab, (PROBE_BATCH, n_pos), generator=gen, device="cpu")
 
 
 def user_tokens(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:
     """``tokens`` as a ``[batch, pos]`` id tensor on the CPU, refused when outside the vocabulary or the context."""
-    tokens = torch.as_tensor(tokens)
+    tokens = torch.as_tensor(tokens, device="cpu")
     tokens = tokens if tokens.ndim == 2 else tokens.reshape(1, -1)
     if tokens.dtype.is_floating_point or tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab:
         raise ModelInputError(f"check_tokens must be token ids in 0..{d_vocab - 1}, got {tokens.tolist()!r:.80}")
@@ -131,11 +141,14 @@ RunSource = Callable[[Tensor], tuple[Tensor, list[Tensor] | None]]
 
 
 def check_against_source(ours: Any, run_source: RunSource, name: str, precision: torch.dtype,
-                         token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str) -> SourceCheck:
+                         token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str,
+                         own_rounding: tuple[float, str] | None = None) -> SourceCheck:
     """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
     their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
     source computes in), else :class:`SourceMismatch` (``who`` names the conversion in the message,
-    ``suspects`` lists what the model may use that it does not read)."""
+    ``suspects`` lists what the model may use that it does not read). ``own_rounding``: ``(how far the
+    source as held is from the float64 copy run here, its precision)``, recorded apart
+    (:func:`float64_copy`)."""
     tol = measured_tolerance(ours, token_batches[0], lowest_precision(precision, ours.dtype))
     worst_abs, worst_rel, n_seq, n_tok = 0.0, 0.0, 0, 0
     for tokens in token_batches:
@@ -162,7 +175,28 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
             )
         worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, rel)
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
-    return SourceCheck(name, worst_abs, worst_rel, tol, n_seq, n_tok)
+    rounding, held_in = own_rounding if own_rounding is not None else (None, None)
+    return SourceCheck(name, worst_abs, worst_rel, tol, n_seq, n_tok, rounding, held_in)
+
+
+def float64_copy(model: Any) -> Any | None:
+    """A float64 copy of a torch ``model`` held in lower precision (parameters and buffers, on its device, hooks and
+    patched forwards kept), so that the source can be run free of its own rounding; None when its float64 copy
+    would pass :data:`MEASURE_BYTES` or cannot be made. Buffers keep the values the model holds (a ``bfloat16``
+    ``inv_freq`` stays rounded, as the model uses it)."""
+    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    if n * 8 > MEASURE_BYTES:
+        return None
+    try:
+        return copy.deepcopy(model).to(torch.float64)
+    except Exception:  # noqa: BLE001 - a model that cannot be copied (or converted) is compared as it is
+        return None
+
+
+def relative(a: Tensor, b: Tensor) -> float:
+    """``max |a − b| / max |b|`` in float64 on the CPU."""
+    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
+    return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-300)
 
 
 def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, tol: float) -> str:
@@ -194,11 +228,14 @@ def _listed(suspects: list[str]) -> str:
 
 def changed_modules(model: Any, fresh: Any) -> list[str]:
     """What differs between ``model``'s modules and ``fresh`` (the same class built from the same
-    config, on the meta device): a submodule of another class, added or removed, a ``forward``
-    replaced on an instance, a plain attribute (a number, flag or string) set to another value."""
+    config now, on the meta device): a submodule of another class, added or removed, a ``forward``
+    replaced on an instance, a plain attribute (a number, flag or string) set to another value. Which
+    side changed is said: an attribute that differs alike on every module that has it (each of several
+    norms holds the eps it was built with, a fresh one the config's new value) is the config, edited after
+    the model was built; one that differs on some modules only is those modules, changed after."""
     out: list[str] = []
     twins = dict(fresh.named_modules())
-    names = set()
+    names, attrs = set(), {}
     for name, module in model.named_modules():
         names.add(name)
         where = name or type(model).__name__
@@ -208,19 +245,38 @@ def changed_modules(model: Any, fresh: Any) -> list[str]:
             continue
         if type(module) is not type(twin):
             out.append(f"{where} is a {type(module).__name__} where a fresh model has a {type(twin).__name__}")
-        if "forward" in vars(module):
+        if "forward" in vars(module) and not _library_wrapper(vars(module)["forward"]):
             out.append(f"{where}.forward was replaced on the instance")
         for attr, value in vars(module).items():
             if attr.startswith("_") or attr == "training" or not isinstance(value, (bool, int, float, str, type(None))):
                 continue
             built = getattr(twin, attr, _ABSENT)
-            if built is _ABSENT or built != value:
-                out.append(f"{where}.{attr} = {value!r}" + ("" if built is _ABSENT else f" (built as {built!r})"))
+            attrs.setdefault((type(module).__name__, attr), []).append((where, value, built))
+    for (kind, attr), seen in attrs.items():
+        changed = [(where, value, built) for where, value, built in seen if built is _ABSENT or built != value]
+        if not changed:
+            continue
+        values = {repr(value) for _, value, _ in changed} | {repr(built) for _, _, built in changed}
+        if len(changed) == len(seen) > 1 and len(values) == 2 and changed[0][2] is not _ABSENT:
+            where, value, built = changed[0]
+            out.append(f"{attr} = {value!r} on all {len(seen)} {kind} modules, as the model was built, where its config "
+                       f"now builds {built!r}: the config was edited after the model was built")
+            continue
+        for where, value, built in changed:
+            out.append(f"{where}.{attr} = {value!r}, set after the model was built" if built is _ABSENT else
+                       f"{where}.{attr} = {value!r}, changed after the model was built (its config builds {built!r})")
     out += [f"{name} (removed)" for name in twins if name not in names]
     return out
 
 
 _ABSENT = object()
+
+
+def _library_wrapper(forward: Any) -> bool:
+    """Whether an instance's ``forward`` is one Hugging Face installs itself (transformers 4 wraps each layer's forward
+    to record its outputs when ``output_hidden_states`` is asked for): a function whose code is in transformers."""
+    code = getattr(getattr(forward, "__func__", forward), "__code__", None)
+    return code is not None and f"{os.sep}transformers{os.sep}" in code.co_filename
 
 
 def fresh_on_meta(build: Callable[[], Any]) -> Any | None:

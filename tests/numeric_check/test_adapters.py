@@ -260,7 +260,7 @@ def test_gpt2_unsupported():
 
 
 # --- round trips over random architectures ---------------------------------------------------
-from hypothesis import given  # noqa: E402
+from hypothesis import assume, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from numeric_check.model.adapters import to_transformer_lens  # noqa: E402
@@ -273,7 +273,11 @@ from tests.strategies import circuit_models, token_batches  # noqa: E402
 def test_property_round_trip_through_transformer_lens(data):
     model = data.draw(circuit_models(uniform=True))
     toks = data.draw(token_batches(model.cfg))
-    hooked = to_transformer_lens(model)
+    try:
+        hooked = to_transformer_lens(model)
+    except UnsupportedModel as err:  # an activation the installed TransformerLens lacks (2.x: relu2)
+        assert "this TransformerLens has no activation" in str(err)
+        assume(False)
     ours = model(toks)
     torch.testing.assert_close(hooked(toks), ours, rtol=1e-9, atol=1e-9)
     back = from_transformer_lens(hooked, biases=model.arch.biases, device="cpu")

@@ -13,6 +13,7 @@ import torch
 
 import numeric_check as nc
 from numeric_check.model.build import LayerWeights, SourceWeights, build, f64
+from numeric_check.model.readers.common import rope_parameters
 
 T = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def _read(model, gemma: bool = False, qk: str | None = None, qk_scope: str = "he
         b_U=zeros(config.vocab_size), layers=layers, ln_final=norm(model.model.norm), positional="none", layer_norm=False,
         norm="rms_norm", act_fn={"silu": "silu", "gelu_pytorch_tanh": "gelu_new"}[act], eps=float(config.rms_norm_eps),
         attn_scale=scale or math.sqrt(e), d_head=e, n_ctx=config.max_position_embeddings, d_mlp=m, rotary=1.0,
-        rotary_base=float(config.rope_parameters["rope_theta"]), qk_norm=qk, qk_norm_scope=qk_scope, sublayer_norm=sub,
+        rotary_base=float(rope_parameters(config)["rope_theta"]), qk_norm=qk, qk_norm_scope=qk_scope, sublayer_norm=sub,
         window=window, attn_softcap=caps[0], logit_softcap=caps[1],
         experts_top_k=getattr(config, "num_experts_per_tok", 1))
 
@@ -96,6 +97,9 @@ CASES = {
 def test_the_model_computes_what_the_family_computes(name):
     torch.set_num_threads(1)
     make, options = CASES[name]
+    if name == "Mixtral" and int(T.__version__.split(".")[0]) < 5:
+        pytest.skip("transformers 4 keeps one module per expert; this hand reading is transformers 5's layout "
+                    "(test_hf_families converts Mixtral in both)")
     # Hugging Face's mixture-of-experts kernels refuse float64: Mixtral runs in float32 (so its tolerance)
     dtype, tolerance = (torch.float32, 1e-5) if name == "Mixtral" else (torch.float64, 1e-6)
     hf = make().to(dtype).eval()

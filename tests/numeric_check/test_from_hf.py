@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from tests.conftest import HEAVY
 
 from numeric_check import UnsupportedModel, from_hf, from_hf_gpt2, verify_logits, verify_qk
-from numeric_check.errors import WeightError
+from numeric_check.errors import SourceMismatch, WeightError
 
 transformers = pytest.importorskip("transformers")
-from tests.hf_zoo import exact_float64, randomise  # noqa: E402  (needs transformers)
+from tests.hf_zoo import MAJOR, config_kwargs, exact_float64, randomise  # noqa: E402  (needs transformers)
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def build(family: str, seed: int = 0, **options):
         model = transformers.GPTJForCausalLM(config)
     else:
         config_class, model_class = FAMILIES[family]
-        model = model_class(config_class(**{**SMALL, **options}))
+        model = model_class(config_class(**config_kwargs(family, {**SMALL, **options})))
     return exact_float64(randomise(model.double().eval(), seed))
 
 
@@ -69,8 +69,8 @@ def test_logits_equal_hugging_faces(family, options):
     torch.set_num_threads(1)
     hf = build(family, **options)
     ours = from_hf(hf, dtype=torch.float64, device="cpu")
-    with torch.no_grad():
-        assert relative(ours(TOKENS), hf(TOKENS).logits) < 1e-12
+    with torch.no_grad():  # transformers 4's GPT-J computes its scores in float32 whatever the model's dtype
+        assert relative(ours(TOKENS), hf(TOKENS).logits) < (1e-6 if family == "gptj" and MAJOR < 5 else 1e-12)
     if family == "gpt2":
         assert ours.arch == from_hf_gpt2(hf, device="cpu").arch
 
@@ -99,7 +99,11 @@ def llama_options(draw):
 def test_drawn_options_convert_and_verify(options, seed):
     torch.set_num_threads(1)
     hf = build("llama", seed, **options)
-    model = from_hf(hf, dtype=torch.float64, device="cpu")
+    try:
+        model = from_hf(hf, dtype=torch.float64, device="cpu")
+    except SourceMismatch as err:  # transformers 4's Llama turns partial_rotary_factor dimensions, then fails to run
+        assert MAJOR < 5 and "fails to run" in str(err), err
+        return
     with torch.no_grad():
         assert relative(model(TOKENS), hf(TOKENS).logits) < 1e-12
     assert verify_qk(model, TOKENS, 1, 3).passed
@@ -107,7 +111,7 @@ def test_drawn_options_convert_and_verify(options, seed):
 
 def test_unsupported_features_are_named():
     with pytest.raises(UnsupportedModel, match=r"rope scaling \('longrope'"):  # its frequencies change within the context
-        from_hf(build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.0], "long_factor": [2.0, 2.0],
+        from_hf(build("llama", rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "factor": 2.0, "short_factor": [1.0, 1.0], "long_factor": [2.0, 2.0],
                                                 "original_max_position_embeddings": 4}), device="cpu")
     rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=13, hidden_size=16, num_hidden_layers=2,
                                                                 attention_hidden_size=16, intermediate_size=32))

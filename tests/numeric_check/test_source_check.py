@@ -108,11 +108,18 @@ def test_a_model_too_large_to_copy_is_held_to_a_fixed_tolerance(monkeypatch):
 # --- the kinds of wrong conversion: each refused, by name or by the check --------------------------
 
 
+#: Gemma's bidirectional attention came with transformers 5: in 4 the key is a stray one Gemma ignores
+bidirectional = pytest.mark.skipif("use_bidirectional_attention" not in transformers.GemmaConfig().to_dict(),
+                                   reason=f"transformers {transformers.__version__}'s Gemma has no bidirectional attention")
+
+
+@bidirectional
 def test_gemma_with_bidirectional_attention_is_refused_by_name():
     with pytest.raises(UnsupportedModel, match=r"^the Gemma model sets use_bidirectional_attention=True \(default "):
         from_hf(gemma(use_bidirectional_attention=True), device="cpu")
 
 
+@bidirectional
 def test_an_option_let_through_is_caught_by_the_source_check(monkeypatch):
     """Were the allow-list wrong, the check against the source still refuses the model."""
     family = BY_CLASS["GemmaForCausalLM"]
@@ -125,6 +132,18 @@ def test_an_option_let_through_is_caught_by_the_source_check(monkeypatch):
     assert "the residual streams agree at the input of block 0 and part at the input of block 1" in message
 
 
+def tl_has(*fields: str):
+    """Skip a test of TransformerLens options the installed version lacks (TransformerLens 2 has none of 3's rope
+    scalings, ``use_logn_attn``, …)."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(tl.HookedTransformerConfig)}
+    missing = [f for f in fields if f not in known]
+    return pytest.mark.skipif(bool(missing), reason=f"TransformerLens {getattr(tl, '__version__', '')} has no "
+                                                    f"{', '.join(missing)}")
+
+
+@tl_has("use_dynamic_ntk_rope")
 def test_transformer_lens_dynamic_rope_scaling_is_refused_by_name():
     """Its frequencies change with the length; YaRN and fixed scalings are read (test_adapters_decoders)."""
     model = hooked(positional_embedding_type="rotary", rotary_dim=4, use_dynamic_ntk_rope=True, train_seq_length=4)
@@ -138,6 +157,7 @@ def test_transformer_lens_olmoe_q_k_norms_are_refused_by_name():
         from_transformer_lens(model, device="cpu")
 
 
+@tl_has("use_logn_attn")
 def test_an_unknown_transformer_lens_option_is_refused_by_name():
     model = hooked(use_logn_attn=False, relative_attention_num_buckets=7)
     with pytest.raises(UnsupportedModel, match=r"sets relative_attention_num_buckets=7 \(default None\), an option tcircuits does not read"):
@@ -146,12 +166,64 @@ def test_an_unknown_transformer_lens_option_is_refused_by_name():
 
 def test_an_attribute_changed_after_the_model_was_built_is_caught_and_named():
     hf = llama()
-    hf.model.layers[1].self_attn.scaling = 0.1
+    hf.model.layers[1].self_attn.is_causal = False  # the attention looks ahead: read by Hugging Face, not by the readers
     with pytest.raises(SourceMismatch) as info:
         from_hf(hf, device="cpu")
     message = str(info.value)
     assert "part at the input of block 2" not in message  # block 1 is the last: the streams agree at every block input
-    assert "model.layers.1.self_attn.scaling = 0.1 (built as 0.5)" in message
+    assert ("model.layers.1.self_attn.is_causal = False, changed after the model was built (its config builds True)"
+            in message)
+
+
+def test_a_scale_fixed_at_construction_is_read_from_the_modules():
+    hf = llama()
+    for layer in hf.model.layers:  # both layers: the scale they compute with, not the config's head size
+        layer.self_attn.scaling = 0.3
+    model = from_hf(hf, device="cpu")
+    assert model.cfg.attn_scale == pytest.approx(1 / 0.3)
+    hf.model.layers[1].self_attn.scaling = 0.1
+    with pytest.raises(UnsupportedModel, match=r"attention scales that differ between layers \(layers.0.self_attn."
+                                               r"scaling = 0.3, layers.1.self_attn.scaling = 0.1\)"):
+        from_hf(hf, device="cpu")
+
+
+def test_an_edited_config_is_named_as_the_side_that_changed():
+    """The model keeps what it was built with; the suspects list says the config changed, not the modules."""
+    from numeric_check.model.source_check import changed_modules, fresh_on_meta
+
+    hf = llama()
+    hf.config.rms_norm_eps = 0.3
+    model = from_hf(hf, device="cpu")  # the norms' eps read from the modules: equal to the source
+    assert model.cfg.ln_eps == pytest.approx(1e-6)
+    suspects = changed_modules(hf, fresh_on_meta(lambda: type(hf)(hf.config)))
+    assert suspects == ["variance_epsilon = 1e-06 on all 5 LlamaRMSNorm modules, as the model was built, where its "
+                        "config now builds 0.3: the config was edited after the model was built"]
+    hf = llama()
+    hf.model.layers[0].input_layernorm.variance_epsilon = 0.3  # one module changed: named with its path
+    suspects = changed_modules(hf, fresh_on_meta(lambda: type(hf)(hf.config)))
+    assert suspects == ["model.layers.0.input_layernorm.variance_epsilon = 0.3, changed after the model was built (its "
+                        "config builds 1e-06)"]
+    with pytest.raises(UnsupportedModel, match=r"norms built with different eps \(layers.0.input_layernorm 0.3, "
+                                               r"layers.0.post_attention_layernorm 1e-06; its config says rms_norm_eps=1e-06\)"):
+        from_hf(hf, device="cpu")
+
+
+def test_an_edited_head_dim_or_rope_theta_is_named_as_a_config_that_disagrees():
+    hf = llama()
+    hf.config.head_dim = 8
+    with pytest.raises(WeightError, match=r"^the Llama model: its attention was built with head_dim=4 \(q_proj.weight "
+                                          r"has shape \(16, 16\)\) but the config says head_dim=8; the config's sizes "
+                                          r"disagree with the weights"):
+        from_hf(hf, device="cpu")
+    hf = llama()
+    theta = {"rope_theta": 500.0} if hasattr(hf.config, "rope_theta") else {
+        "rope_parameters": {**hf.config.rope_parameters, "rope_theta": 500.0}}
+    for key, value in theta.items():
+        setattr(hf.config, key, value)
+    with pytest.raises(UnsupportedModel, match=r"^the Llama model: its rotary embedding was built with rope_theta 10000 "
+                                               r"but its config now says rope_theta=500: the config was edited") as info:
+        from_hf(hf, device="cpu")
+    assert "rope scaling" not in str(info.value)
 
 
 def test_a_submodule_replaced_after_the_model_was_built_is_caught_and_named():
@@ -173,7 +245,8 @@ def test_a_forward_replaced_on_an_instance_is_caught_and_named():
 def test_a_transformer_lens_model_patched_after_it_was_built_is_caught_and_named():
     model = hooked()
     model.blocks[1].ln2.eps = 0.5  # TransformerLens reads the attribute; the adapter reads the config
-    with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: .*blocks.1.ln2.eps = 0.5 \(built as 1e-05\)"):
+    with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: .*blocks.1.ln2.eps = 0.5, changed after the model "
+                                             r"was built \(its config builds 1e-05\)"):
         from_transformer_lens(model, device="cpu")
 
 
@@ -305,3 +378,51 @@ def test_a_config_edited_after_construction_is_refused_in_one_line(family, key, 
         assert "\n" not in str(error)
         return
     assert model.source_check.rel_diff <= model.source_check.tolerance  # a size the weights do not depend on
+
+
+# --- half precision held to float64, and the modules as they were built (issue 28) --------------------------------
+
+
+def tamper(hf, factor=1.05):
+    """A source that computes what its weights do not say: layer 0's MLP output scaled by ``factor``."""
+    hf.model.layers[0].mlp.register_forward_hook(lambda module, inputs, output: output * factor)
+    return hf
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_a_tampered_model_is_refused_in_every_precision(dtype):
+    """Held below float64, the source runs as a float64 copy of itself: 5 % is no longer hidden in its rounding."""
+    with pytest.raises(SourceMismatch, match=r"differ from the source's \(LlamaForCausalLM \(Hugging Face, "):
+        from_hf(tamper(llama(max_position_embeddings=64)).to(dtype), device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_source_is_held_to_float64_and_its_own_rounding_stated_apart(dtype):
+    hf = llama(max_position_embeddings=64).to(dtype)
+    check = from_hf(hf, device="cpu").source_check
+    assert check.tolerance < 1e-4 < check.source_rounding  # float64's tolerance; the source's own rounding is larger
+    assert check.rel_diff <= check.tolerance
+    held = str(dtype).removeprefix("torch.")
+    assert check.source == f"LlamaForCausalLM (Hugging Face, {held}, run as a float64 copy)"
+    assert f"the source as held in {held} differs from its float64 copy by" in check.describe()
+
+
+def test_rounded_rotary_frequencies_are_read_as_the_source_has_them(monkeypatch):
+    """``model.to(torch.bfloat16)`` rounds ``inv_freq``, and Hugging Face turns the heads by the rounded values."""
+    from numeric_check.model.readers import decoder
+
+    hf = llama(max_position_embeddings=64).to(torch.bfloat16)
+    model = from_hf(hf, device="cpu")
+    rounded = hf.model.rotary_emb.inv_freq.to(torch.float64)
+    assert torch.equal(torch.tensor(model.cfg.rotary_inv_freq, dtype=torch.float64), rounded)
+    monkeypatch.setattr(decoder, "rounded_frequencies", lambda emb: {})  # the control: rope_theta's exact frequencies
+    with pytest.raises(SourceMismatch):
+        from_hf(hf, device="cpu")
+
+
+def test_transformer_lens_attention_types_are_read_from_the_modules():
+    model = hooked(use_local_attn=True, window_size=3, attn_types=["global", "local"], normalization_type="RMS")
+    model.cfg.attn_types = ["local", "global"]  # swapped after construction: the blocks keep what they were built as
+    ours = from_transformer_lens(model, device="cpu")
+    assert ours.arch.window == (None, 3)
+    assert ours.source_check.rel_diff <= ours.source_check.tolerance

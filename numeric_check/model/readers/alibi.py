@@ -37,14 +37,19 @@ def read_bloom(model: Any) -> SourceWeights:
     d_head, body, layers = d_model // h, model.transformer, []
     for i, block in enumerate(body.h):
         a, where = block.self_attention, f"h.{i}.self_attention."
+        # slow_but_exact with pretraining_tp > 1 (fixed on the modules at construction): dense and dense_4h_to_h run
+        # slice by slice without their biases
+        sliced = [getattr(m, "pretraining_tp", 1) > 1 and getattr(m, "slow_but_exact", False) for m in (a, block.mlp)]
         W, b = linear(a.query_key_value, 3 * d_model, where + "query_key_value", source, d_model)
         qkv, qkv_b = W.reshape(d_model, h, 3, d_head).permute(2, 1, 0, 3), b.reshape(h, 3, d_head).transpose(0, 1)
         W_O, b_O = heads_out(a.dense, h, d_head, d_model, where + "dense", source)
+        mlp = plain_mlp(block.mlp.dense_h_to_4h, block.mlp.dense_4h_to_h, 4 * d_model, d_model, f"h.{i}.mlp.dense_",
+                        source)
         layers.append(LayerWeights(
-            W_Q=qkv[0], W_K=qkv[1], W_V=qkv[2], W_O=W_O, b_Q=qkv_b[0], b_K=qkv_b[1], b_V=qkv_b[2], b_O=b_O,
+            W_Q=qkv[0], W_K=qkv[1], W_V=qkv[2], W_O=W_O, b_Q=qkv_b[0], b_K=qkv_b[1], b_V=qkv_b[2],
+            b_O=torch.zeros_like(b_O) if sliced[0] else b_O,
             ln1=norm(block.input_layernorm, "layer"), ln2=norm(block.post_attention_layernorm, "layer"),
-            mlp=plain_mlp(block.mlp.dense_h_to_4h, block.mlp.dense_4h_to_h, 4 * d_model, d_model, f"h.{i}.mlp.dense_",
-                          source),
+            mlp={**mlp, "b_out": torch.zeros_like(mlp["b_out"])} if sliced[1] else mlp,
         ))
     W_U, b_U = unembed(model, d_model, config.vocab_size, source)
     return SourceWeights(

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from numeric_check.errors import WeightError
+from numeric_check.errors import UnsupportedModel, WeightError
 from numeric_check.model.build import ACT_FN_ALIASES, SourceWeights, f64, unsupported
 from numeric_check.model.readers import pending
 
@@ -45,35 +45,91 @@ class Family:
     converts: bool = True
 
 
+def rope_parameters(config: Any) -> dict[str, Any]:
+    """The config's rope as transformers 5 spells it (``rope_parameters``: ``rope_type``, ``rope_theta``,
+    ``partial_rotary_factor`` and the scaling's own keys), also from transformers 4's separate ``rope_theta``,
+    ``rope_scaling`` (``type`` or ``rope_type``), ``partial_rotary_factor`` and GPT-NeoX's ``rotary_emb_base``.
+
+    >>> from types import SimpleNamespace as C
+    >>> rope_parameters(C(rope_theta=500.0, rope_scaling={"type": "linear", "factor": 2.0}))
+    {'rope_type': 'linear', 'factor': 2.0, 'rope_theta': 500.0}
+    """
+    params = getattr(config, "rope_parameters", None)
+    if params and not hasattr(config, "rope_theta"):  # transformers 5 (in 4, a rope_parameters key is a stray one)
+        return dict(params)
+    scaling = dict(getattr(config, "rope_scaling", None) or {})
+    out = {"rope_type": scaling.pop("rope_type", scaling.pop("type", "default")), **scaling}
+    theta = getattr(config, "rope_theta", None)
+    out["rope_theta"] = float(theta if theta is not None else getattr(config, "rotary_emb_base", 10000.0))
+    partial = getattr(config, "partial_rotary_factor", getattr(config, "rotary_pct", None))
+    if partial is not None:
+        out["partial_rotary_factor"] = partial
+    return out
+
+
 def rotary(model: Any, rotary_emb: Any, d_head: int, source: str, declared: int | None = None,
            scaled: bool = False) -> tuple[float, float]:
     """``(fraction of each head rotated, base)`` as the model's rotary embedding computes them:
     its inverse frequencies say how many dimensions turn (Llama ignores a config's
     ``partial_rotary_factor``; GPT-NeoX honours it), and must be ``base^(-2f/d_rot)`` as
     rope_theta gives them, compared in the buffer's own precision (a half-precision model's cast
-    rounds them) — any other rope scaling is refused by name. ``declared``: the rotated dimensions the
-    attention slices (``rotary_ndims``), refused when odd. ``scaled``: the reader reads the rope
-    scalings of :data:`SCALED_ROPE` (frequencies and attention factor: the rotary embedding's own)."""
-    config = model.config
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    rounds them: :func:`rotary_fields` reads them as rounded). Frequencies the module was built with
+    from another rope_theta than its config's now (a config edited after the model was built) are
+    refused by that name; any other rope scaling is refused by name. ``declared``: the rotated
+    dimensions the attention slices (``rotary_ndims``), refused when odd. ``scaled``: the reader reads
+    the rope scalings of :data:`SCALED_ROPE` (frequencies and attention factor: the rotary embedding's own)."""
+    params = rope_parameters(model.config)
+    rope_type = params.get("rope_type", "default")
+    built_type = getattr(rotary_emb, "rope_type", rope_type)
+    if isinstance(built_type, str) and built_type != rope_type:
+        raise UnsupportedModel(f"{source}: its rotary embedding was built as {built_type!r} rope but its config now "
+                               f"says {rope_type!r}: the config was edited after the model was built, so it no longer "
+                               "describes the model; rebuild the model from its config")
     if rope_type not in ROPE_TYPES + (SCALED_ROPE if scaled else ()):
         pending.refuse(source, ("rope_scaling", f"{rope_type!r} in rope_parameters"))
     if rope_type in ROPE_TYPES and float(getattr(rotary_emb, "attention_scaling", 1.0)) != 1.0:
         pending.refuse(source, ("rope_scaling", "attention_scaling"))
     if declared is not None:
         rotated_dims(declared, d_head, source)
-    base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    base = float(params.get("rope_theta", 10000.0))
     inv = rotary_emb.inv_freq.detach().cpu()
     rot_dims = 2 * inv.shape[0]
+    if rot_dims < 2 or rot_dims > d_head or (declared is not None and declared != rot_dims):
+        raise unsupported(f"rotary on {declared or rot_dims} of {d_head} head dimensions", source)
     expected = base ** (-torch.arange(0, rot_dims, 2, dtype=torch.float64) / rot_dims)
     rtol = max(1e-6, 4 * torch.finfo(inv.dtype).eps)  # float32 buffers agree to ~1e-7, half ones to a few ulps
     if rope_type in ROPE_TYPES and not torch.allclose(inv.to(torch.float64), expected.to(inv.dtype).to(torch.float64),
                                                       rtol=rtol, atol=0):
+        built = _built_base(inv)
+        if built is not None:
+            raise UnsupportedModel(f"{source}: its rotary embedding was built with rope_theta {built:.6g} but its config "
+                                   f"now says rope_theta={base:g}: the config was edited after the model was built (or "
+                                   "the buffer replaced), so it no longer describes the model; rebuild the model from "
+                                   "its config")
         pending.refuse(source, ("rope_scaling", "inverse frequencies that are not rope_theta's"))
-    if rot_dims < 2 or rot_dims > d_head or (declared is not None and declared != rot_dims):
-        raise unsupported(f"rotary on {declared or rot_dims} of {d_head} head dimensions", source)
     return rot_dims / d_head, base
+
+
+def _built_base(inv: Tensor) -> float | None:
+    """The base ``b`` when ``inv`` are ``b^(-2f/d)`` (to the buffer's precision), else None."""
+    if inv.numel() < 2 or not bool((inv > 0).all()):
+        return None
+    inv64 = inv.to(torch.float64)
+    d = 2 * inv.numel()
+    base = float(inv64[1]) ** (-d / 2)
+    again = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rtol = max(1e-5, 16 * torch.finfo(inv.dtype).eps)
+    return base if torch.allclose(inv64, again, rtol=rtol, atol=0) else None
+
+
+def rounded_frequencies(rotary_emb: Any) -> dict[str, Tensor]:
+    """``{"rotary_inv_freq": …}`` when the rotary embedding holds its frequencies in half precision (a model cast
+    with ``model.to(torch.bfloat16)`` rounds the buffer, and the source computes its angles from the rounded
+    values): the frequencies as the source has them; empty otherwise (rope_theta's, exact)."""
+    inv = rotary_emb.inv_freq
+    if getattr(rotary_emb, "rope_type", "default") not in ROPE_TYPES or torch.finfo(inv.dtype).bits > 16:
+        return {}
+    return {"rotary_inv_freq": f64(inv)}
 
 
 def rotated_dims(n: int, d_head: int, source: str, what: str = "") -> int:
@@ -126,8 +182,9 @@ def act(name: str, source: str) -> str:
 
 
 def unembed(model: Any, d_model: int, d_vocab: int, source: str) -> tuple[Tensor, Tensor]:
-    head = model.lm_head
-    W_U = shape(f64(head.weight), (d_vocab, d_model), "lm_head.weight", source).T
+    """The output embedding (``lm_head``; GPT-NeoX's ``embed_out`` in transformers 4) as ``W_U [d_model, d_vocab]``, ``b_U``."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.lm_head
+    W_U = shape(f64(head.weight), (d_vocab, d_model), "the output embedding's weight", source).T
     b_U = f64(head.bias) if getattr(head, "bias", None) is not None else torch.zeros(d_vocab, dtype=torch.float64)
     return W_U, b_U
 

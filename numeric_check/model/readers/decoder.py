@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from numeric_check.model.build import f64, unsupported
-from numeric_check.model.readers.common import norm
+from numeric_check.model.readers.common import norm, rounded_frequencies
 
 #: the q/k norm modules' names in the attention module: (queries, keys)
 QK_NAMES = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))
@@ -71,8 +71,11 @@ def windows(config: Any, n_layers: int, source: str, per_layer: bool = True) -> 
 
 
 def softcaps(config: Any) -> dict[str, float | None]:
-    """Gemma 2's caps: ``c·tanh(s/c)`` on the scaled scores and on the logits (None: no cap)."""
-    return {"attn_softcap": getattr(config, "attn_logit_softcapping", None) or None,
+    """Gemma 2's caps: ``c·tanh(s/c)`` on the scaled scores and on the logits (None: no cap). SDPA attention has no
+    cap: transformers 4 lets Gemma 2 and VaultGemma run in it and drops the scores' cap there (5 refuses), so
+    the source computes uncapped scores and they are read so."""
+    sdpa = getattr(config, "_attn_implementation", None) == "sdpa"
+    return {"attn_softcap": None if sdpa else getattr(config, "attn_logit_softcapping", None) or None,
             "logit_softcap": getattr(config, "final_logit_softcapping", None) or None}
 
 
@@ -80,9 +83,10 @@ def rope_fields(rotary_emb: Any) -> dict[str, Any]:
     """A scaled rope's SourceWeights fields: the rotary embedding's own inverse frequencies and its
     attention factor (``cos`` and ``sin`` are multiplied by it); empty for rope_theta's own. Dynamic NTK: the
     frequencies it starts from and returns to (``original_inv_freq``), which it keeps for every length up to
-    ``max_position_embeddings`` (a longer input, which n_ctx refuses, would grow them)."""
+    ``max_position_embeddings`` (a longer input, which n_ctx refuses, would grow them). rope_theta's own
+    frequencies held in half precision: the rounded values the source computes with (:func:`rounded_frequencies`)."""
     rope_type = getattr(rotary_emb, "rope_type", "default")
     if rope_type == "default":
-        return {}
+        return rounded_frequencies(rotary_emb)
     inv = rotary_emb.original_inv_freq if rope_type == "dynamic" else rotary_emb.inv_freq
     return {"rotary_inv_freq": f64(inv), "rotary_factor": float(rotary_emb.attention_scaling)}

@@ -67,7 +67,10 @@ def read_opt(model: Any) -> SourceWeights:
     W_U = f64(model.lm_head.weight).T  # [word_embed_proj_dim, vocab]
     if dec.project_out is not None:
         W_U = f64(dec.project_out.weight).T @ W_U
-    final = norm(dec.final_layer_norm, "layer") if dec.final_layer_norm is not None else None
+    if dec.final_layer_norm is None:  # _remove_final_layer_norm: the stream reaches the unembedding unnormalised
+        raise unsupported("no final layer norm (_remove_final_layer_norm=True: the last residual stream reaches the "
+                          "unembedding unnormalised, where CircuitModel's final norm is a frozen scale)", source)
+    final = norm(dec.final_layer_norm, "layer")
     W_pos = _positions(dec.embed_positions.weight, config.max_position_embeddings, d_model, source)
     return _source(W_E, W_pos, W_U, layers, final, act(config.activation_function, source), eps, d_model // h,
                    config.ffn_dim)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -15,8 +14,7 @@ def read_gpt2(model: Any) -> SourceWeights:
     config, source = model.config, "the GPT-2 model"
     if getattr(config, "add_cross_attention", False):
         raise unsupported("cross-attention (add_cross_attention)", source)
-    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
-        raise unsupported("attention scale that depends on the layer (scale_attn_by_inverse_layer_idx)", source)
+    scale = _scale(model, config, source)
     act_fn = act(config.activation_function, source)
     d_model, n_heads = config.n_embd, config.n_head
     d_head = d_model // n_heads
@@ -48,16 +46,38 @@ def read_gpt2(model: Any) -> SourceWeights:
         layer_norm=True,
         act_fn=act_fn,
         eps=float(config.layer_norm_epsilon),
-        attn_scale=math.sqrt(d_head) if config.scale_attn_weights else 1.0,
+        attn_scale=scale,
         d_head=d_head,
         n_ctx=config.n_positions,
         d_mlp=config.n_inner if config.n_inner is not None else 4 * d_model,
     )
 
 
+def _scale(model: Any, config: Any, source: str) -> float:
+    """The divisor of the scores as the attention modules apply it: transformers 5 fixes each layer's
+    ``scaling`` at construction (read from the module); transformers 4's eager attention reads
+    ``scale_attn_weights`` and ``scale_attn_by_inverse_layer_idx`` from the module, its other attentions (SDPA,
+    the default) pass no scale, so the scores are divided by ``sqrt(d_head)`` whatever those say."""
+    attns = [block.attn for block in model.transformer.h]
+    d_head = attns[0].head_dim
+    if all(hasattr(a, "scaling") for a in attns):
+        scales = {float(a.scaling) for a in attns}
+    elif getattr(config, "_attn_implementation", "eager") == "eager":
+        scales = {(d_head ** -0.5 if a.scale_attn_weights else 1.0) / (a.layer_idx + 1 if a.scale_attn_by_inverse_layer_idx
+                                                                       else 1) for a in attns}
+    else:
+        scales = {d_head ** -0.5}
+    if len(scales) > 1:
+        raise unsupported("attention scale that depends on the layer (scale_attn_by_inverse_layer_idx)", source)
+    scale = scales.pop()
+    if scale <= 0:
+        raise unsupported(f"attention scale {scale!r} (the scores are multiplied by it; expected > 0)", source)
+    return 1.0 / scale
+
+
 FAMILIES = (
     Family("GPT-2", ("GPT2LMHeadModel",), read_gpt2, frozenset({
         "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner", "activation_function", "layer_norm_epsilon",
-        "scale_attn_weights", "reorder_and_upcast_attn",  # upcasting to float32 changes no value of a float64 model
+        "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",  # upcasting to float32 changes no value of a float64 model
     })),
 )

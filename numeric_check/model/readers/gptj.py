@@ -60,7 +60,8 @@ def _codegen_qkv(qkv_proj: Any, mp_num: int, n_heads: int, d_head: int, d_model:
 def read_codegen(model: Any) -> SourceWeights:
     config, source = model.config, "the CodeGen model"
     d_model, n_heads = config.n_embd, config.n_head
-    d_head, mp_num = d_model // n_heads, model.transformer.h[0].attn.mp_num
+    # mp_num: 4 in CodeGen's code (transformers 4 a constant of its forward, 5.x an attribute set at construction)
+    d_head, mp_num = d_model // n_heads, getattr(model.transformer.h[0].attn, "mp_num", 4)
     rotary_dim = rotated_dims(config.rotary_dim or d_head, d_head, source, "rotary_dim")
     if d_model % mp_num:
         raise unsupported(f"d_model={d_model} in {mp_num} blocks of queries, values and keys (not divisible)", source)

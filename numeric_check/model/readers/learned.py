@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
@@ -85,11 +86,24 @@ def read_gpt_neo(model: Any) -> SourceWeights:
             mlp=plain_mlp(block.mlp.c_fc, block.mlp.c_proj, d_mlp, d_model, f"h.{i}.mlp.c_", source),
         ))
     src = _learned(model, model.transformer, layers, d_head, d_mlp, config.max_position_embeddings, 1.0, source)
-    # local layers keep i - j < window_size (a window that covers the context changes nothing)
-    w = config.window_size if config.window_size < config.max_position_embeddings else None
-    windows = tuple(w if kind == "local" else None for kind in config.attention_layers)
+    windows = tuple(_neo_window(block.attn.attention, i, source) for i, block in enumerate(model.transformer.h))
     src.window = windows if any(windows) else None
     return src
+
+
+def _neo_window(attention: Any, i: int, source: str) -> int | None:
+    """A GPT-Neo layer's window as its attention module was built (its ``bias`` mask, fixed at construction
+    from ``window_size`` and ``attention_layers``: a config edited afterwards changes nothing): local layers keep
+    ``i − j < w``, global ones every ``j ≤ i`` (None; so does a window that covers the context)."""
+    mask = attention.bias.detach().cpu().reshape(attention.bias.shape[-2:]).bool()
+    n = mask.shape[-1]
+    w = int(mask[-1].sum())
+    pos = torch.arange(n)
+    expected = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < w)
+    if w < 1 or not torch.equal(mask, expected):
+        raise unsupported(f"an attention mask in layer {i} that is neither causal nor a causal window (h.{i}.attn."
+                          "attention.bias)", source)
+    return w if w < n else None
 
 
 def read_ctrl(model: Any) -> SourceWeights:

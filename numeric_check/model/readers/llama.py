@@ -33,10 +33,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from numeric_check.errors import WeightError
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, split_heads,
+    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rope_parameters, rotary, split_heads,
     unembed,
 )
 
@@ -69,11 +70,23 @@ class Scales:
     attn: float | None = None
 
 
+#: mixture-of-experts blocks whose router is a softmax over the experts, the top k kept (transformers 5: the
+#: router's class; transformers 4: the block's, its router a plain ``nn.Linear``)
+SOFTMAX_ROUTERS = ("MixtralTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter")
+SOFTMAX_BLOCKS_4X = ("MixtralSparseMoeBlock", "OlmoeSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")
+
+
+def mlp_of(layer: Any) -> Any:
+    """A block's MLP: ``mlp``, or Mixtral's and PhiMoE's ``block_sparse_moe`` in transformers 4."""
+    mlp = getattr(layer, "mlp", None)
+    return mlp if mlp is not None else getattr(layer, "block_sparse_moe", None)
+
+
 def experts(model: Any, source: str) -> tuple[int, bool] | None:
     """``(experts per token, renormalised)`` of a mixture-of-experts model (Mixtral, OLMoE, Qwen2/3-MoE: a
     softmax router, the top k experts' weights renormalised to sum to 1 or not); None without experts. Every
     layer must be one (no dense layers between), with a softmax router and no shared expert."""
-    blocks = [getattr(block, "mlp", None) for block in model.model.layers]
+    blocks = [mlp_of(block) for block in model.model.layers]
     moe = [hasattr(mlp, "experts") for mlp in blocks]
     if not any(moe):
         return None
@@ -86,10 +99,13 @@ def experts(model: Any, source: str) -> tuple[int, bool] | None:
         raise unsupported("a shared expert beside the routed ones (shared_expert, shared_expert_gate: a sigmoid-gated "
                           "MLP every position goes through)", source)
     router = getattr(mlp, "gate", None)
-    if type(router).__name__ not in ("MixtralTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter"):
-        raise unsupported(f"mixture-of-experts routing by {type(getattr(mlp, 'router', router)).__name__} (tcircuits reads a "
-                          "softmax over the experts, the top k kept)", source)
-    return int(router.top_k), bool(getattr(router, "norm_topk_prob", True))
+    if type(router).__name__ in SOFTMAX_ROUTERS:
+        return int(router.top_k), bool(getattr(router, "norm_topk_prob", True))
+    if type(mlp).__name__ in SOFTMAX_BLOCKS_4X and type(router).__name__ == "Linear":  # Mixtral always renormalises
+        return int(mlp.top_k), bool(getattr(mlp, "norm_topk_prob", True))
+    named = router if type(router).__name__ != "Linear" else mlp
+    raise unsupported(f"mixture-of-experts routing by {type(getattr(mlp, 'router', named)).__name__} (tcircuits reads a "
+                      "softmax over the experts, the top k kept)", source)
 
 
 def norm_names(layer: Any) -> tuple[str, str | None, str | None, str | None, str | None]:
@@ -125,6 +141,12 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     if n_heads % n_kv:
         raise unsupported(f"{n_heads} query heads in {n_kv} key/value groups (not divisible)", source)
+    built = getattr(model.model.layers[0].self_attn, "head_dim", None)
+    if isinstance(built, int) and built != d_head:  # checked before the rotary, whose width follows the built size
+        raise WeightError(f"{source}: its attention was built with head_dim={built} (q_proj.weight has shape "
+                          f"{tuple(model.model.layers[0].self_attn.q_proj.weight.shape)}) but the config says "
+                          f"head_dim={d_head}; the config's sizes disagree with the weights (was it edited after the "
+                          "model was built?)")
     declared = getattr(model.model.layers[0].self_attn, "rotary_ndims", None)
     rope_of, rotary_emb = _one_rotary(model, source)
     fraction, theta = rotary(rope_of, rotary_emb, d_head, source, declared, scaled=True)
@@ -137,7 +159,7 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         W_E=f64(model.model.embed_tokens.weight) * scales.embed, W_pos=None, W_U=W_U * scales.logits,
         b_U=b_U * scales.logits, layers=layers, ln_final=norm(model.model.norm, layout.norm), positional="none",
         layer_norm=kind == "layer_norm", norm=kind, act_fn=act(getattr(config, layout.act), source),
-        eps=_eps(model, layout), attn_scale=scales.attn or math.sqrt(d_head), d_head=d_head,
+        eps=_eps(model, layout, source), attn_scale=_attn_scale(model, scales, d_head, source), d_head=d_head,
         n_ctx=config.max_position_embeddings, d_mlp=layers[0].mlp["W_out"].shape[-2], parallel=layout.parallel,
         rotary=fraction, rotary_style=layout.rotary_style, rotary_base=theta,
         experts_top_k=moe[0] if moe else 1, moe_renormalise=moe[1] if moe else True,
@@ -153,26 +175,72 @@ def _one_rotary(model: Any, source: str) -> tuple[Any, Any]:
     """``(what holds the config, the rotary embedding)`` for :func:`rotary`: the model's own, or, where each
     layer type has its own rope (Gemma 3, OLMo 3), the one every layer type used shares; ropes that differ
     between the layer types used are refused."""
-    emb = model.model.rotary_emb
-    if hasattr(emb, "inv_freq"):
-        return model, emb
+    ropes = _ropes_by_layer_type(model)
+    if ropes is None:
+        return model, model.model.rotary_emb
     used = sorted(set(model.config.layer_types[:len(model.model.layers)]))
-    ropes = {t: SimpleNamespace(inv_freq=getattr(emb, f"{t}_inv_freq"), rope_type=emb.rope_type[t],
-                                original_inv_freq=getattr(emb, f"{t}_original_inv_freq"),
-                                attention_scaling=getattr(emb, f"{t}_attention_scaling")) for t in used}
-    first = ropes[used[0]]
-    if any(not torch.equal(r.inv_freq, first.inv_freq) or r.attention_scaling != first.attention_scaling for r in ropes.values()):
-        ropes_of = ", ".join(f"{ropes[t].rope_type} rope_theta {model.config.rope_parameters[t].get('rope_theta')} in {t}"
-                             for t in used)
+    first = ropes[used[0]][1]
+    if any(not torch.equal(ropes[t][1].inv_freq, first.inv_freq) or ropes[t][1].attention_scaling != first.attention_scaling
+           for t in used):
+        ropes_of = ", ".join(f"{ropes[t][0]['rope_type']} rope_theta {ropes[t][0].get('rope_theta')} in {t}" for t in used)
         raise unsupported(f"rotary frequencies that differ between layer types ({ropes_of})", source)
-    return SimpleNamespace(config=SimpleNamespace(rope_parameters=model.config.rope_parameters[used[0]])), first
+    return SimpleNamespace(config=SimpleNamespace(rope_parameters=ropes[used[0]][0])), first
 
 
-def _eps(model: Any, layout: Layout) -> float:
+def _ropes_by_layer_type(model: Any) -> dict[str, tuple[dict, Any]] | None:
+    """``{layer type: (its rope_parameters, its rotary embedding)}`` where each layer type has its own rope, None
+    where one rope serves every layer. Transformers 5 keeps them in one module (``sliding_attention_inv_freq``, …);
+    transformers 4 in two: OLMo 3's ``rotary_embs`` (the sliding layers' rope_theta's own frequencies), Gemma 3's
+    ``rotary_emb`` and ``rotary_emb_local`` (``rope_local_base_freq``)."""
+    body, config = model.model, model.config
+    emb = getattr(body, "rotary_emb", None)
+    if emb is not None and hasattr(emb, "inv_freq") and not hasattr(body, "rotary_emb_local"):
+        return None
+    if emb is not None and not hasattr(emb, "inv_freq"):  # transformers 5: one module, buffers per layer type
+        return {t: (dict(config.rope_parameters[t]),
+                    SimpleNamespace(inv_freq=getattr(emb, f"{t}_inv_freq"), rope_type=emb.rope_type[t],
+                                    original_inv_freq=getattr(emb, f"{t}_original_inv_freq"),
+                                    attention_scaling=getattr(emb, f"{t}_attention_scaling")))
+                for t in config.rope_parameters if hasattr(emb, f"{t}_inv_freq")}
+    full = rope_parameters(config)
+    if hasattr(body, "rotary_embs"):  # OLMo 3 in transformers 4
+        sliding = {"rope_type": "default", "rope_theta": full["rope_theta"]}
+        return {"sliding_attention": (sliding, body.rotary_embs["sliding_attention"]),
+                "full_attention": (full, body.rotary_embs["full_attention"])}
+    sliding = {"rope_type": "default", "rope_theta": float(config.rope_local_base_freq)}  # Gemma 3 in transformers 4
+    return {"sliding_attention": (sliding, body.rotary_emb_local), "full_attention": (full, emb)}
+
+
+def _eps(model: Any, layout: Layout, source: str) -> float:
+    """The norms' one eps as the modules were built with it (``variance_epsilon`` or ``eps``: a config edited after
+    the model was built changes nothing); norms built with different ones are refused naming them."""
     final = model.model.norm
     if layout.norm.startswith("layer") and not hasattr(final, "eps") and not hasattr(final, "variance_epsilon"):
         return 1e-5  # OLMo's parameter-free layer norm has eps 1e-5 fixed in its code
-    return float(getattr(model.config, layout.eps))
+    found = {}
+    for name, module in model.model.named_modules():
+        value = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if "Norm" in type(module).__name__ and isinstance(value, (int, float)):
+            found.setdefault(float(value), name)
+    if len(found) > 1:
+        listed = ", ".join(f"{where or 'model'} {eps:g}" for eps, where in sorted(found.items(), key=lambda kv: kv[1]))
+        raise unsupported(f"norms built with different eps ({listed}; its config says {layout.eps}="
+                          f"{getattr(model.config, layout.eps, None)})", source)
+    return next(iter(found)) if found else float(getattr(model.config, layout.eps))
+
+
+def _attn_scale(model: Any, scales: Scales, d_head: int, source: str) -> float:
+    """The divisor of ``q·k`` as the attention modules were built with it (``scaling``, fixed at construction from
+    the config's multipliers and head size), else from ``scales``; layers built with different ones are refused."""
+    built = {float(layer.self_attn.scaling) for layer in model.model.layers
+             if isinstance(getattr(layer.self_attn, "scaling", None), (int, float))}
+    if len(built) > 1:
+        listed = ", ".join(f"layers.{i}.self_attn.scaling = {layer.self_attn.scaling:g}"
+                           for i, layer in enumerate(model.model.layers))
+        raise unsupported(f"attention scales that differ between layers ({listed})", source)
+    if built and next(iter(built)) > 0:
+        return 1.0 / next(iter(built))
+    return scales.attn or math.sqrt(d_head)
 
 
 def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, layout: Layout, scales: Scales,
@@ -185,8 +253,8 @@ def _layer(layer: Any, i: int, dims: tuple[int, int, int, int], config: Any, lay
     if layout.parallel:
         ln2 = ln1
     d_mlp = config.intermediate_size
-    if hasattr(layer.mlp, "experts"):
-        mlp = _experts(layer.mlp)
+    if hasattr(mlp_of(layer), "experts"):
+        mlp = _experts(mlp_of(layer))
     elif layout.mlp == "gated":
         mlp = _gated_mlp(layer.mlp, d_mlp)
     elif layout.mlp == "packed":
@@ -229,8 +297,15 @@ def _gated_mlp(mlp: Any, d_mlp: int) -> dict[str, Tensor]:
 
 def _experts(mlp: Any) -> dict[str, Tensor]:
     """A mixture of experts as SourceWeights holds it: ``W_router [d_model, E]`` (the router's ``x Wᵀ``) and every
-    expert's gated MLP stacked first (``gate_up_proj [E, 2m, d]``: gate then up; ``down_proj [E, d, m]``), no biases."""
-    gate_up, down = f64(mlp.experts.gate_up_proj), f64(mlp.experts.down_proj)
+    expert's gated MLP stacked first (``gate_up_proj [E, 2m, d]``: gate then up; ``down_proj [E, d, m]``), no biases.
+    Transformers 4 keeps one module per expert (``gate_proj``/``up_proj``/``down_proj``; Mixtral's ``w1``/``w3``/``w2``)."""
+    if isinstance(mlp.experts, torch.nn.ModuleList):
+        parts = [(e.gate_proj, e.up_proj, e.down_proj) if hasattr(e, "gate_proj") else (e.w1, e.w3, e.w2)
+                 for e in mlp.experts]
+        gate_up = torch.stack([torch.cat([f64(g.weight), f64(u.weight)]) for g, u, _ in parts])
+        down = torch.stack([f64(d.weight) for _, _, d in parts])
+    else:
+        gate_up, down = f64(mlp.experts.gate_up_proj), f64(mlp.experts.down_proj)
     (E, two_m, _), d = gate_up.shape, down.shape[1]
     m = two_m // 2
     zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
