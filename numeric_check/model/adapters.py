@@ -294,7 +294,7 @@ def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
     angle is ``θ_f`` itself, below π), or nothing when they are ``rotary_base``'s; refused when they differ
     between layers (a scaling on global layers only)."""
     half, rot = cfg.rotary_dim // 2, cfg.rotary_dim
-    first = torch.arange(half) * 2 if cfg.rotary_adjacent_pairs else torch.arange(half)  # one column per plane
+    first = torch.arange(half, device="cpu") * 2 if cfg.rotary_adjacent_pairs else torch.arange(half, device="cpu")  # one column per plane
     found = set()
     for block in model.blocks:
         sin, cos = f64(block.attn.rotary_sin[:2, first]), f64(block.attn.rotary_cos[:2, first])
@@ -304,17 +304,17 @@ def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
         raise unsupported("rotary frequencies that differ between layers (rope scaling on some layers only)",
                           "the TransformerLens model")
     (inv_freq, factor), = found
-    plain = float(cfg.rotary_base) ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
-    if abs(factor - 1.0) < 1e-12 and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64), plain, rtol=1e-12, atol=0):
+    plain = float(cfg.rotary_base) ** (-torch.arange(0, rot, 2, dtype=torch.float64, device="cpu") / rot)
+    if abs(factor - 1.0) < 1e-12 and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), plain, rtol=1e-12, atol=0):
         return {}
-    return {"rotary_inv_freq": torch.tensor(inv_freq, dtype=torch.float64), "rotary_factor": factor}
+    return {"rotary_inv_freq": torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), "rotary_factor": factor}
 
 
 def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:
     """A TransformerLens ``MoE``: its router (``W_gate``, a Linear) and its gated experts (Linears, no biases),
     stacked first in the row convention (see :class:`~numeric_check.model.build.SourceWeights`)."""
     stack = lambda name: torch.stack([f64(getattr(e, name).weight).T for e in moe.experts])  # noqa: E731
-    zeros = lambda n: torch.zeros(cfg.num_experts, n, dtype=torch.float64)  # noqa: E731
+    zeros = lambda n: torch.zeros(cfg.num_experts, n, dtype=torch.float64, device="cpu")  # noqa: E731
     return {"W_router": f64(moe.W_gate.weight).T, "W_in": stack("W_in"), "b_in": zeros(cfg.d_mlp),
             "W_gate": stack("W_gate"), "b_gate": zeros(cfg.d_mlp), "W_out": stack("W_out"), "b_out": zeros(cfg.d_model)}
 

@@ -290,7 +290,7 @@ def _experts(layer: LayerWeights, prefix: str, centred) -> dict[str, Tensor]:
     [n_experts, d_mlp]``, ``W_out [n_experts, d_mlp, d_model]``, ``b_out [n_experts, d_model]``, and
     ``W_gate``, ``b_gate``); ``ln2`` folds into the router and every expert."""
     mlp, out, p = layer.mlp, {}, prefix + "mlp."
-    W_router, router_bias = fold_norm(layer.ln2, mlp["W_router"], torch.zeros(mlp["W_router"].shape[1], dtype=torch.float64), 0)
+    W_router, router_bias = fold_norm(layer.ln2, mlp["W_router"], torch.zeros(mlp["W_router"].shape[1], dtype=torch.float64, device="cpu"), 0)
     if router_bias.any():
         raise UnsupportedModel(f"{prefix}ln2's bias reaches the router as a bias, which a mixture of experts here has not")
     out[p + "W_router"] = W_router.T  # [n_experts, d_model]

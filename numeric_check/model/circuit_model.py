@@ -344,7 +344,7 @@ class CircuitModel(nn.Module):
         """
         if not isinstance(tokens, Tensor):
             try:
-                tokens = torch.as_tensor(tokens)
+                tokens = torch.as_tensor(tokens, device="cpu")  # a list or array: moved to the model below
             except (TypeError, ValueError, RuntimeError) as err:
                 raise ModelInputError(f"tokens must be a tensor of integer ids, got {type(tokens).__name__}") from err
         if tokens.dtype == torch.bool or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
@@ -434,7 +434,7 @@ def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float
     """Seeded draw for one parameter: weights N(0, 1/fan_in), embeddings N(0, 1), biases N(0, 0.1²)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "gain":  # a norm's gain (q/k norms, norms after a sublayer): around 1, never exactly 1
-        return 1 + 0.2 * torch.randn(param.shape, generator=gen, dtype=torch.float64)
+        return 1 + 0.2 * torch.randn(param.shape, generator=gen, dtype=torch.float64, device="cpu")
     if leaf.startswith("b_") or leaf == "bias":
         std = 0.1 if init_std is None else 0.1 * init_std
     elif leaf in ("W_E", "W_pos"):
@@ -443,7 +443,7 @@ def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float
         std = init_std or 1 / math.sqrt(param.shape[0] * param.shape[2])
     else:  # [out, in]
         std = init_std or 1 / math.sqrt(param.shape[-1])
-    return torch.randn(param.shape, generator=gen, dtype=torch.float64) * std
+    return torch.randn(param.shape, generator=gen, dtype=torch.float64, device="cpu") * std
 
 
 # id(weight) -> (a weak reference to it, its storage and version counter when measured, max |weight|)

@@ -116,7 +116,7 @@ def alibi_slopes(n_heads: int, dtype=None, device=None) -> Tensor:
 
     below = 2 ** math.floor(math.log2(n_heads))
     slopes = powers(below) + powers(2 * below)[0::2][: n_heads - below]
-    return torch.tensor(slopes, dtype=torch.float64).to(dtype=dtype, device=device)
+    return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype=dtype)
 
 
 def alibi_bias(slopes: Tensor, n_pos: int) -> Tensor:

@@ -366,7 +366,7 @@ def check_built_model(empty: Any, shapes: dict[str, tuple[int, ...]], weights: s
     if other:
         listed = [f"{n} {list(shapes[n])} (config: {list(own[n])})" for n in other]
         raise ModelLoadError(f"{weights} holds tensors of other shapes than config.json gives: {_listing(listed)}")
-    size = sum(t.numel() * (torch.empty((), dtype=dtype).element_size() if t.is_floating_point() else t.element_size())
+    size = sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
                for t in list(empty.parameters()) + list(empty.buffers()))
     free = available_memory()
     if free is not None and size > free:

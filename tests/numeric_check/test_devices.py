@@ -206,3 +206,40 @@ def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_do():
                                               r"busy or unavailable; if another process holds it"):
             with device_errors(torch.device("cuda", 0)):
                 raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
+
+
+# --- no tensor made without saying where ------------------------------------------------------
+
+FACTORIES = {"zeros", "ones", "empty", "full", "eye", "arange", "tensor", "as_tensor", "randn", "rand", "randint",
+             "linspace", "logspace", "randperm", "normal"}
+#: the folders where a tensor meets the model's: the model (but its readers, which read the source into
+#: CPU float64 by design) and the verification engine
+GUARDED = ["numeric_check/model", "numeric_check/verification"]
+
+
+def device_less_factories(root) -> list[str]:
+    """``torch.zeros(...)`` and the like without a ``device=`` (or ``**`` options that carry one)."""
+    import ast
+    from pathlib import Path
+
+    found = []
+    for folder in GUARDED:
+        for path in sorted((Path(root) / folder).rglob("*.py")):
+            if "readers" in path.parts:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                        and not any(k.arg in ("device", None) for k in node.keywords)):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: torch.{node.func.attr}(...)")
+    return found
+
+
+def test_no_tensor_is_made_without_a_device_where_it_meets_the_model():
+    """Every new tensor in the model and the verification names its device: the device of what it will
+    meet, or "cpu" where the CPU is meant (seeded draws, probe tokens) — never torch's default."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    assert device_less_factories(root) == []
