@@ -281,3 +281,23 @@ def test_the_companion_numbers_layers_as_the_paper_and_shows_what_its_checks_cou
     for svg in ("profiles", "composition", "positivity-2l", "importance"):
         drawn = (out / "figures" / f"{svg}.svg").read_text(encoding="utf-8")
         assert "L0H" not in drawn, svg  # matplotlib writes text as paths with the label in a comment
+
+
+def test_the_bug_rule_pairs_only_skip_trigrams_the_model_learned():
+    """Two outs the data favour after one source and the model raises form a bug pair; outs the data do
+    not favour (the table's arbitrary ranks) never do, however the model raises them."""
+    import torch
+
+    from numeric_check.reports.paper.claims import _bug_rule
+    from numeric_check.reports.paper.measure import Bugs
+
+    rise = torch.tensor([[1.0, 0.8, 0.4], [0.9, 1.0, 0.4]], dtype=torch.float64)  # [destination, out]
+    bugs = [Bugs(0, 0, 7, (1, 2), (10, 11, 12), rise, torch.full((2, 3), 0.01, dtype=torch.float64))]
+    holds, text = _bug_rule(bugs, {7: {10: 3.0, 11: 2.5, 12: 0.9}})
+    assert holds and "2 swapped pairs" in text
+    holds, text = _bug_rule(bugs, {7: {10: 3.0, 11: 1.0, 12: 0.9}})  # one learned out: no pair to form
+    assert not holds and "no bug can be formed" in text
+    weak = bugs[0].rise.clone()
+    weak[:, 1] = 0.2  # the second out learned, but it rises too little to carry the first one's
+    holds, _ = _bug_rule([Bugs(0, 0, 7, (1, 2), (10, 11, 12), weak, bugs[0].control)], {7: {10: 3.0, 11: 2.5}})
+    assert not holds

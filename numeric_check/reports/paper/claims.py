@@ -266,7 +266,8 @@ def bigrams(m: Measurements) -> PaperFinding:
         Part(f"the model learned bigram statistics: held-out loss at least {BIGRAM_GAIN} nats below ln {n}",
              f"loss {loss:.3f} nats, {uniform - loss:+.3f} below ln {n}", learned_bigrams(loss, uniform),
              f"{nothing}: {0:+.3f} below", learned_bigrams(uniform, uniform)),
-        Part(f"W_U W_E approximates the data's bigram log-likelihoods (within {BIGRAM_CLOSE} nats)",
+        Part(f"its bigram table (the log-softmax of the direct path) lies within {BIGRAM_CLOSE} nats of the data's "
+             "bigram log-likelihoods",
              f"its log-probabilities lie within {gap:.3f} nats of the data's (flat) table", approximates(gap),
              f"{nothing}: within 0.000", approximates(0.0)),
     )
@@ -354,7 +355,7 @@ def bug_pairs(bugs, learned: dict[int, list[int]]) -> list[tuple[int, float, flo
 def _bug_rule(bugs, data) -> tuple[bool, str]:
     learned = learned_trigrams(bugs, data)
     pairs = bug_pairs(bugs, learned)
-    text = "; ".join(f"source #{s}: " + (", ".join(f"→ #{o}" for o in outs) or "none") for s, outs in learned.items())
+    text = "; ".join(f"#{s} … → " + (", ".join(f"#{o}" for o in outs) or "none") for s, outs in learned.items())
     if not pairs:
         return False, f"skip-trigrams learned (favoured by the data and raised by the model): {text}; no source has two " \
                       "with different outs, so no bug can be formed"
