@@ -69,7 +69,7 @@ RULES: dict[str, Rule] = {
         Rule("transpose", "transpose", Math(r"(XY)^{\top} = Y^{\top} X^{\top}", "(XY)ᵀ = Yᵀ Xᵀ")),
         Rule("bilinear", "bilinear form of two residual streams",
              Math(r"(P \otimes W_p)^{\top}\!\cdot M \cdot (Q \otimes W_q) \mapsto P \otimes Q \otimes W_p^{\top} M W_q",
-                  "(P ⊗ W_p), M, (Q ⊗ W_q) ↦ P ⊗ Q ⊗ W_pᵀ M W_q")),
+                  "(P ⊗ W_p)ᵀ · M · (Q ⊗ W_q) ↦ P ⊗ Q ⊗ W_pᵀ M W_q")),
         Rule("block", "block matrices as tensor products",
              Math(r"\begin{bmatrix} X^{0} & X^{1} \end{bmatrix} = e^{0\top} \otimes X^{0} + e^{1\top} \otimes X^{1}",
                   "[X^0 X^1] = e^0ᵀ ⊗ X^0 + e^1ᵀ ⊗ X^1")),

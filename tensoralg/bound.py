@@ -33,11 +33,9 @@ class Bound(NamedTuple):
         return self.over if self.layer is None else f"H_{self.layer + index_from}"
 
     def index_text(self, index_from: int = 0) -> str:
-        """The stored index with its layer number shifted: ``h0'`` → ``h1'`` from 1."""
-        m = _STORED.fullmatch(self.index)
-        if self.layer is None or m is None or not m[2]:
-            return self.index
-        return f"{m[1]}{int(m[2]) + index_from}{m[3]}"
+        """The stored index with its layer number shifted, as the atoms carrying it print: ``h0'`` → ``h1'``
+        from 1 (an index of another set too, ``m1`` → ``m2``, since its atoms print so)."""
+        return shown_index(self.index, index_from)
 
     def text(self, index_from: int = 0) -> str:
         """``Σ_{h1∈H_1}``: what the text language reads back as this sum."""
@@ -59,7 +57,23 @@ def stored_index(var: str, layer: int, index_from: int = 0) -> str | None:
 
 
 _HEAD_LABEL = re.compile(r"L(\d{1,18})H(\d+)", re.ASCII)  # longer runs are no layer number
-_LAYER_INDEX = re.compile(r"([A-Za-z])(\d{1,18})('*)", re.ASCII)
+_LAYER_INDEX = re.compile(r"([A-Za-z]+)(\d{1,18})('*)", re.ASCII)  # h2, h2', head2: letters, then the layer
+
+
+def shown_index(index: str, index_from: int = 0) -> str:
+    """A stored index as printed with layers counted from ``index_from`` (the inverse of
+    :func:`stored_free_index`): ``L0H3`` → ``L1H3``, ``h0'`` → ``h1'``, ``head0`` → ``head1``; others as stored.
+
+    >>> shown_index("L0H3", 1), shown_index("h0'", 1), shown_index("1", 1), shown_index("h0")
+    ('L1H3', "h1'", '1', 'h0')
+    """
+    if not index_from:
+        return index
+    if m := _HEAD_LABEL.fullmatch(index):
+        return f"L{int(m[1]) + index_from}H{m[2]}"
+    if m := _LAYER_INDEX.fullmatch(index):
+        return f"{m[1]}{int(m[2]) + index_from}{m[3]}"
+    return index
 
 
 def stored_free_index(index: str, index_from: int = 0) -> str | None:

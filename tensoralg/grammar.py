@@ -235,7 +235,12 @@ class Parser:
             layer = int(sub) - self.index_from
             if layer < 0:
                 raise self.error(f"{over} is not a layer when layers are numbered from {self.index_from}", pos)
-        index = stored_index(var, layer, self.index_from) if layer is not None else var
+        if layer is not None:
+            index = stored_index(var, layer, self.index_from)
+        else:  # another set: its variable is stored as a free index is (m2 read from 1 is m1, as the printer shows it)
+            index = stored_free_index(var, self.index_from)
+            if index is None:
+                raise self.error(f"Σ_{{{var}∈{over}}}: {var} names layer 0, but layers are numbered from 1 here", pos)
         if index is None:  # Σ_{h2∈H_1}
             raise self.error(f"Σ_{{{var}∈{over}}}: the index {var} names another layer than {over}; write "
                              f"Σ_{{{var.rstrip('0123456789')}∈{over}}}", pos)
@@ -271,12 +276,15 @@ class Parser:
             raise self.located(err, start) from None
 
     def operand(self):
-        """An operand of ⊗: a product; the number ``1`` alone beside ⊗ is the column of ones."""
-        first = self.tok
+        """An operand of ⊗: a product; a scalar ending in the number ``1`` beside ⊗ (``1 ⊗ b_O``,
+        ``-2·1 ⊗ b_O``, as the printers write a scaled column of ones) is that scalar times the column of ones."""
+        start = self.i
         value = self.product()
-        if (first.kind == "NUM" and first.text == "1" and self.tokens[self.i - 1] is first
-                and (self.tok.kind == "OTIMES" or self.tokens[self.i - 2].kind == "OTIMES")):
-            return self.ones(first)
+        last, before = self.tokens[self.i - 1], self.tokens[self.i - 2] if self.i >= 2 else None
+        beside = self.tok.kind == "OTIMES" or (start > 0 and self.tokens[start - 1].kind == "OTIMES")
+        if (_is_scalar(value) and beside and last.kind == "NUM" and last.text == "1"
+                and (before is None or self.i - 1 == start or before.kind not in ("DIV", "POW"))):
+            return _Word(value, self.ones(last).atoms)
         return value
 
     def product(self):

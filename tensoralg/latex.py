@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
 
+from tensoralg.bound import shown_index
 from tensoralg.errors import TensorAlgError
 from tensoralg.escape import escape_text
 
@@ -136,14 +137,9 @@ class TensorLatexPrinter:
         return _upright(index)
 
     def index_text(self, index: str) -> str:
-        """The index as text with its layer number shifted by ``index_from``: ``L0H3`` → ``L1H3``."""
-        if not self.index_from:
-            return index
-        if m := _HEAD_LABEL.fullmatch(index):
-            return f"L{int(m[1]) + self.index_from}H{m[2]}"
-        if m := _LETTER_DIGITS.fullmatch(index):
-            return f"{m[1]}{int(m[2]) + self.index_from}{m[3]}"
-        return index
+        """The index as text with its layer number shifted by ``index_from``: ``L0H3`` → ``L1H3``
+        (:func:`tensoralg.bound.shown_index`, the inverse of how the reader stores it)."""
+        return shown_index(index, self.index_from)
 
     def _print_tuple(self, word) -> str:
         if not word:
@@ -328,7 +324,8 @@ class TensorLatexPrinter:
         return ("-" if x.negative else "") + x.latex
 
     def _print_Add(self, a) -> str:
-        return self.join([(x.negative, x.sum_latex + x.latex) for x in self.summands(a)])
+        parts = self.summands(a)
+        return self.join([(x.negative, x.sum_latex + x.latex) for x in parts]) if parts else "0"  # as the text
 
     def _print_Definition(self, d) -> str:
         return self.doprint(d.atom()) + " := " + self._print_tuple(d.word())

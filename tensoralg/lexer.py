@@ -259,15 +259,12 @@ def indexed_sum(text: str, i: int, start: int) -> Token:
     """``Σ_{h∈H_1}`` / ``sum_{h in H_1}`` from ``text[i]``; ``start`` is just after Σ/sum."""
     if text[start : start + 2] != "_{":
         raise ParseError(f"expected '_{{' after {text[i:start]!r}: {SUM_HINT}", text, start)
-    close = text.find("}", start + 2)
-    inner = text.find("{", start + 2)
-    if 0 <= inner < close:  # H_{1} inside: the closing brace is the second one
-        close = text.find("}", close + 1)
+    close = matching_brace(text, start + 1)  # H_{1}, \mathrm{head1} inside
     if close < 0:
         raise ParseError(f"unclosed '{text[i:start]}_{{': {SUM_HINT}", text, i)
-    m = SUM_BODY.fullmatch(text, start + 2, close)
+    inside = text[start + 2 : close]
+    m = SUM_BODY.fullmatch(LATEX_IN_INDEX.sub(lambda m: m[1], inside))  # \sum_{\mathrm{head1} \in H_{1}}
     if m is None:
-        inside = text[start + 2 : close]
         union = next((u for u in ("∪", "\\cup", " cup ", "|") if u in inside), None)
         if union is not None:  # Σ_{h∈H_1∪H_2}: the heads of two layers
             var = re.match(r"\s*([^∈\s]*)", inside)[1] or "h"

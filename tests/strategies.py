@@ -454,3 +454,77 @@ def scalar_texts(draw) -> str:
     exponent = draw(st.one_of(st.integers(-1000, 1000), st.integers(-5, 5)))
     factor = draw(st.sampled_from(["", "10**300·", "1e-300·", "d_model**500·"]))
     return f"{factor}{base}**{exponent}"
+
+
+# -- what the printers write, read back (issue 27.4) -------------------------------------------
+
+def _printable_loops(dim: str) -> list[tuple]:
+    """Square words at ``dim`` whose printing exercises the reader: primes (``W_OV'``), upright
+    LaTeX names and indices (``\\mathrm{Attn}``, ``A^{\\mathrm{prev}}``), escaped underscores, primed
+    and comma indices, head labels, a layer's summed index ``h1``."""
+    from tensoralg import Atom, d_model, n_ctx
+
+    if dim == "n_ctx":
+        return [(atom("A", i),) for i in ("h1", "prev", "L0H3", "2")] + [
+            (Atom("P_shift", n_ctx, n_ctx),), (Atom("N", n_ctx, n_ctx, "h,q", symmetric=True),), (atom("A", "h1").T,)]
+    return [(Atom("W_OV'", d_model, d_model, "h1"),), (Atom("Attn", d_model, d_model),),
+            (Atom("W_a_b", d_model, d_model, "k1'"),), (atom("W_O", "h1"), atom("W_V", "h1")),
+            (atom("W_Q", "L0H3").T, atom("W_K", "L0H3")), (atom("W_E"), atom("W_E").T)]
+
+
+_PRINTABLE_LOOPS = {dim: st.sampled_from(_printable_loops(dim)) for dim in ("n_ctx", "d_model")}
+
+#: Coefficients as people and sympy write them: integers, fractions, square roots and fractions of
+#: them, sizes and their powers, decimals.
+printable_coefficients = st.one_of(
+    coefficients,
+    st.sampled_from([sp.sqrt(2) / 3, 3 / (2 * sp.sqrt(d_head)), sp.sqrt(d_head) / d_head, 1 / sp.Symbol(
+        "d_model", positive=True, integer=True), d_head**2, sp.Float(0.5), sp.Float(1.25), sp.Rational(-7, 2)]),
+)
+
+
+@st.composite
+def printable_sums(draw, layout: tuple[str, ...]) -> TensorSum:
+    """A canonical sum of terms over the printable loops, maybe summed over layer 1's heads (``h1``)."""
+    from tensoralg.bound import Bound
+
+    ts = []
+    for _ in range(draw(st.integers(1, 3))):
+        ws = tuple(tuple(a for loop in draw(st.lists(_PRINTABLE_LOOPS[d], max_size=2)) for a in loop) for d in layout)
+        ts.append(Term(draw(st.one_of(st.just(sp.S.One), printable_coefficients)), ws))
+    s = TensorSum(ts, n_slots=len(layout))
+    return s.with_bound((Bound("h1", "h", "H_1", 1),)) if draw(st.booleans()) else s
+
+
+@st.composite
+def column_sums(draw) -> TensorSum:
+    """Terms of the folding entries: ``c · P 1 ⊗ W b`` with the column of ones ``1`` (``n_ctx × 1``) and
+    a bias ``b`` (``d_model × 1``), or ``1 ⊗ b`` itself."""
+    from tensoralg import Atom, n_ctx
+
+    ones = Atom("1", n_ctx, 1)
+    ts = []
+    for _ in range(draw(st.integers(1, 3))):
+        position = draw(st.one_of(st.just(()), _PRINTABLE_LOOPS["n_ctx"]))
+        residual = draw(st.one_of(st.just(()), _PRINTABLE_LOOPS["d_model"]))
+        bias = draw(st.sampled_from([atom("b_O"), atom("b_O", "h1"), atom("W_O", "h1")]))
+        bias = (bias, atom("b_V", "h1")) if bias.name == "W_O" else (bias,)
+        ts.append(Term(draw(st.one_of(st.just(sp.S.One), printable_coefficients)), (position + (ones,), residual + bias)))
+    return TensorSum(ts)
+
+
+@st.composite
+def printable_expressions(draw):
+    """What the printers are asked to print: printable sums and column sums, lazy products and sums of
+    them, generic expressions, and zero."""
+    layout = draw(layouts)
+    return draw(st.one_of(
+        printable_sums(layout),
+        # factors summed over the same heads would be one sum in the product, two in its printing: none here
+        st.lists(printable_sums(layout).map(lambda s: TensorSum(list(s), n_slots=s.n_slots)), min_size=2,
+                 max_size=3).map(Product),
+        st.lists(printable_sums(layout), min_size=1, max_size=3).map(lambda parts: Add(parts)),
+        column_sums(),
+        expressions(layout),
+        st.just(TensorSum([], n_slots=len(layout))),
+    ))
