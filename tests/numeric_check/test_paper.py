@@ -119,6 +119,7 @@ def test_every_part_holds_only_where_its_control_fails(built):
     assert page.count('class="part"') == sum(len(f.parts) for f in found.values() if f.key in
                                              {k for s in paper.sections if s.slug == "two-layers" for k in s.spec.findings})
     assert "cannot tell the model from its control" in page
+    assert "no control of its own" in page  # the analysis report's checks, said to be bars without controls
 
 
 def test_each_rule_fails_on_its_control():

@@ -236,6 +236,13 @@ def analysis_checks(m) -> list[Finding]:
     return findings(m.analysis(2), m.analysis(1), index_from=INDEX_FROM)
 
 
+#: What the analysis report's checks are, beside the findings (shown with them on the page and in the PDF).
+ANALYSIS_CHECKS_NOTE = ("The analysis report's checks, each a bar on the model alone, with no control of its own: where one "
+                        "says holds and a finding above says a part of the same claim does not (the same-matching "
+                        "positivity, which a random partner head passes too), the finding's verdict is the one that "
+                        "can fail.")
+
+
 def ranges(values: list[int]) -> str:
     """``[1, 2, 3, 7, 8]`` as ``"1–3, 7–8"``.
 

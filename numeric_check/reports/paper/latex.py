@@ -13,7 +13,7 @@ from derivations.layout import Layout, prose_latex
 from derivations.render import latex_body
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding, analysis_checks, label, verdict_of
+from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
@@ -95,7 +95,7 @@ def trigrams_latex(paper: Paper) -> list[str]:
 def analysis_checks_latex(paper: Paper) -> list[str]:
     m = paper.measurements
     lines = [r"\subsection*{" + _t(f"Every check of tcircuits analyze on {m.analysis(2).name} "
-                                    f"(control {m.analysis(1).name})") + "}",
+                                    f"(control {m.analysis(1).name})") + "}", _t(ANALYSIS_CHECKS_NOTE), "",
              r"\begin{tabular}{p{0.3\linewidth}p{0.52\linewidth}l}", r"\hline check & measured & verdict \\ \hline"]
     lines += [rf"{_t(f.claim)} & {_t(f.measured)} & {_t(verdict_of(f.holds))} \\" for f in analysis_checks(paper)]
     return lines + [r"\hline", r"\end{tabular}", ""]

@@ -16,7 +16,7 @@ from derivations.html import CSS, html_body, mathml, page, prose_html
 from derivations.layout import Layout, prose_text
 from tensoralg.escape import escape_text
 
-from numeric_check.reports.paper.claims import PaperFinding, Part, analysis_checks, label, verdict_of
+from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, Part, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper, Section
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.verification.results import VerifyReport
@@ -180,6 +180,7 @@ def analysis_checks_html(paper: Paper) -> str:
                    f"<td>{verdict_badge(verdict_of(f.holds))}</td></tr>" for f in rows)
     return (f"<details><summary>Every check of <code>tcircuits analyze</code> on {_h(paper.measurements.analysis(2).name)}"
             f" with {_h(paper.measurements.analysis(1).name)} as the control ({len(rows)})</summary>"
+            f"<p>{_h(ANALYSIS_CHECKS_NOTE)}</p>"
             f"<table><thead><tr><th>check</th><th>measured</th><th>verdict</th></tr></thead><tbody>{body}</tbody></table>"
             "</details>")
 
