@@ -160,17 +160,24 @@ def _load_hugging_face(args: argparse.Namespace, dtype: Any, device: Any, status
 
 def _load_transformer_lens(name: str, dtype: Any, device: Any, status: "Status") -> UserModel:
     """``HookedTransformer.from_pretrained(name)``, from the Hugging Face cache alone (an error at
-    once naming it) when the hub cannot be reached."""
-    try:
-        from transformer_lens import HookedTransformer
-    except ImportError:
-        raise ModelLoadError("--tl needs TransformerLens: pip install 'tcircuits[tl]'") from None
+    once naming it) when the hub cannot be reached: before TransformerLens is imported when the
+    cache holds no model at all."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_lens") is None:
+        raise ModelLoadError("--tl needs TransformerLens: pip install 'tcircuits[tl]'")
+    from numeric_check.model.load import cache_holds_models, hub_offline, hub_reachable, offline_message
+
+    status.say(f"finding the TransformerLens model {name!r}")
+    offline = not hub_reachable()
+    if offline and not cache_holds_models():
+        raise ModelLoadError(f"cannot load the TransformerLens model: {offline_message(name)}")
+    from transformer_lens import HookedTransformer
+
     from numeric_check.model.config import resolve_device, resolve_dtype
-    from numeric_check.model.load import hub_offline, hub_reachable, offline_message
 
     dtype, device = resolve_dtype(dtype), resolve_device(device)
     status.say(f"loading the TransformerLens model {name!r}")
-    offline = not hub_reachable()
     try:
         with hub_offline(offline), warnings.catch_warnings():
             # TransformerLens 3 asks its own callers to move to TransformerBridge; nothing a tcircuits user can act on

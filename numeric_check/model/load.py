@@ -140,6 +140,17 @@ def offline_message(name: str) -> str:
             f"a network (hf download {name}) or give the folder it was saved in")
 
 
+def cache_holds_models() -> bool:
+    """Whether the Hugging Face cache holds any model at all (when it holds none, nothing can be
+    loaded offline, whatever a library would map a name to)."""
+    from huggingface_hub import constants
+
+    try:
+        return any(Path(constants.HF_HUB_CACHE).glob("models--*"))
+    except OSError:
+        return True  # unreadable: let the library say
+
+
 def _hub_snapshot(name: str, revision: str | None) -> Path:
     """The cached snapshot of ``name``, downloaded (config, tokenizer, safetensors — or the pickle
     when that is all there is) when the hub can be reached."""
@@ -499,6 +510,6 @@ def _transformers(what: str, call):
         raise ModelLoadError(f"cannot {what}: {one_line(error)}") from None
 
 
-__all__ = ["available_memory", "check_built_model", "check_layers", "check_loading_info", "hub_offline",
+__all__ = ["available_memory", "cache_holds_models", "check_built_model", "check_layers", "check_loading_info", "hub_offline",
            "hub_reachable", "load_model", "load_tokenizer", "model_folder", "offline_message", "one_line",
            "read_config", "refuse_code", "stored_layers", "stored_tensors"]

@@ -94,6 +94,9 @@ def test_verify_on_a_transformer_lens_model_by_name(capsys, monkeypatch, gpt2_di
         return model
 
     monkeypatch.setattr(tl.HookedTransformer, "from_pretrained", staticmethod(from_pretrained))
+    from numeric_check.model import load
+
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)  # from_pretrained above stands in for the hub
     code, out, err = run_cli(capsys, "verify", "--tl", "my-model", "--text", "The cat sat", "--max-order", "1", "--no-progress")
     assert code == 0, err
     assert asked == {"name": "my-model", "device": "cpu", "dtype": torch.float64}
@@ -353,6 +356,7 @@ def test_an_offline_transformer_lens_name_fails_at_once_naming_the_cache(capsys,
 
     from numeric_check.model import load
 
+    (tmp_path / "hub" / "models--someone--other").mkdir(parents=True)  # a cache, without gpt2: TransformerLens looks
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
     monkeypatch.chdir(tmp_path)
@@ -482,3 +486,38 @@ def test_analyze_shows_what_it_is_loading_on_a_terminal(capsys, monkeypatch, gpt
     assert f"tcircuits: loading the Hugging Face model {str(gpt2_dir)!r} …" in shown
     assert "checking it against the source …" in shown and "\n" not in shown.split("against the source …")[0]
     assert shown.split("against the source …")[1].startswith("\r\x1b[K")  # the line is cleared before the analysis
+
+
+def test_an_offline_transformer_lens_name_with_an_empty_cache_fails_before_transformer_lens_is_imported(
+        capsys, monkeypatch, tmp_path):
+    import sys
+
+    from huggingface_hub import constants
+
+    from numeric_check.model import load
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
+    monkeypatch.setitem(sys.modules, "transformer_lens", None)  # importing it would fail the run with an ImportError
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
+    code, out, err = run_cli(capsys, "verify", "--tl", "gpt2-small", "--text", "hi", "--no-progress")
+    one_line_error(code, out, err, "cannot load the TransformerLens model: 'gpt2-small' is not in the Hugging Face cache")
+
+
+def test_a_hub_name_online_is_downloaded_as_data_safetensors_first(capsys, monkeypatch, gpt2_dir):
+    import huggingface_hub
+
+    from numeric_check.model import load
+
+    asked = []
+
+    def snapshot_download(name, revision=None, allow_patterns=None, local_files_only=False):
+        asked.append((name, revision, tuple(allow_patterns or ()), local_files_only))
+        return str(gpt2_dir)
+
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    code, out, err = run_cli(capsys, "verify", "--hf", "someone/tiny-gpt2", "--revision", "v1", "--text", "The cat",
+                             "--max-order", "0", "--no-progress")
+    assert code == 0 and "PASSED" in out, err
+    assert asked == [("someone/tiny-gpt2", "v1", ("*.json", "*.txt", "*.model", "*.tiktoken", "*.safetensors"), False)]
