@@ -97,13 +97,6 @@ class OnCuda(torch.Tensor):
     def __array__(self, *args, **kwargs):
         self.numpy()
 
-    def __tensor_flatten__(self):
-        return ["inner"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
-        return OnCuda(inner_tensors["inner"])
-
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # every Python-level call on a "cuda" tensor runs on the CPU tensors (torch's bindings would

@@ -90,7 +90,7 @@ def test_each_contribution_on_the_families_from_hf(case):
 
     assert len(CASES) == 9, "a family was added to test_from_hf.CASES: widen the range above"
     family, options = CASES[case]
-    model = numeric_check.from_hf(build(family, seed=2, **options))
+    model = numeric_check.from_hf(build(family, seed=2, **options), device="cpu")
     assert_matches_evaluator(model, [1, 5, 2, 7, 3, 12], 4, diff=(3, 11))
 
 
@@ -306,7 +306,7 @@ def test_hugging_face_model_and_tokenizer_made_offline():
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=16, vocab_size=len(tokenizer),
                                      bos_token_id=0, eos_token_id=0)
-    model = numeric_check.from_hf(transformers.GPT2LMHeadModel(config).eval())
+    model = numeric_check.from_hf(transformers.GPT2LMHeadModel(config).eval(), device="cpu")
     prompt = tokenizer.encode("The capital of France is")
     a = attribute(model, prompt, target=" Paris", tokenizer=tokenizer, max_order=1, top=5)
     assert a.passed and a.target.ids == tuple(tokenizer.encode(" Paris")) and a.target.texts == [" Paris"]

@@ -114,7 +114,7 @@ OFFSETS = tuple(range(0, 60, 4))
 def shipped_grids():
     grids = {}
     for layers in (0, 1, 2):
-        model = load_checkpoint(shipped_checkpoint(layers)).to(dtype=torch.float32)
+        model = load_checkpoint(shipped_checkpoint(layers), device="cpu").to(dtype=torch.float32)
         grids[layers] = repeat_loss_grid(model, lengths=LENGTHS, offsets=OFFSETS, batch=32, seed=7)
     return grids
 
@@ -136,7 +136,7 @@ def test_shipped_two_layer_model_does_induction_at_every_length_and_offset(shipp
 def test_shipped_two_layer_model_holds_short_repeats_at_every_offset():
     """Issue 20, on the grid the companion and the demo show (64 sequences a cell, seed 0): at most
     1.0 nat on the second copy of a repeat of 4 or 8 tokens, first token excluded, at every offset."""
-    model = load_checkpoint(shipped_checkpoint(2)).to(dtype=torch.float32)
+    model = load_checkpoint(shipped_checkpoint(2), device="cpu").to(dtype=torch.float32)
     grid = repeat_loss_grid(model)
     short = grid.loss[: 2]
     assert grid.lengths[:2] == (4, 8) and float(short[~short.isnan()].max()) <= 1.0, grid.to_markdown()
@@ -160,7 +160,7 @@ def test_shipped_zero_layer_model_is_a_bigram_baseline(shipped_grids):
 
 
 def test_shipped_previous_token_head_attends_to_the_previous_token_everywhere():
-    model = load_checkpoint(shipped_checkpoint(2)).to(dtype=torch.float32)
+    model = load_checkpoint(shipped_checkpoint(2), device="cpu").to(dtype=torch.float32)
     profile = position_profiles(model)
     floor, where = best_head_floor(profile, "previous_token", [(0, h) for h in range(model.arch.heads_per_layer[0])])
     assert floor >= 0.5, f"attention to i-1 falls to {floor:.2f} at query {where}"  # queries 1 .. n_ctx - 5

@@ -60,7 +60,7 @@ def test_a_hostile_config_is_a_checkpoint_error(saved, tmp_path, make_text, frag
     _, config, tensors = saved
     path = rewrite(tmp_path / "bad.safetensors", tensors, make_text(config))
     with quickly(2), pytest.raises(CheckpointError, match=fragment):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")
 
 
 @pytest.mark.parametrize("field, value", [("d_vocab", 10**12), ("d_model", 10**9), ("n_ctx", 10**12), ("d_head", 10**10)])
@@ -69,7 +69,7 @@ def test_huge_sizes_are_checked_against_the_tensors_before_allocation(saved, tmp
     _, config, tensors = saved
     path = rewrite(tmp_path / "huge.safetensors", tensors, {**config, field: value})
     with quickly(5), pytest.raises(CheckpointError, match=r"has shape .*, expected .* from its config"):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")
 
 
 @pytest.mark.parametrize("convert", [lambda t: t.to(torch.float8_e4m3fn), lambda t: t.to(torch.int8)])
@@ -77,9 +77,9 @@ def test_weights_of_an_unusable_dtype_are_refused(saved, tmp_path, convert):
     _, config, tensors = saved
     path = rewrite(tmp_path / "f8.safetensors", {k: convert(v) for k, v in tensors.items()}, config)
     with pytest.raises(CheckpointError, match="expected one of float64, float32, float16, bfloat16"):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")
     with pytest.raises(CheckpointError, match="cannot load .* as torch.float8_e4m3fn"):
-        load_checkpoint(saved[0], dtype="float8_e4m3fn")
+        load_checkpoint(saved[0], dtype="float8_e4m3fn", device="cpu")
 
 
 @pytest.mark.parametrize("convert, fragment", [
@@ -92,7 +92,7 @@ def test_torch_files_with_meta_sparse_or_float8_tensors_are_refused(saved, tmp_p
     path = tmp_path / "odd.pt"
     torch.save({"config": config, "state_dict": {k: convert(v) for k, v in tensors.items()}}, path)
     with pytest.raises(CheckpointError, match=fragment):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")
 
 
 def test_a_torch_config_is_held_to_the_same_bounds(saved, tmp_path):
@@ -102,7 +102,7 @@ def test_a_torch_config_is_held_to_the_same_bounds(saved, tmp_path):
         path = tmp_path / "bad.pt"
         torch.save({"config": bad, "state_dict": tensors}, path)
         with pytest.raises(CheckpointError, match=fragment):
-            load_checkpoint(path)
+            load_checkpoint(path, device="cpu")
 
 
 # -- the content hash ----------------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_save_stores_a_content_hash_and_load_checks_it(saved, tmp_path):
     flipped = tmp_path / "flipped.safetensors"
     flipped.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="do not match the content hash"):
-        load_checkpoint(flipped)
+        load_checkpoint(flipped, device="cpu")
 
 
 def test_a_changed_config_does_not_match_the_hash(saved, tmp_path):
@@ -126,14 +126,14 @@ def test_a_changed_config_does_not_match_the_hash(saved, tmp_path):
         stored = f.metadata()["content_sha256"]
     changed = rewrite(tmp_path / "eps.safetensors", tensors, {**config, "ln_eps": 1e-15}, content_sha256=stored)
     with pytest.raises(CheckpointError, match="do not match the content hash"):
-        load_checkpoint(changed)
+        load_checkpoint(changed, device="cpu")
 
 
 def test_a_file_without_a_hash_loads_with_a_note(saved, tmp_path):
     _, config, tensors = saved
     old = rewrite(tmp_path / "old.safetensors", tensors, config)
     with pytest.warns(UncheckedCheckpoint, match="no content hash"):
-        model = load_checkpoint(old)
+        model = load_checkpoint(old, device="cpu")
     assert torch.equal(model.W_E, tensors["W_E"])
 
 
@@ -141,7 +141,7 @@ def test_the_shipped_models_carry_their_hash():
     for layers in (0, 1, 2):
         with warnings.catch_warnings():
             warnings.simplefilter("error", UncheckedCheckpoint)
-            load_checkpoint(shipped_checkpoint(layers))
+            load_checkpoint(shipped_checkpoint(layers), device="cpu")
 
 
 # -- training records and vocabulary files ---------------------------------------------------

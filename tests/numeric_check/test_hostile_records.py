@@ -86,7 +86,7 @@ def test_a_training_record_is_read_only_beside_its_own_model(tmp_path_factory, l
     other = TrainConfig(n_layers=other_layers, n_heads=other_heads, **{**SMALL, "d_model": d_model})
     (folder / "m.json").write_text(json.dumps({"train_config": other.to_dict()}))
     before = folder_state(folder)
-    loaded = load_checkpoint(checkpoint)
+    loaded = load_checkpoint(checkpoint, device="cpu")
     same = (layers, heads if layers else None, 8) == (other_layers, other_heads if other_layers else None, d_model)
     if same or (layers == other_layers == 0 and d_model == 8):
         assert training_record_for(checkpoint, loaded)["train_config"] == other.to_dict()
@@ -103,7 +103,7 @@ def test_a_record_of_another_training_run_is_refused_by_its_hash(tmp_path):
     record = {"train_config": config.to_dict(), "checkpoint_sha256": "0" * 64}
     (tmp_path / "m.json").write_text(json.dumps(record))
     with pytest.raises(CheckpointError, match="another content hash"):
-        training_record_for(checkpoint, load_checkpoint(checkpoint))
+        training_record_for(checkpoint, load_checkpoint(checkpoint, device="cpu"))
 
 
 def test_the_shipped_records_match_their_models():
@@ -111,7 +111,7 @@ def test_the_shipped_records_match_their_models():
 
     for layers in (0, 1, 2):
         path = shipped_checkpoint(layers)
-        assert training_record_for(path, load_checkpoint(path)) is not None
+        assert training_record_for(path, load_checkpoint(path, device="cpu")) is not None
 
 
 # -- torch files and configs ----------------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_odd_torch_files_are_checkpoint_errors(tmp_path, mangle):
     path = tmp_path / "m.pt"
     torch.save(mangle(dict(MODEL.state_dict()), MODEL.cfg.to_dict()), path)
     with pytest.raises(CheckpointError):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")
 
 
 @THOROUGH
@@ -150,7 +150,7 @@ def test_a_pickled_payload_names_the_refused_global(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"x": Payload()}, path)
     with pytest.raises(CheckpointError, match=r"holds the Python object posix\.system"):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")
 
 
 def test_a_file_name_that_is_not_utf8_is_said_to_be_one(tmp_path):
@@ -159,4 +159,4 @@ def test_a_file_name_that_is_not_utf8_is_said_to_be_one(tmp_path):
         warnings.simplefilter("ignore")
         save_checkpoint(MODEL, path)
     with pytest.raises(CheckpointError, match="file name is not UTF-8"):
-        load_checkpoint(path)
+        load_checkpoint(path, device="cpu")

@@ -121,7 +121,7 @@ def test_decoder_models_round_trip_through_checkpoints(tmp_path):
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     path = tmp_path / "decoder.safetensors"
     save_checkpoint(model, path)
-    loaded = load_checkpoint(path, dtype=torch.float64)
+    loaded = load_checkpoint(path, dtype=torch.float64, device="cpu")
     assert loaded.cfg == model.cfg and torch.equal(loaded(TOKENS), model(TOKENS))
     assert torch.equal(loaded.blocks[1].attn.q_norm.gain, model.blocks[1].attn.q_norm.gain)
 
@@ -236,7 +236,7 @@ def test_build_reads_every_decoder_field_of_source_weights():
                         rotary=0.5, biases=True)
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=8, dtype=torch.float64, gated_mlp=True,
                                 act_fn="silu", rotary_inv_freq=(0.3,), rotary_factor=1.2, device="cpu")
-    built = build(_source_weights(model), biases=True)
+    built = build(_source_weights(model), device="cpu", biases=True)
     assert built.cfg.to_dict() == {**model.cfg.to_dict(), "alibi_slopes": [0.25, 0.0625, 0.015625, 0.00390625]}
     assert torch.allclose(built(TOKENS), model(TOKENS), rtol=0, atol=1e-13)
     _verified(built)
