@@ -319,6 +319,8 @@ class OutputFolder:
                 raise self._fail("it is a mount point, and the folder is replaced whole at the end; name a folder in it")
         except (FileNotFoundError, NotADirectoryError):  # nothing there yet: its parents are checked next
             pass
+        except self.error:  # ours, already one line (OutputError is an OSError too)
+            raise
         except OSError as err:
             raise self._fail(_reason(err)) from None
         ancestor = real.parent
@@ -329,6 +331,8 @@ class OutputFolder:
                 raise self._fail(f"{_shown(ancestor)} is not a folder")
             with tempfile.TemporaryFile(dir=ancestor):
                 pass
+        except self.error:  # ours, already one line (OutputError is an OSError too)
+            raise
         except OSError as err:
             raise self._fail(_reason(err)) from None
         return real
@@ -373,6 +377,8 @@ class OutputFolder:
 
         try:
             walk(real, "")
+        except self.error:  # ours, already one line (OutputError is an OSError too)
+            raise
         except OSError as err:
             raise self._fail(_reason(err)) from None
         return foreign
