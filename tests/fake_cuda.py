@@ -216,5 +216,10 @@ def fake_cuda() -> Iterator[None]:
 
 
 def on_cuda(t: torch.Tensor) -> bool:
-    """Whether ``t`` is on the fake ``cuda:0``."""
-    return isinstance(t, OnCuda)
+    """Whether ``t`` is on the fake ``cuda:0`` (or, on a GPU machine, on a real CUDA device)."""
+    return isinstance(t, OnCuda) or t.device.type == "cuda"
+
+
+def cuda() -> contextlib.AbstractContextManager:
+    """The real CUDA device where there is one (``make gpu-check``), else the fake ``cuda:0``."""
+    return contextlib.nullcontext() if torch.cuda.is_available() else fake_cuda()

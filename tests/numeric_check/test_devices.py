@@ -1,6 +1,6 @@
 """One device, decided at the edge: every path from a user's model runs on "cuda" without meeting the CPU.
 
-These run on a CPU-only machine: :func:`tests.fake_cuda.fake_cuda` makes a ``cuda:0`` whose tensors
+On a GPU machine (``make gpu-check``) they run on its CUDA device; on a CPU-only machine :func:`tests.fake_cuda.fake_cuda` makes a ``cuda:0`` whose tensors
 live on the CPU and raise torch's own device-mismatch error when they meet a CPU tensor, as a GPU
 machine does. The source is held on "cuda" or on the CPU, the result is asked on "cuda", and every
 parameter and buffer of the result, and the verification, must be there.
@@ -19,7 +19,7 @@ from numeric_check.model.build import fold_norm
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_device
 from numeric_check.verification.verify import verify_logits, verify_qk
-from tests.fake_cuda import fake_cuda, on_cuda
+from tests.fake_cuda import cuda, fake_cuda, on_cuda
 
 transformers = pytest.importorskip("transformers")
 from tests.hf_zoo import build as build_hf, source_dtype  # noqa: E402  (needs transformers)
@@ -65,22 +65,22 @@ def test_the_fake_device_catches_a_fold_across_devices():
 def test_a_working_copy_moves_buffers_with_parameters():
     arch = Architecture(2, 2, positional="none", norm="rms_norm", alibi=True, n_kv_heads=1)
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=11, n_ctx=8, seed=0, device="cpu")
-    with fake_cuda():
+    with cuda():
         work = model.working_copy(torch.float64, "cuda")
         assert all_on_cuda(work) == []
-        assert work(TOKENS).device == torch.device("cuda", 0)
+        assert work(TOKENS).device.type == "cuda"
     assert model.device.type == "cpu"  # the user's model stays where it was
 
 
 def test_verification_follows_the_model_it_is_given():
     arch = Architecture(2, (2, 3), positional="standard", layer_norm=True, biases=True, mlp=True)
-    with fake_cuda():
+    with cuda():
         model = CircuitModel.random(arch, d_model=16, d_head=4, d_vocab=40, n_ctx=10, seed=0)  # auto: cuda
         assert all_on_cuda(model) == []
         report = verify_logits(model, TOKENS, max_order=2)
-        assert report.device == "cuda:0" and report.passed, report.to_text()
+        assert report.device.startswith("cuda") and report.passed, report.to_text()
         qk = verify_qk(model, TOKENS, 1, 2, max_order=1)
-        assert qk.device == "cuda:0" and qk.passed, qk.to_text()
+        assert qk.device.startswith("cuda") and qk.passed, qk.to_text()
         assert verify_logits(model, TOKENS, max_order=1, device="cpu").device == "cpu"
 
 
@@ -98,18 +98,18 @@ FAMILIES = [
 @pytest.mark.parametrize("source_on", ["cpu", "cuda"])
 @pytest.mark.parametrize("model_type, options", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_a_hugging_face_model_converts_onto_cuda_and_verifies_there(model_type, options, source_on):
-    if model_type == "mixtral" and source_on == "cuda":
+    if model_type == "mixtral" and source_on == "cuda" and not torch.cuda.is_available():
         pytest.skip("Hugging Face routes experts with torch.histc on integers, a CUDA kernel the CPU lacks")
     torch.set_num_threads(1)
     # as Hugging Face built it (the zoo's exact float64 rotary is a test patch that makes CPU tensors)
     hf = build_hf(model_type, 1, exact=False, dtype=source_dtype(model_type), **options)
-    with fake_cuda():
+    with cuda():
         hf = hf.to(source_on)
         model = nc_from_hf(hf, device="cuda", check_tokens=TOKENS)
         assert all_on_cuda(model) == [], model_type
         assert model.source_check.rel_diff <= model.source_check.tolerance
         report = verify_logits(model, TOKENS, max_order=1)
-        assert report.device == "cuda:0" and report.passed, report.to_text()
+        assert report.device.startswith("cuda") and report.passed, report.to_text()
 
 
 def nc_from_hf(hf, **kwargs):
@@ -120,9 +120,9 @@ def nc_from_hf(hf, **kwargs):
 
 def test_a_cuda_model_converts_onto_the_cpu():
     hf = build_hf("llama", 2, exact=False)
-    with fake_cuda():
+    with cuda():
         model = nc_from_hf(hf.to("cuda"), device="cpu")
-        assert all(t.device.type == "cpu" and not on_cuda(t) for t in model.parameters())
+        assert all(not on_cuda(t) for t in model.parameters())
         assert verify_logits(model, TOKENS, max_order=1).passed
 
 
@@ -135,7 +135,7 @@ def test_a_transformer_lens_model_converts_onto_cuda_and_verifies_there():
     source = tl.HookedTransformer(cfg).eval()
     from numeric_check.model.adapters import from_transformer_lens
 
-    with fake_cuda():
+    with cuda():
         model = from_transformer_lens(source, device="cuda", check_tokens=TOKENS)
         assert all_on_cuda(model) == []
         assert verify_logits(model, TOKENS, max_order=2).passed
@@ -154,22 +154,22 @@ def gpt2_dir(tmp_path_factory):
 def test_verify_and_attribute_a_saved_folder_on_cuda(capsys, gpt2_dir):
     from tests.helpers import run_cli
 
-    with fake_cuda():
+    with cuda():
         code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat.",
                                  "--max-order", "1", "--json")
         assert code == 0, err
-        assert json.loads(out)["device"] == "cuda:0"
+        assert json.loads(out)["device"].startswith("cuda")
         code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
                                  "--target", " the", "--top", "5", "--format", "json")
         assert code == 0, err
-        assert json.loads(out)["device"] == "cuda:0"
+        assert json.loads(out)["device"].startswith("cuda")
 
 
 @pytest.mark.slow
 def test_analyze_a_saved_folder_on_cuda(capsys, gpt2_dir, tmp_path):
     from tests.helpers import run_cli
 
-    with fake_cuda():
+    with cuda():
         code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
                                  "--sequences", "4", "--formats", "svg")
     assert code == 0, err
