@@ -382,7 +382,7 @@ def check_built_model(empty: Any, shapes: dict[str, tuple[int, ...]], weights: s
     free = available_memory()
     if free is not None and size > free:
         raise ModelLoadError(f"the model config.json describes needs {_gb(size)} as {str(dtype).removeprefix('torch.')}, "
-                             f"more than the {_gb(free)} of memory available")
+                             f"more than the {_gb(free)} of memory available (a smaller --dtype needs less)")
 
 
 def _gb(n: int) -> str:
