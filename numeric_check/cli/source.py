@@ -292,10 +292,12 @@ def text_tokens(args: argparse.Namespace, user: UserModel, n_ctx: int | None, d_
             raise ModelLoadError(f"{user.name} has no tokenizer to read the prompt with; give token ids with --tokens")
         if user.library == "tl":
             source = user.source
-            ids = torch.tensor([bounded(lambda: source.to_tokens(text).reshape(-1).tolist(), "the tokenizer on the prompt")])
+            ids = torch.tensor([bounded(lambda: source.to_tokens(text).reshape(-1).tolist(),
+                                        f"the tokenizer on the prompt ({len(text):,} characters)")])
         else:
             tokenizer = user.tokenizer
-            ids = torch.tensor([bounded(lambda: list(tokenizer(text)["input_ids"]), "the tokenizer on the prompt")],
+            ids = torch.tensor([bounded(lambda: list(tokenizer(text)["input_ids"]),
+                                        f"the tokenizer on the prompt ({len(text):,} characters)")],
                                dtype=torch.long)
     if ids.shape[1] == 0:
         raise VerifyCLIError("the prompt tokenizes to no tokens")
@@ -347,8 +349,9 @@ def bounded(call, what: str, seconds: float | None = None):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([read], [], [], left)[0]:
                 os.kill(pid, signal.SIGKILL)
-                raise ModelLoadError(f"{what} did not finish within {seconds:g} s; the tokenizer runs away on this "
-                                     "input (give token ids with --tokens)")
+                raise ModelLoadError(f"{what} did not finish within {seconds:g} s: the tokenizer runs away on this "
+                                     "input, or it is far longer than a model's context; shorten it or give token ids "
+                                     "with --tokens")
             chunk = os.read(read, 1 << 16)
             if not chunk:
                 break
