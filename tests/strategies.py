@@ -528,3 +528,29 @@ def printable_expressions(draw):
         expressions(layout),
         st.just(TensorSum([], n_slots=len(layout))),
     ))
+
+
+#: Identities as people type them into ``tcircuits check`` (issues 27 and 29): the slides' forms,
+#: opaque functions, zero sides, decimals, products of many sums, long sums of names.
+CHECK_EXAMPLES = [
+    "(A ⊗ W)x = AxW^T", "W_QK^h = W_Q^{h^T} W_K^h", "W_QK^{Th} = W_Q^{h}ᵀ W_K^h", "softmax(A) = softmax(B)",
+    "exp(A) = exp(-A)", "h(x) = (A ⊗ W_OV) x", "LN(x) = x", "Σ_{h∈H_1∪H_2} A^h = A", "Id ⊗ Id = Id", "W_E = 0",
+    "(A ⊗ B) x = 0", "0.1 A + 0.2 A = 0.3 A", r"\frac{1}{\sqrt{d_{head}}} A = 1/sqrt(d_head)·A", "A^{h} 1 ⊗ b_O = 0",
+    "".join(f"(A^{{a{i}}}+A^{{b{i}}})" for i in range(24)) + " = A^{a0}", " + ".join(f"B{i}" for i in range(500)) + " = 0",
+]
+CHECK_FLAGS = ("--seed", "--opaque", "--index-from", "--atom", "--format")
+
+
+@st.composite
+def check_arguments(draw) -> list[str]:
+    """``tcircuits check IDENTITY …``: an identity (one of the forms above, hostile text on either side,
+    or hostile text alone) and up to two flags with hostile values; never ``-o`` (nothing is written)."""
+    identity = draw(st.one_of(
+        st.sampled_from(CHECK_EXAMPLES),
+        st.tuples(hostile_text(), st.one_of(hostile_text(), st.sampled_from(["0", "A", "Id ⊗ Id"]))).map(" = ".join),
+        hostile_text(),
+    ))
+    argv = ["check", identity]
+    for flag in draw(st.lists(st.sampled_from(CHECK_FLAGS), max_size=2, unique=True)):
+        argv += [flag] if flag == "--opaque" else [flag, draw(HOSTILE_VALUES)]
+    return argv

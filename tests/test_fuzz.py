@@ -36,7 +36,7 @@ from numeric_check.model.checkpoint import FORMAT, load_checkpoint, save_checkpo
 from numeric_check.model.circuit_model import CircuitModel
 from tests.conftest import FUZZ, PROPERTY, THOROUGH
 from tests.helpers import quickly
-from tests.strategies import cli_arguments, json_values, markup_text
+from tests.strategies import check_arguments, cli_arguments, json_values, markup_text
 
 SECONDS = 10  # one input: a result or an error within seconds, never minutes
 
@@ -204,3 +204,21 @@ def test_a_saved_checkpoint_with_flipped_bytes_loads_or_is_refused(flips):
             data[position % len(data)] ^= mask
         path.write_bytes(bytes(data))
         load_or_refuse(path)
+
+
+# -- tcircuits check (issues 27 and 29) ------------------------------------------------------------
+
+
+@FUZZ
+@given(check_arguments())
+def test_check_gives_a_verdict_or_a_one_line_error(argv):
+    """Any identity and flags: exit 0 or 1 with a verdict, or 2 with one line of ours (a parse error
+    adds its text and caret), within seconds, never a traceback."""
+    code, out, err = run(argv)
+    assert code in (0, 1, 2), (argv, code, err)
+    assert "Traceback" not in err and not raw_controls(out) and not raw_controls(err), argv
+    if code in (0, 1):
+        assert ("The identity holds" if code == 0 else "The identity does not hold") in out or "--format" in argv, argv
+    else:
+        errors = [line for line in err.splitlines() if "warning: command" not in line]
+        assert len(errors) in (1, 3) and "error" in errors[0], (argv, errors)
