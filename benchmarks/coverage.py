@@ -11,10 +11,15 @@ Every causal-LM model type of the installed ``transformers`` is looked up:
   last head of layer 1 are run; refused, the feature it is refused for is given;
 - any other type: ``from_hf`` refuses its class as "not a family tcircuits reads".
 
+- a type the installed transformers lacks (its config or model class came later) is skipped, with why.
+
 It prints the README's "Model families" section (``--write-readme README.md`` replaces it between
-its markers). One thread; about a minute on this project's CPU.
+its markers, and sets this version's row of the table of versions, keeping the other versions' rows:
+run it once with each end of the declared range installed). One thread; about a minute on this
+project's CPU.
 
     PYTHONPATH=. python benchmarks/coverage.py [--seeds 3] [--write-readme README.md]
+    PYTHONPATH=build/versions/transformers-4.57.1:. python benchmarks/coverage.py --write-readme README.md
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import re
 import sys
 import time
+import unittest
 
 import torch
 
@@ -35,10 +41,11 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk  # noqa: E402
 from numeric_check.model.readers import BY_CLASS  # noqa: E402
 from tensoralg.display import md_table  # noqa: E402
-from tests.hf_zoo import CONVERTS, ZOO, build, source_dtype  # noqa: E402
+from tests.hf_zoo import CONVERTS, ZOO, build, missing, source_dtype  # noqa: E402
 
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
+VERSIONS_START, VERSIONS_END = "<!-- coverage-versions:start -->", "<!-- coverage-versions:end -->"
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,8 +58,13 @@ def measure(model_type: str, seeds: int) -> dict:
     settings = [{}] + [options for t, options in CONVERTS if t == model_type and options]
     out = {"exact": 0.0, "shipped": 0.0, "logits": True, "qk": True, "tolerance": [], "settings": len(settings)}
     for seed, options in ((seed, options) for seed in range(seeds) for options in settings):
-        for exact in (True, False):
-            hf = build(model_type, seed, exact=exact, dtype=source_dtype(model_type), **options)
+        try:
+            built = [(exact, build(model_type, seed, exact=exact, dtype=source_dtype(model_type), **options))
+                     for exact in (True, False)]
+        except unittest.SkipTest:  # a setting this transformers cannot build (its own code fails): not counted
+            out["settings"] -= seed == 0
+            continue
+        for exact, hf in built:
             model = from_hf(hf)
             with torch.no_grad():
                 rel = max(relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)), model.source_check.rel_diff)
@@ -75,9 +87,14 @@ def refusal(model_type: str) -> tuple[str, str]:
     raise AssertionError(f"{model_type} was expected to be refused")
 
 
-def section(seeds: int) -> str:
-    converted, refused = [], []
+def section(seeds: int) -> tuple[str, str]:
+    """The README's section and this version's row of the table of versions."""
+    converted, refused, skipped = [], [], []
     for model_type in ZOO:
+        reason = missing(model_type)
+        if reason:
+            skipped.append(model_type)
+            continue
         try:
             converted.append((model_type, measure(model_type, seeds)))
         except UnsupportedModel:
@@ -120,9 +137,24 @@ def section(seeds: int) -> str:
         "",
         f"**Not a family tcircuits reads: {len(others)} more causal-LM model types** — `from_hf` refuses their class "
         "as \"not a family tcircuits reads (it reads …)\": " + ", ".join(f"`{t}`" for t in others) + ".",
+        "",
+        f"**Skipped: {len(skipped)} model types of `tests/hf_zoo.py`** that transformers {transformers.__version__} does "
+        "not have (they came later)" + (": " + ", ".join(f"`{t}`" for t in skipped) if skipped else "") + ".",
         END,
     ]
-    return "\n".join(lines)
+    row = (f"| {transformers.__version__} | {len(converted)} | {len(refused)} | {len(skipped)} | "
+           + (", ".join(f"`{t}`" for t in skipped) or "—") + " |")
+    return "\n".join(lines), row
+
+
+def versions_table(old: str, row: str) -> str:
+    """The table of versions between its markers: ``row`` replaces the row of its transformers version, the
+    others are kept (newest first)."""
+    rows = {line.split("|")[1].strip(): line for line in old.splitlines() if line.startswith("| ") and line[2].isdigit()}
+    rows[row.split("|")[1].strip()] = row
+    order = sorted(rows, key=lambda v: [int(p) if p.isdigit() else 0 for p in v.split(".")], reverse=True)
+    return "\n".join([VERSIONS_START, "| transformers | converted | refused by name | skipped | skipped: not in that version |",
+                      "|---|---:|---:|---:|---|", *(rows[v] for v in order), VERSIONS_END])
 
 
 def main() -> None:
@@ -133,17 +165,30 @@ def main() -> None:
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     start = time.perf_counter()
-    text = section(args.seeds)
+    text, row = section(args.seeds)
     print(text)
+    print(row)
     print(f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     if args.write_readme:
         with open(args.write_readme, encoding="utf-8") as f:
             readme = f.read()
-        if START not in readme or END not in readme:
-            sys.exit(f"{args.write_readme} has no {START} … {END} markers to replace")
-        head, rest = readme.split(START, 1)
+        for start_mark, end_mark in ((START, END), (VERSIONS_START, VERSIONS_END)):
+            if start_mark not in readme or end_mark not in readme:
+                sys.exit(f"{args.write_readme} has no {start_mark} … {end_mark} markers to replace")
+        head, rest = readme.split(VERSIONS_START, 1)
+        old, tail = rest.split(VERSIONS_END, 1)
+        readme = head + versions_table(old, row) + tail
+        if transformers.__version__ == _newest(readme):  # the long section: the newest version's
+            head, rest = readme.split(START, 1)
+            readme = head + text + rest.split(END, 1)[1]
         with open(args.write_readme, "w", encoding="utf-8") as f:
-            f.write(head + text + rest.split(END, 1)[1])
+            f.write(readme)
+
+
+def _newest(readme: str) -> str:
+    """The newest transformers version in the README's table of versions."""
+    table = readme.split(VERSIONS_START, 1)[1].split(VERSIONS_END, 1)[0]
+    return next(line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and line[2].isdigit())
 
 
 if __name__ == "__main__":
