@@ -30,6 +30,7 @@ import argparse
 import time
 
 from numeric_check.cli.progress import StepBar
+from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
 from numeric_check.reports.flags import seed
 
 EPILOG = """\
@@ -50,21 +51,20 @@ def register(subparsers) -> None:
                         help="replace files in DIR that tcircuits did not write (or that changed since) at the names it writes")
     parser.add_argument("--seed", type=seed, default=0, help="seed of every sampled batch and random control (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
+    add_runtime_arguments(parser)
+    parser.set_defaults(func=with_runtime(run))
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # Heavy imports here: the CLI imports this module to build its parser.
-    import torch
-
     from tensoralg.escape import terminal_safe
     from numeric_check.reports.paper.build import check_outputs, step_count, write_paper
 
-    torch.set_num_threads(1)
     check_outputs(args.out, args.pdf, args.force)  # a bad folder is refused before any work
     with StepBar(step_count(args.pdf), args.quiet) as bar:
-        paper, written = write_paper(args.out, pdf=args.pdf, progress=bar.tick, seed=args.seed, force=args.force)
+        paper, written = write_paper(args.out, pdf=args.pdf, progress=bar.tick, seed=args.seed, force=args.force,
+                                     device=args.device)
     counts: dict[str, int] = {}
     for f in paper.findings:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1

@@ -20,6 +20,7 @@ import math
 import sys
 import time
 
+from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
 from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
@@ -47,7 +48,8 @@ def register(subparsers) -> None:
     parser.add_argument("--batch", type=int_in(1, MAX_BATCH), default=4, help="sequences of repeated random tokens to verify on (default 4)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of those sequences (default 0)")
     parser.add_argument("--rows", type=int_in(0), default=12, help="terms to list, largest first (default 12; 0: the summary only)")
-    parser.set_defaults(func=run)
+    add_runtime_arguments(parser)
+    parser.set_defaults(func=with_runtime(run))
 
 
 def _section(title: str) -> str:
@@ -58,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # Heavy imports here, not at module level: the CLI imports this module to build its
     # parser, and `tcircuits --help` should not wait for torch.
-    import torch
-
     from derivations import catalogue, expand_logits, expand_qk, text
     from numeric_check.model.checkpoint import load_checkpoint
     from numeric_check.circuits.behaviour import ACROSS_CONTEXT, best_head_floor, profile_rows, repeat_loss_grid
@@ -68,9 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.training.toy import shipped_checkpoint, training_record_for
     from numeric_check.verification.verify import verify_logits, verify_qk
 
-    torch.set_num_threads(1)
     path = args.checkpoint or shipped_checkpoint(2)
-    model = load_checkpoint(path)
+    model = load_checkpoint(path, device=args.device)
     arch, cfg = model.arch, model.cfg
     out = lambda text: print(terminal_safe(text))  # a checkpoint's path may hold control characters
 

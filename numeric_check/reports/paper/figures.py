@@ -49,7 +49,7 @@ def bigram_figure(m: Measurements) -> Figure:
         logp = torch.log_softmax(model.W_U.double() @ model.W_E.double(), dim=0) + math.log(model.cfg.d_vocab)
     fig = Figure(figsize=(5.2, 3.2), layout="constrained")
     ax = fig.add_subplot()
-    ax.hist(logp.flatten().numpy(), bins=60, color="0.45")
+    ax.hist(logp.flatten().cpu().numpy(), bins=60, color="0.45")
     ax.axvline(0, color="#d62728", lw=1)
     ax.set(xlabel="log p(next | current) − ln(1/d_vocab)   (nats)", ylabel="entries")
     plain_title(ax, "induction_0l: the bigram table W_U W_E")
@@ -80,7 +80,7 @@ def repeat_loss_figure(m: Measurements) -> Figure:
     ax = fig.add_subplot()
     for n_layers, colour in ((2, "#1f77b4"), (1, "#d62728")):
         grid = m.analysis(n_layers).grid
-        loss = grid.loss.double().numpy()
+        loss = grid.loss.double().cpu().numpy()
         lengths = np.array(grid.lengths)
         ax.plot(lengths, np.nanmean(loss, 1), marker="o", color=colour, label=f"{n_layers}-layer model")
         ax.fill_between(lengths, np.nanmin(loss, 1), np.nanmax(loss, 1), color=colour, alpha=0.15)

@@ -118,10 +118,10 @@ class Measurements:
         return self.analyses[n_layers]
 
 
-def load_shipped(n_layers: int) -> tuple[CircuitModel, dict | None]:
-    """The shipped ``n_layers`` model and its training record."""
+def load_shipped(n_layers: int, device=None) -> tuple[CircuitModel, dict | None]:
+    """The shipped ``n_layers`` model on ``device`` (``None``: CUDA when present) and its training record."""
     path = shipped_checkpoint(n_layers)
-    return load_checkpoint(path), training_record_for(path)
+    return load_checkpoint(path, device=device), training_record_for(path)
 
 
 def random_copying(model: CircuitModel, n_models: int = RANDOM_MODELS, seed: int = 0) -> Tensor:
@@ -284,14 +284,16 @@ def _controls(found: "Measurements", models: dict[int, CircuitModel], seed: int)
             found.random_bugs = [skip_trigram_bugs(model, t, seed=seed) for t in tables]
 
 
-def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences: int = 64, seed: int = 0) -> Measurements:
-    """Analyse the shipped models, verify their expansions and measure the controls.
+def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences: int = 64, seed: int = 0,
+            device=None) -> Measurements:
+    """Analyse the shipped models (on ``device``; ``None``: CUDA when present), verify their expansions and
+    measure the controls.
 
     ``progress(step)`` is called after each step (:data:`STEPS` of them).
     """
     analyses, models = {}, {}
     for n_layers in LAYERS:
-        model, record = load_shipped(n_layers)
+        model, record = load_shipped(n_layers, device)
         models[n_layers] = model
         analyses[n_layers] = analyze_model(model, name=f"induction_{n_layers}l", training=record,
                                            n_sequences=n_sequences, seed=seed)
