@@ -243,3 +243,17 @@ def test_no_tensor_is_made_without_a_device_where_it_meets_the_model():
 
     root = Path(__file__).resolve().parents[2]
     assert device_less_factories(root) == []
+
+
+@pytest.mark.slow
+def test_demo_and_the_companion_run_on_cuda(capsys, tmp_path):
+    """The shipped models on the default device: the demo's verdict and the companion's 14 files (its
+    figures once called .numpy() on CUDA tensors)."""
+    from tests.helpers import run_cli
+
+    with cuda():
+        code, out, err = run_cli(capsys, "demo", "--rows", "0")
+        assert code == 0 and "working at every position: yes" in out, err
+        code, out, err = run_cli(capsys, "paper", "--out", str(tmp_path / "companion"), "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "companion" / "index.html").exists()
