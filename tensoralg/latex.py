@@ -46,12 +46,20 @@ from sympy.printing.latex import LatexPrinter
 from tensoralg.bound import shown_index
 from tensoralg.errors import TensorAlgError
 from tensoralg.escape import escape_text
+from tensoralg.names import NONLINEAR
 
 HEAD_STYLES = ("label", "dotted")
 
 _LETTER_DIGITS = re.compile(r"([A-Za-z])(\d+)('*)", re.ASCII)  # h2, h2' (a second sum over a layer)
 _HEAD_LABEL = re.compile(r"L(\d+)H(\d+)", re.ASCII)
 _PLAIN = re.compile(r"[A-Za-z]|\d+", re.ASCII)
+_APPLICATION = re.compile(r"([A-Za-z][A-Za-z_]*)\((.*)\)", re.DOTALL)  # an opaque matrix: softmax(A + B)
+_ARGUMENT_SUM = re.compile(r"Σ_\{([^∈{}]*)∈([^{}]*)\}")
+_ARGUMENT_INDEX = re.compile(r"\^\{([^{}]*)\}")
+_ARGUMENT_TOKEN = re.compile(  # the canonical text of an opaque matrix's argument, token by token
+    r"(?P<sum>Σ_\{(?P<var>[^∈{}]*)∈(?P<set>[^{}]*)\})|(?P<call>(?P<fn>[A-Za-z][A-Za-z_]*)\()"
+    r"|(?P<atom>(?P<name>[A-Za-z][A-Za-z0-9_]*'*)(?:\^\{(?P<index>[^{}]*)\})?(?P<t>ᵀ)?)"
+    r"|(?P<power>\*\*(?P<exponent>-?\d+))|(?P<open>\()|(?P<close>\))|(?P<space>\s+)|(?P<other>.)", re.DOTALL)
 
 
 def escape(text: str) -> str:
@@ -111,9 +119,51 @@ class TensorLatexPrinter:
         text = self._atoms.get(a.key)
         if text is None:
             sup = [s for s in (self.index(a.index), r"\top" if a.transposed else "") if s]
-            text = self.name(a.name) + ("^{" + "".join(sup) + "}" if sup else "")
+            app = _APPLICATION.fullmatch(a.name)
+            name = self.application(app[1], app[2]) if app and app[1] in NONLINEAR else self.name(a.name)
+            text = name + ("^{" + "".join(sup) + "}" if sup else "")
             self._atoms[a.key] = text
         return text
+
+    def application(self, function: str, argument: str) -> str:
+        r"""An opaque matrix ``softmax(x W_QK^{h1} xᵀ)`` (a function of an argument the reader printed in
+        canonical text) as ``\mathrm{softmax}\left(x W_{QK}^{h_1} x^{\top}\right)``, which reads back."""
+        out, stack = [], []
+        for m in _ARGUMENT_TOKEN.finditer(argument):
+            kind, value = m.lastgroup, m.group()
+            if kind == "sum":
+                out.append(rf"\sum_{{{self.index(m['var'])} \in {self.name(self.set_text(m['set']))}}} ")
+            elif kind == "call":
+                name = m["fn"]
+                stack.append(r"\right)" if name != "sqrt" else "}")
+                out.append(r"\sqrt{" if name == "sqrt" else _upright(name) + r"\left(")
+            elif kind == "atom":
+                sup = [x for x in (self.index(m["index"] or ""), r"\top" if m["t"] else "") if x]
+                base = r"\mathrm{Id}" if m["name"] == "Id" else self.name(m["name"])
+                out.append(base + ("^{" + "".join(sup) + "}" if sup else ""))
+            elif kind == "open":
+                stack.append(r"\right)")
+                out.append(r"\left(")
+            elif kind == "close":
+                out.append(stack.pop() if stack else r"\right)")
+            elif kind == "power":
+                out.append("^{" + m["exponent"] + "}")
+            elif kind == "space":
+                out.append(" ")
+            else:
+                out.append({"⊗": r" \otimes ", "·": r" \cdot ", "ᵀ": r"^{\top}"}.get(value, escape(value)))
+        return _upright(function) + r"\left(" + re.sub(r" +", " ", "".join(out)).strip() + r"\right)"
+
+    def set_text(self, over: str) -> str:
+        """A head set ``H_1`` with its layer shifted by ``index_from``; any other set as it is."""
+        m = re.fullmatch(r"H_(\d{1,18})", over)
+        return f"H_{int(m[1]) + self.index_from}" if m else over
+
+    def application_text(self, function: str, argument: str) -> str:
+        """``softmax(A^{h1})`` with the layers of its argument shifted by ``index_from`` (``softmax(A^{h2})``
+        from 1), as the reader reads it back."""
+        argument = _ARGUMENT_SUM.sub(lambda m: f"Σ_{{{self.index_text(m[1])}∈{self.set_text(m[2])}}}", argument)
+        return f"{function}({_ARGUMENT_INDEX.sub(lambda m: '^{' + self.index_text(m[1]) + '}', argument)})"
 
     @staticmethod
     def name(name: str) -> str:
@@ -268,7 +318,9 @@ class TensorLatexPrinter:
         text = self._atom_texts.get(a.key)
         if text is None:
             index = self.index_text(a.index)
-            text = self._atom_texts[a.key] = a.name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
+            app = _APPLICATION.fullmatch(a.name)
+            name = self.application_text(app[1], app[2]) if app and app[1] in NONLINEAR and self.index_from else a.name
+            text = self._atom_texts[a.key] = name + ("^{" + index + "}" if index else "") + ("ᵀ" if a.transposed else "")
         return text
 
     def word_text(self, word) -> str:

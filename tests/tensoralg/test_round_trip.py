@@ -243,3 +243,19 @@ def test_indices_read_from_1_print_from_1(typed):
     for printed in (to_text(e, index_from=1), to_latex(e, index_from=1)):
         assert parse(printed, index_from=1).expand() == e.expand(), printed
     assert to_text(e, index_from=1) == to_text(parse(to_text(e, index_from=1), index_from=1), index_from=1)
+
+
+@pytest.mark.parametrize("typed", ["softmax(x W_QK^{h1} x^T) x W_V^{h1}ᵀ", "softmax(A+B)ᵀ ⊗ W_OV^{L1H0}",
+                                   "exp(-2·A + 1/sqrt(d_head)·B)", "softmax(Σ_{h∈H_1} A^h) ⊗ LN(x)",
+                                   "softmax(exp(A^{h2}))"])
+@pytest.mark.parametrize("index_from", [0, 1])
+def test_an_opaque_matrix_prints_as_its_application_and_reads_back(typed, index_from):
+    """``softmax(A + B)`` in text and ``\\mathrm{softmax}\\left(A + B\\right)`` in LaTeX, the layers of its
+    argument numbered like every other index, read back with opaque=True as the same unknown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReadingNote)
+        e = parse(typed, opaque=True, index_from=index_from)
+        latex = to_latex(e, index_from=index_from)
+        assert r"\mathrm{softmax}\left(" in latex or r"\mathrm{exp}\left(" in latex
+        for printed in (to_text(e, index_from=index_from), latex):
+            assert parse(printed, opaque=True, index_from=index_from).expand() == e.expand(), printed
