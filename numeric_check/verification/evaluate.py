@@ -46,7 +46,8 @@ True
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -117,12 +118,18 @@ class LogitTermValue(NamedTuple):
     left: tuple[FactorRef, ...]
 
 
+_NO_CHILDREN: Mapping = MappingProxyType({})
+
+
 class _Node:
+    """A trie node: its children by operation and the streams that end here (both made when first
+    needed: most nodes of an order-3 expansion are leaves, and most have no stream ending)."""
+
     __slots__ = ("children", "ends")
 
     def __init__(self) -> None:
-        self.children: dict[OpKey, _Node] = {}
-        self.ends: list[int] = []
+        self.children: Mapping[OpKey, _Node] = _NO_CHILDREN
+        self.ends: tuple[int, ...] = ()
 
 
 class StreamTrie:
@@ -140,6 +147,7 @@ class StreamTrie:
         self._side_by_side: dict[tuple[OpKey, ...], Tensor] = {}  # right factors of sibling leaf chains, concatenated
         self._stacked_runs: tuple = ((), None)  # their position-side runs as matrices, stacked (the last set)
         self._runs: dict[tuple[Atom, ...], Tensor] = {}  # each run of position-side atoms as one matrix
+        self._ops: dict[OpKey, OpKey] = {}
         self.n_streams = 0
         self.n_ops = 0  # operations applied by walk(): the work after sharing
 
@@ -151,17 +159,20 @@ class StreamTrie:
         for op in spec.ops:
             child = node.children.get(op)
             if child is None:
+                if node.children is _NO_CHILDREN:
+                    node.children = {}
+                op = self._ops.setdefault(op, op)  # one key object per operation, however many streams apply it
                 child = node.children[op] = _Node()
             node = child
-        node.ends.append(self.n_streams)
+        node.ends += (self.n_streams,)
         self.n_streams += 1
         return self.n_streams - 1
 
-    def walk(self) -> Iterator[tuple[list[int], Tensor]]:
+    def walk(self) -> Iterator[tuple[tuple[int, ...], Tensor]]:
         for source, root in self.roots.values():
             yield from self._walk(root, self.binder.source_input(source))
 
-    def _walk(self, node: _Node, value) -> Iterator[tuple[list[int], Tensor]]:
+    def _walk(self, node: _Node, value) -> Iterator[tuple[tuple[int, ...], Tensor]]:
         if node.ends:
             if isinstance(value, SourceInput):
                 value = value.as_dense()
@@ -178,7 +189,7 @@ class StreamTrie:
                 self.n_ops += 1
                 yield from self._walk(child, self.apply(op, value))
 
-    def _leaves_at_once(self, chains: list[tuple], value: Tensor, per_product: int) -> Iterator[tuple[list[int], Tensor]]:
+    def _leaves_at_once(self, chains: list[tuple], value: Tensor, per_product: int) -> Iterator[tuple[tuple[int, ...], Tensor]]:
         """The leaf chains below one node (see :func:`_leaf_chains`) in two products for all of them:
         ``Y [R_1 | … | R_k]`` (the right factors side by side, made once per set of chains), then
         each chain's position-side operations as one matrix, stacked: ``P_i (Y R_i)`` for every ``i``.

@@ -70,6 +70,10 @@ from numeric_check.verification.results import CheckResult, TermResult, VerifyRe
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
 CANCELLING = 64  # terms this many times larger than the logits or scores: their sum cancels
+HELD_FRACTION = 4  # a flush when the pending terms' values hold this fraction of the chunk
+COPY_FACTOR = 6  # or when their isolation copies (a stream per layer each) would hold 1/COPY_FACTOR of it (order 3 of
+# 6 x 8 heads, d_model 256: peak RSS 0.99 GB with 1, 0.75 with 2, 0.64 with 4, 0.56 with 8, order 2 0.50; GPT-2
+# small order 2 float64: 13 flushes with none, 39 with 4, 85 with 8, +3% and +11% CPU time)
 EXACT_LIMIT = 2**31  # terms x batch x pos x d_vocab x d_model up to which errors are computed exactly by default
 
 
@@ -414,19 +418,27 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         pending.clear()
 
     # a flush: terms holding a quarter of chunk_bytes (their values at their narrowest, often d_head wide;
-    # check 2 holds no stream of them, only groups as they arrive), and at most about four chunk_bytes of
-    # streams: each flush runs its sources' first copies again, so the fewer flushes the better
-    most = max(1, 4 * chunk_bytes // max(1, rec.final.numel() * rec.final.element_size()))
+    # check 2 holds no stream of them, only groups as they arrive), at most about four chunk_bytes of
+    # streams, and at most the copies of the batch that check 2's pass holds in a chunk (one per prefix
+    # of the pending paths, a stream at each layer): each flush runs its sources' first copies again,
+    # so the fewer flushes the better, but at order 3 a flush of many prefixes set the memory
+    stream = rec.final.numel() * rec.final.element_size()
+    most = max(1, 4 * chunk_bytes // max(1, stream))
+    most_copies = max(1, chunk_bytes // max(1, COPY_FACTOR * stream * (arch.n_layers + 1)))
     done = held = 0
+    copies: set = set()
     for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
         if v.index >= len(kept):
             omitted_sum.add(v)
             continue
         pending.append(v)
         held += v.y.numel() * v.y.element_size()
-        if 4 * held >= chunk_bytes or len(pending) >= most:
+        path = kept[v.index].path
+        copies.add((path.source, path.heads[:-1]))
+        if HELD_FRACTION * held >= chunk_bytes or len(pending) >= most or len(copies) >= most_copies:
             flush()
             held = 0
+            copies.clear()
         done += 1
         _tick(progress, "terms", done, len(kept))
     if pending:

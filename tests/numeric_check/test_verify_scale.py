@@ -116,3 +116,21 @@ def test_the_cli_refuses_a_run_longer_than_max_hours_before_it_starts(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
     assert err.startswith("tcircuits verify: error: 11,249 terms") and "terms would take about" in err and "max_order=2 keeps 1,009 terms" in err and "--max-hours" in err
+
+
+def test_a_flush_holds_at_most_the_copies_its_chunk_allows(monkeypatch):
+    """Memory follows the chunk, not the term count: each pass of check 2 gets at most the prefixes (copies
+    of the batch, a stream at each layer) that a quarter of the chunk holds; the report is the same."""
+    model = CircuitModel.random(Architecture(3, 3, layer_norm=True, mlp=True), d_model=8, d_head=4, d_vocab=12, n_ctx=6, seed=1)
+    expected = verify_logits(model, TOKENS, max_order=3)
+    real, copies = verify_module.check_isolated, []
+
+    def counting(model_, rec, ev, space, values, paths, *args):
+        copies.append(len({(p.source, p.heads[:-1]) for p in paths}))
+        return real(model_, rec, ev, space, values, paths, *args)
+
+    monkeypatch.setattr(verify_module, "check_isolated", counting)
+    stream = 2 * 5 * 8 * 8  # batch x pos x d_model float64
+    report = verify_logits(model, TOKENS, max_order=3, chunk_bytes=verify_module.COPY_FACTOR * stream * 4 * 5)
+    assert report.passed and len(copies) > 5 and max(copies) <= 5
+    assert [t.norm for t in report.terms] == pytest.approx([t.norm for t in expected.terms], rel=1e-12)
