@@ -205,6 +205,20 @@ def test_gpt_neo_windows_are_read_as_the_layers_were_built():
         assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) < 1e-6
 
 
+@pytest.mark.parametrize("model_type, options", [
+    ("qwen3", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),
+    ("gemma2", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),
+])
+def test_layer_types_edited_after_construction_are_read_as_the_source_uses_them(model_type, options):
+    # transformers 4 fixes each decoder layer's attention_type at construction, 5 reads layer_types at each pass
+    hf = build(model_type, **options)
+    hf.config.layer_types = ["full_attention", "full_attention"]
+    model = from_hf(hf, device="cpu")
+    assert model.arch.window == (None if MAJOR >= 5 else {"qwen3": (None, 3), "gemma2": (3, None)}[model_type])
+    with torch.no_grad():
+        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+
+
 def test_families_registered_only_to_be_refused_are_not_listed_as_read():
     from numeric_check.model.readers import FAMILIES, family_names
 

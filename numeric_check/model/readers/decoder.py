@@ -50,9 +50,12 @@ def qk_scope(gain: Tensor, d_head: int) -> str:
     return "all" if gain.ndim == 1 and gain.numel() != d_head else "head"
 
 
-def windows(config: Any, n_layers: int, source: str, per_layer: bool = True) -> int | tuple[int | None, ...] | None:
-    """The sliding window of each layer (``i − j < window`` kept), as the config says which layers use it
-    (``layer_types``; else every layer unless ``use_sliding_window=False``); None where the window covers the context.
+def windows(config: Any, n_layers: int, source: str, per_layer: bool = True,
+            layers: Any = None) -> int | tuple[int | None, ...] | None:
+    """The sliding window of each layer (``i − j < window`` kept), as the layers say which of them use it (each decoder
+    layer's ``attention_type``, fixed at construction: a ``layer_types`` edited afterwards changes nothing), else the
+    config (``layer_types``; else every layer unless ``use_sliding_window=False``); None where the window covers the
+    context. The window's size is the config's: the masks are made from it at every forward pass.
     ``per_layer=False``: the family masks every layer whenever ``sliding_window`` is set (Mistral, Starcoder2,
     Mixtral, Qwen3-MoE build one mask from it and ignore ``layer_types``)."""
     w = getattr(config, "sliding_window", None)
@@ -60,7 +63,8 @@ def windows(config: Any, n_layers: int, source: str, per_layer: bool = True) -> 
         return None
     if not per_layer:
         return w
-    types = getattr(config, "layer_types", None)
+    built = [getattr(layer, "attention_type", None) for layer in layers] if layers is not None else []
+    types = built if built and all(isinstance(t, str) for t in built) else getattr(config, "layer_types", None)
     if not types:
         return w if getattr(config, "use_sliding_window", True) else None
     other = sorted(set(types) - {"sliding_attention", "full_attention"})

@@ -166,7 +166,7 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         qk_norm=decoder.qk_kind(qk[0]) if qk else None,
         qk_norm_scope=decoder.qk_scope(layers[0].q_norm[0], d_head) if qk else "head",
         sublayer_norm=norm_names(model.model.layers[0])[0],
-        window=decoder.windows(config, len(layers), source, layout.layer_windows),
+        window=decoder.windows(config, len(layers), source, layout.layer_windows, model.model.layers),
         **decoder.softcaps(config), **decoder.rope_fields(rotary_emb),
     )
 

@@ -90,7 +90,8 @@ def read_phi3(model: Any) -> SourceWeights:
         ln_final=norm(model.model.norm, "rms"), positional="none", layer_norm=False, norm="rms_norm",
         act_fn=act(config.hidden_act, source), eps=float(config.rms_norm_eps), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=d_mlp, rotary=fraction, rotary_base=theta,
-        window=decoder.windows(config, len(layers), source), **decoder.rope_fields(model.model.rotary_emb),
+        window=decoder.windows(config, len(layers), source, layers=model.model.layers),
+        **decoder.rope_fields(model.model.rotary_emb),
     )
 
 
