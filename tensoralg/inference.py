@@ -42,7 +42,11 @@ def declared_table(atoms) -> dict[str, tuple]:
             raise TensorAlgError("atoms= takes a mapping {name: (rows, cols) or Atom} or a list of Atom objects")
     table = {}
     for name, spec in items:
-        if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED or name in DIMS:
+        if name == "1":  # the column of ones (tensoralg.grammar reads 1 after a matrix or beside ⊗ as it)
+            if not isinstance(spec, Atom) and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)
+                                                   and str(spec[1]) == "1"):
+                raise TensorAlgError(f"the column of ones '1' has one column: declare it as (rows, 1), got {spec!r}")
+        elif not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED or name in DIMS:
             raise TensorAlgError(
                 f"cannot declare an atom named {name!r}: a name is a letter then letters, digits or '_', "
                 f"and not one of {', '.join(RESERVED + tuple(DIMS))}"
@@ -61,7 +65,8 @@ def declared_table(atoms) -> dict[str, tuple]:
                 f"cannot redeclare the paper's atom {name!r} ({rows} × {cols}) as "
                 f"{table[name][0]} × {table[name][1]}; declare the new matrix under another name"
             )
-    clash = sorted({str(d) for rows, cols, _ in table.values() for d in (rows, cols) if str(d) in table})
+    clash = sorted({str(d) for rows, cols, _ in table.values() for d in (rows, cols)
+                    if str(d) in table and not getattr(d, "is_Integer", False)})  # a size 1 is no name
     if clash:
         raise TensorAlgError(f"{clash[0]!r} is declared both as a matrix and as a dimension; a dimension "
                              "named like a matrix would turn the matrix into a scalar: rename one")
