@@ -72,6 +72,8 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?", re.ASCII)
 _SCRIPT_RUN = re.compile(r"[A-Za-z0-9]+")
 _HEAD_SET = re.compile(r"H(\d+)", re.ASCII)
 _SUPERSCRIPT_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+_HEAD_THEN_T = re.compile(r"\s*([A-Za-z0-9]+'*)\s*(?:\^\s*)?(?:T|ᵀ|\\top(?![A-Za-z])|\{T\})\s*\}")  # {hT}, {h^T}
+_TRANSPOSE_FIRST = re.compile(r"T[a-z0-9].*", re.DOTALL)  # Th, T1: a transpose written before the head
 _SUBSCRIPT_DIGITS = "₀₁₂₃₄₅₆₇₈₉"
 
 
@@ -81,6 +83,7 @@ class _Parser:
         self.pos = 0
         self.printer = TensorLatexPrinter(index_from=index_from)
         self.index_from = index_from
+        self.transpose_after = False  # the superscript just read ends in a transpose (^{hT})
 
     def error(self, message: str, pos: int | None = None):
         raise ParseError(message, self.src, self.pos if pos is None else pos)
@@ -261,7 +264,10 @@ class _Parser:
                 star = True
             elif ch == "^":
                 self.pos += 1
+                self.transpose_after = False
                 latex, raw = self.superscript()
+                if self.transpose_after:  # ^{hT}, ^{h^T}: head h, then a transpose
+                    transposed = True
                 if latex == "\\top":
                     transposed = True
                 elif sup:
@@ -297,6 +303,10 @@ class _Parser:
         return m.group(), m.group()
 
     def superscript(self) -> tuple[str, str]:
+        if self.peek() == "{" and (m := _HEAD_THEN_T.match(self.src, self.pos + 1)):  # {hT} {h^T} {hᵀ} {h\top}
+            self.pos = m.end()
+            self.transpose_after = True
+            return self.index(m[1])
         if self.peek() == "{":
             start = self.pos
             self.pos += 1
@@ -320,6 +330,12 @@ class _Parser:
     def index(self, run: str) -> tuple[str, str]:
         if run == "T":
             return "\\top", "ᵀ"
+        if _TRANSPOSE_FIRST.fullmatch(run):  # ^{Th}: not a head named Th
+            self.error(f"the superscript '{run}' is neither a head nor a transpose: a head's transpose is written "
+                       f"after the head, as in ^{{{run[1:]}T}}")
+        if len(run) > 1 and run.endswith("T"):  # ^hT, as the reader reads it: head h, then a transpose
+            self.transpose_after = True
+            run = run[:-1]
         return self.printer.index(run), self.printer.index_text(run)
 
 

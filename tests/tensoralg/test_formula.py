@@ -91,3 +91,16 @@ def test_a_condition_is_spaced_as_words_not_run_into_the_symbols():
 def test_stacked_powers_need_brackets(bad):
     with pytest.raises(ParseError, match="brackets|needs a number"):
         formula(bad)
+
+
+@pytest.mark.parametrize("source", ["W_Q^{h^T}", "W_Q^{hT}", "W_Q^{hᵀ}", "W_Q^{h\\top}", "W_Q^hT", "W_Q^hᵀ", "W_Q^{h}ᵀ"])
+def test_a_heads_transpose_in_a_superscript_is_the_transpose(source):
+    """``W_QK^h = W_Q^{h^T} W_K^h`` as the slides write it: head h, transposed (issue 27), as the reader
+    reads it; it printed a superscript inside the superscript, W_{Q}^{h^{\\top}}."""
+    f = formula(source)
+    assert f.latex == r"W_{Q}^{h\top}" and f.text == "W_Q^hᵀ"
+
+
+def test_a_superscript_neither_a_head_nor_a_transpose_is_refused():
+    with pytest.raises(ParseError, match="'Th' is neither a head nor a transpose"):
+        formula("W_QK^{Th}")
