@@ -12,7 +12,7 @@ it cannot); :func:`load_model` and :func:`load_tokenizer` read it:
    tensor's name and shape without reading the data, or ``pytorch_model.bin`` read by torch's
    weights-only unpickler (a pickle that holds more than tensors is refused, with no advice to
    read it otherwise).
-3. The config's layer count is compared with the layers the weights hold (``n_layer = 10**6`` is
+3. The config's layer count is held to the layers the weights hold (``n_layer = 10**6`` is
    refused in a line, not built for minutes); then the model is built on the ``meta`` device (no
    memory), its shapes compared with the stored ones and its size with the memory available.
 4. ``from_pretrained(..., output_loading_info=True)``: tensors missing from the folder, stored
@@ -338,18 +338,20 @@ def stored_layers(names) -> tuple[str, int]:
 
 
 def check_layers(config: Any, raw: dict, shapes: dict[str, tuple[int, ...]], weights: str) -> None:
-    """The config's layer count equals the layers stored; checked before a layer is built."""
+    """The config's layer count is at most the layers stored; checked before a layer is built (more
+    would be built at random, and 10**6 layers take minutes and gigabytes). Fewer than stored is left
+    to the loading info (unused tensors), where a family's own extra layers are known."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or isinstance(layers, bool):
         return
     prefix, stored = stored_layers(shapes)
-    if layers != stored:
+    if layers > stored:
         key = next((k for k in ("num_hidden_layers", "n_layer", "n_layers", "num_layers") if raw.get(k) == layers),
                    "num_hidden_layers")
         where = f" ({prefix}.0 … {prefix}.{stored - 1})" if stored else ""
-        raise ModelLoadError(f"config.json says {layers:,} {'layer' if layers == 1 else 'layers'} ({key}) but {weights} holds {stored:,}{where}; "
-                             "the config does not describe these weights")
+        raise ModelLoadError(f"config.json says {layers:,} {'layer' if layers == 1 else 'layers'} ({key}) but {weights} "
+                             f"holds {stored:,}{where}; the config does not describe these weights")
 
 
 def available_memory() -> int | None:
