@@ -523,3 +523,31 @@ def test_a_hub_name_online_is_downloaded_as_data_safetensors_first(capsys, monke
                              "--max-order", "0", "--no-progress")
     assert code == 0 and "PASSED" in out, err
     assert asked == [("someone/tiny-gpt2", "v1", ("*.json", "*.txt", "*.model", "*.tiktoken", "*.safetensors"), False)]
+
+
+def _one_setting_per_family():
+    from tests.hf_zoo import CONVERTS
+
+    seen = {}
+    for model_type, options in CONVERTS:
+        seen.setdefault(model_type, options)
+    return sorted(seen.items())
+
+
+@pytest.mark.parametrize("model_type, options", _one_setting_per_family(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_family_saved_with_save_pretrained_loads_as_data(tmp_path, model_type, options):
+    """No family is refused by the folder checks (layers, shapes, memory, loading info) when its folder is
+    what save_pretrained wrote: the checks refuse what differs from the config, not what is unusual."""
+    import torch
+
+    from numeric_check.model.load import load_model
+    from tests.hf_zoo import build
+
+    source = build(model_type, 0, exact=False, **options)
+    source.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, torch.float64)
+    assert type(loaded) is type(source)
+    saved = source.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name].to(tensor.dtype)), name
