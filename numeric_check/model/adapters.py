@@ -18,7 +18,9 @@ never modified.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
 import sys
 from typing import Any
@@ -34,7 +36,8 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.options import check_tl_options
 from numeric_check.model.source_check import (
-    changed_modules, check_against_source, fresh_on_meta, in_eval_mode, lowest_precision, probe_tokens, unchecked,
+    changed_modules, check_against_source, float64_copy, fresh_on_meta, in_eval_mode, lowest_precision, probe_tokens,
+    relative, unchecked,
     user_tokens,
 )
 
@@ -86,10 +89,45 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
         return [] if fresh is None else changed_modules(model, fresh)
 
     dtype = model.W_E.dtype
-    name = f"HookedTransformer (TransformerLens, {str(dtype).removeprefix('torch.')})"
+    held = str(dtype).removeprefix("torch.")
+    name = f"HookedTransformer (TransformerLens, {held})"
+    own = None
+    if dtype.itemsize == 2:  # half precision: a float64 copy is the reference, the source's own rounding stated apart
+        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints the dtype change
+            copied = _exact_rotary_tables(float64_copy(model))
+        if copied is not None:
+            copied.eval()
+            try:
+                with torch.no_grad():
+                    probe = batches[0].to(model.W_E.device)
+                    own = (relative(model(probe), copied(probe)), held)
+                model, dtype, name = copied, torch.float64, f"HookedTransformer (TransformerLens, {held}, run as a float64 copy)"
+            except Exception:  # noqa: BLE001 - a copy that cannot run in float64: the source is compared as it is
+                own = None
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
-    return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens"))
+    return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens",
+                                                            own))
+
+
+def _exact_rotary_tables(copied: Any) -> Any | None:
+    """A float64 copy of a half-precision ``HookedTransformer`` with its rotary sin/cos tables made again in float64
+    by its own attention modules (the half-precision tables are its rounding, per position: no frequency gives
+    them); None when they cannot be made again (the source is then compared as it is)."""
+    if copied is None or copied.cfg.positional_embedding_type != "rotary":
+        return copied
+    try:
+        for block in copied.blocks:
+            attn = block.attn
+            base = attn._rotary_base() if hasattr(attn, "_rotary_base") else (
+                copied.cfg.rotary_base_local if getattr(copied.cfg, "rotary_base_local", None) is not None
+                and attn.attn_type == "local" else copied.cfg.rotary_base)
+            sin, cos = attn.calculate_sin_cos_rotary(copied.cfg.rotary_dim, attn.rotary_sin.shape[0], base=base,
+                                                     dtype=torch.float64)
+            attn.rotary_sin, attn.rotary_cos = sin.to(attn.rotary_sin.device), cos.to(attn.rotary_cos.device)
+    except Exception:  # noqa: BLE001 - a TransformerLens whose tables are made otherwise: compared as it is
+        return None
+    return copied
 
 
 def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = None) -> Any:
@@ -305,7 +343,11 @@ def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
                           "the TransformerLens model")
     (inv_freq, factor), = found
     plain = float(cfg.rotary_base) ** (-torch.arange(0, rot, 2, dtype=torch.float64, device="cpu") / rot)
-    if abs(factor - 1.0) < 1e-12 and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), plain, rtol=1e-12, atol=0):
+    # half-precision tables are rotary_base's rounded position by position (the source check runs them exact): their
+    # angles agree with rotary_base's to a few of their ulps, not to 1e-12
+    eps = torch.finfo(model.blocks[0].attn.rotary_sin.dtype).eps
+    tol = 8 * eps if eps > 1e-4 else 1e-12
+    if abs(factor - 1.0) < tol and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), plain, rtol=tol, atol=0):
         return {}
     return {"rotary_inv_freq": torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), "rotary_factor": factor}
 

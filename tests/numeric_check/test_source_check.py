@@ -426,3 +426,16 @@ def test_transformer_lens_attention_types_are_read_from_the_modules():
     ours = from_transformer_lens(model, device="cpu")
     assert ours.arch.window == (None, 3)
     assert ours.source_check.rel_diff <= ours.source_check.tolerance
+
+
+@pytest.mark.parametrize("tampered", [False, True])
+def test_a_half_precision_transformer_lens_model_is_held_to_float64(tampered):
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS").to(torch.bfloat16)
+    if tampered:
+        model.blocks[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.05)
+        with pytest.raises(SourceMismatch, match=r"\(HookedTransformer \(TransformerLens, bfloat16, run as a float64 copy\)"):
+            from_transformer_lens(model, device="cpu")
+        return
+    check = from_transformer_lens(model, device="cpu").source_check
+    assert check.tolerance < 1e-6 < check.source_rounding and check.rel_diff <= check.tolerance
+    assert model.W_E.dtype == torch.bfloat16  # the source itself is left as it was
