@@ -26,6 +26,7 @@ from numeric_check.errors import UnsupportedModel, WeightError
 from numeric_check.model.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.options import check_hf_options
+from numeric_check.model import source_check
 from numeric_check.model.readers import BY_CLASS, family_names
 from numeric_check.model.source_check import (
     changed_modules,
@@ -115,19 +116,21 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
         return [] if fresh is None else changed_modules(model, fresh)
 
     held = str(dtype).removeprefix("torch.")
-    reference, own = model, None
+    reference, own, why = model, None, ""
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
         copied = float64_copy(model)
+        limit = f"{source_check.MEASURE_BYTES / 2**30:.3g} GiB"
+        why = f", compared as held: its float64 copy would pass {limit}" if copied is None else ""
         if copied is not None:
             copied.eval()
             try:
                 with torch.no_grad():
                     exact, as_held = runner(copied)(batches[0])[0], runner(model)(batches[0])[0]
                 reference, own = copied, (relative(as_held, exact), held)
-            except Exception:  # noqa: BLE001 - the source cannot run in float64 (an expert kernel): compare it as held
-                reference = model
+            except Exception as error:  # noqa: BLE001 - the source cannot run in float64 (an expert kernel): as held
+                reference, why = model, f", compared as held: it cannot run in float64 ({type(error).__name__})"
     if reference is model:
-        name = f"{type(model).__name__} (Hugging Face, {held})"
+        name = f"{type(model).__name__} (Hugging Face, {held}{why})"
         precision = lowest_precision(dtype, torch.float32)  # its norms, rotary and softmax round through float32
     else:
         name = f"{type(model).__name__} (Hugging Face, {held}, run as a float64 copy)"

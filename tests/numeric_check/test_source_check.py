@@ -439,3 +439,13 @@ def test_a_half_precision_transformer_lens_model_is_held_to_float64(tampered):
     check = from_transformer_lens(model, device="cpu").source_check
     assert check.tolerance < 1e-6 < check.source_rounding and check.rel_diff <= check.tolerance
     assert model.W_E.dtype == torch.bfloat16  # the source itself is left as it was
+
+
+def test_a_half_precision_model_too_large_to_copy_says_it_was_compared_as_held(monkeypatch):
+    from numeric_check.model import source_check
+
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
+    check = from_hf(llama().to(torch.bfloat16), device="cpu").source_check
+    assert check.source == ("LlamaForCausalLM (Hugging Face, bfloat16, compared as held: its float64 copy would pass "
+                            "9.31e-07 GiB)")
+    assert check.source_rounding is None and check.tolerance > 1e-3  # held to its own precision, and it says so
