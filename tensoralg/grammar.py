@@ -177,7 +177,7 @@ class Parser:
             raise self.error(f"cannot add the scalar {value} to a tensor expression; multiply it by a term", pos)
         exprs = [self.as_expr(v, p) for p, v in parts]
         self.check_slots(parts, exprs, "add")
-        self.equate([shape for e in exprs for shape in e.slot_shapes if shape is not None and e.n_slots == 1])
+        self.equate(exprs)
         try:
             total = add(*exprs)
         except TensorAlgError as err:
@@ -611,14 +611,16 @@ class Parser:
             return value.result()
         return value
 
-    def equate(self, shapes: list) -> None:
-        """Every shape in ``shapes`` must be the same (the terms of a 1-slot sum): all the equations
-        that involve undeclared names at once, so that shape inference reads the text again once,
-        not once per name (a sum of 3,000 names took minutes)."""
-        if self.shapes is None or len(shapes) < 3:
+    def equate(self, exprs: list) -> None:
+        """The terms of a sum have one shape per slot: all the equations that involve undeclared names
+        at once, so that shape inference reads the text again once, not once per name (a sum of
+        3,000 names took minutes)."""
+        if self.shapes is None or len(exprs) < 3 or len({e.n_slots for e in exprs}) != 1:
             return
-        first = shapes[0]
-        pairs = [(a, b) for shape in shapes[1:] for a, b in zip(first, shape) if a != b]
+        pairs = []
+        for i in range(exprs[0].n_slots):
+            shapes = [e.slot_shapes[i] for e in exprs if e.slot_shapes[i] is not None]
+            pairs += [(a, b) for shape in shapes[1:] for a, b in zip(shapes[0], shape) if a != b]
         if any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
             raise ShapeMismatch("the terms of a sum have different shapes", dims=pairs)
 

@@ -20,8 +20,11 @@ Rules worth knowing:
 - Superscripts: ``A^h``, ``W_OV^h1`` and ``W_O^{h}`` are indices (braces optional for one
   symbol of letters and digits; braces hold any index verbatim; ``h_2`` is ``h2``). ``^T``,
   ``^{T}``, ``^\\top`` and ``ᵀ`` transpose, after an atom or a parenthesised group:
-  ``W_OV^h^T``, ``(A B)^T``; ``W_Q^{hT}`` and ``W_Q^{h\\top}`` are ``W_Q^{h}ᵀ``, as the slides
-  write them. ``W_Q^T^h`` is refused with what to type (``W_Q^{h}ᵀ``).
+  ``W_OV^h^T``, ``(A B)^T``; ``W_Q^{hT}``, ``W_Q^{h^T}`` and ``W_Q^{h\\top}`` are ``W_Q^{h}ᵀ``, as the
+  slides write them. ``W_Q^T^h`` is refused with what to type (``W_Q^{h}ᵀ``), and so is a
+  superscript that is neither a head nor a transpose (``W_QK^{Th}``, ``A^{h^2}``). In atoms typed
+  as one name, ``^T`` binds to the last: ``AxW^T`` is ``A x Wᵀ``. The printers' LaTeX reads back:
+  ``^{\\mathrm{L0H3}\\top}``, ``^{h_{12}}``, ``W_{OV'}``, ``W_{\\mathrm{OV}}``.
 - The paper's LaTeX: ``\\otimes``, ``\\cdot``, ``\\mathrm{Id}``, ``\\left( … \\right)``, ``W_{OV}``,
   ``\\sum_{h \\in H_1}`` read as their Unicode twins (:mod:`tensoralg.lexer`); other commands
   are refused with what to type.

@@ -321,3 +321,14 @@ def test_inferred_shapes_evaluate_with_any_bound_sizes():
               "D": rng.normal(size=(4, 2))}
     dense = to_numpy(parse("(A ⊗ B)(C ⊗ D)"), values, dims={"n_ctx": 3})
     np.testing.assert_allclose(dense, np.kron(values["A"], values["B"]) @ np.kron(values["C"], values["D"]))
+
+
+def test_a_long_sum_of_undeclared_names_is_inferred_in_one_reread():
+    """The terms of a sum are equated slot by slot at once: 300 terms B_i ⊗ C_i took 26 s (one reread
+    of the whole text per name), 3,000 names in a check minutes."""
+    import time
+
+    start = time.perf_counter()
+    e = parse(" + ".join(f"B{i} ⊗ C{i}" for i in range(300)) + " + A ⊗ W_E")
+    assert time.perf_counter() - start < 8
+    assert e.slot_shapes == parse("A ⊗ W_E").slot_shapes
