@@ -143,8 +143,7 @@ def _load_hugging_face(args: argparse.Namespace, dtype: Any, device: Any, status
             raise
         tokenizer = None  # labels only: a model saved without a tokenizer still runs on --tokens
     user = UserModel(None, tokenizer, f"{Path(args.hf).name or args.hf} (Hugging Face)", "hf")
-    if tokenizer is not None:
-        _check_arguments_early(args, user, _loading(what, lambda: load.read_config(folder)))
+    _check_arguments_early(args, user, _loading(what, lambda: load.read_config(folder)))
     status.say(f"loading {what}")
     import torch
 
@@ -216,14 +215,21 @@ def check_utf8(text: str, flag: str) -> None:
 
 
 def _check_arguments_early(args: argparse.Namespace, user: UserModel, config: dict) -> None:
-    """The prompt and ``--target``/``--logit-diff`` read by the tokenizer and held to the config's
-    context and vocabulary before the weights are loaded; the prompt's ids are kept."""
+    """``--qk``'s head held to the config's layers and heads; the prompt and ``--target``/``--logit-diff``
+    read by the tokenizer and held to the config's context and vocabulary, ``--position`` to the
+    prompt: all before the weights are loaded. The prompt's ids are kept."""
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    d_vocab = next((v for k in ("vocab_size", "n_vocab") if isinstance(v := text_config.get(k), int)), None)
-    n_ctx = next((v for k in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length")
-                  if isinstance(v := text_config.get(k), int) and v > 0), None)
+    _check_head_early(getattr(args, "qk", None), text_config)
+    if user.tokenizer is None:
+        return
+    d_vocab = _config_int(text_config, "vocab_size", "n_vocab")
+    n_ctx = _config_int(text_config, "n_positions", "max_position_embeddings", "n_ctx", "seq_length")
     user.prompt_ids = text_tokens(args, user, n_ctx, d_vocab)
     goal = getattr(args, "target", None), getattr(args, "logit_diff", None)
+    if user.prompt_ids is not None and isinstance(getattr(args, "position", None), int) and any(g is not None for g in goal):
+        from numeric_check.circuits.attribution import _position
+
+        _position(args.position, user.prompt_ids.shape[1])
     if any(g is not None for g in goal) and d_vocab is not None:
         from numeric_check.circuits.attribution import resolve_target
         from numeric_check.cli.attribute import parse_token
@@ -232,6 +238,23 @@ def _check_arguments_early(args: argparse.Namespace, user: UserModel, config: di
         resolve_target(None if target is None else parse_token(target),
                        None if diff is None else tuple(parse_token(t) for t in diff), d_vocab,
                        _BoundedTokenizer(user.tokenizer))
+
+
+def _config_int(config: dict, *keys: str) -> int | None:
+    """The first of ``keys`` that ``config`` gives as a positive int, or ``None``."""
+    return next((v for k in keys if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0), None)
+
+
+def _check_head_early(qk: Any, config: dict) -> None:
+    """``--qk LAYER HEAD`` against the layers and heads config.json gives (the converted model has
+    no more), with the words :meth:`Architecture.check_head` uses after conversion."""
+    from derivations.architecture import MAX_HEADS_TOTAL, Architecture
+
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    heads = _config_int(config, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    if qk is None or layers is None or heads is None or layers * heads > MAX_HEADS_TOTAL:
+        return  # sizes the folder checks refuse, or a config that gives heads per layer: checked after conversion
+    Architecture(layers, heads).check_head(*qk)
 
 
 class _BoundedTokenizer:

@@ -451,15 +451,22 @@ def test_a_call_that_runs_away_is_stopped_within_its_bound():
     assert bounded(lambda: [1, 2, 3], "x") == [1, 2, 3]
 
 
-def test_a_bad_target_is_reported_before_the_weights_are_read(capsys, monkeypatch, gpt2_dir):
+@pytest.mark.parametrize("command, argv, fragment", [
+    ("attribute", ["--text", "The cat", "--target", " Paris"],
+     "target ' Paris' is 3 tokens for this tokenizer ([221, 297, 266]); expected exactly one"),
+    ("attribute", ["--text", "The cat", "--target", " the", "--position", "40"],
+     "position must be an int in -3..2 (the prompt has 3 tokens), got 40"),
+    ("attribute", ["--text", "The cat", "--logit-diff", " the", "999"], "logit_diff B 999 is outside the vocabulary 0..299"),
+    ("verify", ["--text", "The cat sat on the mat. " * 20, "--no-progress"], "more than the model's context n_ctx=32"),
+    ("verify", ["--tokens", "1,2", "--qk", "5", "0", "--no-progress"], "layer 5 does not exist: the model has layers 0..1"),
+    ("verify", ["--text", "The cat", "--qk", "1", "9", "--no-progress"], "head 9 does not exist in layer 1: it has heads 0..3"),
+])
+def test_bad_arguments_are_reported_before_the_weights_are_read(capsys, monkeypatch, gpt2_dir, command, argv, fragment):
     from numeric_check.model import load
 
     monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("the weights were read first"))
-    code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The cat", "--target", " Paris")
-    one_line_error(code, out, err, "target ' Paris' is 3 tokens for this tokenizer ([221, 297, 266]); expected exactly one")
-    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat. " * 20,
-                             "--no-progress")
-    one_line_error(code, out, err, "more than the model's context n_ctx=32")
+    code, out, err = run_cli(capsys, command, "--hf", str(gpt2_dir), *argv)
+    one_line_error(code, out, err, fragment)
 
 
 def test_transformers_tables_and_escapes_become_one_line():
