@@ -69,8 +69,10 @@ def test_logits_equal_hugging_faces(family, options):
     torch.set_num_threads(1)
     hf = build(family, **options)
     ours = from_hf(hf, dtype=torch.float64, device="cpu")
-    with torch.no_grad():  # transformers 4's GPT-J computes its scores in float32 whatever the model's dtype
-        assert relative(ours(TOKENS), hf(TOKENS).logits) < (1e-6 if family == "gptj" and MAJOR < 5 else 1e-12)
+    # GPT-J's eager attention (its only one before transformers 5.2x) computes the scores in float32 whatever the dtype
+    float32_scores = family == "gptj" and hf.config._attn_implementation == "eager"
+    with torch.no_grad():
+        assert relative(ours(TOKENS), hf(TOKENS).logits) < (1e-6 if float32_scores else 1e-12)
     if family == "gpt2":
         assert ours.arch == from_hf_gpt2(hf, device="cpu").arch
 
