@@ -509,7 +509,10 @@ def _transformers(what: str, call):
     except BaseException as error:  # noqa: BLE001 - ValueError, OSError, KeyError, a Rust PanicException, ...
         if isinstance(error, SystemExit):
             raise
-        raise ModelLoadError(f"cannot {what}: {one_line(error)}") from None
+        detail = one_line(error)
+        if isinstance(error, (KeyError, IndexError, AttributeError)) or len(detail) < 24:  # "'metadata'" alone says little
+            detail = f"{type(error).__name__} {detail}"
+        raise ModelLoadError(f"cannot {what}: {detail}") from None
 
 
 __all__ = ["available_memory", "cache_holds_models", "check_built_model", "check_layers", "check_loading_info", "hub_offline",

@@ -558,3 +558,48 @@ def test_every_family_saved_with_save_pretrained_loads_as_data(tmp_path, model_t
     for name, tensor in loaded.state_dict().items():
         if name in saved:
             assert torch.equal(tensor, saved[name].to(tensor.dtype)), name
+
+
+def _lying_header(folder):
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes((10**12).to_bytes(8, "little") + data[8:])
+
+
+def _sharded(folder, weight_map, metadata=True):
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    index = {"weight_map": weight_map, **({"metadata": {}} if metadata else {})}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+
+
+@pytest.mark.parametrize("spoil, fragment", [
+    (_lying_header, "model.safetensors is not a safetensors file (its header length 1,000,000,000,000 does not fit"),
+    (lambda f: (f / "model.safetensors").write_bytes(b"\x01"), "model.safetensors is not a safetensors file"),
+    (lambda f: (f / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"[]"), "its header is not a JSON object"),
+    (lambda f: _sharded(f, {"transformer.wte.weight": "../../etc/passwd"}),
+     "model.safetensors.index.json names the shard '../../etc/passwd', which is not a file of the folder"),
+    (lambda f: _sharded(f, ["x"]), "model.safetensors.index.json must map each tensor name to a shard file"),
+    (lambda f: _sharded(f, {"transformer.wte.weight": "model-00001-of-00001.safetensors"}, metadata=False),
+     "cannot load the weights: KeyError 'metadata'"),
+    (lambda f: (f / "model.safetensors").unlink(), "the folder holds no weights: expected model.safetensors"),
+    (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json must hold a JSON object, not a list"),
+    (lambda f: (f / "config.json").write_text("{" * 100_000), "config.json is not usable JSON"),
+    (lambda f: (f / "config.json").unlink(), "the folder holds no config.json"),
+    (lambda f: (f / "config.json").write_text('{"model_type": "no-such-type"}'),
+     "config.json gives the model type 'no-such-type', which transformers"),
+])
+def test_a_folder_whose_files_lie_is_one_line(capsys, tmp_path, gpt2_dir, spoil, fragment):
+    folder = copy_folder(gpt2_dir, tmp_path / "spoilt")
+    spoil(folder)
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    one_line_error(code, out, err, fragment)
+
+
+def test_a_sharded_folder_loads(capsys, tmp_path, gpt2_dir):
+    from safetensors import safe_open
+
+    folder = copy_folder(gpt2_dir, tmp_path / "sharded")
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    _sharded(folder, {name: "model-00001-of-00001.safetensors" for name in names})
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--no-progress")
+    assert code == 0 and "PASSED" in out, err
