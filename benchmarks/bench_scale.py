@@ -19,7 +19,10 @@ the allocator) cannot hide the next one's peak; the peak is that of its first ru
 Ratios are against the named baselines in ``BASELINES`` (figures measured on this machine
 before the work they name, one thread): wall time and peak memory, baseline / now.
 
-    python benchmarks/bench_scale.py [--orders 1 2] [--dtypes float64 float32] [--repeats N] [--device cpu|cuda]
+    python benchmarks/bench_scale.py [--orders 1 2 3] [--dtypes float64 float32] [--repeats N] [--device cpu|cuda]
+
+Order 3 (1,667,462 terms) is meant for a GPU (issue 26's target: <= 10 s float32 on one H100); on one
+CPU thread it takes minutes. Issue 26's targets are printed beside each figure they concern.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from derivations.paths import LogitExpansion  # noqa: E402
 from numeric_check import from_hf, verify_logits  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -116,22 +120,36 @@ def run_one(order: int, dtype: str, repeats: int, device: str) -> dict:
     model = from_hf(gpt2_small(), dtype=torch.float64)
     tokens = torch.randint(0, 50257, (1, SEQ), generator=torch.Generator().manual_seed(0))
     walls, cpus, peaks = [], [], []
+    limit = max(1_000_000, LogitExpansion(model.arch, order).n_terms)  # order 3: 1,667,462 terms, past the default
     for _ in range(repeats):
         with PeakMemory() as memory:
             t0, c0 = time.perf_counter(), time.process_time()
-            report = verify_logits(model, tokens, max_order=order, dtype=dtype, device=device,
+            report = verify_logits(model, tokens, max_order=order, dtype=dtype, device=device, limit=limit,
                                    progress=progress_bar(f"order {order} {dtype}"))
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
         peaks.append(memory.above_start / 2**20)
-    return {"model": str(model), "terms": len(report.terms), "wall": statistics.median(walls), "walls": walls,
-            "cpu": statistics.median(cpus), "peak": peaks[0], "passed": report.passed, "rel": report.rel_error,
-            "stages": {k: round(v, 2) for k, v in report.timings.items()}}
+    out = {"model": str(model), "terms": len(report.terms), "wall": statistics.median(walls), "walls": walls,
+           "cpu": statistics.median(cpus), "peak": peaks[0], "passed": report.passed, "rel": report.rel_error,
+           "stages": {k: round(v, 2) for k, v in report.timings.items()}}
+    if device.startswith("cuda"):
+        out["stages"]["cuda peak GB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
 
 
-def ratios(order: int, dtype: str, wall: float, peak: float) -> str:
-    """Baseline / now, for each named baseline that measured this configuration."""
+# issue 26's targets, (order, dtype, device type) -> wall s: on one H100 for CUDA, one CPU thread for the CPU
+TARGETS = {(2, "float32", "cuda"): 0.3, (2, "float64", "cuda"): 0.6, (3, "float32", "cuda"): 10.0,
+           (2, "float32", "cpu"): 7.0, (2, "float64", "cpu"): 12.0}
+
+
+def ratios(order: int, dtype: str, wall: float, peak: float, device: str = "cpu") -> str:
+    """Baseline / now, for each named baseline that measured this configuration; the target, if any."""
     out = []
+    target = TARGETS.get((order, dtype, device.split(":")[0]))
+    if target is not None:
+        out.append(f"target <= {target:g} s: {'met' if wall <= target else 'NOT met'}")
     for name, figures in BASELINES.items():
         if (order, dtype) in figures:
             base_wall, base_peak = figures[(order, dtype)]
@@ -168,7 +186,7 @@ def main() -> None:
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
             print(f"{order:>5} {dtype:>8} {r['terms']:>7,} {r['wall']:>8.1f} {r['cpu']:>8.1f} {r['terms'] / r['wall']:>8,.0f} "
                   f"{r['peak']:>8.0f} {str(r['passed']):>6} {r['rel']:>10.2e}  {stages}; "
-                  f"{ratios(order, dtype, r['wall'], r['peak'])}", flush=True)
+                  f"{ratios(order, dtype, r['wall'], r['peak'], args.device)}", flush=True)
             if not r["passed"]:
                 failed.append((order, dtype))
     print(f"model: {r['model']}")

@@ -133,3 +133,26 @@ def test_qk_shares_cover_every_term():
 def test_distributed_true_without_a_process_group_is_refused():
     with pytest.raises(VerifyError, match="torch.distributed initialised"):
         verify_logits(_model(), TOKENS, max_order=0, device="cpu", distributed=True)
+
+
+@pytest.mark.slow
+def test_torchrun_cli_prints_one_report_equal_to_one_process(tmp_path):
+    """The user's path: ``torchrun --nproc-per-node 2 tcircuits verify … --json``: one report on stdout (rank 0's),
+    equal term by term to the same command in one process."""
+    import subprocess
+    import sys
+
+    tcircuits = Path(sys.executable).with_name("tcircuits")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not tcircuits.exists() or not torchrun.exists():
+        pytest.skip("tcircuits or torchrun is not installed beside this Python")
+    flags = ["verify", "--layers", "2", "--heads", "3", "--layer-norm", "--mlp", "--max-order", "1", "--device", "cpu",
+             "--json", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ranks = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                            str(_free_port()), str(tcircuits), *flags], capture_output=True, text=True, env=env, timeout=300)
+    alone = subprocess.run([str(tcircuits), *flags], capture_output=True, text=True, env=env, timeout=300)
+    assert ranks.returncode == 0 and alone.returncode == 0, ranks.stderr[-2000:]
+    got = json.loads(ranks.stdout)  # one JSON document: rank 1 printed nothing
+    _same(got, json.loads(alone.stdout))
+    assert any("2 ranks" in note for note in got["notes"])
