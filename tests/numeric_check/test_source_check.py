@@ -449,3 +449,15 @@ def test_a_half_precision_model_too_large_to_copy_says_it_was_compared_as_held(m
     assert check.source == ("LlamaForCausalLM (Hugging Face, bfloat16, compared as held: its float64 copy would pass "
                             "9.31e-07 GiB)")
     assert check.source_rounding is None and check.tolerance > 1e-3  # held to its own precision, and it says so
+
+
+@pytest.mark.parametrize("model_type, key", [("gpt2", "layer_norm_epsilon"), ("gpt_neox", "layer_norm_eps"),
+                                             ("falcon", "layer_norm_epsilon"), ("phi", "layer_norm_eps")])
+def test_every_reader_reads_the_eps_its_norms_were_built_with(model_type, key):
+    from tests.hf_zoo import build
+
+    hf = build(model_type)
+    setattr(hf.config, key, 0.3)  # edited after construction: the norms keep theirs
+    model = from_hf(hf, device="cpu")
+    assert model.cfg.ln_eps == pytest.approx(1e-5)
+    assert model.source_check.rel_diff <= model.source_check.tolerance

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.layers import alibi_slopes
-from numeric_check.model.readers.common import Family, heads_out, linear, norm, plain_mlp, unembed
+from numeric_check.model.readers.common import Family, built_eps, heads_out, linear, norm, plain_mlp, unembed
 
 
 def _fold_embedding_norm(W_E: Tensor, module: Any) -> Tensor:
@@ -55,7 +55,7 @@ def read_bloom(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=_fold_embedding_norm(f64(body.word_embeddings.weight), body.word_embeddings_layernorm), W_pos=None,
         W_U=W_U, b_U=b_U, layers=layers, ln_final=norm(body.ln_f, "layer"), positional="none", layer_norm=True,
-        act_fn="gelu_new", eps=float(config.layer_norm_epsilon), attn_scale=math.sqrt(d_head), d_head=d_head,
+        act_fn="gelu_new", eps=built_eps(model, "layer_norm_epsilon", source), attn_scale=math.sqrt(d_head), d_head=d_head,
         n_ctx=getattr(config, "seq_length", None) or 2048, d_mlp=4 * d_model, alibi_slopes=alibi_slopes(h),
     )
 
@@ -94,7 +94,7 @@ def read_mpt(model: Any) -> SourceWeights:
     scale = attn_config.softmax_scale
     return SourceWeights(
         W_E=f64(body.wte.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers, ln_final=norm(body.norm_f, "layer"),
-        positional="none", layer_norm=True, act_fn="gelu", eps=float(config.layer_norm_epsilon),
+        positional="none", layer_norm=True, act_fn="gelu", eps=built_eps(model, "layer_norm_epsilon", source),
         attn_scale=1.0 / scale if scale else math.sqrt(d_head), d_head=d_head, n_ctx=config.max_seq_len, d_mlp=d_mlp,
         alibi_slopes=_mpt_slopes(h, 8.0),  # Hugging Face's MptModel builds them with alibi_bias_max=8 whatever the config says
     )

@@ -132,6 +132,22 @@ def rounded_frequencies(rotary_emb: Any) -> dict[str, Tensor]:
     return {"rotary_inv_freq": f64(inv)}
 
 
+def built_eps(model: Any, key: str, source: str) -> float:
+    """The norms' one eps as the modules were built with it (``eps`` or ``variance_epsilon`` of every ``*Norm``
+    module: a config edited after the model was built changes nothing); the config's ``key`` where no module holds
+    one; norms built with different ones are refused, naming them and the config's value."""
+    found: dict[float, str] = {}
+    for name, module in model.named_modules():
+        value = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if "Norm" in type(module).__name__ and isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.setdefault(float(value), name)
+    if len(found) > 1:
+        listed = ", ".join(f"{where} {eps:g}" for eps, where in sorted(found.items(), key=lambda kv: kv[1]))
+        raise unsupported(f"norms built with different eps ({listed}; its config says {key}="
+                          f"{getattr(model.config, key, None)})", source)
+    return next(iter(found)) if found else float(getattr(model.config, key))
+
+
 def rotated_dims(n: int, d_head: int, source: str, what: str = "") -> int:
     """``n`` when it is an even number of at most ``d_head`` rotated dimensions; else refused, an odd number by that name."""
     named = f"{what}={n}, " if what else ""

@@ -12,7 +12,7 @@ from torch import Tensor
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.layers import alibi_slopes
 from numeric_check.model.readers import decoder
-from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, rotary, unembed
+from numeric_check.model.readers.common import Family, act, built_eps, heads_out, linear, norm, plain_mlp, rotary, unembed
 
 
 def _split_qkv(W: Tensor, config: Any, n_kv: int, d_head: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -72,7 +72,7 @@ def read_falcon(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.transformer.word_embeddings.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.transformer.ln_f, "layer"), positional="none", layer_norm=True,
-        act_fn=act(config.activation, source), eps=float(config.layer_norm_epsilon), attn_scale=math.sqrt(d_head),
+        act_fn=act(config.activation, source), eps=built_eps(model, "layer_norm_epsilon", source), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.ffn_hidden_size, parallel=parallel,
         rotary=fraction, rotary_base=theta, alibi_slopes=alibi_slopes(h) / math.sqrt(d_head) if config.alibi else None,
         **({} if config.alibi else decoder.rope_fields(model.transformer.rotary_emb)),

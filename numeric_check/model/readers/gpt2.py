@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import Family, act, shape
+from numeric_check.model.readers.common import Family, act, built_eps, shape
 
 
 def read_gpt2(model: Any) -> SourceWeights:
@@ -45,7 +45,7 @@ def read_gpt2(model: Any) -> SourceWeights:
         positional="standard",
         layer_norm=True,
         act_fn=act_fn,
-        eps=float(config.layer_norm_epsilon),
+        eps=built_eps(model, "layer_norm_epsilon", source),
         attn_scale=scale,
         d_head=d_head,
         n_ctx=config.n_positions,

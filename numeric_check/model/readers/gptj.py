@@ -11,7 +11,7 @@ import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers.common import (
-    Family, act, heads_out, norm, plain_mlp, rotated_dims, shape, split_heads, unembed,
+    Family, act, built_eps, heads_out, norm, plain_mlp, rotated_dims, shape, split_heads, unembed,
 )
 
 
@@ -41,7 +41,7 @@ def read_gptj(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.transformer.wte.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.transformer.ln_f, "layer_norm"), positional="none", layer_norm=True,
-        act_fn=act(config.activation_function, source), eps=float(config.layer_norm_epsilon),
+        act_fn=act(config.activation_function, source), eps=built_eps(model, "layer_norm_epsilon", source),
         attn_scale=math.sqrt(d_head), d_head=d_head, n_ctx=config.n_positions,
         d_mlp=config.n_inner if config.n_inner is not None else 4 * d_model, parallel=True,
         rotary=config.rotary_dim / d_head, rotary_style="gptj", rotary_base=10000.0,  # GPT-J's base is fixed
@@ -79,7 +79,7 @@ def read_codegen(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.transformer.wte.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.transformer.ln_f, "layer_norm"), positional="none", layer_norm=True,
-        act_fn=act(config.activation_function, source), eps=float(config.layer_norm_epsilon),
+        act_fn=act(config.activation_function, source), eps=built_eps(model, "layer_norm_epsilon", source),
         attn_scale=math.sqrt(d_head), d_head=d_head, n_ctx=config.n_positions, d_mlp=d_mlp, parallel=True,
         rotary=rotary_dim / d_head, rotary_style="gptj", rotary_base=10000.0,  # CodeGen's base is fixed
     )

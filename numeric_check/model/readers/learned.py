@@ -16,7 +16,9 @@ import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import Family, act, heads_out, linear, norm, plain_mlp, projections, unembed
+from numeric_check.model.readers.common import (
+    Family, act, built_eps, heads_out, linear, norm, plain_mlp, projections, unembed,
+)
 
 _GPT2_SIZES = frozenset({"n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
                          "layer_norm_epsilon"})
@@ -67,7 +69,7 @@ def _learned(model: Any, body: Any, layers: list[LayerWeights], d_head: int, d_m
     return SourceWeights(
         W_E=f64(body.wte.weight), W_pos=f64(body.wpe.weight)[:n_ctx], W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(body.ln_f, "layer"), positional="standard", layer_norm=True,
-        act_fn=act(config.activation_function, source), eps=float(config.layer_norm_epsilon), attn_scale=scale,
+        act_fn=act(config.activation_function, source), eps=built_eps(model, "layer_norm_epsilon", source), attn_scale=scale,
         d_head=d_head, n_ctx=n_ctx, d_mlp=d_mlp,
     )
 

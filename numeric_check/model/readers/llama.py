@@ -37,7 +37,7 @@ from numeric_check.errors import WeightError
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rope_parameters, rotary, split_heads,
+    Family, act, bias, built_eps, heads_out, norm, packed_gated_mlp, plain_mlp, rope_parameters, rotary, split_heads,
     unembed,
 )
 
@@ -212,21 +212,11 @@ def _ropes_by_layer_type(model: Any) -> dict[str, tuple[dict, Any]] | None:
 
 
 def _eps(model: Any, layout: Layout, source: str) -> float:
-    """The norms' one eps as the modules were built with it (``variance_epsilon`` or ``eps``: a config edited after
-    the model was built changes nothing); norms built with different ones are refused naming them."""
+    """The norms' one eps as built (:func:`~numeric_check.model.readers.common.built_eps`)."""
     final = model.model.norm
     if layout.norm.startswith("layer") and not hasattr(final, "eps") and not hasattr(final, "variance_epsilon"):
         return 1e-5  # OLMo's parameter-free layer norm has eps 1e-5 fixed in its code
-    found = {}
-    for name, module in model.model.named_modules():
-        value = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        if "Norm" in type(module).__name__ and isinstance(value, (int, float)):
-            found.setdefault(float(value), name)
-    if len(found) > 1:
-        listed = ", ".join(f"{where or 'model'} {eps:g}" for eps, where in sorted(found.items(), key=lambda kv: kv[1]))
-        raise unsupported(f"norms built with different eps ({listed}; its config says {layout.eps}="
-                          f"{getattr(model.config, layout.eps, None)})", source)
-    return next(iter(found)) if found else float(getattr(model.config, layout.eps))
+    return built_eps(model.model, layout.eps, source)
 
 
 def _attn_scale(model: Any, scales: Scales, d_head: int, source: str) -> float:

@@ -11,7 +11,7 @@ import torch
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64
 from numeric_check.model.readers import decoder
-from numeric_check.model.readers.common import Family, act, heads_out, norm, plain_mlp, rotary, shape, unembed
+from numeric_check.model.readers.common import Family, act, built_eps, heads_out, norm, plain_mlp, rotary, shape, unembed
 
 
 def read_gpt_neox(model: Any) -> SourceWeights:
@@ -25,7 +25,7 @@ def read_gpt_neox(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.gpt_neox.embed_in.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.gpt_neox.final_layer_norm, "layer_norm"), positional="none", layer_norm=True,
-        act_fn=act(config.hidden_act, source), eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head),
+        act_fn=act(config.hidden_act, source), eps=built_eps(model, "layer_norm_eps", source), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size,
         parallel=bool(config.use_parallel_residual), rotary=fraction, rotary_base=theta,
         **decoder.rope_fields(model.gpt_neox.rotary_emb),
@@ -65,7 +65,7 @@ def read_persimmon(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.model.embed_tokens.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.model.final_layernorm, "layer_norm"), positional="none", layer_norm=True, act_fn=act_fn,
-        eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head), d_head=d_head,
+        eps=built_eps(model, "layer_norm_eps", source), attn_scale=math.sqrt(d_head), d_head=d_head,
         n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, rotary=fraction, rotary_base=theta,
         qk_norm="layer_norm" if layers[0].q_norm is not None else None, **decoder.rope_fields(model.model.rotary_emb),
     )

@@ -17,7 +17,7 @@ import torch
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import (
-    Family, act, bias, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, shape, split_heads, unembed,
+    Family, act, bias, built_eps, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, shape, split_heads, unembed,
 )
 
 
@@ -59,7 +59,7 @@ def read_phi(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.model.embed_tokens.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.model.final_layernorm, "layer"), positional="none", layer_norm=True,
-        act_fn=act(config.hidden_act, source), eps=float(config.layer_norm_eps), attn_scale=math.sqrt(d_head),
+        act_fn=act(config.hidden_act, source), eps=built_eps(model, "layer_norm_eps", source), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.intermediate_size, parallel=True,
         rotary=fraction, rotary_base=theta, qk_norm="layer_norm" if layers[0].q_norm is not None else None,
         **decoder.rope_fields(model.model.rotary_emb),
@@ -88,7 +88,7 @@ def read_phi3(model: Any) -> SourceWeights:
     return SourceWeights(
         W_E=f64(model.model.embed_tokens.weight), W_pos=None, W_U=W_U, b_U=b_U, layers=layers,
         ln_final=norm(model.model.norm, "rms"), positional="none", layer_norm=False, norm="rms_norm",
-        act_fn=act(config.hidden_act, source), eps=float(config.rms_norm_eps), attn_scale=math.sqrt(d_head),
+        act_fn=act(config.hidden_act, source), eps=built_eps(model, "rms_norm_eps", source), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=d_mlp, rotary=fraction, rotary_base=theta,
         window=decoder.windows(config, len(layers), source, layers=model.model.layers),
         **decoder.rope_fields(model.model.rotary_emb),
