@@ -283,7 +283,11 @@ expanded by the rules of the algebra (distributivity, the mixed-product rule, co
 terms; W_OV := W_O W_V and W_QK := W_Qᵀ W_K unfolded to compare) and compared term by term;
 the verdict is confirmed numerically on random bindings. Exit status 0 when it holds, 1 when it
 does not (the terms of LHS - RHS and a small integer counterexample are shown), 2 for bad input.
-The language is expand's (tcircuits expand --help); a side may be 0.
+The language is expand's (tcircuits expand --help); a side may be 0. Decimals are the exact numbers
+they write (0.1 A + 0.2 A = 0.3 A holds); each side's terms are counted before anything is expanded,
+and a side of more than 5,000 terms (expand's limit) is refused. With --opaque, softmax(…), exp(…),
+LN(…) are unknowns of the function and its argument: the same application on both sides is the
+same matrix, any other application another.
 """
 
 CHECK_EPILOG = """\
@@ -292,6 +296,8 @@ examples:
   tcircuits check "W_QK^h = W_Q^{hT} W_K^h"
   tcircuits check "(Id + A^{h1} ⊗ W_OV^{h1})(Id + A^{h0} ⊗ W_OV^{h0}) = Id + A^{h1} ⊗ W_OV^{h1} + A^{h0} ⊗ W_OV^{h0}"
   tcircuits check "(X Y)^T = Y^T X^T" --format markdown
+  tcircuits check "(A ⊗ W)x = AxW^T"
+  tcircuits check "softmax(A) = softmax(B)" --opaque
 """
 
 
