@@ -137,7 +137,12 @@ def init_from_environment(device: torch.device, timeout_s: float = DEFAULT_TIMEO
     if world <= 1 or torch.distributed.is_initialized():
         return device
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        if local >= torch.cuda.device_count():
+            raise VerifyError(f"rank {os.environ.get('RANK', local)} of {world} would use cuda:{local}, but this machine has "
+                              f"{torch.cuda.device_count()} CUDA devices; start at most that many ranks per machine "
+                              "(torchrun --nproc-per-node), or use --device cpu")
+        device = torch.device("cuda", local)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:

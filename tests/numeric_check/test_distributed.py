@@ -156,3 +156,26 @@ def test_torchrun_cli_prints_one_report_equal_to_one_process(tmp_path):
     got = json.loads(ranks.stdout)  # one JSON document: rank 1 printed nothing
     _same(got, json.loads(alone.stdout))
     assert any("2 ranks" in note for note in got["notes"])
+
+
+def test_more_ranks_than_gpus_is_one_line_before_anything_starts(monkeypatch):
+    from numeric_check.verification.distributed import init_from_environment
+    from tests.fake_cuda import fake_cuda
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with fake_cuda(), pytest.raises(VerifyError) as info:
+        init_from_environment(torch.device("cuda", 0))
+    assert str(info.value) == ("rank 1 of 2 would use cuda:1, but this machine has 1 CUDA devices; start at most that many "
+                               "ranks per machine (torchrun --nproc-per-node), or use --device cpu")
+    assert not torch.distributed.is_initialized()
+
+
+def test_outside_torchrun_nothing_is_initialised_and_a_bad_timeout_is_refused(monkeypatch):
+    from numeric_check.verification.distributed import init_from_environment
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert init_from_environment(torch.device("cpu")) == torch.device("cpu") and not torch.distributed.is_initialized()
+    with pytest.raises(VerifyError, match="timeout must be a number of seconds > 0, got 0"):
+        init_from_environment(torch.device("cpu"), 0)
