@@ -90,8 +90,9 @@ def check_hf_options(config: Any, understood: Iterable[str], source: str, model:
         defaults = {}
     options = config.to_dict()
     stray = set()
-    if model is not None and defaults:
-        stray = {key for key in options if key not in defaults and not named_in_code(type(model), key)}
+    if model is not None and defaults:  # only the keys that would be refused are looked for in the code
+        unread = {key for key in options if key not in defaults and key not in understood and key not in HF_HARMLESS}
+        stray = {key for key in unread if not named_in_code(type(model), key)}
     check_options(options, defaults, understood, source, HF_HARMLESS | stray)
 
 
@@ -111,9 +112,10 @@ def _code_of(model_class: type) -> str | None:
         return None
     modules = {module}
     for obj in list(vars(module).values()):
-        found = obj if isinstance(obj, types.ModuleType) else inspect.getmodule(obj)
-        name = getattr(found, "__name__", "")
-        if name.startswith("transformers.") and not name.startswith(("transformers.utils", "transformers.generation")):
+        name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+        found = sys.modules.get(name) if isinstance(name, str) else None
+        if found is not None and name.startswith("transformers.") and not name.startswith(
+                ("transformers.utils", "transformers.generation")):
             modules.add(found)
     try:
         return "\n".join(inspect.getsource(found) for found in modules)

@@ -130,6 +130,8 @@ REFUSED = [
     ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
     ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
     ("opt", {"_remove_final_layer_norm": True}, r"^the OPT model uses no final layer norm \(_remove_final_layer_norm=True"),
+    # a stray key the config class does not define, but that code Falcon runs names (the masks read sliding_window)
+    ("falcon", {"sliding_window": 3}, r"^the Falcon model sets sliding_window=3 \(default not set\), an option"),
     ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
     ("olmo", {"clip_qkv": 8.0}, r"clipped queries, keys and values \(clip_qkv=8.0\)"),
     ("stablelm", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
