@@ -70,10 +70,11 @@ def refuse_long(arch: Architecture, max_order: int | None, qk: tuple[int, int] |
     advice = (f"max_order={fits[-1]} keeps {sum(n for j, n in counts.items() if j <= fits[-1]):,} terms "
               f"(about {duration(seconds({j: n for j, n in counts.items() if j <= fits[-1]}))})" if fits
               else "even the direct terms are too many")
-    where = f"{ranks} processes on {torch.device(device).type}" if ranks > 1 else str(torch.device(device).type)
+    kind = torch.device(device).type
+    where = f"{ranks} processes on {kind}" if ranks > 1 else kind
+    more = "on more GPUs with torchrun" if kind == "cuda" else "on a GPU, or on several with torchrun"
     raise VerifyError(f"{sum(counts.values()):,} terms would take about {duration(total)} on {where} (an estimate, within "
-                      f"about 2x), more than {max_hours:g} hours; {advice}; or run on a GPU, or on several with torchrun, "
-                      "or raise max_hours (--max-hours)")
+                      f"about 2x), more than {max_hours:g} hours; {advice}; or run {more}, or raise max_hours (--max-hours)")
 
 
 def duration(seconds: float) -> str:
