@@ -6,7 +6,7 @@ collapsed 7x beside two busy processes (issue 25). Each run is a fresh process:
 
 - ``torch default``: the same verification through the Python API with torch's default threads
   (one per core) and its default wait policy (threads spin before they sleep);
-- ``policy``: ``tcircuits verify`` as a person runs it (the thread policy of numeric_check.runtime);
+- ``policy``: ``tcircuits verify`` as a person runs it (the thread policy of numeric_check.model.threads);
 - ``1 thread``: ``tcircuits verify --threads 1``.
 
 Each is timed quiet and beside ``--busy`` processes that spin on a core each (default: as many as

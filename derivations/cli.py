@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     Whatever the terminal is — closed, full, ASCII-only — the answer is a result or one line
     (:func:`derivations.terminal.guarded_terminal`)."""
     # torch's waiting threads sleep instead of spinning, so a busy machine does not slow a run down
-    # (set before the numeric commands import torch; numeric_check.runtime has the thread policy)
+    # (set before the numeric commands import torch; numeric_check.model.threads has the thread policy)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with guarded_terminal():
         return _run(argv)

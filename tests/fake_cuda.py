@@ -21,7 +21,7 @@ model is run here on "cuda" with its source on "cuda" or on the CPU.
 >>> with fake_cuda():
 ...     torch.ones(2, device="cuda") + torch.ones(2)
 Traceback (most recent call last):
-RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! (aten.add.Tensor)
+RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! (...)
 """
 
 from __future__ import annotations

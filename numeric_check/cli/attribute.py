@@ -13,13 +13,11 @@ a random model, token ids or random tokens.
 from __future__ import annotations
 
 import argparse
-import re
 
-from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
+from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, int_in, with_runtime
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
-from numeric_check.cli.source import add_model_arguments, add_text_arguments
+from numeric_check.cli.source import add_model_arguments, add_text_arguments, parse_token
 from numeric_check.errors import AttributionError
-from numeric_check.reports.flags import MAX_SEED, int_in
 
 DESCRIPTION = """\
 Attribute one logit to the paths of the model: every path term's contribution to the
@@ -111,15 +109,6 @@ def load_source(args: argparse.Namespace):
         raise AttributionError(f"--tokens must be one prompt (no ';'), got {args.tokens!r}")
     args.batch = 1
     return model_and_tokens(args)
-
-
-def parse_token(text: str) -> int | str:
-    """An id when ``text`` is digits, else the text (for the tokenizer to resolve).
-
-    >>> parse_token("42"), parse_token(" Paris")
-    (42, ' Paris')
-    """
-    return int(text) if re.fullmatch(r"\d{1,18}", text) else text
 
 
 def run(args: argparse.Namespace) -> int:

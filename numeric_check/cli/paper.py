@@ -30,8 +30,7 @@ import argparse
 import time
 
 from numeric_check.cli.progress import StepBar
-from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
-from numeric_check.reports.flags import seed
+from numeric_check.reports.flags import add_runtime_arguments, seed, with_runtime
 
 EPILOG = """\
 examples:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -32,6 +33,15 @@ from numeric_check.errors import ModelLoadError, VerifyCLIError
 
 MAX_TOKEN_LINE = 16  # tokens shown per sequence in a report's token line
 TOKENIZE_SECONDS = 20.0  # a prompt or target is tokenized within this, or the tokenizer is refused
+
+
+def parse_token(text: str) -> int | str:
+    """An id when ``text`` is digits, else the text (for the tokenizer to resolve).
+
+    >>> parse_token("42"), parse_token(" Paris")
+    (42, ' Paris')
+    """
+    return int(text) if re.fullmatch(r"\d{1,18}", text) else text
 
 
 @contextmanager
@@ -232,7 +242,6 @@ def _check_arguments_early(args: argparse.Namespace, user: UserModel, config: di
         _position(args.position, user.prompt_ids.shape[1])
     if any(g is not None for g in goal) and d_vocab is not None:
         from numeric_check.circuits.attribution import resolve_target
-        from numeric_check.cli.attribute import parse_token
 
         target, diff = goal
         resolve_target(None if target is None else parse_token(target),

@@ -11,14 +11,13 @@ import argparse
 import json
 import re
 import time
-from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
+from numeric_check.reports.flags import add_runtime_arguments, check_batch, finite_float, int_in, seed, with_runtime
 from pathlib import Path
 
 from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import add_model_arguments, check_model_flags, wants_user_model
-from numeric_check.reports.flags import check_batch, finite_float, int_in, seed, threads
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import writable_dir, writable_file, write_atomic
 

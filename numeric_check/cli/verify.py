@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from numeric_check.cli.runtime import add_runtime_arguments, fit_threads, with_runtime
+from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, finite_float, fit_threads, int_in, with_runtime
 from typing import TYPE_CHECKING
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
@@ -26,7 +26,6 @@ from numeric_check.cli.source import (
     token_line,
     wants_user_model,
 )
-from numeric_check.reports.flags import MAX_SEED, finite_float, int_in
 from numeric_check.errors import VerifyCLIError
 
 if TYPE_CHECKING:

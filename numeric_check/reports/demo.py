@@ -20,11 +20,10 @@ import math
 import sys
 import time
 
-from numeric_check.cli.runtime import add_runtime_arguments, with_runtime
+from numeric_check.reports.flags import add_runtime_arguments, check_batch, int_in, seed, with_runtime
 from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
-from numeric_check.reports.flags import check_batch, int_in, seed
 
 MAX_BATCH = 1024  # sequences verified term by term: each term holds a batch of logits
 

@@ -195,7 +195,7 @@ def test_a_model_split_across_two_devices_is_one_line():
 
 
 def test_cuda_out_of_memory_is_one_line_naming_the_device_and_what_to_do():
-    from numeric_check.cli.runtime import device_errors
+    from numeric_check.reports.flags import device_errors
 
     with fake_cuda():
         with pytest.raises(DeviceError, match=r"CUDA ran out of memory on cuda:0 \(8.0 of 16.0 GiB free now\); try "
