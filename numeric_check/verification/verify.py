@@ -41,6 +41,7 @@ the model computes).
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import time
 from contextlib import contextmanager
@@ -403,6 +404,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
     space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
+    if shard is not None:
+        _agree(shard, len(all_kept) + len(all_omitted), rec, scale)
     exact = _exact_by_default(rec, s.model, len(all_kept)) if exact_errors is None else bool(exact_errors)
     pending: list = []
     maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
@@ -465,6 +468,22 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     s.timings["unembed"] = time.perf_counter() - start
     checks.insert(1, _isolation_check(results, isolation, scale, s))
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
+
+
+def _agree(shard: Shard, n_terms: int, rec: Recording, scale: float) -> None:
+    """Before the ranks split the work: a one-line :class:`VerifyError` on every rank unless all verify the
+    same thing (the same number of terms, the same tokens, the same model's output: its largest entry)."""
+    tokens = hashlib.sha256(rec.tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()).hexdigest()
+    mine = (n_terms, tuple(rec.final.shape), tokens, float(scale))
+    theirs = shard.gather(mine, "agreeing on what to verify")
+    differ = [r for r, t in enumerate(theirs) if t != theirs[0]]
+    if differ:
+        n, shape, _, top = theirs[differ[0]]
+        what = "tokens" if theirs[differ[0]][2] != theirs[0][2] else "model or options"
+        raise VerifyError(f"the {shard.world} ranks were not given the same verification (their {what} differ): rank "
+                          f"{differ[0]} has {n:,} terms, activations {list(shape)} and largest output {top:.6g}, rank 0 "
+                          f"{theirs[0][0]:,}, {list(theirs[0][1])} and {theirs[0][3]:.6g}; give every rank the same model, "
+                          "tokens and options")
 
 
 def _gathered(shard: Shard, mine: list[int], results: list[TermResult], n: int) -> list[TermResult]:
@@ -632,6 +651,8 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     below = s.model.blocks[layer].attn.mask(rec.n_pos, s.model.device)  # the keys the head sees (causal, window)
     reference = rec.get(block_hook(layer, "attn.hook_attn_scores"), "the scores")[:, head]  # [b, q, k]
     scale = max_abs(reference[:, below])
+    if shard is not None:
+        _agree(shard, len(all_kept) + len(all_omitted), rec, scale)
     results = []
     kept_sum = torch.zeros_like(reference)
     largest = 0.0  # the largest entry of any term: sums that cancel are rounded at that scale

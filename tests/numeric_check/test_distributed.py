@@ -35,7 +35,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, out: str, dies: bool) -> None:
+def _rank(rank: int, world: int, port: int, out: str, dies: bool, other_tokens: bool = False) -> None:
     """One rank: join the gloo group, verify (logits at order 1 and one head's scores), write what it got."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -45,7 +45,8 @@ def _rank(rank: int, world: int, port: int, out: str, dies: bool) -> None:
             os._exit(3)  # a rank that dies before the others meet it
         model = _model()
         try:
-            logits = verify_logits(model, TOKENS, max_order=1, device="cpu")
+            tokens = [row[::-1] for row in TOKENS] if other_tokens and rank == 1 else TOKENS
+            logits = verify_logits(model, tokens, max_order=1, device="cpu")
             qk = verify_qk(model, TOKENS, 1, 2, max_order=1, device="cpu")
         except VerifyError as error:
             Path(out, f"{rank}.err").write_text(str(error))
@@ -56,10 +57,10 @@ def _rank(rank: int, world: int, port: int, out: str, dies: bool) -> None:
             torch.distributed.destroy_process_group()
 
 
-def _run_ranks(tmp_path: Path, dies: bool = False) -> list[int]:
+def _run_ranks(tmp_path: Path, dies: bool = False, other_tokens: bool = False) -> list[int]:
     ctx = multiprocessing.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(tmp_path), dies)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(tmp_path), dies, other_tokens)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -107,6 +108,14 @@ def test_a_rank_that_dies_stops_the_other_with_one_line(tmp_path):
     assert not list(tmp_path.glob("*.json"))  # no report
     message = (tmp_path / "0.err").read_text()
     assert "\n" not in message and message.startswith("rank 0 of 2: another rank stopped") and "no report written" in message
+
+
+def test_ranks_given_different_tokens_stop_before_splitting_the_work(tmp_path):
+    assert _run_ranks(tmp_path, other_tokens=True) == [0, 0]
+    assert not list(tmp_path.glob("*.json"))
+    for rank in range(2):
+        message = (tmp_path / f"{rank}.err").read_text()
+        assert "\n" not in message and message.startswith("the 2 ranks were not given the same verification (their tokens differ)")
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])
