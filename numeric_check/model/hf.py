@@ -17,6 +17,7 @@ centring, so nothing is centred for it); Gemma's ``(1 + w)`` gains and its embed
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -118,7 +119,7 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     held = str(dtype).removeprefix("torch.")
     reference, own, why = model, None, ""
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
-        copied = float64_copy(model)
+        copied = _tables_made_again(float64_copy(model))
         limit = f"{source_check.MEASURE_BYTES / 2**30:.3g} GiB"
         why = f", compared as held: its float64 copy would pass {limit}" if copied is None else ""
         if copied is not None:
@@ -137,6 +138,20 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
         precision = torch.float32  # the copy's norms, rotary and softmax still round through float32
     return in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
                                                             suspects, "from_hf", own))
+
+
+def _tables_made_again(copied: Any) -> Any:
+    """A float64 copy whose sin/cos tables (GPT-J's and CodeGen's ``embed_positions``, a table per position that a
+    half-precision cast rounds position by position: no frequency gives them, the rounding is the source's own)
+    are made again by its own code; a table it cannot make again is left as the cast left it."""
+    if copied is None:
+        return None
+    for module in copied.modules():
+        table = getattr(module, "embed_positions", None)
+        make = getattr(sys.modules.get(type(module).__module__), "create_sinusoidal_positions", None)
+        if isinstance(table, Tensor) and callable(make) and hasattr(module, "pos_embd_dim"):
+            module.embed_positions = make(module.max_positions, module.pos_embd_dim).to(table.device, torch.float64)
+    return copied
 
 
 def _refuse_bad_weights(model: Any, source: str) -> None:

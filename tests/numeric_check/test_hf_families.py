@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk
+from numeric_check import SourceMismatch, UnsupportedModel, from_hf, verify_logits, verify_qk
 
 transformers = pytest.importorskip("transformers")
 from tests.hf_zoo import CONVERTS, MAJOR, build, source_dtype  # noqa: E402  (needs transformers)
@@ -219,6 +219,20 @@ def test_layer_types_edited_after_construction_are_read_as_the_source_uses_them(
     assert model.arch.window == (None if MAJOR >= 5 else {"qwen3": (None, 3), "gemma2": (3, None)}[model_type])
     with torch.no_grad():
         assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+
+
+@pytest.mark.parametrize("model_type", sorted({t for t, _ in CONVERTS if source_dtype(t) == torch.float64}))
+def test_every_family_in_bfloat16_is_held_to_its_float64_copy(model_type):
+    """Its own rounding (bf16 weights, a rounded inv_freq, GPT-J's rounded sin/cos tables made again) stated apart."""
+    torch.set_num_threads(1)
+    hf = build(model_type, 1, dtype=torch.bfloat16)
+    try:
+        check = from_hf(hf, device="cpu").source_check
+    except SourceMismatch as err:  # Hugging Face's own model cannot run so (transformers 4's CTRL in bfloat16)
+        assert "fails to run" in str(err), err
+        return
+    assert check.source.endswith("(Hugging Face, bfloat16, run as a float64 copy)")
+    assert check.rel_diff <= check.tolerance < 1e-4 < check.source_rounding
 
 
 def test_families_registered_only_to_be_refused_are_not_listed_as_read():
