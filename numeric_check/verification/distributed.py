@@ -2,12 +2,13 @@
 
 Under ``torchrun --nproc-per-node N tcircuits verify …`` (NCCL on GPUs, gloo on CPUs) every rank
 builds the same expansion, evaluates a disjoint share of it, and the ranks meet once at the end:
-the sums of the terms are added (``all_reduce``), the largest term and the worst errors taken
-(``MAX``), and every rank's term results gathered, so that each rank holds the whole report (rank 0
-prints it). No process pool of our own: the processes are torchrun's.
+the sums of the terms are added (``all_reduce``), the largest term taken (``MAX``), and every rank's
+term results (norms, errors, verdicts) gathered, so that each rank holds the whole report and its
+worst errors (rank 0 prints it). Before they split the work they check that they verify the same
+thing (:func:`~numeric_check.verification.verify.verify_logits`). No process pool of our own: the processes are torchrun's.
 
 The share is by *prefix*: terms that start with the same source and first head (at order 2 of
-GPT-2 small about 2,000 prefixes) stay on one rank, where they share the trie's work and the
+GPT-2 small 1,094 prefixes) stay on one rank, where they share the trie's work and the
 isolation pass's copies; prefixes go to ranks largest first, each to the least loaded rank (by
 terms), the same on every rank since the expansion is. When there are too few prefixes for the
 ranks (a small model), the first two heads make the prefix.
