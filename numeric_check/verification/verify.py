@@ -40,12 +40,9 @@ the model computes).
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import math
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -55,20 +52,20 @@ from derivations.paths import LogitExpansion, PathTerm, expand_logits
 from derivations.qk import QKExpansion, QKTerm, expand_qk
 from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.model.circuit_model import CircuitModel, max_abs
-from numeric_check.model.config import resolve_dtype
-from numeric_check.verification.bind import Binder
-from numeric_check.model.hook_paths import Recording, record
+from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.logit_space import LogitSpace
-from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES, graded_final, graded_qk, isolate_qk
-from numeric_check.verification.constants import UnembedConstants
+from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
 from numeric_check.verification.logit_isolation import HeadMaps, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
+from numeric_check.verification.shared import (  # noqa: F401 - chunk_for, default_rtol, MIN_CHUNK_BYTES: public here too
+    Progress, _checked, _cyclic_gc_paused, _relative, _report, _resolve_expansion, _result, _Setup, _setup,
+    _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES,
+)
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
 CANCELLING = 64  # terms this many times larger than the logits or scores: their sum cancels
 HELD_FRACTION = 4  # a flush when the pending terms' values hold this fraction of the chunk
@@ -76,215 +73,6 @@ COPY_FACTOR = 6  # or when their isolation copies (a stream per layer each) woul
 # 6 x 8 heads, d_model 256: peak RSS 0.99 GB with 1, 0.75 with 2, 0.64 with 4, 0.56 with 8, order 2 0.50; GPT-2
 # small order 2 float64: 13 flushes with none, 39 with 4, 85 with 8, +3% and +11% CPU time)
 EXACT_LIMIT = 2**31  # terms x batch x pos x d_vocab x d_model up to which errors are computed exactly by default
-
-
-# --- shared machinery ------------------------------------------------------------------------
-
-
-@dataclass
-class _Setup:
-    model: CircuitModel  # the private working copy
-    rec: Recording
-    binder: Binder
-    atol: float
-    rtol: float
-    timings: dict[str, float]
-    notes: list[str]
-    source: str | None = None  # how the model was converted and how closely it computes its source
-    constants: UnembedConstants | None = None  # what the unembedding alone gives, kept with the user's model
-
-
-def _check_tolerance(name: str, value, allow_none: bool) -> float:
-    if value is None and allow_none:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise VerifyError(f"{name} must be a finite number >= 0{' or None' if allow_none else ''}, got {value!r}")
-    return float(value)
-
-
-def default_rtol(dtype: str | torch.dtype) -> float:
-    """The relative tolerance used when none is given: 1e-9 in float64, 1e-4 in float32, 1e-2 below.
-
-    >>> default_rtol("float32")
-    0.0001
-    """
-    return {torch.float64: 1e-9, torch.float32: 1e-4}.get(resolve_dtype(dtype), 1e-2)
-
-
-def _checked(model) -> CircuitModel:
-    """``model`` itself when it is a :class:`CircuitModel`; otherwise a :class:`VerifyError` that says how to get one."""
-    if not isinstance(model, CircuitModel):
-        raise VerifyError(
-            f"expected a numeric_check.CircuitModel, got {type(model).__name__}; convert TransformerLens or "
-            "Hugging Face models with numeric_check.from_transformer_lens / from_hf_gpt2"
-        )
-    return model
-
-
-def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
-    atol = _check_tolerance("atol", atol, True)
-    rtol = default_rtol(dtype) if rtol is None else _check_tolerance("rtol", rtol, False)
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    try:
-        work = _checked(model).working_copy(dtype, device)
-        rec = record(work, tokens)
-    except torch.cuda.OutOfMemoryError as error:
-        raise VerifyError(f"CUDA ran out of memory while copying the model to the device and recording its forward pass "
-                          f"({_first_line(error)}); free memory on the card, use fewer tokens, or run with --device cpu "
-                          "(device='cpu')") from None
-    timings["forward"] = time.perf_counter() - start
-    check = model.source_check
-    constants = UnembedConstants(model.W_U, model.b_U, work.dtype, work.device)
-    return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec),
-                  None if check is None else check.describe(), constants)
-
-
-def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:
-    """A note when layer norm meets a residual stream that is not centred (see the module docstring)."""
-    if not model.arch.layer_norm:
-        return []
-    worst, where = 0.0, ""
-    for name, x in rec.cache.items():
-        if name.endswith(("hook_resid_pre", "hook_resid_post")):
-            ratio = float((x.mean(-1).abs() / x.pow(2).mean(-1).sqrt().clamp_min(1e-300)).max())
-            if ratio > worst:
-                worst, where = ratio, name
-    if worst <= max(1e-6, 100 * torch.finfo(model.dtype).eps):
-        return []
-    return [
-        f"the residual stream is not centred (largest |mean|/rms over d_model is {worst:.2g}, at {where}): layer "
-        "norm's centring is not part of the expansion, so the terms cannot add up to the model; centre the weights "
-        "that write to the residual stream (CircuitModel.random and the adapters do)"
-    ]
-
-
-def _result(name: str, error: Tensor, scale: float, s: _Setup, detail: str = "") -> CheckResult:
-    err = max_abs(error)
-    tol = s.atol + s.rtol * scale
-    return CheckResult(name, bool(err <= tol), err, _relative(err, scale), tol, detail)
-
-
-def _relative(err: float, scale: float) -> float:
-    return err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
-
-
-def _report(target: str, s: _Setup, max_order, terms, checks, scale, n_omitted) -> VerifyReport:
-    first = next((c for c in checks if c.passed is not None and c.name in ("sum", "truncation")), None)
-    passed = all(c.passed for c in checks if c.passed is not None) and any(c.passed is not None for c in checks)
-    return VerifyReport(
-        target=target,
-        model=s.model.arch.describe() + f"; d_model={s.model.cfg.d_model}, d_head={s.model.cfg.d_head}, d_vocab={s.model.cfg.d_vocab}",
-        n_batch=s.rec.n_batch,
-        n_pos=s.rec.n_pos,
-        max_order=max_order,
-        dtype=str(s.model.dtype).replace("torch.", ""),
-        device=str(s.model.device),
-        passed=passed,
-        max_abs_error=first.max_abs_error if first else math.nan,
-        rel_error=first.rel_error if first else math.nan,
-        scale=scale,
-        terms=terms,
-        checks=checks,
-        n_omitted=n_omitted,
-        timings=s.timings,
-        notes=s.notes,
-        source=s.source,
-    )
-
-
-@contextmanager
-def _cyclic_gc_paused():
-    """Python's cyclic garbage collector paused for the block, then restored as it was. A
-    verification makes tens of thousands of small objects that live to its end (terms, their
-    plans, trie nodes, results); each batch of them would otherwise start a collection that
-    walks all of them again (planning 51,782 order-2 terms of a GPT-2-small-sized model: 2.3 s of
-    CPU, 0.9 s paused). Reference counting still frees every tensor as soon as it is unused;
-    reference cycles wait for the next collection after the block."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def chunk_for(device: torch.device, chunk_bytes: int | None = None) -> int:
-    """The chunk of a verification (the activations of one batched pass, in bytes): ``chunk_bytes``
-    when given; otherwise :data:`~numeric_check.verification.isolate.DEFAULT_CHUNK_BYTES` on the CPU and,
-    on a CUDA device, a sixteenth of its free memory now (at least 16 MiB, at most 16 times the CPU's).
-
-    >>> chunk_for(torch.device("cpu")) == DEFAULT_CHUNK_BYTES
-    True
-    """
-    if chunk_bytes is not None:
-        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-            raise VerifyError(f"chunk_bytes must be an int >= 1 (bytes of one batched pass) or None, got {chunk_bytes!r}")
-        return chunk_bytes
-    if device.type != "cuda":
-        return DEFAULT_CHUNK_BYTES
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(min(max(free // 16, MIN_CHUNK_BYTES << 4), DEFAULT_CHUNK_BYTES << 4))
-
-
-MIN_CHUNK_BYTES = 1 << 20  # out of memory with chunks this small: the verification stops (see _shrinking)
-
-
-def _shrinking(run: Callable[[int], VerifyReport], chunk_bytes: int | None, s: _Setup) -> VerifyReport:
-    """``run(chunk)``, and when the device runs out of memory in the middle of it, ``run`` again with a
-    chunk a quarter the size (the report says so), down to :data:`MIN_CHUNK_BYTES`; then a one-line
-    :class:`VerifyError` naming the chunk and the CPU."""
-    first = chunk = chunk_for(s.model.device, chunk_bytes)
-    notes = list(s.notes)
-    while True:
-        try:
-            report = run(chunk)
-        except torch.cuda.OutOfMemoryError as error:
-            failure = _first_line(error)
-        else:
-            if chunk != first:
-                report.notes.append(f"{s.model.device} ran out of memory with chunks of {_mib(first)}: verified with chunks "
-                                    f"of {_mib(chunk)}")
-            return report
-        if s.model.device.type == "cuda":  # (the failed attempt's tensors went with its traceback)
-            torch.cuda.empty_cache()
-        if chunk <= MIN_CHUNK_BYTES:
-            raise VerifyError(f"{s.model.device} ran out of memory in the middle of the verification even with chunks of "
-                              f"{_mib(chunk)} (from {_mib(first)}; {failure}); free memory on the device, use fewer tokens "
-                              "or a lower max_order, or run with --device cpu (device='cpu')")
-        chunk = max(MIN_CHUNK_BYTES, chunk // 4)
-        s.notes[:] = notes
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:g} MiB"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:200]
-
-
-def _tick(progress: Progress | None, stage: str, done: int, total: int) -> None:
-    if progress is not None:
-        progress(stage, done, total)
-
-
-def _resolve_expansion(expansion, kind, arch, max_order, build):
-    """The expansion to verify: ``expansion`` checked against the model, or a fresh one."""
-    if expansion is None:
-        return build(max_order)
-    if not isinstance(expansion, kind):
-        raise VerifyError(f"expansion must be a {kind.__name__}, got {type(expansion).__name__}")
-    if expansion.arch != arch:
-        raise ExpansionMismatch(
-            f"the expansion was built for {expansion.arch.describe()} but the model is {arch.describe()}; "
-            "build it from model.arch"
-        )
-    if max_order is not None and max_order != expansion.max_order:
-        raise ExpansionMismatch(f"max_order={max_order} but the expansion was built with max_order={expansion.max_order}")
-    return expansion
 
 
 def _full_terms(build, n_kept: int, n_full: int, notes: list[str]):

@@ -20,6 +20,7 @@ from derivations.paths import expand_logits
 from derivations.qk import expand_qk
 from numeric_check.errors import DeviceError, ModelInputError, WeightError
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.verification.bind import Binder
 from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.verification.verify import verify_logits, verify_qk
 from tests.conftest import FAST
@@ -79,8 +80,8 @@ def test_qk_only_positions_with_layer_norm():
 
 @pytest.mark.parametrize("exact_errors", [None, False])
 def test_a_wrong_coefficient_fails_checks_1_and_2(monkeypatch, exact_errors):
-    real = verify_module.Binder.coeff
-    monkeypatch.setattr(verify_module.Binder, "coeff", lambda self, c: real(self, c) * (1 + 1e-6))
+    real = Binder.coeff
+    monkeypatch.setattr(Binder, "coeff", lambda self, c: real(self, c) * (1 + 1e-6))
     report = verify_logits(small_model(), TOKENS, exact_errors=exact_errors)
     assert not report.passed
     assert report.check("sum").passed is False
