@@ -158,9 +158,9 @@ def _to(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
     inner = self.inner if isinstance(self, OnCuda) else self
     to_cuda = _is_cuda(device) if device is not None else isinstance(self, OnCuda)
+    if not to_cuda:  # the CPU, or another device such as meta: torch's own
+        return _plain_to(inner, device=device if device is not None else inner.device, dtype=dtype or inner.dtype, copy=copy)
     out = _plain_to(inner, device="cpu", dtype=dtype or inner.dtype, copy=copy)
-    if not to_cuda:
-        return out
     if isinstance(self, OnCuda) and out is inner:
         return self
     return OnCuda(out)

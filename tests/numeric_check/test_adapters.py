@@ -42,7 +42,7 @@ def randomise(model, seed=0, equal_ln1_gains=False):
 def tl_model(seed=0, equal_ln1_gains=True, **overrides):
     kw = dict(n_layers=2, d_model=12, n_ctx=N_CTX, d_head=5, n_heads=3, d_vocab=D_VOCAB, act_fn="gelu_new",
               attn_only=False, d_mlp=20, normalization_type="LN", positional_embedding_type="standard",
-              dtype=torch.float64, seed=None)
+              dtype=torch.float64, seed=None, device="cpu")
     kw.update(overrides)
     if kw["attn_only"]:
         kw["d_mlp"] = None
@@ -138,7 +138,7 @@ def test_weight_shapes_follow_the_paper():
 def test_biases_kept_only_when_nonzero_or_asked():
     plain = tl.HookedTransformer(tl.HookedTransformerConfig(
         n_layers=1, d_model=8, n_ctx=4, d_head=4, n_heads=2, d_vocab=10, attn_only=True, normalization_type=None,
-        dtype=torch.float64))
+        dtype=torch.float64, device="cpu"))
     assert not from_transformer_lens(plain, device="cpu").arch.biases
     forced = from_transformer_lens(plain, biases=True, device="cpu")
     assert forced.arch.biases and not forced.blocks[0].attn.b_Q.any()
@@ -240,7 +240,7 @@ def test_gpt2_matches_transformer_lens_patterns():
     source = gpt2_model()
     hooked = tl.HookedTransformer(tl.HookedTransformerConfig(
         n_layers=2, d_model=12, n_ctx=N_CTX, d_head=4, n_heads=3, d_vocab=D_VOCAB, d_mlp=48, act_fn="gelu_new",
-        normalization_type="LN", dtype=torch.float64))
+        normalization_type="LN", dtype=torch.float64, device="cpu"))
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
     hooked.load_state_dict(convert_gpt2_weights(source, hooked.cfg), strict=False)

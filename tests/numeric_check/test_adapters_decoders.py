@@ -57,7 +57,7 @@ def test_transformer_lens_decoder_options_convert_and_verify(name):
     torch.set_num_threads(1)
     _skip_without(HookedTransformerConfig, CASES[name])
     options = dict(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=20, d_mlp=32, act_fn="gelu",
-                   dtype=torch.float64, seed=0)
+                   dtype=torch.float64, seed=0, device="cpu")
     tl = HookedTransformer(HookedTransformerConfig(**{**options, **CASES[name]}))
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -74,7 +74,7 @@ def test_transformer_lens_rope_scaling_is_read_from_its_rotary_embedding():
 
     _skip_without(HookedTransformerConfig, {"use_yarn_rope": True})
     options = dict(n_layers=1, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=20, attn_only=True, dtype=torch.float64,
-                   positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS")
+                   positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", device="cpu")
     plain = nc.from_transformer_lens(HookedTransformer(HookedTransformerConfig(**options)))
     assert plain.cfg.rotary_inv_freq is None and plain.cfg.rotary_factor == 1.0
     yarn = nc.from_transformer_lens(HookedTransformer(HookedTransformerConfig(

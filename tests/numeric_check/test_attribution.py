@@ -267,7 +267,7 @@ def test_order_one_equals_transformer_lens_direct_logit_attribution(n_layers):
     torch.manual_seed(0)
     cfg = tl.HookedTransformerConfig(n_layers=n_layers, d_model=12, n_ctx=8, d_head=5, n_heads=3, d_vocab=11, d_mlp=20,
                                      act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-                                     dtype=torch.float64, seed=0)
+                                     dtype=torch.float64, seed=0, device="cpu")
     source = randomise(tl.HookedTransformer(cfg), seed=1)
     model = numeric_check.from_transformer_lens(source)
     tokens = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])

@@ -156,7 +156,7 @@ def test_eigenvalues_match_transformer_lens():
 
     cfg = HookedTransformerConfig(
         n_layers=2, n_heads=3, d_model=16, d_head=4, d_vocab=20, n_ctx=8, attn_only=True,
-        normalization_type=None, dtype=torch.float64, seed=1,
+        normalization_type=None, dtype=torch.float64, seed=1, device="cpu"
     )
     tl = HookedTransformer(cfg)
     model = from_transformer_lens(tl, device="cpu")

@@ -83,7 +83,7 @@ def test_agrees_with_transformer_lens(convert):
 
     cfg = HookedTransformerConfig(
         n_layers=3, n_heads=4, d_model=24, d_head=5, d_vocab=20, n_ctx=8, attn_only=True,
-        normalization_type=None, dtype=torch.float64, seed=2,
+        normalization_type=None, dtype=torch.float64, seed=2, device="cpu"
     )
     tl = HookedTransformer(cfg)
     if convert == "adapter":

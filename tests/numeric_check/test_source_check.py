@@ -43,7 +43,7 @@ def gemma(seed=0, **options):
 
 def hooked(seed=0, **options):
     kw = dict(n_layers=2, d_model=16, n_ctx=12, d_head=4, n_heads=4, d_vocab=13, act_fn="gelu", d_mlp=24,
-              normalization_type="LN", positional_embedding_type="standard", dtype=torch.float64, seed=None)
+              normalization_type="LN", positional_embedding_type="standard", dtype=torch.float64, seed=None, device="cpu")
     model = tl.HookedTransformer(tl.HookedTransformerConfig(**{**kw, **options}))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

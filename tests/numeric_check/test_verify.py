@@ -343,7 +343,8 @@ def test_transformer_lens_models_verify():
                    {"attn_only": False, "normalization_type": "LNPre", "act_fn": "gelu"}):
         torch.manual_seed(0)
         cfg = tl.HookedTransformerConfig(n_layers=2, d_model=12, n_ctx=8, d_head=4, n_heads=3, d_vocab=20,
-                                         init_weights=True, d_mlp=16 if not kwargs["attn_only"] else None, **kwargs)
+                                         init_weights=True, d_mlp=16 if not kwargs["attn_only"] else None, device="cpu",
+                                         **kwargs)
         source = tl.HookedTransformer(cfg)
         with torch.no_grad():
             for name, p in source.named_parameters():
