@@ -181,7 +181,7 @@ def exact_induction_model(d_vocab: int = 48, n_ctx: int = 24, sharp: float = 100
     V, n = d_vocab, n_ctx
     tok, prev, pos = slice(0, V), slice(V, 2 * V), slice(2 * V, 2 * V + n)
     cfg = ModelConfig(Architecture(2, 1, positional="qk_only"), d_model=2 * V + n, d_head=max(V, n), d_vocab=V, n_ctx=n)
-    model = CircuitModel(cfg, dtype=torch.float64)
+    model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     with torch.no_grad():
         model.W_E[tok] = torch.eye(V)
         model.W_pos[pos] = torch.eye(n)
@@ -203,7 +203,7 @@ def copying_model(d_vocab: int = 48, n_ctx: int = 24) -> CircuitModel:
     """A 1-layer control: one head attends uniformly and copies (W_OV = identity)."""
     V = d_vocab
     cfg = ModelConfig(Architecture(1, 1, positional="qk_only"), d_model=V, d_head=V, d_vocab=V, n_ctx=n_ctx)
-    model = CircuitModel(cfg, dtype=torch.float64)
+    model = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     with torch.no_grad():
         model.W_E.copy_(torch.eye(V))
         model.W_U.copy_(torch.eye(V))

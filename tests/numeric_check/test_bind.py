@@ -74,7 +74,7 @@ def test_frozen_values_from_the_forward_pass(model, binder):
 
 def test_coefficients_use_the_models_attention_scale(model):
     cfg = ModelConfig(ARCH, d_model=8, d_head=4, d_vocab=10, n_ctx=6, d_mlp=32, attn_scale=5.0)
-    odd = CircuitModel(cfg, dtype=torch.float64)
+    odd = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     odd.load_state_dict(model.state_dict())
     b = Binder(odd, record(odd, TOKENS))
     assert math.isclose(b.coeff(1 / sp.sqrt(d_head)), 1 / 5.0)

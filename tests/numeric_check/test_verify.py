@@ -144,7 +144,7 @@ def test_qk_coefficient_is_bound_to_the_models_attention_scale():
 
     model = small_model(Architecture(2, 2))
     cfg = ModelConfig(model.arch, d_model=8, d_head=4, d_vocab=12, n_ctx=6, attn_scale=3.0)
-    odd = CircuitModel(cfg, dtype=torch.float64)
+    odd = CircuitModel(cfg, dtype=torch.float64, device="cpu")
     odd.load_state_dict(model.state_dict())
     assert verify_qk(odd, TOKENS, 1, 1).passed  # 1/sqrt(d_head) is bound to the model's 1/attn_scale
 
