@@ -36,7 +36,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.options import check_tl_options
 from numeric_check.model.source_check import (
-    changed_modules, check_against_source, float64_copy, fresh_on_meta, in_eval_mode, lowest_precision, probe_tokens,
+    changed_modules, check_against_source, float64_copy, fresh_on_meta, in_eval_mode, lowest_precision, probe_batches,
     relative, unchecked,
     user_tokens,
 )
@@ -75,7 +75,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
 def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     """Run ``ours`` beside the ``HookedTransformer`` (:func:`~numeric_check.model.source_check.check_against_source`)."""
     cfg = ours.cfg
-    batches = [probe_tokens(cfg.d_vocab, cfg.n_ctx)] + ([user_tokens(tokens, cfg.d_vocab, cfg.n_ctx)] if tokens is not None else [])
+    batches = probe_batches(cfg.d_vocab, cfg.n_ctx) + ([user_tokens(tokens, cfg.d_vocab, cfg.n_ctx)] if tokens is not None else [])
     n_layers = model.cfg.n_layers
 
     def run(tokens: Tensor):

@@ -36,7 +36,7 @@ from numeric_check.model.source_check import (
     fresh_on_meta,
     in_eval_mode,
     lowest_precision,
-    probe_tokens,
+    probe_batches,
     relative,
     unchecked,
     user_tokens,
@@ -99,7 +99,7 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     float64 (some expert kernels), leaves the source compared as it is, at its own precision. A float32
     source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for."""
     cfg = ours.cfg
-    batches = [probe_tokens(cfg.d_vocab, cfg.n_ctx)]
+    batches = probe_batches(cfg.d_vocab, cfg.n_ctx)
     if tokens is not None:
         batches.append(user_tokens(tokens, cfg.d_vocab, cfg.n_ctx))
     device = next(iter(model.parameters())).device

@@ -5,7 +5,8 @@ Every derived term is checked against :class:`~numeric_check.model.circuit_model
 this module checks that the ``CircuitModel`` computes what the user's model computes. The source
 (a Hugging Face model or a TransformerLens ``HookedTransformer``) and the conversion run on the
 same tokens — fixed-seed probe sequences as long as the context allows (up to
-:data:`PROBE_LENGTH`), and the user's own tokens when given — and their logits must agree to
+:data:`PROBE_LENGTH`, and one more up to :data:`LONG_PROBE` where the context is longer), and the user's
+own tokens when given — and their logits must agree to
 :func:`tolerance`: ``max |ours − source| ≤ tolerance · max |source|``.
 
 The tolerance is measured, not guessed: it is ten times the rounding that the lowest precision
@@ -38,6 +39,9 @@ from numeric_check.errors import ModelInputError, SourceMismatch
 from numeric_check.model.hooks import block_hook
 
 PROBE_LENGTH = 64  # positions of each probe sequence at most (the source's context caps it)
+#: one more probe sequence reaches this far into a longer context, so that what acts only at later
+#: positions (a patch on positions >= 100, a window, a scaled rope) is compared too
+LONG_PROBE = 1024
 PROBE_BATCH = 2
 PROBE_SEED = 0
 MARGIN = 10  # the tolerance: this many times the rounding of the lowest precision involved
@@ -122,6 +126,20 @@ def probe_tokens(d_vocab: int, n_ctx: int, length: int | None = None) -> Tensor:
     gen = torch.Generator().manual_seed(PROBE_SEED)
     n_pos = max(1, min(length or PROBE_LENGTH, n_ctx))
     return torch.randint(0, d_vocab, (PROBE_BATCH, n_pos), generator=gen, device="cpu")
+
+
+def probe_batches(d_vocab: int, n_ctx: int) -> list[Tensor]:
+    """The probes a conversion is checked on: :func:`probe_tokens`, and where the context is longer than
+    :data:`PROBE_LENGTH`, one sequence of ``min(n_ctx, LONG_PROBE)`` tokens (a different draw).
+
+    >>> [tuple(b.shape) for b in probe_batches(50, 8)], [tuple(b.shape) for b in probe_batches(50, 4096)]
+    ([(2, 8)], [(2, 64), (1, 1024)])
+    """
+    batches = [probe_tokens(d_vocab, n_ctx)]
+    if n_ctx > PROBE_LENGTH:
+        gen = torch.Generator().manual_seed(PROBE_SEED + 1)
+        batches.append(torch.randint(0, d_vocab, (1, min(n_ctx, LONG_PROBE)), generator=gen, device="cpu"))
+    return batches
 
 
 def user_tokens(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:

@@ -461,3 +461,24 @@ def test_every_reader_reads_the_eps_its_norms_were_built_with(model_type, key):
     model = from_hf(hf, device="cpu")
     assert model.cfg.ln_eps == pytest.approx(1e-5)
     assert model.source_check.rel_diff <= model.source_check.tolerance
+
+
+def test_a_patch_on_later_positions_is_found_by_the_long_probe(monkeypatch):
+    """A hook that changes only positions >= 100 passed the 64-token probes; the probe that reaches into the
+    context finds it (and the untouched model still converts)."""
+    import numeric_check.model.source_check as source_check
+
+    config = transformers.GPT2Config(vocab_size=13, n_embd=16, n_layer=2, n_head=4, n_positions=160)
+    hf = transformers.GPT2LMHeadModel(config).double().eval()
+    assert from_hf(hf, device="cpu").source_check.n_tokens == 2 * 64 + 160
+
+    def later(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden[:, 100:, 0] += 5.0  # one direction (a shift of every entry would be centred away by ln_f)
+        return output
+
+    hf.transformer.h[1].register_forward_hook(later)
+    with pytest.raises(SourceMismatch, match="logits differ from the source's"):
+        from_hf(hf, device="cpu")
+    monkeypatch.setattr(source_check, "LONG_PROBE", 64)  # the probes of before: the patch is not reached
+    assert from_hf(hf, device="cpu").source_check.n_tokens == 3 * 64
