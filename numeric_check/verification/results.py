@@ -104,8 +104,11 @@ class VerifyReport:
         for c in self.checks:
             status = "skipped" if c.passed is None else ("PASS" if c.passed else "FAIL")
             le = "≤ " if c.bounded else ""
+            # the tolerance bounds the absolute error; the relative error is said apart, as a fraction of the scale
+            side = "within" if c.passed else "over"
             err = "" if c.max_abs_error is None else (
-                f": max |error| {le}{c.max_abs_error:.3g} (relative {le}{c.rel_error:.3g}, tolerance {c.tolerance:.3g})")
+                f": max |error| {le}{c.max_abs_error:.3g}, {side} the tolerance {c.tolerance:.3g} "
+                f"({le}{c.rel_error:.3g} of the largest entry)")
             lines.append(f"  {_CHECK_TITLES[c.name]:<47} {status}{err}")
             if c.detail:
                 lines.append(f"      {c.detail}")
