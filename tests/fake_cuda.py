@@ -5,7 +5,9 @@ makes tensors (factories, ``.to``, ``nn.Module.to``) and every operation checks 
 its tensor inputs as CUDA does: a tensor on ``cuda:0`` meeting one on the CPU raises torch's own
 ``Expected all tensors to be on the same device`` error (0-dimensional CPU tensors, the scalars
 CUDA kernels accept, excepted), and ``.numpy()`` of a "cuda" tensor raises as CUDA's does.
-Gradients are off inside (verification needs none). The arithmetic is done on the CPU, so conversions and
+Gradients are off inside (verification needs none). A Hugging Face ``from_pretrained`` run inside the
+fake leaves transformers' non-persistent buffers (rotary ``inv_freq``) unset, in that load and in every
+later one of the process: the tests that load a saved folder on the fake device run it in a child process. The arithmetic is done on the CPU, so conversions and
 verifications give their real numbers — which a ``FakeTensorMode`` (shapes only) cannot: the
 source check and the verification branch on values.
 

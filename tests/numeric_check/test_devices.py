@@ -8,7 +8,13 @@ parameter and buffer of the result, and the verification, must be there.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,28 +157,40 @@ def gpt2_dir(tmp_path_factory):
     return saved_hf_model(tmp_path_factory.mktemp("gpt2"), "gpt2")
 
 
-@pytest.mark.slow
-def test_verify_and_attribute_a_saved_folder_on_cuda(capsys, gpt2_dir):
-    from tests.helpers import run_cli
+def run_on_cuda(*argv: str) -> tuple[int, str, str]:
+    """``tcircuits ARGV`` on CUDA, the real device where there is one, else the fake ``cuda:0`` in a child
+    process (transformers' loading under the fake leaves state behind in its process; see tests/fake_cuda.py)."""
+    if REAL_CUDA:
+        from derivations.cli import main
 
-    with cuda():
-        code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat.",
-                                 "--max-order", "1", "--json")
-        assert code == 0, err
-        assert json.loads(out)["device"].startswith("cuda")
-        code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+        return code, out.getvalue(), err.getvalue()
+    script = ("import sys; from tests.fake_cuda import fake_cuda; from derivations.cli import main\n"
+              "with fake_cuda():\n    code = main(sys.argv[1:])\nsys.exit(code)")
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    return child.returncode, child.stdout, child.stderr
+
+
+@pytest.mark.slow
+def test_verify_and_attribute_a_saved_folder_on_cuda(gpt2_dir):
+    code, out, err = run_on_cuda("verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat.", "--max-order", "1",
+                                 "--json")
+    assert code == 0, err
+    assert json.loads(out)["device"].startswith("cuda")
+    code, out, err = run_on_cuda("attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
                                  "--target", " the", "--top", "5", "--format", "json")
-        assert code == 0, err
-        assert json.loads(out)["device"].startswith("cuda")
+    assert code == 0, err
+    assert json.loads(out)["device"].startswith("cuda")
 
 
 @pytest.mark.slow
-def test_analyze_a_saved_folder_on_cuda(capsys, gpt2_dir, tmp_path):
-    from tests.helpers import run_cli
-
-    with cuda():
-        code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
-                                 "--sequences", "4", "--formats", "svg")
+def test_analyze_a_saved_folder_on_cuda(gpt2_dir, tmp_path):
+    code, out, err = run_on_cuda("analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"), "--sequences", "4",
+                                 "--formats", "svg")
     assert code == 0, err
     assert (tmp_path / "report" / "index.html").exists()
 
