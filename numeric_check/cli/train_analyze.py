@@ -17,9 +17,9 @@ from pathlib import Path
 from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.progress import StepBar
-from numeric_check.cli.source import add_model_arguments, check_model_flags, wants_user_model
+from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
 from numeric_check.errors import InputFileError, NumericCheckError
-from numeric_check.files import writable_dir, writable_file, write_atomic
+from numeric_check.files import writable_file, write_atomic
 
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -302,8 +302,6 @@ def _load_model(path: Path, device):
 
 
 def _run_analyze(args) -> int:
-    import torch
-
     from numeric_check.reports.plots import check_formats
     from numeric_check.reports.analysis import analyze_model, data_config_for
     from numeric_check.reports.report import Report, report_output
@@ -337,11 +335,17 @@ def _run_analyze(args) -> int:
             data = data_config_for(m, r)
             check_batch("--sequences", args.sequences, data.n_ctx, m.cfg.d_vocab)
     settings = {"n_sequences": args.sequences, "seed": args.seed}
-    analysis = analyze_model(model, name=name, training=record, vocab=vocab, **settings)
-    control = None if control_model is None else analyze_model(control_model, name=control_path.stem, training=control_record, **settings)
+    status = Status()  # a line on a terminal that each stage overwrites
+    analysis = analyze_model(model, name=name, training=record, vocab=vocab,
+                             progress=lambda step: status.say(f"analysing {name}: {step}"), **settings)
+    control = None if control_model is None else analyze_model(
+        control_model, name=control_path.stem, training=control_record,
+        progress=lambda step: status.say(f"analysing the control {control_path.stem}: {step}"), **settings)
+    status.say("writing the report")
     report = Report.of(analysis, control)  # the findings, computed once for the terminal and every file
     with folder as staging:  # written beside --out, swapped in whole
         written = report.write(staging, formats)
+    status.done()
     out = folder.path
     lines = [f"analysed {checkpoint or name} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
     if model.source_check is not None:

@@ -18,9 +18,8 @@ torch.Size([2, 2, 2, 2])
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -29,7 +28,7 @@ from derivations.architecture import head_label
 from tensoralg.display import md_table, md_text
 from numeric_check.circuits.behaviour import LossGrid, repeat_loss_grid
 from numeric_check.circuits.ov_qk import copying_scores, eigenvalue_positivity, qk_circuit
-from numeric_check.errors import AnalysisError, NumericCheckError, OutputPathError
+from numeric_check.errors import AnalysisError, NumericCheckError
 from numeric_check.circuits.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
 from numeric_check.circuits.detect import HeadReport, detect_heads
 from numeric_check.circuits.importance import ImportanceReport, path_label, term_importance
@@ -115,8 +114,10 @@ def analyze_model(
     seed: int = 0,
     vocab: Sequence[str] | None = None,
     sources: Sequence[int] = (0, 1, 2),
+    progress: Callable[[str], None] = lambda step: None,
 ) -> ModelAnalysis:
-    """Run every analysis of ``model`` (see the module docstring) on seeded data.
+    """Run every analysis of ``model`` (see the module docstring) on seeded data; ``progress(step)`` is
+    called as each stage starts (the command line shows it on a terminal).
 
     ``training`` is the JSON record written beside a checkpoint by ``train-toy`` (its data
     configuration is reused); ``sources`` are the source tokens of the skip-trigram tables
@@ -134,6 +135,7 @@ def analyze_model(
         )
     batch = repeated_segment_batch(config, n_sequences, torch.Generator().manual_seed(seed))
     batch = type(batch)(*(t.to(model.device) for t in batch))
+    progress("losses, copying and QK circuits")
     with torch.no_grad():
         losses = {k: float(v) for k, v in next_token_losses(model(batch.tokens), batch).items()}
         check_finite_losses(model, losses)
@@ -147,12 +149,16 @@ def analyze_model(
         analysis.importance = term_importance(model, batch.tokens)  # one path: never too many
         return analysis
     if model.arch.n_layers > 1:
+        progress("composition scores")
         with torch.no_grad():
             for kind in COMPOSITION_KINDS:
                 analysis.composition[kind] = composition_scores(model, kind, dtype=torch.float64).cpu()
                 analysis.baseline[kind] = composition_baseline(model, kind, seed=seed)
+    progress("previous-token and induction heads")
     analysis.heads = detect_heads(model, seed=seed)
+    progress("the loss on repeats across the context")
     analysis.grid = repeat_loss_grid(model, seed=seed)
+    progress("term importance")
     try:
         analysis.importance = term_importance(model, batch.tokens)
         analysis.importance_repeat = term_importance(model, batch.tokens, target_mask=batch.repeat_mask)

@@ -290,3 +290,13 @@ def test_write_report_takes_a_report_or_an_analysis_and_refuses_a_second_control
     with pytest.raises(AnalysisError, match="ModelAnalysis"):
         Report.of("not an analysis")
     assert report._repr_markdown_() == report.markdown()
+
+
+def test_an_analysis_says_each_stage_as_it_starts():
+    """``tcircuits analyze`` shows these on a terminal while it works (it showed nothing for 18 s)."""
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only"), d_model=8, d_head=4, d_vocab=12, n_ctx=16,
+                                seed=0, device="cpu")
+    steps: list[str] = []
+    analyze_model(model, n_sequences=4, progress=steps.append)
+    assert steps == ["losses, copying and QK circuits", "composition scores", "previous-token and induction heads",
+                     "the loss on repeats across the context", "term importance"]
