@@ -276,3 +276,32 @@ def test_demo_and_the_companion_run_on_cuda(capsys, tmp_path):
         code, out, err = run_cli(capsys, "paper", "--out", str(tmp_path / "companion"), "--quiet")
     assert code == 0, err
     assert (tmp_path / "companion" / "index.html").exists()
+
+
+# --- threads ----------------------------------------------------------------------------------
+
+def test_the_thread_policy_follows_the_width_and_the_idle_cores(monkeypatch):
+    from numeric_check.model import threads
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.6, 0.0, 0.0))
+    assert threads.default_threads(width=256) == 1  # narrow: one thread, whatever the machine
+    assert threads.default_threads(width=4096) == threads.default_threads() == 1  # 4 cores, 3 busy
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert threads.default_threads(width=4096) == 4  # quiet: every core
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    assert threads.default_threads(width=4096) == 1  # busier than the cores: still one
+
+
+def test_threads_are_set_once_and_bad_counts_refused():
+    from numeric_check.model.threads import use_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert use_threads(2) == 2 and torch.get_num_threads() == 2
+        assert use_threads(None, width=64) == 1 and torch.get_num_threads() == 1
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(DeviceError, match="threads must be an int >= 1"):
+                use_threads(bad)
+    finally:
+        torch.set_num_threads(before)
