@@ -11,7 +11,9 @@ import argparse
 import json
 import re
 import time
-from numeric_check.reports.flags import add_runtime_arguments, check_batch, finite_float, int_in, seed, with_runtime
+from numeric_check.reports.flags import (
+    add_runtime_arguments, check_batch, finite_float, fit_threads, int_in, seed, with_runtime,
+)
 from pathlib import Path
 
 from tensoralg.escape import terminal_safe
@@ -323,6 +325,7 @@ def _run_analyze(args) -> int:
     else:
         model, record = _load_model(checkpoint, args.device)
         name = checkpoint.stem
+    fit_threads(args, model.cfg.d_model)  # the policy's threads for this width (--threads overrides)
     control_model = control_record = None
     if control_path is not None:
         control_model, control_record = _load_model(control_path, args.device)

@@ -203,6 +203,7 @@ def model_and_tokens(args: argparse.Namespace):
     check_model_flags(args, ["--" + name.replace("_", "-") for name in given])
     if not wants_user_model(args):
         model = build_model(args)
+        fit_threads(args, model.cfg.d_model)
         return model, build_tokens(args, model), None
     user = load_user_model(args, args.dtype, args.device)
 

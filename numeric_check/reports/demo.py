@@ -20,7 +20,7 @@ import math
 import sys
 import time
 
-from numeric_check.reports.flags import add_runtime_arguments, check_batch, int_in, seed, with_runtime
+from numeric_check.reports.flags import add_runtime_arguments, check_batch, fit_threads, int_in, seed, with_runtime
 from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     path = args.checkpoint or shipped_checkpoint(2)
     model = load_checkpoint(path, device=args.device)
+    fit_threads(args, model.cfg.d_model)
     arch, cfg = model.arch, model.cfg
     out = lambda text: print(terminal_safe(text))  # a checkpoint's path may hold control characters
 

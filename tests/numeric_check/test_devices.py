@@ -305,3 +305,18 @@ def test_threads_are_set_once_and_bad_counts_refused():
                 use_threads(bad)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_command_runs_a_narrow_model_on_one_thread_unless_told(capsys):
+    from tests.helpers import run_cli
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--no-progress", "--max-rows", "1")
+        assert code == 0, err
+        assert torch.get_num_threads() == 1  # d_model 32: below the width where threads pay
+        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--threads", "2", "--no-progress")
+        assert code == 0 and torch.get_num_threads() == 2, err
+    finally:
+        torch.set_num_threads(before)
