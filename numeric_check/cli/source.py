@@ -356,7 +356,12 @@ def bounded(call, what: str, seconds: float | None = None):
         return _in_process(call, what)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no thread pool to lose across the fork
     read, write = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when a multi-threaded process forks (torch's and CUDA's threads are): the
+        # child only runs ``call`` and leaves by os._exit, and a child that hangs is killed at the bound
+        warnings.filterwarnings("ignore", message=r".*multi-threaded, use of fork\(\) may lead to deadlocks",
+                                category=DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: answer through the pipe, never return into the caller's code
         status = 0
         try:

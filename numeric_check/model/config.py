@@ -46,7 +46,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     numeric_check.errors.DeviceError: unknown device 'tpu'; expected 'auto', 'cpu', 'cuda' or 'cuda:N'
     """
     if device is None or device == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return torch.device("cuda", _current_cuda()) if torch.cuda.is_available() else torch.device("cpu")
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -60,12 +60,18 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
         raise DeviceError(f"device {str(device)!r} requested but CUDA is not available here ({build}); use --device cpu")
     count = torch.cuda.device_count()
     if device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", _current_cuda())
     if device.index >= count:
         raise DeviceError(f"device {str(device)!r} does not exist: this machine has {count} CUDA device"
                           f"{'s' if count != 1 else ''} (cuda:0{f'..cuda:{count - 1}' if count > 1 else ''}); "
                           "name one of them or use --device cpu")
     return device
+
+
+def _current_cuda() -> int:
+    """The current CUDA device's index, without starting CUDA (and its threads) when nothing has yet:
+    until then it is device 0 of those visible."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

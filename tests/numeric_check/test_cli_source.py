@@ -469,6 +469,25 @@ def test_bad_arguments_are_reported_before_the_weights_are_read(capsys, monkeypa
     one_line_error(code, out, err, fragment)
 
 
+def test_the_prompt_is_tokenized_without_a_warning_in_a_threaded_process(capsys, monkeypatch, gpt2_dir):
+    """Python 3.12 warns when a process with threads forks (one with CUDA started, on a GPU machine, has
+    them): the tokenizer's bounded child is forked so, and the command still says one line (found on an H100)."""
+    import os
+    import warnings
+
+    fork = os.fork
+
+    def threaded_fork():
+        warnings.warn(f"This process (pid={os.getpid()}) is multi-threaded, use of fork() may lead to deadlocks in "
+                      "the child.", DeprecationWarning, stacklevel=2)
+        return fork()
+
+    monkeypatch.setattr(os, "fork", threaded_fork)
+    code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The cat", "--target", " the",
+                             "--position", "40")
+    one_line_error(code, out, err, "position must be an int in -3..2")
+
+
 def test_transformers_tables_and_escapes_become_one_line():
     from numeric_check.model.load import one_line
 

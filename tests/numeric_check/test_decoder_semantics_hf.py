@@ -104,7 +104,7 @@ def test_the_model_computes_what_the_family_computes(name):
     dtype, tolerance = (torch.float32, 1e-5) if name == "Mixtral" else (torch.float64, 1e-6)
     hf = make().to(dtype).eval()
     _perturb(hf)
-    ours = build(_read(hf, **options))
+    ours = build(_read(hf, **options), device="cpu")  # beside the Hugging Face model, on the CPU
     with torch.no_grad():
         theirs = hf(TOKENS).logits.to(torch.float64)
     assert float((ours(TOKENS) - theirs).abs().max() / theirs.abs().max()) < tolerance  # its float32 internals
