@@ -92,7 +92,7 @@ class ModelAnalysis:
 def data_config_for(model: CircuitModel, training: dict | None = None) -> TrainConfig:
     """The repeated-segment data to evaluate ``model`` on: its training data when recorded,
     else the default recipe fitted to the model's ``d_vocab`` and ``n_ctx`` (at most
-    ``DATA_N_CTX`` positions, so that large models stay quick to analyse)."""
+    ``DATA_N_CTX`` positions, so that large models stay quick to analyse) with uniformly random tokens."""
     if training and "train_config" in training:
         return TrainConfig.from_dict(training["train_config"])
     if model.cfg.n_ctx < 4:
@@ -102,7 +102,9 @@ def data_config_for(model: CircuitModel, training: dict | None = None) -> TrainC
     n_ctx = min(model.cfg.n_ctx, DATA_N_CTX)
     seg_max = min(32, n_ctx // 2)
     seg_min = min(8, max(2, seg_max // 2))
-    return TrainConfig(n_layers=model.arch.n_layers, d_vocab=model.cfg.d_vocab, n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max)
+    # uniformly random tokens between the repeats: a model of unknown data has no bigram table or skip-trigrams of ours
+    return TrainConfig(n_layers=model.arch.n_layers, d_vocab=model.cfg.d_vocab, n_ctx=n_ctx, seg_min=seg_min, seg_max=seg_max,
+                       bigram_successors=0, skip_trigrams=0)
 
 
 def analyze_model(

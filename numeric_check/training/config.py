@@ -17,7 +17,7 @@ from numeric_check.errors import TrainConfigError
 MAX_PARAMETERS = 50_000_000  # a toy model; larger ones are refused before anything is allocated
 MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
 # fields added after records were first written, at the values those runs used
-LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0}
+LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0, "bigram_successors": 0, "skip_trigrams": 0}
 MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 
 
@@ -33,7 +33,20 @@ class TrainConfig:
     1e-3 reached over 100 steps (``warmup_steps``), held, and brought down linearly to 0 over the
     last 4,500 (``decay_steps``), batch 64, 14,000 steps. Left ``None``, ``warmup_steps`` is
     ``min(100, steps // 10)`` and ``decay_steps`` ``min(4500, (steps - warmup_steps) // 3)``, so any
-    ``steps`` gets the same shape of schedule; the record keeps the numbers. Measured here: with one repeat of 16–32
+    ``steps`` gets the same shape of schedule; the record keeps the numbers.
+
+    The tokens between the repeats follow a bigram table and hold planted skip-trigrams (issue 27),
+    so that a zero-layer model has bigrams to learn and a one-layer model skip-trigrams: each token
+    has ``bigram_successors`` likely successors (4; left ``None``, ``min(4, d_vocab // 4)``), each
+    column of them a random permutation of the vocabulary so that every token is as common as any
+    other, followed with probability ``bigram_follow`` 0.75, else a token drawn uniformly;
+    ``skip_trigrams`` source tokens A (8; left ``None``, ``min(8, d_vocab // 16)``) each have two
+    (destination B, out C) pairs, and up to ``trigrams_per_sequence`` 3 times per sequence one of
+    those pairs is planted: A at a random position, later B followed by C ("keep … in mind",
+    "keep … at bay"). The table and the triples are drawn from ``seed`` alone
+    (:func:`~numeric_check.training.toy.data_tables`). ``bigram_successors=0`` and
+    ``skip_trigrams=0`` give the uniformly random tokens of the models trained before, which a
+    record without these fields describes. Measured here: with one repeat of 16–32
     tokens per sequence (the first copy never past position 32) the previous-token head learnt
     only the first half of the context; with repeats placed left to right only, sources were rare
     near the end and it stopped near position 54–60; with segments of 8–24 tokens and one repeat
@@ -70,6 +83,10 @@ class TrainConfig:
     seed: int = 0
     eval_batches: int = 8
     init_std: float | None = 0.1
+    bigram_successors: int | None = None
+    bigram_follow: float = 0.75
+    skip_trigrams: int | None = None
+    trigrams_per_sequence: int = 3
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "d_model", "d_head", "n_ctx", "steps", "batch_size", "eval_batches", "max_repeats"):
@@ -91,6 +108,22 @@ class TrainConfig:
             )
         if self.max_repeats > MAX_REPEATS:  # each is a row of every batch's copy table, placed one by one
             raise TrainConfigError(f"max_repeats must be at most {MAX_REPEATS:,}, got {self.max_repeats:,}")
+        if self.bigram_successors is None:  # by default as many as the vocabulary allows, up to 4 and 8
+            object.__setattr__(self, "bigram_successors", min(4, self.d_vocab // 4))
+        if self.skip_trigrams is None:
+            object.__setattr__(self, "skip_trigrams", min(8, self.d_vocab // 16))
+        _check_int("bigram_successors", self.bigram_successors, minimum=0)
+        _check_int("skip_trigrams", self.skip_trigrams, minimum=0)
+        _check_int("trigrams_per_sequence", self.trigrams_per_sequence, minimum=0)
+        if self.bigram_successors >= self.d_vocab:
+            raise TrainConfigError(f"bigram_successors={self.bigram_successors} must be below d_vocab={self.d_vocab}")
+        if 5 * self.skip_trigrams > self.d_vocab:
+            raise TrainConfigError(f"skip_trigrams={self.skip_trigrams} need 5 distinct tokens each (a source, two "
+                                   f"destinations, two outs), {5 * self.skip_trigrams}, but d_vocab={self.d_vocab}; "
+                                   f"lower skip_trigrams to at most {self.d_vocab // 5}")
+        follow = self.bigram_follow
+        if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0 <= follow <= 1:
+            raise TrainConfigError(f"bigram_follow must be a probability in [0, 1], got {follow!r}")
         self._check_sizes()
         if self.positional not in POSITIONAL_KINDS:
             raise TrainConfigError(

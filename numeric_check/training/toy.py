@@ -1,13 +1,15 @@
 """Train small attention-only models on sequences with a repeated random segment.
 
-The task is the one on which the paper's induction heads appear: every sequence is
-random tokens, and a random segment of it occurs twice. The second copy starts at a
-*varying* offset after the first (a fixed offset would let a positional head copy from
-``i - offset`` without any induction). On the second copy, every token but the first
-is predictable by looking back to the token that followed the previous occurrence of
-the current token — exactly what a previous-token head in layer 0 composed with an
-induction head in layer 1 computes. A 1-layer model cannot do this, so its loss on
-the repeated part stays near ``log(d_vocab)``.
+The task is the one on which the paper's induction heads appear: in every sequence a
+random segment occurs twice. The second copy starts at a *varying* offset after the
+first (a fixed offset would let a positional head copy from ``i - offset`` without any
+induction). On the second copy, every token but the first is predictable by looking
+back to the token that followed the previous occurrence of the current token — exactly
+what a previous-token head in layer 0 composed with an induction head in layer 1
+computes; a 1-layer model cannot do this. Between and inside the repeats the tokens
+follow a bigram table and hold planted skip-trigrams (:func:`data_tables`), so that the
+zero-layer model has bigram statistics to learn and the one-layer model skip-trigrams,
+as in the paper (issue 27); a config without them draws tokens uniformly at random.
 
 >>> config = TrainConfig(n_layers=1, steps=2, batch_size=4, d_vocab=16, n_ctx=16,
 ...                      seg_min=2, seg_max=6, d_model=8, d_head=4, n_heads=2)
@@ -55,8 +57,49 @@ def _segment_lengths(config: TrainConfig, shape: tuple[int, ...], generator: tor
     return (lo + u * (hi - lo)).exp().floor().long().clamp(config.seg_min, config.seg_max)
 
 
+#: Offset of the seed that draws the data's tables (:func:`data_tables`) from the run's ``seed``: the
+#: batches' own generator is seeded by ``seed`` itself, so the two streams never coincide.
+TABLE_SEED = 7919
+
+
+class DataTables(NamedTuple):
+    """The fixed structure of a run's data, drawn from its seed alone (:func:`data_tables`).
+
+    ``successors`` ``[d_vocab, bigram_successors]``: each token's likely successors (column ``j`` a
+    permutation of the vocabulary); ``trigrams`` ``[skip_trigrams, 2, 3]``: for each source A, its
+    two planted skip-trigrams ``(A, B, C)`` — A earlier in the context, then B, makes C the next token.
+    """
+
+    successors: torch.Tensor
+    trigrams: torch.Tensor
+
+
+def data_tables(config: TrainConfig) -> DataTables:
+    """The bigram successors and the planted skip-trigrams of ``config``'s data, from ``config.seed`` alone.
+
+    The skip-trigrams' tokens are all different: sources, destinations and outs are five disjoint
+    sets. Two skip-trigrams share each source with different destinations and outs, as the paper's
+    "keep … in mind" and "keep … at bay" do.
+
+    >>> t = data_tables(TrainConfig(d_vocab=32, bigram_successors=2, skip_trigrams=2))
+    >>> t.successors.shape, t.trigrams.shape, bool((t.successors[:, 0].sort().values == torch.arange(32)).all())
+    (torch.Size([32, 2]), torch.Size([2, 2, 3]), True)
+    >>> a, b, c = t.trigrams[0].T  # one source, two destinations, two outs
+    >>> bool(a[0] == a[1]) and len(set(t.trigrams.flatten().tolist())) == 10
+    True
+    """
+    generator = torch.Generator().manual_seed(config.seed + TABLE_SEED)
+    v, k, n = config.d_vocab, config.bigram_successors, config.skip_trigrams
+    successors = torch.stack([torch.randperm(v, generator=generator) for _ in range(k)], dim=1) if k else \
+        torch.zeros(v, 0, dtype=torch.long)
+    tokens = torch.randperm(v, generator=generator)[:5 * n].view(5, n)  # A, B, B', C, C'
+    source, dest, out = tokens[0], tokens[1:3].T, tokens[3:5].T  # [n], [n, 2], [n, 2]
+    trigrams = torch.stack([source[:, None].expand(n, 2), dest, out], dim=-1)  # [n, 2, 3]
+    return DataTables(successors, trigrams)
+
+
 def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torch.Generator) -> RepeatBatch:
-    """Random sequences in which segments of ``seg_min..seg_max`` tokens recur, anywhere in the context.
+    """Sequences in which segments of ``seg_min..seg_max`` tokens recur, anywhere in the context.
 
     Up to ``config.max_repeats`` copies per sequence, each of a length drawn log-uniformly in
     ``seg_min..seg_max``. Half of the sequences (a coin per sequence) place their copies left
@@ -68,7 +111,9 @@ def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torc
     copy's start, that distance log-uniform (adjacent repeats are common); a source may lie
     in an earlier copy. A repeat that does not fit is skipped, and a shorter one may fit
     later; the first always fits (``2 * seg_max <= n_ctx``), so every sequence holds one
-    repeat at least. Deterministic given the generator's state.
+    repeat at least. The tokens outside the copies follow the bigram table of
+    :func:`data_tables` and hold its planted skip-trigrams (see :class:`TrainConfig`), or are
+    uniformly random where the config has neither. Deterministic given the generator's state.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> b = repeated_segment_batch(TrainConfig(d_vocab=10, n_ctx=24, seg_min=2, seg_max=6), 3, g)
@@ -77,7 +122,9 @@ def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torc
     True
     """
     n_ctx, k = config.n_ctx, config.max_repeats
-    fresh = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
+    uniform = not (config.bigram_successors or config.skip_trigrams)
+    if uniform:  # the draws of the data before issue 27, in the same order
+        fresh = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
     lengths = _segment_lengths(config, (k, batch_size), generator)
     u_gap, u_src = torch.rand((2, k, batch_size), generator=generator, dtype=torch.float64)
     from_right = torch.rand(batch_size, generator=generator) < 0.5
@@ -108,7 +155,47 @@ def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torc
         shifted = source.gather(1, (pos - (start - src)[:, None]).clamp(min=0, max=n_ctx - 1))
         source = torch.where(inside, shifted, source)
         repeat_mask |= inside & (pos > start[:, None])
-    return RepeatBatch(fresh.gather(1, source), copies, repeat_mask)
+    if uniform:
+        return RepeatBatch(fresh.gather(1, source), copies, repeat_mask)
+    return RepeatBatch(_structured_tokens(config, source, generator), copies, repeat_mask)
+
+
+def _structured_tokens(config: TrainConfig, source: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Tokens that copy ``source`` (``[batch, n_ctx]``, the earlier position each copied token repeats,
+    its own position elsewhere) and elsewhere follow the bigram table with planted skip-trigrams."""
+    batch_size, n_ctx = source.shape
+    tables = data_tables(config)
+    pos = torch.arange(n_ctx)
+    free = source == pos  # [batch, n_ctx]: not in a copy
+    plant = torch.full((batch_size, n_ctx), -1, dtype=torch.long)  # the planted token, -1 where none
+    n = config.skip_trigrams
+    for _ in range(config.trigrams_per_sequence if n else 0):
+        which = torch.randint(0, 2 * n, (batch_size,), generator=generator)
+        a, b, c = tables.trigrams.view(2 * n, 3)[which].unbind(-1)
+        open_ = free & (plant < 0)
+        # B at p and C at p + 1, both free, with a free position for A before p
+        can_b = open_[:, 1:-1] & open_[:, 2:] & (open_.long().cumsum(1)[:, :-2] > 0)  # B at 1 .. n_ctx - 2
+        score = torch.rand((batch_size, n_ctx - 2), generator=generator).masked_fill(~can_b, -1.0)
+        best, at_b = score.max(1)
+        at_b = at_b + 1
+        can_a = open_ & (pos < at_b[:, None])
+        at_a = torch.rand((batch_size, n_ctx), generator=generator).masked_fill(~can_a, -1.0).argmax(1)
+        rows = torch.arange(batch_size)[best >= 0]  # sequences where one fits
+        plant[rows, at_a[rows]] = a[rows]
+        plant[rows, at_b[rows]] = b[rows]
+        plant[rows, at_b[rows] + 1] = c[rows]
+    follow = torch.rand((batch_size, n_ctx), generator=generator, dtype=torch.float64) < config.bigram_follow
+    pick = torch.randint(0, max(config.bigram_successors, 1), (batch_size, n_ctx), generator=generator)
+    anything = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
+    rows = torch.arange(batch_size)
+    tokens = torch.empty(batch_size, n_ctx, dtype=torch.long)
+    for p in range(n_ctx):  # left to right: a copy's source, always earlier, is final when copied
+        token = anything[:, p]
+        if p and config.bigram_successors:
+            token = torch.where(follow[:, p], tables.successors[tokens[:, p - 1], pick[:, p]], token)
+        token = torch.where(plant[:, p] >= 0, plant[:, p], token)
+        tokens[:, p] = torch.where(free[:, p], token, tokens[rows, source[:, p]])
+    return tokens
 
 
 def next_token_losses(logits: torch.Tensor, batch: RepeatBatch) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint
 from numeric_check.training.toy import (
     TrainConfig,
     TrainConfigError,
+    data_tables,
     evaluate,
     next_token_losses,
     repeated_segment_batch,
@@ -257,3 +258,63 @@ def test_shipped_checkpoint_paths():
     assert shipped_checkpoint(1).parent.name == "data"
     with pytest.raises(TrainConfigError, match="no shipped model with 3 layers; expected one of 0, 1, 2"):
         shipped_checkpoint(3)
+
+
+# --- the data's bigram table and planted skip-trigrams (issue 27) ------------------------------------------
+
+
+def _transitions(tokens: torch.Tensor, v: int) -> torch.Tensor:
+    counts = torch.zeros(v * v, dtype=torch.float64)
+    counts.index_add_(0, (tokens[:, :-1] * v + tokens[:, 1:]).flatten(), torch.ones(tokens[:, 1:].numel(), dtype=torch.float64))
+    return counts.view(v, v)
+
+
+def test_the_data_follow_a_bigram_table_drawn_from_the_seed():
+    config = TrainConfig()
+    tables = data_tables(config)
+    assert tables.successors.shape == (128, 4) and (config.bigram_successors, config.skip_trigrams) == (4, 8)
+    for column in tables.successors.T:  # each column a permutation: every token as common as any other
+        assert torch.equal(column.sort().values, torch.arange(128))
+    assert all(torch.equal(x, y) for x, y in zip(tables, data_tables(TrainConfig(n_layers=0, steps=5))))  # the seed alone
+    assert not torch.equal(tables.successors, data_tables(TrainConfig(seed=1)).successors)
+    batch = _batch(config, 1024)
+    _check_batch(config, type(batch)(*(t[:64] for t in batch)))  # the repeats are intact
+    counts = _transitions(batch.tokens, 128)
+    to_successors = counts.gather(1, tables.successors).sum() / counts.sum()
+    assert 0.4 < float(to_successors) < 0.8  # 0.46 measured: 0.75 outside the copies, none into a copy or a plant
+    p = counts / counts.sum(1, keepdim=True)
+    entropy = float(-(counts.sum(1) / counts.sum() * (p * p.clamp(min=1e-30).log()).sum(1)).sum())
+    assert entropy < math.log(128) - 1.4  # far below the flat table's ln 128
+    # the data before issue 27: a record without the new fields reads as uniformly random tokens
+    old = {k: v for k, v in config.to_dict().items() if k not in ("bigram_successors", "skip_trigrams")}
+    legacy = TrainConfig.from_dict(old)
+    assert (legacy.bigram_successors, legacy.skip_trigrams) == (0, 0)
+    flat = _transitions(_batch(legacy, 1024).tokens, 128)
+    assert float(flat.gather(1, tables.successors).sum() / flat.sum()) < 0.1  # 4/128 by chance, repeats aside
+
+
+def test_the_data_plant_skip_trigrams_and_no_swapped_ones():
+    from numeric_check.reports.paper.measure import data_trigram_favour
+
+    config = TrainConfig()
+    trigrams = data_tables(config).trigrams
+    assert trigrams.shape == (8, 2, 3) and len(set(trigrams.flatten().tolist())) == 40
+    assert torch.equal(trigrams[:, 0, 0], trigrams[:, 1, 0])  # two skip-trigrams per source
+    favour = data_trigram_favour(config, trigrams, n_sequences=1024)
+    for a, b, c in trigrams.view(-1, 3).tolist():
+        assert favour[(a, b)][c] > 50  # C after B when A came earlier: far above chance
+        assert all(v < 5 for o, v in favour[(a, b)].items() if o != c)  # the other pair's out: near chance
+    none = TrainConfig(skip_trigrams=0)
+    assert data_tables(none).trigrams.shape == (0, 2, 3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_vocab=32, skip_trigrams=7), "skip_trigrams=7 need 5 distinct tokens each"),
+    (dict(d_vocab=32, bigram_successors=32), "bigram_successors=32 must be below d_vocab=32"),
+    (dict(bigram_follow=1.5), "bigram_follow must be a probability in [0, 1], got 1.5"),
+    (dict(trigrams_per_sequence=-1), "trigrams_per_sequence must be an int >= 0, got -1"),
+])
+def test_bad_data_structure_is_refused_with_the_numbers(kwargs, message):
+    with pytest.raises(TrainConfigError) as info:
+        TrainConfig(**kwargs)
+    assert message in str(info.value)
