@@ -38,7 +38,7 @@ Train a small attention-only transformer on sequences that contain a repeated ra
 segment, and save it as a safetensors checkpoint (plus a JSON file beside it with the
 training configuration and the final losses).
 
-Every sequence is random tokens in which segments recur anywhere in the context: up to
+Every sequence holds segments that recur anywhere in the context: up to
 MAX_REPEATS copies per sequence, each of SEG_MIN..SEG_MAX tokens (log-uniform, so short
 repeats are common), each copying a source that ends a varying distance before it
 (log-uniform, so sources and copies sit late in the context as often as early). On a
@@ -48,8 +48,13 @@ layer 0 composed (K-composition) with an induction head in layer 1. So:
   --layers 2   learns induction heads: the loss on the repeated part drops far below
                log(vocab) (the "phase change"), at every position of the context;
   --layers 1   cannot: it can only copy tokens seen before, so its loss on repeats
-               stays far above (a control);
-  --layers 0   is the direct path only: bigram statistics, none here.
+               stays far above (a control); it learns the planted skip-trigrams;
+  --layers 0   is the direct path only: it learns the bigram table.
+Between and inside the repeats the tokens follow a bigram table (each token has
+--bigram-successors likely successors, followed with probability --bigram-follow) and
+hold planted skip-trigrams (--skip-trigrams sources A, each with two destination/out
+pairs: A earlier, then B, makes C next), all drawn from --seed; 0 and 0 give tokens
+uniformly at random.
 
 The defaults are a recipe measured on a shared 2-core CPU (one thread; the 2-layer
 model takes about 15 minutes of CPU time): vocab 128, context 64, up to 8 repeats of
@@ -87,6 +92,16 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--seg-min", type=int, default=d.seg_min, help=f"shortest repeated segment (default {d.seg_min})")
     p.add_argument("--seg-max", type=int, default=d.seg_max, help=f"longest repeated segment; 2*seg_max <= n_ctx (default {d.seg_max})")
     p.add_argument("--max-repeats", type=int, default=d.max_repeats, help=f"most repeats per sequence (default {d.max_repeats})")
+    p.add_argument("--bigram-successors", type=int_in(0), default=None, metavar="K",
+                   help=f"likely successors of each token in the data's bigram table; 0: tokens uniformly at random "
+                        f"(default min(4, vocab/4): {d.bigram_successors})")
+    p.add_argument("--bigram-follow", type=finite_float, default=d.bigram_follow, metavar="P",
+                   help=f"probability that the next token is one of the likely successors (default {d.bigram_follow})")
+    p.add_argument("--skip-trigrams", type=int_in(0), default=None, metavar="N",
+                   help=f"source tokens with two planted skip-trigrams each, A … B -> C (default min(8, vocab/16): "
+                        f"{d.skip_trigrams}; 0: none)")
+    p.add_argument("--trigrams-per-sequence", type=int_in(0), default=d.trigrams_per_sequence, metavar="N",
+                   help=f"planted skip-trigrams per sequence, at most (default {d.trigrams_per_sequence})")
     p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
     p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
@@ -124,6 +139,10 @@ def _run_train_toy(args) -> int:
         seg_min=args.seg_min,
         seg_max=args.seg_max,
         max_repeats=args.max_repeats,
+        bigram_successors=args.bigram_successors,
+        bigram_follow=args.bigram_follow,
+        skip_trigrams=args.skip_trigrams,
+        trigrams_per_sequence=args.trigrams_per_sequence,
         positional=args.positional,
         layer_norm=args.layer_norm,
         steps=args.steps,

@@ -44,6 +44,20 @@ def test_train_toy_writes_checkpoint_and_record(tmp_path, capsys):
     assert record["curve"][-1]["step"] == 5
 
 
+def test_train_toy_records_the_data_structure_it_trained_on(tmp_path):
+    """Issue 27: the bigram table and the planted skip-trigrams are options, recorded beside the weights."""
+    out = tmp_path / "data.safetensors"
+    assert main(["train-toy", "--layers", "0", "--steps", "2", "--quiet", "--out", str(out), *TINY]) == 0
+    config = json.loads(out.with_suffix(".json").read_text())["train_config"]
+    assert (config["bigram_successors"], config["bigram_follow"], config["skip_trigrams"]) == (3, 0.75, 0)  # vocab 12
+    flat = tmp_path / "flat.safetensors"
+    assert main(["train-toy", "--layers", "0", "--steps", "2", "--quiet", "--out", str(flat), "--vocab", "40",
+                 "--bigram-successors", "0", "--skip-trigrams", "2", "--trigrams-per-sequence", "1",
+                 *TINY[2:]]) == 0
+    config = json.loads(flat.with_suffix(".json").read_text())["train_config"]
+    assert (config["bigram_successors"], config["skip_trigrams"], config["trigrams_per_sequence"]) == (0, 2, 1)
+
+
 def test_train_toy_shows_a_progress_bar_on_stderr(tmp_path, capsys):
     main(["train-toy", "--layers", "0", "--steps", "3", "--out", str(tmp_path / "m.safetensors"), *TINY])
     assert "3/3" in capsys.readouterr().err
@@ -61,6 +75,8 @@ def test_train_toy_can_save_float16(tmp_path):
         (["--n-ctx", "32"], "seg_max=32 tokens need 64 positions, but n_ctx=32"),
         (["--steps", "0"], "steps must be an int >= 1"),
         (["--threads", "0"], "argument --threads: expected an integer in 1.."),
+        (["--bigram-follow", "2"], "bigram_follow must be a probability in [0, 1], got 2.0"),
+        (["--vocab", "32", "--skip-trigrams", "7"], "skip_trigrams=7 need 5 distinct tokens each"),
     ],
 )
 def test_train_toy_bad_config_is_a_clear_error(tmp_path, capsys, argv, message):
