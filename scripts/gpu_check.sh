@@ -2,8 +2,9 @@
 # The GPU check (`make gpu-check`): on a machine with CUDA and no network, in at most ~6 minutes,
 #   1. install what the machine lacks from the wheels in wheels/gpu (filled beforehand, where there is
 #      a network, by `make gpu-wheels`), and this project without its dependencies;
-#   2. run the whole suite with CUDA visible, printing each failure the moment it happens;
-#   3. run bench_scale and bench_verify on CUDA;
+#   2. run bench_scale (orders 1 and 2; order 3 too with GPU_CHECK_ORDER3=1) and bench_verify on CUDA;
+#   3. run the whole suite with CUDA visible (in parallel with pytest-xdist where it is installed),
+#      printing each failure the moment it happens;
 #   4. print one summary. The whole log is written to gpu-check.log (GPU_CHECK_LOG=FILE to change).
 # It uses the Python it finds (PYTHON=... to choose) and never builds a virtual environment: the GPU
 # machine's torch is the one to test.
@@ -36,17 +37,23 @@ fi
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tail -3 \
   || { echo "GPU check: cannot install tcircuits itself (setuptools missing?)"; exit 2; }
 
-echo "== 2. the suite with CUDA visible (limit ${SUITE_LIMIT} s; failures shown as they happen)"
-TCIRCUITS_INSTAFAIL=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} timeout "$SUITE_LIMIT" \
-  "$PY" -m pytest -q -p no:cacheprovider 2>&1 | tee .gpu-suite.out | tail -25
+echo "== 2. benchmarks on CUDA (first: issue 26's figures)"
+timeout 150 "$PY" benchmarks/bench_scale.py --device cuda --orders 1 2 --dtypes float32 float64 2>&1 | grep -v "terms:" | tail -15
+scale_rc=${PIPESTATUS[0]}
+if [ -n "${GPU_CHECK_ORDER3:-}" ]; then  # order 3 of GPT-2 small: 1.67 M terms
+  timeout "${GPU_CHECK_ORDER3_S:-120}" "$PY" benchmarks/bench_scale.py --device cuda --orders 3 --dtypes float32 2>&1 \
+    | grep -v "terms:" | tail -6 || echo "order 3: cut at its time limit"
+fi
+timeout 90 "$PY" benchmarks/bench_verify.py --device cuda 2>&1 | tail -16
+verify_rc=${PIPESTATUS[0]}
+
+echo "== 3. the suite with CUDA visible (limit ${SUITE_LIMIT} s; failures shown as they happen)"
+workers=()  # pytest-xdist where the machine has it: the suite in parallel on its cores
+"$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_CHECK_WORKERS:-8}")
+TCIRCUITS_INSTAFAIL=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} timeout "$SUITE_LIMIT" \
+  "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" -rf 2>&1 | tee .gpu-suite.out | tail -25
 suite_rc=${PIPESTATUS[0]}
 suite_line=$(grep -E "(passed|failed|error)" .gpu-suite.out | tail -1)
-
-echo "== 3. benchmarks on CUDA"
-timeout 120 "$PY" benchmarks/bench_scale.py --device cuda --orders 1 2 --dtypes float32 float64 2>&1 | tail -15
-scale_rc=${PIPESTATUS[0]}
-timeout 60 "$PY" benchmarks/bench_verify.py --device cuda 2>&1 | tail -12
-verify_rc=${PIPESTATUS[0]}
 
 echo "== summary"
 echo "suite: ${suite_line:-no result} (exit ${suite_rc}$([ "$suite_rc" = 124 ] && echo ', cut at its time limit'))"

@@ -56,6 +56,7 @@ from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
+from numeric_check.verification.grouped import GroupEvaluator, PathGroup, group_values, plan_groups
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
@@ -182,12 +183,20 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     all_kept: list[PathTerm] = list(expansion)
     n_omitted = LogitExpansion(arch).n_terms - len(all_kept)  # an int past 2**63 too
     full = _full_terms(build, len(all_kept), len(all_kept) + n_omitted, s.notes)
-    all_omitted = [t for t in full if t.order > expansion.max_order] if full else []
+    # terms through heads a group at a time, batched (grouped); a sharded run, or a model whose atoms are
+    # not of that form, evaluates every term through the shared trie
+    plan = plan_groups(s.binder, expansion) if shard is None else None
+    if plan is not None:
+        omitted_plan = plan_groups(s.binder, full, range(expansion.max_order + 1, arch.n_layers + 1)) if full else None
+        all_omitted: list[PathTerm] = []
+        singles = plan.singles
+    else:
+        all_omitted = [t for t in full if t.order > expansion.max_order] if full else []
     mine = range(len(all_kept)) if shard is None else shard.select(all_kept)  # this rank's share (see distributed)
     kept = [all_kept[i] for i in mine] if shard is not None else all_kept
     omitted = [all_omitted[i] for i in shard.select(all_omitted)] if shard is not None else all_omitted
     start = time.perf_counter()
-    ev = LogitEvaluator(s.binder, kept + omitted, s.constants)
+    ev = LogitEvaluator(s.binder, kept + omitted if plan is None else [kept[i] for i in singles], s.constants)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
     results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
     space = LogitSpace(s.model, rec, s.constants)
@@ -195,7 +204,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     if shard is not None:
         _agree(shard, len(all_kept) + len(all_omitted), rec, scale)
     exact = _exact_by_default(rec, s.model, len(all_kept)) if exact_errors is None else bool(exact_errors)
-    pending: list = []
+    pending: list = []  # terms to add (norms, sum) and check
+    checking: list = []  # terms already added, to check
     maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
     spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
 
@@ -203,10 +213,12 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         spent["largest"] = max(spent["largest"], _add_terms(ev, pending, kept_sum, results))
         if isolation:
             t0 = time.perf_counter()
-            check_isolated(s.model, s.rec, ev, space, pending, [kept[v.index].path for v in pending], results,
+            values = pending + checking
+            check_isolated(s.model, s.rec, ev, space, values, [kept[v.index].path for v in values], results,
                            (s.atol, s.rtol, scale), exact, chunk_bytes, maps)
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
+        checking.clear()
 
     # a flush: terms holding a quarter of chunk_bytes (their values at their narrowest, often d_head wide;
     # check 2 holds no stream of them, only groups as they arrive), at most about four chunk_bytes of
@@ -218,25 +230,47 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     most_copies = max(1, chunk_bytes // max(1, COPY_FACTOR * stream * (arch.n_layers + 1)))
     done = held = 0
     copies: set = set()
-    for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
-        if v.index >= len(kept):
-            omitted_sum.add(v)
-            continue
-        pending.append(v)
-        held += v.y.numel() * v.y.element_size()
-        path = kept[v.index].path
-        copies.add((path.source, path.heads[:-1]))
-        if HELD_FRACTION * held >= chunk_bytes or len(pending) >= most or len(copies) >= most_copies:
-            flush()
-            held = 0
-            copies.clear()
-        done += 1
+
+    def arrived(values: list, into: list) -> None:
+        nonlocal done, held
+        for v in values:
+            into.append(v)
+            held += v.y.numel() * v.y.element_size()
+            path = kept[v.index].path
+            copies.add((path.source, path.heads[:-1]))
+            if HELD_FRACTION * held >= chunk_bytes or len(pending) + len(checking) >= most or len(copies) >= most_copies:
+                flush()
+                held = 0
+                copies.clear()
+        done += len(values)
         _tick(progress, "terms", done, len(kept))
-    if pending:
+
+    if plan is None:
+        for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
+            if v.index >= len(kept):
+                omitted_sum.add(v)
+            else:
+                arrived([v], pending)
+    else:
+        for v in ev.values():
+            arrived([v._replace(index=singles[v.index])], pending)
+        grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
+        for group in plan.groups:
+            for first, y, last in grouped.values(group):
+                spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, last, kept_sum, results))
+                if isolation:
+                    arrived(group_values(grouped, group, first, y, last.tolist()), checking)
+                else:
+                    done += y.shape[0]
+                    _tick(progress, "terms", done, len(kept))
+        for group in omitted_plan.groups if omitted_plan else ():
+            for first, y, last in grouped.values(group):
+                _add_rows(ev, grouped, group, first, y, last, omitted_sum, None)
+    if pending or checking:
         flush()
     largest = spent["largest"]
     kept_aug = space.aug(kept_sum.parts())
-    omitted_aug = space.aug(omitted_sum.parts()) if all_omitted else None
+    omitted_aug = space.aug(omitted_sum.parts()) if full and n_omitted else None
     if shard is not None:  # the ranks meet: sums added, the largest term taken, every rank's results gathered
         largest = shard.max(largest, "taking the largest term", kept_aug)
         kept_aug = shard.sum_(kept_aug, "adding the kept terms")
@@ -298,6 +332,24 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[
             results[v.index].norm = norm
         largest = max(largest, ev.batch_max_row_norm(batch))
     return largest
+
+
+def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Tensor,
+              total: LogitSum, results: list[TermResult] | None) -> float:
+    """Rows of a group (:meth:`GroupEvaluator.values`) added to ``total``, their norms given to ``results``
+    (when given), from the Gram matrices of each last head's remaining multipliers; returns the largest
+    row of any of them before the unembedding."""
+    layer = group.layers[-1]
+    full, inner = grouped.kernels(layer, ev)
+    at = last.to(y.device)
+    key = grouped.left(layer, 0)[1:]
+    part = grouped.unembedding_input(layer, y, at)
+    total.groups[key] = part if key not in total.groups else total.groups[key] + part
+    if results is None:
+        return 0.0
+    for k, norm in enumerate(((y @ full[at, None]) * y).flatten(1).sum(1).clamp_min(0).sqrt().tolist()):
+        results[first + k].norm = norm  # (y [n, b, pos, e] @ [n, 1, e, e]: each row its own head's kernel)
+    return max(float(((y @ inner[at, None]) * y).sum(-1).max()), 0.0) ** 0.5
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,

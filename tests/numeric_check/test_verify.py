@@ -91,20 +91,38 @@ def test_a_wrong_coefficient_fails_checks_1_and_2(monkeypatch, exact_errors):
     assert failed and all(t.max_abs_error is not None and t.max_abs_error <= t.error_bound for t in failed)
 
 
-def test_one_wrong_term_fails_check_1_in_logit_space(monkeypatch):
-    # a term off by 1e-7 of its size in one vocabulary direction only: the sum check sees it
-    real = verify_module.LogitEvaluator.values
+@pytest.mark.parametrize("engine", ["grouped", "trie"])
+def test_one_wrong_term_fails_check_1_in_logit_space(monkeypatch, engine):
+    # a term off by 1e-7 of its size in one vocabulary direction only: the sum check sees it, in either evaluation
+    label = "tok→L0H1→L1H0"
+    if engine == "trie":
+        monkeypatch.setattr(verify_module, "plan_groups", lambda *a, **k: None)
+        real = verify_module.LogitEvaluator.values
 
-    def values(self):
-        for v in real(self):
-            if self.terms[v.index].label == "tok→L0H1→L1H0":
-                v = v._replace(coeff=v.coeff * (1 + 1e-7))
-            yield v
+        def values(self):
+            for v in real(self):
+                if self.terms[v.index].label == label:
+                    v = v._replace(coeff=v.coeff * (1 + 1e-7))
+                yield v
 
-    monkeypatch.setattr(verify_module.LogitEvaluator, "values", values)
+        monkeypatch.setattr(verify_module.LogitEvaluator, "values", values)
+    else:
+        from derivations.paths import expand_logits
+
+        index = [t.label for t in expand_logits(small_model().arch)].index(label)
+        real = verify_module.GroupEvaluator.values
+
+        def values(self, group):
+            for first, y, last in real(self, group):
+                if first <= index < first + y.shape[0]:
+                    y = y.clone()
+                    y[index - first] *= 1 + 1e-7
+                yield first, y, last
+
+        monkeypatch.setattr(verify_module.GroupEvaluator, "values", values)
     report = verify_logits(small_model(), TOKENS, exact_errors=False)
     assert report.check("sum").passed is False and report.check("sum").max_abs_error > 1e-9 * report.scale
-    bad = next(t for t in report.terms if t.label == "tok→L0H1→L1H0")
+    bad = next(t for t in report.terms if t.label == label)
     assert bad.passed is False and report.check("isolation").passed is False
     assert sum(not t.passed for t in report.terms) == 1
 

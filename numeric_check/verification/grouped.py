@@ -1,0 +1,263 @@
+"""Evaluating the terms of a logits expansion a group at a time, batched on the term axis.
+
+The terms of :func:`derivations.paths.expand_logits` that pass through heads come in *groups*: one
+source and one set of layers ``l_1 < … < l_k``, every choice of one head per layer. In a group every
+term has the same shape, and the group is a contiguous run of the expansion's order (heads in
+``itertools.product`` order, the first layer's slowest). Its terms are evaluated together, as a few
+batched products whatever the number of heads:
+
+- the source's stream ``S`` (``X W_srcᵀ``, ``[batch, pos, d_model]``) is read by every head of layer
+  ``l_1`` at once: ``A^{h} N (S W_V^{h}ᵀ)`` for all ``h``, ``[H_1, batch, pos, d_head]``;
+- each further layer reads every row: ``Z_i = A^{h_i} N (Z_{i-1} (W_O^{h_{i-1}}ᵀ W_V^{h_i}ᵀ))``, the
+  ``d_head × d_head`` products made once per pair of heads and applied as one batched product;
+- the last layer's ``N^{final}``; a term is then ``y W_O^{h_k}ᵀ W_Uᵀ``, ``y`` ``d_head`` wide, which is
+  where :class:`~numeric_check.verification.evaluate.LogitEvaluator` leaves its terms too, so the
+  rest of the verification (norms from Gram matrices, the sum, check 2) takes either.
+
+Rows are made in chunks of at most ``chunk_bytes``, so memory is bounded by the chunk, not by the
+number of terms. Position-side atoms are applied on the narrow side (after ``W_V``); they act on
+positions and the factors on features, so the order changes nothing but rounding.
+
+:func:`plan_groups` returns ``None`` where an architecture's atoms are not of this form (a head's
+``W_OV`` bound to other than two factors, a norm that is not diagonal); the caller then evaluates
+every term through :class:`~numeric_check.verification.evaluate.LogitEvaluator`.
+
+>>> from derivations.architecture import Architecture
+>>> from derivations.paths import expand_logits
+>>> from numeric_check.model.circuit_model import CircuitModel
+>>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.verification.bind import Binder
+>>> model = CircuitModel.random(Architecture(2, 3, layer_norm=True), d_model=8, d_head=4, d_vocab=10, n_ctx=6,
+...                             seed=0, dtype=torch.float64)
+>>> binder = Binder(model, record(model, torch.tensor([[1, 2, 3, 4]])))
+>>> groups = plan_groups(binder, expand_logits(model.arch, 2))
+>>> [(g.source.label, g.layers, g.start, g.n_terms) for g in groups.groups], groups.singles
+([('tok', (0,), 1, 3), ('tok', (1,), 4, 3), ('tok', (0, 1), 7, 9)], [0])
+>>> sum(g.n_terms for g in groups.groups) + len(groups.singles) == len(expand_logits(model.arch, 2))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from typing import Iterator, NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from derivations.paths import LogitExpansion, StreamEntry, head_atom, layer_atom, ln_scale, post_scale, stream_entries
+from numeric_check.verification.bind import Binder
+from numeric_check.verification.evaluate import FactorRef, LogitTermValue, right_multiplier, word_factors
+
+#: entries of one chunk of rows up to which a group is evaluated at once (float64: 32 MiB)
+DEFAULT_ROW_ENTRIES = 1 << 22
+
+
+class PathGroup(NamedTuple):
+    """The terms of one source through one head in each of ``layers``: expansion indices
+    ``start .. start + n_terms - 1``, heads in product order (the first layer's slowest)."""
+
+    entry: StreamEntry
+    layers: tuple[int, ...]
+    start: int
+    n_terms: int
+
+    @property
+    def source(self):
+        return self.entry.source
+
+
+class GroupPlan(NamedTuple):
+    """An expansion split into :class:`PathGroup` (``groups``) and the expansion indices of the terms
+    through no head (``singles``: each source alone, ``b_U``), which are evaluated one by one."""
+
+    groups: list[PathGroup]
+    singles: list[int]
+
+
+def plan_groups(binder: Binder, expansion: LogitExpansion, orders: range | None = None) -> GroupPlan | None:
+    """The groups of ``expansion`` (those of an order in ``orders`` when given; other terms are in
+    neither list), or ``None`` when the model's atoms are not of the form evaluated here."""
+    arch = expansion.arch
+    if not _grouped_form(binder):
+        return None
+    L, heads = arch.n_layers, arch.heads_per_layer
+    groups: list[PathGroup] = []
+    singles: list[int] = []
+    index = 0
+    for entry in stream_entries(arch, L):
+        top = L - entry.first_layer if expansion.max_order is None else min(L - entry.first_layer, expansion.max_order)
+        for k in range(top + 1):
+            for layers in combinations(range(entry.first_layer, L), k):
+                n = math.prod(heads[j] for j in layers)
+                if orders is None or k in orders:
+                    if k == 0:
+                        singles.append(index)
+                    elif n:
+                        groups.append(PathGroup(entry, layers, index, n))
+                index += n
+    if arch.biases and (orders is None or 0 in orders):
+        singles.append(index)  # b_U, the last term
+    return GroupPlan(groups, singles)
+
+
+def _grouped_form(binder: Binder) -> bool:
+    """Whether every head's ``W_OV`` is two factors ``W_O [d_model, e]``, ``W_V [e, d_model]`` and every
+    norm's frozen scale is diagonal (then a group's terms are the products evaluated here)."""
+    arch, d = binder.model.arch, binder.model.cfg.d_model
+    for layer, n in enumerate(arch.heads_per_layer):
+        for head in range(n):
+            factors = binder.factors(head_atom("W_OV", layer, head))
+            if len(factors) != 2 or factors[0].shape[0] != d or factors[1].shape[1] != d \
+                    or factors[0].shape[1] != factors[1].shape[0]:
+                return False
+        scales = ([ln_scale(layer)] if arch.pre_norm and n else []) + ([post_scale(layer)] if arch.post_norm and n else [])
+        if not all(binder.position(a).diagonal for a in scales):
+            return False
+    return not arch.normalised or binder.position(layer_atom("N", "final")).diagonal
+
+
+class _Layer(NamedTuple):
+    """One layer's heads, stacked: ``W_V [H, e, d]``, ``W_O [H, d, e]``, patterns ``A [H, b, pos, pos]``,
+    the diagonal scales before (``N``) and after (``post``) attention ``[b, pos]`` or ``None``, and each
+    head's remaining factor reference (``W_O^{h}ᵀ``: a term's ``left`` begins with it)."""
+
+    W_V: Tensor
+    W_O: Tensor
+    A: Tensor
+    N: Tensor | None
+    post: Tensor | None
+    refs: list[FactorRef]
+
+
+class GroupEvaluator:
+    """Evaluates :class:`PathGroup` of one binder's model and batch (see the module docstring).
+
+    :meth:`values` yields ``(first index, y, last heads)``: ``y`` ``[n, batch, pos, d_head]`` the rows
+    of a group from ``first`` on (each a term's value at its narrowest point, coefficient 1), ``last
+    heads`` ``[n]`` the head of the group's last layer of each row; :meth:`left` gives a term's
+    remaining multipliers from its last head.
+    """
+
+    def __init__(self, binder: Binder, row_entries: int = DEFAULT_ROW_ENTRIES):
+        self.binder = binder
+        self.row_entries = max(1, row_entries)
+        self._layers: dict[int, _Layer] = {}
+        self._fused: dict[tuple[int, int], Tensor] = {}
+        self._streams: dict = {}
+        self._kernels: dict[int, tuple[Tensor, Tensor]] = {}
+        arch = binder.model.arch
+        self._final = binder.position(layer_atom("N", "final")).value if arch.normalised else None
+        self._W_U = tuple(f.ref[:2] + (not f.ref[2],) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
+
+    def layer(self, layer: int) -> _Layer:
+        if layer not in self._layers:
+            b, arch = self.binder, self.binder.model.arch
+            heads = range(arch.heads_per_layer[layer])
+            atoms = [head_atom("W_OV", layer, h) for h in heads]
+            W_O = torch.stack([b.factors(a)[0] for a in atoms])
+            W_V = torch.stack([b.factors(a)[1] for a in atoms])
+            A = torch.stack([b.position(head_atom("A", layer, h)).value for h in heads])
+            N = b.position(ln_scale(layer)).value if arch.pre_norm else None
+            post = b.position(post_scale(layer)).value if arch.post_norm else None
+            self._layers[layer] = _Layer(W_V, W_O, A, N, post, [(a, 0, True) for a in atoms])
+        return self._layers[layer]
+
+    def left(self, layer: int, head: int) -> tuple[FactorRef, ...]:
+        """The multipliers left to a term whose last head is ``(layer, head)``: ``W_O^{h}ᵀ`` then ``W_Uᵀ``."""
+        return (self.layer(layer).refs[head],) + self._W_U
+
+    def fused(self, first: int, second: int) -> Tensor:
+        """``W_O^{h}ᵀ W_V^{g}ᵀ`` for every head ``h`` of layer ``first`` and ``g`` of ``second``: ``[H, G, e, e]``."""
+        key = (first, second)
+        if key not in self._fused:
+            a, b = self.layer(first), self.layer(second)
+            self._fused[key] = torch.einsum("hdi,gjd->hgij", a.W_O, b.W_V)
+        return self._fused[key]
+
+    def source_stream(self, entry: StreamEntry) -> Tensor:
+        """What ``entry``'s source writes to the residual stream, ``X W_srcᵀ`` with its position word
+        applied: ``[batch, pos, d_model]`` (made once per source)."""
+        key = entry.source  # (not its input: every bias source reads the same ones)
+        if key not in self._streams:
+            b = self.binder
+            x = b.source_input(entry.source)
+            factors = word_factors(b, entry.word)
+            if factors:
+                y = x.times_transpose(b.factors(factors[-1].ref[0])[factors[-1].ref[1]]) if not factors[-1].ref[2] \
+                    else x.times_transpose(right_multiplier(b, factors[-1].ref))
+                for f in reversed(factors[:-1]):
+                    y = y @ right_multiplier(b, f.ref[:2] + (not f.ref[2],))
+            else:
+                y = x.as_dense()
+            for a in reversed(entry.position):
+                pos = b.position(a)
+                y = pos.value[..., None] * y if pos.diagonal else pos.value @ y
+            self._streams[key] = y
+        return self._streams[key]
+
+    def values(self, group: PathGroup) -> Iterator[tuple[int, Tensor, Tensor]]:
+        """The group's rows, a chunk at a time (see the class docstring)."""
+        S = self.source_stream(group.entry)
+        first = self.layer(group.layers[0])
+        y = torch.einsum("bpd,hed->hbpe", S if first.N is None else first.N[..., None] * S, first.W_V)
+        y = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
+        for row0, rows, last in self._deeper(group, 1, y, 0):
+            yield group.start + row0, rows, last
+
+    def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+        layers = group.layers
+        if depth == len(layers):
+            if self._final is not None:
+                y = self._final[..., None] * y
+            n_last = self.binder.model.arch.heads_per_layer[layers[-1]]
+            last = torch.arange(row0, row0 + y.shape[0], device="cpu") % n_last
+            yield row0, y, last
+            return
+        previous, here = layers[depth - 1], self.layer(layers[depth])
+        n_prev, n_here = self.binder.model.arch.heads_per_layer[previous], here.A.shape[0]
+        M = self.fused(previous, layers[depth])  # [H_prev, H, e, e]
+        per_row = n_here * y[0].numel()
+        rows = max(1, self.row_entries // max(1, per_row))
+        for r in range(0, y.shape[0], rows):
+            part = y[r:r + rows]
+            heads = (torch.arange(row0 + r, row0 + r + part.shape[0], device=y.device) % n_prev)
+            nxt = torch.einsum("nbpe,nhef->nhbpf", part, M[heads])
+            if here.N is not None:
+                nxt = here.N[..., None] * nxt
+            nxt = self._position_side(here, nxt).flatten(0, 1)
+            yield from self._deeper(group, depth + 1, nxt, (row0 + r) * n_here)
+
+    @staticmethod
+    def _position_side(layer: _Layer, y: Tensor) -> Tensor:
+        """``post · A^{h} · y`` for rows ``y`` ``[n, H, b, pos, e]`` (the layer's ``N`` already applied)."""
+        y = layer.A @ y  # [H, b, pos, pos] broadcast over the rows
+        return y if layer.post is None else layer.post[..., None] * y
+
+    # -- what the verification needs of each chunk ------------------------------------------------
+    def kernels(self, layer: int, ev) -> tuple[Tensor, Tensor]:
+        """For the heads of ``layer``: each term's Gram matrix of its remaining multipliers
+        ``K_h = W_O^{h}ᵀ (W_Uᵀ W_U) W_O^{h}`` and of the part before ``W_U``, ``W_O^{h}ᵀ W_O^{h}``,
+        ``[H, e, e]`` each (through ``ev``'s :meth:`~LogitEvaluator.gram`, which keeps them)."""
+        if layer not in self._kernels:
+            n = self.binder.model.arch.heads_per_layer[layer]
+            full = torch.stack([ev.gram(self.left(layer, h)) for h in range(n)])
+            inner = torch.stack([ev.gram(self.left(layer, h)[:1]) for h in range(n)])
+            self._kernels[layer] = full, inner
+        return self._kernels[layer]
+
+    def unembedding_input(self, layer: int, y: Tensor, last: Tensor) -> Tensor:
+        """``Σ_rows y W_O^{h}ᵀ`` over rows ``y`` whose last heads (of ``layer``) are ``last``: their sum's
+        contribution to what reaches ``W_U``, ``[batch, pos, d_model]``."""
+        W_O = self.layer(layer).W_O
+        n = W_O.shape[0]
+        by_head = y.new_zeros(n, *y.shape[1:]).index_add_(0, last.to(y.device), y)  # [H, b, pos, e]
+        return torch.einsum("hbpe,hde->bpd", by_head, W_O)
+
+
+def group_values(ev: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Sequence[int]) -> list[LogitTermValue]:
+    """The rows ``y`` of ``group`` from expansion index ``first`` on as :class:`LogitTermValue` (for check 2)."""
+    layer = group.layers[-1]
+    lefts = [ev.left(layer, h) for h in range(ev.binder.model.arch.heads_per_layer[layer])]
+    return [LogitTermValue(first + k, 1.0, row, lefts[h]) for k, (row, h) in enumerate(zip(y.unbind(0), last))]

@@ -1,0 +1,114 @@
+"""The grouped evaluation (terms through heads batched on the term axis) against the shared trie, term by term."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import numeric_check.verification.verify as verify_module
+from derivations.architecture import Architecture
+from derivations.paths import expand_logits
+from numeric_check import verify_logits
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.hook_paths import record
+from numeric_check.verification.bind import Binder
+from numeric_check.verification.evaluate import LogitEvaluator
+from numeric_check.verification.grouped import GroupEvaluator, group_values, plan_groups
+
+ARCHS = {
+    "attention only": Architecture(3, 2),
+    "layer norm, MLPs, biases": Architecture(3, 3, layer_norm=True, mlp=True, biases=True),
+    "heads differ per layer": Architecture(3, (2, 3, 1), layer_norm=True, biases=True),
+    "parallel blocks, RMS norm": Architecture(2, 2, norm="rms_norm", mlp=True, parallel=True),
+}
+
+
+def _model(arch, seed=0):
+    return CircuitModel.random(arch, d_model=12, d_head=4, d_vocab=11, n_ctx=7, seed=seed, dtype=torch.float64,
+                               device="cpu")
+
+
+def _trie_only(monkeypatch):
+    monkeypatch.setattr(verify_module, "plan_groups", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+@pytest.mark.parametrize("max_order", [1, 2, None])
+def test_the_grouped_report_is_the_trie_report_term_by_term(monkeypatch, name, max_order):
+    model = _model(ARCHS[name])
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])  # two sequences: a batch axis that must not mix
+    grouped = verify_logits(model, tokens, max_order=max_order, device="cpu", exact_errors=True)
+    _trie_only(monkeypatch)
+    trie = verify_logits(model, tokens, max_order=max_order, device="cpu", exact_errors=True)
+    assert grouped.passed and trie.passed
+    assert [t.label for t in grouped.terms] == [t.label for t in trie.terms]
+    for g, t in zip(grouped.terms, trie.terms):
+        assert math.isclose(g.norm, t.norm, rel_tol=1e-10, abs_tol=1e-12), (g.label, g.norm, t.norm)
+        assert g.max_abs_error <= 1e-12 * max(1.0, t.norm) and g.passed
+    for a, b in zip(grouped.checks, trie.checks):
+        assert (a.name, a.passed) == (b.name, b.passed)
+
+
+def test_a_wrong_term_is_caught_by_check_2_in_the_grouped_evaluation(monkeypatch):
+    """The grouped values are what check 2 compares: a wrong pattern bound to one head fails its terms."""
+    from numeric_check.verification import grouped as grouped_module
+
+    model = _model(ARCHS["layer norm, MLPs, biases"])
+    layer = grouped_module.GroupEvaluator.layer
+
+    def wrong(self, index):
+        got = layer(self, index)
+        if index == 1:
+            A = got.A.clone()
+            A[2] = A[2].flip(-1)  # head L1H2 reads the wrong positions
+            got = got._replace(A=A)
+        return got
+
+    monkeypatch.setattr(grouped_module.GroupEvaluator, "layer", wrong)
+    report = verify_logits(model, torch.tensor([[1, 2, 3, 4, 5]]), max_order=2, device="cpu")
+    failed = {t.label for t in report.terms if not t.passed}
+    assert failed and all("L1H2" in label for label in failed)
+    assert not report.passed
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(1, 400), seed=st.integers(0, 3))
+def test_chunks_of_any_size_give_the_same_rows(rows, seed):
+    """Memory is bounded by the chunk: rows made a few at a time are the rows made at once."""
+    model = _model(Architecture(3, 3, layer_norm=True, biases=True), seed)
+    binder = Binder(model, record(model, torch.tensor([[3, 1, 4, 1, 5, 9]])))
+    plan = plan_groups(binder, expand_logits(model.arch))
+    whole, small = GroupEvaluator(binder), GroupEvaluator(binder, row_entries=rows)
+    for group in plan.groups:
+        a = torch.cat([y for _, y, _ in whole.values(group)])
+        parts = list(small.values(group))
+        assert [first for first, _, _ in parts] == sorted(first for first, _, _ in parts)
+        assert parts[0][0] == group.start and sum(y.shape[0] for _, y, _ in parts) == group.n_terms
+        torch.testing.assert_close(torch.cat([y for _, y, _ in parts]), a, rtol=0, atol=0)
+
+
+def test_each_row_is_its_term_evaluated_alone():
+    model = _model(ARCHS["layer norm, MLPs, biases"])
+    binder = Binder(model, record(model, torch.tensor([[1, 2, 3, 4]])))
+    terms = list(expand_logits(model.arch))
+    plan = plan_groups(binder, expand_logits(model.arch))
+    covered = sorted(plan.singles + [g.start + k for g in plan.groups for k in range(g.n_terms)])
+    assert covered == list(range(len(terms)))  # every term exactly once
+    ev, grouped = LogitEvaluator(binder, terms), GroupEvaluator(binder)
+    for group in plan.groups:
+        for first, y, last in grouped.values(group):
+            for v in group_values(grouped, group, first, y, last.tolist()):
+                t = terms[v.index]
+                assert (t.source, len(t.heads)) == (group.source, len(group.layers))
+                alone = LogitEvaluator(binder, [t])
+                (mine,) = alone.values()
+                torch.testing.assert_close(ev.logits(v), alone.logits(mine), rtol=1e-12, atol=1e-13)
+
+
+def test_a_model_whose_atoms_are_not_of_the_grouped_form_is_evaluated_by_the_trie(monkeypatch):
+    model = _model(Architecture(2, 2))
+    binder = Binder(model, record(model, torch.tensor([[1, 2, 3]])))
+    factors = binder.factors
+    monkeypatch.setattr(binder, "factors", lambda a: (factors(a)[0] @ factors(a)[1],) if a.name == "W_OV" else factors(a))
+    assert plan_groups(binder, expand_logits(model.arch)) is None
