@@ -75,6 +75,7 @@ DEFAULT_CHUNK_BYTES = 1 << 28  # activations of the largest tensor of one batche
 # streams of one group of paths handed on together (head outputs, ln_final, the caller's differences):
 # small enough to stay in a CPU's cache; larger tensors, allocated afresh each time, also cost page faults
 GROUP_BYTES = 1 << 22
+RAW_GROUP_BYTES = 1 << 22  # the z of many copies' paths that end in one layer, handed on together (16x on a GPU)
 
 
 def _chunks(n_items: int, bytes_per_item: int, chunk_bytes: int) -> Iterator[range]:
@@ -221,7 +222,7 @@ def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: 
     cfg = model.cfg  # per copy: a few residual-sized tensors and the widest of a layer's z and pattern
     per_copy = 4 * b * p * max(cfg.d_model, max(heads, default=1) * max(cfg.d_head, p)) * rec.final.element_size()
     copies = _copies(paths)
-    parent_of = {q: Path(q.source, q.heads[:-1]) for q in copies if q.heads}
+    parent_of = {q: Path.trusted(q.source, q.heads[:-1]) for q in copies if q.heads}
     entering: dict[Path, Tensor] = {}  # a prefix's stream leaving its last layer, read by its parent copy
     for depth in sorted({len(prefix.heads) for prefix in copies}):
         level = sorted((q for q in copies if len(q.heads) == depth), key=lambda q: q.heads[-1][0] if q.heads else -1)
@@ -230,7 +231,8 @@ def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: 
             starts = {q.heads[-1][0] + 1 if q.heads else 0 for q in prefixes}
             for start in sorted(starts):  # one pass per starting layer
                 group = [q for q in prefixes if (q.heads[-1][0] + 1 if q.heads else 0) == start]
-                children = {q: parent for q, parent in parent_of.items() if parent in group}
+                members = set(group)
+                children = {q: parent for q, parent in parent_of.items() if parent in members}
                 yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start,
                                           upto, raw)
             for q in prefixes:
@@ -244,10 +246,10 @@ def _copies(paths: Sequence[Path]) -> dict[Path, list[int]]:
     copy starts from the stream its parent's copy reads."""
     copies: dict[Path, list[int]] = {}
     for i, path in enumerate(paths):
-        copies.setdefault(Path(path.source, path.heads[:-1]), []).append(i)
+        copies.setdefault(Path.trusted(path.source, path.heads[:-1]), []).append(i)
     for prefix in list(copies):
         while prefix.heads:
-            prefix = Path(prefix.source, prefix.heads[:-1])
+            prefix = Path.trusted(prefix.source, prefix.heads[:-1])
             copies.setdefault(prefix, [])
     return copies
 
@@ -261,8 +263,9 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
     parent prefix) start from. ``upto``: streams entering that block instead of unembedding inputs."""
     b, n = rec.n_batch, len(copies)
     prefixes = list(copies)
-    whole = any(paths[i] == prefix for prefix in prefixes for i in copies[prefix])
-    last = {paths[i].heads[-1][0] for prefix in prefixes for i in copies[prefix] if paths[i] != prefix}
+    # a copy's paths are its prefix itself or the prefix and one head more: told apart by their length
+    whole = any(len(paths[i].heads) == len(prefix.heads) for prefix in prefixes for i in copies[prefix])
+    last = {paths[i].heads[-1][0] for prefix in prefixes for i in copies[prefix] if len(paths[i].heads) > len(prefix.heads)}
     last |= {child.heads[-1][0] for child in children}
     results: dict[int, Tensor] = {}
 
@@ -295,19 +298,42 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         return model.blocks[layer].attn.head_output(z, head) if scale is None else model.head_streams(layer, z[..., None, :], [head], scale)[0]
 
     streams: dict[Path, Tensor] = {}
+    merged: dict[int, list] = {}
     for child, parent in children.items():
         streams[child] = entering[child] = head_stream(where[parent], *child.heads[-1])
     for c, prefix in enumerate(prefixes):  # copy by copy
-        own = [i for i in copies[prefix] if paths[i] == prefix]
+        own = [i for i in copies[prefix] if len(paths[i].heads) == len(prefix.heads)]
         if own:
             x = final[c * b:(c + 1) * b]
             yield own, x.expand(len(own), *x.shape), None
-        ends = [i for i in copies[prefix] if paths[i] != prefix]
+        ends = [i for i in copies[prefix] if len(paths[i].heads) > len(prefix.heads)]
         for indices, x, at in _head_streams(model, rec, results, c, b, [paths[i] for i in ends], ends, streams,
                                             raw and upto is None):
-            if at is None and upto is None:  # the model's ln_final (scale frozen), on the group at once
+            if at is not None:  # raw: the copies' z of one layer go together (see _merged)
+                merged.setdefault(at[0], []).append((indices, x, at[1]))
+                continue
+            if upto is None:  # the model's ln_final (scale frozen), on the group at once
                 x = final_norm(model, rec, x.flatten(0, 1)).view(x.shape)
             yield indices, x, at
+    for layer, parts in merged.items():
+        yield from _merged(layer, parts, RAW_GROUP_BYTES if rec.final.device.type == "cpu" else 16 * RAW_GROUP_BYTES)
+
+
+def _merged(layer: int, parts: list, limit: int) -> Iterator[tuple[list[int], Tensor, tuple[int, list[int]]]]:
+    """The raw groups of one layer from many copies, ``(indices, z [b, pos, n, d_head], heads)``, as few
+    groups as ``limit`` bytes of ``z`` allow (side by side along the heads' axis: the frozen scales after
+    a head are the same in every copy), so that what follows runs once for many copies."""
+    batch: list = []
+    size = 0
+    for part in parts + [None]:
+        if part is None or (batch and size + part[1].numel() * part[1].element_size() > limit):
+            if batch:
+                z = batch[0][1] if len(batch) == 1 else torch.cat([z for _, z, _ in batch], 2)
+                yield [i for ids, _, _ in batch for i in ids], z, (layer, [h for _, _, heads in batch for h in heads])
+            batch, size = [], 0
+        if part is not None:
+            batch.append(part)
+            size += part[1].numel() * part[1].element_size()
 
 
 def _post_scale(rec: Recording, layer: int) -> Tensor | None:

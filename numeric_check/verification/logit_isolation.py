@@ -131,7 +131,7 @@ class HeadMaps:
     def __init__(self, model: CircuitModel, rec: Recording):
         self.model, self.rec = model, rec
         self._layers: dict[int, tuple[Tensor, Tensor, Tensor, float] | None] = {}
-        self._gaps: dict[tuple, Tensor] = {}
+        self._gaps: dict[tuple, float] = {}
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor, Tensor, float] | None:
         """``(M, norms of M (spectral), sigma, kappa)`` of ``layer``, or ``None``."""
@@ -175,16 +175,17 @@ class HeadMaps:
 
     def _gaps_of(self, ev: LogitEvaluator, layer: int, heads: list[int], refs: tuple, M: Tensor) -> Tensor:
         """``‖M_h - R‖`` for each head and its term's last factor ``R`` (Frobenius, at least the spectral
-        norm), ``[n]``; once per set of heads and factors."""
-        key = (layer, tuple(heads), refs)
-        gaps = self._gaps.get(key)
-        if gaps is None:
-            values = []
-            for h, ref in zip(heads, refs):
+        norm), ``[n]``; each once per head and factor."""
+        gaps = self._gaps
+        values = []
+        for h, ref in zip(heads, refs):
+            key = (layer, h, ref)
+            gap = gaps.get(key)
+            if gap is None:
                 R = right_multiplier(ev.binder, ref)
-                values.append(float(torch.linalg.vector_norm(M[h] - R)) if M[h].shape == R.shape else float("inf"))
-            gaps = self._gaps[key] = M.new_tensor(values)
-        return gaps
+                gap = gaps[key] = float(torch.linalg.vector_norm(M[h] - R)) if M[h].shape == R.shape else float("inf")
+            values.append(gap)
+        return M.new_tensor(values)
 
     @torch.no_grad()
     def bounds(self, ev: LogitEvaluator, part: HeadGroup, group: Sequence[LogitTermValue]) -> list[float] | None:
