@@ -172,7 +172,9 @@ def test_shipped_models_bear_out_the_papers_findings():
         "V-composition with the previous-token head is not above the baseline",
         "the 2-layer model does induction (loss on repeated tokens far below uniform)",
         "the 1-layer control's heads copy (OV eigenvalue positivity clearly positive)",
-        "the 1-layer control cannot do induction (loss on repeated tokens stays high)",
+        # issue 27: the loss on the training data's repeated tokens is no longer a test of induction for the control
+        # (the data's bigram table and planted skip-trigrams make repeats partly predictable without it: 2.27 nats,
+        # under the bar of half ln 128); the repeats of random tokens by length and offset below are, and it fails them
         # issue 12: across the whole context, not on average
         "at every query position 1–59, a previous-token head attends to i-1",  # issue 19: the range is named
         "at every query position 8–63 of a repeat, one of the induction heads attends inductively",
@@ -181,6 +183,7 @@ def test_shipped_models_bear_out_the_papers_findings():
     ]
     failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
     assert not failed
+    assert analyses[1].losses["repeat_loss"] > analyses[2].losses["repeat_loss"] + 1.5  # 2.27 against 0.43
     # issue 19: skip-trigram tables for a layer-0 head that is not the previous-token head
     head = analyses[2].skip_trigram_head
     assert head[0] == 0 and head not in analyses[2].heads.by_behaviour.previous_token

@@ -16,6 +16,7 @@ the analysis report's own (:mod:`numeric_check.reports.findings`) or named here.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,9 +29,9 @@ from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, best_he
 from numeric_check.errors import AnalysisError
 from numeric_check.reports.analysis import ModelAnalysis
 from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, Finding, composition_with, findings
-from numeric_check.reports.paper.measure import Measurements, flat_bigram_gap, partner_same, previous_token_head
+from numeric_check.reports.paper.measure import Measurements, partner_same, previous_token_head
 from numeric_check.reports.paper.rules import (  # noqa: F401 - the rules and their bars, named here too
-    MUCH_SMALLER, WELL, MATTERS, BIGRAM_GAIN, BIGRAM_CLOSE, PICKS, WELL_ABOVE, DATA_FAVOURS, learned_bigrams,
+    MUCH_SMALLER, WELL, MATTERS, BIGRAM_GAIN, BIGRAM_CLOSE, PICKS, WELL_ABOVE, learned_bigrams,
     approximates, most_copy, lowers, picks_source, raises_out, combine, attends_everywhere, well_above,
     not_above, near_one, below, much_smaller, carry_most,
 )
@@ -166,22 +167,32 @@ FLAT_DATA = ("the training data draw every token uniformly at random (repeats as
              "Showing this claim needs data with bigram structure and the shipped models retrained on them.")
 
 
+def flat_data(a: ModelAnalysis) -> bool:
+    """The model's data draw their tokens uniformly at random (the data before issue 27): no bigram to learn."""
+    return not a.data_config.bigram_successors
+
+
 def bigrams(m: Measurements) -> PaperFinding:
     zero = m.analysis(0)
     uniform, loss = zero.losses["uniform_loss"], zero.losses["loss"]
-    gap, n = flat_bigram_gap(zero.model), zero.model.cfg.d_vocab
-    nothing = f"a model that learned nothing (uniform prediction, ln {n} = {uniform:.3f} nats)"
-    parts = (
-        Part(f"the model learned bigram statistics: held-out loss at least {BIGRAM_GAIN} nats below ln {n}",
-             f"loss {loss:.3f} nats, {uniform - loss:+.3f} below ln {n}", learned_bigrams(loss, uniform),
-             f"{nothing}: {0:+.3f} below", learned_bigrams(uniform, uniform)),
-        Part(f"its bigram table (the log-softmax of the direct path) lies within {BIGRAM_CLOSE} nats of the data's "
-             "bigram log-likelihoods",
-             f"its log-probabilities lie within {gap:.3f} nats of the data's (flat) table", approximates(gap),
-             f"{nothing}: within 0.000", approximates(0.0)),
-    )
+    n, fit = zero.model.cfg.d_vocab, m.bigram
+    nothing = "a zero-layer model that learned nothing (random weights)"
+    control_loss = m.random_losses.get(0, {}).get("loss", uniform)
+    parts = [Part(f"the model learned bigram statistics: held-out loss at least {BIGRAM_GAIN} nats below ln {n} = "
+                  f"{uniform:.3f}", f"loss {loss:.3f} nats, {uniform - loss:+.3f} below ln {n}",
+                  learned_bigrams(loss, uniform), f"{nothing}: loss {control_loss:.3f}, {uniform - control_loss:+.3f} below",
+                  learned_bigrams(control_loss, uniform))]
+    if fit is not None:
+        parts.append(Part(
+            f"its table (the softmax of the direct path W_U W_E) approximates the data's bigram table: the mean KL "
+            f"divergence from the data's next-token distributions below {BIGRAM_CLOSE} nats",
+            f"KL {fit.kl:.3f} nats (the data's conditional entropy {fit.entropy:.3f}; a uniform table {fit.uniform:.3f}: "
+            f"the model's table holds {1 - fit.kl / fit.uniform:.0%} of the bigram information)" if fit.uniform > 0 else
+            f"KL {fit.kl:.3f} nats from the data's (flat) table", approximates(fit.kl),
+            f"{nothing}: KL {fit.control:.3f}", approximates(fit.control)))
     return finding("bigrams", prose("A zero-layer transformer models bigram statistics: ", formula("W_U W_E"),
-                                    " approximates the bigram log-likelihoods."), parts, figure="bigrams", note=FLAT_DATA)
+                                    " approximates the bigram log-likelihoods."), parts, figure="bigrams",
+                   note=FLAT_DATA if flat_data(zero) else "")
 
 
 def copying_one_layer(m: Measurements) -> PaperFinding:
@@ -213,86 +224,99 @@ def skip_trigrams(m: Measurements) -> PaperFinding:
     if m.attention:
         ratios = [float(r) for a in m.attention for r in a.ratio]
         control = [float(r) for a in m.attention for r in a.control]
-        head = label(m.attention[0].layer, m.attention[0].head)
         parts.append(Part(
-            f"the QK circuit chooses the source: at each destination of the strongest skip-trigrams, {head} attends "
-            f"to the source token at least {PICKS:g} times as much as to the average other token",
-            "attention ratio " + "; ".join(f"source #{a.source} {float(a.ratio.min()):.2f}–{float(a.ratio.max()):.2f}"
-                                           for a in m.attention), picks_source(ratios),
-            f"a random token in the source's place: ratio {min(control):.2f}–{max(control):.2f}", picks_source(control)))
+            f"the QK circuit chooses the source: at the destination of each planted skip-trigram A … B → C, the head "
+            f"whose OV circuit carries it attends to A at least {PICKS:g} times as much as to the average other token",
+            f"{len(ratios)} planted skip-trigrams, carried by " + ", ".join(
+                f"{label(*h)} ({n})" for h, n in sorted(Counter((a.layer, a.head) for a in m.attention).items()))
+            + f": attention ratio {min(ratios):.1f}–{max(ratios):.1f} (median {sorted(ratios)[len(ratios) // 2]:.1f})",
+            picks_source(ratios),
+            f"a random token in the source's place, the same heads and contexts: ratio {min(control):.2f}–{max(control):.2f}",
+            picks_source(control)))
     if m.bugs:
-        rises = [float(r) for b in m.bugs for r in b.rise[:, 0]]
+        rises = [float(b.rise[i, i]) for b in m.bugs for i in range(len(b.destinations))]
         noise = [float(r) for b in m.bugs for r in b.control.flatten()]
+        nothing = [float(b.rise[i, i]) for b in m.random_bugs for i in range(len(b.destinations))]
         parts.append(Part(
-            f"the OV circuit chooses the out: the top out's logit rises by at least {MATTERS} nats when the source is "
-            "present, more than twice the mean |rise| of random outputs",
-            "rise " + "; ".join(f"#{b.source} … → #{b.outputs[0]} {float(b.rise[:, 0].min()):+.2f}–"
-                                f"{float(b.rise[:, 0].max()):+.2f}" for b in m.bugs), raises_out(rises, noise),
-            f"outputs drawn at random: rise {min(noise):+.2f}–{max(noise):+.2f} (mean |rise| "
-            f"{sum(map(abs, noise)) / len(noise):.3f})", raises_out(noise, noise)))
-    return finding("skip-trigrams", claim, parts)
+            f"the OV circuit chooses the out: after B, the planted out C's logit rises by at least {MATTERS} nats when A is "
+            "earlier in the context, more than twice the mean |rise| of random outputs",
+            f"{len(rises)} planted skip-trigrams: rise {min(rises):+.2f}–{max(rises):+.2f} (mean |rise| of random outputs "
+            f"{sum(map(abs, noise)) / len(noise):.3f})", raises_out(rises, noise),
+            (f"a one-layer model that learned nothing (random weights): rise {min(nothing):+.2f}–{max(nothing):+.2f}"
+             if nothing else "no model that learned nothing measured"), raises_out(nothing, noise)))
+    return finding("skip-trigrams", claim, parts, note="" if m.bugs else NO_PLANTS)
 
+
+NO_PLANTS = ("the one-layer model's data plant no skip-trigrams, so there are no pairs the model learned to judge the QK "
+             "and OV circuits on; retrained on data with planted skip-trigrams, they are judged on those.")
 
 BUGS_CLAIM = ("Factored skip-trigrams have \u201cbugs\u201d: a head that predicts [s] … [d1] → [o1] and [s] … [d2] → [o2] "
               "also predicts [s] … [d1] → [o2] and [s] … [d2] → [o1].")
 
 
-def learned_trigrams(bugs, data: dict[int, dict[int, float]]) -> dict[int, list[int]]:
-    """By source: the outs of the table that the data favour (:data:`DATA_FAVOURS` times chance or more)
-    and the model raises (by :data:`MATTERS` nats at least, at every destination) — skip-trigrams it learned."""
-    out = {}
-    for b in bugs:
-        favoured = data.get(b.source, {})
-        out[b.source] = [o for j, o in enumerate(b.outputs)
-                         if favoured.get(o, 0.0) >= DATA_FAVOURS and float(b.rise[:, j].min()) >= MATTERS]
-    return out
-
-
-def bug_pairs(bugs, learned: dict[int, list[int]]) -> list[tuple[int, float, float, float]]:
-    """Every pair of learned skip-trigrams with one source and two different outs, as
-    ``(source, own rise, swapped rise, noise)``: the swapped pair puts one trigram's out after the
-    other's destination. The destinations are the table's, where the model raises the out."""
+def bug_pairs(bugs, same_head: bool = True) -> list[tuple[int, int, int, float, float, float]]:
+    """Every swapped pair of the planted skip-trigrams whose own pairs the model learned: for a source A with
+    A … B1 → C1 and A … B2 → C2 (the data plant those two), the "bug" A … B1 → C2, as
+    ``(A, B1, C2, own rise of C1 after B1, swapped rise of C2 after B1, noise)``. A pair counts as learned
+    when the model raises its out by :data:`MATTERS` nats at least; the noise is the mean |rise| of random outs.
+    ``same_head``: only sources whose two skip-trigrams one head carries (the claim's premise), else only
+    those that two different heads carry."""
     pairs = []
     for b in bugs:
-        outs = [b.outputs.index(o) for o in learned.get(b.source, [])]
         noise = float(b.control.abs().mean())
-        for i, j in ((i, j) for i in outs for j in outs if i != j):
-            pairs.append((b.source, float(b.rise[:, i].mean()), float(b.rise[:, j].mean()), noise))
+        learned = [i for i in range(len(b.destinations)) if float(b.rise[i, i]) >= MATTERS]
+        for i, j in ((i, j) for i in learned for j in learned if i != j):
+            if b.heads and (b.heads[i] == b.heads[j]) != same_head:
+                continue
+            pairs.append((b.source, b.destinations[i], b.outputs[j], float(b.rise[i, i]), float(b.rise[i, j]), noise))
     return pairs
 
 
-def _bug_rule(bugs, data) -> tuple[bool, str]:
-    learned = learned_trigrams(bugs, data)
-    pairs = bug_pairs(bugs, learned)
-    text = "; ".join(f"#{s} … → " + (", ".join(f"#{o}" for o in outs) or "none") for s, outs in learned.items())
+def _share(pairs) -> str:
+    ratios = sorted(swapped / own for *_, own, swapped, _ in pairs)
+    return f"{ratios[0]:.0%}–{ratios[-1]:.0%} of the learned one (median {ratios[len(ratios) // 2]:.0%})"
+
+
+def _bug_rule(bugs) -> tuple[bool, str]:
+    """The bug rule on the sources whose two learned skip-trigrams one head carries: every swapped pair combines."""
+    pairs, apart = bug_pairs(bugs), bug_pairs(bugs, same_head=False)
     if not pairs:
-        return False, f"skip-trigrams learned (favoured by the data and raised by the model): {text}; no source has two " \
-                      "with different outs, so no bug can be formed"
-    ok = all(combine(own, swapped, noise) for _, own, swapped, noise in pairs)
-    worst = min(swapped / own for _, own, swapped, _ in pairs)
-    return ok, f"learned: {text}; {len(pairs)} swapped pairs, the weakest at {worst:.0%} of its learned pair"
+        return False, (f"of {len(bugs)} planted sources, none whose two skip-trigrams are both learned and carried by one "
+                       "head: no bug can be formed")
+    ok = all(combine(own, swapped, noise) for *_, own, swapped, noise in pairs)
+    held = sum(combine(own, swapped, noise) for *_, own, swapped, noise in pairs)
+    sources = sorted({p[0] for p in pairs})
+    text = (f"{len(sources)} sources whose two learned skip-trigrams one head carries ("
+            + ", ".join(f"#{s}" for s in sources) + f"): the swapped out rises {_share(pairs)}; {held} of "
+            f"{len(pairs)} swapped pairs combine")
+    if apart:
+        text += (f"; {len({p[0] for p in apart})} sources whose two skip-trigrams two different heads carry (no bug "
+                 f"predicted): the swapped out rises {_share(apart)}")
+    return ok, text
 
 
 def bugs(m: Measurements) -> PaperFinding:
     if not m.bugs:
-        part = Part("pairs the model learned combine", "no one-layer head to measure", False, "–", False)
-        return finding("bugs", BUGS_CLAIM, (part,), figure=None)
-    holds, measured = _bug_rule(m.bugs, m.data_trigrams)
-    control, control_text = _bug_rule(m.random_bugs, m.data_trigrams)
-    favour = "; ".join(f"after #{s}: " + ", ".join(f"#{o} {v:.1f}×" for o, v in outs.items())
-                       for s, outs in m.data_trigrams.items())
-    part = Part(f"two skip-trigrams the model learned with one source and different outs combine: the swapped pair "
-                f"rises at least half as much as the learned one", measured, holds,
+        part = Part("pairs the model learned combine", "no planted skip-trigram to measure", False, "–", False)
+        return finding("bugs", BUGS_CLAIM, (part,), figure=None, note=NO_PLANTS)
+    holds, measured = _bug_rule(m.bugs)
+    control, control_text = _bug_rule(m.random_bugs)
+    part = Part("two skip-trigrams the data plant with one source, A … B1 → C1 and A … B2 → C2, learned and carried by "
+                "one head (the one whose OV circuit raises the out most from A), combine: the swapped pair A … B1 → C2, "
+                "which the data never hold, rises at least half as much as the learned A … B1 → C1, and above twice the "
+                "noise", measured, holds,
                 f"a one-layer model that learned nothing (random weights): {control_text}", control)
-    old = m.bugs[0]
-    note = (f"How often the data follow a source with each of the table's outs, against chance: {favour}. The data's only "
-            "skip-trigrams copy the source ([s] … [d] → [s]): every out the data favour is the source itself, so no two "
-            "learned trigrams share a source with different outs, and the paper's bug cannot be shown on these data. "
-            f"Pairing the i-th ranked destination with the i-th ranked out instead (source #{old.source}: "
-            f"+{old.diagonal:.2f}, swapped +{old.off_diagonal:.2f}) pairs tokens the model never learned together, and a "
-            "factored head gives any pairing the same rise: not evidence. Showing the bug needs data with planted "
-            "skip-trigrams that share a source, and the shipped models retrained on them.")
+    own = [v for key, outs in m.data_trigrams.items() for c, v in outs.items() if _own(m, key, c)]
+    swapped = [v for key, outs in m.data_trigrams.items() for c, v in outs.items() if not _own(m, key, c)]
+    note = (f"How often the data follow B with C when A came earlier, against chance: the planted pairs "
+            f"{min(own):.0f}–{max(own):.0f}×, the swapped ones {min(swapped):.1f}–{max(swapped):.1f}×: a swapped pair "
+            "the model predicts is its own bug, not the data's.") if own and swapped else ""
     return finding("bugs", BUGS_CLAIM, (part,), figure="bugs", note=note)
+
+
+def _own(m: Measurements, key: tuple[int, int], out: int) -> bool:
+    """Whether ``out`` is the planted out of the pair ``key`` = (A, B)."""
+    return any((a, b, c) == (*key, out) for a, b, c in m.planted.view(-1, 3).tolist())
 
 
 def _claimed_positions(a: ModelAnalysis, kind: str) -> list[int]:
@@ -486,22 +510,24 @@ def marginal_by_order(m: Measurements) -> PaperFinding:
     two = m.analysis(2)
     o, rnd = two.importance_repeat.marginal_by_order, _random_orders(m)
     every = two.importance.marginal_by_order
+    rnd_every = m.random_importance_all.marginal_by_order if m.random_importance_all else [math.nan] * 3
     nothing = "a two-layer model that learned nothing (random weights)"
     text = lambda x: f"direct {x[0]:+.3f}, heads {x[1]:+.3f}, virtual {x[2]:+.3f}"  # noqa: E731
     parts = (
         Part(f"the first-order terms (individual heads) carry most of the loss reduction: they lower the loss by {MATTERS} "
              "nats at least, more than any other order", f"repeated tokens: {text(o)}; all tokens: {text(every)}",
              carry_most(o), f"{nothing}: {text(rnd)}", carry_most(rnd)),
-        Part(f"the direct path models bigrams: it lowers the loss by {MATTERS} nats at least (the paper: −1.8 nats)",
-             f"direct path {o[0]:+.3f} nats on repeated tokens, {every[0]:+.3f} on all tokens", lowers(o[0], 0.0),
-             f"{nothing}: {rnd[0]:+.3f}", lowers(rnd[0], 0.0)),
+        Part(f"the direct path models bigrams: on all tokens it lowers the loss by {MATTERS} nats at least (the paper: "
+             "−1.8 nats)", f"direct path {every[0]:+.3f} nats on all tokens, {o[0]:+.3f} on repeated tokens",
+             lowers(every[0], 0.0), f"{nothing}: {rnd_every[0]:+.3f} on all tokens", lowers(rnd_every[0], 0.0)),
         Part(f"the second-order terms (virtual heads) add little: less than {MUCH_SMALLER:g} of the first order's",
              f"virtual {o[2]:+.3f}, heads {o[1]:+.3f}", much_smaller(o[2], o[1]),
              f"{nothing}: virtual {rnd[2]:+.3f}, heads {rnd[1]:+.3f}", much_smaller(rnd[2], rnd[1])),
     )
     return finding("marginal-loss", "Expanding the logits by path order, the first-order terms (individual heads) carry "
                    "most of the loss reduction, the direct path models bigrams, and the second-order terms (virtual "
-                   "heads) add little.", parts, note=FLAT_DATA.replace("this claim", "the direct path's part"))
+                   "heads) add little.", parts,
+                   note=FLAT_DATA.replace("this claim", "the direct path's part") if flat_data(two) else "")
 
 
 def paper_findings(m: Measurements) -> dict[str, PaperFinding]:

@@ -58,6 +58,11 @@ SECTIONS = (
     SectionSpec("zero-layer", "Zero layers: the bigram table", (
         prose("With no layers, the logits are ", math("T = W_U W_E"), " applied to the current token: the model can only "
               "learn which token tends to follow which."),
+        prose("The shipped models' training data give it something to learn: outside the repeated segments that teach "
+              "induction, each token is mostly followed by one of a few likely successors (a bigram table drawn from "
+              "the training seed, each token as common as any other), and a few source tokens each have two planted "
+              "skip-trigrams, A … B → C, as the paper's \u201ckeep … in mind\u201d and \u201ckeep … at bay\u201d "
+              "(their training records hold the numbers; the options of tcircuits train-toy change them)."),
     ), ("zero-layer",), ("bigrams",), {"zero-layer": "logits-0l"}),
     SectionSpec("one-layer", "One layer: skip-trigrams", (
         prose("One attention layer adds a term per head to the direct path. Each head factors into a QK circuit ",

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from derivations.document import math as formula, prose
 
-from numeric_check.reports.paper.claims import INDEX_FROM, label as head_name
+from numeric_check.reports.paper.claims import INDEX_FROM
 from numeric_check.reports.report import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
@@ -25,12 +25,13 @@ from numeric_check.reports.plots import plain_title
 #: Captions by figure name: prose (text, and formulae for the one printer).
 CAPTIONS = {
     "bigrams": prose("The zero-layer model's next-token log-probabilities (the log-softmax of each column of ",
-                     formula("W_U W_E"), "), less the data's (flat) bigram log-probability ",
-                     formula("log(1/d_vocab)"), ": every entry of the table."),
+                     formula("W_U W_E"), ") against the data's bigram log-probabilities, for every pair of tokens the "
+                     "data hold; the red line is the uniform ", formula("log(1/d_vocab)"), "."),
     "positivity-1l": "One-layer model: each head's OV eigenvalue positivity (copying, x) against its QK positivity (y).",
-    "bugs": "Skip-trigrams of the one-layer model's strongest head, by source: the rise of an out's logit when the source "
-            "is present, for the out the data favour after it (the source itself: copying), the table's other outs (which "
-            "the data do not favour) and outs drawn at random. No source has two learned outs, so no bug can be formed.",
+    "bugs": "The skip-trigrams planted in the one-layer model's data, by source A (each with two, A … B1 → C1 and "
+            "A … B2 → C2): the rise of an out's logit after a destination when A is earlier in the context, for the "
+            "planted out (blue), the other pair's out, which the data never put there (red: the bug), and outs drawn "
+            "at random (grey); means over both destinations.",
     "profiles": "Two-layer model: attention by query position of the previous-token head (left) and the induction "
                 "heads (right); the dashed line is the bar of 0.4.",
     "composition": "Two-layer model: Q-, K- and V-composition scores minus their random baseline, writer head by reader head.",
@@ -44,15 +45,27 @@ CAPTIONS = {
 
 
 def bigram_figure(m: Measurements) -> Figure:
+    """The zero-layer model's next-token log-probabilities against the data's, entry by entry."""
     model = m.analysis(0).model
     with torch.no_grad():
-        logp = torch.log_softmax(model.W_U.double() @ model.W_E.double(), dim=0) + math.log(model.cfg.d_vocab)
-    fig = Figure(figsize=(5.2, 3.2), layout="constrained")
+        logq = torch.log_softmax(model.W_U.double() @ model.W_E.double(), dim=0).T.cpu()  # [current, next]
+    fig = Figure(figsize=(5.2, 3.4), layout="constrained")
     ax = fig.add_subplot()
-    ax.hist(logp.flatten().cpu().numpy(), bins=60, color="0.45")
-    ax.axvline(0, color="#d62728", lw=1)
-    ax.set(xlabel="log p(next | current) − ln(1/d_vocab)   (nats)", ylabel="entries")
-    plain_title(ax, "induction_0l: the bigram table W_U W_E")
+    uniform = -math.log(model.cfg.d_vocab)
+    if m.bigram is not None and m.bigram.table is not None:
+        table = m.bigram.table
+        seen = table > 0
+        ax.scatter(table[seen].log().numpy(), logq[seen].numpy(), s=3, alpha=0.35, color="#1f77b4", lw=0,
+                   label="entries the data hold")
+        lo = float(min(table[seen].log().min(), logq.min()))
+        ax.plot([lo, 0], [lo, 0], color="0.3", lw=0.8, ls="--", label="equal")
+        ax.set(xlabel="the data's log p(next | current)   (nats)", ylabel="the model's log p(next | current)")
+        ax.legend(frameon=False, fontsize=8, loc="upper left")
+    else:
+        ax.hist((logq - uniform).flatten().numpy(), bins=60, color="0.45")
+        ax.set(xlabel="log p(next | current) − ln(1/d_vocab)   (nats)", ylabel="entries")
+    ax.axhline(uniform, color="#d62728", lw=0.8)
+    plain_title(ax, "induction_0l: the bigram table W_U W_E against the data's")
     return fig
 
 
@@ -60,18 +73,18 @@ def bugs_figure(m: Measurements) -> Figure:
     fig = Figure(figsize=(5.6, 3.2), layout="constrained")
     ax = fig.add_subplot()
     x = np.arange(len(m.bugs))
-    kinds = (("the data's out (the source)", lambda b: float(b.rise[:, 0].mean()), "#1f77b4"),
-             ("the table's other outs", lambda b: float(b.rise[:, 1:].mean()), "#d62728"),
+    kinds = (("planted: A … B1 → C1", lambda b: b.diagonal, "#1f77b4"),
+             ("swapped (the bug): A … B1 → C2", lambda b: b.off_diagonal, "#d62728"),
              ("random outs", lambda b: float(b.control.mean()), "0.6"))
     for k, (label, value, colour) in enumerate(kinds):
         ax.bar(x + (k - 1) * 0.27, [value(b) for b in m.bugs], width=0.27, label=label, color=colour)
-    ax.set_xticks(x, [f"source #{b.source}" for b in m.bugs])
+    ax.set_xticks(x, [f"#{b.source}" for b in m.bugs])
     ax.axhline(0, color="k", lw=0.6)
     top = max([float(b.rise.max()) for b in m.bugs] + [0.1])
-    ax.set(ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.35 * top))
+    ax.set(xlabel="planted source A", ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.35 * top))
     ax.legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
     if m.bugs:
-        plain_title(ax, f"induction_1l, head {head_name(m.bugs[0].layer, m.bugs[0].head)}")
+        plain_title(ax, "induction_1l: the planted skip-trigrams and their swapped pairs")
     return fig
 
 

@@ -4,14 +4,16 @@
 :func:`~numeric_check.reports.analysis.analyze_model` on each (once), verifies their path
 expansions term by term against the models (:func:`~numeric_check.verification.verify.verify_logits`,
 and :func:`~numeric_check.verification.verify.verify_qk` for an induction head), and measures the
-controls the findings need: the OV positivity of random heads of the same shapes, and the
-skip-trigram "bugs" of the one-layer model (:func:`skip_trigram_bugs`). Everything is seeded.
+controls the findings need: the OV positivity of random heads of the same shapes, the zero-layer
+model's fit to its data's bigram table (:func:`bigram_fit`), and the skip-trigrams its data plant,
+measured through the one-layer model (:func:`planted_measures`: the outs' rises, the "bugs", the
+source attention). Everything is seeded.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -27,7 +29,8 @@ from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
 from numeric_check.reports.analysis import ModelAnalysis, analyze_model
-from numeric_check.training.toy import next_token_losses, repeated_segment_batch, shipped_checkpoint, training_record_for
+from numeric_check.training.toy import data_tables, next_token_losses, repeated_segment_batch, shipped_checkpoint, \
+    training_record_for
 from numeric_check.verification.results import VerifyReport
 from numeric_check.verification.verify import verify_logits, verify_qk
 
@@ -47,7 +50,9 @@ class Bugs:
 
     ``rise[i, j]``: mean rise of the logit of output ``outputs[j]`` at a destination holding
     ``destinations[i]`` when the source token is present earlier in the context (against the
-    same contexts without it); ``control``: the same rise for outputs drawn at random.
+    same contexts without it); ``control``: the same rise for outputs drawn at random;
+    ``heads[i]``: the head that carries the skip-trigram ``source … destinations[i] → outputs[i]``
+    (:func:`trigram_heads`), where known.
     """
 
     layer: int
@@ -57,6 +62,7 @@ class Bugs:
     outputs: tuple[int, ...]
     rise: Tensor
     control: Tensor
+    heads: tuple[tuple[int, int], ...] = ()
 
     @property
     def diagonal(self) -> float:
@@ -93,10 +99,13 @@ class Measurements:
     """Everything the companion reports, measured once.
 
     Besides the analyses: the controls the findings are judged against — OV positivity of
-    random heads, the source attention of the one-layer head's skip-trigrams
-    (:func:`source_attention`), how much the training data favour each output after each
-    source (:func:`data_skip_trigrams`), and models that learned nothing (random weights of the
-    shipped shapes) measured as the shipped ones are: ``random_analysis`` by layers (losses,
+    random heads; the skip-trigrams the one-layer model's data plant (``planted``, ``[n, 2, 3]``,
+    :func:`~numeric_check.training.toy.data_tables`), each measured through the model: the rises of
+    its outs (``bugs``, own pairs and swapped ones) and its head's attention on the source
+    (``attention``, :func:`head_attention`, with a random token in the source's place as the
+    control); how much the data favour each (``data_trigrams``, :func:`data_trigram_favour`); the
+    zero-layer model's fit to the data's bigram table (``bigram``, :func:`bigram_fit`); and models
+    that learned nothing (random weights of the shipped shapes) measured as the shipped ones are: ``random_analysis`` by layers (losses,
     term importance on repeated tokens), ``random_bugs`` (the bugs rule on the random
     one-layer model), ``random_partner_same`` (the K-composition positivity of each induction
     head with a random head as its partner).
@@ -108,9 +117,12 @@ class Measurements:
     tables: list[SkipTrigramTable] = field(default_factory=list)
     bugs: list[Bugs] = field(default_factory=list)
     attention: list[SourceAttention] = field(default_factory=list)
-    data_trigrams: dict[int, dict[int, float]] = field(default_factory=dict)
+    data_trigrams: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
+    planted: Tensor | None = None
+    bigram: BigramFit | None = None
     random_losses: dict[int, dict[str, float]] = field(default_factory=dict)
     random_importance: ImportanceReport | None = None
+    random_importance_all: ImportanceReport | None = None
     random_bugs: list[Bugs] = field(default_factory=list)
     random_partner_same: dict[tuple[int, int], float] = field(default_factory=dict)
 
@@ -133,33 +145,26 @@ def random_copying(model: CircuitModel, n_models: int = RANDOM_MODELS, seed: int
     return torch.cat(scores)
 
 
-def strongest_sources(model: CircuitModel, layer: int, head: int, n: int = 3) -> list[int]:
-    """The ``n`` source tokens whose largest direct logit effect through the head's OV circuit is largest."""
-    with torch.no_grad():
-        ov = ov_circuit(model, layer, head, dtype=torch.float64).materialize()  # [out, source]
-    return [int(t) for t in ov.amax(0).topk(n).indices]
-
-
-def skip_trigram_bugs(model: CircuitModel, table: SkipTrigramTable, *, k: int = 4, n_contexts: int = 32,
-                      length: int = 16, seed: int = 0) -> Bugs:
-    """Measure, through ``model``'s forward pass, whether the table's destinations and outputs combine freely.
+def trigram_rises(model: CircuitModel, head: tuple[int, int], source: int, dests: list[int], outs: list[int], *,
+                  n_contexts: int = 32, length: int = 16, seed: int = 0) -> Bugs:
+    """Measure, through ``model``'s forward pass, how much ``source`` earlier in the context raises each out
+    after each destination.
 
     Contexts of ``length`` random tokens end in destination ``d_i`` and hold the source token at a
     random earlier position; the rise of each output's logit at the end, against the same contexts
     with the source replaced by another random token, is averaged over ``n_contexts``. A factored
-    head predicts every ``(d_i, o_j)`` pair, not only its own trigrams ``(d_i, o_i)``.
+    head predicts every ``(d_i, o_j)`` pair, not only its own trigrams ``(d_i, o_i)``. ``head`` only
+    labels the result: the rise is the whole model's.
     """
     gen = torch.Generator().manual_seed(seed)
-    d_vocab, source = model.cfg.d_vocab, table.source_token
-    dests = [d.token for d in table.destinations[:k]]
-    outs = [o.token for o in table.outputs[:k]]
-    shown = set(outs) | {source}
+    d_vocab, k = model.cfg.d_vocab, len(outs)
+    shown = set(outs) | set(dests) | {source}
     pool = torch.tensor([t for t in range(d_vocab) if t not in shown])
-    control = pool[torch.randperm(len(pool), generator=gen)[:k]]
+    control = pool[torch.randperm(len(pool), generator=gen)[:max(k, 4)]]
     base = pool[torch.randint(len(pool), (n_contexts, length), generator=gen)]
     where = torch.randint(0, length - 1, (n_contexts,), generator=gen)
     rise = torch.zeros(len(dests), len(outs), dtype=torch.float64)
-    rise_control = torch.zeros(len(dests), k, dtype=torch.float64)
+    rise_control = torch.zeros(len(dests), len(control), dtype=torch.float64)
     rows = torch.arange(n_contexts)
     with torch.no_grad():
         for i, d in enumerate(dests):
@@ -170,7 +175,7 @@ def skip_trigram_bugs(model: CircuitModel, table: SkipTrigramTable, *, k: int = 
             diff = (model(with_source.to(model.device))[:, -1] - model(without.to(model.device))[:, -1]).double().cpu()
             rise[i] = diff[:, outs].mean(0)
             rise_control[i] = diff[:, control].mean(0)
-    return Bugs(table.layer, table.head, source, tuple(dests), tuple(outs), rise, rise_control)
+    return Bugs(head[0], head[1], source, tuple(dests), tuple(outs), rise, rise_control)
 
 
 def _contexts(model: CircuitModel, source: int, avoid: set[int], n_contexts: int, length: int, gen: torch.Generator):
@@ -181,9 +186,9 @@ def _contexts(model: CircuitModel, source: int, avoid: set[int], n_contexts: int
     return pool, base, where
 
 
-def source_attention(model: CircuitModel, table: SkipTrigramTable, *, k: int = 4, n_contexts: int = 32,
-                     length: int = 16, seed: int = 0) -> SourceAttention:
-    """Measure, through ``model``'s attention pattern, whether the head picks the table's source.
+def head_attention(model: CircuitModel, head: tuple[int, int], source: int, dests: list[int], *, n_contexts: int = 32,
+                   length: int = 16, seed: int = 0) -> SourceAttention:
+    """Measure, through ``model``'s attention pattern, whether ``head`` picks ``source`` after each destination.
 
     Contexts of ``length`` random tokens end in destination ``d_i`` and hold the source token at
     a random earlier position; the head's attention from the last position on the source's
@@ -192,14 +197,14 @@ def source_attention(model: CircuitModel, table: SkipTrigramTable, *, k: int = 4
     source gets there.
     """
     gen = torch.Generator().manual_seed(seed)
-    dests = [d.token for d in table.destinations[:k]]
-    _, base, where = _contexts(model, table.source_token, set(dests), n_contexts, length, gen)
+    _, base, where = _contexts(model, source, set(dests), n_contexts, length, gen)
     rows = torch.arange(n_contexts)
-    name = block_hook(table.layer, "attn.hook_pattern")
+    layer, index = head
+    name = block_hook(layer, "attn.hook_pattern")
 
     def ratio(tokens: Tensor) -> float:
         _, cache = model.run_with_cache(tokens.to(model.device), names_filter=name)
-        last = cache[name][:, table.head, -1].double().cpu()  # [batch, key]
+        last = cache[name][:, index, -1].double().cpu()  # [batch, key]
         on = last[rows, where]
         others = (last.sum(-1) - on) / (length - 1)
         return float((on / others).mean())
@@ -210,33 +215,114 @@ def source_attention(model: CircuitModel, table: SkipTrigramTable, *, k: int = 4
             without = base.clone()
             without[:, -1] = d
             with_source = without.clone()
-            with_source[rows, where] = table.source_token
+            with_source[rows, where] = source
             found.append(ratio(with_source))
             control.append(ratio(without))
-    return SourceAttention(table.layer, table.head, table.source_token, tuple(dests),
+    return SourceAttention(layer, index, source, tuple(dests),
                            torch.tensor(found, dtype=torch.float64), torch.tensor(control, dtype=torch.float64))
 
 
-def data_skip_trigrams(config, sources: list[int], outputs: dict[int, list[int]], *, n_sequences: int = DATA_SEQUENCES,
-                       seed: int = 0) -> dict[int, dict[int, float]]:
-    """How much the training data favour each output after each source: ``P(next = o | s earlier) · d_vocab``.
+def data_trigram_favour(config, trigrams: Tensor, *, n_sequences: int = DATA_SEQUENCES,
+                        seed: int = 0) -> dict[tuple[int, int], dict[int, float]]:
+    """How much the training data favour each planted out after each planted destination when the
+    source came earlier: ``[(A, B)][C] = P(next = C | current B, A earlier) · d_vocab``.
 
-    ``[s][o]`` over ``n_sequences`` sequences of the data ``config`` describes (its
-    :func:`~numeric_check.training.toy.repeated_segment_batch`): at each position whose context
-    holds ``s`` before the current token, how often the next token is ``o``, against chance
-    ``1/d_vocab``. 1: the data do not tie ``o`` to ``s``; a skip-trigram the data hold is
-    well above 1.
+    ``trigrams`` ``[n, 2, 3]`` (:func:`~numeric_check.training.toy.data_tables`): for each source A,
+    its two ``(A, B, C)``. Both outs of a source are counted after both of its destinations, over
+    ``n_sequences`` sequences of the data ``config`` describes: an own pair (B then C) well above
+    1, a swapped one (B then the other pair's C) near 1 — the data hold no bug.
     """
     batch = repeated_segment_batch(config, n_sequences, torch.Generator().manual_seed(seed))
     tokens = batch.tokens  # [batch, pos]
-    nxt = tokens[:, 2:]  # the token after the current one (current: positions 1..n-2)
-    out: dict[int, dict[int, float]] = {}
-    for s in sources:
-        seen = (tokens == s).long().cumsum(1)[:, :-2] > 0  # s at or before position p - 1, current at p
-        chosen = nxt[seen]
-        out[s] = {o: float((chosen == o).double().mean()) * config.d_vocab if len(chosen) else math.nan
-                  for o in outputs[s]}
+    current, nxt = tokens[:, :-1], tokens[:, 1:]
+    out: dict[tuple[int, int], dict[int, float]] = {}
+    for group in trigrams.tolist():
+        a = group[0][0]
+        earlier = (tokens == a).long().cumsum(1)[:, :-1] > 0  # A at or before the current position
+        for _, b, _ in group:
+            chosen = nxt[(current == b) & earlier & (current != a)]
+            out[(a, b)] = {c: float((chosen == c).double().mean()) * config.d_vocab if len(chosen) else math.nan
+                           for _, _, c in group}
     return out
+
+
+@dataclass(frozen=True)
+class BigramFit:
+    """How well a zero-layer model's next-token table fits the data's bigram table, in nats.
+
+    ``kl``: the mean over current tokens (weighted as the data hold them) of
+    ``KL(data's next-token distribution || the model's)``, which is how far the model's loss lies
+    above the best any bigram model reaches on these data; ``control``: the same for a model that
+    learned nothing (random weights of the same shapes); ``uniform``: for the uniform prediction
+    (``ln d_vocab`` less the data's conditional entropy ``entropy``); ``table``: the data's
+    ``P[current, next]``.
+    """
+
+    kl: float
+    control: float
+    uniform: float
+    entropy: float
+    table: Tensor | None = field(default=None, compare=False, repr=False)
+
+
+def data_bigram_table(config, *, n_sequences: int = 4 * DATA_SEQUENCES, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """The bigram table of the data ``config`` describes, counted on ``n_sequences`` sequences:
+    ``P[current, next]`` (rows never seen are uniform) and how often each current token occurs."""
+    batch = repeated_segment_batch(config, n_sequences, torch.Generator().manual_seed(seed))
+    v = config.d_vocab
+    counts = torch.zeros(v * v, dtype=torch.float64)
+    counts.index_add_(0, (batch.tokens[:, :-1] * v + batch.tokens[:, 1:]).flatten(),
+                      torch.ones(batch.tokens[:, 1:].numel(), dtype=torch.float64))
+    counts = counts.view(v, v)
+    seen = counts.sum(1)
+    table = torch.where(seen[:, None] > 0, counts / seen.clamp(min=1)[:, None], torch.full_like(counts, 1 / v))
+    return table, seen / seen.sum()
+
+
+def table_kl(model: CircuitModel, table: Tensor, weight: Tensor) -> float:
+    """``Σ_t weight[t] KL(table[t] || the model's next-token distribution after the single token t)``.
+
+    The model reads each token alone at position 0: a zero-layer model's whole table (``W_U W_E``
+    with its biases), whatever its positions."""
+    with torch.no_grad():
+        tokens = torch.arange(model.cfg.d_vocab, device=model.device)[:, None]
+        logq = torch.log_softmax(model(tokens)[:, 0].double(), dim=-1).cpu()  # [current, next]
+    p = table.double()
+    terms = torch.where(p > 0, p * (p.clamp(min=1e-300).log() - logq), torch.zeros_like(p))
+    return float((weight * terms.sum(1)).sum())
+
+
+def bigram_fit(model: CircuitModel, config, *, seed: int = 0) -> BigramFit:
+    """:class:`BigramFit` of the zero-layer ``model`` on the data ``config`` describes."""
+    table, weight = data_bigram_table(config, seed=seed)
+    logp = torch.where(table > 0, table.log(), torch.zeros_like(table))
+    entropy = float(-(weight * (table * logp).sum(1)).sum())
+    return BigramFit(table_kl(model, table, weight), table_kl(random_like(model, seed), table, weight),
+                     math.log(config.d_vocab) - entropy, entropy, table)
+
+
+def trigram_heads(model: CircuitModel, trigrams: Tensor) -> dict[tuple[int, int], tuple[int, int]]:
+    """For each planted ``(A, B, C)``, by ``(A, B)``: the head of the first layer whose OV circuit raises C
+    most when it attends to A (``(W_U W_OV^h W_E)[C, A]``) — the head that would carry the skip-trigram."""
+    heads = [h for h in model.arch.heads() if h[0] == 0]
+    with torch.no_grad():
+        ov = {h: ov_circuit(model, *h, dtype=torch.float64).materialize().cpu() for h in heads}  # [out, source]
+    return {(a, b): max(heads, key=lambda h: float(ov[h][c, a])) for a, b, c in trigrams.view(-1, 3).tolist()}
+
+
+def planted_measures(model: CircuitModel, trigrams: Tensor, *, seed: int = 0):
+    """The planted skip-trigrams measured through ``model``: for each source, the rises of both outs
+    after both destinations (:func:`trigram_rises`: the own pairs and the swapped ones, the "bugs"),
+    and for each ``(A, B)`` the attention of its head (:func:`trigram_heads`) on A from B (:func:`head_attention`)."""
+    heads = trigram_heads(model, trigrams)
+    bugs, attention = [], []
+    for group in trigrams.tolist():
+        a = group[0][0]
+        dests, outs = [b for _, b, _ in group], [c for _, _, c in group]
+        found = trigram_rises(model, heads[(a, dests[0])], a, dests, outs, seed=seed)
+        bugs.append(replace(found, heads=tuple(heads[(a, b)] for b in dests)))
+        attention += [head_attention(model, heads[(a, b)], a, [b], seed=seed) for b in dests]
+    return bugs, attention
 
 
 def random_like(model: CircuitModel, seed: int = 0) -> CircuitModel:
@@ -268,7 +354,7 @@ def partner_same(model: CircuitModel) -> Tensor:
 
 def _controls(found: "Measurements", models: dict[int, CircuitModel], seed: int) -> None:
     """The models that learned nothing, measured as the shipped ones are (see :class:`Measurements`)."""
-    for n_layers in (1, 2):
+    for n_layers in (0, 1, 2):
         model, analysis = random_like(models[n_layers], seed), found.analysis(n_layers)
         batch = repeated_segment_batch(analysis.data_config, 64, torch.Generator().manual_seed(seed))
         batch = type(batch)(*(t.to(model.device) for t in batch))
@@ -276,12 +362,11 @@ def _controls(found: "Measurements", models: dict[int, CircuitModel], seed: int)
             found.random_losses[n_layers] = {k: float(v) for k, v in next_token_losses(model(batch.tokens), batch).items()}
         if n_layers == 2:
             found.random_importance = term_importance(model, batch.tokens, target_mask=batch.repeat_mask)
+            found.random_importance_all = term_importance(model, batch.tokens)
             readers = [h for h in model.arch.heads() if h[0] >= 1]
             found.random_partner_same = random_partner_same(models[2], readers, seed)
-        elif found.tables:
-            head = found.tables[0].layer, found.tables[0].head
-            tables = [skip_trigram_table(model, *head, t.source_token, k=5) for t in found.tables]
-            found.random_bugs = [skip_trigram_bugs(model, t, seed=seed) for t in tables]
+        elif n_layers == 1 and found.planted is not None and len(found.planted):
+            found.random_bugs, _ = planted_measures(model, found.planted, seed=seed)
 
 
 def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences: int = 64, seed: int = 0,
@@ -308,14 +393,13 @@ def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences:
             if head is not None:
                 found.verification["qk-2l"] = verify_qk(model, tokens, *head)
     progress("verified the expansions on the models")
-    head = analyses[1].top_head
-    if head is not None:
-        found.tables = [skip_trigram_table(models[1], *head, source, k=5) for source in strongest_sources(models[1], *head)]
-        found.bugs = [skip_trigram_bugs(models[1], table, seed=seed) for table in found.tables]
-        found.attention = [source_attention(models[1], table, seed=seed) for table in found.tables]
-        outputs = {t.source_token: [o.token for o in t.outputs] for t in found.tables}
-        found.data_trigrams = data_skip_trigrams(analyses[1].data_config, list(outputs), outputs, seed=seed)
-    progress("skip-trigrams: bugs, source attention, the data's trigrams")
+    found.bigram = bigram_fit(models[0], analyses[0].data_config, seed=seed)
+    found.planted = data_tables(analyses[1].data_config).trigrams
+    if len(found.planted) and models[1].arch.n_heads:
+        found.bugs, found.attention = planted_measures(models[1], found.planted, seed=seed)
+        found.tables = [skip_trigram_table(models[1], b.layer, b.head, b.source, k=5) for b in found.bugs[:3]]
+        found.data_trigrams = data_trigram_favour(analyses[1].data_config, found.planted, seed=seed)
+    progress("the bigram table; the planted skip-trigrams: rises, bugs, source attention")
     _controls(found, models, seed)
     progress("controls: models that learned nothing")
     return found
@@ -343,12 +427,3 @@ def previous_token_head(a: ModelAnalysis) -> tuple[int, int] | None:
     if not first:
         return None
     return max(first, key=lambda h: float(a.heads.behaviour.previous_token[h]))
-
-
-def flat_bigram_gap(model: CircuitModel) -> float:
-    """Largest ``|log softmax(W_U W_E)[:, t] - log(1 / d_vocab)|`` over tokens: how far the direct
-    path's next-token distributions are from the flat table of uniformly random tokens."""
-    with torch.no_grad():
-        table = (model.W_U.double() @ model.W_E.double())  # [d_vocab (out), d_vocab (in)]
-        logp = torch.log_softmax(table, dim=0)
-    return float((logp + math.log(model.cfg.d_vocab)).abs().max())

@@ -19,14 +19,13 @@ WELL = 1.0
 MATTERS = 0.1
 #: A zero-layer model "learned bigrams" when its loss is this far below ln d_vocab (nats).
 BIGRAM_GAIN = 0.05
-#: A table "approximates" another when their log-probabilities differ by less than this (nats).
+#: A model's next-token table "approximates" the data's bigram table when the mean KL divergence from the data's
+#: next-token distributions to the model's is below this (nats): its loss within this of the best bigram model's.
 BIGRAM_CLOSE = 0.2
 #: A head "chooses" its source when it attends to it this many times more than to the average other token.
 PICKS = 2.0
 #: A K-composition score is "well above" random at this multiple of the random matrices' score.
 WELL_ABOVE = 1.5
-#: The data "hold" a skip-trigram when the out follows the source this many times more often than chance.
-DATA_FAVOURS = 1.5
 
 
 def learned_bigrams(loss: float, nothing: float) -> bool:
@@ -39,9 +38,13 @@ def learned_bigrams(loss: float, nothing: float) -> bool:
     return loss <= nothing - BIGRAM_GAIN
 
 
-def approximates(gap: float) -> bool:
-    """A table's log-probabilities lie within :data:`BIGRAM_CLOSE` nats of the data's."""
-    return gap < BIGRAM_CLOSE
+def approximates(kl: float) -> bool:
+    """A next-token table lies within :data:`BIGRAM_CLOSE` nats (mean KL divergence) of the data's bigram table.
+
+    >>> approximates(0.1), approximates(2.3), approximates(math.nan)
+    (True, False, False)
+    """
+    return kl < BIGRAM_CLOSE
 
 
 def most_copy(positivity: Sequence[float]) -> bool:

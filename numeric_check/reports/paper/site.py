@@ -162,7 +162,7 @@ TRIGRAM_HEADER = ["rank", "destination (QK)", "score", "out (OV)", "logit"]
 
 
 def trigrams_html(paper: Paper) -> str:
-    """The skip-trigram tables of the one-layer model's strongest head, one per source token, side by side."""
+    """The skip-trigram tables of the one-layer model for planted sources, each from the head that carries it, side by side."""
     out = []
     for t in paper.measurements.tables:
         head = "".join(f"<th>{_h(c)}</th>" for c in TRIGRAM_HEADER)
