@@ -65,7 +65,7 @@ def bigram_figure(m: Measurements) -> Figure:
         ax.hist((logq - uniform).flatten().numpy(), bins=60, color="0.45")
         ax.set(xlabel="log p(next | current) − ln(1/d_vocab)   (nats)", ylabel="entries")
     ax.axhline(uniform, color="#d62728", lw=0.8)
-    plain_title(ax, "induction_0l: the bigram table W_U W_E against the data's")
+    plain_title(ax, "induction_0l: W_U W_E against the data's bigrams")
     return fig
 
 
@@ -81,10 +81,10 @@ def bugs_figure(m: Measurements) -> Figure:
     ax.set_xticks(x, [f"#{b.source}" for b in m.bugs])
     ax.axhline(0, color="k", lw=0.6)
     top = max([float(b.rise.max()) for b in m.bugs] + [0.1])
-    ax.set(xlabel="planted source A", ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.35 * top))
-    ax.legend(frameon=False, fontsize=8, ncol=3, loc="upper center")
+    ax.set(xlabel="planted source A", ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.6 * top))
+    ax.legend(frameon=False, fontsize=7.5, ncol=2, loc="upper center")
     if m.bugs:
-        plain_title(ax, "induction_1l: the planted skip-trigrams and their swapped pairs")
+        plain_title(ax, "induction_1l: planted skip-trigrams, swapped pairs")
     return fig
 
 
