@@ -547,6 +547,7 @@ class LogitSum:
     def __init__(self, evaluator: LogitEvaluator):
         self.evaluator = evaluator
         self.groups: dict[tuple[FactorRef, ...], Tensor] = {}
+        self.by_layer: dict[int, Tensor] = {}  # rows of grouped terms by their last layer's heads, [H, b, pos, e]
 
     def add(self, value: LogitTermValue, sign: float = 1.0) -> None:
         part = (sign * value.coeff) * value.y

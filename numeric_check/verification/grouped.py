@@ -125,6 +125,7 @@ class _Layer(NamedTuple):
 
     W_V: Tensor
     W_O: Tensor
+    W_O_rows: Tensor  # W_O^{h}ᵀ of every head, stacked as rows: [H · e, d]
     A: Tensor
     N: Tensor | None
     post: Tensor | None
@@ -136,7 +137,8 @@ class GroupEvaluator:
 
     :meth:`values` yields ``(first index, y, last heads)``: ``y`` ``[n, batch, pos, d_head]`` the rows
     of a group from ``first`` on (each a term's value at its narrowest point, coefficient 1), ``last
-    heads`` ``[n]`` the head of the group's last layer of each row; :meth:`left` gives a term's
+    heads`` ``[n]`` the head of the group's last layer of each row (rows come in whole runs of that
+    layer's heads, ``0 … H-1``, so ``y`` views as ``[n / H, H, …]``); :meth:`left` gives a term's
     remaining multipliers from its last head.
     """
 
@@ -149,7 +151,7 @@ class GroupEvaluator:
         self._kernels: dict[int, tuple[Tensor, Tensor]] = {}
         arch = binder.model.arch
         self._final = binder.position(layer_atom("N", "final")).value if arch.normalised else None
-        self._W_U = tuple(f.ref[:2] + (not f.ref[2],) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
+        self.W_U_refs = tuple(f.ref[:2] + (not f.ref[2],) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
 
     def layer(self, layer: int) -> _Layer:
         if layer not in self._layers:
@@ -161,19 +163,22 @@ class GroupEvaluator:
             A = torch.stack([b.position(head_atom("A", layer, h)).value for h in heads])
             N = b.position(ln_scale(layer)).value if arch.pre_norm else None
             post = b.position(post_scale(layer)).value if arch.post_norm else None
-            self._layers[layer] = _Layer(W_V, W_O, A, N, post, [(a, 0, True) for a in atoms])
+            W_O_rows = W_O.transpose(1, 2).reshape(-1, W_O.shape[1]).contiguous()
+            self._layers[layer] = _Layer(W_V, W_O, W_O_rows, A, N, post, [(a, 0, True) for a in atoms])
         return self._layers[layer]
 
     def left(self, layer: int, head: int) -> tuple[FactorRef, ...]:
         """The multipliers left to a term whose last head is ``(layer, head)``: ``W_O^{h}ᵀ`` then ``W_Uᵀ``."""
-        return (self.layer(layer).refs[head],) + self._W_U
+        return (self.layer(layer).refs[head],) + self.W_U_refs
 
     def fused(self, first: int, second: int) -> Tensor:
-        """``W_O^{h}ᵀ W_V^{g}ᵀ`` for every head ``h`` of layer ``first`` and ``g`` of ``second``: ``[H, G, e, e]``."""
+        """``W_O^{h}ᵀ W_V^{g}ᵀ`` for every head ``h`` of layer ``first`` and ``g`` of ``second``, laid out
+        ``[H, e, G · e]`` (row ``h`` times it gives every ``g`` side by side): one product per pair of layers."""
         key = (first, second)
         if key not in self._fused:
             a, b = self.layer(first), self.layer(second)
-            self._fused[key] = torch.einsum("hdi,gjd->hgij", a.W_O, b.W_V)
+            H, e = a.W_O.shape[0], a.W_O.shape[2]
+            self._fused[key] = (a.W_O_rows @ b.W_V.reshape(-1, b.W_V.shape[2]).T).view(H, e, -1)
         return self._fused[key]
 
     def source_stream(self, entry: StreamEntry) -> Tensor:
@@ -201,7 +206,10 @@ class GroupEvaluator:
         """The group's rows, a chunk at a time (see the class docstring)."""
         S = self.source_stream(group.entry)
         first = self.layer(group.layers[0])
-        y = torch.einsum("bpd,hed->hbpe", S if first.N is None else first.N[..., None] * S, first.W_V)
+        S = S if first.N is None else first.N[..., None] * S
+        b, p, d = S.shape
+        H, e = first.W_V.shape[:2]
+        y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
         y = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
         for row0, rows, last in self._deeper(group, 1, y, 0):
             yield group.start + row0, rows, last
@@ -217,13 +225,15 @@ class GroupEvaluator:
             return
         previous, here = layers[depth - 1], self.layer(layers[depth])
         n_prev, n_here = self.binder.model.arch.heads_per_layer[previous], here.A.shape[0]
-        M = self.fused(previous, layers[depth])  # [H_prev, H, e, e]
+        M = self.fused(previous, layers[depth])  # [H_prev, e, H · e]
+        e = y.shape[-1]
         per_row = n_here * y[0].numel()
         rows = max(1, self.row_entries // max(1, per_row))
         for r in range(0, y.shape[0], rows):
             part = y[r:r + rows]
-            heads = (torch.arange(row0 + r, row0 + r + part.shape[0], device=y.device) % n_prev)
-            nxt = torch.einsum("nbpe,nhef->nhbpf", part, M[heads])
+            n, b, p = part.shape[:3]
+            heads = torch.arange(row0 + r, row0 + r + n, device=y.device) % n_prev
+            nxt = (part.reshape(n, b * p, e) @ M[heads]).view(n, b, p, n_here, e).permute(0, 3, 1, 2, 4)
             if here.N is not None:
                 nxt = here.N[..., None] * nxt
             nxt = self._position_side(here, nxt).flatten(0, 1)
@@ -247,13 +257,13 @@ class GroupEvaluator:
             self._kernels[layer] = full, inner
         return self._kernels[layer]
 
-    def unembedding_input(self, layer: int, y: Tensor, last: Tensor) -> Tensor:
-        """``Σ_rows y W_O^{h}ᵀ`` over rows ``y`` whose last heads (of ``layer``) are ``last``: their sum's
-        contribution to what reaches ``W_U``, ``[batch, pos, d_model]``."""
-        W_O = self.layer(layer).W_O
-        n = W_O.shape[0]
-        by_head = y.new_zeros(n, *y.shape[1:]).index_add_(0, last.to(y.device), y)  # [H, b, pos, e]
-        return torch.einsum("hbpe,hde->bpd", by_head, W_O)
+    def unembedding_input(self, layer: int, by_head: Tensor) -> Tensor:
+        """``Σ_h y_h W_O^{h}ᵀ`` for ``by_head`` ``[H, batch, pos, e]`` (the rows of each head of ``layer``
+        summed): their contribution to what reaches ``W_U``, ``[batch, pos, d_model]``."""
+        here = self.layer(layer)
+        n, d, e = here.W_O.shape
+        b, p = by_head.shape[1:3]
+        return (by_head.permute(1, 2, 0, 3).reshape(b * p, n * e) @ here.W_O_rows).view(b, p, d)
 
 
 def group_values(ev: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Sequence[int]) -> list[LogitTermValue]:

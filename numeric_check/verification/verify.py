@@ -266,6 +266,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         for group in omitted_plan.groups if omitted_plan else ():
             for first, y, last in grouped.values(group):
                 _add_rows(ev, grouped, group, first, y, last, omitted_sum, None)
+        _unembed_rows(grouped, kept_sum)
+        _unembed_rows(grouped, omitted_sum)
     if pending or checking:
         flush()
     largest = spent["largest"]
@@ -334,22 +336,34 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[
     return largest
 
 
+def _unembed_rows(grouped: GroupEvaluator, total: LogitSum) -> None:
+    """The rows added to ``total`` by :func:`_add_rows` (kept per layer and head), through each layer's ``W_O``
+    once, into ``total``'s group before ``W_U``."""
+    key = grouped.W_U_refs
+    for layer, by_head in total.by_layer.items():
+        part = grouped.unembedding_input(layer, by_head)
+        total.groups[key] = part if key not in total.groups else total.groups[key] + part
+    total.by_layer.clear()
+
+
 def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Tensor,
               total: LogitSum, results: list[TermResult] | None) -> float:
     """Rows of a group (:meth:`GroupEvaluator.values`) added to ``total``, their norms given to ``results``
     (when given), from the Gram matrices of each last head's remaining multipliers; returns the largest
     row of any of them before the unembedding."""
     layer = group.layers[-1]
-    full, inner = grouped.kernels(layer, ev)
-    at = last.to(y.device)
-    key = grouped.left(layer, 0)[1:]
-    part = grouped.unembedding_input(layer, y, at)
-    total.groups[key] = part if key not in total.groups else total.groups[key] + part
+    full, inner = grouped.kernels(layer, ev)  # [H, e, e] each
+    rows = y.view(-1, full.shape[0], *y.shape[1:])  # [m, H, b, pos, e]: rows come in runs of the last layer's heads
+    part = rows.sum(0)  # each head's rows summed: W_O once per layer at the end (see _unembed_rows)
+    total.by_layer[layer] = part if layer not in total.by_layer else total.by_layer[layer] + part
     if results is None:
         return 0.0
-    for k, norm in enumerate(((y @ full[at, None]) * y).flatten(1).sum(1).clamp_min(0).sqrt().tolist()):
-        results[first + k].norm = norm  # (y [n, b, pos, e] @ [n, 1, e, e]: each row its own head's kernel)
-    return max(float(((y @ inner[at, None]) * y).sum(-1).max()), 0.0) ** 0.5
+    m, H, b, p, e = rows.shape
+    by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)  # each head's rows, one product per head
+    squared = ((by_head @ full) * by_head).sum(-1).view(H, m, b * p).sum(-1).T  # [m, H]
+    for k, norm in enumerate(squared.clamp_min(0).sqrt().flatten().tolist()):
+        results[first + k].norm = norm
+    return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
