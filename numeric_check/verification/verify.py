@@ -231,12 +231,15 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     done = held = 0
     copies: set = set()
 
-    def arrived(values: list, into: list) -> None:
+    def arrived(values: list, into: list, run: int = 1) -> None:
+        """``values`` join ``into``, ``run`` at a time (terms that share their prefix: a flush never splits them)."""
         nonlocal done, held
-        for v in values:
-            into.append(v)
-            held += v.y.numel() * v.y.element_size()
-            path = kept[v.index].path
+        size = values[0].y.numel() * values[0].y.element_size() if values else 0
+        for k in range(0, len(values), run):
+            block = values[k:k + run]
+            into += block
+            held += size * len(block)
+            path = kept[block[0].index].path
             copies.add((path.source, path.heads[:-1]))
             if HELD_FRACTION * held >= chunk_bytes or len(pending) + len(checking) >= most or len(copies) >= most_copies:
                 flush()
@@ -259,7 +262,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             for first, y, last in grouped.values(group):
                 spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, last, kept_sum, results))
                 if isolation:
-                    arrived(group_values(grouped, group, first, y, last.tolist()), checking)
+                    arrived(group_values(grouped, group, first, y, last.tolist()), checking,
+                            arch.heads_per_layer[group.layers[-1]])  # rows of one prefix: a run of last heads
                 else:
                     done += y.shape[0]
                     _tick(progress, "terms", done, len(kept))
