@@ -313,12 +313,15 @@ class LogitExpansion:
         return self.n_terms
 
     def __iter__(self) -> Iterator[PathTerm]:
-        arch = self.arch
-        head = ((layer_atom("N", "final"),) if arch.normalised else (), (layer_atom("W_U", ""),))
-        for _, st in stream_terms(arch, arch.n_layers, self.max_order):
-            yield PathTerm(st.path, Term(ONE, (head[0] + st.position, head[1] + st.residual)))
-        if arch.biases:
-            yield PathTerm(Path(UNEMBED_BIAS), Term(ONE, ((), (layer_atom("b_U", ""),))))
+        return _logit_terms(self.arch, self.max_order)
+
+    def direct_terms(self) -> list[PathTerm]:
+        """The terms through no head (each source alone, then ``b_U``), in the expansion's order.
+
+        >>> [t.label for t in expand_logits(Architecture(2, 2, biases=True)).direct_terms()]
+        ['tok (direct)', 'b_O^L0 (direct)', 'b_O^L1 (direct)', 'b_U (direct)']
+        """
+        return list(_logit_terms(self.arch, 0))
 
     def count_by_source(self) -> dict[Source, int]:
         """How many terms each source gives (computed without building)."""
@@ -384,6 +387,14 @@ class LogitExpansion:
     def __repr__(self) -> str:
         order = "" if self.max_order is None else f", max_order={self.max_order}"
         return f"LogitExpansion({self.arch.describe()}{order}: {counted(self.n_terms, 'term')})"
+
+
+def _logit_terms(arch: Architecture, max_order: int | None) -> Iterator[PathTerm]:
+    head = ((layer_atom("N", "final"),) if arch.normalised else (), (layer_atom("W_U", ""),))
+    for _, st in stream_terms(arch, arch.n_layers, max_order):
+        yield PathTerm(st.path, Term(ONE, (head[0] + st.position, head[1] + st.residual)))
+    if arch.biases:
+        yield PathTerm(Path(UNEMBED_BIAS), Term(ONE, ((), (layer_atom("b_U", ""),))))
 
 
 def _source_filter(source, known):

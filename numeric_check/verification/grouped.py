@@ -40,13 +40,14 @@ True
 from __future__ import annotations
 
 import math
-from itertools import combinations
+from itertools import combinations, product
 from typing import Iterator, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
 from derivations.paths import LogitExpansion, StreamEntry, head_atom, layer_atom, ln_scale, post_scale, stream_entries
+from derivations.sources import Path, PathTerm
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.evaluate import FactorRef, LogitTermValue, right_multiplier, word_factors
 
@@ -62,6 +63,7 @@ class PathGroup(NamedTuple):
     layers: tuple[int, ...]
     start: int
     n_terms: int
+    counts: tuple[int, ...] = ()  # heads per layer of ``layers``
 
     @property
     def source(self):
@@ -95,7 +97,7 @@ def plan_groups(binder: Binder, expansion: LogitExpansion, orders: range | None 
                     if k == 0:
                         singles.append(index)
                     elif n:
-                        groups.append(PathGroup(entry, layers, index, n))
+                        groups.append(PathGroup(entry, layers, index, n, tuple(heads[j] for j in layers)))
                 index += n
     if arch.biases and (orders is None or 0 in orders):
         singles.append(index)  # b_U, the last term
@@ -264,6 +266,23 @@ class GroupEvaluator:
         n, d, e = here.W_O.shape
         b, p = by_head.shape[1:3]
         return (by_head.permute(1, 2, 0, 3).reshape(b * p, n * e) @ here.W_O_rows).view(b, p, d)
+
+
+def plan_paths(plan: GroupPlan, direct: Sequence[PathTerm]) -> list[Path]:
+    """The path of every term of the expansion ``plan`` was made from, in its order (``direct``: its
+    terms through no head, :meth:`~derivations.paths.LogitExpansion.direct_terms`), without building
+    the terms themselves (a group's paths are every choice of its heads, in product order)."""
+    parts: list[tuple[int, object]] = [(i, t.path) for i, t in zip(plan.singles, direct)]
+    parts += [(g.start, g) for g in plan.groups]
+    parts.sort(key=lambda part: part[0])
+    out: list[Path] = []
+    for _, part in parts:
+        if isinstance(part, Path):
+            out.append(part)
+            continue
+        source, layers = part.source, part.layers
+        out += [Path.trusted(source, tuple(zip(layers, heads))) for heads in product(*map(range, part.counts))]
+    return out
 
 
 def group_values(ev: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Sequence[int]) -> list[LogitTermValue]:

@@ -56,7 +56,7 @@ from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
-from numeric_check.verification.grouped import GroupEvaluator, PathGroup, group_values, plan_groups
+from numeric_check.verification.grouped import GroupEvaluator, PathGroup, group_values, plan_groups, plan_paths
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
@@ -180,30 +180,37 @@ def _exact_by_default(rec: Recording, model: CircuitModel, n_terms: int) -> bool
 def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool, progress, chunk_bytes: int,
                    exact_errors: bool | None, shard: Shard | None = None) -> VerifyReport:
     arch, rec = s.model.arch, s.rec
-    all_kept: list[PathTerm] = list(expansion)
-    n_omitted = LogitExpansion(arch).n_terms - len(all_kept)  # an int past 2**63 too
-    full = _full_terms(build, len(all_kept), len(all_kept) + n_omitted, s.notes)
-    # terms through heads a group at a time, batched (grouped); a sharded run, or a model whose atoms are
-    # not of that form, evaluates every term through the shared trie
+    # terms through heads a group at a time, batched (grouped), their paths made without their terms; a
+    # sharded run, or a model whose atoms are not of that form, evaluates every term through the shared trie
     plan = plan_groups(s.binder, expansion) if shard is None else None
+    if plan is None:
+        all_kept: list[PathTerm] = list(expansion)
+        paths = [t.path for t in all_kept]
+    else:
+        direct = expansion.direct_terms()
+        paths = plan_paths(plan, direct)
+    n_kept = len(paths)
+    n_omitted = LogitExpansion(arch).n_terms - n_kept  # an int past 2**63 too
+    full = _full_terms(build, n_kept, n_kept + n_omitted, s.notes)
     if plan is not None:
         omitted_plan = plan_groups(s.binder, full, range(expansion.max_order + 1, arch.n_layers + 1)) if full else None
         all_omitted: list[PathTerm] = []
-        singles = plan.singles
+        kept: list[PathTerm] = []
     else:
         all_omitted = [t for t in full if t.order > expansion.max_order] if full else []
-    mine = range(len(all_kept)) if shard is None else shard.select(all_kept)  # this rank's share (see distributed)
-    kept = [all_kept[i] for i in mine] if shard is not None else all_kept
+        mine = range(n_kept) if shard is None else shard.select(all_kept)  # this rank's share (see distributed)
+        kept = [all_kept[i] for i in mine] if shard is not None else all_kept
+        paths = [t.path for t in kept] if shard is not None else paths
     omitted = [all_omitted[i] for i in shard.select(all_omitted)] if shard is not None else all_omitted
     start = time.perf_counter()
-    ev = LogitEvaluator(s.binder, kept + omitted if plan is None else [kept[i] for i in singles], s.constants)
+    ev = LogitEvaluator(s.binder, kept + omitted if plan is None else direct, s.constants)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
-    results = [TermResult(t.label, t.source.label, t.heads, t.order) for t in kept]
+    results = [TermResult(p.label, p.source.label, p.heads, len(p.heads)) for p in paths]
     space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
     if shard is not None:
-        _agree(shard, len(all_kept) + len(all_omitted), rec, scale)
-    exact = _exact_by_default(rec, s.model, len(all_kept)) if exact_errors is None else bool(exact_errors)
+        _agree(shard, n_kept + len(all_omitted), rec, scale)
+    exact = _exact_by_default(rec, s.model, n_kept) if exact_errors is None else bool(exact_errors)
     pending: list = []  # terms to add (norms, sum) and check
     checking: list = []  # terms already added, to check
     maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
@@ -214,7 +221,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         if isolation:
             t0 = time.perf_counter()
             values = pending + checking
-            check_isolated(s.model, s.rec, ev, space, values, [kept[v.index].path for v in values], results,
+            check_isolated(s.model, s.rec, ev, space, values, [paths[v.index] for v in values], results,
                            (s.atol, s.rtol, scale), exact, chunk_bytes, maps)
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
@@ -239,24 +246,24 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             block = values[k:k + run]
             into += block
             held += size * len(block)
-            path = kept[block[0].index].path
+            path = paths[block[0].index]
             copies.add((path.source, path.heads[:-1]))
             if HELD_FRACTION * held >= chunk_bytes or len(pending) + len(checking) >= most or len(copies) >= most_copies:
                 flush()
                 held = 0
                 copies.clear()
         done += len(values)
-        _tick(progress, "terms", done, len(kept))
+        _tick(progress, "terms", done, len(paths))
 
     if plan is None:
         for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
-            if v.index >= len(kept):
+            if v.index >= len(paths):
                 omitted_sum.add(v)
             else:
                 arrived([v], pending)
     else:
         for v in ev.values():
-            arrived([v._replace(index=singles[v.index])], pending)
+            arrived([v._replace(index=plan.singles[v.index])], pending)
         grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
         for group in plan.groups:
             for first, y, last in grouped.values(group):
@@ -266,7 +273,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
                             arch.heads_per_layer[group.layers[-1]])  # rows of one prefix: a run of last heads
                 else:
                     done += y.shape[0]
-                    _tick(progress, "terms", done, len(kept))
+                    _tick(progress, "terms", done, len(paths))
         for group in omitted_plan.groups if omitted_plan else ():
             for first, y, last in grouped.values(group):
                 _add_rows(ev, grouped, group, first, y, last, omitted_sum, None)
@@ -282,7 +289,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         kept_aug = shard.sum_(kept_aug, "adding the kept terms")
         if omitted_aug is not None:
             omitted_aug = shard.sum_(omitted_aug, "adding the omitted terms")
-        results = _gathered(shard, list(mine), results, len(all_kept))
+        results = _gathered(shard, list(mine), results, n_kept)
         s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
                        "prefixes; the timings are rank 0's")
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]

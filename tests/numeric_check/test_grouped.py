@@ -112,3 +112,15 @@ def test_a_model_whose_atoms_are_not_of_the_grouped_form_is_evaluated_by_the_tri
     factors = binder.factors
     monkeypatch.setattr(binder, "factors", lambda a: (factors(a)[0] @ factors(a)[1],) if a.name == "W_OV" else factors(a))
     assert plan_groups(binder, expand_logits(model.arch)) is None
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+@pytest.mark.parametrize("max_order", [0, 1, 2, None])
+def test_the_paths_of_a_plan_are_the_expansion_s_in_its_order(name, max_order):
+    from numeric_check.verification.grouped import plan_paths
+
+    model = _model(ARCHS[name])
+    binder = Binder(model, record(model, torch.tensor([[1, 2, 3]])))
+    expansion = expand_logits(model.arch, max_order)
+    plan = plan_groups(binder, expansion)
+    assert plan_paths(plan, expansion.direct_terms()) == [t.path for t in expansion]
