@@ -223,7 +223,10 @@ def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: 
     cfg = model.cfg  # per copy: a few residual-sized tensors and the widest of a layer's z and pattern
     per_copy = 4 * b * p * max(cfg.d_model, max(heads, default=1) * max(cfg.d_head, p)) * rec.final.element_size()
     copies = _copies(paths)
-    parent_of = {q: Path.trusted(q.source, q.heads[:-1]) for q in copies if q.heads}
+    kids: dict[Path, list[Path]] = {}  # each prefix's children (prefixes one head longer)
+    for q in copies:
+        if q.heads:
+            kids.setdefault(Path.trusted(q.source, q.heads[:-1]), []).append(q)
     entering: dict[Path, Tensor] = {}  # a prefix's stream leaving its last layer, read by its parent copy
     for depth in sorted({len(prefix.heads) for prefix in copies}):
         level = sorted((q for q in copies if len(q.heads) == depth), key=lambda q: q.heads[-1][0] if q.heads else -1)
@@ -232,8 +235,7 @@ def _isolated(model: CircuitModel, rec: Recording, paths: Sequence[Path], upto: 
             starts = {q.heads[-1][0] + 1 if q.heads else 0 for q in prefixes}
             for start in sorted(starts):  # one pass per starting layer
                 group = [q for q in prefixes if (q.heads[-1][0] + 1 if q.heads else 0) == start]
-                members = set(group)
-                children = {q: parent for q, parent in parent_of.items() if parent in members}
+                children = {q: parent for parent in group for q in kids.get(parent, ())}
                 yield from _isolate_chunk(model, rec, paths, {q: copies[q] for q in group}, children, entering, start,
                                           upto, raw)
             for q in prefixes:
