@@ -42,8 +42,9 @@ class SectionSpec:
 
 SECTIONS = (
     SectionSpec("notation", "The residual stream and the notation", (
-        prose("Every layer reads from and writes to the residual stream: the embedding ", math("x_0 = W_E t"),
-              " starts it, each attention head adds ", math("h(x) = (A^h ⊗ W_OV^h)·x"), ", and the unembedding ",
+        prose("Every layer reads from and writes to the residual stream: the embedding ", math("x_0 = (Id ⊗ W_E)·t"),
+              " starts it (t the one-hot tokens, one row per position, as x has throughout), each attention head "
+              "adds ", math("h(x) = (A^h ⊗ W_OV^h)·x"), ", and the unembedding ",
               math("W_U"), " reads the logits off its end. Here ", math("A^h ⊗ W"), " mixes positions with the attention "
               "pattern and transforms each position's vector with W; numerically ", math("(A ⊗ W)·x = A x Wᵀ"),
               " for x with one row per position."),
