@@ -331,7 +331,8 @@ def _atom_factors(binder: Binder, a: Atom) -> list[_Factor]:
     return out
 
 
-def _flip(ref: FactorRef) -> FactorRef:
+def flip(ref: FactorRef) -> FactorRef:
+    """The same factor, transposed the other way (``Fᵀ`` for ``F``)."""
     return (ref[0], ref[1], not ref[2])
 
 
@@ -414,8 +415,8 @@ class LogitEvaluator:
         # cut c (1..m): left F_1..F_c, applied F_{c+1}..F_m; its width is cols(F_c)
         widths = [f.cols for f in factors[:-1]] + [self.binder.input_width(t.source)]
         c = _narrowest(widths) + 1
-        rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(factors[c:])]  # Y ← Y Fᵀ
-        left = tuple(_flip(f.ref) for f in reversed(factors[:c]))
+        rights = [(flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(factors[c:])]  # Y ← Y Fᵀ
+        left = tuple(flip(f.ref) for f in reversed(factors[:c]))
         return StreamSpec(t.source, _merge(position, rights)), left
 
     def values(self) -> Iterator[LogitTermValue]:
@@ -547,7 +548,6 @@ class LogitSum:
     def __init__(self, evaluator: LogitEvaluator):
         self.evaluator = evaluator
         self.groups: dict[tuple[FactorRef, ...], Tensor] = {}
-        self.by_layer: dict[int, Tensor] = {}  # rows of grouped terms by their last layer's heads, [H, b, pos, e]
 
     def add(self, value: LogitTermValue, sign: float = 1.0) -> None:
         part = (sign * value.coeff) * value.y

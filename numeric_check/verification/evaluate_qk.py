@@ -29,7 +29,7 @@ from torch import Tensor
 from derivations.qk import QKTerm
 from numeric_check.model.rotary import rotate
 from numeric_check.verification.bind import Binder
-from numeric_check.verification.evaluate import StreamSpec, StreamTrie, _flip, _merge, _narrowest, word_factors
+from numeric_check.verification.evaluate import StreamSpec, StreamTrie, flip, _merge, _narrowest, word_factors
 from tensoralg.atoms import Atom
 from tensoralg.rotary import is_rotary
 
@@ -76,7 +76,7 @@ class QKEvaluator:
         if at:  # the cut is the operator itself: U = P X_q M_L, V = Q X_k M_Rᵀ
             left, right = word_factors(self.binder, M[: at[0]]), word_factors(self.binder, M[at[0] + 1:])
             q_rights = [(f.ref, f.atom, f.rows, f.cols) for f in left]
-            k_rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(right)]
+            k_rights = [(flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(right)]
             return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
         factors = word_factors(self.binder, M)
         q_width = self.binder.input_width(t.query.source)
@@ -86,7 +86,7 @@ class QKEvaluator:
         prefer = [False] + [_is_query_end(f.atom, f.ref[1]) for f in factors[:-1]] + [False]
         c = _narrowest(widths, prefer)
         q_rights = [(f.ref, f.atom, f.rows, f.cols) for f in factors[:c]]  # U ← U F
-        k_rights = [(_flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(factors[c:])]  # V ← V Fᵀ
+        k_rights = [(flip(f.ref), f.atom, f.cols, f.rows) for f in reversed(factors[c:])]  # V ← V Fᵀ
         return StreamSpec(t.query.source, _merge(P, q_rights)), StreamSpec(t.key.source, _merge(Q, k_rights))
 
     def side_values(self) -> dict[int, Tensor]:

@@ -49,7 +49,7 @@ from torch import Tensor
 from derivations.paths import LogitExpansion, StreamEntry, head_atom, layer_atom, ln_scale, post_scale, stream_entries
 from derivations.sources import Path, PathTerm
 from numeric_check.verification.bind import Binder
-from numeric_check.verification.evaluate import FactorRef, LogitTermValue, right_multiplier, word_factors
+from numeric_check.verification.evaluate import FactorRef, LogitSum, LogitTermValue, flip, right_multiplier, word_factors
 
 #: entries of one chunk of rows up to which a group is evaluated at once (float64: 32 MiB)
 DEFAULT_ROW_ENTRIES = 1 << 22
@@ -63,7 +63,7 @@ class PathGroup(NamedTuple):
     layers: tuple[int, ...]
     start: int
     n_terms: int
-    counts: tuple[int, ...] = ()  # heads per layer of ``layers``
+    counts: tuple[int, ...]  # heads per layer of ``layers``
 
     @property
     def source(self):
@@ -137,11 +137,10 @@ class _Layer(NamedTuple):
 class GroupEvaluator:
     """Evaluates :class:`PathGroup` of one binder's model and batch (see the module docstring).
 
-    :meth:`values` yields ``(first index, y, last heads)``: ``y`` ``[n, batch, pos, d_head]`` the rows
-    of a group from ``first`` on (each a term's value at its narrowest point, coefficient 1), ``last
-    heads`` ``[n]`` the head of the group's last layer of each row (rows come in whole runs of that
-    layer's heads, ``0 … H-1``, so ``y`` views as ``[n / H, H, …]``); :meth:`left` gives a term's
-    remaining multipliers from its last head.
+    :meth:`values` yields ``(first index, y)``: ``y`` ``[n, batch, pos, d_head]`` the rows of a group from
+    ``first`` on, each a term's value at its narrowest point (coefficient 1). Rows come in whole runs of
+    the last layer's heads, ``0 … H-1`` (so ``y`` views as ``[n / H, H, …]``, and row ``k``'s last head is
+    ``k % H``); :meth:`left` gives a term's remaining multipliers from its last head.
     """
 
     def __init__(self, binder: Binder, row_entries: int = DEFAULT_ROW_ENTRIES):
@@ -153,7 +152,7 @@ class GroupEvaluator:
         self._kernels: dict[int, tuple[Tensor, Tensor]] = {}
         arch = binder.model.arch
         self._final = binder.position(layer_atom("N", "final")).value if arch.normalised else None
-        self.W_U_refs = tuple(f.ref[:2] + (not f.ref[2],) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
+        self.W_U_refs = tuple(flip(f.ref) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
 
     def layer(self, layer: int) -> _Layer:
         if layer not in self._layers:
@@ -191,11 +190,10 @@ class GroupEvaluator:
             b = self.binder
             x = b.source_input(entry.source)
             factors = word_factors(b, entry.word)
-            if factors:
-                y = x.times_transpose(b.factors(factors[-1].ref[0])[factors[-1].ref[1]]) if not factors[-1].ref[2] \
-                    else x.times_transpose(right_multiplier(b, factors[-1].ref))
+            if factors:  # X F_mᵀ … F_1ᵀ: the last factor gathered (tokens) or multiplied, then the others
+                y = x.times_transpose(right_multiplier(b, factors[-1].ref))
                 for f in reversed(factors[:-1]):
-                    y = y @ right_multiplier(b, f.ref[:2] + (not f.ref[2],))
+                    y = y @ right_multiplier(b, flip(f.ref))
             else:
                 y = x.as_dense()
             for a in reversed(entry.position):
@@ -204,7 +202,7 @@ class GroupEvaluator:
             self._streams[key] = y
         return self._streams[key]
 
-    def values(self, group: PathGroup) -> Iterator[tuple[int, Tensor, Tensor]]:
+    def values(self, group: PathGroup) -> Iterator[tuple[int, Tensor]]:
         """The group's rows, a chunk at a time (see the class docstring)."""
         S = self.source_stream(group.entry)
         first = self.layer(group.layers[0])
@@ -213,17 +211,13 @@ class GroupEvaluator:
         H, e = first.W_V.shape[:2]
         y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
         y = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
-        for row0, rows, last in self._deeper(group, 1, y, 0):
-            yield group.start + row0, rows, last
+        for row0, rows in self._deeper(group, 1, y, 0):
+            yield group.start + row0, rows
 
-    def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+    def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int) -> Iterator[tuple[int, Tensor]]:
         layers = group.layers
         if depth == len(layers):
-            if self._final is not None:
-                y = self._final[..., None] * y
-            n_last = self.binder.model.arch.heads_per_layer[layers[-1]]
-            last = torch.arange(row0, row0 + y.shape[0], device="cpu") % n_last
-            yield row0, y, last
+            yield row0, y if self._final is None else self._final[..., None] * y
             return
         previous, here = layers[depth - 1], self.layer(layers[depth])
         n_prev, n_here = self.binder.model.arch.heads_per_layer[previous], here.A.shape[0]
@@ -285,8 +279,28 @@ def plan_paths(plan: GroupPlan, direct: Sequence[PathTerm]) -> list[Path]:
     return out
 
 
-def group_values(ev: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Sequence[int]) -> list[LogitTermValue]:
+def group_values(ev: GroupEvaluator, group: PathGroup, first: int, y: Tensor) -> list[LogitTermValue]:
     """The rows ``y`` of ``group`` from expansion index ``first`` on as :class:`LogitTermValue` (for check 2)."""
     layer = group.layers[-1]
     lefts = [ev.left(layer, h) for h in range(ev.binder.model.arch.heads_per_layer[layer])]
-    return [LogitTermValue(first + k, 1.0, row, lefts[h]) for k, (row, h) in enumerate(zip(y.unbind(0), last))]
+    return [LogitTermValue(first + k, 1.0, row, lefts[k % len(lefts)]) for k, row in enumerate(y.unbind(0))]
+
+
+class GroupSum:
+    """The sum of grouped rows, kept per last layer and head (``[H, batch, pos, d_head]``) so that each
+    layer's ``W_O`` is applied once, at :meth:`into`."""
+
+    def __init__(self, grouped: GroupEvaluator):
+        self.grouped = grouped
+        self.by_layer: dict[int, Tensor] = {}
+
+    def add(self, layer: int, by_head: Tensor) -> None:
+        self.by_layer[layer] = by_head if layer not in self.by_layer else self.by_layer[layer] + by_head
+
+    def into(self, total: LogitSum) -> None:
+        """Add the sum, through each layer's ``W_O``, to ``total``'s part before ``W_U``."""
+        key = self.grouped.W_U_refs
+        for layer, by_head in self.by_layer.items():
+            part = self.grouped.unembedding_input(layer, by_head)
+            total.groups[key] = part if key not in total.groups else total.groups[key] + part
+        self.by_layer.clear()

@@ -198,10 +198,8 @@ class HeadMaps:
         z = part.z.movedim(2, 0)  # [n, b, pos, e]
         if any(v.y.shape[-1] != z.shape[-1] for v in group):
             return None
-        try:  # (a term's value has the batch's shape but where it was broadcast: expanded then)
-            y = torch.stack([v.y for v in group])  # [n, b, pos, e]
-        except RuntimeError:
-            y = torch.stack([v.y.expand(z.shape[1:]) for v in group])
+        shape = z.shape[1:]  # a term's value has the batch's shape, but where it was broadcast: expanded then
+        y = torch.stack([v.y if v.y.shape == shape else v.y.expand(shape) for v in group])  # [n, b, pos, e]
         coeffs = z.new_tensor([v.coeff for v in group]).view(-1, 1, 1)
         heads = part.heads
         m = m_norm[heads].view(-1, 1, 1)

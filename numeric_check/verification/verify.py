@@ -56,7 +56,7 @@ from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
-from numeric_check.verification.grouped import GroupEvaluator, PathGroup, group_values, plan_groups, plan_paths
+from numeric_check.verification.grouped import GroupEvaluator, GroupSum, PathGroup, group_values, plan_groups, plan_paths
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
@@ -265,20 +265,21 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         for v in ev.values():
             arrived([v._replace(index=plan.singles[v.index])], pending)
         grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
+        kept_rows, omitted_rows = GroupSum(grouped), GroupSum(grouped)
         for group in plan.groups:
-            for first, y, last in grouped.values(group):
-                spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, last, kept_sum, results))
+            for first, y in grouped.values(group):
+                spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results))
                 if isolation:
-                    arrived(group_values(grouped, group, first, y, last.tolist()), checking,
+                    arrived(group_values(grouped, group, first, y), checking,
                             arch.heads_per_layer[group.layers[-1]])  # rows of one prefix: a run of last heads
                 else:
                     done += y.shape[0]
                     _tick(progress, "terms", done, len(paths))
         for group in omitted_plan.groups if omitted_plan else ():
-            for first, y, last in grouped.values(group):
-                _add_rows(ev, grouped, group, first, y, last, omitted_sum, None)
-        _unembed_rows(grouped, kept_sum)
-        _unembed_rows(grouped, omitted_sum)
+            for first, y in grouped.values(group):
+                _add_rows(ev, grouped, group, first, y, omitted_rows, None)
+        kept_rows.into(kept_sum)
+        omitted_rows.into(omitted_sum)
     if pending or checking:
         flush()
     largest = spent["largest"]
@@ -347,26 +348,15 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[
     return largest
 
 
-def _unembed_rows(grouped: GroupEvaluator, total: LogitSum) -> None:
-    """The rows added to ``total`` by :func:`_add_rows` (kept per layer and head), through each layer's ``W_O``
-    once, into ``total``'s group before ``W_U``."""
-    key = grouped.W_U_refs
-    for layer, by_head in total.by_layer.items():
-        part = grouped.unembedding_input(layer, by_head)
-        total.groups[key] = part if key not in total.groups else total.groups[key] + part
-    total.by_layer.clear()
-
-
-def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor, last: Tensor,
-              total: LogitSum, results: list[TermResult] | None) -> float:
+def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor,
+              total: GroupSum, results: list[TermResult] | None) -> float:
     """Rows of a group (:meth:`GroupEvaluator.values`) added to ``total``, their norms given to ``results``
     (when given), from the Gram matrices of each last head's remaining multipliers; returns the largest
     row of any of them before the unembedding."""
     layer = group.layers[-1]
     full, inner = grouped.kernels(layer, ev)  # [H, e, e] each
     rows = y.view(-1, full.shape[0], *y.shape[1:])  # [m, H, b, pos, e]: rows come in runs of the last layer's heads
-    part = rows.sum(0)  # each head's rows summed: W_O once per layer at the end (see _unembed_rows)
-    total.by_layer[layer] = part if layer not in total.by_layer else total.by_layer[layer] + part
+    total.add(layer, rows.sum(0))  # each head's rows summed: W_O once per layer at the end
     if results is None:
         return 0.0
     m, H, b, p, e = rows.shape

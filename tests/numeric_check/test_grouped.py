@@ -81,11 +81,11 @@ def test_chunks_of_any_size_give_the_same_rows(rows, seed):
     plan = plan_groups(binder, expand_logits(model.arch))
     whole, small = GroupEvaluator(binder), GroupEvaluator(binder, row_entries=rows)
     for group in plan.groups:
-        a = torch.cat([y for _, y, _ in whole.values(group)])
+        a = torch.cat([y for _, y in whole.values(group)])
         parts = list(small.values(group))
-        assert [first for first, _, _ in parts] == sorted(first for first, _, _ in parts)
-        assert parts[0][0] == group.start and sum(y.shape[0] for _, y, _ in parts) == group.n_terms
-        torch.testing.assert_close(torch.cat([y for _, y, _ in parts]), a, rtol=0, atol=0)
+        assert [first for first, _ in parts] == sorted(first for first, _ in parts)
+        assert parts[0][0] == group.start and sum(y.shape[0] for _, y in parts) == group.n_terms
+        torch.testing.assert_close(torch.cat([y for _, y in parts]), a, rtol=0, atol=0)
 
 
 def test_each_row_is_its_term_evaluated_alone():
@@ -97,8 +97,8 @@ def test_each_row_is_its_term_evaluated_alone():
     assert covered == list(range(len(terms)))  # every term exactly once
     ev, grouped = LogitEvaluator(binder, terms), GroupEvaluator(binder)
     for group in plan.groups:
-        for first, y, last in grouped.values(group):
-            for v in group_values(grouped, group, first, y, last.tolist()):
+        for first, y in grouped.values(group):
+            for v in group_values(grouped, group, first, y):
                 t = terms[v.index]
                 assert (t.source, len(t.heads)) == (group.source, len(group.layers))
                 alone = LogitEvaluator(binder, [t])
