@@ -44,7 +44,7 @@ timeout 150 "$PY" benchmarks/bench_scale.py --device cuda --orders 1 2 --dtypes 
 scale_rc=${PIPESTATUS[0]}
 if [ -n "${GPU_CHECK_ORDER3:-}" ]; then  # order 3 of GPT-2 small: 1.67 M terms
   timeout "${GPU_CHECK_ORDER3_S:-120}" "$PY" benchmarks/bench_scale.py --device cuda --orders 3 --dtypes float32 2>&1 \
-    | tr '\r' '\n' | grep -v "terms:" | grep -v "^ *$" | tail -6 || echo "order 3: cut at its time limit"
+    | tr '\r' '\n' | grep -v "terms:" | grep -v "^ *$" | tail -6 || echo "order 3: exit $? (124: cut at its time limit)"
 fi
 timeout 90 "$PY" benchmarks/bench_verify.py --device cuda 2>&1 | tail -16
 verify_rc=${PIPESTATUS[0]}
