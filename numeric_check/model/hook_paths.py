@@ -74,6 +74,9 @@ def _recorded_hook(name: str) -> bool:
     ) or name.endswith("hook_resid_post")
 
 
+TILED_COUNTS = 3  # copy counts whose tiled recordings are kept (a verification uses a few at a time)
+
+
 @dataclass(frozen=True)
 class Recording:
     """One real forward pass: the tokens, the unembedding's input, and the hook values that get frozen.
@@ -102,17 +105,19 @@ class Recording:
 
     def tiled(self, name: str, copies: int) -> Tensor:
         """``cache[name]`` repeated along the batch for ``copies`` stacked copies of the batch
-        (kept, for the few copy counts a verification uses: re-tiling costs more than the memory)."""
+        (kept for the last ``TILED_COUNTS`` copy counts asked for, every name of each: a pass tiles every
+        pattern and scale, and re-tiling costs more than the memory)."""
         if copies == 1:
             return self.cache[name]
-        tiles = self.__dict__.setdefault("_tiles", {})
-        key = (name, copies)
-        if key not in tiles:
-            if len(tiles) >= 64:
-                tiles.clear()
+        tiles = self.__dict__.setdefault("_tiles", {})  # by copy count, the most recently used last
+        per = tiles.pop(copies, None)
+        tiles[copies] = per = {} if per is None else per
+        while len(tiles) > TILED_COUNTS:
+            del tiles[next(iter(tiles))]
+        if name not in per:
             value = self.cache[name]
-            tiles[key] = value.repeat(copies, *([1] * (value.ndim - 1)))
-        return tiles[key]
+            per[name] = value.repeat(copies, *([1] * (value.ndim - 1)))
+        return per[name]
 
     @cached_property
     def logits(self) -> Tensor:
@@ -195,15 +200,17 @@ def per_copy(values: Sequence[float], n_batch: int, like: Tensor, ndim: int) -> 
     return column.reshape(-1, *([1] * (ndim - 1)))
 
 
-def frozen_hooks(rec: Recording, copies: int, live: int | None = None) -> list[Hook]:
+def frozen_hooks(rec: Recording, copies: int, live: int | None = None, start: int = 0) -> list[Hook]:
     """Hooks replacing every attention pattern and layer-norm scale (and a mixture of experts' routing) by its recorded value, tiled over
     ``copies`` copies of the batch (:class:`~numeric_check.model.hooks.Constant`: the model skips
     queries, keys and scores), except the pattern of layer ``live``, whose queries, keys or scores
-    are read."""
+    are read; those of blocks before ``start`` are left out (a pass that starts at block ``start``)."""
     live_pattern = None if live is None else block_hook(live, "attn.hook_pattern")
     hooks: list[Hook] = []
     for name in rec.cache:
         if name.endswith(("hook_pattern", "hook_scale", "hook_expert_weights", "hook_expert_indices")) and name != live_pattern:
+            if start and name.startswith("blocks.") and int(name.split(".", 2)[1]) < start:
+                continue
             hooks.append((name, Constant(rec.tiled(name, copies))))
     return hooks
 

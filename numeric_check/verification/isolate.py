@@ -85,7 +85,7 @@ def _chunks(n_items: int, bytes_per_item: int, chunk_bytes: int) -> Iterator[ran
         yield range(start, min(n_items, start + size))
 
 
-class _SourceHooks:
+class SourceHooks:
     """The hooks of one pass over copies of the batch, from block ``start`` on: each copy
     carries one prefix path, with only its source on and none of its heads at these layers
     (they all come before ``start``: see :func:`isolate_final_streams`)."""
@@ -119,13 +119,15 @@ class _SourceHooks:
         hooks: list[Hook] = []
         if block.attn.b_V is not None:
             hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_on, n_batch, v, 4)) * block.attn.per_head(block.attn.b_V)))
-        if block.mlp is not None:
-            recorded = self.rec.tiled(block_hook(layer, "hook_mlp_out"), len(self.prefixes))
-            # a Constant: the recorded output in its own source's copy, zeros elsewhere; the MLP is not run
-            hooks.append((block_hook(layer, "hook_mlp_out"), Constant(recorded * per_copy(mlp_on, n_batch, recorded, 3))))
+        shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
+        if block.mlp is not None:  # a Constant: the recorded output in its own source's copy, zeros elsewhere; not run
+            if any(mlp_on):
+                recorded = self.rec.tiled(block_hook(layer, "hook_mlp_out"), len(self.prefixes))
+                hooks.append((block_hook(layer, "hook_mlp_out"), Constant(recorded * per_copy(mlp_on, n_batch, recorded, 3))))
+            else:
+                hooks.append((block_hook(layer, "hook_mlp_out"), Constant(self.rec.final.new_zeros(shape))))
         if any(bias_on):
             return hooks + [(block_hook(layer, "hook_attn_out"), lambda x, hook: x * per_copy(bias_on, n_batch, x, 3))]
-        shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
         return hooks + [(block_hook(layer, "hook_attn_out"), Constant(self.rec.final.new_zeros(shape)))]
 
 
@@ -280,7 +282,7 @@ def _isolate_chunk(model: CircuitModel, rec: Recording, paths: Sequence[Path], c
         return hook
 
     hooks = [(block_hook(layer, "attn.hook_z"), capture(layer)) for layer in sorted(last)]
-    ph = _SourceHooks(model, rec, prefixes, start)
+    ph = SourceHooks(model, rec, prefixes, start)
     hooks += ph.hooks()
     final = None  # the unembedding input (or stream entering block upto), when a prefix through no head is a path
     if start == 0 and whole and upto is not None:

@@ -41,53 +41,68 @@ from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.results import TermResult
 
 
+class Settlement:
+    """Where check 2's terms get their verdicts: a term whose bound is within the tolerance passes on it;
+    the others (every term, with ``exact``) wait for :meth:`finish`, which computes their largest
+    logit-space errors exactly, in one screened pass. ``tolerance``: ``(atol, rtol, scale)``, a term's
+    tolerance being ``atol + rtol · max(scale, its own largest logit)``."""
+
+    def __init__(self, ev: LogitEvaluator, space: LogitSpace, results: list[TermResult],
+                 tolerance: tuple[float, float, float], exact: bool):
+        self.ev, self.space, self.results, self.exact = ev, space, results, exact
+        self.atol, self.rtol, self.scale = tolerance
+        self.tol = self.atol + self.rtol * self.scale
+        self.unsettled: list[tuple[TermResult, Tensor, Tensor]] = []
+
+    def settle(self, v: LogitTermValue, error: Tensor, bound: float, ours: Callable[[], Tensor]) -> None:
+        r = self.results[v.index]
+        r.error_bound = bound
+        if not self.exact and bound <= self.tol:
+            r.passed = True  # certified: every entry of the error is at most the bound
+        else:
+            self.unsettled.append((r, self.space.widened(error), ours()))
+
+    def compare(self, group: list[LogitTermValue], x: Tensor, bias: float) -> None:
+        """Each term of ``group`` against its unembedding input ``x[k]`` (``bias``: ``b_U``'s coefficient), in
+        full: the difference formed before the unembedding, settled on its bound."""
+        ev, space = self.ev, self.space
+        if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
+            for v, xi in zip(group, x.unbind(0)):
+                mine = space.aug(ev.parts(v))
+                error = mine - space.of(xi, bias)
+                self.settle(v, error, space.product.bound(error), lambda mine=mine: mine)
+            return
+        errors = space.differences(ev, group, x)  # [n, batch, pos, d_model]; b_U on neither side
+        for v, error, bound in zip(group, errors.unbind(0), space.product.bounds(errors)):
+            self.settle(v, error, bound, lambda v=v: space.aug(ev.parts(v)))
+
+    def finish(self) -> None:
+        """The exact largest errors of the terms no bound settled, and their verdicts."""
+        if not self.unsettled:
+            return
+        maxima = self.space.product.max_abs([t for _, error, mine in self.unsettled for t in (error, mine)])
+        for j, (r, _, _) in enumerate(self.unsettled):
+            r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
+            r.passed = r.max_abs_error <= self.atol + self.rtol * max(self.scale, own)
+        self.unsettled.clear()
+
+
 def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, space: LogitSpace,
                    values: Sequence[LogitTermValue], paths: Sequence[Path], results: list[TermResult],
                    tolerance: tuple[float, float, float], exact: bool, chunk_bytes: int,
                    maps: "HeadMaps | None" = None) -> None:
     """Check 2 for a chunk of terms (``values``, ``paths[k]`` that of ``values[k]``): one batched isolation
     pass through the model; sets each term's ``error_bound``, ``passed`` and, when its bound does not
-    settle it, ``max_abs_error``. ``tolerance``: ``(atol, rtol, scale)``, a term's tolerance being
-    ``atol + rtol · max(scale, its own largest logit)``. ``maps``: the model's :class:`HeadMaps` (made once
-    for a verification's chunks; made here when not given)."""
-    atol, rtol, scale = tolerance
-    tol = atol + rtol * scale
-    unsettled: list[tuple[TermResult, Tensor, Tensor]] = []
-
-    def settle(v: LogitTermValue, error: Tensor, bound: float, ours: Callable[[], Tensor]) -> None:
-        r = results[v.index]
-        r.error_bound = bound
-        if not exact and bound <= tol:
-            r.passed = True  # certified: every entry of the error is at most the bound
-        else:
-            unsettled.append((r, space.widened(error), ours()))
-
+    settle it, ``max_abs_error`` (see :class:`Settlement`; ``tolerance`` is its). ``maps``: the model's
+    :class:`HeadMaps` (made once for a verification's chunks; made here when not given)."""
+    settlement = Settlement(ev, space, results, tolerance, exact)
     maps = HeadMaps(model, rec) if maps is None else maps
     for part in isolate_final_parts(model, rec, paths, chunk_bytes=chunk_bytes):
         groups = [part] if not isinstance(part, HeadGroup) else \
-            _unsettled_heads(model, rec, ev, maps, space, part, values, results, tol, exact)
+            _unsettled_heads(model, rec, ev, maps, space, part, values, results, settlement.tol, exact)
         for indices, x, bias in groups:
-            _compare(ev, space, [values[j] for j in indices], x, bias, settle)
-    if unsettled:
-        maxima = space.product.max_abs([t for _, error, mine in unsettled for t in (error, mine)])
-        for j, (r, _, _) in enumerate(unsettled):
-            r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
-            r.passed = r.max_abs_error <= atol + rtol * max(scale, own)
-
-
-def _compare(ev: LogitEvaluator, space: LogitSpace, group: list[LogitTermValue], x: Tensor, bias: float,
-             settle: Callable) -> None:
-    """Each term of ``group`` against its unembedding input ``x[k]`` (``bias``: ``b_U``'s coefficient), in full:
-    the difference formed before the unembedding and handed to ``settle`` with its bound."""
-    if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
-        for v, xi in zip(group, x.unbind(0)):
-            mine = space.aug(ev.parts(v))
-            error = mine - space.of(xi, bias)
-            settle(v, error, space.product.bound(error), lambda mine=mine: mine)
-        return
-    errors = space.differences(ev, group, x)  # [n, batch, pos, d_model]; b_U on neither side
-    for v, error, bound in zip(group, errors.unbind(0), space.product.bounds(errors)):
-        settle(v, error, bound, lambda v=v: space.aug(ev.parts(v)))
+            settlement.compare([values[j] for j in indices], x, bias)
+    settlement.finish()
 
 
 def _unsettled_heads(model: CircuitModel, rec: Recording, ev: LogitEvaluator, maps: "HeadMaps", space: LogitSpace,
@@ -173,17 +188,17 @@ class HeadMaps:
             return None
         return M, _spectral_norms(M), sigma, kappa
 
-    def _gaps_of(self, ev: LogitEvaluator, layer: int, heads: list[int], refs: tuple, M: Tensor) -> Tensor:
-        """``‖M_h - R‖`` for each head and its term's last factor ``R`` (Frobenius, at least the spectral
-        norm), ``[n]``; each once per head and factor."""
-        gaps = self._gaps
+    def gaps(self, ev: LogitEvaluator, layer: int, heads: Sequence[int], refs: Sequence) -> Tensor:
+        """``‖M_h - R‖`` for each head ``heads[k]`` of ``layer`` and its term's last factor ``R`` (``refs[k]``;
+        Frobenius, at least the spectral norm), ``[n]``; each once per head and factor."""
+        M = self.layer(layer)[0]
         values = []
         for h, ref in zip(heads, refs):
             key = (layer, h, ref)
-            gap = gaps.get(key)
+            gap = self._gaps.get(key)
             if gap is None:
                 R = right_multiplier(ev.binder, ref)
-                gap = gaps[key] = float(torch.linalg.vector_norm(M[h] - R)) if M[h].shape == R.shape else float("inf")
+                gap = self._gaps[key] = float(torch.linalg.vector_norm(M[h] - R)) if M[h].shape == R.shape else float("inf")
             values.append(gap)
         return M.new_tensor(values)
 
@@ -194,20 +209,33 @@ class HeadMaps:
         measured = self.layer(part.layer)
         if measured is None or not all(len(v.left) == 2 and v.left[-1][0].name == "W_U" for v in group):
             return None
-        M, m_norm, sigma, kappa = measured
         z = part.z.movedim(2, 0)  # [n, b, pos, e]
         if any(v.y.shape[-1] != z.shape[-1] for v in group):
             return None
         shape = z.shape[1:]  # a term's value has the batch's shape, but where it was broadcast: expanded then
         y = torch.stack([v.y if v.y.shape == shape else v.y.expand(shape) for v in group])  # [n, b, pos, e]
-        coeffs = z.new_tensor([v.coeff for v in group]).view(-1, 1, 1)
+        coeffs = z.new_tensor([v.coeff for v in group])
         heads = part.heads
+        gaps = self.gaps(ev, part.layer, heads, tuple(v.left[0] for v in group))
+        return self.row_bounds(part.layer, z, y, z.new_tensor(heads, dtype=torch.long), gaps, coeffs).tolist()
+
+    @torch.no_grad()
+    def row_bounds(self, layer: int, z: Tensor, y: Tensor, heads: Tensor, gaps: Tensor, coeffs: Tensor | None = None) -> Tensor:
+        """The bound on ``max_p ‖e[p]‖`` (see the module) of each row: the model's ``z`` and our ``y``
+        ``[n, b, pos, d_head]``, the row's head of ``layer`` (``heads``, ``[n]``), the gap of its last
+        factor (``gaps`` ``[n]``, :meth:`gaps`) and its coefficient (``coeffs`` ``[n]``; 1 when ``None``);
+        ``[n]``. The layer must have a map (:meth:`layer` not ``None``)."""
+        M, m_norm, sigma, kappa = self.layer(layer)
         m = m_norm[heads].view(-1, 1, 1)
-        gaps = self._gaps_of(ev, part.layer, heads, tuple(v.left[0] for v in group), M).view(-1, 1, 1)
         sz = sigma[None, ..., None] * z
         rows = lambda t: torch.linalg.vector_norm(t, dim=-1)  # noqa: E731 - [n, b, pos]
-        bound = (rows(sz - coeffs[..., None] * y) * m + coeffs.abs() * rows(y) * gaps + kappa * rows(sz) * m)
-        return bound.flatten(1).amax(1).tolist()
+        if coeffs is None:
+            bound = (rows(sz - y) + kappa * rows(sz)) * m + rows(y) * gaps.view(-1, 1, 1)
+        else:
+            coeffs = coeffs.view(-1, 1, 1)
+            bound = (rows(sz - coeffs[..., None] * y) * m + coeffs.abs() * rows(y) * gaps.view(-1, 1, 1)
+                     + kappa * rows(sz) * m)
+        return bound.flatten(1).amax(1)
 
 
 def _spectral_norms(M: Tensor) -> Tensor:

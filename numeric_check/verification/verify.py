@@ -56,11 +56,12 @@ from numeric_check.model.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
-from numeric_check.verification.grouped import GroupEvaluator, GroupSum, PathGroup, group_values, plan_groups, plan_paths
+from numeric_check.verification.grouped import GroupEvaluator, GroupSum, PathGroup, plan_groups, plan_paths
+from numeric_check.verification.grouped_isolation import GroupedIsolation
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
-from numeric_check.verification.logit_isolation import HeadMaps, check_isolated
+from numeric_check.verification.logit_isolation import HeadMaps, Settlement, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
 from numeric_check.verification.shared import (  # noqa: F401 - chunk_for, default_rtol, MIN_CHUNK_BYTES: public here too
     Progress, _checked, _cyclic_gc_paused, _relative, _report, _resolve_expansion, _result, _Setup, _setup,
@@ -211,8 +212,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     if shard is not None:
         _agree(shard, n_kept + len(all_omitted), rec, scale)
     exact = _exact_by_default(rec, s.model, n_kept) if exact_errors is None else bool(exact_errors)
-    pending: list = []  # terms to add (norms, sum) and check
-    checking: list = []  # terms already added, to check
+    pending: list = []  # terms to add (norms, sum) and check (the trie's, or the grouped engine's through no head)
     maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
     spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
 
@@ -220,12 +220,10 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         spent["largest"] = max(spent["largest"], _add_terms(ev, pending, kept_sum, results))
         if isolation:
             t0 = time.perf_counter()
-            values = pending + checking
-            check_isolated(s.model, s.rec, ev, space, values, [paths[v.index] for v in values], results,
+            check_isolated(s.model, s.rec, ev, space, pending, [paths[v.index] for v in pending], results,
                            (s.atol, s.rtol, scale), exact, chunk_bytes, maps)
             spent["isolation"] += time.perf_counter() - t0
         pending.clear()
-        checking.clear()
 
     # a flush: terms holding a quarter of chunk_bytes (their values at their narrowest, often d_head wide;
     # check 2 holds no stream of them, only groups as they arrive), at most about four chunk_bytes of
@@ -238,21 +236,18 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     done = held = 0
     copies: set = set()
 
-    def arrived(values: list, into: list, run: int = 1) -> None:
-        """``values`` join ``into``, ``run`` at a time (terms that share their prefix: a flush never splits them)."""
+    def arrived(v) -> None:
+        """A term joins the pending ones (a flush when they hold enough)."""
         nonlocal done, held
-        size = values[0].y.numel() * values[0].y.element_size() if values else 0
-        for k in range(0, len(values), run):
-            block = values[k:k + run]
-            into += block
-            held += size * len(block)
-            path = paths[block[0].index]
-            copies.add((path.source, path.heads[:-1]))
-            if HELD_FRACTION * held >= chunk_bytes or len(pending) + len(checking) >= most or len(copies) >= most_copies:
-                flush()
-                held = 0
-                copies.clear()
-        done += len(values)
+        pending.append(v)
+        held += v.y.numel() * v.y.element_size()
+        path = paths[v.index]
+        copies.add((path.source, path.heads[:-1]))
+        if HELD_FRACTION * held >= chunk_bytes or len(pending) >= most or len(copies) >= most_copies:
+            flush()
+            held = 0
+            copies.clear()
+        done += 1
         _tick(progress, "terms", done, len(paths))
 
     if plan is None:
@@ -260,27 +255,29 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             if v.index >= len(paths):
                 omitted_sum.add(v)
             else:
-                arrived([v], pending)
+                arrived(v)
     else:
         for v in ev.values():
-            arrived([v._replace(index=plan.singles[v.index])], pending)
+            arrived(v._replace(index=plan.singles[v.index]))
         grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
         kept_rows, omitted_rows = GroupSum(grouped), GroupSum(grouped)
+        settlement = Settlement(ev, space, results, (s.atol, s.rtol, scale), exact)
+        checker = GroupedIsolation(grouped, maps, settlement, chunk_bytes // 2) if isolation else None
         for group in plan.groups:
             for first, y in grouped.values(group):
                 spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results))
-                if isolation:
-                    arrived(group_values(grouped, group, first, y), checking,
-                            arch.heads_per_layer[group.layers[-1]])  # rows of one prefix: a run of last heads
-                else:
-                    done += y.shape[0]
-                    _tick(progress, "terms", done, len(paths))
+                if checker is not None:  # check 2 of the chunk's rows, against a group of prefixes' copies
+                    t0 = time.perf_counter()
+                    checker.check(group, first, y)
+                    spent["isolation"] += time.perf_counter() - t0
+                done += y.shape[0]
+                _tick(progress, "terms", done, len(paths))
         for group in omitted_plan.groups if omitted_plan else ():
             for first, y in grouped.values(group):
                 _add_rows(ev, grouped, group, first, y, omitted_rows, None)
         kept_rows.into(kept_sum)
         omitted_rows.into(omitted_sum)
-    if pending or checking:
+    if pending:
         flush()
     largest = spent["largest"]
     kept_aug = space.aug(kept_sum.parts())

@@ -1,6 +1,7 @@
 """The grouped evaluation (terms through heads batched on the term axis) against the shared trie, term by term."""
 
 import math
+from itertools import product
 
 import pytest
 import torch
@@ -9,18 +10,22 @@ from hypothesis import given, settings, strategies as st
 import numeric_check.verification.verify as verify_module
 from derivations.architecture import Architecture
 from derivations.paths import expand_logits
+from derivations.sources import Path
 from numeric_check import verify_logits
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hook_paths import record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.evaluate import LogitEvaluator
 from numeric_check.verification.grouped import GroupEvaluator, group_values, plan_groups
+from numeric_check.verification.grouped_isolation import PrefixPasses
+from numeric_check.verification.isolate import HeadGroup, isolate_final_parts
 
 ARCHS = {
     "attention only": Architecture(3, 2),
     "layer norm, MLPs, biases": Architecture(3, 3, layer_norm=True, mlp=True, biases=True),
     "heads differ per layer": Architecture(3, (2, 3, 1), layer_norm=True, biases=True),
     "parallel blocks, RMS norm": Architecture(2, 2, norm="rms_norm", mlp=True, parallel=True),
+    "norms before and after sublayers": Architecture(3, 2, norm="rms_norm", sublayer_norm="both", mlp=True),
 }
 
 
@@ -48,6 +53,35 @@ def test_the_grouped_report_is_the_trie_report_term_by_term(monkeypatch, name, m
         assert g.max_abs_error <= 1e-12 * max(1.0, t.norm) and g.passed
     for a, b in zip(grouped.checks, trie.checks):
         assert (a.name, a.passed) == (b.name, b.passed)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+@pytest.mark.parametrize("budget", [1, 1 << 30])
+def test_prefix_passes_give_each_path_the_z_the_model_isolates_for_it(name, budget):
+    """Check 2 of a group reads the model's z of its paths from passes over a prefix group's copies (one
+    copy a pass with the least budget, a prefix group a pass with room): each path's z is the one the
+    path-by-path isolation gives it."""
+    model = _model(ARCHS[name])
+    rec = record(model, torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]))
+    plan = plan_groups(Binder(model, rec), expand_logits(model.arch, None))
+    passes = PrefixPasses(model, rec, budget)
+    b, p = rec.n_batch, rec.n_pos
+    for group in plan.groups:
+        H = group.counts[-1]
+        z = torch.cat([z for _, z in passes.z(group.entry, group.layers, group.counts, 0, group.n_terms // H)])
+        rows = z.view(-1, b, p, H, z.shape[-1]).permute(0, 3, 1, 2, 4).flatten(0, 1)  # [n_terms, b, pos, e]
+        paths = [Path.trusted(group.source, tuple(zip(group.layers, heads))) for heads in product(*map(range, group.counts))]
+        seen = 0
+        for part in isolate_final_parts(model, rec, paths):
+            assert isinstance(part, HeadGroup)
+            for k, i in enumerate(part.indices):
+                torch.testing.assert_close(rows[i], part.z[:, :, k], rtol=0, atol=1e-12)
+                seen += 1
+        assert seen == group.n_terms == rows.shape[0]
+    depth = max(len(g.layers) for g in plan.groups) - 1  # the deepest prefixes' copies: each runs once with room
+    deepest = {(g.source, g.layers[:-1], g.counts[:-1]) for g in plan.groups if len(g.layers) == depth + 1}
+    ran = sum(n for d, n in passes.sizes if d == depth)
+    assert ran == sum(math.prod(counts) for _, _, counts in deepest) if budget > 1 else all(n == 1 for _, n in passes.sizes)
 
 
 def test_a_wrong_term_is_caught_by_check_2_in_the_grouped_evaluation(monkeypatch):

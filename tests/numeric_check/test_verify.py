@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import numeric_check.verification.grouped_isolation as grouped_isolation
 import numeric_check.verification.logit_isolation as logit_isolation
 import numeric_check.verification.verify as verify_module
 from derivations.architecture import Architecture
@@ -135,10 +136,21 @@ def test_a_wrong_omitted_part_fails_check_3(monkeypatch):
 
 
 @pytest.mark.parametrize("exact", [False, True])
-@pytest.mark.parametrize("where", ["z", "stream"])
+@pytest.mark.parametrize("where", ["grouped z", "z", "stream"])
 def test_a_wrong_isolation_fails_check_2(monkeypatch, exact, where):
     """The model's isolated paths off by 1e-3 — in a head's z (paths ending in heads, certified through
-    the head maps unless exact) or in a finished stream (paths ending in no head) — fail check 2."""
+    the head maps unless exact; from the grouped engine's prefix passes, or the trie's isolation) or in a
+    finished stream (paths ending in no head) — fail check 2."""
+    if where == "grouped z":
+        run = grouped_isolation.PrefixPasses._run
+        monkeypatch.setattr(grouped_isolation.PrefixPasses, "_run",
+                            lambda *args: {layer: z + 1e-3 for layer, z in run(*args).items()})
+        report = verify_logits(small_model(), TOKENS, exact_errors=exact)
+        assert report.check("sum").passed and report.check("isolation").passed is False
+        assert {t.label for t in report.terms if not t.passed} == {t.label for t in report.terms if t.order}
+        return
+    if where == "z":  # the trie's evaluation and isolation (sharded runs, models not of the grouped form)
+        monkeypatch.setattr(verify_module, "plan_groups", lambda *args, **kwargs: None)
     real, wrong = logit_isolation.isolate_final_parts, set()
 
     def shifted(model, rec, paths, **kwargs):

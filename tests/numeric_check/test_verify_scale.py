@@ -119,20 +119,27 @@ def test_the_cli_refuses_a_run_longer_than_max_hours_before_it_starts(capsys):
     assert err.startswith("tcircuits verify: error: 11,249 terms") and "terms would take about" in err and "max_order=2 keeps 1,009 terms" in err and "--max-hours" in err
 
 
-def test_a_flush_holds_at_most_the_copies_its_chunk_allows(monkeypatch):
-    """Memory follows the chunk, not the term count: each pass of check 2 gets at most the prefixes (copies
-    of the batch, a stream at each layer) that a quarter of the chunk holds; the report is the same."""
+def test_check_2_passes_hold_at_most_the_copies_their_chunk_allows(monkeypatch):
+    """Memory follows the chunk, not the term count: each pass of check 2 gets at most the copies of the
+    batch (one per prefix) that half the chunk holds; with room, each deepest prefix runs once;
+    the report is the same."""
+    from numeric_check.verification import grouped_isolation
+
     model = CircuitModel.random(Architecture(3, 3, layer_norm=True, mlp=True), d_model=8, d_head=4, d_vocab=12, n_ctx=6, seed=1)
+    made = []
+    init = grouped_isolation.PrefixPasses.__init__
+
+    def keep(self, *args):
+        init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(grouped_isolation.PrefixPasses, "__init__", keep)
     expected = verify_logits(model, TOKENS, max_order=3)
-    real, copies = verify_module.check_isolated, []
-
-    def counting(model_, rec, ev, space, values, paths, *args):
-        copies.append(len({(p.source, p.heads[:-1]) for p in paths}))
-        return real(model_, rec, ev, space, values, paths, *args)
-
-    monkeypatch.setattr(verify_module, "check_isolated", counting)
-    stream = 2 * 5 * 8 * 8  # batch x pos x d_model float64
-    report = verify_logits(model, TOKENS, max_order=3, chunk_bytes=verify_module.COPY_FACTOR * stream * 4 * 5)
-    prefixes = {(t.path.source, t.path.heads[:-1]) for t in expand_logits(model.arch, 3)}
-    assert report.passed and max(copies) <= 5 and sum(copies) >= len(prefixes) and len(copies) >= len(prefixes) / 5
+    deepest = {(t.path.source, t.path.heads[:-1]) for t in expand_logits(model.arch, 3) if t.order == 3}
+    assert sum(n for depth, n in made[-1].sizes if depth == 2) == len(deepest) == 9
+    chunk = 2 * 2 * made[-1]._per_copy(2)  # a pass gets half the chunk: passes of two copies
+    report = verify_logits(model, TOKENS, max_order=3, chunk_bytes=chunk)
+    sizes = made[-1].sizes
+    assert report.passed and max(n for _, n in sizes) == 2 and sum(n for depth, n in sizes if depth == 2) >= 9
     assert [t.norm for t in report.terms] == pytest.approx([t.norm for t in expected.terms], rel=1e-12)
+    assert [t.passed for t in report.terms] == [t.passed for t in expected.terms]
