@@ -202,8 +202,10 @@ class GroupEvaluator:
             self._streams[key] = y
         return self._streams[key]
 
-    def values(self, group: PathGroup) -> Iterator[tuple[int, Tensor]]:
-        """The group's rows, a chunk at a time (see the class docstring)."""
+    def values(self, group: PathGroup, copies: range | None = None) -> Iterator[tuple[int, Tensor]]:
+        """The group's rows, a chunk at a time (see the class docstring); with ``copies``, only those of the
+        prefixes in it (a prefix: a choice of heads at every layer but the last, numbered in product order;
+        prefix ``c``'s rows are ``c · H … c · H + H - 1``), and only the rows before them that lead there."""
         S = self.source_stream(group.entry)
         first = self.layer(group.layers[0])
         S = S if first.N is None else first.N[..., None] * S
@@ -211,14 +213,19 @@ class GroupEvaluator:
         H, e = first.W_V.shape[:2]
         y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
         y = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
-        for row0, rows in self._deeper(group, 1, y, 0):
+        for row0, rows in self._deeper(group, 1, y, 0, copies):
             yield group.start + row0, rows
 
-    def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int) -> Iterator[tuple[int, Tensor]]:
+    def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int,
+                copies: range | None) -> Iterator[tuple[int, Tensor]]:
         layers = group.layers
         if depth == len(layers):
             yield row0, y if self._final is None else self._final[..., None] * y
             return
+        if copies is not None:  # the rows at this depth above the prefixes asked for
+            below = math.prod(group.counts[depth:len(layers) - 1])  # prefixes under each row here
+            lo, hi = max(row0, copies.start // below), min(row0 + y.shape[0], (copies.stop - 1) // below + 1)
+            y, row0 = y[lo - row0:hi - row0], lo
         previous, here = layers[depth - 1], self.layer(layers[depth])
         n_prev, n_here = self.binder.model.arch.heads_per_layer[previous], here.A.shape[0]
         M = self.fused(previous, layers[depth])  # [H_prev, e, H · e]
@@ -233,7 +240,7 @@ class GroupEvaluator:
             if here.N is not None:
                 nxt = here.N[..., None] * nxt
             nxt = self._position_side(here, nxt).flatten(0, 1)
-            yield from self._deeper(group, depth + 1, nxt, (row0 + r) * n_here)
+            yield from self._deeper(group, depth + 1, nxt, (row0 + r) * n_here, copies)
 
     @staticmethod
     def _position_side(layer: _Layer, y: Tensor) -> Tensor:

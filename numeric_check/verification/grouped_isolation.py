@@ -78,14 +78,23 @@ class PrefixPasses:
         if kept is not None and kept.key == key and kept.first <= c < kept.first + kept.n:
             return kept
         self._kept.pop(depth, None)  # freed before the next is made
-        arch = self.model.arch
-        start = prefix[-1] + 1 if prefix else entry.first_layer
-        later = [l for l in range(start, arch.n_layers) if arch.heads_per_layer[l]]
-        n = min(math.prod(counts) - c, max(1, self.budget // self._per_copy(len(later))))
+        later = self._later(entry, prefix)
+        n = min(math.prod(counts) - c, self.copies_per_pass(entry, prefix))
         x = self._entering(entry, prefix, counts, c, n) if prefix else None
-        kept = self._kept[depth] = _Pass(key, c, n, self._run(entry.source, start if prefix else 0, later, n, x))
+        kept = self._kept[depth] = _Pass(key, c, n, self._run(entry.source, prefix[-1] + 1 if prefix else 0, later, n, x))
         self.sizes.append((depth, n))
         return kept
+
+    def copies_per_pass(self, entry: StreamEntry, prefix: tuple[int, ...]) -> int:
+        """How many copies of the prefix group ``entry``'s source through ``prefix`` one pass takes (a pass
+        starts at a multiple of it): those its budget holds."""
+        return max(1, self.budget // self._per_copy(len(self._later(entry, prefix))))
+
+    def _later(self, entry: StreamEntry, prefix: tuple[int, ...]) -> list[int]:
+        """The layers with heads after ``prefix`` (after the source's entry when it is empty): where a pass reads ``z``."""
+        arch = self.model.arch
+        start = prefix[-1] + 1 if prefix else entry.first_layer
+        return [l for l in range(start, arch.n_layers) if arch.heads_per_layer[l]]
 
     def _per_copy(self, n_later: int) -> int:
         """Bytes a copy of the batch holds in a pass: a few residual-sized tensors and the widest of a layer's

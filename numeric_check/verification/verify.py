@@ -43,7 +43,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from typing import Callable, Iterable, Sequence
+from itertools import groupby
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -74,6 +75,8 @@ HELD_FRACTION = 4  # a flush when the pending terms' values hold this fraction o
 COPY_FACTOR = 6  # or when their isolation copies (a stream per layer each) would hold 1/COPY_FACTOR of it (order 3 of
 # 6 x 8 heads, d_model 256: peak RSS 0.99 GB with 1, 0.75 with 2, 0.64 with 4, 0.56 with 8, order 2 0.50; GPT-2
 # small order 2 float64: 13 flushes with none, 39 with 4, 85 with 8, +3% and +11% CPU time)
+PASS_FRACTION = 16  # a pass of check 2 over a prefix group's copies holds at most this fraction of the chunk (order 3 of
+# 6 x 8 heads, d_model 256, float64: peak RSS 0.55 GB with 1/2, 0.47 with 1/16, 0.43 with 1/32; CPU time 1.83, 1.85, 1.90 s)
 EXACT_LIMIT = 2**31  # terms x batch x pos x d_vocab x d_model up to which errors are computed exactly by default
 
 
@@ -262,16 +265,17 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
         kept_rows, omitted_rows = GroupSum(grouped), GroupSum(grouped)
         settlement = Settlement(ev, space, results, (s.atol, s.rtol, scale), exact)
-        checker = GroupedIsolation(grouped, maps, settlement, chunk_bytes // 2) if isolation else None
-        for group in plan.groups:
-            for first, y in grouped.values(group):
-                spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results))
-                if checker is not None:  # check 2 of the chunk's rows, against a group of prefixes' copies
-                    t0 = time.perf_counter()
-                    checker.check(group, first, y)
-                    spent["isolation"] += time.perf_counter() - t0
-                done += y.shape[0]
-                _tick(progress, "terms", done, len(paths))
+        checker = GroupedIsolation(grouped, maps, settlement, chunk_bytes // PASS_FRACTION) if isolation else None
+        for family, copies in _families(plan.groups, checker):
+            for group in family:  # the groups of one prefix group, a pass of its copies at a time: each runs once
+                for first, y in grouped.values(group, copies):
+                    spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results))
+                    if checker is not None:  # check 2 of the chunk's rows, against the pass's copies
+                        t0 = time.perf_counter()
+                        checker.check(group, first, y)
+                        spent["isolation"] += time.perf_counter() - t0
+                    done += y.shape[0]
+                    _tick(progress, "terms", done, len(paths))
         for group in omitted_plan.groups if omitted_plan else ():
             for first, y in grouped.values(group):
                 _add_rows(ev, grouped, group, first, y, omitted_rows, None)
@@ -301,6 +305,18 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     s.timings["unembed"] = time.perf_counter() - start
     checks.insert(1, _isolation_check(results, isolation, scale, s))
     return _report("logits", s, expansion.max_order, results, checks, scale, n_omitted)
+
+
+def _families(groups: list[PathGroup], checker: GroupedIsolation | None) -> Iterator[tuple[list[PathGroup], range]]:
+    """The groups that share their prefixes (one source, every layer but the last: consecutive in the
+    expansion), each with a range of those prefixes: as many as one pass of check 2 takes, or all of them."""
+    for _, family in groupby(groups, key=lambda g: (g.source, g.layers[:-1])):
+        family = list(family)
+        first = family[0]
+        n = first.n_terms // first.counts[-1]
+        step = n if checker is None else checker.passes.copies_per_pass(first.entry, first.layers[:-1])
+        for c in range(0, n, step):
+            yield family, range(c, min(n, c + step))
 
 
 def _agree(shard: Shard, n_terms: int, rec: Recording, scale: float) -> None:

@@ -113,8 +113,8 @@ def test_one_wrong_term_fails_check_1_in_logit_space(monkeypatch, engine):
         index = [t.label for t in expand_logits(small_model().arch)].index(label)
         real = verify_module.GroupEvaluator.values
 
-        def values(self, group):
-            for first, y in real(self, group):
+        def values(self, group, copies=None):
+            for first, y in real(self, group, copies):
                 if first <= index < first + y.shape[0]:
                     y = y.clone()
                     y[index - first] *= 1 + 1e-7
