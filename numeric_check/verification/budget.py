@@ -41,7 +41,7 @@ def estimate_seconds(n_terms: int, batch: int, pos: int, d_model: int, d_head: i
     kind = torch.device(device).type
     over32, over64, rate32, rate64 = COSTS.get(kind, COSTS["cpu"])
     wide = resolve_dtype(dtype) == torch.float64
-    overhead = (over64 if wide else over32) * max(1, order) / 2
+    overhead = (over64 if wide else over32) * 2 / max(1, order)  # a group's work is shared by more terms at each order
     rate = (rate64 if wide else rate32) * (max(1, threads or torch.get_num_threads()) if kind != "cuda" else 1)
     per_term = overhead + 2 * batch * pos * d_model * d_head / rate
     return n_terms * per_term / max(1, ranks)

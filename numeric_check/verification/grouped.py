@@ -40,7 +40,9 @@ True
 from __future__ import annotations
 
 import math
-from itertools import combinations, product
+import operator
+from bisect import bisect_right
+from itertools import combinations
 from typing import Iterator, NamedTuple, Sequence
 
 import torch
@@ -269,21 +271,51 @@ class GroupEvaluator:
         return (by_head.permute(1, 2, 0, 3).reshape(b * p, n * e) @ here.W_O_rows).view(b, p, d)
 
 
-def plan_paths(plan: GroupPlan, direct: Sequence[PathTerm]) -> list[Path]:
-    """The path of every term of the expansion ``plan`` was made from, in its order (``direct``: its
-    terms through no head, :meth:`~derivations.paths.LogitExpansion.direct_terms`), without building
-    the terms themselves (a group's paths are every choice of its heads, in product order)."""
-    parts: list[tuple[int, object]] = [(i, t.path) for i, t in zip(plan.singles, direct)]
-    parts += [(g.start, g) for g in plan.groups]
-    parts.sort(key=lambda part: part[0])
-    out: list[Path] = []
-    for _, part in parts:
+class PlanPaths(Sequence[Path]):
+    """The path of every term of the expansion a :class:`GroupPlan` was made from, in its order (``direct``:
+    its terms through no head, :meth:`~derivations.paths.LogitExpansion.direct_terms`), each made when asked
+    for, without building the terms (a group's paths are every choice of its heads, in product order).
+
+    >>> from derivations.architecture import Architecture
+    >>> from derivations.paths import TOKEN, expand_logits
+    >>> expansion = expand_logits(Architecture(2, 3), 2)
+    >>> singles, groups = [0], [PathGroup(StreamEntry(TOKEN, 0, ()), (0, 1), 7, 9, (3, 3))]
+    >>> PlanPaths(GroupPlan(groups, singles), expansion.direct_terms())[15].label
+    'tok→L0H2→L1H2'
+    """
+
+    def __init__(self, plan: GroupPlan, direct: Sequence[PathTerm]):
+        parts: list[tuple[int, object]] = [(i, t.path) for i, t in zip(plan.singles, direct)]
+        parts += [(g.start, g) for g in plan.groups]
+        parts.sort(key=lambda part: part[0])
+        self._starts = [start for start, _ in parts]
+        self._parts = [part for _, part in parts]
+        self._n = max((start + (1 if isinstance(part, Path) else part.n_terms) for start, part in parts), default=0)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        i = operator.index(i)
+        i = i + self._n if i < 0 else i
+        if not 0 <= i < self._n:
+            raise IndexError(f"term {i} of {self._n:,}")
+        k = bisect_right(self._starts, i) - 1
+        part = self._parts[k]
         if isinstance(part, Path):
-            out.append(part)
-            continue
-        source, layers = part.source, part.layers
-        out += [Path.trusted(source, tuple(zip(layers, heads))) for heads in product(*map(range, part.counts))]
-    return out
+            return part
+        offset, heads = i - self._starts[k], []
+        for count in reversed(part.counts):  # the last layer's head varies fastest
+            offset, head = divmod(offset, count)
+            heads.append(head)
+        return Path.trusted(part.source, tuple(zip(part.layers, reversed(heads))))
+
+
+def plan_paths(plan: GroupPlan, direct: Sequence[PathTerm]) -> PlanPaths:
+    """:class:`PlanPaths` of ``plan`` (see there)."""
+    return PlanPaths(plan, direct)
 
 
 def group_values(ev: GroupEvaluator, group: PathGroup, first: int, y: Tensor) -> list[LogitTermValue]:

@@ -171,12 +171,12 @@ class GroupedIsolation:
         else:
             bounds = self.maps.row_bounds(layer, z, y, heads, gaps[heads]) * settlement.space.product.bound_factor
             open_ = (~(bounds <= settlement.tol)).nonzero().flatten().tolist()  # a NaN bound is open
-            for r, bound in zip(results[first:first + y.shape[0]], bounds.tolist()):
-                r.error_bound, r.passed = bound, True  # certified (those left open are settled below)
+            rows = slice(first, first + y.shape[0])
+            results.set_bound(rows, bounds.double().cpu().numpy())
+            results.passed[rows] = 1  # certified (those left open are settled below)
         if not open_:
             return
-        for k in open_:
-            results[first + k].passed = None
+        results.passed[[first + k for k in open_]] = -1
         picked = torch.tensor(open_, device=y.device)
         held = [h % H for h in open_]
         x = head_final_inputs(self.model, self.rec, layer, held, z[picked].permute(1, 2, 0, 3))

@@ -38,7 +38,7 @@ from numeric_check.model.hooks import Constant, block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 from numeric_check.verification.isolate import GROUP_BYTES, HeadGroup, head_final_inputs, isolate_final_parts
 from numeric_check.verification.logit_space import LogitSpace
-from numeric_check.verification.results import TermResult
+from numeric_check.verification.results import TermTable
 
 
 class Settlement:
@@ -47,20 +47,19 @@ class Settlement:
     logit-space errors exactly, in one screened pass. ``tolerance``: ``(atol, rtol, scale)``, a term's
     tolerance being ``atol + rtol · max(scale, its own largest logit)``."""
 
-    def __init__(self, ev: LogitEvaluator, space: LogitSpace, results: list[TermResult],
+    def __init__(self, ev: LogitEvaluator, space: LogitSpace, results: TermTable,
                  tolerance: tuple[float, float, float], exact: bool):
         self.ev, self.space, self.results, self.exact = ev, space, results, exact
         self.atol, self.rtol, self.scale = tolerance
         self.tol = self.atol + self.rtol * self.scale
-        self.unsettled: list[tuple[TermResult, Tensor, Tensor]] = []
+        self.unsettled: list[tuple[int, Tensor, Tensor]] = []
 
     def settle(self, v: LogitTermValue, error: Tensor, bound: float, ours: Callable[[], Tensor]) -> None:
-        r = self.results[v.index]
-        r.error_bound = bound
+        self.results.set_bound(v.index, bound)
         if not self.exact and bound <= self.tol:
-            r.passed = True  # certified: every entry of the error is at most the bound
+            self.results.passed[v.index] = 1  # certified: every entry of the error is at most the bound
         else:
-            self.unsettled.append((r, self.space.widened(error), ours()))
+            self.unsettled.append((v.index, self.space.widened(error), ours()))
 
     def compare(self, group: list[LogitTermValue], x: Tensor, bias: float) -> None:
         """Each term of ``group`` against its unembedding input ``x[k]`` (``bias``: ``b_U``'s coefficient), in
@@ -81,14 +80,15 @@ class Settlement:
         if not self.unsettled:
             return
         maxima = self.space.product.max_abs([t for _, error, mine in self.unsettled for t in (error, mine)])
-        for j, (r, _, _) in enumerate(self.unsettled):
-            r.max_abs_error, own = maxima[2 * j], maxima[2 * j + 1]
-            r.passed = r.max_abs_error <= self.atol + self.rtol * max(self.scale, own)
+        for j, (i, _, _) in enumerate(self.unsettled):
+            error, own = maxima[2 * j], maxima[2 * j + 1]
+            self.results.set_error(i, error)
+            self.results.passed[i] = error <= self.atol + self.rtol * max(self.scale, own)
         self.unsettled.clear()
 
 
 def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, space: LogitSpace,
-                   values: Sequence[LogitTermValue], paths: Sequence[Path], results: list[TermResult],
+                   values: Sequence[LogitTermValue], paths: Sequence[Path], results: TermTable,
                    tolerance: tuple[float, float, float], exact: bool, chunk_bytes: int,
                    maps: "HeadMaps | None" = None) -> None:
     """Check 2 for a chunk of terms (``values``, ``paths[k]`` that of ``values[k]``): one batched isolation
@@ -106,7 +106,7 @@ def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, spac
 
 
 def _unsettled_heads(model: CircuitModel, rec: Recording, ev: LogitEvaluator, maps: "HeadMaps", space: LogitSpace,
-                     part: HeadGroup, values: Sequence[LogitTermValue], results: list[TermResult], tol: float,
+                     part: HeadGroup, values: Sequence[LogitTermValue], results: TermTable, tol: float,
                      exact: bool) -> Iterator[tuple[list[int], Tensor, float]]:
     """Certify the terms of ``part`` that :meth:`HeadMaps.bounds` settles (``passed``, ``error_bound``);
     yield the others as ``(indices, x, 0.0)``, their unembedding inputs by the model's own modules, at
@@ -120,8 +120,8 @@ def _unsettled_heads(model: CircuitModel, rec: Recording, ev: LogitEvaluator, ma
             for k, (j, bound) in enumerate(zip(part.indices, bounds)):
                 bound *= factor
                 if bound <= tol:
-                    r = results[values[j].index]
-                    r.error_bound, r.passed = bound, True
+                    results.set_bound(values[j].index, bound)
+                    results.passed[values[j].index] = 1
                 else:
                     keep.append(k)
     per_head = rec.final.numel() * rec.final.element_size()

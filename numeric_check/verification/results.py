@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import operator
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
 
 from tensoralg.display import REPR_MAX_TERMS, elided_table, head_and_tail, html_table, html_text, md_table, md_text
 
@@ -37,6 +41,74 @@ class TermResult:
     key_source: str | None = None
     key_heads: tuple[tuple[int, int], ...] | None = None
     error_bound: float | None = None
+
+
+class TermTable(Sequence[TermResult]):
+    """The results of many terms, kept as columns, each term's :class:`TermResult` made when asked for
+    (``table[i]``, iteration): a verification of millions of terms fills the columns a chunk at a time,
+    and a report makes objects only for the rows it shows. ``paths[i]`` names term ``i``.
+
+    Columns (numpy): ``norm`` (NaN until set), ``error_bound`` and ``max_abs_error`` (``None`` in a
+    :class:`TermResult` until set: :meth:`set_bound`, :meth:`set_error`), ``passed`` (``int8``: -1 for
+    ``None``, 0, 1).
+
+    >>> from derivations.paths import TOKEN, Path
+    >>> table = TermTable([Path(TOKEN), Path(TOKEN, ((0, 1),))])
+    >>> table.norm[1] = 2.0
+    >>> table.set_bound(1, 1e-9); table.passed[1] = 1
+    >>> table[1]
+    TermResult(label='tok→L0H1', source='tok', heads=((0, 1),), order=1, norm=2.0, max_abs_error=None, passed=True, composition=None, key_source=None, key_heads=None, error_bound=1e-09)
+    >>> table[0].passed is None and math.isnan(table[0].norm)
+    True
+    """
+
+    def __init__(self, paths: Sequence):
+        n = len(paths)
+        self.paths = paths
+        self.norm = np.full(n, np.nan)
+        self.error_bound, self._bound_set = np.full(n, np.nan), np.zeros(n, bool)
+        self.max_abs_error, self._error_set = np.full(n, np.nan), np.zeros(n, bool)
+        self.passed = np.full(n, -1, np.int8)
+
+    def __len__(self) -> int:
+        return len(self.norm)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = operator.index(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"term {i} of {len(self):,}")
+        path, passed = self.paths[i], int(self.passed[i])
+        return TermResult(path.label, path.source.label, path.heads, len(path.heads), float(self.norm[i]),
+                          float(self.max_abs_error[i]) if self._error_set[i] else None, None if passed < 0 else bool(passed),
+                          error_bound=float(self.error_bound[i]) if self._bound_set[i] else None)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return f"<TermTable of {len(self):,} terms>"
+
+    def set_bound(self, i, bound) -> None:
+        """Term(s) ``i`` (an index, a slice or an index array) get their error bound(s)."""
+        self.error_bound[i], self._bound_set[i] = bound, True
+
+    def set_error(self, i, error) -> None:
+        """Term(s) ``i`` get their exact largest error(s)."""
+        self.max_abs_error[i], self._error_set[i] = error, True
+
+    def summary(self) -> tuple[float, int, int, list[int]]:
+        """``(worst error, terms certified by a bound alone, terms failed, the first three failed)``: a term's
+        error is its exact one where computed, else its bound (NaN: any NaN, or a term with neither)."""
+        errors = np.where(self._error_set, self.max_abs_error, np.where(self._bound_set, self.error_bound, np.nan))
+        worst = math.nan if np.isnan(errors).any() else float(errors.max(initial=0.0))
+        failed = np.flatnonzero(self.passed != 1)
+        return worst, int((~self._error_set).sum()), len(failed), failed[:3].tolist()
 
 
 @dataclass
@@ -71,7 +143,7 @@ class VerifyReport:
     max_abs_error: float
     rel_error: float
     scale: float
-    terms: list[TermResult]
+    terms: Sequence[TermResult]  # a list, or a TermTable
     checks: list[CheckResult]
     n_omitted: int = 0
     timings: dict[str, float] = field(default_factory=dict)
@@ -87,7 +159,9 @@ class VerifyReport:
         raise KeyError(f"no check {name!r}; checks: {[c.name for c in self.checks]}")
 
     def to_dict(self) -> dict:
-        return strict_json(asdict(self))
+        data = asdict(replace(self, terms=[]))
+        data["terms"] = [asdict(t) for t in self.terms]
+        return strict_json(data)
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON (non-finite numbers as ``null``)."""
@@ -116,9 +190,10 @@ class VerifyReport:
         lines.append("PASSED" if self.passed else "FAILED")
         return lines
 
-    def rows(self) -> list[tuple[str, str, str, str, str]]:
+    def rows(self, terms: Sequence[TermResult] | None = None) -> list[tuple[str, str, str, str, str]]:
+        """A table row per term (of ``terms``, a part of :attr:`terms`, when given)."""
         out = []
-        for t in self.terms:
+        for t in self.terms if terms is None else terms:
             err = "—" if t.max_abs_error is None and t.error_bound is None else (
                 f"≤ {t.error_bound:.2e}" if t.max_abs_error is None else f"{t.max_abs_error:.2e}")
             ok = "—" if t.passed is None else ("ok" if t.passed else "FAIL")
@@ -127,21 +202,22 @@ class VerifyReport:
 
     def to_markdown(self, max_rows: int | None = None) -> str:
         """A summary and a Markdown table of the terms (the first ``max_rows``, or all)."""
-        rows = self.rows()
-        shown = [[md_text(label), order, norm, err, ok] for label, order, norm, err, ok in rows[:max_rows]]
-        if max_rows is not None and len(rows) > max_rows:
-            shown.append([f"… {len(rows) - max_rows:,} more", "", "", "", ""])
+        n = len(self.terms)
+        rows = self.rows(self.terms[:max_rows] if max_rows is not None else None)  # only those shown are made
+        shown = [[md_text(label), order, norm, err, ok] for label, order, norm, err, ok in rows]
+        if max_rows is not None and n > max_rows:
+            shown.append([f"… {n - max_rows:,} more", "", "", "", ""])
         table = md_table(["term", "order", "norm", "max abs error", "ok"], shown, right=[1, 2, 3])
         return "\n".join(["```", *self.summary_lines(), "```", "", table])
 
     def to_text(self, max_rows: int | None = None) -> str:
         """A summary and an aligned plain-text table of the terms."""
-        rows = [("term", "order", "norm", "max abs error", "ok")] + self.rows()
-        shown = rows if max_rows is None else rows[: max_rows + 1]
+        shown = [("term", "order", "norm", "max abs error", "ok")] + self.rows(
+            self.terms[:max_rows] if max_rows is not None else None)  # only those shown are made
         widths = [max(len(r[i]) for r in shown) for i in range(5)]
         table = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in shown]
-        if len(shown) < len(rows):
-            table.append(f"… {len(rows) - len(shown):,} more terms")
+        if len(shown) - 1 < len(self.terms):
+            table.append(f"… {len(self.terms) - len(shown) + 1:,} more terms")
         return "\n".join(self.summary_lines() + [""] + table)
 
     def __str__(self) -> str:

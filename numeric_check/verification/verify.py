@@ -63,7 +63,7 @@ from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
 from numeric_check.verification.logit_isolation import HeadMaps, Settlement, check_isolated
-from numeric_check.verification.results import CheckResult, TermResult, VerifyReport
+from numeric_check.verification.results import CheckResult, TermResult, TermTable, VerifyReport
 from numeric_check.verification.shared import (  # noqa: F401 - chunk_for, default_rtol, MIN_CHUNK_BYTES: public here too
     Progress, _checked, _cyclic_gc_paused, _relative, _report, _resolve_expansion, _result, _Setup, _setup,
     _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES,
@@ -209,7 +209,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     start = time.perf_counter()
     ev = LogitEvaluator(s.binder, kept + omitted if plan is None else direct, s.constants)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
-    results = [TermResult(p.label, p.source.label, p.heads, len(p.heads)) for p in paths]
+    results = TermTable(paths)  # columns, filled a chunk at a time; a TermResult is made for a row when asked for
     space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
     if shard is not None:
@@ -291,7 +291,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         kept_aug = shard.sum_(kept_aug, "adding the kept terms")
         if omitted_aug is not None:
             omitted_aug = shard.sum_(omitted_aug, "adding the omitted terms")
-        results = _gathered(shard, list(mine), results, n_kept)
+        results = _gathered(shard, list(mine), list(results), n_kept)
         s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
                        "prefixes; the timings are rank 0's")
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]
@@ -348,7 +348,7 @@ def _gathered(shard: Shard, mine: list[int], results: list[TermResult], n: int) 
     return out
 
 
-def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[TermResult]) -> float:
+def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: TermTable) -> float:
     """Add ``values`` to ``total`` and give their results their norms, grouped by their last
     multipliers (one product per group); returns the largest row of any of them before the
     unembedding."""
@@ -356,13 +356,13 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: list[
     for batch in ev.batches(values):
         total.add_batch(batch)
         for v, norm in zip(batch.values, ev.batch_norms(batch)):
-            results[v.index].norm = norm
+            results.norm[v.index] = norm
         largest = max(largest, ev.batch_max_row_norm(batch))
     return largest
 
 
 def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor,
-              total: GroupSum, results: list[TermResult] | None) -> float:
+              total: GroupSum, results: TermTable | None) -> float:
     """Rows of a group (:meth:`GroupEvaluator.values`) added to ``total``, their norms given to ``results``
     (when given), from the Gram matrices of each last head's remaining multipliers; returns the largest
     row of any of them before the unembedding."""
@@ -375,8 +375,7 @@ def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, fir
     m, H, b, p, e = rows.shape
     by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)  # each head's rows, one product per head
     squared = ((by_head @ full) * by_head).sum(-1).view(H, m, b * p).sum(-1).T  # [m, H]
-    for k, norm in enumerate(squared.clamp_min(0).sqrt().flatten().tolist()):
-        results[first + k].norm = norm
+    results.norm[first:first + m * H] = squared.clamp_min(0).sqrt().flatten().double().cpu().numpy()
     return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5
 
 
@@ -571,14 +570,18 @@ def _isolation_check(results: Sequence[TermResult], isolation: bool, scale: floa
     """Check 2 over the terms; a term certified by its bound counts with its bound."""
     if not isolation:
         return CheckResult("isolation", None, None, None, None, "skipped (isolation=False)")
-    errors = [r.error_bound if r.max_abs_error is None else r.max_abs_error for r in results]
-    worst = math.nan if any(math.isnan(e) for e in errors) else max(errors, default=0.0)
-    failed = [r.label for r in results if not r.passed]
+    if isinstance(results, TermTable):
+        worst, bounded, n_failed, first_failed = results.summary()
+        failed = [results.paths[i].label for i in first_failed]
+    else:
+        errors = [r.error_bound if r.max_abs_error is None else r.max_abs_error for r in results]
+        worst = math.nan if any(e is None or math.isnan(e) for e in errors) else max(errors, default=0.0)
+        failed = [r.label for r in results if not r.passed]
+        bounded, n_failed = sum(r.max_abs_error is None for r in results), len(failed)
     detail = f"{len(results):,} terms, each against its path isolated by the model's own hooks"
-    bounded = sum(r.max_abs_error is None for r in results)
     if bounded:
         detail += (f"; {bounded:,} certified by a rigorous bound on their logit-space error (max |e·w| ≤ ‖e‖‖w‖, "
                    "errors formed before the unembedding), shown as ≤ bound; the rest computed exactly")
-    if failed:
-        detail += f"; {len(failed):,} failed, e.g. {', '.join(failed[:3])}"
-    return CheckResult("isolation", not failed, worst, _relative(worst, scale), s.atol + s.rtol * scale, detail)
+    if n_failed:
+        detail += f"; {n_failed:,} failed, e.g. {', '.join(failed[:3])}"
+    return CheckResult("isolation", not n_failed, worst, _relative(worst, scale), s.atol + s.rtol * scale, detail)

@@ -157,4 +157,8 @@ def test_the_paths_of_a_plan_are_the_expansion_s_in_its_order(name, max_order):
     binder = Binder(model, record(model, torch.tensor([[1, 2, 3]])))
     expansion = expand_logits(model.arch, max_order)
     plan = plan_groups(binder, expansion)
-    assert plan_paths(plan, expansion.direct_terms()) == [t.path for t in expansion]
+    paths, expected = plan_paths(plan, expansion.direct_terms()), [t.path for t in expansion]
+    assert len(paths) == len(expected) and list(paths) == expected  # each made when asked for, by index
+    assert paths[-1] == expected[-1] and paths[1:4] == expected[1:4]
+    with pytest.raises(IndexError):
+        paths[len(expected)]

@@ -92,11 +92,11 @@ def test_verification_on_cuda_with_the_chunk_of_its_free_memory_and_a_shrunk_one
 # --- how long a run would take, said before it starts -------------------------------------------
 
 
-def test_the_estimate_grows_with_the_terms_and_the_width_and_shrinks_with_ranks():
+def test_the_estimate_grows_with_the_terms_and_the_width_and_shrinks_with_ranks_and_the_order():
     small = estimate_seconds(10_000, batch=1, pos=32, d_model=256, d_head=32, dtype="float64", device="cpu", threads=1)
-    assert 0.5 < small < 10  # 31,584 such terms took about 10 s on one thread
+    assert 0.3 < small < 3  # 31,584 such terms of order 3 took 1.9 s on one thread
     assert estimate_seconds(20_000, 1, 32, 256, 32, "float64", "cpu", threads=1) == pytest.approx(2 * small)
-    assert estimate_seconds(10_000, 1, 32, 256, 32, "float64", "cpu", threads=1, order=3) > small
+    assert estimate_seconds(10_000, 1, 32, 256, 32, "float64", "cpu", threads=1, order=3) < small  # groups shared more widely
     assert estimate_seconds(10_000, 1, 32, 2048, 128, "float64", "cpu", threads=1) > 3 * small
     assert estimate_seconds(10_000, 1, 32, 256, 32, "float64", "cpu", threads=1, ranks=4) == pytest.approx(small / 4)
 
