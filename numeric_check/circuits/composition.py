@@ -73,7 +73,8 @@ def composition_scores(
     Entries are 0 unless ``l1 < l2`` (as TransformerLens), NaN for heads a layer lacks.
     ``baseline=True`` subtracts :func:`composition_baseline` (``n_samples``, ``seed``) from
     the ``l1 < l2`` entries, so 0 means "as much as random weights of these shapes".
-    ``dtype`` (default: the model's) is the precision of the computation.
+    ``dtype`` (default: the model's, float32 for a half-precision model, whose norms of products of
+    random weights overflow float16) is the precision of the computation.
 
     >>> from derivations import Architecture
     >>> from numeric_check.model.circuit_model import CircuitModel
@@ -85,6 +86,8 @@ def composition_scores(
     True
     """
     _check_kind(kind)
+    if dtype is None and model.dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
     W = stacked_head_weights(model, dtype)
     first, second = layer_pairs(model)
     writer = {name: w[first][:, :, None] for name, w in W.items()}  # [pairs, H1, 1, ...]

@@ -142,6 +142,17 @@ def test_float32_model_with_float64_computation():
     torch.testing.assert_close(scores.float(), composition_scores(model, "K"), rtol=1e-5, atol=1e-6)
 
 
+def test_a_half_precision_model_is_scored_in_float32():
+    """A checkpoint saved as float16 (``train-toy --save-dtype float16``): in its own precision the
+    baseline's norms overflow and every score above the baseline read NaN."""
+    model = CircuitModel.random(Architecture(2, 2), d_model=256, d_head=32, d_vocab=12, n_ctx=4, device="cpu",
+                                init_std=0.1)
+    half = model.to(dtype=torch.float16)
+    scores = composition_scores(half, "K", baseline=True)
+    assert scores.dtype == torch.float32 and not scores.isnan().any()
+    torch.testing.assert_close(scores, composition_scores(half.float(), "K", baseline=True), rtol=1e-4, atol=1e-5)
+
+
 def test_bad_kind_lists_the_valid_ones():
     model = CircuitModel.random(Architecture(2, 1), d_model=8, d_head=2, d_vocab=12, n_ctx=4, device="cpu")
     with pytest.raises(AnalysisError, match=r"unknown composition kind 'O'; expected one of 'Q', 'K', 'V'"):
