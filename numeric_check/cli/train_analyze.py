@@ -102,6 +102,9 @@ def register_train_toy(subparsers) -> None:
                         f"{d.skip_trigrams}; 0: none)")
     p.add_argument("--trigrams-per-sequence", type=int_in(0), default=d.trigrams_per_sequence, metavar="N",
                    help=f"planted skip-trigrams per sequence, at most (default {d.trigrams_per_sequence})")
+    p.add_argument("--train-last-position", action=argparse.BooleanOptionalAction, default=d.train_last_position,
+                   help="draw each sequence one token longer, so that the last position too predicts a token and is "
+                        f"trained (default {'on' if d.train_last_position else 'off'})")
     p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
     p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
@@ -143,6 +146,7 @@ def _run_train_toy(args) -> int:
         bigram_follow=args.bigram_follow,
         skip_trigrams=args.skip_trigrams,
         trigrams_per_sequence=args.trigrams_per_sequence,
+        train_last_position=args.train_last_position,
         positional=args.positional,
         layer_norm=args.layer_norm,
         steps=args.steps,

@@ -17,7 +17,8 @@ from numeric_check.errors import TrainConfigError
 MAX_PARAMETERS = 50_000_000  # a toy model; larger ones are refused before anything is allocated
 MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
 # fields added after records were first written, at the values those runs used
-LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0, "bigram_successors": 0, "skip_trigrams": 0}
+LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0, "bigram_successors": 0, "skip_trigrams": 0,
+                 "train_last_position": False}
 MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 
 
@@ -87,6 +88,7 @@ class TrainConfig:
     bigram_follow: float = 0.75
     skip_trigrams: int | None = None
     trigrams_per_sequence: int = 3
+    train_last_position: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "d_model", "d_head", "n_ctx", "steps", "batch_size", "eval_batches", "max_repeats"):
@@ -121,6 +123,8 @@ class TrainConfig:
             raise TrainConfigError(f"skip_trigrams={self.skip_trigrams} need 5 distinct tokens each (a source, two "
                                    f"destinations, two outs), {5 * self.skip_trigrams}, but d_vocab={self.d_vocab}; "
                                    f"lower skip_trigrams to at most {self.d_vocab // 5}")
+        if not isinstance(self.train_last_position, bool):
+            raise TrainConfigError(f"train_last_position must be True or False, got {self.train_last_position!r}")
         follow = self.bigram_follow
         if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0 <= follow <= 1:
             raise TrainConfigError(f"bigram_follow must be a probability in [0, 1], got {follow!r}")

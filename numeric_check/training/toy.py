@@ -20,6 +20,7 @@ as in the paper (issue 27); a config without them draws tokens uniformly at rand
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -201,13 +202,16 @@ def _structured_tokens(config: TrainConfig, source: torch.Tensor, generator: tor
 def next_token_losses(logits: torch.Tensor, batch: RepeatBatch) -> dict[str, torch.Tensor]:
     """Mean next-token loss overall, on the repeated part, and elsewhere (0-d tensors).
 
-    ``logits[:, p]`` predicts ``tokens[:, p + 1]``; the last position predicts nothing.
+    ``logits[:, p]`` predicts ``tokens[:, p + 1]``; the last position predicts nothing, unless the
+    batch holds one token more than the logits' positions (:func:`training_batch` with
+    ``train_last_position``): that token is only a target, the last position's.
     ``repeat`` averages over targets in the second copy except its first token.
     """
+    targets = batch.tokens[:, 1:logits.shape[1] + 1]  # [batch, n_ctx - 1], or [batch, n_ctx] with one token more
     per_token = F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), batch.tokens[:, 1:].flatten(), reduction="none"
-    ).view(batch.tokens.shape[0], -1)  # [batch, n_ctx - 1]
-    mask = batch.repeat_mask[:, 1:]
+        logits[:, :targets.shape[1]].flatten(0, 1).float(), targets.flatten(), reduction="none"
+    ).view(batch.tokens.shape[0], -1)
+    mask = batch.repeat_mask[:, 1:targets.shape[1] + 1]
     return {
         "loss": per_token.mean(),
         "repeat_loss": per_token[mask].mean(),
@@ -256,6 +260,27 @@ def build_model(config: TrainConfig, device: torch.device | str | None = None) -
     )
 
 
+def training_batch(config: TrainConfig, batch_size: int, generator: torch.Generator) -> RepeatBatch:
+    """A batch for training ``config``'s model: :func:`repeated_segment_batch`, or with
+    ``train_last_position`` sequences of ``n_ctx + 1`` tokens whose last token is only the target of
+    position ``n_ctx - 1`` (the model reads the first ``n_ctx``). Without it the last position is never
+    trained: nothing follows it, so its positional embedding keeps its random initial value, and the
+    induction heads' queries there, which read it, attend elsewhere (issue 27).
+
+    >>> config = TrainConfig(d_vocab=10, n_ctx=24, seg_min=2, seg_max=6, train_last_position=True)
+    >>> training_batch(config, 3, torch.Generator().manual_seed(0)).tokens.shape
+    torch.Size([3, 25])
+    """
+    if config.train_last_position:
+        config = dataclasses.replace(config, n_ctx=config.n_ctx + 1, train_last_position=False)
+    return repeated_segment_batch(config, batch_size, generator)
+
+
+def _inputs(config: TrainConfig, batch: RepeatBatch) -> torch.Tensor:
+    """The tokens the model reads: all of them, or all but the last (a target only) with ``train_last_position``."""
+    return batch.tokens[:, :config.n_ctx]
+
+
 @torch.no_grad()
 def evaluate(model: CircuitModel, config: TrainConfig, *, seed: int, n_batches: int | None = None) -> dict[str, float]:
     """Mean losses of ``model`` on ``n_batches`` fresh batches drawn with ``seed``."""
@@ -264,8 +289,8 @@ def evaluate(model: CircuitModel, config: TrainConfig, *, seed: int, n_batches: 
     totals: dict[str, float] = {}
     count = n_batches if n_batches is not None else config.eval_batches
     for _ in range(count):
-        batch = _to(repeated_segment_batch(config, config.batch_size, generator), device)
-        for name, value in next_token_losses(model(batch.tokens), batch).items():
+        batch = _to(training_batch(config, config.batch_size, generator), device)
+        for name, value in next_token_losses(model(_inputs(config, batch)), batch).items():
             totals[name] = totals.get(name, 0.0) + float(value) / count
     return totals
 
@@ -290,8 +315,8 @@ def train_toy(
     history = TrainHistory()
     model.train()
     for step in range(1, config.steps + 1):
-        batch = _to(repeated_segment_batch(config, config.batch_size, generator), device)
-        losses = next_token_losses(model(batch.tokens), batch)
+        batch = _to(training_batch(config, config.batch_size, generator), device)
+        losses = next_token_losses(model(_inputs(config, batch)), batch)
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         for group in optimizer.param_groups:

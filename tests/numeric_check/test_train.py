@@ -211,6 +211,36 @@ def test_tiny_training_run_decreases_loss_and_reports_progress():
     assert evaluate(model, config, seed=1_000_003) == pytest.approx(history.final)
 
 
+def test_the_last_position_is_trained_only_when_asked():
+    """Issue 27: without a token after it, the last position is never trained (its positional embedding
+    keeps its random initial value, and induction fails there); ``train_last_position`` draws one token more."""
+    from numeric_check.training.toy import build_model, training_batch
+
+    config = TrainConfig(**TINY, steps=3, weight_decay=0.0, train_last_position=True)
+    batch = training_batch(config, 4, torch.Generator().manual_seed(0))
+    assert batch.tokens.shape == (4, config.n_ctx + 1)
+    logits = torch.zeros(4, config.n_ctx, config.d_vocab)
+    last = logits.clone()
+    last[torch.arange(4), -1, batch.tokens[:, -1]] = 100.0  # only the last position's prediction is right
+    assert float(next_token_losses(last, batch)["loss"]) < float(next_token_losses(logits, batch)["loss"]) - 0.1
+    off = TrainConfig(**TINY, steps=3, weight_decay=0.0)
+    plain = training_batch(off, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(plain.tokens, _batch(off, batch_size=4).tokens)  # the data of the runs before it, unchanged
+    flat = next_token_losses(last, plain)  # the last position predicts nothing
+    assert float(flat["loss"]) == pytest.approx(math.log(config.d_vocab), rel=1e-6)
+    trained = {}
+    for c in (off, config):
+        model, _ = train_toy(c)
+        trained[c.train_last_position] = model.W_pos[:, -1].detach().clone()
+    initial = build_model(off).W_pos[:, -1].detach()
+    assert torch.equal(trained[False], initial)  # no gradient ever reaches it
+    assert not torch.allclose(trained[True], initial, atol=1e-4)
+    old = {k: v for k, v in config.to_dict().items() if k != "train_last_position"}
+    assert TrainConfig.from_dict(old).train_last_position is False  # a record from before it
+    with pytest.raises(TrainConfigError, match="train_last_position must be True or False, got 1"):
+        TrainConfig(train_last_position=1)
+
+
 def test_training_is_deterministic_given_the_seed():
     config = TrainConfig(**TINY, steps=3)
     (m1, h1), (m2, h2) = train_toy(config), train_toy(config)
