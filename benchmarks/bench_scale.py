@@ -20,6 +20,11 @@ Ratios are against the named baselines in ``BASELINES`` (figures measured on thi
 before the work they name, one thread): wall time and peak memory, baseline / now.
 
     python benchmarks/bench_scale.py [--orders 1 2 3] [--dtypes float64 float32] [--repeats N] [--device cpu|cuda]
+                                     [--d-model D --vocab V]
+
+``--d-model 96 --vocab 512`` keeps GPT-2 small's shape (12 x 12 heads, 1,667,462 terms at order 3) at a
+width whose arithmetic a CPU thread does in moments: what is left is the engine's work per group and per
+term, which is what a GPU waits on (its arithmetic at d_model 768 is milliseconds).
 
 Order 3 (1,667,462 terms) is meant for a GPU (issue 26's target: <= 10 s float32 on one H100); on one
 CPU thread it takes minutes. Issue 26's targets are printed beside each figure they concern.
@@ -46,13 +51,15 @@ from numeric_check import from_hf, verify_logits  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 SEQ = 32
-# (order, dtype) -> (wall s, peak MB above start): medians of 3 on this machine (2 shared cores, one thread)
+# (order, dtype, d_model) -> (wall s, peak MB above start): medians of 3 on this machine (2 shared cores, one thread)
 BASELINES = {
     # as filed in issue 14 (peak as reported there, not measured by this script)
-    "issue 14 (before)": {(2, "float64"): (76.5, 4700.0), (1, "float64"): (4.4, None)},
+    "issue 14 (before)": {(2, "float64", 768): (76.5, 4700.0), (1, "float64", 768): (4.4, None)},
     # commit 320cdd9 (from_hf, Constant hooks, plan caching), measured by this script in a clean tree
-    "320cdd9": {(1, "float64"): (3.0, 655.0), (1, "float32"): (1.8, 895.0),
-                (2, "float64"): (38.4, 1199.0), (2, "float32"): (24.1, 1254.0)},
+    "320cdd9": {(1, "float64", 768): (3.0, 655.0), (1, "float32", 768): (1.8, 895.0),
+                (2, "float64", 768): (38.4, 1199.0), (2, "float32", 768): (24.1, 1254.0)},
+    # commit aa9086f (grouped evaluation, check 2 still a value, a path and copies per term), d_model 96, vocab 512
+    "aa9086f": {(2, "float32", 96): (1.1, None), (3, "float32", 96): (38.6, None)},
 }
 
 
@@ -106,19 +113,19 @@ def progress_bar(label: str):
     return progress
 
 
-def gpt2_small(seed: int = 0):
+def gpt2_small(seed: int = 0, d_model: int = 768, vocab: int = 50257):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=64)
+    config = GPT2Config(n_layer=12, n_head=12, n_embd=d_model, vocab_size=vocab, n_positions=64)
     return GPT2LMHeadModel(config).eval()
 
 
-def run_one(order: int, dtype: str, repeats: int, device: str) -> dict:
+def run_one(order: int, dtype: str, repeats: int, device: str, d_model: int = 768, vocab: int = 50257) -> dict:
     """``repeats`` runs of one configuration in this process: median wall and CPU time, the first
     run's peak memory above its start, and the verdict of the last run."""
-    model = from_hf(gpt2_small(), dtype=torch.float64)
-    tokens = torch.randint(0, 50257, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    model = from_hf(gpt2_small(d_model=d_model, vocab=vocab), dtype=torch.float64)
+    tokens = torch.randint(0, vocab, (1, SEQ), generator=torch.Generator().manual_seed(0))
     walls, cpus, peaks = [], [], []
     limit = max(1_000_000, LogitExpansion(model.arch, order).n_terms)  # order 3: 1,667,462 terms, past the default
     for _ in range(repeats):
@@ -144,15 +151,15 @@ TARGETS = {(2, "float32", "cuda"): 0.3, (2, "float64", "cuda"): 0.6, (3, "float3
            (2, "float32", "cpu"): 7.0, (2, "float64", "cpu"): 12.0}
 
 
-def ratios(order: int, dtype: str, wall: float, peak: float, device: str = "cpu") -> str:
+def ratios(order: int, dtype: str, wall: float, peak: float, device: str = "cpu", d_model: int = 768) -> str:
     """Baseline / now, for each named baseline that measured this configuration; the target, if any."""
     out = []
-    target = TARGETS.get((order, dtype, device.split(":")[0]))
+    target = TARGETS.get((order, dtype, device.split(":")[0])) if d_model == 768 else None
     if target is not None:
         out.append(f"target <= {target:g} s: {'met' if wall <= target else 'NOT met'}")
     for name, figures in BASELINES.items():
-        if (order, dtype) in figures:
-            base_wall, base_peak = figures[(order, dtype)]
+        if (order, dtype, d_model) in figures and device == "cpu":
+            base_wall, base_peak = figures[(order, dtype, d_model)]
             text = f"{base_wall / wall:.1f}x faster"
             if base_peak is not None and peak > 0:
                 text += f", {base_peak / peak:.1f}x less memory"
@@ -167,26 +174,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration (the median is printed)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--d-model", type=int, default=768, help="the width (768: GPT-2 small; 96: its shape, narrow)")
+    parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--one", nargs=2, metavar=("ORDER", "DTYPE"), help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.one:
-        print(json.dumps(run_one(int(args.one[0]), args.one[1], args.repeats, args.device)))
+        print(json.dumps(run_one(int(args.one[0]), args.one[1], args.repeats, args.device, args.d_model, args.vocab)))
         return
-    print(f"tokens: 1 x {SEQ}; threads: {args.threads}; device: {args.device}; repeats: {args.repeats}")
+    print(f"tokens: 1 x {SEQ}; threads: {args.threads}; device: {args.device}; repeats: {args.repeats}; "
+          f"d_model {args.d_model}, vocab {args.vocab}")
     print(f"{'order':>5} {'dtype':>8} {'terms':>7} {'wall s':>8} {'cpu s':>8} {'terms/s':>8} {'peak MB':>8} {'passed':>6} "
           f"{'worst rel':>10}  stages (s); ratios")
     failed = []
     for order in args.orders:
         for dtype in args.dtypes:
             command = [sys.executable, __file__, "--one", str(order), dtype, "--repeats", str(args.repeats),
-                       "--threads", str(args.threads), "--device", args.device]
+                       "--threads", str(args.threads), "--device", args.device, "--d-model", str(args.d_model),
+                       "--vocab", str(args.vocab)]
             child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
             r = json.loads(child.stdout.strip().splitlines()[-1])
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
             print(f"{order:>5} {dtype:>8} {r['terms']:>7,} {r['wall']:>8.1f} {r['cpu']:>8.1f} {r['terms'] / r['wall']:>8,.0f} "
                   f"{r['peak']:>8.0f} {str(r['passed']):>6} {r['rel']:>10.2e}  {stages}; "
-                  f"{ratios(order, dtype, r['wall'], r['peak'], args.device)}", flush=True)
+                  f"{ratios(order, dtype, r['wall'], r['peak'], args.device, args.d_model)}", flush=True)
             if not r["passed"]:
                 failed.append((order, dtype))
     print(f"model: {r['model']}")

@@ -3,20 +3,25 @@
 The terms of an expansion are counted without building one (:class:`~derivations.paths.LogitExpansion`
 and :class:`~derivations.qk.QKExpansion` count by order), so a run of hours is refused in a moment,
 with its estimate and the largest ``max_order`` that fits. The cost of a term is a per-term overhead
-(the engine's Python and kernel launches, growing with the path's length) plus its arithmetic (a
+(the engine's work per group and per pass of check 2, shared by a group's terms: a group of order ``k``
+has ``H^k`` of them, so it falls with the order, here as ``(2 / k)²``) plus its arithmetic (a
 ``batch·pos × d_model × d_head`` product) at a device's rate. The constants were measured by
-``benchmarks/bench_scale.py`` and ``benchmarks/bench_order3.py``:
+``benchmarks/bench_scale.py`` and ``benchmarks/bench_order3.py`` (one CPU thread, 2026-11-28):
 
-- CPU, one thread: GPT-2-small size at order 2 (51,782 terms, 32 tokens) 7.1 s in float32 and 11.7 s
-  in float64 (137 and 226 µs a term; the model gives 139 and 229); the 6-layer x 8-head model of
-  d_model 256 at order 3 (31,584 terms) about 10 s in float64 (317 µs a term; the model gives 245);
+- GPT-2-small size at order 2 (51,782 terms, 32 tokens): 4.8 s in float32 and 9.1 s in float64
+  (93 and 176 µs a term; the model gives 94 and 174);
+- the 6-layer x 8-head model of d_model 256 at order 3 (31,584 terms), float64: 1.6 s (51 µs a term;
+  the model gives 55);
+- GPT-2 small's shape at d_model 96, order 3 (1,667,462 terms), float32: 12.8 s (7.7 µs a term; the
+  model gives 25: narrow models at high orders are overestimated, on the safe side);
 - CUDA (one H100, before the batched evaluation): GPT-2-small size at order 2, 6.0 s in float32 and
-  6.1 s in float64, 116 µs a term, nearly all overhead.
+  6.1 s in float64, 116 µs a term, nearly all overhead (kept until the next GPU check measures the
+  batched one: an overestimate).
 
-It is an estimate, good to a factor of about two: enough to tell seconds from hours.
+It is an estimate, good to a factor of about two (or over, as above): enough to tell seconds from hours.
 
->>> round(estimate_seconds(51_782, 1, 32, 768, 64, "float32", "cpu"), 1)
-7.2
+>>> round(estimate_seconds(51_782, 1, 32, 768, 64, "float32", "cpu", threads=1), 1)
+4.9
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from numeric_check.errors import VerifyError
 from numeric_check.model.config import resolve_dtype
 
 # device type -> (overhead s per term at order 2, float32; the same in float64; product flop/s float32; float64)
-COSTS = {"cpu": (100e-6, 150e-6, 80e9, 40e9), "cuda": (110e-6, 110e-6, 20e12, 10e12)}
+COSTS = {"cpu": (55e-6, 95e-6, 80e9, 40e9), "cuda": (110e-6, 110e-6, 20e12, 10e12)}
 
 
 def estimate_seconds(n_terms: int, batch: int, pos: int, d_model: int, d_head: int, dtype, device, *,
@@ -41,7 +46,7 @@ def estimate_seconds(n_terms: int, batch: int, pos: int, d_model: int, d_head: i
     kind = torch.device(device).type
     over32, over64, rate32, rate64 = COSTS.get(kind, COSTS["cpu"])
     wide = resolve_dtype(dtype) == torch.float64
-    overhead = (over64 if wide else over32) * 2 / max(1, order)  # a group's work is shared by more terms at each order
+    overhead = (over64 if wide else over32) * (2 / max(1, order)) ** 2  # a group's work, shared by more terms
     rate = (rate64 if wide else rate32) * (max(1, threads or torch.get_num_threads()) if kind != "cuda" else 1)
     per_term = overhead + 2 * batch * pos * d_model * d_head / rate
     return n_terms * per_term / max(1, ranks)
