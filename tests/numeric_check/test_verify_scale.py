@@ -50,6 +50,26 @@ def test_out_of_memory_in_the_middle_shrinks_the_chunk_and_goes_on(monkeypatch):
     assert len(report.notes) == len(expected.notes) + 1  # the failed attempts' notes are not repeated
 
 
+def test_out_of_memory_in_a_pass_of_grouped_check_2_shrinks_the_chunk_and_goes_on(monkeypatch):
+    from numeric_check.verification import grouped_isolation
+
+    expected = verify_logits(_model(), TOKENS, max_order=2)
+    run, budgets = grouped_isolation.PrefixPasses._run, []
+
+    def tight(self, *args):
+        budgets.append(self.budget)
+        if self.budget > (1 << 22) // verify_module.PASS_FRACTION:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return run(self, *args)
+
+    monkeypatch.setattr(grouped_isolation.PrefixPasses, "_run", tight)
+    report = verify_logits(_model(), TOKENS, max_order=2, chunk_bytes=1 << 26)
+    assert report.passed and report.notes[-1].endswith("verified with chunks of 4 MiB")
+    assert sorted(set(budgets), reverse=True) == [(1 << k) // verify_module.PASS_FRACTION for k in (26, 24, 22)]
+    assert [t.norm for t in report.terms] == pytest.approx([t.norm for t in expected.terms], rel=1e-12)
+    assert [t.passed for t in report.terms] == [t.passed for t in expected.terms]
+
+
 def test_out_of_memory_even_with_the_smallest_chunk_is_one_line_naming_it_and_the_cpu(monkeypatch):
     _out_of_memory_above(monkeypatch, "check_isolated", 0)
     with pytest.raises(VerifyError) as info:
