@@ -35,7 +35,7 @@ from numeric_check.model.hook_paths import Recording, StopForward, frozen_hooks,
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitTermValue
 from numeric_check.verification.grouped import GroupEvaluator, PathGroup
-from numeric_check.verification.isolate import SourceHooks, head_final_inputs
+from numeric_check.verification.isolate import GROUP_BYTES, SourceHooks, head_final_inputs
 from numeric_check.verification.logit_isolation import HeadMaps, Settlement
 
 
@@ -177,11 +177,14 @@ class GroupedIsolation:
         if not open_:
             return
         results.passed[[first + k for k in open_]] = -1
-        picked = torch.tensor(open_, device=y.device)
-        held = [h % H for h in open_]
-        x = head_final_inputs(self.model, self.rec, layer, held, z[picked].permute(1, 2, 0, 3))
-        settlement.compare([LogitTermValue(first + k, 1.0, y[k], self.grouped.left(layer, k % H)) for k in open_], x, 0.0)
-        settlement.finish()
+        x_bytes = self.rec.final.numel() * self.rec.final.element_size()  # a row's unembedding input
+        size = max(1, GROUP_BYTES // max(1, x_bytes))
+        for start in range(0, len(open_), size):  # in full, a few rows at a time: each one's unembedding input
+            ks = open_[start:start + size]
+            picked = torch.tensor(ks, device=y.device)
+            x = head_final_inputs(self.model, self.rec, layer, [k % H for k in ks], z[picked].permute(1, 2, 0, 3))
+            settlement.compare([LogitTermValue(first + k, 1.0, y[k], self.grouped.left(layer, k % H)) for k in ks], x, 0.0)
+            settlement.finish()
 
     def _layer_gaps(self, layer: int) -> Tensor | None:
         """``‖M_h - R_h‖`` per head of ``layer`` (``R_h``: its terms' last factor, ``W_O^{h}ᵀ``), or ``None`` when

@@ -84,6 +84,21 @@ def test_prefix_passes_give_each_path_the_z_the_model_isolates_for_it(name, budg
     assert ran == sum(math.prod(counts) for _, _, counts in deepest) if budget > 1 else all(n == 1 for _, n in passes.sizes)
 
 
+def test_rows_compared_in_full_a_few_at_a_time_give_the_same_errors(monkeypatch):
+    """Rows the bound does not settle (every row, with exact errors) are compared through the model's modules
+    a few at a time (their unembedding inputs are d_model wide): one row at a time gives the same report."""
+    from numeric_check.verification import grouped_isolation
+
+    model, tokens = _model(ARCHS["layer norm, MLPs, biases"]), torch.tensor([[1, 2, 3, 4, 5]])
+    together = verify_logits(model, tokens, max_order=2, device="cpu", exact_errors=True)
+    monkeypatch.setattr(grouped_isolation, "GROUP_BYTES", 1)
+    alone = verify_logits(model, tokens, max_order=2, device="cpu", exact_errors=True)
+    assert together.passed and alone.passed
+    assert all(t.max_abs_error is not None for t in alone.terms)  # (rounding differs with the batch's size)
+    assert [t.max_abs_error for t in alone.terms] == pytest.approx([t.max_abs_error for t in together.terms], abs=1e-14)
+    assert [t.passed for t in alone.terms] == [t.passed for t in together.terms]
+
+
 def test_a_wrong_term_is_caught_by_check_2_in_the_grouped_evaluation(monkeypatch):
     """The grouped values are what check 2 compares: a wrong pattern bound to one head fails its terms."""
     from numeric_check.verification import grouped as grouped_module
