@@ -18,7 +18,7 @@ token strings) only through :func:`tensoralg.escape.escape_text`.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from collections.abc import Sequence
 
 from tensoralg.errors import TensorAlgError
 from tensoralg.escape import escape_text, markdown_math
@@ -134,11 +134,11 @@ def head_and_tail(rows: Sequence, limit: int | None) -> tuple[list, int, list]:
     >>> head_and_tail(list(range(10)), 4)
     ([0, 1], 6, [8, 9])
     """
-    rows = list(rows)
+    rows = rows if isinstance(rows, Sequence) else list(rows)  # a sequence is only sliced: rows made when read stay unmade
     if limit is None or len(rows) <= limit:
-        return rows, 0, []
+        return list(rows), 0, []
     head, tail = (limit + 1) // 2, limit // 2
-    return rows[:head], len(rows) - head - tail, rows[len(rows) - tail:] if tail else []
+    return list(rows[:head]), len(rows) - head - tail, list(rows[len(rows) - tail:]) if tail else []
 
 
 def elided_table(header: Sequence[str], rows: Sequence[Sequence[str]], limit: int | None = REPR_MAX_TERMS,

@@ -242,7 +242,8 @@ class VerifyReport:
                            "" if c.tolerance is None else f"{c.tolerance:.3g}", md_text(c.detail)])
         lines += [md_table(["check", "result", "max abs error", "relative", "tolerance", "detail"], checks, right=[2, 3, 4]), ""]
         lines += [f"- note: {md_text(n)}" for n in self.notes] + ([""] if self.notes else [])
-        rows = [[md_text(label), order_, norm, err, ok if ok != "FAIL" else "**FAIL**"] for label, order_, norm, err, ok in self.rows()]
+        rows = _Rows(self.terms, lambda terms: [[md_text(label), order_, norm, err, ok if ok != "FAIL" else "**FAIL**"]
+                                                 for label, order_, norm, err, ok in self.rows(terms)])
         lines.append(elided_table(["term", "order", "norm", "max abs error", "ok"], rows, max_rows, right=[1, 2, 3], what="terms"))
         return "\n".join(lines)
 
@@ -258,7 +259,7 @@ class VerifyReport:
             status = "skipped" if c.passed is None else ("PASS" if c.passed else "<b>FAIL</b>")
             checks.append([html_text(_CHECK_TITLES[c.name]), status, *map(html_text, cells),
                            "" if c.tolerance is None else f"{c.tolerance:.3g}", html_text(c.detail)])
-        head, n_out, tail = head_and_tail(self.rows(), max_rows)
+        head, n_out, tail = head_and_tail(_Rows(self.terms, self.rows), max_rows)
         gap = [[html_text(f"⋯ {n_out:,} terms left out"), "", "", "", ""]] if n_out else []
         terms = [[html_text(cell) if cell != "FAIL" else "<b>FAIL</b>" for cell in row] for row in head] + gap + \
             [[html_text(cell) if cell != "FAIL" else "<b>FAIL</b>" for cell in row] for row in tail]
@@ -271,6 +272,20 @@ class VerifyReport:
             *[f"<p>note: {html_text(n)}</p>" for n in self.notes],
             html_table(["term", "order", "norm", "max abs error", "ok"], terms, right=[1, 2, 3]),
         ])
+
+
+class _Rows(Sequence):
+    """A report's table rows, made only when read (a notebook shows the first and last of millions):
+    ``make(terms)`` gives the rows of a list of terms."""
+
+    def __init__(self, terms: Sequence[TermResult], make):
+        self.terms, self.make = terms, make
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    def __getitem__(self, i):
+        return self.make(self.terms[i]) if isinstance(i, slice) else self.make([self.terms[i]])[0]
 
 
 _CHECK_TITLES = {
