@@ -27,11 +27,13 @@ connection closes; after ``timeout`` when it hangs): they raise a one-line
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -80,14 +82,63 @@ class Shard:
         members: dict[tuple, list[int]] = {}
         for i, key in enumerate(keys):
             members.setdefault(key, []).append(i)
+        groups = list(members.values())
+        return sorted(i for g in self.assign([len(g) for g in groups]) for i in groups[g])
+
+    def assign(self, weights: Sequence[int]) -> list[int]:
+        """The indices (ascending) of the units of work (``weights``: each one's terms) this rank takes: the
+        largest first, each to the least loaded rank (the same on every rank, given the same weights).
+
+        >>> [Shard(r, 2).assign([5, 1, 3, 3]) for r in range(2)]
+        [[0, 1], [2, 3]]
+        """
         loads = [(0, r) for r in range(self.world)]  # (terms, rank): a heap
         mine: list[int] = []
-        for key in sorted(members, key=lambda k: (-len(members[k]), members[k][0])):
+        for unit in sorted(range(len(weights)), key=lambda u: (-weights[u], u)):
             load, rank = heapq.heappop(loads)
             if rank == self.rank:
-                mine += members[key]
-            heapq.heappush(loads, (load + len(members[key]), rank))
+                mine.append(unit)
+            heapq.heappush(loads, (load + weights[unit], rank))
         return sorted(mine)
+
+    def agree(self, n_terms: int, rec, scale: float) -> None:
+        """Before the ranks split the work: a one-line :class:`VerifyError` on every rank unless all verify the
+        same thing (the same number of terms, the same tokens, the same model's output: its largest entry;
+        ``rec``: the recording of the model's forward pass)."""
+        tokens = hashlib.sha256(rec.tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()).hexdigest()
+        theirs = self.gather((n_terms, tuple(rec.final.shape), tokens, float(scale)), "agreeing on what to verify")
+        differ = [r for r, t in enumerate(theirs) if t != theirs[0]]
+        if differ:
+            n, shape, _, top = theirs[differ[0]]
+            what = "tokens" if theirs[differ[0]][2] != theirs[0][2] else "model or options"
+            raise VerifyError(f"the {self.world} ranks were not given the same verification (their {what} differ): rank "
+                              f"{differ[0]} has {n:,} terms, activations {list(shape)} and largest output {top:.6g}, rank 0 "
+                              f"{theirs[0][0]:,}, {list(theirs[0][1])} and {theirs[0][3]:.6g}; give every rank the same model, "
+                              "tokens and options")
+
+    def gathered(self, mine: Sequence[int], results: Sequence, n: int) -> list:
+        """Every rank's term results (``results[k]`` that of term ``mine[k]``), in the expansion's order."""
+        out: list = [None] * n
+        for indices, theirs in self.gather((list(mine), list(results)), "gathering the term results"):
+            for i, r in zip(indices, theirs):
+                out[i] = r
+        self._all_had_a_rank([i for i, r in enumerate(out) if r is None])
+        return out
+
+    def gathered_table(self, table, mine: np.ndarray):
+        """Every rank's rows of a :class:`~numeric_check.verification.results.TermTable` (``mine``: the rows
+        this rank filled) put into ``table``, which is returned."""
+        covered = np.zeros(len(table), bool)
+        for rows, part in self.gather((mine, table.take(mine)), "gathering the term results"):
+            table.put(rows, part)
+            covered[rows] = True
+        self._all_had_a_rank(np.flatnonzero(~covered).tolist())
+        return table
+
+    def _all_had_a_rank(self, missing: list[int]) -> None:
+        if missing:
+            raise VerifyError(f"rank {self.rank} of {self.world}: {len(missing):,} terms had no rank (e.g. term {missing[0]}); "
+                              "every rank must build the same expansion")
 
     # -- collectives: each a one-line VerifyError when another rank is gone ---------------------------
     def sum_(self, tensor: Tensor, what: str) -> Tensor:

@@ -43,6 +43,9 @@ class TermResult:
     error_bound: float | None = None
 
 
+_COLUMNS = ("norm", "error_bound", "_bound_set", "max_abs_error", "_error_set", "passed")  # a TermTable's
+
+
 class TermTable(Sequence[TermResult]):
     """The results of many terms, kept as columns, each term's :class:`TermResult` made when asked for
     (``table[i]``, iteration): a verification of millions of terms fills the columns a chunk at a time,
@@ -101,6 +104,15 @@ class TermTable(Sequence[TermResult]):
     def set_error(self, i, error) -> None:
         """Term(s) ``i`` get their exact largest error(s)."""
         self.max_abs_error[i], self._error_set[i] = error, True
+
+    def take(self, rows) -> dict[str, np.ndarray]:
+        """The columns of ``rows`` (an index array), to send to another process (:meth:`put`)."""
+        return {name: getattr(self, name)[rows] for name in _COLUMNS}
+
+    def put(self, rows, columns: dict[str, np.ndarray]) -> None:
+        """Fill ``rows`` from :meth:`take` of another table's same rows."""
+        for name in _COLUMNS:
+            getattr(self, name)[rows] = columns[name]
 
     def summary(self) -> tuple[float, int, int, list[int]]:
         """``(worst error, terms certified by a bound alone, terms failed, the first three failed)``: a term's

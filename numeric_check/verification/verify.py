@@ -40,12 +40,12 @@ the model computes).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from itertools import groupby
 from typing import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -185,8 +185,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
                    exact_errors: bool | None, shard: Shard | None = None) -> VerifyReport:
     arch, rec = s.model.arch, s.rec
     # terms through heads a group at a time, batched (grouped), their paths made without their terms; a
-    # sharded run, or a model whose atoms are not of that form, evaluates every term through the shared trie
-    plan = plan_groups(s.binder, expansion) if shard is None else None
+    # model whose atoms are not of that form evaluates every term through the shared trie
+    plan = plan_groups(s.binder, expansion)
     if plan is None:
         all_kept: list[PathTerm] = list(expansion)
         paths = [t.path for t in all_kept]
@@ -205,7 +205,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         mine = range(n_kept) if shard is None else shard.select(all_kept)  # this rank's share (see distributed)
         kept = [all_kept[i] for i in mine] if shard is not None else all_kept
         paths = [t.path for t in kept] if shard is not None else paths
-    omitted = [all_omitted[i] for i in shard.select(all_omitted)] if shard is not None else all_omitted
+    omitted = [all_omitted[i] for i in shard.select(all_omitted)] if shard is not None and plan is None else all_omitted
     start = time.perf_counter()
     ev = LogitEvaluator(s.binder, kept + omitted if plan is None else direct, s.constants)
     kept_sum, omitted_sum = LogitSum(ev), LogitSum(ev)
@@ -213,7 +213,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
     if shard is not None:
-        _agree(shard, n_kept + len(all_omitted), rec, scale)
+        shard.agree(n_kept + n_omitted, rec, scale)
     exact = _exact_by_default(rec, s.model, n_kept) if exact_errors is None else bool(exact_errors)
     pending: list = []  # terms to add (norms, sum) and check (the trie's, or the grouped engine's through no head)
     maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
@@ -251,8 +251,9 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             held = 0
             copies.clear()
         done += 1
-        _tick(progress, "terms", done, len(paths))
+        _tick(progress, "terms", done, total)
 
+    total = len(paths)
     if plan is None:
         for v in ev.values():  # depth first through the shared trie; only the current branch and a chunk are held
             if v.index >= len(paths):
@@ -260,13 +261,18 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             else:
                 arrived(v)
     else:
-        for v in ev.values():
-            arrived(v._replace(index=plan.singles[v.index]))
         grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
         kept_rows, omitted_rows = GroupSum(grouped), GroupSum(grouped)
         settlement = Settlement(ev, space, results, (s.atol, s.rtol, scale), exact)
         checker = GroupedIsolation(grouped, maps, settlement, chunk_bytes // PASS_FRACTION) if isolation else None
-        for family, copies in _families(plan.groups, checker):
+        units, singles, omitted_groups = _grouped_share(plan, omitted_plan, checker, shard)
+        mine = np.concatenate([np.arange(g.start + c.start * g.counts[-1], g.start + c.stop * g.counts[-1])
+                               for family, c in units for g in family] + [np.array(sorted(singles), dtype=np.int64)])
+        total = len(mine)
+        for v in ev.values():
+            if plan.singles[v.index] in singles:
+                arrived(v._replace(index=plan.singles[v.index]))
+        for family, copies in units:
             for group in family:  # the groups of one prefix group, a pass of its copies at a time: each runs once
                 for first, y in grouped.values(group, copies):
                     spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results))
@@ -275,8 +281,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
                         checker.check(group, first, y)
                         spent["isolation"] += time.perf_counter() - t0
                     done += y.shape[0]
-                    _tick(progress, "terms", done, len(paths))
-        for group in omitted_plan.groups if omitted_plan else ():
+                    _tick(progress, "terms", done, total)
+        for group in omitted_groups:
             for first, y in grouped.values(group):
                 _add_rows(ev, grouped, group, first, y, omitted_rows, None)
         kept_rows.into(kept_sum)
@@ -291,7 +297,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         kept_aug = shard.sum_(kept_aug, "adding the kept terms")
         if omitted_aug is not None:
             omitted_aug = shard.sum_(omitted_aug, "adding the omitted terms")
-        results = _gathered(shard, list(mine), list(results), n_kept)
+        results = shard.gathered(mine, results, n_kept) if plan is None else shard.gathered_table(results, mine)
         s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
                        "prefixes; the timings are rank 0's")
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]
@@ -319,33 +325,18 @@ def _families(groups: list[PathGroup], checker: GroupedIsolation | None) -> Iter
             yield family, range(c, min(n, c + step))
 
 
-def _agree(shard: Shard, n_terms: int, rec: Recording, scale: float) -> None:
-    """Before the ranks split the work: a one-line :class:`VerifyError` on every rank unless all verify the
-    same thing (the same number of terms, the same tokens, the same model's output: its largest entry)."""
-    tokens = hashlib.sha256(rec.tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()).hexdigest()
-    mine = (n_terms, tuple(rec.final.shape), tokens, float(scale))
-    theirs = shard.gather(mine, "agreeing on what to verify")
-    differ = [r for r, t in enumerate(theirs) if t != theirs[0]]
-    if differ:
-        n, shape, _, top = theirs[differ[0]]
-        what = "tokens" if theirs[differ[0]][2] != theirs[0][2] else "model or options"
-        raise VerifyError(f"the {shard.world} ranks were not given the same verification (their {what} differ): rank "
-                          f"{differ[0]} has {n:,} terms, activations {list(shape)} and largest output {top:.6g}, rank 0 "
-                          f"{theirs[0][0]:,}, {list(theirs[0][1])} and {theirs[0][3]:.6g}; give every rank the same model, "
-                          "tokens and options")
-
-
-def _gathered(shard: Shard, mine: list[int], results: list[TermResult], n: int) -> list[TermResult]:
-    """Every rank's term results (``mine``: this rank's indices of them), in the expansion's order."""
-    out: list[TermResult | None] = [None] * n
-    for indices, theirs in shard.gather((mine, results), "gathering the term results"):
-        for i, r in zip(indices, theirs):
-            out[i] = r
-    missing = [i for i, r in enumerate(out) if r is None]
-    if missing:
-        raise VerifyError(f"rank {shard.rank} of {shard.world}: {len(missing):,} terms had no rank (e.g. term {missing[0]}); "
-                          "every rank must build the same expansion")
-    return out
+def _grouped_share(plan, omitted_plan, checker: GroupedIsolation | None, shard: Shard | None):
+    """What this process evaluates of a grouped expansion: its units (:func:`_families`), its terms through no
+    head (expansion indices) and its omitted groups (for check 1's sum) — everything, or, under
+    ``torch.distributed``, a disjoint share: units and direct terms by their terms, largest first to the
+    least loaded rank (:meth:`Shard.assign`), omitted groups in turn."""
+    units = list(_families(plan.groups, checker))
+    omitted = omitted_plan.groups if omitted_plan else []
+    if shard is None:
+        return units, set(plan.singles), omitted
+    taken = shard.assign([len(c) * sum(g.counts[-1] for g in family) for family, c in units] + [1] * len(plan.singles))
+    return ([units[k] for k in taken if k < len(units)], {plan.singles[k - len(units)] for k in taken if k >= len(units)},
+            omitted[shard.rank::shard.world])
 
 
 def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: TermTable) -> float:
@@ -519,7 +510,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     reference = rec.get(block_hook(layer, "attn.hook_attn_scores"), "the scores")[:, head]  # [b, q, k]
     scale = max_abs(reference[:, below])
     if shard is not None:
-        _agree(shard, len(all_kept) + len(all_omitted), rec, scale)
+        shard.agree(len(all_kept) + len(all_omitted), rec, scale)
     results = []
     kept_sum = torch.zeros_like(reference)
     largest = 0.0  # the largest entry of any term: sums that cancel are rounded at that scale
@@ -546,7 +537,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
         kept_sum = shard.sum_(kept_sum.contiguous(), "adding the kept terms")
         if all_omitted:
             omitted_sum = shard.sum_(omitted_sum.contiguous(), "adding the omitted terms")
-        results = _gathered(shard, list(mine), results, len(all_kept))
+        results = shard.gathered(mine, results, len(all_kept))
         s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
                        "prefixes; the timings are rank 0's")
     s.timings["isolation"] = time.perf_counter() - start

@@ -19,6 +19,10 @@ from derivations.qk import expand_qk
 from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.distributed import Shard, qk_prefix
+from numeric_check.model.hook_paths import record
+from numeric_check.verification import verify as verify_module
+from numeric_check.verification.bind import Binder
+from numeric_check.verification.grouped import plan_groups
 from numeric_check.verification.verify import verify_logits, verify_qk
 
 ARCH = Architecture(2, 3, layer_norm=True, mlp=True, biases=True, positional="standard")
@@ -48,10 +52,11 @@ def _rank(rank: int, world: int, port: int, out: str, dies: bool, other_tokens: 
             tokens = [row[::-1] for row in TOKENS] if other_tokens and rank == 1 else TOKENS
             logits = verify_logits(model, tokens, max_order=1, device="cpu")
             qk = verify_qk(model, TOKENS, 1, 2, max_order=1, device="cpu")
+            whole = verify_logits(model, tokens, device="cpu")  # every order: prefixes through a head too
         except VerifyError as error:
             Path(out, f"{rank}.err").write_text(str(error))
             return
-        Path(out, f"{rank}.json").write_text(json.dumps([json.loads(logits.to_json()), json.loads(qk.to_json())]))
+        Path(out, f"{rank}.json").write_text(json.dumps([json.loads(r.to_json()) for r in (logits, qk, whole)]))
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -94,7 +99,8 @@ def test_two_gloo_ranks_give_the_report_of_one_process(tmp_path):
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     model = _model()
     alone = [json.loads(verify_logits(model, TOKENS, max_order=1, device="cpu").to_json()),
-             json.loads(verify_qk(model, TOKENS, 1, 2, max_order=1, device="cpu").to_json())]
+             json.loads(verify_qk(model, TOKENS, 1, 2, max_order=1, device="cpu").to_json()),
+             json.loads(verify_logits(model, TOKENS, device="cpu").to_json())]
     for got in ranks:
         for report, expected in zip(got, alone):
             _same(report, expected)
@@ -131,6 +137,27 @@ def test_shares_are_disjoint_whole_prefixes_and_cover_every_term(world):
             assert owner.setdefault(key, r) == r  # a prefix stays on one rank
     sizes = [len(share) for share in shares]
     assert max(sizes) - min(sizes) <= max(len(terms) // (4 * world), 60)  # balanced by terms
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_grouped_shares_are_disjoint_and_cover_every_term(world):
+    """The grouped engine's shares: whole groups of prefixes (a pass of check 2's copies) and direct terms,
+    balanced by terms, disjoint, every term of the expansion in one; the omitted groups likewise."""
+    model = CircuitModel.random(Architecture(3, 4, mlp=True, biases=True), d_model=8, d_head=4, d_vocab=11, n_ctx=8, seed=0)
+    binder = Binder(model, record(model, torch.tensor([TOKENS[0]])))
+    expansion, full = expand_logits(model.arch, 2), expand_logits(model.arch)
+    plan, omitted_plan = plan_groups(binder, expansion), plan_groups(binder, full, range(3, 4))
+    rows, omitted, loads = [], [], []
+    for rank in range(world):
+        units, singles, late = verify_module._grouped_share(plan, omitted_plan, None, Shard(rank, world))
+        mine = [i for family, c in units for g in family
+                for i in range(g.start + c.start * g.counts[-1], g.start + c.stop * g.counts[-1])] + sorted(singles)
+        rows += mine
+        omitted += [g.start for g in late]
+        loads.append(len(mine))
+    assert sorted(rows) == list(range(len(expansion)))
+    assert sorted(omitted) == [g.start for g in omitted_plan.groups]
+    assert max(loads) <= 2 * len(expansion) / world  # balanced by terms
 
 
 def test_qk_shares_cover_every_term():
