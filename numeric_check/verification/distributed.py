@@ -7,11 +7,13 @@ term results (norms, errors, verdicts) gathered, so that each rank holds the who
 worst errors (rank 0 prints it). Before they split the work they check that they verify the same
 thing (:func:`~numeric_check.verification.verify.verify_logits`). No process pool of our own: the processes are torchrun's.
 
-The share is by *prefix*: terms that start with the same source and first head (at order 2 of
-GPT-2 small 1,094 prefixes) stay on one rank, where they share the trie's work and the
-isolation pass's copies; prefixes go to ranks largest first, each to the least loaded rank (by
-terms), the same on every rank since the expansion is. When there are too few prefixes for the
-ranks (a small model), the first two heads make the prefix.
+The share is by units of work that keep shared work on one rank, assigned largest first, each to the
+least loaded rank by terms (:meth:`Shard.assign`), the same on every rank since the expansion is. With
+the grouped evaluation a unit is a group of prefixes (one pass of check 2's copies of it) with every
+group that extends it, or a direct term; through the shared trie (:meth:`Shard.select`) it is a
+*prefix*: terms that start with the same source and first head (at order 2 of GPT-2 small 1,094
+prefixes), which share the trie's work and the isolation pass's copies; when there are too few
+prefixes for the ranks (a small model), the first two heads make the prefix.
 
 A rank that dies or stops answering makes the others' next collective fail (at once when its
 connection closes; after ``timeout`` when it hangs): they raise a one-line
