@@ -80,17 +80,15 @@ def _one_layer_findings(a: ModelAnalysis, role: str, ix: int = 0) -> list[Findin
     uniform, repeat = a.losses["uniform_loss"], a.losses["repeat_loss"]
     bar = INDUCTION_LOSS_FRACTION * uniform
     found = a.heads.by_behaviour.induction if a.heads else ()
-    out.append(
-        Finding(
-            f"the 1-layer {role} cannot do induction (loss on repeated tokens stays high)",
-            f"loss on repeated tokens {repeat:.2f} nats (uniform {uniform:.2f}, induction bar < {bar:.2f}); "
-            f"induction heads by behaviour: {_heads_text(found, ix=ix)}",
-            repeat >= bar and not found,
-        )
-    )
-    if a.grid is not None:
+    heads_found = f"induction heads by behaviour: {_heads_text(found, ix=ix)}"
+    if a.grid is not None:  # repeats of random tokens: nothing but induction predicts their second copy
         out.append(Finding(f"the 1-layer {role} cannot do induction at any length or offset (loss on the second copy of a repeat)",
-                           f"{a.grid.describe()}; induction bar < {bar:.2f}", a.grid.best[2] >= bar))
+                           f"{a.grid.describe()}; induction bar < {bar:.2f}; {heads_found}",
+                           a.grid.best[2] >= bar and not found))
+    else:  # the training data's repeats: on data with bigrams and skip-trigrams partly predictable without induction
+        out.append(Finding(f"the 1-layer {role} cannot do induction (loss on repeated tokens stays high)",
+                           f"loss on repeated tokens {repeat:.2f} nats (uniform {uniform:.2f}, induction bar < {bar:.2f}); "
+                           f"{heads_found}", repeat >= bar and not found))
     return out
 
 

@@ -20,7 +20,7 @@ def test_demo_on_the_shipped_model_verifies_every_term_and_finds_the_induction_c
         assert section in out
     assert "25 terms" in out  # (1 + 4)^2 paths from the tokens
     assert "FAIL" not in out
-    assert "previous-token L0H0" in out
+    assert "previous-token L0H1" in out
     assert "every term verified: yes; induction circuit found by weights and behaviour: yes" in out
     assert "6. Across the context" in out and "working at every position: yes" in out
 

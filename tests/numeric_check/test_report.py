@@ -154,7 +154,7 @@ def test_shipped_models_bear_out_the_papers_findings():
     analyses = {}
     for layers in (2, 1):
         path = shipped_checkpoint(layers)
-        assert path.stat().st_size < 1_000_000, f"{path.name} should stay under a megabyte"  # d_model 128: 690 KB
+        assert path.stat().st_size < 1_000_000, f"{path.name} should stay under a megabyte"  # d_model 256 in float16: 690 KB
         record = training_record_for(path)
         assert record is not None and record["train_config"]["n_layers"] == layers
         analyses[layers] = analyze_model(load_checkpoint(path), name=path.stem, training=record, n_sequences=32)
@@ -173,8 +173,9 @@ def test_shipped_models_bear_out_the_papers_findings():
         "the 2-layer model does induction (loss on repeated tokens far below uniform)",
         "the 1-layer control's heads copy (OV eigenvalue positivity clearly positive)",
         # issue 27: the loss on the training data's repeated tokens is no longer a test of induction for the control
-        # (the data's bigram table and planted skip-trigrams make repeats partly predictable without it: 2.27 nats,
-        # under the bar of half ln 128); the repeats of random tokens by length and offset below are, and it fails them
+        # (the data's bigram table and planted skip-trigrams make repeats partly predictable without it: 2.18 nats,
+        # under the bar of half ln 128), so with a grid it is not judged; the repeats of random tokens by length and
+        # offset below are, and the control fails them
         # issue 12: across the whole context, not on average
         "at every query position 1–59, a previous-token head attends to i-1",  # issue 19: the range is named
         "at every query position 8–63 of a repeat, one of the induction heads attends inductively",
@@ -183,7 +184,8 @@ def test_shipped_models_bear_out_the_papers_findings():
     ]
     failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
     assert not failed
-    assert analyses[1].losses["repeat_loss"] > analyses[2].losses["repeat_loss"] + 1.5  # 2.27 against 0.43
+    assert "the 1-layer control cannot do induction (loss on repeated tokens stays high)" not in rows
+    assert analyses[1].losses["repeat_loss"] > analyses[2].losses["repeat_loss"] + 1.5  # 2.18 against 0.38
     # issue 19: skip-trigram tables for a layer-0 head that is not the previous-token head
     head = analyses[2].skip_trigram_head
     assert head[0] == 0 and head not in analyses[2].heads.by_behaviour.previous_token

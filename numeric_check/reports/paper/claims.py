@@ -29,9 +29,11 @@ from numeric_check.circuits.behaviour import ACROSS_CONTEXT, MIN_REPEAT, best_he
 from numeric_check.errors import AnalysisError
 from numeric_check.reports.analysis import ModelAnalysis
 from numeric_check.reports.findings import COPYING, INDUCTION_LOSS_FRACTION, NEAR_ONE, Finding, composition_with, findings
-from numeric_check.reports.paper.measure import Measurements, partner_same, previous_token_head
+from numeric_check.reports.paper.measure import (
+    Measurements, non_previous_token_heads, partner_same, previous_token_head,
+)
 from numeric_check.reports.paper.rules import (  # noqa: F401 - the rules and their bars, named here too
-    MUCH_SMALLER, WELL, MATTERS, BIGRAM_GAIN, BIGRAM_CLOSE, PICKS, WELL_ABOVE, learned_bigrams,
+    MUCH_SMALLER, WELL, MATTERS, BIGRAM_GAIN, BIGRAM_CLOSE, PICKS, WELL_ABOVE, NOT_PREVIOUS, learned_bigrams,
     approximates, most_copy, lowers, picks_source, raises_out, combine, attends_everywhere, well_above,
     not_above, near_one, below, much_smaller, carry_most,
 )
@@ -373,20 +375,23 @@ def k_composition(m: Measurements) -> PaperFinding:
     if prev is not None:
         pairs = [(prev, h) for h in two.heads.by_behaviour.induction if h[0] > prev[0]]
     readers = [r for _, r in pairs]
-    prev_heads = set(two.heads.by_behaviour.previous_token) if two.heads else set()
-    others = [h for h in two.model.arch.heads() if h[0] == 0 and h not in prev_heads]
+    others, partly = non_previous_token_heads(two, NOT_PREVIOUS)
     base = two.baseline
     k = [composition_with(two, "K", w, r) for w, r in pairs]
     qv = {kind: [composition_with(two, kind, w, r) for w, r in pairs] for kind in ("Q", "V")}
     other_k = [composition_with(two, "K", w, r) for w in others for r in readers]
+    shown = "".join(
+        f"; {label(*w)}, partly a previous-token head ({float(two.heads.behaviour.previous_token[w]):.2f} to i − 1), "
+        f"K at most {max(composition_with(two, 'K', w, r) for r in readers):.3f}: neither claimed nor a control"
+        for w in partly if readers)
     parts = (
         Part(f"K-composition with the previous-token head is well above random (at least {WELL_ABOVE:g} × the random "
              f"matrices' {base.get('K', math.nan):.3f})",
-             ", ".join(f"{path(p)} K {s:.3f}" for p, s in zip(pairs, k)) or "no pair found",
+             (", ".join(f"{path(p)} K {s:.3f}" for p, s in zip(pairs, k)) or "no pair found") + shown,
              well_above(k, base.get("K", math.nan)),
-             (f"the same induction heads with the first-layer heads that are not previous-token heads "
-              f"({', '.join(label(*h) for h in others)}): K at most {max(other_k):.3f}") if other_k else
-             "no first-layer head that is not a previous-token head",
+             (f"the same induction heads with the first-layer heads that do not attend to i − 1 (below "
+              f"{NOT_PREVIOUS:g}: {', '.join(label(*h) for h in others)}): K at most {max(other_k):.3f}") if other_k else
+             "no first-layer head that does not attend to i − 1",
              well_above([max(other_k)], base.get("K", math.nan)) if other_k else False),
         Part("unlike Q- and V-composition: neither is above random",
              f"Q at most {max(qv['Q'], default=math.nan):.3f} (random {base.get('Q', math.nan):.3f}), V at most "
@@ -431,9 +436,8 @@ def induction_circuits(m: Measurements) -> PaperFinding:
     same = [float(hr.weights.same_matching[h]) for h in heads]
     partners = {h: hr.weights.partner[h[0]][h[1]] for h in heads}
     rnd = [float(v) for v in m.random_copying]
-    prev_heads = set(hr.by_behaviour.previous_token)
     scores = partner_same(two.model)
-    others = [h for h in two.model.arch.heads() if h[0] == 0 and h not in prev_heads]
+    others, _ = non_previous_token_heads(two, NOT_PREVIOUS)
     other = {(w, r): float(scores[w[0], w[1], r[0], r[1]]) for w in others for r in heads}
     random_partner = [m.random_partner_same[h] for h in heads if h in m.random_partner_same]
     control_values = random_partner + list(other.values())
@@ -447,7 +451,7 @@ def induction_circuits(m: Measurements) -> PaperFinding:
              near_one(same),
              "the same circuit with another partner: "
              + (f"a random head {min(random_partner):.2f}–{max(random_partner):.2f}" if random_partner else "")
-             + "".join(f"; {label(*w)} (not a previous-token head) "
+             + "".join(f"; {label(*w)} ({float(hr.behaviour.previous_token[w]):.2f} to i − 1) "
                        f"{min(v for (ww, _), v in other.items() if ww == w):.2f}–"
                        f"{max(v for (ww, _), v in other.items() if ww == w):.2f}" for w in others if heads),
              near_one([max(control_values)]) if control_values else False),
@@ -455,9 +459,10 @@ def induction_circuits(m: Measurements) -> PaperFinding:
     return finding("induction-circuits", "Induction heads have copying OV circuits and same-matching QK circuits "
                    "(through K-composition with the previous-token head): both have eigenvalues that are mostly positive.",
                    parts, figure="positivity-2l",
-                   note="The K-composition circuit's positivity is near 1 with a random partner head too: at this bar it "
-                        "shows the induction head's own QK circuit, not that it reads the previous-token head; that it "
-                        "does is shown by the K-composition scores (the finding above) and the attention profiles.")
+                   note=("The K-composition circuit's positivity is near 1 with another partner head too: at this bar "
+                         "it shows the induction head's own QK circuit, not that it reads the previous-token head; that "
+                         "it does is shown by the K-composition scores (the finding above) and the attention profiles."
+                         ) if control_values and near_one([max(control_values)]) else "")
 
 
 def induction_loss(m: Measurements) -> PaperFinding:

@@ -427,3 +427,14 @@ def previous_token_head(a: ModelAnalysis) -> tuple[int, int] | None:
     if not first:
         return None
     return max(first, key=lambda h: float(a.heads.behaviour.previous_token[h]))
+
+
+def non_previous_token_heads(a: ModelAnalysis, below: float) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Layer 0's heads that are not previous-token heads, split by their attention to i − 1 (by behaviour):
+    those below ``below`` (the controls for the previous-token head) and the rest (partly previous-token heads)."""
+    if a.heads is None:
+        return [], []
+    found = set(a.heads.by_behaviour.previous_token)
+    rest = [h for h in a.model.arch.heads() if h[0] == 0 and h not in found]
+    controls = [h for h in rest if float(a.heads.behaviour.previous_token[h]) < below]
+    return controls, [h for h in rest if h not in controls]

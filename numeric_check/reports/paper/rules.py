@@ -26,6 +26,10 @@ BIGRAM_CLOSE = 0.2
 PICKS = 2.0
 #: A K-composition score is "well above" random at this multiple of the random matrices' score.
 WELL_ABOVE = 1.5
+#: A first-layer head is a control for the previous-token head (not one, even in part) when its attention to
+#: i − 1 stays below this: half the classification bar. A head between the two is partly a previous-token head
+#: (it may K-compose with the induction heads too) and is shown, neither claimed nor used as a control.
+NOT_PREVIOUS = ACROSS_CONTEXT / 2
 
 
 def learned_bigrams(loss: float, nothing: float) -> bool:
