@@ -132,6 +132,22 @@ def test_every_part_holds_only_where_its_control_fails(built):
     assert "no control of its own" in page  # the analysis report's checks, said to be bars without controls
 
 
+@pytest.mark.slow
+def test_k_composition_without_a_first_layer_control_head_falls_back_to_random_matrices(built, monkeypatch):
+    """Every first-layer head attending to i − 1 in part: no head is left as a control, and the part's control is
+    the random matrices, on which its rule fails (never a part judged with no control at all)."""
+    from numeric_check.reports.paper import claims
+
+    _, paper, _ = built
+    two = paper.measurements.analysis(2)
+    split = claims.non_previous_token_heads(two, claims.NOT_PREVIOUS)
+    monkeypatch.setattr(claims, "non_previous_token_heads", lambda a, below: ([], split[0] + split[1]))
+    part = claims.k_composition(paper.measurements).parts[0]
+    assert part.control.startswith("no first-layer head that does not attend to i − 1; random matrices instead: K 0.0")
+    assert part.verdict == "holds" and not part.control_holds
+    assert part.measured.count("partly a previous-token head") == 3  # each shown beside the claim
+
+
 def test_a_part_whose_control_passes_is_shown_as_not_holding():
     """A finding in parts: the part whose control passes the same rule does not hold, the finding holds in part,
     and the page (HTML and LaTeX) says why, beside the part's own verdict."""

@@ -391,8 +391,8 @@ def k_composition(m: Measurements) -> PaperFinding:
              well_above(k, base.get("K", math.nan)),
              (f"the same induction heads with the first-layer heads that do not attend to i − 1 (below "
               f"{NOT_PREVIOUS:g}: {', '.join(label(*h) for h in others)}): K at most {max(other_k):.3f}") if other_k else
-             "no first-layer head that does not attend to i − 1",
-             well_above([max(other_k)], base.get("K", math.nan)) if other_k else False),
+             f"no first-layer head that does not attend to i − 1; random matrices instead: K {base.get('K', math.nan):.3f}",
+             well_above([max(other_k)] if other_k else [base.get("K", math.nan)], base.get("K", math.nan))),
         Part("unlike Q- and V-composition: neither is above random",
              f"Q at most {max(qv['Q'], default=math.nan):.3f} (random {base.get('Q', math.nan):.3f}), V at most "
              f"{max(qv['V'], default=math.nan):.3f} (random {base.get('V', math.nan):.3f})",
