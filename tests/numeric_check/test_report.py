@@ -185,6 +185,16 @@ def test_shipped_models_bear_out_the_papers_findings():
     failed = [(claim, rows[claim].measured) for claim in expected if not rows[claim].holds]
     assert not failed
     assert "the 1-layer control cannot do induction (loss on repeated tokens stays high)" not in rows
+    # each form of the 1-layer rule fails on a model that does induction (the 2-layer model in its place)
+    import dataclasses
+
+    from numeric_check.reports.findings import _one_layer_findings
+
+    for analysis in (analyses[2], dataclasses.replace(analyses[2], grid=None)):
+        verdicts = {f.claim: f.holds for f in _one_layer_findings(analysis, "control")}
+        induction = [claim for claim in verdicts if "cannot do induction" in claim]
+        assert len(induction) == 1 and not verdicts[induction[0]], verdicts
+        assert ("at any length or offset" in induction[0]) == (analysis.grid is not None)
     assert analyses[1].losses["repeat_loss"] > analyses[2].losses["repeat_loss"] + 1.5  # 2.18 against 0.38
     # issue 19: skip-trigram tables for a layer-0 head that is not the previous-token head
     head = analyses[2].skip_trigram_head
