@@ -26,6 +26,7 @@ from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom
 from tensoralg.errors import TensorAlgError
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+ATOM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*'*")  # primes end a folded weight's name: W_OV', b_O'
 RESERVED = ("Id", "sqrt", "sum")
 MAX_SIZE_DIGITS = 18  # a declared size fits an int64
 
@@ -46,10 +47,10 @@ def declared_table(atoms) -> dict[str, tuple]:
             if not isinstance(spec, Atom) and not (isinstance(spec, (tuple, list)) and len(spec) in (2, 3)
                                                    and str(spec[1]) == "1"):
                 raise TensorAlgError(f"the column of ones '1' has one column: declare it as (rows, 1), got {spec!r}")
-        elif not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED or name in DIMS:
+        elif not isinstance(name, str) or not ATOM_NAME.fullmatch(name) or name in RESERVED or name in DIMS:
             raise TensorAlgError(
-                f"cannot declare an atom named {name!r}: a name is a letter then letters, digits or '_', "
-                f"and not one of {', '.join(RESERVED + tuple(DIMS))}"
+                f"cannot declare an atom named {name!r}: a name is a letter then letters, digits or '_' "
+                f"(primes at the end, as W_OV'), and not one of {', '.join(RESERVED + tuple(DIMS))}"
             )
         if isinstance(spec, Atom):
             base = spec.base

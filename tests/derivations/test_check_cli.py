@@ -190,3 +190,55 @@ def test_a_sum_of_thousands_of_names_is_decided_in_bounded_time(capsys):
     start = time.perf_counter()
     code, out, err = run_cli(capsys, "check", " + ".join(f"B{i}" for i in range(2000)) + " = B0")
     assert code == 1 and "does not hold" in out and time.perf_counter() - start < 30  # took minutes
+
+
+# -- what the tool prints, check reads ---------------------------------------------------------
+
+@pytest.mark.parametrize("identity", [
+    "A^{h} N ⊗ W_OV'^{h} = A^{h} N ⊗ W_OV'^{h}",   # layer-norm-folding's last line
+    "1 ⊗ b_O' = 1 ⊗ b_O'",                         # bias-folding's last line
+    "A^{h} N ⊗ W_OV'^{h} = (A^{h} ⊗ W_OV'^{h})(N ⊗ Id)",
+])
+def test_primed_names_the_tool_prints_are_read_by_check(capsys, identity):
+    code, out, err = run_cli(capsys, "check", identity)
+    assert code == 0 and "The identity holds" in out, out + err
+
+
+def test_a_primed_name_is_another_matrix_than_the_unprimed_one(capsys):
+    code, out, _ = run_cli(capsys, "check", "A^{h} N ⊗ W_OV'^{h} = A^{h} N ⊗ W_OV^{h}")
+    assert code == 1 and "does not hold" in out
+
+
+def _last_lines():
+    """``(entry, index_from, text)``: the last line of every chain of every catalogue entry, as printed."""
+    from derivations import catalogue
+    for name in catalogue.names():
+        for index_from in (0, 1):
+            document = json.loads(catalogue.get(name).to_json(index_from=index_from))
+            for chain in document["chains"]:
+                yield name, index_from, chain["steps"][-1]["expr"]["text"]
+
+
+def test_every_last_line_derive_prints_is_read_by_check(capsys):
+    """``X = X`` holds for the last line X of every chain of every derivation, numbered from 0 and from 1."""
+    failed = []
+    for name, index_from, text in _last_lines():
+        if text == "0":  # check refuses 0 = 0 (no atom to decide on)
+            continue
+        code, out, err = run_cli(capsys, "check", f"{text} = {text}", "--index-from", str(index_from))
+        if code != 0:
+            failed.append((name, index_from, text[:80], err.strip()[:200]))
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("expression", [
+    "(A^h ⊗ W_OV^h)(N ⊗ G C)",
+    "(A^h ⊗ W_O^h)(1 ⊗ b_V'^h)",
+    "(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E)",
+])
+def test_the_last_line_expand_prints_is_read_by_check(capsys, expression):
+    code, out, _ = run_cli(capsys, "expand", expression, "--max-terms", "0")
+    assert code == 0
+    last = out.rstrip().splitlines()[-1].strip().removeprefix("= ")
+    code, out, err = run_cli(capsys, "check", f"{last} = {expression}")
+    assert code == 0 and "The identity holds" in out, (last, out + err)
