@@ -287,12 +287,14 @@ def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, 
     from numeric_check.model.adapters import check_transformer_lens, from_transformer_lens
     from numeric_check.model.config import resolve_device
     from numeric_check.model.hf import check_hf, from_hf
+    from numeric_check.model.source_check import in_dtype
 
     convert, check = (from_transformer_lens, check_transformer_lens) if user.library == "tl" else (from_hf, check_hf)
-    try:
-        model = convert(user.source, dtype=dtype, device=resolve_device(device), check=False)
+    try:  # checked in float64 whatever --dtype, then cast (the cast's rounding measured and stated apart)
+        model = convert(user.source, dtype="float64", device=resolve_device(device), check=False)
         tokens = tokens_for(model)
         model.source_check = check(user.source, model, tokens)
+        model = in_dtype(model, dtype)
     finally:
         if user.status is not None:
             user.status.done()

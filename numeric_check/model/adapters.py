@@ -36,7 +36,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.options import check_tl_options
 from numeric_check.model.source_check import (
-    changed_modules, check_against_source, float64_copy, fresh_on_meta, in_eval_mode, lowest_precision, probe_batches,
+    changed_modules, check_against_source, float64_copy, fresh_on_meta, in_dtype, in_eval_mode, lowest_precision, probe_batches,
     relative, unchecked,
     user_tokens,
 )
@@ -66,10 +66,10 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
             f"from_transformer_lens expects a transformer_lens.HookedTransformer, got {type(model).__name__}"
         )
     on_one_device(model, "the TransformerLens model")
-    ours = build(_read_transformer_lens(model), dtype, device, biases)
+    ours = build(_read_transformer_lens(model), torch.float64, device, biases)
     ours.source_check = (check_transformer_lens(model, ours, check_tokens) if check
                          else unchecked("HookedTransformer (TransformerLens)"))
-    return ours
+    return in_dtype(ours, dtype)
 
 
 def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None = None):

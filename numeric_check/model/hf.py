@@ -34,6 +34,7 @@ from numeric_check.model.source_check import (
     check_against_source,
     float64_copy,
     fresh_on_meta,
+    in_dtype,
     in_eval_mode,
     lowest_precision,
     probe_batches,
@@ -54,7 +55,9 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     Before it is returned the result runs beside the source on probe tokens (and on
     ``check_tokens``, the ids you will study, when given); the measurement is kept as
     ``model.source_check`` and every verification report states it. ``check=False`` skips it
-    (the reports then say the model was not checked against its source).
+    (the reports then say the model was not checked against its source). Whatever ``dtype``, the
+    conversion is checked in float64 (held to float64's tolerance) and then cast; the cast's rounding is
+    measured and stated apart (``source_check.rounding``).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> hf = LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
@@ -79,9 +82,9 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     check_hf_options(model.config, family.options, source, model)
     _refuse_bad_weights(model, source)
     on_one_device(model, source)
-    ours = build(family.read(model), dtype, device, biases)
+    ours = build(family.read(model), torch.float64, device, biases)
     ours.source_check = check_hf(model, ours, check_tokens) if check else unchecked(f"{name} (Hugging Face)")
-    return ours
+    return in_dtype(ours, dtype)
 
 
 #: ``from_hf_gpt2`` reads every family now; the name stays for the code that used it

@@ -9,14 +9,17 @@ same tokens — fixed-seed probe sequences as long as the context allows (up to
 own tokens when given — and their logits must agree to
 :func:`tolerance`: ``max |ours − source| ≤ tolerance · max |source|``.
 
-The tolerance is measured, not guessed: it is ten times the rounding that the lowest precision
-involved causes on this very model (the conversion run in that precision against itself in
-float64, on the probe tokens), and 1e-9 when everything is float64. Hugging Face computes RMSNorm,
-rotary angles, eager softmax and some scales in float32 even in a float64 model, so its models
-count as float32: measured on its families with random weights and every parameter perturbed,
-that costs 9e-9 (GPT-NeoX) to 4e-6 (Gemma, 3 layers) of the largest logit, where the float32
-rounding of the same models is 2e-7 to 1e-6 — while the wrong conversions this check exists for
-differ by 1e-3 to 1.
+The conversion is compared in float64 whatever dtype it is wanted in (a result wanted in bfloat16 is
+the float64 conversion cast: :func:`in_dtype` casts it and measures that rounding, stated apart, never
+added to the tolerance), so a model 1 % off is refused at every dtype. The tolerance is measured, not
+guessed, probe by probe: ten times the rounding that the lowest precision the source computes in causes
+on this very model at this probe's length and magnitude (the conversion run in that precision against
+itself in float64, on the same tokens), and 1e-9 when everything is float64. A 4096-position context
+rounds more than a 64-position one, and its tolerance follows. Hugging Face computes RMSNorm, rotary
+angles, eager softmax and some scales in float32 even in a float64 model, so its models count as float32:
+measured on its families with random weights and every parameter perturbed, that costs 9e-9 (GPT-NeoX)
+to 4e-6 (Gemma, 3 layers) of the largest logit, where the float32 rounding of the same models is 2e-7 to
+1e-6 — while the wrong conversions this check exists for differ by 1e-3 to 1.
 
 When they disagree, :class:`~numeric_check.errors.SourceMismatch` says by how much, where the
 residual streams part (compared block by block), and what the model may use that the conversion
@@ -48,7 +51,7 @@ MARGIN = 10  # the tolerance: this many times the rounding of the lowest precisi
 FLOAT64_TOLERANCE = 1e-9  # when everything is computed in float64
 HALF_TOLERANCE = 5e-2  # when a half-precision rounding cannot be measured on this device
 MEASURE_BYTES = 4 * 2**30  # a model whose float64 copy passes this is not copied to measure its rounding
-UNMEASURED_TOLERANCE = {torch.float32: 1e-3}  # then: a fixed tolerance for its precision (half: HALF_TOLERANCE)
+UNMEASURED_TOLERANCE = {torch.float32: 1e-3}  # where a precision cannot run here (half: HALF_TOLERANCE)
 
 
 def lowest_precision(*dtypes: torch.dtype) -> torch.dtype:
@@ -61,25 +64,43 @@ def lowest_precision(*dtypes: torch.dtype) -> torch.dtype:
 
 
 def measured_tolerance(ours: Any, tokens: Tensor, precision: torch.dtype) -> float:
-    """The relative tolerance of a comparison whose lowest precision is ``precision``: :data:`MARGIN`
-    times the rounding that precision causes on this model — ``ours`` run in ``precision`` against
-    ``ours`` in float64, on ``tokens``, on ``ours``' device — or :data:`FLOAT64_TOLERANCE` when it
-    is float64. A model whose float64 copy would pass :data:`MEASURE_BYTES` is not copied: it is
-    held to :data:`UNMEASURED_TOLERANCE` for its precision instead."""
-    if precision == torch.float64:
-        return FLOAT64_TOLERANCE
-    n_params = sum(p.numel() for p in ours.parameters())
-    if n_params * 8 > MEASURE_BYTES and ours.dtype != torch.float64:
-        return UNMEASURED_TOLERANCE.get(precision, HALF_TOLERANCE)
-    try:
-        with torch.no_grad():
-            tokens = tokens.to(ours.device)
-            exact = ours(tokens) if ours.dtype == torch.float64 else ours.working_copy(torch.float64, ours.device)(tokens)
-            rounded = ours.working_copy(precision, ours.device)(tokens).to(torch.float64)
-        rounding = float((rounded - exact).abs().max()) / max(float(exact.abs().max()), 1e-300)
-    except (RuntimeError, NotImplementedError):  # a half-precision kernel missing on this device
-        return UNMEASURED_TOLERANCE.get(precision, HALF_TOLERANCE)
-    return max(FLOAT64_TOLERANCE, MARGIN * rounding) if rounding == rounding else HALF_TOLERANCE
+    """The relative tolerance of comparing ``ours`` with a source whose lowest precision is ``precision``, on
+    ``tokens`` (:class:`Tolerance`)."""
+    with torch.no_grad():
+        exact = ours(tokens.to(ours.device)) if ours.dtype == torch.float64 else None
+    return Tolerance(ours, precision)(tokens, exact)
+
+
+class Tolerance:
+    """The tolerance of each probe: :data:`MARGIN` times the rounding ``precision`` causes on this model at that probe
+    (``ours`` run in ``precision`` against ``ours`` in float64 on the probe's own tokens, on ``ours``' device: its
+    length and magnitude set it), or :data:`FLOAT64_TOLERANCE` when ``precision`` is float64; where ``precision``
+    cannot run on the device, :data:`UNMEASURED_TOLERANCE` for it."""
+
+    def __init__(self, ours: Any, precision: torch.dtype):
+        self.ours, self.precision, self._copies = ours, precision, {}
+
+    def _copy(self, dtype: torch.dtype) -> Any:
+        if dtype == self.ours.dtype:
+            return self.ours
+        if dtype not in self._copies:
+            self._copies[dtype] = self.ours.working_copy(dtype, self.ours.device)
+        return self._copies[dtype]
+
+    def __call__(self, tokens: Tensor, exact: Tensor | None = None) -> float:
+        """The tolerance on ``tokens``; ``exact``: ``ours``' logits on them when ``ours`` is float64 (not run again)."""
+        if self.precision == torch.float64:
+            return FLOAT64_TOLERANCE
+        fixed = UNMEASURED_TOLERANCE.get(self.precision, HALF_TOLERANCE)
+        try:
+            with torch.no_grad():
+                tokens = tokens.to(self.ours.device)
+                exact = exact if exact is not None and self.ours.dtype == torch.float64 else self._copy(torch.float64)(tokens)
+                rounded = self._copy(self.precision)(tokens)
+            rounding = relative(rounded, exact)
+        except (RuntimeError, NotImplementedError):  # a half-precision kernel missing on this device
+            return fixed
+        return max(FLOAT64_TOLERANCE, MARGIN * rounding) if rounding == rounding else HALF_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,12 @@ class SourceCheck:
     #: the source as held (bfloat16, float16, float32) is from that copy: its own rounding, stated apart
     source_rounding: float | None = None
     held_in: str | None = None  # the source's own precision then ("bfloat16")
+    #: the conversion is checked in float64; wanted in another dtype, it is the float64 conversion cast, and this is
+    #: how far that cast is from it (:func:`in_dtype`): the chosen dtype's rounding, measured, never a tolerance
+    rounding: float | None = None
+    dtype: str | None = None  # the conversion's dtype then ("bfloat16")
+    #: where the source's attention drops a setting its config names (Gemma 2's score cap under SDPA), in words
+    note: str | None = None
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
@@ -109,8 +136,13 @@ class SourceCheck:
         if self.source_rounding is not None:
             own = (f"; the source as held in {self.held_in} differs from its float64 copy by {self.source_rounding:.2g} "
                    "(its own rounding, not the conversion's)")
-        return (f"converted from {self.source}: logits equal to the source within {self.rel_diff:.1g} of their largest "
-                f"entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} tokens{own}")
+        if self.rounding is not None:
+            own += (f"; checked in float64, the conversion run in {self.dtype} differs from it by {self.rounding:.2g} "
+                    f"({self.dtype}'s rounding, not a difference from the source)")
+        note = f" ({self.note})" if self.note else ""
+        return (f"converted from {self.source}{note}: logits equal to the source within {self.rel_diff:.1g} of their "
+                f"largest entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} "
+                f"tokens{own}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,8 +199,8 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
     ``suspects`` lists what the model may use that it does not read). ``own_rounding``: ``(how far the
     source as held is from the float64 copy run here, its precision)``, recorded apart
     (:func:`float64_copy`)."""
-    tol = measured_tolerance(ours, token_batches[0], lowest_precision(precision, ours.dtype))
-    worst_abs, worst_rel, n_seq, n_tok = 0.0, 0.0, 0, 0
+    tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
+    worst_abs, worst_rel, worst_tol, n_seq, n_tok = 0.0, 0.0, 0.0, 0, 0
     for tokens in token_batches:
         with torch.no_grad():
             try:
@@ -181,6 +213,7 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
                 ) from None
             logits, cache = ours.run_with_cache(tokens.to(ours.device), names_filter=lambda n: n.endswith("hook_resid_pre"))
         theirs = theirs.detach().to("cpu", torch.float64)
+        tol = tolerance(tokens, logits)
         diff = float((logits.detach().to("cpu", torch.float64) - theirs).abs().max())
         rel = diff / max(float(theirs.abs().max()), 1e-300)
         if not rel <= tol:  # NaN fails too
@@ -191,10 +224,35 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
                 f"{where}. The model may use something the conversion does not read: {_listed(suspects())}. "
                 "The conversion is refused rather than returned wrong"
             )
-        worst_abs, worst_rel = max(worst_abs, diff), max(worst_rel, rel)
+        worst_abs, worst_rel, worst_tol = max(worst_abs, diff), max(worst_rel, rel), max(worst_tol, tol)
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
     rounding, held_in = own_rounding if own_rounding is not None else (None, None)
-    return SourceCheck(name, worst_abs, worst_rel, tol, n_seq, n_tok, rounding, held_in)
+    return SourceCheck(name, worst_abs, worst_rel, worst_tol, n_seq, n_tok, rounding, held_in)
+
+
+def in_dtype(exact: Any, dtype: Any) -> Any:
+    """The float64 conversion ``exact`` (checked against its source) cast to ``dtype`` in place (no copy), its
+    ``source_check`` kept with the cast's own rounding added: ``max |cast − exact| / max |exact|`` on the first
+    probe, measured before and after the cast (None when the dtype cannot run here)."""
+    from dataclasses import replace
+
+    from numeric_check.model.config import resolve_dtype
+
+    dtype = resolve_dtype(dtype)
+    if dtype == exact.dtype:
+        return exact
+    probe = probe_tokens(exact.cfg.d_vocab, exact.cfg.n_ctx).to(exact.device)
+    with torch.no_grad():
+        before = exact(probe)
+        cast = exact.to(dtype)
+        try:
+            rounding = relative(cast(probe), before)
+        except (RuntimeError, NotImplementedError):  # a half-precision kernel missing on this device
+            rounding = None
+    check = cast.source_check
+    if check is not None and check.n_tokens:
+        cast.source_check = replace(check, rounding=rounding, dtype=str(dtype).removeprefix("torch."))
+    return cast
 
 
 def float64_copy(model: Any) -> Any | None:

@@ -622,3 +622,26 @@ def test_a_sharded_folder_loads(capsys, tmp_path, gpt2_dir):
     _sharded(folder, {name: "model-00001-of-00001.safetensors" for name in names})
     code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--no-progress")
     assert code == 0 and "PASSED" in out, err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refused(capsys, monkeypatch, llama_dir, dtype):
+    from numeric_check.model import load
+
+    code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1",
+                             "--dtype", dtype, "--no-progress")
+    assert code in (0, 1), err
+    source = out.splitlines()[1]
+    assert float(source.split("(tolerance ")[1].split(")")[0]) < 1e-4, source  # float64's (Hugging Face's float32 steps)
+    if dtype != "float64":
+        assert f"checked in float64, the conversion run in {dtype} differs from it by " in source
+    loaded = load.load_model
+
+    def off_by_one_percent(folder, dtype):
+        model = loaded(folder, dtype)
+        model.model.layers[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+        return model
+
+    monkeypatch.setattr(load, "load_model", off_by_one_percent)
+    code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--dtype", dtype, "--no-progress")
+    assert code == 2 and out == "" and "the converted model's logits differ from the source's" in err

@@ -97,12 +97,12 @@ def test_the_tolerance_follows_the_lowest_precision():
     assert 1e-7 < model.source_check.tolerance < 1e-3
 
 
-def test_a_model_too_large_to_copy_is_held_to_a_fixed_tolerance(monkeypatch):
+def test_the_tolerance_is_measured_on_the_conversion_in_float64_whatever_its_size(monkeypatch):
     from numeric_check.model import source_check
 
-    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
-    assert from_hf(llama(), dtype=torch.float32, device="cpu").source_check.tolerance == 1e-3
-    assert from_hf(llama(), device="cpu").source_check.tolerance < 1e-3  # float64: measured against itself, no copy in float64
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)  # no float64 copy of the source: the conversion is float64
+    for dtype in (torch.float32, torch.float64):
+        assert 1e-7 < from_hf(llama(), dtype=dtype, device="cpu").source_check.tolerance < 1e-4
 
 
 # --- the kinds of wrong conversion: each refused, by name or by the check --------------------------
@@ -389,11 +389,28 @@ def tamper(hf, factor=1.05):
     return hf
 
 
+@pytest.mark.parametrize("result", [torch.float64, torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
-def test_a_tampered_model_is_refused_in_every_precision(dtype):
-    """Held below float64, the source runs as a float64 copy of itself: 5 % is no longer hidden in its rounding."""
+def test_a_tampered_model_is_refused_in_every_precision(dtype, result):
+    """Held below float64, the source runs as a float64 copy of itself, and the conversion is checked in float64
+    whatever dtype it is wanted in: 5 % is hidden in neither's rounding."""
     with pytest.raises(SourceMismatch, match=r"differ from the source's \(LlamaForCausalLM \(Hugging Face, "):
-        from_hf(tamper(llama(max_position_embeddings=64)).to(dtype), device="cpu")
+        from_hf(tamper(llama(max_position_embeddings=64)).to(dtype), dtype=result, device="cpu")
+    with pytest.raises(SourceMismatch, match=r"by 0.0\d+ of their largest entry"):  # 1 % off: refused as well
+        from_hf(tamper(llama(max_position_embeddings=64), 1.01).to(dtype), dtype=result, device="cpu")
+
+
+@pytest.mark.parametrize("result", [torch.bfloat16, torch.float16])
+def test_a_conversion_wanted_in_half_precision_is_checked_in_float64_its_rounding_stated_apart(result):
+    model = from_hf(llama(max_position_embeddings=64).to(result), dtype=result, device="cpu")
+    check, held = model.source_check, str(result).removeprefix("torch.")
+    assert model.dtype == result
+    assert check.rel_diff <= check.tolerance < 1e-4 < check.rounding < 0.1  # float64's tolerance; the cast measured
+    assert check.dtype == held
+    assert (f"checked in float64, the conversion run in {held} differs from it by {check.rounding:.2g} ({held}'s "
+            "rounding, not a difference from the source)") in check.describe()
+    tl_model = from_transformer_lens(hooked(positional_embedding_type="rotary", rotary_dim=4), dtype=result, device="cpu")
+    assert tl_model.dtype == result and tl_model.source_check.tolerance == FLOAT64_TOLERANCE < tl_model.source_check.rounding
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
