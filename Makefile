@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   create the environment and run the main job
 #   make test   create the environment and run the whole test suite
+#   make corpus     the language models' corpus (build/corpus/kjv.txt) from Debian's bible-kjv
 #   make gpu-wheels   (with a network) the wheels a GPU machine lacks, into wheels/gpu
 #   make gpu-check    (on a GPU machine, offline) the suite with CUDA visible and the GPU benchmarks
 # Both build .venv once (torch's local CPU wheel first, so pip never pulls a CUDA build).
@@ -10,7 +11,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench env clean gpu-wheels gpu-check
+.PHONY: demo test bench env clean gpu-wheels gpu-check corpus
 
 env: $(STAMP)
 
@@ -25,6 +26,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# the language models' corpus: the King James Bible from Debian's bible-kjv (public domain), one verse a line
+corpus: $(STAMP)
+	command -v bible >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bible-kjv; }
+	$(BIN)/python scripts/corpus.py
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -22,6 +22,7 @@ from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import writable_file, write_atomic
+from numeric_check.training.config import BLOCK_LINES, HELDOUT_EVERY, tokenizer_path
 
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -87,8 +88,17 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
     p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
     p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
-    p.add_argument("--vocab", type=int, default=d.d_vocab, help=f"vocabulary size (default {d.d_vocab})")
+    p.add_argument("--vocab", type=int, default=None,
+                   help=f"vocabulary size (default {d.d_vocab}; with --text the BPE's size, default {TEXT_VOCAB})")
     p.add_argument("--n-ctx", type=int, default=d.n_ctx, help=f"sequence length (default {d.n_ctx})")
+    text = p.add_argument_group("training on text (the paper's kind of model) instead of the planted data")
+    text.add_argument("--text", nargs="+", type=Path, metavar="FILE",
+                      help="UTF-8 text to train on (e.g. build/corpus/kjv.txt from 'make corpus'): a byte-level BPE "
+                           "of --vocab tokens is trained on it and saved beside the checkpoint (NAME.tokenizer.json); "
+                           f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines is held out for evaluation")
+    text.add_argument("--copy-share", type=finite_float, default=None, metavar="P",
+                      help=f"share of sequences that repeat a span of themselves (copy-augmentation), with --text "
+                           f"(default {TEXT_COPY_SHARE}); the span is --seg-min..--seg-max tokens")
     p.add_argument("--seg-min", type=int, default=d.seg_min, help=f"shortest repeated segment (default {d.seg_min})")
     p.add_argument("--seg-max", type=int, default=d.seg_max, help=f"longest repeated segment; 2*seg_max <= n_ctx (default {d.seg_max})")
     p.add_argument("--max-repeats", type=int, default=d.max_repeats, help=f"most repeats per sequence (default {d.max_repeats})")
@@ -131,7 +141,11 @@ def _run_train_toy(args) -> int:
 
     from numeric_check.training.toy import TrainConfig, train_toy, training_record
 
+    if args.text is None and args.copy_share is not None:
+        raise NumericCheckError("--copy-share applies to training on text: give --text FILE too")
+    args.vocab = args.vocab if args.vocab is not None else (TEXT_VOCAB if args.text else TrainConfig.d_vocab)
     check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
+    data = text_data(args) if args.text else None
     config = TrainConfig(
         n_layers=args.layers,
         n_heads=args.heads,
@@ -157,36 +171,66 @@ def _run_train_toy(args) -> int:
         weight_decay=args.weight_decay,
         seed=args.seed,
         init_std=args.init_std,
+        text_sha256=None if data is None else data.sha256,
+        copy_share=(TEXT_COPY_SHARE if args.copy_share is None else args.copy_share) if data is not None else 0.0,
     )
-    # both outputs checked before the training, not after; an existing one is kept unless --force
+    # every output checked before the training, not after; an existing one is kept unless --force
     out = writable_file(args.out, ".safetensors", new=True, force=args.force)
     sidecar = writable_file(out.with_suffix(".json"), new=True, force=args.force)
+    tokenizer_file = writable_file(tokenizer_path(out), new=True, force=args.force) if data is not None else None
     start = time.perf_counter()
+    tokens_per_step = config.batch_size * config.n_ctx
     with StepBar(config.steps, args.quiet) as bar:
         def progress(step: int, record: dict) -> None:
             every = step % 50 == 0 or step == config.steps  # the losses beside the bar, refreshed now and then
-            bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": f"{record['repeat_loss']:.3f}"} if every else {}))
+            rate = step * tokens_per_step / max(time.perf_counter() - start, 1e-9)
+            bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": f"{record['repeat_loss']:.3f}",
+                         "tok/s": f"{rate:,.0f}"} if every else {}))
 
-        model, history = train_toy(config, progress, device=args.device)
+        model, history = train_toy(config, progress, device=args.device, data=data)
     seconds = time.perf_counter() - start
     from numeric_check.model.checkpoint import save_checkpoint
 
     info = training_record(config, history, seconds)
+    if data is not None:
+        info["text"] = text_record(args.text, data, tokenizer_file)
     try:  # strict JSON, checked before either file is written
         json.dumps(info, allow_nan=False)
     except ValueError:
         raise NumericCheckError("the training diverged (its losses are not finite numbers); nothing was written: "
                                 "try a smaller --lr or --init-std") from None
     info["checkpoint_sha256"] = save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
+    if tokenizer_file is not None:
+        write_atomic(tokenizer_file, data.tokenizer.to_str() + "\n")
     write_atomic(sidecar, json.dumps(info, indent=2, allow_nan=False) + "\n")
     final = history.final
     print(terminal_safe(
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
         f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
         f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
-        f"wrote {out} and {sidecar}"
+        f"wrote {out} and {sidecar}" + (f" and {tokenizer_file}" if tokenizer_file else "")
     ))
     return 0
+
+
+#: With --text: the BPE's size and the share of copy-augmented sequences, unless given.
+TEXT_VOCAB, TEXT_COPY_SHARE = 2048, 0.5
+
+
+def text_data(args):
+    """The text of ``--text`` read, split, tokenized (a BPE of ``--vocab`` tokens): refused in one line,
+    before any training, when a file is empty, binary or not UTF-8, or the text is too short."""
+    from numeric_check.training.text import TextData, read_texts
+
+    return TextData.build(read_texts(args.text), args.vocab, args.n_ctx)
+
+
+def text_record(paths, data, tokenizer_file) -> dict:
+    """What a training record says of its text: the files, their SHA-256, the split and the tokenizer."""
+    return {"files": [Path(p).name for p in paths], "sha256": data.sha256,
+            "train_tokens": len(data.train), "heldout_tokens": len(data.heldout),
+            "heldout": f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines",
+            "tokenizer": tokenizer_file.name}
 
 
 # --- analyze ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from derivations.architecture import POSITIONAL_KINDS, Architecture
 from derivations.errors import ArchitectureError
@@ -18,7 +19,9 @@ MAX_PARAMETERS = 50_000_000  # a toy model; larger ones are refused before anyth
 MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
 # fields added after records were first written, at the values those runs used
 LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0, "bigram_successors": 0, "skip_trigrams": 0,
-                 "train_last_position": False}
+                 "train_last_position": False, "text_sha256": None, "copy_share": 0.0}
+#: Training on text: lines per block of the held-out split, and which block is held out (every HELDOUT_EVERY-th).
+BLOCK_LINES, HELDOUT_EVERY = 100, 20
 MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 
 
@@ -98,8 +101,15 @@ class TrainConfig:
     skip_trigrams: int | None = None
     trigrams_per_sequence: int = 3
     train_last_position: bool = False
+    text_sha256: str | None = None
+    copy_share: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.text_sha256 is not None:  # real text: no planted structure, every position trained
+            if not isinstance(self.text_sha256, str) or len(self.text_sha256) != 64:
+                raise TrainConfigError(f"text_sha256 must be the 64 hex digits of a SHA-256, got {self.text_sha256!r}")
+            for name, value in (("bigram_successors", 0), ("skip_trigrams", 0), ("train_last_position", True)):
+                object.__setattr__(self, name, value)
         for name in ("n_heads", "d_model", "d_head", "n_ctx", "steps", "batch_size", "eval_batches", "max_repeats"):
             _check_int(name, getattr(self, name), minimum=1)
         _check_int("n_layers", self.n_layers, minimum=0)
@@ -134,9 +144,12 @@ class TrainConfig:
                                    f"lower skip_trigrams to at most {self.d_vocab // 5}")
         if not isinstance(self.train_last_position, bool):
             raise TrainConfigError(f"train_last_position must be True or False, got {self.train_last_position!r}")
-        follow = self.bigram_follow
-        if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0 <= follow <= 1:
-            raise TrainConfigError(f"bigram_follow must be a probability in [0, 1], got {follow!r}")
+        for name in ("bigram_follow", "copy_share"):
+            p = getattr(self, name)
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+                raise TrainConfigError(f"{name} must be a probability in [0, 1], got {p!r}")
+        if self.copy_share and self.text_sha256 is None:
+            raise TrainConfigError("copy_share applies to training on text (text_sha256); the planted data hold repeats of their own")
         self._check_sizes()
         if self.positional not in POSITIONAL_KINDS:
             raise TrainConfigError(
@@ -186,6 +199,11 @@ class TrainConfig:
                                        "sequences or a narrower model")
 
     @property
+    def on_text(self) -> bool:
+        """Whether this run trains on real text (:mod:`numeric_check.training.text`) rather than planted data."""
+        return self.text_sha256 is not None
+
+    @property
     def arch(self) -> Architecture:
         """The :class:`~derivations.architecture.Architecture` this run trains."""
         return Architecture(self.n_layers, self.n_heads, positional=self.positional, layer_norm=self.layer_norm)
@@ -215,6 +233,15 @@ class TrainConfig:
         if unknown:
             raise TrainConfigError(f"unknown TrainConfig fields {unknown}; expected some of {sorted(known)}")
         return cls(**{**LEGACY_FIELDS, **data})
+
+
+def tokenizer_path(checkpoint) -> Path:
+    """Where the tokenizer of a model trained on text lies: beside its checkpoint, ``NAME.tokenizer.json``.
+
+    >>> tokenizer_path("models/lang_2l.safetensors").as_posix()
+    'models/lang_2l.tokenizer.json'
+    """
+    return Path(checkpoint).with_suffix(".tokenizer.json")
 
 
 def _check_int(name: str, value, minimum: int) -> None:

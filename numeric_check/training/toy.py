@@ -260,17 +260,27 @@ def build_model(config: TrainConfig, device: torch.device | str | None = None) -
     )
 
 
-def training_batch(config: TrainConfig, batch_size: int, generator: torch.Generator) -> RepeatBatch:
+def training_batch(config: TrainConfig, batch_size: int, generator: torch.Generator, data=None, *,
+                   heldout: bool = False) -> RepeatBatch:
     """A batch for training ``config``'s model: :func:`repeated_segment_batch`, or with
     ``train_last_position`` sequences of ``n_ctx + 1`` tokens whose last token is only the target of
     position ``n_ctx - 1`` (the model reads the first ``n_ctx``). Without it the last position is never
     trained: nothing follows it, so its positional embedding keeps its random initial value, and the
-    induction heads' queries there, which read it, attend elsewhere (issue 27).
+    induction heads' queries there, which read it, attend elsewhere (issue 27). A run on text cuts its
+    sequences from ``data`` (a :class:`~numeric_check.training.text.TextData`), from its held-out part
+    with ``heldout`` (:func:`~numeric_check.training.text.text_batch`).
 
     >>> config = TrainConfig(d_vocab=10, n_ctx=24, seg_min=2, seg_max=6, train_last_position=True)
     >>> training_batch(config, 3, torch.Generator().manual_seed(0)).tokens.shape
     torch.Size([3, 25])
     """
+    if config.on_text:
+        from numeric_check.training.text import text_batch
+
+        if data is None:
+            raise TrainConfigError("this run trains on text: give its TextData (tcircuits train-toy --text FILE)")
+        return text_batch(data.heldout if heldout else data.train, config.n_ctx, batch_size, generator,
+                          copy_share=config.copy_share, seg_min=config.seg_min, seg_max=config.seg_max)
     if config.train_last_position:
         config = dataclasses.replace(config, n_ctx=config.n_ctx + 1, train_last_position=False)
     return repeated_segment_batch(config, batch_size, generator)
@@ -282,14 +292,16 @@ def _inputs(config: TrainConfig, batch: RepeatBatch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: CircuitModel, config: TrainConfig, *, seed: int, n_batches: int | None = None) -> dict[str, float]:
-    """Mean losses of ``model`` on ``n_batches`` fresh batches drawn with ``seed``."""
+def evaluate(model: CircuitModel, config: TrainConfig, *, seed: int, n_batches: int | None = None,
+             data=None) -> dict[str, float]:
+    """Mean losses of ``model`` on ``n_batches`` fresh batches drawn with ``seed`` (from the held-out
+    text of ``data`` for a run on text)."""
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     totals: dict[str, float] = {}
     count = n_batches if n_batches is not None else config.eval_batches
     for _ in range(count):
-        batch = _to(training_batch(config, config.batch_size, generator), device)
+        batch = _to(training_batch(config, config.batch_size, generator, data, heldout=True), device)
         for name, value in next_token_losses(model(_inputs(config, batch)), batch).items():
             totals[name] = totals.get(name, 0.0) + float(value) / count
     return totals
@@ -300,13 +312,15 @@ def train_toy(
     progress: ProgressFn | None = None,
     *,
     device: torch.device | str | None = None,
+    data=None,
 ) -> tuple[CircuitModel, TrainHistory]:
     """Train a model by ``config``; return it and its :class:`TrainHistory`.
 
     ``progress(step, {"loss": ..., "repeat_loss": ...})`` is called after every step
     (``step`` counts from 1). Data come from a generator seeded by ``config.seed``; the
-    final evaluation uses a separate seed, so it is held out. Thread count is the
-    caller's choice (``torch.set_num_threads``).
+    final evaluation uses a separate seed, so it is held out. A run on text (``config.on_text``)
+    takes its sequences from ``data`` (:class:`~numeric_check.training.text.TextData`; evaluated on its
+    held-out part). Thread count is the caller's choice (``torch.set_num_threads``).
     """
     model = build_model(config, device)
     device = next(model.parameters()).device
@@ -315,7 +329,7 @@ def train_toy(
     history = TrainHistory()
     model.train()
     for step in range(1, config.steps + 1):
-        batch = _to(training_batch(config, config.batch_size, generator), device)
+        batch = _to(training_batch(config, config.batch_size, generator, data), device)
         losses = next_token_losses(model(_inputs(config, batch)), batch)
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
@@ -328,7 +342,7 @@ def train_toy(
         if progress is not None:
             progress(step, record)
     model.eval()
-    history.final = evaluate(model, config, seed=config.seed + 1_000_003)
+    history.final = evaluate(model, config, seed=config.seed + 1_000_003, data=data)
     return model, history
 
 
