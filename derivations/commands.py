@@ -247,7 +247,8 @@ The language (a product binds tighter than ⊗, which binds tighter than +):
   operators    ⊗ or (x) tensor product; juxtaposition, · or * product; + and -
   scalars      2, 1/2, 1/sqrt(d_head), d_model
   sums         Σ_{h∈H_1} A^h ⊗ W_OV^h  (ASCII: sum_{h in H_1} A^h (x) W_OV^h): a sum over
-               the heads of a layer, kept symbolic; each term is summed over its own index
+               the heads of a layer, kept symbolic; each term is summed over its own index;
+               Σ_{h∈H_1∪H_2} (ASCII: sum_{h in H_1 cup H_2}) sums over the heads of both layers
   activations  (A ⊗ W) x = A x Wᵀ: an operator applied to x, one token per row
   the paper's  \\otimes \\cdot ^\\top ^{T} \\mathrm{Id} \\left( \\right) W_{OV} \\sum_{h \\in H_1} read as
   LaTeX        above, \\frac{a}{b} and \\sqrt{a} as a/b and sqrt(a); W_Q^{hT}, ^{h^T} or ^{h\\top}

@@ -3,7 +3,8 @@ r"""Tokens of the expression language read by :mod:`tensoralg.parse`.
 Each token keeps its 0-based position, so that every error can point at the text.
 Superscripts: ``^T`` and ``ᵀ`` transpose; ``^{h1}`` and a bare ``^h1`` (letters and digits,
 no braces needed for one symbol) are an index. An indexed sum ``Σ_{h∈H_1}`` (ASCII
-``sum_{h in H_1}``) is one ``SUM`` token whose text is the bound index and the set.
+``sum_{h in H_1}``) is one ``SUM`` token whose text is the bound index and the set; a union of
+layers' heads ``Σ_{h∈H_1∪H_2}`` (``\cup``, ASCII ``cup``) is one token whose set is ``H_1∪H_2``.
 
 The paper's LaTeX reads as the same tokens: ``\otimes`` (⊗), ``\cdot`` (·), ``^\top``,
 ``^{T}`` and ``^{h\top}`` / ``^{hT}`` (index ``h``, then a transpose), ``\mathrm{Id}``,
@@ -42,6 +43,8 @@ BARE_INDEX = re.compile(r"[A-Za-z0-9]+")
 SUM_START = re.compile(r"(Σ|∑|sum(?![A-Za-z0-9])|\\sum(?![A-Za-z])|\\Sigma(?![A-Za-z]))")
 SUM_BODY = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{\d+\}|\d+))?'*)\s*(?:∈|\\in(?![A-Za-z])|\s+in\s+)\s*([A-Za-z][A-Za-z0-9]*(?:_(?:\{[A-Za-z0-9]+\}|[A-Za-z0-9]+))?)\s*")
 SUM_HINT = "an indexed sum is written Σ_{h∈H_1} or sum_{h in H_1}"
+UNION = re.compile(r"∪|\\cup(?![A-Za-z])|(?<![A-Za-z0-9_])cup(?![A-Za-z0-9_])")  # H_1∪H_2, H_1 \cup H_2, H_1 cup H_2
+HEAD_SET = re.compile(r"H_(?:\{(\d+)\}|(\d+))", re.ASCII)
 MAX_DIGITS = 100  # digits in one number literal
 MAX_EXPONENT = 300  # |e| in a literal such as 1e-300 (as a float's range)
 
@@ -263,14 +266,21 @@ def indexed_sum(text: str, i: int, start: int) -> Token:
     if close < 0:
         raise ParseError(f"unclosed '{text[i:start]}_{{': {SUM_HINT}", text, i)
     inside = text[start + 2 : close]
-    m = SUM_BODY.fullmatch(LATEX_IN_INDEX.sub(lambda m: m[1], inside))  # \sum_{\mathrm{head1} \in H_{1}}
+    first, *others = UNION.split(LATEX_IN_INDEX.sub(lambda m: m[1], inside))  # \sum_{\mathrm{head1} \in H_{1}}
+    m = SUM_BODY.fullmatch(first)
     if m is None:
-        union = next((u for u in ("∪", "\\cup", " cup ", "|") if u in inside), None)
-        if union is not None:  # Σ_{h∈H_1∪H_2}: the heads of two layers
-            var = re.match(r"\s*([^∈\s]*)", inside)[1] or "h"
-            raise ParseError(f"a sum over a union of head sets ('{inside.strip()}') is not read: a sum runs over one "
-                             f"layer's heads; write one sum per layer, as in Σ_{{{var}∈H_1}} A^{var} ⊗ W_OV^{var} + "
-                             f"Σ_{{{var}∈H_2}} A^{var} ⊗ W_OV^{var}", text, start + 2 + inside.index(union.strip() or union))
-        raise ParseError(f"cannot read the range of the sum: {SUM_HINT}", text, start + 2)
+        raise ParseError(f"cannot read the range of the sum: {SUM_HINT}, a union of layers' heads "
+                         "Σ_{h∈H_1∪H_2} or sum_{h in H_1 cup H_2}", text, start + 2)
     var = re.sub(r"[_{}]", "", m[1])  # h_2, h_{2}: the subscripted index h2
-    return Token("SUM", f"{var}∈{m[2].replace('{', '').replace('}', '')}", i, close + 1)
+    sets = [m[2], *(s.strip() for s in others)]
+    if others:  # Σ_{h∈H_1∪H_2}: the heads of several layers
+        layers = [HEAD_SET.fullmatch(s) for s in sets]
+        if not all(layers):
+            bad = next(s for s, layer in zip(sets, layers) if not layer)
+            raise ParseError(f"a sum over a union runs over layers' heads, as Σ_{{{var}∈H_1∪H_2}}; "
+                             f"'{bad}' is not a layer's heads H_l", text, start + 2)
+        numbers = [(layer[1] or layer[2]).lstrip("0") for layer in layers]  # compared as text: any length
+        if len(set(numbers)) < len(numbers):
+            raise ParseError(f"a layer appears twice in the union '{inside.strip()}': name each layer once",
+                             text, start + 2)
+    return Token("SUM", f"{var}∈{'∪'.join(s.replace('{', '').replace('}', '') for s in sets)}", i, close + 1)

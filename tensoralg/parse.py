@@ -45,7 +45,8 @@ Rules worth knowing:
   index ``h{l}`` (layers counted from ``index_from``, stored 0-based), each term being
   summed over the indices it carries, as the catalogue prints it. Sums over the same
   heads in two factors of a product are renamed apart (``h0``, ``h0'``). Other sets
-  (``Σ_{j∈J}``) bind the letter itself.
+  (``Σ_{j∈J}``) bind the letter itself. ``Σ_{h∈H_1∪H_2} body`` (ASCII ``sum_{h in H_1 cup H_2}``,
+  LaTeX ``\\cup``) is ``Σ_{h∈H_1} body + Σ_{h∈H_2} body``.
 - An operator applied to an activation, ``(A ⊗ W) x`` or ``(A ⊗ W)·x``, is ``A x Wᵀ``
   (:func:`tensoralg.action.act`): ``x`` holds one token per row.
 - Juxtaposed atoms form one word at once: ``A^{h2} A^{h1} ⊗ W_OV^{h2} W_OV^{h1}`` is

@@ -54,9 +54,9 @@ def reindex(expr: Expr, mapping: dict) -> Expr:
     TensorSum(A^{h0'} ⊗ W_OV^{h0'})
     """
     if isinstance(expr, Product):
-        return Product([_reindex(f, mapping) for f in expr.factors], expr.coeff)
+        return Product([reindex(f, mapping) for f in expr.factors], expr.coeff)
     if isinstance(expr, Add):
-        return Add([_reindex(p, mapping) for p in expr.parts])
+        return Add([reindex(p, mapping) for p in expr.parts])
     words = {tuple(tuple(a.with_index(mapping.get(a.index, a.index)) for a in w) for w in t.words): t.coeff
              for t in expr}
     return TensorSum(words, n_slots=expr.n_slots)

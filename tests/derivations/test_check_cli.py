@@ -143,8 +143,8 @@ def test_the_slides_forms_hold(capsys, identity):
     ("W_QK^{Th} = W_Q^{h}ᵀ W_K^h", ["'Th' is neither a head nor a transpose", "^{hT}"]),
     ("h(x) = (A ⊗ W_OV) x", ["'(x)' is the ASCII spelling of ⊗", "'h(x)' reads as 'h ⊗'", "(A^h ⊗ W_OV^h) x"]),
     ("LN(x) = x", ["LN is not linear", "'(x)' alone is the ASCII spelling of ⊗", "(A^h ⊗ W_OV^h) x", "--opaque"]),
-    ("Σ_{h∈H_1∪H_2} A^h ⊗ W_OV^h = Id", ["a union of head sets ('h∈H_1∪H_2')", "one sum per layer",
-                                          "Σ_{h∈H_1} A^h ⊗ W_OV^h + Σ_{h∈H_2} A^h ⊗ W_OV^h"]),
+    ("Σ_{h∈H_1∪J} A^h ⊗ W_OV^h = Id", ["a sum over a union runs over layers' heads", "'J' is not a layer's heads"]),
+    ("Σ_{h∈H_1∪H_1} A^h ⊗ W_OV^h = Id", ["a layer appears twice in the union"]),
     ("Id ⊗ Id = Id", ["different numbers of tensor slots", "'Id ⊗ Id' has 2", "'Id' has 1",
                       "the identity on 2 slots is Id ⊗ Id"]),
     ("A = A", None),
@@ -242,3 +242,20 @@ def test_the_last_line_expand_prints_is_read_by_check(capsys, expression):
     last = out.rstrip().splitlines()[-1].strip().removeprefix("= ")
     code, out, err = run_cli(capsys, "check", f"{last} = {expression}")
     assert code == 0 and "The identity holds" in out, (last, out + err)
+
+
+PAPER_TWO_LAYERS = ("(Id ⊗ W_U)(Id + Σ_{h∈H_2} A^h ⊗ W_OV^h)(Id + Σ_{h∈H_1} A^h ⊗ W_OV^h)(Id ⊗ W_E) = Id ⊗ W_U W_E"
+                    " + UNION A^h ⊗ W_U W_OV^h W_E + Σ_{h2∈H_2} Σ_{h1∈H_1} A^{h2} A^{h1} ⊗ W_U W_OV^{h2} W_OV^{h1} W_E")
+
+
+@pytest.mark.parametrize("union", ["Σ_{h∈H_1∪H_2}", "sum_{h in H_1 cup H_2}", r"\sum_{h \in H_1 \cup H_2}",
+                                   "Σ_{h∈H_2∪H_1}"])
+def test_the_papers_two_layer_logits_with_a_sum_over_both_layers_hold(capsys, union):
+    """The paper's T = Id ⊗ W_U W_E + Σ_{h∈H_1∪H_2} A^h ⊗ (W_U W_OV^h W_E) + Σ_{h2∈H_2, h1∈H_1} …, in its numbering."""
+    code, out, err = run_cli(capsys, "check", PAPER_TWO_LAYERS.replace("UNION", union), "--index-from", "1")
+    assert code == 0 and "The identity holds" in out, out + err
+
+
+def test_a_sum_over_both_layers_is_not_a_sum_over_one(capsys):
+    code, out, _ = run_cli(capsys, "check", "Σ_{h∈H_1∪H_2} A^h ⊗ W_OV^h = Σ_{h∈H_1} A^h ⊗ W_OV^h", "--index-from", "1")
+    assert code == 1 and "LHS - RHS = Σ_{h2∈H_2} A^{h2} ⊗ W_OV^{h2}" in out

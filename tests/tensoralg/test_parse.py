@@ -332,3 +332,51 @@ def test_a_long_sum_of_undeclared_names_is_inferred_in_one_reread():
     e = parse(" + ".join(f"B{i} ⊗ C{i}" for i in range(300)) + " + A ⊗ W_E")
     assert time.perf_counter() - start < 8
     assert e.slot_shapes == parse("A ⊗ W_E").slot_shapes
+
+
+# -- a sum over the heads of several layers, as the paper writes Σ_{h∈H_1∪H_2} -----------------
+
+@pytest.mark.parametrize("union", ["Σ_{h∈H_1∪H_2}", "sum_{h in H_1 cup H_2}", r"\sum_{h \in H_1 \cup H_2}",
+                                   r"\sum_{h \in H_{1} \cup H_{2}}", "Σ_{h∈H_2∪H_1}"])
+def test_a_sum_over_a_union_of_layers_is_the_sum_over_each(union):
+    one_by_one = parse("Σ_{h∈H_1} A^h ⊗ W_OV^h + Σ_{h∈H_2} A^h ⊗ W_OV^h", index_from=1)
+    assert parse(f"{union} A^h ⊗ W_OV^h", index_from=1).expand() == one_by_one.expand()
+    assert {(b.index, b.over) for b in read(f"{union} A^h ⊗ W_OV^h", index_from=1).bound} == {("h0", "H_1"), ("h1", "H_2")}
+
+
+def test_a_union_prints_as_one_sum_per_layer_and_reads_back():
+    e = parse("Σ_{h∈H_1∪H_2} (A^h ⊗ W_OV^h)(Id ⊗ W_E)", index_from=1)  # a lazy body, copied per layer
+    text = to_text(e.expand(), index_from=1)
+    assert text == "Σ_{h1∈H_1} A^{h1} ⊗ W_OV^{h1} W_E + Σ_{h2∈H_2} A^{h2} ⊗ W_OV^{h2} W_E"
+    assert parse(text, index_from=1).expand() == e.expand()
+
+
+def test_nested_unions_give_every_pair_of_layers():
+    e = parse("Σ_{h∈H_1∪H_2} Σ_{g∈H_1∪H_2} A^h A^g ⊗ W_OV^h W_OV^g", index_from=1).expand()
+    assert len(e) == 4 and {tuple(a.index for a in t.words[0]) for t in e} == {
+        ("h0", "g0"), ("h0", "g1"), ("h1", "g0"), ("h1", "g1")}
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("Σ_{h∈H_1∪J} A^h", "'J' is not a layer's heads H_l"),
+    ("Σ_{h∈H_1∪H_01} A^h", "a layer appears twice in the union"),
+    ("Σ_{h∈H_1∪H_2∪} A^h", "'' is not a layer's heads"),
+    ("Σ_{h∈H_1 | H_2} A^h", "a union of layers' heads Σ_{h∈H_1∪H_2}"),
+    ("Σ_{h2∈H_1∪H_2} A^h2", "the index h2 names another layer than H_1"),
+    ("Σ_{h∈H_1∪H_" + "9" * 5000 + "} A^h", "at most 18 digits"),
+])
+def test_a_union_that_is_not_one_of_layers_heads_is_refused_with_what_to_write(text, fragment):
+    with pytest.raises(ParseError, match=None) as err:
+        parse(text, index_from=1)
+    assert fragment in str(err.value)
+
+
+def test_a_union_is_bounded_in_terms_and_in_time():
+    import time
+    layers = "∪".join(f"H_{l}" for l in range(1, 3001))
+    start = time.perf_counter()
+    with pytest.raises(ParseError, match="more than the 20,000 the reader multiplies out"):
+        parse(f"Σ_{{h∈{layers}}} (A^h + B^h + C^h + D^h + E^h + F^h + G^h) ⊗ W_OV^h", index_from=1)
+    with pytest.raises(ParseError):  # a long run of spaces before a bad union: read once, not once per space
+        parse("Σ_{h∈H_1" + " " * 200_000 + "∪ J} A^h", index_from=1)
+    assert time.perf_counter() - start < 10
