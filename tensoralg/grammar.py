@@ -209,35 +209,21 @@ class Parser(Calls):
                 self.scope[var] = outer
         if _is_scalar(body):
             raise self.error(f"Σ sums tensor terms, got the scalar {body}; write '{body}·A^{var} ⊗ …'", pos)
-        for t in self.expanded(body, pos, "the terms of a Σ"):
+        terms = self.expanded(body, pos, "the terms of a Σ")
+        for t in terms:
             if not any(a.index == index for w in t.words for a in w):
                 raise self.error(f"the summed index {var} does not appear in every term after "
                                  f"{self.text[token.pos:token.end]!r} (a term without it is not summed)", pos)
         self.bound[index] = Bound(index, var, over, layer)
-        if others:
-            body = self.union(body, index, var, others, token, pos)
+        if others:  # Σ_{h∈H_1∪H_2}: the body again for each other layer, its index renamed
+            if len(terms) * (1 + len(others)) > MAX_EXPANDED:
+                raise self.error(f"the sum over {1 + len(others):,} layers' heads has {len(terms) * (1 + len(others)):,} "
+                                 f"terms, more than the {MAX_EXPANDED:,} the reader multiplies out", token.pos)
+            bounds = [Bound(i, var, o, layer) for o in others for i, layer in [self.binding(var, o, token.pos)]]
+            self.bound.update((b.index, b) for b in bounds)
+            body = add(body, *(reindex(body, {index: b.index}) for b in bounds))
         self.nesting -= 1
         return -body if negative else body
-
-    def union(self, body: Expr, index: str, var: str, others: list, token: Token, pos: int) -> Expr:
-        """``Σ_{h∈H_1∪H_2} body`` = ``Σ_{h∈H_1} body + Σ_{h∈H_2} body``: ``body`` (read once, its
-        index bound to the first layer) again for each other layer, the index renamed (``h0`` → ``h1``)."""
-        terms = len(self.expanded(body, pos, "the terms of a Σ"))
-        if terms * (1 + len(others)) > MAX_EXPANDED:
-            raise self.error(f"the sum over {1 + len(others):,} layers' heads has {terms * (1 + len(others)):,} terms, "
-                             f"more than the {MAX_EXPANDED:,} the reader multiplies out; write fewer layers", token.pos)
-        used = _indices(body)
-        parts = [body]
-        for over in others:
-            new, layer = self.binding(var, over, token.pos)
-            while new in used:
-                new += "'"
-            self.bound[new] = Bound(new, var, over, layer)
-            parts.append(reindex(body, {index: new}))
-        try:
-            return add(*parts)
-        except TensorAlgError as err:
-            raise self.located(err, pos) from None
 
     def binding(self, var: str, over: str, pos: int) -> tuple[str, int | None]:
         """The stored index of ``Σ_{var∈over}``: ``h1`` for layer 1's heads (0-based), else ``var``."""
