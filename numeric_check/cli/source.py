@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numeric_check.errors import ModelLoadError, VerifyCLIError
+from numeric_check.errors import ModelLoadError, UnsupportedModel, VerifyCLIError
 
 MAX_TOKEN_LINE = 16  # tokens shown per sequence in a report's token line
 TOKENIZE_SECONDS = 20.0  # a prompt or target is tokenized within this, or the tokenizer is refused
@@ -467,7 +467,7 @@ def _loading(what: str, load):
     try:
         with _quiet_loading():
             return load()
-    except (KeyboardInterrupt, MemoryError):
+    except (KeyboardInterrupt, MemoryError, UnsupportedModel):  # a model of a kind not read: its own one line
         raise
     except ModelLoadError as error:
         raise ModelLoadError(f"cannot load {what}: {error}") from None

@@ -28,7 +28,7 @@ from numeric_check.model.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.options import check_hf_options
 from numeric_check.model import source_check
-from numeric_check.model.readers import BY_CLASS, family_names
+from numeric_check.model.readers import BY_CLASS, not_read
 from numeric_check.model.source_check import (
     changed_modules,
     check_against_source,
@@ -73,11 +73,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     if family is None and type(model).__module__.startswith("transformer_lens"):
         raise UnsupportedModel(f"from_hf reads Hugging Face models; {name} is a TransformerLens model: use from_transformer_lens")
     if family is None:
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        raise UnsupportedModel(
-            f"{name}" + (f" (model_type {model_type!r})" if model_type else "")
-            + f" is not a family tcircuits reads; it reads {family_names()}"
-        )
+        raise UnsupportedModel(not_read(name, getattr(model, "config", None)))
     source = f"the {family.name} model"
     check_hf_options(model.config, family.options, source, model)
     _refuse_bad_weights(model, source)

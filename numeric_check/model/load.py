@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from numeric_check.errors import ModelLoadError
+from numeric_check.errors import ModelLoadError, UnsupportedModel
 
 #: weight files read, in the order transformers prefers them
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -440,6 +440,7 @@ def load_model(folder: Path, dtype: Any) -> Any:
     with _quiet():
         config = _transformers("read config.json", lambda: AutoConfig.from_pretrained(
             folder, trust_remote_code=False, local_files_only=True))
+        refuse_family(config)
         check_layers(config, raw, shapes, weights)
 
         def empty_model():
@@ -452,6 +453,19 @@ def load_model(folder: Path, dtype: Any) -> Any:
             use_safetensors=weights.startswith("model.safetensors")))
     check_loading_info(info, weights)
     return model.eval()
+
+
+def refuse_family(config: Any) -> None:
+    """A model whose causal-LM class no reader reads (an encoder, an encoder-decoder, a vision-language model, another
+    family) is refused in one :class:`~numeric_check.errors.UnsupportedModel` line before its weights are read
+    (:func:`numeric_check.model.readers.not_read`)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from numeric_check.model.readers import BY_CLASS, not_read
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    if cls not in BY_CLASS:
+        raise UnsupportedModel(not_read((getattr(config, "architectures", None) or [cls or config.model_type])[0], config))
 
 
 def check_loading_info(info: dict, weights: str) -> None:
@@ -502,7 +516,7 @@ def _transformers(what: str, call):
     """``call()``, a failure of transformers as one :class:`ModelLoadError` line saying ``what`` failed."""
     try:
         return call()
-    except (KeyboardInterrupt, ModelLoadError):
+    except (KeyboardInterrupt, ModelLoadError, UnsupportedModel):
         raise
     except MemoryError:
         raise ModelLoadError(f"cannot {what}: out of memory") from None
@@ -517,4 +531,4 @@ def _transformers(what: str, call):
 
 __all__ = ["available_memory", "cache_holds_models", "check_built_model", "check_layers", "check_loading_info", "hub_offline",
            "hub_reachable", "load_model", "load_tokenizer", "model_folder", "offline_message", "one_line",
-           "read_config", "refuse_code", "stored_layers", "stored_tensors"]
+           "read_config", "refuse_code", "refuse_family", "stored_layers", "stored_tensors"]

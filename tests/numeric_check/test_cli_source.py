@@ -645,3 +645,20 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
     monkeypatch.setattr(load, "load_model", off_by_one_percent)
     code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--dtype", dtype, "--no-progress")
     assert code == 2 and out == "" and "the converted model's logits differ from the source's" in err
+
+
+@pytest.mark.parametrize("name", ["BertForMaskedLM", "T5ForConditionalGeneration", "LlavaForConditionalGeneration",
+                                  "Gemma3ForConditionalGeneration"])
+def test_a_folder_that_is_not_a_decoder_is_refused_in_one_short_line_before_its_weights_are_read(capsys, monkeypatch,
+                                                                                                 tmp_path, gpt2_dir, name):
+    from numeric_check.model import load
+    from tests.numeric_check.test_from_hf import NOT_A_DECODER, not_decoders
+
+    not_decoders()[name]().save_pretrained(tmp_path)
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / file).write_bytes((gpt2_dir / file).read_bytes())
+    monkeypatch.setattr(load, "check_built_model", lambda *a: pytest.fail("built"))
+    capsys.readouterr()  # save_pretrained's progress
+    code, out, err = run_cli(capsys, "verify", "--hf", str(tmp_path), "--tokens", "1,2", "--no-progress")
+    assert code == 2 and out == ""
+    assert err.strip() == f"tcircuits verify: error: {name} {NOT_A_DECODER[name]}" and len(err.strip()) <= 200

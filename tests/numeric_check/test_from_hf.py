@@ -118,10 +118,49 @@ def test_unsupported_features_are_named():
     rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=13, hidden_size=16, num_hidden_layers=2,
                                                                 attention_hidden_size=16, intermediate_size=32))
     with pytest.raises(UnsupportedModel, match=r"^RwkvForCausalLM \(model_type 'rwkv'\) is not a family tcircuits reads; "
-                                               r"it reads GPT-2"):
+                                               r"the README's table of model families lists those it reads$"):
         from_hf(rwkv, device="cpu")
     with pytest.raises(UnsupportedModel, match="^Linear is not a family tcircuits reads"):
         from_hf(torch.nn.Linear(2, 2), device="cpu")
+
+
+def not_decoders() -> dict:
+    """A tiny model of each kind that is not a decoder-only language model: an encoder, an encoder-decoder, two
+    vision-language models."""
+    T = transformers
+    lm = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, image_size=8, patch_size=4)
+    return {
+        "BertForMaskedLM": lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=13, **lm)),
+        "T5ForConditionalGeneration": lambda: T.T5ForConditionalGeneration(T.T5Config(
+            vocab_size=13, d_model=16, d_kv=8, d_ff=8, num_layers=1, num_heads=2)),
+        "LlavaForConditionalGeneration": lambda: T.LlavaForConditionalGeneration(T.LlavaConfig(
+            text_config=T.LlamaConfig(vocab_size=40, **lm), vision_config=T.CLIPVisionConfig(**vision), image_token_index=30)),
+        "Gemma3ForConditionalGeneration": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
+            text_config=dict(vocab_size=300, num_key_value_heads=1, head_dim=8, **lm), vision_config=vision,
+            mm_tokens_per_image=4, image_token_index=200, boi_token_index=201, eoi_token_index=202)),
+    }
+
+
+#: what each is said to be, and what to do
+NOT_A_DECODER = {
+    "BertForMaskedLM": "is an encoder (it sees the whole input at once); tcircuits reads decoder-only language models: "
+                       "give a causal LM",
+    "T5ForConditionalGeneration": "is an encoder-decoder model; tcircuits reads decoder-only language models: give a "
+                                  "causal LM",
+    "LlavaForConditionalGeneration": "is a vision-language model; tcircuits reads its language model alone: pass "
+                                     "LlamaForCausalLM built from config.text_config",
+    "Gemma3ForConditionalGeneration": "is a vision-language model; tcircuits reads its language model alone: pass "
+                                      "Gemma3ForCausalLM built from config.text_config",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_A_DECODER))
+def test_a_model_that_is_not_a_decoder_is_refused_in_one_short_line(name):
+    model = not_decoders()[name]()
+    with pytest.raises(UnsupportedModel) as error:
+        from_hf(model, device="cpu")
+    assert str(error.value) == f"{name} {NOT_A_DECODER[name]}" and len(str(error.value)) <= 170
 
 
 def test_a_config_that_disagrees_with_its_weights_is_refused():

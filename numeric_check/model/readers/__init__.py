@@ -6,6 +6,8 @@ config options it understands. :func:`numeric_check.from_hf` looks a model up he
 
 from __future__ import annotations
 
+from typing import Any
+
 from numeric_check.model.readers import alibi, fairseq, falcon, gpt2, gptj, learned, llama, neox, phi
 from numeric_check.model.readers.common import Family
 
@@ -18,3 +20,33 @@ def family_names() -> str:
     """``"GPT-2 (GPT2LMHeadModel), ..."``: what a refusal lists as read (the families registered only
     to be refused by a feature's name are not among them)."""
     return ", ".join(f"{f.name} ({', '.join(f.classes)})" for f in FAMILIES if f.converts)
+
+
+def not_read(name: str, config: Any) -> str:
+    """Why a model of class ``name`` with ``config`` is not read, in one line of at most :data:`REFUSAL_LENGTH`
+    characters saying what it is and what to do: an encoder-decoder, a vision-language model, an encoder, or a
+    causal LM of a family no reader reads.
+
+    >>> from types import SimpleNamespace
+    >>> not_read("T5ForConditionalGeneration", SimpleNamespace(model_type="t5", is_encoder_decoder=True))
+    'T5ForConditionalGeneration is an encoder-decoder model; tcircuits reads decoder-only language models: give a causal LM'
+    """
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(config, "model_type", None)
+    decoders = "tcircuits reads decoder-only language models"
+    text = getattr(config, "text_config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        line = f"{name} is an encoder-decoder model; {decoders}: give a causal LM"
+    elif text is not None and text is not config or getattr(config, "vision_config", None) is not None:
+        lm = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(text, "model_type", None), "a causal LM")
+        line = f"{name} is a vision-language model; tcircuits reads its language model alone: pass {lm} built from config.text_config"
+    elif model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        line = f"{name} is an encoder (it sees the whole input at once); {decoders}: give a causal LM"
+    else:
+        typed = f"{name} (model_type {model_type!r})" if isinstance(model_type, str) else name
+        line = f"{typed} is not a family tcircuits reads; the README's table of model families lists those it reads"
+    return line[:REFUSAL_LENGTH]
+
+
+REFUSAL_LENGTH = 170  # a refusal's characters at most: with the command's own "tcircuits verify: error: ", 200
