@@ -108,9 +108,16 @@ def check_model_flags(args: argparse.Namespace, other_flags: list[str]) -> None:
         raise VerifyCLIError("give the prompt once: --text or --text-file, not both")
     if texts and getattr(args, "tokens", None) is not None:
         raise VerifyCLIError(f"give the tokens once: {texts[0]} or --tokens, not both")
-    if texts and (not chosen or chosen[0] == "--checkpoint"):
-        raise VerifyCLIError(f"{texts[0]} needs the model's tokenizer: load the model with --hf or --tl "
-                             "(or give token ids with --tokens)")
+    if texts and (not chosen or (chosen[0] == "--checkpoint" and not _has_tokenizer(args.checkpoint))):
+        raise VerifyCLIError(f"{texts[0]} needs the model's tokenizer: load the model with --hf or --tl, or a "
+                             "--checkpoint trained on text (its NAME.tokenizer.json beside it), or give token ids with --tokens")
+
+
+def _has_tokenizer(checkpoint) -> bool:
+    """Whether a checkpoint trained on text has its tokenizer beside it (``NAME.tokenizer.json``)."""
+    from numeric_check.training.config import tokenizer_path
+
+    return tokenizer_path(checkpoint).is_file()
 
 
 def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserModel:

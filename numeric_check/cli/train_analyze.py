@@ -392,6 +392,10 @@ def _run_analyze(args) -> int:
     else:
         model, record = _load_model(checkpoint, args.device)
         name = checkpoint.stem
+        if vocab is None:  # a model trained on text: its own tokenizer's strings
+            from numeric_check.training.text import CheckpointTokenizer
+
+            vocab = _tokenizer_vocab(CheckpointTokenizer.beside(checkpoint), model.cfg.d_vocab)
     fit_threads(args, model.cfg.d_model)  # the policy's threads for this width (--threads overrides)
     control_model = control_record = None
     if control_path is not None:

@@ -22,6 +22,7 @@ from numeric_check.cli.source import (
     check_model_flags,
     convert,
     load_user_model,
+    UserModel,
     text_tokens,
     token_line,
     wants_user_model,
@@ -204,7 +205,14 @@ def model_and_tokens(args: argparse.Namespace):
     if not wants_user_model(args):
         model = build_model(args)
         fit_threads(args, model.cfg.d_model)
-        return model, build_tokens(args, model), None
+        tokenizer = None
+        if args.checkpoint is not None:  # a checkpoint trained on text reads prompts with its own tokenizer
+            from numeric_check.training.text import CheckpointTokenizer
+
+            tokenizer = CheckpointTokenizer.beside(args.checkpoint)
+        text = None if tokenizer is None else text_tokens(
+            args, UserModel(None, tokenizer, str(args.checkpoint), "checkpoint"), model.cfg.n_ctx, model.cfg.d_vocab)
+        return model, text if text is not None else build_tokens(args, model), tokenizer
     user = load_user_model(args, args.dtype, args.device)
 
     def tokens_for(model):

@@ -121,6 +121,45 @@ def train_tokenizer(text: str, vocab_size: int):
     return tokenizer
 
 
+class CheckpointTokenizer:
+    """The byte-level BPE saved beside a checkpoint trained on text (``NAME.tokenizer.json``), with the calls
+    the command line makes of a tokenizer: ``tok(text)["input_ids"]``, ``tok.decode(ids)``, ``len(tok)``.
+
+    >>> tok = CheckpointTokenizer(train_tokenizer("the cat sat on the mat\\n" * 50, 260))
+    >>> ids = tok("the mat")["input_ids"]; tok.decode(ids), len(tok)
+    ('the mat', 260)
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def beside(cls, checkpoint) -> "CheckpointTokenizer | None":
+        """The tokenizer beside ``checkpoint``, or None when it has none; an unreadable one is an
+        :class:`InputFileError` naming it."""
+        from tokenizers import Tokenizer
+
+        from numeric_check.training.config import tokenizer_path
+
+        path = tokenizer_path(checkpoint)
+        if not path.is_file():
+            return None
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as err:  # the Rust parser's errors have no common Python class
+            raise InputFileError(f"the tokenizer {str(path)!r} beside the checkpoint cannot be read: "
+                                 f"{str(err).splitlines()[0][:200]}; delete it or train the model again") from None
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": self.tokenizer.encode(text).ids}
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def __len__(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+
 def encode(tokenizer, text: str) -> torch.Tensor:
     """The token ids of ``text`` (lines joined by newlines, as in the file) as a 1-d long tensor."""
     ids: list[int] = []
