@@ -261,7 +261,8 @@ class Attention(nn.Module):
         W = self._W_O_transposed()  # [n_heads, d_head, d_model]
         if list(heads) != list(range(len(W))):  # a subset: gathered (every head in order: no copy)
             W = W[heads]
-        return torch.matmul(z.movedim(-2, 0), W[(slice(None),) + (None,) * (z.ndim - 3)])
+        rows = z.movedim(-2, 0)  # [n, ..., d_head]
+        return torch.bmm(rows.reshape(len(W), -1, rows.shape[-1]), W).view(*rows.shape[:-1], W.shape[-1])  # one product a head
 
     def _W_O_transposed(self) -> Tensor:
         """``W_O`` as ``[n_heads, d_head, d_model]``, contiguous, made once per version of ``W_O``."""

@@ -152,6 +152,7 @@ class GroupEvaluator:
         self._fused: dict[tuple[int, int], Tensor] = {}
         self._streams: dict = {}
         self._kernels: dict[int, tuple[Tensor, Tensor]] = {}
+        self._first: tuple[tuple, Tensor] | None = None
         arch = binder.model.arch
         self._final = binder.position(layer_atom("N", "final")).value if arch.normalised else None
         self.W_U_refs = tuple(flip(f.ref) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
@@ -208,15 +209,23 @@ class GroupEvaluator:
         """The group's rows, a chunk at a time (see the class docstring); with ``copies``, only those of the
         prefixes in it (a prefix: a choice of heads at every layer but the last, numbered in product order;
         prefix ``c``'s rows are ``c · H … c · H + H - 1``), and only the rows before them that lead there."""
-        S = self.source_stream(group.entry)
-        first = self.layer(group.layers[0])
-        S = S if first.N is None else first.N[..., None] * S
-        b, p, d = S.shape
-        H, e = first.W_V.shape[:2]
-        y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
-        y = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
-        for row0, rows in self._deeper(group, 1, y, 0, copies):
+        for row0, rows in self._deeper(group, 1, self._first_rows(group), 0, copies):
             yield group.start + row0, rows
+
+    def _first_rows(self, group: PathGroup) -> Tensor:
+        """The rows at the group's first layer, ``[H, batch, pos, e]``: the source's stream read by every head
+        there (kept for the latest source and layer: the passes of a prefix group ask for them in turn)."""
+        key = (group.source, group.layers[0])
+        if self._first is None or self._first[0] != key:
+            self._first = None  # freed before the next is made
+            S = self.source_stream(group.entry)
+            first = self.layer(group.layers[0])
+            S = S if first.N is None else first.N[..., None] * S
+            b, p, d = S.shape
+            H, e = first.W_V.shape[:2]
+            y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
+            self._first = key, self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
+        return self._first[1]
 
     def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int,
                 copies: range | None) -> Iterator[tuple[int, Tensor]]:

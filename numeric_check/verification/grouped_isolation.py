@@ -110,12 +110,11 @@ class PrefixPasses:
         layer, H, b = prefix[-1], counts[-1], self.rec.n_batch
         p0, p1 = c // H, (c + n - 1) // H + 1
         z = torch.cat([z for _, z in self.z(entry, prefix, counts, p0, p1)])  # [m · b, pos, H, e]
-        m = p1 - p0
-        scale = self.rec.cache.get(block_hook(layer, "ln1_post.hook_scale"))
-        scale = None if scale is None else self.rec.tiled(block_hook(layer, "ln1_post.hook_scale"), m)
-        out = self.model.head_streams(layer, z, list(range(H)), scale)  # [H, m · b, pos, d]
-        out = out.view(H, m, b, *out.shape[2:]).transpose(0, 1).reshape(m * H * b, *out.shape[2:])
-        return out[(c - p0 * H) * b:(c - p0 * H + n) * b]
+        copies = torch.arange(c, c + n, device=z.device)  # only these copies' heads: a pass may hold a few of H
+        z = z.view(p1 - p0, b, *z.shape[1:])[copies // H - p0, :, :, copies % H]  # [n, b, pos, e]
+        scale = self.rec.cache.get(block_hook(layer, "ln1_post.hook_scale"))  # [b, pos, 1]
+        out = self.model.head_streams(layer, z.movedim(0, -2), (copies % H).tolist(), scale)  # [n, b, pos, d]
+        return out.reshape(n * b, *out.shape[2:])
 
     def _run(self, source, start: int, later: list[int], n: int, x: Tensor | None) -> dict[int, Tensor]:
         """One pass of ``n`` copies carrying ``source`` (from the embeddings when ``x`` is ``None``, else from
