@@ -1,0 +1,469 @@
+"""The paper's tables on language: the shipped models trained on the King James Bible, measured on its held-out text.
+
+The paper's findings are claims about what attention-only transformers trained on text learn.
+:func:`measure_language` measures them on the zero-, one- and two-layer models trained here
+(``numeric_check/data/kjv_{0,1,2}l``: 12 heads a layer as the paper's, a byte-level BPE of 2,048
+tokens, 20.5 M tokens of the King James Bible, half of the sequences copy-augmented) on the
+held-out part of that text (``kjv_heldout.txt``), in the slides' forms, beside the paper's own numbers:
+
+- the zero-layer bigram table against the held-out text's exact bigram counts (:class:`Bigrams`);
+- one-layer skip-trigram tables read off the weights (source, destinations, outs, an example from the
+  text) and the "bugs" the factored tables predict (:class:`TrigramTable`, :class:`Bug`), and the share of
+  heads whose OV eigenvalues are mostly positive (:class:`Copying`);
+- the two-layer term importance by order and by layer (:class:`Importance`);
+- induction on a repeated held-out passage (:class:`Induction`).
+
+Each comes with a control that has what the phenomenon needs but not the phenomenon itself (the
+model's own frequencies without the current token, the same heads with their outputs permuted, the
+head's source after a destination it does not pick, shuffled text, the one-layer model of the same
+data, width and tokens), so the rule can fail there on the phenomenon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from numeric_check.circuits.factored import Factored
+from numeric_check.circuits.importance import logits_by_order
+from numeric_check.circuits.ov_qk import copying_scores, eigenvalue_positivity, head_weights, model_weight, ov_circuit, \
+    qk_circuit
+from numeric_check.model.checkpoint import load_checkpoint
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.hooks import block_hook
+from numeric_check.reports.findings import COPYING
+from numeric_check.training.config import tokenizer_path
+from numeric_check.training.toy import training_record_for
+
+#: The paper's own numbers (the slides' tables): term importance by order, and by layer.
+PAPER_ORDERS = {"direct path": -1.8, "individual heads": -5.2, "virtual heads": -0.3}
+PAPER_LAYERS = {("layer 1", "added to the direct path"): -1.3, ("layer 1", "added last"): -0.05,
+                ("layer 2", "added last"): -4.0, ("both layers", "added to the direct path"): -5.2}
+PAPER_COPYING = (10, 12)  # heads of the one-layer model with mostly positive OV eigenvalues
+#: Sequences of the held-out text measured on, and their length; term importance's shuffled control takes fewer.
+N_SEQUENCES, N_CTX, N_SHUFFLED = 16, 128, 8
+#: Sequences held at once in the term-importance decomposition (its memory follows paths × tokens × vocabulary).
+IMPORTANCE_CHUNK = 2
+
+
+def language_checkpoint(n_layers: int) -> Path:
+    """The shipped language model of ``n_layers`` layers (``kjv_{n}l.safetensors``)."""
+    return Path(str(resources.files("numeric_check") / "data" / f"kjv_{n_layers}l.safetensors"))
+
+
+def heldout_path() -> Path:
+    """The held-out text the companion measures on (``kjv_heldout.txt``, public domain)."""
+    return Path(str(resources.files("numeric_check") / "data" / "kjv_heldout.txt"))
+
+
+def load_tokenizer(checkpoint: Path):
+    """The tokenizer saved beside a checkpoint trained on text (``NAME.tokenizer.json``), or None."""
+    from tokenizers import Tokenizer
+
+    path = tokenizer_path(checkpoint)
+    return Tokenizer.from_file(str(path)) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class LanguageData:
+    """A text to measure on, tokenized: ``ids`` the whole token stream; ``strings[i]`` token ``i`` as text."""
+
+    tokenizer: object
+    ids: Tensor
+    strings: tuple[str, ...]
+    name: str
+
+    @classmethod
+    def from_text(cls, tokenizer, text: str, name: str) -> "LanguageData":
+        from numeric_check.training.text import encode
+
+        strings = tuple(tokenizer.decode([i]) for i in range(tokenizer.get_vocab_size()))
+        return cls(tokenizer, encode(tokenizer, text), strings, name)
+
+    def show(self, ids) -> str:
+        """Token ids as the text they spell."""
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def token(self, i: int) -> str:
+        """One token as it reads, quoted: ``'" Moses"'``."""
+        return '"' + self.strings[int(i)].replace("\n", "\\n") + '"'
+
+    def sequences(self, n: int = N_SEQUENCES, n_ctx: int = N_CTX) -> Tensor:
+        """``n`` windows of ``n_ctx`` tokens spread evenly over the stream, ``[n, n_ctx]`` (deterministic)."""
+        starts = torch.linspace(0, len(self.ids) - n_ctx - 1, n).long()
+        return self.ids[starts[:, None] + torch.arange(n_ctx)]
+
+
+# --- zero layers: the bigram table ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bigrams:
+    """A zero-layer model's table ``W_U W_E`` against the text's exact bigram counts (every pair counted).
+
+    ``loss``: the model's cross-entropy on the text's bigrams; ``unigram``: the entropy of the next
+    token alone (what a table that ignores the current token reaches at best); ``bigram``: the text's
+    own conditional entropy (what the counts themselves reach, in sample); ``captured``: the share of
+    the gap between the two that the model closes; ``control_*``: the same for the model's own
+    frequencies with the current token ignored (its table averaged over current tokens: frequencies
+    learned, bigrams not); ``agreement``: the share of the text's tokens after which the model's most
+    likely next token is the text's most frequent one; ``pairs``: the most frequent bigrams, as
+    ``(current, next, count, P_text, P_model)``.
+    """
+
+    loss: float
+    unigram: float
+    bigram: float
+    control_loss: float
+    agreement: float
+    control_agreement: float
+    pairs: tuple[tuple[str, str, int, float, float], ...]
+    tokens: int
+
+    @property
+    def captured(self) -> float:
+        return (self.unigram - self.loss) / (self.unigram - self.bigram)
+
+    @property
+    def control_captured(self) -> float:
+        return (self.unigram - self.control_loss) / (self.unigram - self.bigram)
+
+
+def bigrams(model: CircuitModel, data: LanguageData, top: int = 12) -> Bigrams:
+    """:class:`Bigrams` of a zero-layer ``model`` on ``data``'s text."""
+    v = model.cfg.d_vocab
+    ids = data.ids
+    counts = torch.bincount(ids[:-1] * v + ids[1:], minlength=v * v).view(v, v).double()
+    n = counts.sum()
+    row, column = counts.sum(1), counts.sum(0)
+    with torch.no_grad():
+        logq = torch.log_softmax(model(torch.arange(v, device=model.device)[:, None])[:, 0].double(), -1).cpu()
+    control = torch.log((row / n) @ logq.exp())  # [next]: the model's prediction with the current token unknown
+
+    def xent(logp: Tensor) -> float:
+        return float(-(counts * logp).sum() / n)
+
+    nz = counts > 0
+    bigram = float(-(counts[nz] * (counts / row.clamp(min=1)[:, None])[nz].log()).sum() / n)
+    p_next = column / n
+    unigram = float(-(p_next[p_next > 0] * p_next[p_next > 0].log()).sum())
+    best = counts.argmax(1)
+    agreement = float((row * (logq.argmax(1) == best)).sum() / n)
+    control_agreement = float((row * (control.argmax() == best)).sum() / n)
+    flat = counts.flatten().topk(top)
+    pairs = tuple((data.token(i // v), data.token(i % v), int(c), float(c / row[i // v]), float(logq[i // v, i % v].exp()))
+                  for c, i in zip(flat.values.tolist(), flat.indices.tolist()))
+    return Bigrams(xent(logq), unigram, bigram, xent(control.expand(v, v)), agreement, control_agreement, pairs, len(ids))
+
+
+# --- one layer: copying, skip-trigram tables and their bugs ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Copying:
+    """OV eigenvalue positivity of each head of the one-layer model (``positivity``), and of the same
+    heads with the vocabulary's outputs permuted (``control``: the same learned weights, their outputs
+    no longer aligned with their sources, so no copying)."""
+
+    positivity: tuple[float, ...]
+    control: tuple[float, ...]
+
+    def count(self, control: bool = False) -> int:
+        """Heads whose eigenvalues are mostly positive: positivity at least
+        :data:`~numeric_check.reports.findings.COPYING`, the bar every copying finding uses."""
+        return sum(p >= COPYING for p in (self.control if control else self.positivity))
+
+
+def copying(model: CircuitModel, seed: int = 0) -> Copying:
+    """:class:`Copying` of the first layer of ``model``."""
+    found = copying_scores(model, dtype=torch.float64)[0].tolist()
+    perm = torch.randperm(model.cfg.d_vocab, generator=torch.Generator().manual_seed(seed))
+    W_U, W_E = model_weight(model, "W_U", torch.float64), model_weight(model, "W_E", torch.float64)
+    control = []
+    with torch.no_grad():
+        for head in range(model.arch.heads_per_layer[0]):
+            w = head_weights(model, 0, head, torch.float64)
+            control.append(float(eigenvalue_positivity(Factored(W_U[perm.to(W_U.device)], w["W_O"], w["W_V"], W_E))))
+    return Copying(tuple(found), tuple(control))
+
+
+@dataclass(frozen=True)
+class TrigramTable:
+    """One row of the slides' skip-trigram tables: a head, a source token, the destinations its QK circuit
+    picks most for that source and the outs its OV circuit raises most, and an example from the text."""
+
+    head: int
+    source: int
+    destinations: tuple[int, ...]
+    outs: tuple[int, ...]
+    example: str
+
+
+@dataclass(frozen=True)
+class Bug:
+    """A combination ``source … destination → out`` that one head's factored table predicts.
+
+    ``seen``: how often the text holds it (source within the context before the destination, the out
+    next); ``rise``: how much the out's logit rises after the destination when the source is earlier in
+    the context (the model's forward pass, text contexts); ``control``: the same rise after a destination
+    the head does not pick for that source.
+    """
+
+    head: int
+    source: int
+    destination: int
+    out: int
+    seen: int
+    rise: float
+    control: float
+
+
+def _trigram_contexts(data: LanguageData, n: int, length: int, seed: int) -> Tensor:
+    """``n`` windows of ``length`` tokens at random places of the text (the contexts bugs are measured in)."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data.ids) - length, (n,), generator=g)
+    return data.ids[starts[:, None] + torch.arange(length)]
+
+
+def out_rise(model: CircuitModel, contexts: Tensor, source: int, destination: int, out: int, seed: int) -> float:
+    """Mean rise of ``out``'s logit at the last position of ``contexts`` ending in ``destination`` when
+    ``source`` replaces a random earlier token, against the same contexts without it."""
+    g = torch.Generator().manual_seed(seed)
+    n, length = contexts.shape
+    without = contexts.clone()
+    without[:, -1] = destination
+    with_source = without.clone()
+    with_source[torch.arange(n), torch.randint(0, length - 1, (n,), generator=g)] = source
+    with torch.no_grad():
+        diff = model(with_source.to(model.device))[:, -1, out] - model(without.to(model.device))[:, -1, out]
+    return float(diff.double().mean())
+
+
+def _occurrences(data: LanguageData, source: int, destination: int, out: int, window: int) -> tuple[int, int | None]:
+    """How often the text holds ``source`` within ``window`` tokens before ``destination`` followed by
+    ``out``, and the position of the first such destination."""
+    ids = data.ids
+    at = ((ids[:-1] == destination) & (ids[1:] == out)).nonzero().flatten()
+    found, first = 0, None
+    for p in at.tolist():
+        if (ids[max(0, p - window):p] == source).any():
+            found += 1
+            first = p if first is None else first
+    return found, first
+
+
+def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, sources: int = 2, k: int = 4,
+                   frequent: int = 400, seed: int = 0) -> tuple[list[TrigramTable], list[Bug]]:
+    """The slides' skip-trigram tables of the ``heads`` heads whose OV circuits raise a frequent token's
+    top out most, ``sources`` source tokens each (among the ``frequent`` most frequent tokens of the text,
+    their strongest rise first), with ``k`` destinations and outs; and every combination of their
+    destinations and outs as a :class:`Bug` (seen in the text, or not: a bug), measured through the model."""
+    counts = torch.bincount(data.ids, minlength=model.cfg.d_vocab)
+    common = counts.topk(frequent).indices
+    found: list[tuple[float, int, int]] = []
+    with torch.no_grad():
+        for head in range(model.arch.heads_per_layer[0]):
+            ov = ov_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()  # [out, source]
+            strength = ov[:, common].max(0).values - ov[:, common].median(0).values
+            best = strength.topk(sources)
+            found += [(float(s), head, int(common[i])) for s, i in zip(best.values, best.indices)]
+    chosen_heads = sorted({h for _, h, _ in sorted(found, reverse=True)}, key=lambda h: -max(s for s, hh, _ in found if hh == h))[:heads]
+    contexts = _trigram_contexts(data, 32, 24, seed)
+    tables, bugs = [], []
+    with torch.no_grad():
+        for head in chosen_heads:
+            qk = qk_circuit(model, 0, head, dtype=torch.float64)
+            ov = ov_circuit(model, 0, head, dtype=torch.float64)
+            for _, h, source in sorted((f for f in found if f[1] == head), reverse=True):
+                dests = qk.materialize()[:, source].cpu()[common].topk(k).indices
+                dests = tuple(int(common[i]) for i in dests)
+                outs = tuple(int(i) for i in ov.materialize()[:, source].cpu().topk(k).indices)
+                example = ""
+                for d in dests:
+                    for o in outs:
+                        seen, first = _occurrences(data, source, d, o, N_CTX - 1)
+                        if seen and not example:
+                            example = "… " + data.show(data.ids[max(0, first - 12):first + 2])
+                        other = next(t for t in common.tolist() if t not in dests and t != source)
+                        bugs.append(Bug(head, source, d, o, seen, out_rise(model, contexts, source, d, o, seed),
+                                        out_rise(model, contexts, source, other, o, seed)))
+                tables.append(TrigramTable(head, source, dests, outs, example))
+    return tables, bugs
+
+
+# --- two layers: term importance --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Importance:
+    """Term importance of the two-layer model on the text, patterns frozen (nats, negative: lowers the loss).
+
+    ``losses`` by the terms kept: ``uniform``, ``direct``, ``direct+L1`` (the direct path and the first
+    layer's heads), ``direct+L2``, ``order 1`` (the direct path and every head), ``order 2`` (and every
+    virtual head), ``order 2 - L1`` and ``order 2 - L2`` (all but one layer's individual heads), ``model``;
+    ``unigram``: the text's next-token entropy; ``shuffled``: the same losses on the same sequences with their
+    tokens shuffled within each (no order left: the control of the direct path's bigrams).
+    """
+
+    losses: dict[str, float]
+    unigram: float
+    shuffled: dict[str, float]
+    tokens: int
+    heads_per_layer: tuple[int, ...] = (12, 12)
+
+    def terms(self, order: str) -> int:
+        """How many terms an order has: 1 direct path, every head, every pair of heads of two layers."""
+        h = self.heads_per_layer
+        return {"direct path": 1, "individual heads": sum(h), "virtual heads": h[0] * h[1]}[order]
+
+    def marginal(self, order: str, losses: dict[str, float] | None = None) -> float:
+        """The loss change from adding an order's terms: ``direct path`` (from a uniform prediction),
+        ``individual heads``, ``virtual heads``."""
+        l = self.losses if losses is None else losses
+        return {"direct path": l["direct"] - l["uniform"], "individual heads": l["order 1"] - l["direct"],
+                "virtual heads": l["order 2"] - l["order 1"]}[order]
+
+    def by_layer(self) -> dict[tuple[str, str], float]:
+        """Each layer's individual heads added to the direct path, and added last (to every other term)."""
+        l = self.losses
+        return {("layer 1", "added to the direct path"): l["direct+L1"] - l["direct"],
+                ("layer 1", "added last"): l["order 2"] - l["order 2 - L1"],
+                ("layer 2", "added to the direct path"): l["direct+L2"] - l["direct"],
+                ("layer 2", "added last"): l["order 2"] - l["order 2 - L2"],
+                ("both layers", "added to the direct path"): l["order 1"] - l["direct"]}
+
+
+def _losses(model: CircuitModel, tokens: Tensor) -> dict[str, float]:
+    """Mean next-token loss of each kept set of terms (see :class:`Importance`), over ``tokens`` in chunks."""
+    totals: dict[str, float] = {}
+    chunks = tokens.split(IMPORTANCE_CHUNK)
+    for chunk in chunks:
+        chunk = chunk.to(model.device)
+        parts = logits_by_order(model, chunk, 2)
+        by_layer = {0: [], 1: []}
+        for path, term in parts.by_path.items():
+            if len(path) == 1:
+                by_layer[path[0][0]].append(term)
+        direct = parts.by_path[()]
+        l1, l2 = sum(by_layer[0]), sum(by_layer[1])
+        order2 = parts.up_to(2)
+        kept = {"uniform": torch.zeros_like(direct), "direct": direct, "direct+L1": direct + l1, "direct+L2": direct + l2,
+                "order 1": direct + l1 + l2, "order 2": order2, "order 2 - L1": order2 - l1, "order 2 - L2": order2 - l2,
+                "model": parts.logits}
+        targets = chunk[:, 1:].flatten()
+        for name, logits in kept.items():
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).double(), targets)
+            totals[name] = totals.get(name, 0.0) + float(loss) / len(chunks)
+    return totals
+
+
+def importance(model: CircuitModel, data: LanguageData, seed: int = 0) -> Importance:
+    """:class:`Importance` of the two-layer ``model`` on :meth:`LanguageData.sequences` of ``data``."""
+    tokens = data.sequences()
+    g = torch.Generator().manual_seed(seed)
+    shuffled = torch.stack([row[torch.randperm(len(row), generator=g)] for row in tokens[:N_SHUFFLED]])
+    p = torch.bincount(data.ids, minlength=model.cfg.d_vocab).double()
+    p = p[p > 0] / p.sum()
+    return Importance(_losses(model, tokens), float(-(p * p.log()).sum()), _losses(model, shuffled), tokens.numel(),
+                      tuple(model.arch.heads_per_layer))
+
+
+# --- induction on a repeated passage ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Induction:
+    """A held-out passage of ``length`` tokens, then the same passage again: the loss on each copy for the
+    two-layer model and the one-layer control (same data, width and tokens), and each second-layer head's
+    attention from the second copy to the token after the earlier occurrence (``attention``, by head). A few
+    positions of the second copy with what the model predicts there (``examples``: text so far, predicted,
+    actual)."""
+
+    passage: str
+    length: int
+    first: float
+    second: float
+    control_first: float
+    control_second: float
+    attention: dict[int, float]
+    examples: tuple[tuple[str, str, str], ...] = field(default=())
+
+
+def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *, length: int = 48,
+              passages: int = 8) -> Induction:
+    """:class:`Induction` on ``passages`` held-out passages of ``length`` tokens (the first one shown)."""
+    seqs = data.sequences(passages, length)
+    tokens = torch.cat([seqs, seqs], dim=1)  # [passages, 2 * length]
+
+    def copy_losses(m: CircuitModel) -> tuple[float, float]:
+        with torch.no_grad():
+            logits = m(tokens.to(m.device)).double().cpu()
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+        return float(loss[:, :length - 1].mean()), float(loss[:, length:].mean())  # second copy: from its second token
+
+    first, second = copy_losses(model)
+    c_first, c_second = copy_losses(control)
+    name = block_hook(1, "attn.hook_pattern")
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens.to(model.device), names_filter=name)
+    pattern = cache[name].double().cpu()  # [batch, head, query, key]
+    queries = torch.arange(length, 2 * length - 1)
+    attention = {h: float(pattern[:, h, queries, queries - length + 1].mean()) for h in range(pattern.shape[1])}
+    predicted = logits[0].argmax(-1).cpu()
+    examples = tuple((data.show(tokens[0, length:p + 1])[-40:], data.token(predicted[p]), data.token(tokens[0, p + 1]))
+                     for p in range(length, 2 * length - 1, max(1, length // 6)))
+    return Induction(data.show(seqs[0]), length, first, second, c_first, c_second, attention, examples)
+
+
+# --- all of it ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LanguageMeasurements:
+    """Everything the companion's language page shows (see the module's docstring); a part is None where
+    its model is not given (a zero-layer model for the bigrams, a one-layer model for copying and the
+    skip-trigram tables, a two-layer model for term importance and induction)."""
+
+    data: LanguageData
+    records: dict[int, dict | None]
+    bigrams: Bigrams | None = None
+    copying: Copying | None = None
+    tables: tuple[TrigramTable, ...] = ()
+    bugs: tuple[Bug, ...] = ()
+    importance: Importance | None = None
+    induction: Induction | None = None
+
+
+def load_language_models(device=None) -> tuple[dict[int, CircuitModel], dict[int, dict | None], LanguageData]:
+    """The shipped language models, their training records, and the held-out text tokenized as they read it."""
+    models, records = {}, {}
+    for n in (0, 1, 2):
+        path = language_checkpoint(n)
+        models[n] = load_checkpoint(path, device=device)
+        records[n] = training_record_for(path, models[n])
+    tokenizer = load_tokenizer(language_checkpoint(2))
+    text = heldout_path().read_text(encoding="utf-8")
+    return models, records, LanguageData.from_text(tokenizer, text, "the held-out King James Bible")
+
+
+def measure_language(models: dict[int, CircuitModel], records: dict[int, dict | None], data: LanguageData,
+                     seed: int = 0, control: CircuitModel | None = None) -> LanguageMeasurements:
+    """Measure the paper's tables on ``models`` (by number of layers, each of 0, 1 and 2 optional; in float64)
+    on ``data``. Induction's control is the one-layer model, or ``control`` where one is given instead."""
+    models = {n: m.to(dtype=torch.float64) for n, m in models.items()}
+    found: dict = {}
+    if 0 in models:
+        found["bigrams"] = bigrams(models[0], data)
+    if 1 in models:
+        found["copying"] = copying(models[1], seed)
+        found["tables"], found["bugs"] = map(tuple, trigram_tables(models[1], data, seed=seed))
+    if 2 in models:
+        found["importance"] = importance(models[2], data, seed)
+        one = models.get(1, control.to(dtype=torch.float64) if control is not None else None)
+        if one is not None:
+            found["induction"] = induction(models[2], one, data)
+    return LanguageMeasurements(data, records, **found)
