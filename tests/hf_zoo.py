@@ -154,7 +154,7 @@ CONVERTS = [
     ("persimmon", {"qk_layernorm": False}),
     ("cohere2", {"logit_scale": 0.5}),
     ("biogpt", {"scale_embedding": False}),
-    ("xglm", {}),  # in float32: Hugging Face's XGLM cannot run in float64
+    ("xglm", {}),  # its float64 model runs with torch's default dtype float64
     # the decoder options of issue 18: q/k norms, norms after a sublayer, windows, soft-caps, scaled ropes
     ("qwen3", {}),  # q/k RMSNorm per head
     ("qwen3", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}),  # layer 1 windowed
@@ -206,7 +206,7 @@ CONVERTS = [
     ("bloom", {"slow_but_exact": True, "pretraining_tp": 2}),  # dense and dense_4h_to_h run slice by slice, no biases
     ("mpt", {}),  # MPT's slopes (alibi_bias_max=8, as Hugging Face builds them)
     ("mpt", {"d_model": 24, "n_heads": 6, "attn_config": {"alibi": True, "softmax_scale": 0.3}}),
-    # mixtures of experts, in float32 (Hugging Face's expert kernels refuse float64)
+    # mixtures of experts, in float64 (the source check runs Hugging Face's eager experts: grouped_mm has no float64)
     ("mixtral", {}),  # top-2 weights renormalised
     ("olmoe", {}),  # not renormalised; q/k RMSNorm over all heads
     ("qwen3_moe", {}),
@@ -223,11 +223,10 @@ CONVERTS = [
 
 
 def source_dtype(model_type: str) -> torch.dtype:
-    """float64, except where Hugging Face's model cannot run in it: mixture-of-experts kernels refuse float64,
-    and XGLM's attention fills its mask with float64's minimum, which overflows its float32 scores (MPT's too in
-    transformers 4)."""
-    float32 = ("mixtral", "xglm", "gpt_oss") + (("mpt",) if MAJOR < 5 else ())
-    return torch.float32 if "moe" in model_type or model_type in float32 else torch.float64
+    """float64, except where Hugging Face's model cannot run in it: GPT-OSS's experts (refused anyway), and in
+    transformers 4 MPT's attention, which fills its float32 mask with float64's minimum. (Mixtures of experts run
+    in float64 through the eager experts, XGLM with torch's default dtype float64: the source check does both.)"""
+    return torch.float32 if model_type == "gpt_oss" or (model_type == "mpt" and MAJOR < 5) else torch.float64
 
 
 def config_kwargs(model_type: str, kwargs: dict) -> dict:
@@ -285,6 +284,16 @@ def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype
     if exact and dtype == torch.float64:
         exact_float64(model)
     return model.to(dtype)
+
+
+def logits(hf, tokens: torch.Tensor) -> torch.Tensor:
+    """``hf``'s logits on ``tokens`` in float64, run as its code allows in its dtype (float64 experts through the
+    eager implementation, XGLM with torch's default dtype float64: as the source check runs it)."""
+    from numeric_check.model.hf import as_it_runs_in_float64
+    from numeric_check.model.readers import BY_CLASS
+
+    with torch.no_grad(), as_it_runs_in_float64(hf, BY_CLASS.get(type(hf).__name__)):
+        return hf(tokens).logits.to(torch.float64)
 
 
 def randomise(hf, seed: int):

@@ -18,6 +18,7 @@ centring, so nothing is centred for it); Gemma's ``(1 + w)`` gains and its embed
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -104,9 +105,12 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     device = next(iter(model.parameters())).device
     dtype = next(iter(model.parameters())).dtype
 
+    family = BY_CLASS.get(type(model).__name__)
+
     def runner(source: Any):
         def run(tokens: Tensor):
-            out = source(input_ids=tokens.to(device), output_hidden_states=True)
+            with as_it_runs_in_float64(source, family):
+                out = source(input_ids=tokens.to(device), output_hidden_states=True)
             streams = getattr(out, "hidden_states", None)
             return out.logits, list(streams[:-1]) if streams else None
         return run
@@ -137,6 +141,29 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
         precision = torch.float32  # the copy's norms, rotary and softmax still round through float32
     return in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
                                                             suspects, "from_hf", own))
+
+
+@contextmanager
+def as_it_runs_in_float64(source: Any, family: Any):
+    """Within the block, a float64 ``source`` runs as its own code allows in float64: its experts through
+    transformers' eager implementation (the same sums, expert by expert; the default ``grouped_mm`` kernel has no
+    float64), and a family that makes tensors in torch's default dtype (:attr:`Family.default_dtype_float64`)
+    with that default float64; each put back as it was afterwards."""
+    config = getattr(source, "config", None)
+    wanted = next((p.dtype for p in source.parameters()), None) == torch.float64
+    experts = getattr(config, "_experts_implementation", None)
+    eager = wanted and experts not in (None, "eager")
+    default = torch.get_default_dtype()
+    if eager:
+        config._experts_implementation = "eager"
+    if wanted and family is not None and family.default_dtype_float64:
+        torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+        if eager:
+            config._experts_implementation = experts
 
 
 def _tables_made_again(copied: Any) -> Any:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from numeric_check import SourceMismatch, UnsupportedModel, from_hf, verify_logits, verify_qk
 
 transformers = pytest.importorskip("transformers")
-from tests.hf_zoo import CONVERTS, MAJOR, build, source_dtype  # noqa: E402  (needs transformers)
+from tests.hf_zoo import CONVERTS, MAJOR, build, logits, source_dtype  # noqa: E402  (needs transformers)
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def converted(model_type: str, seed: int = 0, **options):
     hf = build(model_type, seed, dtype=source_dtype(model_type), **options)
     model = from_hf(hf, device="cpu")
     with torch.no_grad():
-        rel = relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64))
+        rel = relative(model(TOKENS), logits(hf, TOKENS))
     assert rel <= model.source_check.tolerance, (model_type, options, rel)
     return model, rel
 
@@ -120,7 +120,7 @@ def test_qk_and_post_norms_combine_with_windows_and_scaled_rope(model_type, wind
         assert MAJOR < 5 and model_type in ("olmo3", "gemma3_text") and "differ between layer types" in str(err), err
         return
     with torch.no_grad():
-        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+        assert relative(model(TOKENS), logits(hf, TOKENS)) <= model.source_check.tolerance
     assert verify_qk(model, TOKENS, 1, model.arch.heads_per_layer[1] - 1).passed
 
 
@@ -204,7 +204,7 @@ def test_gpt_neo_windows_are_read_as_the_layers_were_built():
     model = from_hf(hf, device="cpu")
     assert model.arch.window == (None, 3)
     with torch.no_grad():
-        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) < 1e-6
+        assert relative(model(TOKENS), logits(hf, TOKENS)) < 1e-6
 
 
 @pytest.mark.parametrize("model_type, options", [
@@ -218,7 +218,7 @@ def test_layer_types_edited_after_construction_are_read_as_the_source_uses_them(
     model = from_hf(hf, device="cpu")
     assert model.arch.window == (None if MAJOR >= 5 else {"qwen3": (None, 3), "gemma2": (3, None)}[model_type])
     with torch.no_grad():
-        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+        assert relative(model(TOKENS), logits(hf, TOKENS)) <= model.source_check.tolerance
 
 
 @pytest.mark.parametrize("model_type", sorted({t for t, _ in CONVERTS if source_dtype(t) == torch.float64}))
@@ -273,4 +273,16 @@ def test_drawn_options_convert_equal_to_the_source_or_are_refused_by_name(case, 
         assert " uses " in message or "fails to run" in message or any(f"sets {k}=" in message for k in options), message
         return
     with torch.no_grad():
-        assert relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)) <= model.source_check.tolerance
+        assert relative(model(TOKENS), logits(hf, TOKENS)) <= model.source_check.tolerance
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "olmoe", "qwen3_moe", "xglm"])
+def test_a_float64_source_runs_as_its_code_allows_and_is_left_as_it_was(model_type):
+    """transformers 5's default expert kernel (grouped_mm) has no float64: the check runs the experts eagerly (the
+    same sums) and puts the setting back; XGLM's mask floor needs torch's default dtype float64, put back too."""
+    hf = build(model_type, 2)
+    implementation = getattr(hf.config, "_experts_implementation", None)
+    model = from_hf(hf, device="cpu")
+    assert model.source_check.rel_diff <= model.source_check.tolerance < 1e-5
+    assert getattr(hf.config, "_experts_implementation", None) == implementation
+    assert torch.get_default_dtype() == torch.float32

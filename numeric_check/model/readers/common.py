@@ -43,6 +43,10 @@ class Family:
     read: Callable[[Any], SourceWeights]
     options: frozenset[str]
     converts: bool = True
+    #: its code makes a tensor in torch's default dtype where it needs the model's (XGLM's attention takes the
+    #: maximum with ``torch.full((), finfo(float64).min)``, which overflows float32): its float64 model runs only
+    #: with the default dtype float64, so the source check runs it so
+    default_dtype_float64: bool = False
 
 
 def rope_parameters(config: Any) -> dict[str, Any]:

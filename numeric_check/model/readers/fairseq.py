@@ -117,7 +117,8 @@ FAMILIES = (
         "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
         "layer_norm_eps",  # unused by Hugging Face's BioGPT: its layer norms keep eps 1e-5, which is read instead
     }),
-    Family("XGLM", ("XGLMForCausalLM",), read_xglm, _FAIRSEQ | {"d_model", "ffn_dim", "num_layers", "attention_heads"}),
+    Family("XGLM", ("XGLMForCausalLM",), read_xglm, _FAIRSEQ | {"d_model", "ffn_dim", "num_layers", "attention_heads"},
+           default_dtype_float64=True),
     Family("GPT-1", ("OpenAIGPTLMHeadModel",), read_gpt1, frozenset({
         "n_positions", "n_embd", "n_layer", "n_head", "afn", "layer_norm_epsilon"}), converts=False),
 )
