@@ -162,3 +162,19 @@ def test_an_unreadable_tokenizer_beside_a_checkpoint_is_one_line(tmp_path):
     with pytest.raises(InputFileError, match="cannot be read"):
         CheckpointTokenizer.beside(checkpoint)
     assert CheckpointTokenizer.beside(tmp_path / "other.safetensors") is None
+
+
+def test_the_corpus_builder_keeps_the_words_and_drops_headings_and_verse_numbers():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("corpus", Path(__file__).parents[2] / "scripts" / "corpus.py")
+    corpus = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corpus)
+    raw = ("\nGenesis 1\n\n  1 In the beginning God created the heaven and the earth.\n  2 And the earth was without form,"
+           " and void; and darkness was upon the face of\nthe deep.\n\n1 Kings 2\n\n  1 Now the days of David drew nigh."
+           "\n  2 I go the way of all the earth: be thou\nstrong therefore.\n")
+    assert corpus.kjv_prose(raw) == (
+        "In the beginning God created the heaven and the earth.\n"
+        "And the earth was without form, and void; and darkness was upon the face of the deep.\n\n"
+        "Now the days of David drew nigh.\nI go the way of all the earth: be thou strong therefore.\n")
