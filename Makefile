@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   create the environment and run the main job
 #   make test   create the environment and run the whole test suite
+#   make docs   the guide, built offline into build/docs/ (installs the docs extra into .venv once)
 #   make corpus     the language models' corpus (build/corpus/kjv.txt) from Debian's bible-kjv
 #   make gpu-wheels   (with a network) the wheels a GPU machine lacks, into wheels/gpu
 #   make gpu-check    (on a GPU machine, offline) the suite with CUDA visible and the GPU benchmarks
@@ -11,7 +12,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench env clean gpu-wheels gpu-check corpus
+.PHONY: demo test bench env clean gpu-wheels gpu-check docs corpus
 
 env: $(STAMP)
 
@@ -31,6 +32,17 @@ test: $(STAMP)
 corpus: $(STAMP)
 	command -v bible >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bible-kjv; }
 	$(BIN)/python scripts/corpus.py
+
+# the guide: Sphinx (furo, MyST, myst-nb) with warnings as errors; the tutorial notebooks run during the build
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e ".[test,tl,hf,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs build/docs
+	@echo "the guide: build/docs/index.html"
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -1,0 +1,176 @@
+"""Pages of the guide generated from the installed code: the Hugging Face model types the installed
+transformers defines and the family tcircuits reads each with, and the tree of error classes.
+
+Plain functions returning Markdown (no Sphinx here), so that ``tests/test_docs.py`` checks them where
+Sphinx is not installed; ``tcircuits_docs.py`` puts them on the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+
+from tensoralg.display import md_table
+from tensoralg.errors import TCircuitsError
+
+#: the packages whose error classes the reference lists, in dependency order
+PACKAGES = ("tensoralg", "derivations", "numeric_check")
+
+
+def model_types_markdown() -> str:
+    """A table of every causal-LM model type of the installed ``transformers``: the class it builds,
+    and whether :func:`numeric_check.from_hf` converts it (with the family that reads it), refuses it
+    by the feature's name, or does not read it. Read from transformers' own registry and the readers'
+    table, without building a model."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from numeric_check.model.readers import BY_CLASS
+
+    rows, counts = [], {"converts": 0, "refused": 0, "not read": 0}
+    for model_type, cls in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
+        cls = cls[0] if isinstance(cls, (tuple, list)) else cls
+        family = BY_CLASS.get(cls)
+        status = "not read" if family is None else "converts" if family.converts else "refused"
+        counts[status] += 1
+        what = {"converts": "read: converted and checked against the source, or refused naming a feature it uses",
+                "refused": "refused, naming the feature the algebra does not express",
+                "not read": "not a family tcircuits reads"}[status]
+        rows.append([f"`{model_type}`", f"`{cls}`", family.name if family else "—", what])
+    head = (f"transformers {transformers.__version__} defines {len(rows)} causal-LM model types: "
+            f"{counts['converts']} are read by a family of `from_hf`, {counts['refused']} are registered to be "
+            f"refused by name, {counts['not read']} are not read.")
+    return head + "\n\n" + md_table(["model type", "class", "family", "from_hf"], rows) + "\n"
+
+
+def error_classes() -> list[type]:
+    """Every exception class of the three packages, found from their ``errors`` modules."""
+    found: dict[type, None] = {}
+    for package in PACKAGES:
+        module = importlib.import_module(f"{package}.errors")
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, BaseException) and obj.__module__.split(".")[0] in PACKAGES:
+                found[obj] = None
+    return list(found)
+
+
+_ROLE = re.compile(r":(\w+):`([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def myst_inline(rst: str) -> str:
+    """A docstring's reStructuredText inline markup as MyST: ``x`` and :role:`x`.
+
+    >>> myst_inline("Base class of :mod:`tensoralg`; lower ``max_order``.")
+    'Base class of {py:mod}`tensoralg`; lower `max_order`.'
+    """
+    return _LITERAL.sub(r"`\1`", _ROLE.sub(lambda m: f"{{py:{m.group(1)}}}`{m.group(2)}`", rst))
+
+
+def _first_paragraph(cls: type) -> str:
+    doc = inspect.getdoc(cls) or ""
+    return myst_inline(" ".join(doc.split("\n\n")[0].split()))
+
+
+def error_tree_markdown() -> str:
+    """The error classes as a nested list under :class:`tensoralg.errors.TCircuitsError`, each with
+    the first paragraph of its docstring and its other bases (``ValueError``, ``KeyError`` …)."""
+    classes = error_classes()
+    ours = set(classes)
+
+    def bases(cls: type) -> str:
+        other = [b.__name__ for b in cls.__mro__[1:] if b not in ours and b not in (Exception, BaseException, object)]
+        return f" (also `{'`, `'.join(dict.fromkeys(other))}`)" if other else ""
+
+    lines: list[str] = []
+
+    def walk(cls: type, depth: int) -> None:
+        doc = _first_paragraph(cls)
+        lines.append(f"{'  ' * depth}- {{py:class}}`~{cls.__module__}.{cls.__qualname__}`{bases(cls)}"
+                     + (f": {doc}" if doc else ""))
+        for sub in sorted((c for c in classes if cls in c.__bases__), key=lambda c: (c.__module__, c.__name__)):
+            walk(sub, depth + 1)
+
+    walk(TCircuitsError, 0)
+    return "\n".join(lines) + "\n"
+
+
+# --- the command line, read from the parser -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One argument of a command as its ``--help`` shows it: ``-o FILE, --output FILE`` and its help."""
+
+    invocation: str
+    help: str
+    required: bool
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command of the parser: its name (``""`` for ``tcircuits`` itself), one-line summary, usage,
+    description and epilog as blocks (``("text", paragraph)`` for prose, ``("pre", block)`` for what
+    the terminal shows indented), and its arguments."""
+
+    name: str
+    summary: str
+    usage: str
+    blocks: tuple[tuple[str, str], ...]
+    options: tuple[Option, ...]
+
+
+def text_blocks(text: str | None) -> list[tuple[str, str]]:
+    """A help text written for the terminal, split into prose paragraphs (no line indented: joined
+    into one line) and preformatted blocks (any indented line, or a line of a list: kept as written).
+
+    >>> text_blocks("One line\\nand its end.\\n\\nexamples:\\n  tcircuits derive --list")
+    [('text', 'One line and its end.'), ('pre', 'examples:\\n  tcircuits derive --list')]
+    """
+    blocks: list[tuple[str, str]] = []
+    for paragraph in re.split(r"\n\s*\n", (text or "").strip("\n")):
+        lines = paragraph.rstrip().splitlines()
+        if not lines:
+            continue
+        if any(line[:1].isspace() for line in lines) or lines[0].rstrip().endswith(":") and len(lines) > 1:
+            blocks.append(("pre", "\n".join(lines)))
+        else:
+            blocks.append(("text", " ".join(line.strip() for line in lines)))
+    return blocks
+
+
+def _options(parser: argparse.ArgumentParser) -> tuple[Option, ...]:
+    formatter = parser._get_formatter()
+    out = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._SubParsersAction, argparse._HelpAction)) or action.help == argparse.SUPPRESS:
+            continue
+        invocation = formatter._format_action_invocation(action)
+        help_text = " ".join(formatter._expand_help(action).split()) if action.help else ""
+        out.append(Option(invocation, help_text, bool(action.required and action.option_strings)))
+    return tuple(out)
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage line without its ``usage:`` label, continuation lines moved left with it."""
+    first, *rest = parser.format_usage().strip().splitlines()
+    return "\n".join([first.removeprefix("usage: ")] + [line[len("usage: "):] for line in rest])
+
+
+def cli_commands(parser: argparse.ArgumentParser | None = None) -> list[Command]:
+    """``tcircuits`` and each of its commands (those registered through entry points too), in the
+    order of ``tcircuits --help``, read from :func:`derivations.cli.build_parser`."""
+    if parser is None:
+        from derivations.cli import build_parser
+        parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {choice.dest: choice.help or "" for choice in subparsers._choices_actions}
+    commands = [Command("", " ".join((parser.description or "").split("\n\n")[0].split()), _usage(parser),
+                        tuple(text_blocks(parser.description) + text_blocks(parser.epilog)), _options(parser))]
+    for name, sub in subparsers.choices.items():
+        commands.append(Command(name, summaries.get(name, ""), _usage(sub),
+                                tuple(text_blocks(sub.description) + text_blocks(sub.epilog)), _options(sub)))
+    return commands
