@@ -128,7 +128,7 @@ def emit(derivation: Derivation, args) -> int:
 OPTIONS = {
     "layers": ("--layers", "number of layers (virtual-weights: intermediate layers)"),
     "heads": ("--heads", "heads per layer: one int, or one per layer as 1,3 (virtual-weights: components per layer)"),
-    "layer": ("--layer", "layer of the head whose scores are expanded (default: the last)"),
+    "layer": ("--layer", "layer of the head whose scores are expanded, numbered as --index-from says (default: the last)"),
     "head": ("--head", "head whose scores are expanded (default 0)"),
     "positional": ("--positional", "positional embeddings: none, standard (added to the residual stream) or "
                                    "qk_only (added before W_Q and W_K)"),
@@ -180,7 +180,26 @@ def derive(args) -> int:
     if unknown:
         takes = ", ".join(OPTIONS[p][0] for p in entry.params) or "no options"
         raise DerivationError(f"{args.name} does not take {', '.join(unknown)}; it takes: {takes}")
+    for p in NUMBERED_OPTIONS:
+        if p in given:
+            given[p] = stored_layer(given[p], given.get("layers", entry.params.get("layers")), args.index_from)
     return emit(catalogue.get(args.name, **given), args)
+
+
+#: options that name a layer: typed in the numbering --index-from says, as every label is printed
+NUMBERED_OPTIONS = ("layer",)
+
+
+def stored_layer(layer: int, layers, index_from: int) -> int:
+    """``--layer`` as typed (layers numbered from ``index_from``) as the catalogue's 0-based layer.
+
+    >>> stored_layer(2, 2, 1)
+    1
+    """
+    if isinstance(layers, int) and layers > 0 and not index_from <= layer < layers + index_from:
+        raise DerivationError(f"layer {layer} does not exist: the model has layers {index_from}..{layers - 1 + index_from}"
+                              + (" (numbered from 1, as --index-from 1 asks)" if index_from else ""))
+    return layer - index_from
 
 
 # -- expand -----------------------------------------------------------------------------

@@ -45,14 +45,20 @@ class Math:
     latex: str
     text: str
     source: str | None = None
+    from1: "Math | None" = None  # hand-built Math that names a layer: the same formula numbered from 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.latex, str) or not isinstance(self.text, str):
             raise DerivationError(f"Math takes two strings (latex, text), got {self.latex!r}, {self.text!r}")
 
     def at(self, index_from: int = 0) -> "Math":
-        """This formula with layers numbered from ``index_from`` (hand-built Math is unchanged)."""
-        if self.source is None or not index_from:
+        """This formula with layers numbered from ``index_from`` (hand-built Math is unchanged
+        unless it carries its ``from1`` form)."""
+        if not index_from:
+            return self
+        if self.from1 is not None:
+            return self.from1
+        if self.source is None:
             return self
         f = formula(self.source, index_from)
         return Math(f.latex, f.text, self.source)

@@ -56,7 +56,9 @@ def stored_index(var: str, layer: int, index_from: int = 0) -> str | None:
     return f"{m[1]}{layer}{m[3]}" if int(m[2]) == layer + index_from else None
 
 
-_HEAD_LABEL = re.compile(r"L(\d{1,18})H(\d+)", re.ASCII)  # longer runs are no layer number
+# a layer's label: L0H3, a key/value head L1KV0, a layer's own L1 and what follows (N^{L1H0,q}, N^{L0,post},
+# N^{L0mlp}); longer digit runs are no layer number
+_HEAD_LABEL = re.compile(r"L(\d{1,18})((?:H|KV)\d+)?(,[A-Za-z]+|mlp)?", re.ASCII)
 _LAYER_INDEX = re.compile(r"([A-Za-z]+)(\d{1,18})('*)", re.ASCII)  # h2, h2', head2: letters, then the layer
 
 
@@ -66,11 +68,13 @@ def shown_index(index: str, index_from: int = 0) -> str:
 
     >>> shown_index("L0H3", 1), shown_index("h0'", 1), shown_index("1", 1), shown_index("h0")
     ('L1H3', "h1'", '1', 'h0')
+    >>> shown_index("L1H0,q", 1), shown_index("L1KV0,k", 1), shown_index("L0,post", 1)
+    ('L2H0,q', 'L2KV0,k', 'L1,post')
     """
     if not index_from:
         return index
     if m := _HEAD_LABEL.fullmatch(index):
-        return f"L{int(m[1]) + index_from}H{m[2]}"
+        return f"L{int(m[1]) + index_from}{m[2] or ''}{m[3] or ''}"
     if m := _LAYER_INDEX.fullmatch(index):
         return f"{m[1]}{int(m[2]) + index_from}{m[3]}"
     return index
@@ -88,7 +92,7 @@ def stored_free_index(index: str, index_from: int = 0) -> str | None:
         return index
     if m := _HEAD_LABEL.fullmatch(index):
         layer = int(m[1]) - index_from
-        return f"L{layer}H{m[2]}" if layer >= 0 else None
+        return f"L{layer}{m[2] or ''}{m[3] or ''}" if layer >= 0 else None
     if m := _LAYER_INDEX.fullmatch(index):
         layer = int(m[2]) - index_from
         return f"{m[1]}{layer}{m[3]}" if layer >= 0 else None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tensoralg import Product, TensorSum, add, atom, identity, term
+from tensoralg.latex import TensorLatexPrinter
 
 from derivations.architecture import Architecture, head_label
 from derivations.paths import Source
@@ -29,13 +32,33 @@ SCORES = prose(
 )
 
 
-def scaled_scores(head_latex: str, head_text: str, pair_latex: str = "", pair_text: str = "") -> Math:
-    """The left side ``S^h / sqrt(d_head)`` of a chain of scaled scores (see :data:`SCORES`).
+def scaled_scores(head: str, pair: tuple[str, str] | None = None) -> Math:
+    """The left side ``S^h / sqrt(d_head)`` of a chain of scaled scores (see :data:`SCORES`) of the head
+    ``head`` as the atoms store it (``h``, ``L1H0``); its layer follows the document's numbering.
+    ``pair``: the query and key inputs (``("token", "position")``) where the scores have several.
 
-    >>> scaled_scores("h", "h").text
-    'S^h / sqrt(d_head)'
+    >>> scaled_scores("h").text, scaled_scores("L1H0").at(1).text
+    ('S^h / sqrt(d_head)', 'S^L2H0 / sqrt(d_head)')
+    >>> scaled_scores("h", ("token", "position")).text
+    'S^h_(tok,pos) / sqrt(d_head)'
     """
-    return Math(rf"S^{{{head_latex}}}{pair_latex} / \sqrt{{d_{{head}}}}", f"S^{head_text}{pair_text} / sqrt(d_head)")
+    short = f"{pair[0][:3]},{pair[1][:3]}" if pair else ""
+    pair_latex, pair_text = (rf"_{{\mathrm{{{short}}}}}", f"_({short})") if pair else ("", "")
+
+    def numbered(index_from: int) -> Math:
+        p = TensorLatexPrinter(index_from=index_from)
+        return Math(rf"S^{{{p.index(head)}}}{pair_latex} / \sqrt{{d_{{head}}}}",
+                    f"S^{p.index_text(head)}{pair_text} / sqrt(d_head)")
+    return replace(numbered(0), from1=numbered(1))
+
+
+def head_name(layer: int, head: int) -> Numbered:
+    """A head's label in prose, ``L1H0``, in the document's numbering (``L2H0`` from 1).
+
+    >>> head_name(1, 0).at(1)
+    ('L2H0',)
+    """
+    return Numbered(head_label(layer, head), head_label(layer + 1, head))
 
 
 SUMS = prose(

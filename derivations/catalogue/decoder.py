@@ -7,7 +7,7 @@ import sympy as sp
 from tensoralg import Product, atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture
-from derivations.catalogue.common import NOTATION, SCORES, by_order, scaled_scores, stream_product
+from derivations.catalogue.common import NOTATION, SCORES, by_order, per_layer, scaled_scores, stream_product
 from derivations.catalogue.qk import by_composition
 from derivations.catalogue.registry import check_count, check_flag, entry
 from derivations.derivation import Chain, Derivation, Rule
@@ -35,7 +35,7 @@ def qk_norm(heads: int = 1) -> Derivation:
         "centres over the head, ", math("C"), ", and adds a bias). Frozen at the values of a forward pass, the scale "
         "is a diagonal position factor ", math("N^{h,q} = diag(1/s_i)"), ", and the gain and centring fold into ",
         math("W_Q^h"), ":"))
-    scores = Chain.start(scaled_scores("h", "h"), sandwich(term(N_q, W_Q), _one(scale), term(N_k, W_K)), "bilinear", detail=prose(
+    scores = Chain.start(scaled_scores("h"), sandwich(term(N_q, W_Q), _one(scale), term(N_k, W_K)), "bilinear", detail=prose(
         "the normalised queries against the normalised keys"), intro=prose(
         "The scores read the normalised queries against the normalised keys: the two scales stand on the two "
         "position slots, and the feature slot is ", math("W_QK^h"), " with the gains folded in:"))
@@ -43,8 +43,8 @@ def qk_norm(heads: int = 1) -> Derivation:
     stream = stream_product(arch, 0, 1, (atom("W_E"),), concrete=True).expand()
     normed = lambda side: (term(atom("N", f"L1H0,{side}"), None) @ stream).expand()  # noqa: E731
     composition = Chain.start(
-        scaled_scores(r"\mathrm{L1H0}", "L1H0"), sandwich(normed("q"), _one(scale, atom("W_QK", "L1H0")), normed("k")),
-        "bilinear", detail=prose("each side the residual stream entering layer 1, led by its frozen scale"),
+        scaled_scores("L1H0"), sandwich(normed("q"), _one(scale, atom("W_QK", "L1H0")), normed("k")),
+        "bilinear", detail=prose(per_layer("each side the residual stream entering layer {}", 1), ", led by its frozen scale"),
         intro=prose("In a later layer each side is the residual stream expanded into paths, ", math("x_1"), " = ",
                     stream, ", and the scale leads every position word of its side, so Q-, K- and QK-composition keep "
                     "their terms and their count:"))

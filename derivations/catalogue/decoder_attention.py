@@ -10,7 +10,7 @@ import sympy as sp
 from tensoralg import atom, d_head, sandwich, term
 
 from derivations.architecture import Architecture
-from derivations.catalogue.common import NOTATION, SCORES, by_order, scaled_scores, stream_product
+from derivations.catalogue.common import NOTATION, SCORES, by_order, per_layer, scaled_scores, stream_product
 from derivations.catalogue.qk import by_composition
 from derivations.catalogue.registry import DOCUMENT_LIMIT, check_count, check_terms, entry
 from derivations.derivation import Chain, Derivation, Rule
@@ -37,8 +37,8 @@ def _scores_of_layer_1(arch: Architecture, intro) -> Chain:
     check_terms(f"the scores of L1H0 with {H} heads in layer 0", (1 + H) ** 2, f"use at most {fits} heads")
     stream = stream_product(arch, 0, 1, (atom("W_E"),), concrete=True).expand()
     middle = term(atom("W_QK", "L1H0"), coeff=1 / sp.sqrt(d_head))
-    chain = Chain.start(scaled_scores(r"\mathrm{L1H0}", "L1H0"), sandwich(stream, middle, stream), "bilinear",
-                        detail=prose("each side the residual stream entering layer 1"), intro=intro)
+    chain = Chain.start(scaled_scores("L1H0"), sandwich(stream, middle, stream), "bilinear",
+                        detail=prose(per_layer("each side the residual stream entering layer {}", 1)), intro=intro)
     if chain.last != expand_qk(arch, 1, 0).to_tensor_sum(query="token", key="token"):
         raise DerivationError("the scores of L1H0 disagree with derivations.expand_qk")
     return chain.regroup(by_composition(chain.last), detail="by which sides pass through heads")

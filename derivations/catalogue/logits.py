@@ -8,8 +8,9 @@ from tensoralg import W_OV, W_QK, Product, atom, d_head, sandwich, term
 from tensoralg.expr import check_order
 
 from derivations.architecture import Architecture, head_label
-from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, by_order, per_layer, scaled_scores,
-                                          source_math, stream_product, sum_index)
+from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, by_order, head_name, per_layer,
+                                          scaled_scores, source_math, stream_product, sum_index)
+from derivations.catalogue.qk import QK_ONLY_NOTE, qk_sides
 from derivations.catalogue.registry import check_flag, check_size, entry
 from derivations.derivation import Chain, Derivation
 from derivations.paths import POSITION, TOKEN, Source, stream_entries
@@ -97,39 +98,42 @@ VIRTUAL = prose("A virtual head ", math("(A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV
 
 
 @entry("one-layer", "a one-layer attention-only transformer: its path expansion, QK circuit and OV circuit")
-def one_layer(heads: int = 2, concrete: bool = False) -> Derivation:
-    arch = architecture(1, heads, "none", False, False, False)
+def one_layer(heads: int = 2, positional: str = "none", concrete: bool = False) -> Derivation:
+    arch = architecture(1, heads, positional, False, False, False)
     concrete = check_flag("concrete", concrete)
-    logits = logits_chains(arch, concrete, None)[0]
+    logits = logits_chains(arch, concrete, None)
     h = head_label(0, 0) if concrete else "h"
-    x0 = term(None, atom("W_E"))
-    qk = (
-        Chain.start(scaled_scores(_index_latex(h), h),
-                    sandwich(x0, term((atom("W_Q", h).T, atom("W_K", h)), coeff=1 / sp.sqrt(d_head)), x0),
-                    "bilinear", detail=prose("the scaled scores ", Math(r"\tfrac{1}{\sqrt{d_{head}}}\, x_0^{\top} W_Q^{\top} W_K\, x_0",
-                                                                       "x_0ᵀ W_Qᵀ W_K x_0 / sqrt(d_head)"),
-                                             " with ", math("x_0 = (Id ⊗ W_E)·t")),
-                    intro=prose("The QK circuit: the pattern of head ", h, " is a softmax of scores that are a "
-                                "bilinear form of the embedded tokens on the query and key sides:"))
-        .fold(W_QK)
-    )
+    name = head_name(0, 0) if concrete else h
+    sides = qk_sides(arch, 0, concrete, "q")  # tokens, and positions where the model has them
+    pairs = [(qkey, q, kkey, k) for qkey, q in sides for kkey, k in sides]
+    middle = term((atom("W_Q", h).T, atom("W_K", h)), coeff=1 / sp.sqrt(d_head))
+    intro = prose("The QK circuit: the pattern of head ", name, " is a softmax of scores that are a bilinear form "
+                  "of the embedded tokens on the query and key sides:")
+    detail = prose("the scaled scores ", Math(r"\tfrac{1}{\sqrt{d_{head}}}\, x_0^{\top} W_Q^{\top} W_K\, x_0",
+                                              "x_0ᵀ W_Qᵀ W_K x_0 / sqrt(d_head)"), " with ", math("x_0 = (Id ⊗ W_E)·t"))
+    if len(pairs) > 1:
+        intro = prose("The QK circuit: the pattern of head ", name, " is a softmax of scores that are a bilinear form "
+                      "of the embedded tokens and positions on the query and key sides, one sum for each pair of inputs:")
+    qk = [Chain.start(scaled_scores(h, (qkey, kkey) if len(pairs) > 1 else None), sandwich(q, middle, k), "bilinear",
+                      detail=detail if len(pairs) == 1 else prose("query side: the ", qkey, " input, key side: the ",
+                                                                  kkey, " input"),
+                      intro=intro if i == 0 else None).fold(W_QK)
+          for i, (qkey, q, kkey, k) in enumerate(pairs)]
     ov = (
         Chain.start(None, term((atom("W_U"), atom("W_OV", h), atom("W_E"))),
-                    detail=prose("the residual word of the term of head ", h),
-                    intro=prose("The OV circuit: head ", h, "'s term in T is ", Math(f"A^{{{_index_latex(h)}}}", f"A^{h}"),
+                    detail=prose("the residual word of the term of head ", name),
+                    intro=prose("The OV circuit: head ", name, "'s term in T is ", math(f"A^{{{h}}}"),
                                 " tensored with a ", math("d_vocab × d_vocab"), " matrix: how attending to a token changes the logits."))
         .unfold(W_OV)
     )
+    notes = path_notes(arch, concrete) + (SCORES,) + ((QK_ONLY_NOTE[False],) if positional == "qk_only" else ())
     return Derivation(
         "one-layer", "A one-layer attention-only transformer",
         "The logits are the direct path plus one term per head; each head is described by a QK circuit "
         "(where it attends) and an OV circuit (what it moves).",
-        (logits, qk, ov), notes=path_notes(arch, concrete) + (SCORES,), params=(("heads", heads), ("concrete", concrete)),
+        (*logits, *qk, ov), notes=notes,
+        params=(("heads", heads), ("positional", arch.positional), ("concrete", concrete)),
     )
-
-
-def _index_latex(index: str) -> str:
-    return rf"\mathrm{{{index}}}" if len(index) > 1 else index
 
 
 @entry("two-layer-logits", "a two-layer attention-only transformer: virtual heads (A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)")

@@ -10,14 +10,22 @@ from tensoralg import Product, TensorSum, atom, d_head, sandwich, term
 from tensoralg.expr import check_order
 
 from derivations.architecture import Architecture, head_label
-from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, per_layer, scaled_scores,
-                                          stream_product, sum_index)
-from derivations.catalogue.logits import _index_latex
+from derivations.catalogue.common import (INDEXING, NOTATION, SCORES, SUMS, architecture, head_name, per_layer,
+                                          scaled_scores, stream_product, sum_index)
 from derivations.catalogue.registry import DOCUMENT_LIMIT, check_flag, entry, too_many
 from derivations.derivation import Chain, Derivation
 from derivations.errors import DerivationError
 from derivations.paths import stream_entries
 from derivations.document import Math, math, prose
+
+#: The note on ``qk_only`` positions, with and without a layer norm.
+QK_ONLY_NOTE = {
+    True: "Positions that enter the queries and keys only are added to them after the layer norm (unscaled), so "
+          "each pair of inputs (tokens, positions) has its own sum.",
+    False: "Positions that enter the queries and keys only are added to the residual stream as the queries and keys "
+           "read it (not to the stream the heads write into), so each pair of inputs (tokens, positions) has its "
+           "own sum.",
+}
 
 COMPOSITION_LABELS = {(False, False): "direct", (True, False): "Q-composition",
                       (False, True): "K-composition", (True, True): "QK-composition"}
@@ -101,8 +109,7 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
     for qkey, q in queries:
         for kkey, k in keys:
             q, k = q.expand(max_order), k.expand(max_order)
-            pair = "" if len(queries) * len(keys) == 1 else f"_{{\\mathrm{{{qkey[:3]},{kkey[:3]}}}}}"
-            lhs = scaled_scores(_index_latex(h), h, pair, f"_({qkey[:3]},{kkey[:3]})" if pair else "")
+            lhs = scaled_scores(h, (qkey, kkey) if len(queries) * len(keys) > 1 else None)
             chain = Chain.start(lhs, sandwich(q, middle, k), "bilinear", sums=sums, detail=prose(
                 "query side: the ", qkey, " input", ", key side: the ", kkey, " input",
                 *(() if concrete else ("; query-side heads are written ", math("q_l"),
@@ -126,8 +133,7 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
         notes.append(prose(Math(r"N^{\mathrm{L}l}", "N^Ll"), ": the frozen per-position scale of the layer norm before "
                            "layer l; it leads both sides."))
     if arch.positional == "qk_only":
-        notes.append("Positions that enter the queries and keys only are added to them after the layer norm, so each "
-                     "pair of inputs (tokens, positions) has its own sum.")
+        notes.append(QK_ONLY_NOTE[arch.layer_norm])
     if layer > 0:  # the token-token chain (with positions in Q and K, the last chain is position-position)
         notes.append(_induction_note(next((c for c in chains if "K-composition" in dict(c.steps[-1].groups)), chains[-1]),
                                      concrete))
@@ -165,5 +171,6 @@ def qk_expansion(layers: int = 2, heads: int = 2, layer: int | None = None, head
     if arch.n_layers == 0:
         raise DerivationError("a model with no layers has no attention scores; pass layers >= 1")
     layer = arch.n_layers - 1 if layer is None else layer
-    return qk_derivation("qk-expansion", f"The QK expansion of head {head_label(layer, head) if isinstance(layer, int) and isinstance(head, int) else head}",
-                         arch, layer, head, check_flag("concrete", concrete), max_order)
+    title = prose("The QK expansion of head ", head_name(layer, head) if isinstance(layer, int) and isinstance(head, int)
+                  else str(head))
+    return qk_derivation("qk-expansion", title, arch, layer, head, check_flag("concrete", concrete), max_order)

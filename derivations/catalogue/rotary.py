@@ -9,7 +9,7 @@ from tensoralg import atom, d_head, identity, sandwich, term
 from tensoralg.rotary import expand_rotary, feature_blocks, multiply_blocks, position_factors, rotary_atom, rotation
 
 from derivations.architecture import Architecture
-from derivations.catalogue.common import NOTATION, SCORES, scaled_scores, stream_product
+from derivations.catalogue.common import NOTATION, SCORES, per_layer, scaled_scores, stream_product
 from derivations.catalogue.qk import by_composition
 from derivations.catalogue.registry import check_count, check_flag, check_terms, entry
 from derivations.derivation import Chain, Derivation, Numeric, Rule
@@ -66,7 +66,7 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
         .expand()
     )
     pairs = (
-        Chain.start(scaled_scores("h", "h"), sandwich(R @ term(None, W_Q), identity(1).scale(scale), R @ term(None, W_K)),
+        Chain.start(scaled_scores("h"), sandwich(R @ term(None, W_Q), identity(1).scale(scale), R @ term(None, W_K)),
                     "bilinear", detail="the rotated queries against the rotated keys",
                     intro="The scores read the rotated queries against the rotated keys; every pair of rotation terms "
                           "gives a term:")
@@ -88,8 +88,8 @@ def rotary(frequencies: int = 2, partial: bool = False, heads: int = 1, style: s
     stream = stream_product(arch, 0, 1, (atom("W_E"),), concrete=True).expand()
     middle = term((atom("W_Q", "L1H0").T, rotary_atom("L1H0"), atom("W_K", "L1H0")), coeff=scale)
     composition = Chain.start(
-        scaled_scores(r"\mathrm{L1H0}", "L1H0"), sandwich(stream, middle, stream), "bilinear", detail=prose(
-            "each side the residual stream entering layer 1, ", math("W_QK"), " unfolded around ", math("R^{L1H0}")),
+        scaled_scores("L1H0"), sandwich(stream, middle, stream), "bilinear", detail=prose(
+            per_layer("each side the residual stream entering layer {}", 1), ", ", math("W_QK"), " unfolded around ", math("R^{L1H0}")),
         intro=prose("In a later layer the query and key sides are expanded into paths as for any head, ",
                     math("x_1"), " = ", stream, "; each term carries the one operator, so Q-, K- and QK-composition "
                     "keep their terms and their count:"))

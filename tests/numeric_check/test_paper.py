@@ -388,3 +388,25 @@ def test_the_planted_findings_fail_on_models_that_learned_nothing():
     assert [p.holds for p in skip.parts[1:]] == [False, False], [p.measured for p in skip.parts]
     assert "QK circuit chooses the source" in skip.parts[1].text and "planted" in skip.parts[2].measured
     assert bugs(m).verdict == "does not hold" and "no bug can be formed" in bugs(m).measured
+
+
+@pytest.mark.parametrize("name, params", [("qk-expansion", {}), ("qk-expansion", {"layers": 3, "layer": 1}),
+                                          ("two-layer-qk", {"heads": 4, "positional": "qk_only"}),
+                                          ("one-layer", {"heads": 4, "positional": "qk_only"}), ("rotary", {})])
+def test_the_command_under_each_equation_prints_that_equation(capsys, name, params):
+    """The companion numbers layers from 1 and so does the command it prints: --layer is given in that
+    numbering, and the command prints the equation shown (title, left sides and lines)."""
+    import json
+    import shlex
+
+    from derivations import catalogue
+    from numeric_check.reports.paper.content import Equation
+    from numeric_check.reports.paper.site import derive_command
+    from tests.helpers import run_cli
+
+    derivation = catalogue.get(name, **params)
+    command = derive_command(Equation(name, derivation, "not run"))
+    code, out, err = run_cli(capsys, *shlex.split(command)[1:], "--format", "json")
+    assert code == 0, (command, err)
+    printed, shown = json.loads(out), json.loads(derivation.to_json(index_from=1))
+    assert (printed["title"], printed["chains"]) == (shown["title"], shown["chains"]), command

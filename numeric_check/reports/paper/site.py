@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from derivations import catalogue
+from derivations.commands import NUMBERED_OPTIONS
 from derivations.derivation import RULES
 from derivations.html import CSS, html_body, mathml, page, prose_html
 from derivations.layout import Layout, prose_text
@@ -129,8 +130,10 @@ def derive_command(e: Equation) -> str:
     'tcircuits derive two-layer-qk --positional qk_only --index-from 1'
     """
     defaults = catalogue.lookup(e.name).params
-    options = [f"--{k.replace('_', '-')} {v}" for k, v in e.derivation.params
+    options = [f"--{k.replace('_', '-')} {v + INDEX_FROM if k in NUMBERED_OPTIONS else v}" for k, v in e.derivation.params
                if k in defaults and v != defaults[k] and not isinstance(v, bool)]
+    >>> derive_command(Equation("qk-expansion", catalogue.get("qk-expansion"), "not run"))  # the second layer
+    'tcircuits derive qk-expansion --layer 2 --index-from 1'
     return " ".join([f"tcircuits derive {e.name}", *options] + (["--index-from 1"] if INDEX_FROM else []))
 
 
