@@ -286,3 +286,19 @@ def test_a_float64_source_runs_as_its_code_allows_and_is_left_as_it_was(model_ty
     assert model.source_check.rel_diff <= model.source_check.tolerance < 1e-5
     assert getattr(hf.config, "_experts_implementation", None) == implementation
     assert torch.get_default_dtype() == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gemma3_text", "vaultgemma"])
+def test_gemma_in_half_precision_is_read_with_the_embedding_scale_it_holds(model_type, dtype, monkeypatch):
+    """d_model 24: sqrt(24) rounded to the model's dtype where transformers keeps it as a buffer."""
+    from numeric_check.model.readers import llama
+
+    hf = build(model_type, 1, dtype=dtype, hidden_size=24)
+    check = from_hf(hf, device="cpu").source_check
+    assert check.rel_diff <= check.tolerance < 1e-4
+    held = getattr(hf.model.embed_tokens, "embed_scale", None)
+    if held is not None and float(held) != 24**0.5:  # the control: the exact scale is another model
+        monkeypatch.setattr(llama, "embed_scale", lambda model: model.config.hidden_size**0.5)
+        with pytest.raises(SourceMismatch, match="differ already after the embedding"):
+            from_hf(hf, device="cpu")

@@ -304,13 +304,21 @@ def _experts(mlp: Any) -> dict[str, Tensor]:
             "b_gate": zeros(E, m), "b_in": zeros(E, m), "b_out": zeros(E, d)}
 
 
+def embed_scale(model: Any) -> float:
+    """Gemma's embedding scale as the module holds it: transformers 5 (and Gemma 3 in 4) keep ``sqrt(d_model)`` as
+    the buffer ``embed_tokens.embed_scale``, rounded to the model's dtype with it (bfloat16: sqrt(72) -> 8.5) and so
+    used; transformers 4's Gemma 1/2 make it at each pass in the activations' dtype (a float64 copy: exact)."""
+    held = getattr(model.model.embed_tokens, "embed_scale", None)
+    return float(held) if isinstance(held, Tensor) else model.config.hidden_size**0.5
+
+
 def _read_gemma(model: Any, source: str = "the Gemma model") -> SourceWeights:
-    # Gemma scales its embeddings by sqrt(d_model) (in the model's dtype) and its RMSNorm gains are 1 + w
+    # Gemma scales its embeddings by sqrt(d_model) (as the module holds it) and its RMSNorm gains are 1 + w
     config = model.config
     scalar = getattr(config, "query_pre_attn_scalar", None)
     act_attr = "hidden_activation" if getattr(config, "hidden_activation", None) else "hidden_act"
     return read_llama_like(model, source, Layout(norm="gemma", act=act_attr),
-                           Scales(embed=config.hidden_size**0.5, attn=math.sqrt(scalar) if scalar else None))
+                           Scales(embed=embed_scale(model), attn=math.sqrt(scalar) if scalar else None))
 
 
 def _read_granite(model: Any, source: str = "the Granite model", logits_times: bool = False) -> SourceWeights:
