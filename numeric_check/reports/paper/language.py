@@ -21,6 +21,7 @@ data, width and tokens), so the rule can fail there on the phenomenon.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,9 +46,9 @@ PAPER_LAYERS = {("layer 1", "added to the direct path"): -1.3, ("layer 1", "adde
                 ("layer 2", "added last"): -4.0, ("both layers", "added to the direct path"): -5.2}
 PAPER_COPYING = (10, 12)  # heads of the one-layer model with mostly positive OV eigenvalues
 #: Sequences of the held-out text measured on, and their length; term importance's shuffled control takes fewer.
-N_SEQUENCES, N_CTX, N_SHUFFLED = 16, 128, 8
+N_SEQUENCES, N_CTX, N_SHUFFLED = 32, 128, 16
 #: Sequences held at once in the term-importance decomposition (its memory follows paths × tokens × vocabulary).
-IMPORTANCE_CHUNK = 2
+IMPORTANCE_CHUNK = 4
 
 
 def language_checkpoint(n_layers: int) -> Path:
@@ -209,8 +210,9 @@ class Bug:
 
     ``seen``: how often the text holds it (source within the context before the destination, the out
     next); ``rise``: how much the out's logit rises after the destination when the source is earlier in
-    the context (the model's forward pass, text contexts); ``control``: the same rise after a destination
-    the head does not pick for that source.
+    the context (the model's forward pass, text contexts); ``other_source``: the same rise with another
+    frequent word in the source's place; ``control``: the same rise after the frequent destination the head
+    avoids most for that source.
     """
 
     head: int
@@ -219,6 +221,7 @@ class Bug:
     out: int
     seen: int
     rise: float
+    other_source: float
     control: float
 
 
@@ -229,9 +232,9 @@ def _trigram_contexts(data: LanguageData, n: int, length: int, seed: int) -> Ten
     return data.ids[starts[:, None] + torch.arange(length)]
 
 
-def out_rise(model: CircuitModel, contexts: Tensor, source: int, destination: int, out: int, seed: int) -> float:
-    """Mean rise of ``out``'s logit at the last position of ``contexts`` ending in ``destination`` when
-    ``source`` replaces a random earlier token, against the same contexts without it."""
+def logit_rises(model: CircuitModel, contexts: Tensor, source: int, destination: int, seed: int) -> Tensor:
+    """Mean rise of every logit ``[d_vocab]`` at the last position of ``contexts`` ending in ``destination`` when
+    ``source`` replaces a random earlier token, against the same contexts without it (on the CPU, float64)."""
     g = torch.Generator().manual_seed(seed)
     n, length = contexts.shape
     without = contexts.clone()
@@ -239,8 +242,8 @@ def out_rise(model: CircuitModel, contexts: Tensor, source: int, destination: in
     with_source = without.clone()
     with_source[torch.arange(n), torch.randint(0, length - 1, (n,), generator=g)] = source
     with torch.no_grad():
-        diff = model(with_source.to(model.device))[:, -1, out] - model(without.to(model.device))[:, -1, out]
-    return float(diff.double().mean())
+        diff = model(with_source.to(model.device))[:, -1] - model(without.to(model.device))[:, -1]
+    return diff.double().mean(0).cpu()
 
 
 def _occurrences(data: LanguageData, source: int, destination: int, out: int, window: int) -> tuple[int, int | None]:
@@ -256,41 +259,51 @@ def _occurrences(data: LanguageData, source: int, destination: int, out: int, wi
     return found, first
 
 
+def word_tokens(data: LanguageData, ids) -> list[int]:
+    """The ids among ``ids`` that are whole words (a space, then three letters or more): the slides' sources."""
+    return [i for i in ids if re.fullmatch(r" [A-Za-z]{3,}", data.strings[i])]
+
+
 def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, sources: int = 2, k: int = 4,
                    frequent: int = 400, seed: int = 0) -> tuple[list[TrigramTable], list[Bug]]:
-    """The slides' skip-trigram tables of the ``heads`` heads whose OV circuits raise a frequent token's
-    top out most, ``sources`` source tokens each (among the ``frequent`` most frequent tokens of the text,
-    their strongest rise first), with ``k`` destinations and outs; and every combination of their
-    destinations and outs as a :class:`Bug` (seen in the text, or not: a bug), measured through the model."""
+    """The slides' skip-trigram tables of the ``heads`` heads whose OV circuits raise a source's top out most,
+    ``sources`` source words each (whole words among the ``frequent`` most frequent tokens of the text, their
+    strongest rise first), with ``k`` destinations (among the frequent tokens) and outs; and every combination
+    of their destinations and outs as a :class:`Bug` (seen in the text, or not: a bug), measured through the model."""
     counts = torch.bincount(data.ids, minlength=model.cfg.d_vocab)
     common = counts.topk(frequent).indices
+    words = torch.tensor(word_tokens(data, common.tolist()))
     found: list[tuple[float, int, int]] = []
     with torch.no_grad():
         for head in range(model.arch.heads_per_layer[0]):
-            ov = ov_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()  # [out, source]
-            strength = ov[:, common].max(0).values - ov[:, common].median(0).values
+            ov = ov_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()[:, words]  # [out, source word]
+            strength = ov.max(0).values - ov.median(0).values
             best = strength.topk(sources)
-            found += [(float(s), head, int(common[i])) for s, i in zip(best.values, best.indices)]
-    chosen_heads = sorted({h for _, h, _ in sorted(found, reverse=True)}, key=lambda h: -max(s for s, hh, _ in found if hh == h))[:heads]
+            found += [(float(s), head, int(words[i])) for s, i in zip(best.values, best.indices)]
+    strongest: dict[int, float] = {}
+    for s, head, _ in found:
+        strongest[head] = max(s, strongest.get(head, s))
+    chosen = sorted(strongest, key=lambda h: -strongest[h])[:heads]
     contexts = _trigram_contexts(data, 32, 24, seed)
     tables, bugs = [], []
     with torch.no_grad():
-        for head in chosen_heads:
-            qk = qk_circuit(model, 0, head, dtype=torch.float64)
-            ov = ov_circuit(model, 0, head, dtype=torch.float64)
-            for _, h, source in sorted((f for f in found if f[1] == head), reverse=True):
-                dests = qk.materialize()[:, source].cpu()[common].topk(k).indices
-                dests = tuple(int(common[i]) for i in dests)
-                outs = tuple(int(i) for i in ov.materialize()[:, source].cpu().topk(k).indices)
+        for head in chosen:
+            qk = qk_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()  # [destination, source]
+            ov = ov_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()  # [out, source]
+            for _, _, source in sorted((f for f in found if f[1] == head), reverse=True):
+                dests = tuple(int(common[i]) for i in qk[common, source].topk(k).indices)
+                outs = tuple(int(i) for i in ov[:, source].topk(k).indices)
+                unpicked = int(common[qk[common, source].argmin()])  # a frequent destination the head avoids most
+                other = next(w for w in words.tolist() if w != source and w not in outs)  # another frequent word
                 example = ""
+                avoided = logit_rises(model, contexts, source, unpicked, seed)
                 for d in dests:
+                    rise, instead = (logit_rises(model, contexts, s, d, seed) for s in (source, other))
                     for o in outs:
                         seen, first = _occurrences(data, source, d, o, N_CTX - 1)
                         if seen and not example:
                             example = "… " + data.show(data.ids[max(0, first - 12):first + 2])
-                        other = next(t for t in common.tolist() if t not in dests and t != source)
-                        bugs.append(Bug(head, source, d, o, seen, out_rise(model, contexts, source, d, o, seed),
-                                        out_rise(model, contexts, source, other, o, seed)))
+                        bugs.append(Bug(head, source, d, o, seen, float(rise[o]), float(instead[o]), float(avoided[o])))
                 tables.append(TrigramTable(head, source, dests, outs, example))
     return tables, bugs
 
@@ -338,22 +351,21 @@ class Importance:
 
 
 def _losses(model: CircuitModel, tokens: Tensor) -> dict[str, float]:
-    """Mean next-token loss of each kept set of terms (see :class:`Importance`), over ``tokens`` in chunks."""
+    """Mean next-token loss of each kept set of terms (see :class:`Importance`), over ``tokens`` in chunks.
+
+    Paths are expanded to order 1 (the direct path and each head); the virtual heads are the exact remainder
+    (a two-layer model has no path of a higher order), so the individual heads' logits are all that is held."""
     totals: dict[str, float] = {}
     chunks = tokens.split(IMPORTANCE_CHUNK)
     for chunk in chunks:
         chunk = chunk.to(model.device)
-        parts = logits_by_order(model, chunk, 2)
-        by_layer = {0: [], 1: []}
-        for path, term in parts.by_path.items():
-            if len(path) == 1:
-                by_layer[path[0][0]].append(term)
-        direct = parts.by_path[()]
-        l1, l2 = sum(by_layer[0]), sum(by_layer[1])
-        order2 = parts.up_to(2)
+        parts = logits_by_order(model, chunk, 1)
+        layer_sums = [sum(t for path, t in parts.by_path.items() if path and path[0][0] == layer) for layer in (0, 1)]
+        direct, (l1, l2) = parts.by_path[()], layer_sums
+        model_logits = parts.logits  # every term: the direct path, the heads and the virtual heads
         kept = {"uniform": torch.zeros_like(direct), "direct": direct, "direct+L1": direct + l1, "direct+L2": direct + l2,
-                "order 1": direct + l1 + l2, "order 2": order2, "order 2 - L1": order2 - l1, "order 2 - L2": order2 - l2,
-                "model": parts.logits}
+                "order 1": direct + l1 + l2, "order 2": model_logits, "order 2 - L1": model_logits - l1,
+                "order 2 - L2": model_logits - l2, "model": model_logits}
         targets = chunk[:, 1:].flatten()
         for name, logits in kept.items():
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).double(), targets)

@@ -1,0 +1,124 @@
+"""The paper's findings on language (numeric_check/reports/paper/language*.py): each measurement on models
+whose answer is known, and each rule able to fail on its control."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.config import ModelConfig
+from numeric_check.reports.paper.language import (
+    Bug, Copying, LanguageData, LanguageMeasurements, bigrams, copying, induction, measure_language,
+)
+from numeric_check.reports.paper.language_claims import (
+    copying_language, induction_language, language_findings, language_tables, skip_trigrams_language,
+)
+from tests.helpers import copying_model, exact_induction_model
+
+
+class Letters:
+    """A stand-in tokenizer: token i is the i-th string."""
+
+    def __init__(self, strings):
+        self.strings = strings
+
+    def decode(self, ids):
+        return "".join(self.strings[i] for i in ids)
+
+
+def data_of(ids: torch.Tensor, v: int) -> LanguageData:
+    strings = tuple(f" w{i}" for i in range(v))
+    return LanguageData(Letters(strings), ids, strings, "test text")
+
+
+def markov_text(v: int = 12, n: int = 6000, seed: int = 0) -> torch.Tensor:
+    """A token stream whose next token depends on the current one (a random sparse bigram table)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.rand(v, v, generator=g).pow(6)
+    table = table / table.sum(1, keepdim=True)
+    ids = [0]
+    for _ in range(n - 1):
+        ids.append(int(torch.multinomial(table[ids[-1]], 1, generator=g)))
+    return torch.tensor(ids)
+
+
+def zero_layer(W_U: torch.Tensor) -> CircuitModel:
+    v = W_U.shape[0]
+    model = CircuitModel(ModelConfig(Architecture(0, 1, positional="qk_only"), d_model=v, d_head=1, d_vocab=v, n_ctx=8),
+                         dtype=torch.float64, device="cpu")
+    with torch.no_grad():
+        model.W_E.copy_(torch.eye(v))
+        model.W_U.copy_(W_U)
+    return model
+
+
+def test_a_zero_layer_table_of_the_texts_own_bigrams_closes_the_whole_gap_and_its_control_none():
+    v = 12
+    ids = markov_text(v)
+    counts = torch.bincount(ids[:-1] * v + ids[1:], minlength=v * v).view(v, v).double()
+    exact = zero_layer((counts / counts.sum(1, keepdim=True)).clamp(min=1e-12).log().T)  # logits[next, current]
+    b = bigrams(exact, data_of(ids, v))
+    assert math.isclose(b.loss, b.bigram, abs_tol=1e-6) and math.isclose(b.captured, 1.0, abs_tol=1e-5)
+    assert b.agreement == pytest.approx(1.0) and b.control_captured < 0.5 and b.control_agreement < 0.5
+    assert b.pairs[0][2] == int(counts.max()) and b.tokens == len(ids)
+    found = language_findings(LanguageMeasurements(data_of(ids, v), {}, bigrams=b))
+    assert list(found) == ["language-bigrams"] and found["language-bigrams"].verdict == "holds"
+    # a table that ignores the current token (the frequencies alone) fails the same rules: it learned no bigram
+    frequencies = zero_layer((counts.sum(0) / counts.sum()).log()[:, None].expand(v, v).clone())
+    flat = bigrams(frequencies, data_of(ids, v))
+    assert flat.captured == pytest.approx(0.0, abs=1e-6)
+    assert language_findings(LanguageMeasurements(data_of(ids, v), {}, bigrams=flat))["language-bigrams"].verdict == \
+        "does not hold"
+
+
+def test_copying_heads_copy_and_their_permuted_outputs_do_not():
+    c = copying(copying_model())
+    assert c.positivity == (pytest.approx(1.0),) and c.count() == 1 and c.count(control=True) == 0
+    assert copying_language(LanguageMeasurements(None, {}, copying=c)).verdict == "holds"
+    negative = Copying((-0.4, 0.9, -0.2), (0.0, 0.1, -0.1))  # one of three copies: not most
+    assert copying_language(LanguageMeasurements(None, {}, copying=negative)).verdict == "does not hold"
+    # a control that passes too: the part cannot tell them apart, so it does not hold
+    assert copying_language(LanguageMeasurements(None, {}, copying=Copying((0.9, 0.8), (0.9, 0.7)))).verdict == \
+        "does not hold"
+
+
+def _bug(seen: int, rise: float, other: float, control: float) -> Bug:
+    return Bug(0, 1, 2, 3, seen, rise, other, control)
+
+
+@pytest.mark.parametrize("bugs, verdicts", [
+    ([_bug(2, 1.0, 0.0, 0.1), _bug(0, 0.8, 0.0, 0.1)], ["holds", "holds"]),
+    ([_bug(2, 1.0, 0.0, 0.1), _bug(0, 0.2, 0.0, 0.1)], ["holds", "does not hold"]),  # unseen pairs barely rise
+    ([_bug(2, 1.0, 0.6, 0.1), _bug(0, 0.8, 0.0, 0.1)], ["does not hold", "holds"]),  # any source raises the out
+    ([_bug(2, 1.0, 0.0, 0.7), _bug(0, 0.8, 0.0, 0.7)], ["holds", "does not hold"]),  # any destination does
+    ([_bug(0, 1.0, 0.0, 0.1)], ["does not hold", "does not hold"]),  # nothing the text holds to compare with
+])
+def test_the_skip_trigram_rules_fail_on_their_controls(bugs, verdicts):
+    f = skip_trigrams_language(LanguageMeasurements(None, {}, bugs=tuple(bugs)))
+    assert [p.verdict for p in f.parts] == verdicts
+
+
+def test_induction_on_a_repeated_passage_finds_the_induction_head_and_not_in_a_one_layer_model():
+    model, control = exact_induction_model(d_vocab=48, n_ctx=24), copying_model(d_vocab=48, n_ctx=24)
+    g = torch.Generator().manual_seed(0)
+    data = data_of(torch.randperm(48, generator=g).repeat(20)[torch.randperm(960, generator=g)], 48)
+    ind = induction(model, control, data, length=12, passages=4)
+    assert ind.second < 0.1 * ind.first and ind.attention[0] > 0.8  # a token recurs within the passage: not 1
+    assert ind.control_second > 0.5 * ind.control_first
+    assert [p.verdict for p in induction_language(LanguageMeasurements(data, {}, induction=ind)).parts] == ["holds"] * 2
+    # the two-layer model as its own control: the rule holds there too, so the part cannot hold
+    same = induction(model, model, data, length=12, passages=4)
+    assert induction_language(LanguageMeasurements(data, {}, induction=same)).parts[0].verdict == "does not hold"
+
+
+def test_measure_language_measures_only_the_models_given_and_the_page_shows_only_those():
+    v = 12
+    data = data_of(markov_text(v), v)
+    m = measure_language({0: zero_layer(torch.randn(v, v, generator=torch.Generator().manual_seed(1)))}, {0: None}, data)
+    assert m.bigrams is not None and m.copying is None and m.importance is None and m.induction is None
+    assert list(language_findings(m)) == ["language-bigrams"]
+    assert [t.key for t in language_tables(m)] == ["bigrams"]
