@@ -20,9 +20,11 @@ from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.mathtext import MathTextParser
 from matplotlib.ticker import MaxNLocator
 
 from derivations.architecture import head_label
+from derivations.document import Math, as_prose
 from tensoralg.escape import escape_text
 from numeric_check.files import atomic_path
 from numeric_check.errors import PlotError
@@ -281,15 +283,41 @@ def check_formats(formats: Sequence[str]) -> None:
         )
 
 
-def plain_title(target: Axes | Figure, text: str) -> None:
+def plain_title(target: Axes | Figure, text) -> None:
     r"""Title ``target`` (an axes, or a figure's suptitle) with user text such as a checkpoint's
     name, as plain text: never Matplotlib's mathtext (``$\bad$`` would be parsed, and fail),
-    control characters shown escaped and whitespace runs as one space."""
-    text = escape_text(text, "text")
-    if isinstance(target, Figure):
-        target.suptitle(text, parse_math=False)
-    else:
-        target.set_title(text, parse_math=False)
+    control characters shown escaped and whitespace runs as one space. Prose with formulae
+    (:func:`derivations.document.prose`) is set by :func:`mathtext` instead."""
+    plain = isinstance(text, str)
+    text = escape_text(text, "text") if plain else mathtext(text)
+    (target.suptitle if isinstance(target, Figure) else target.set_title)(text, parse_math=not plain)
+
+
+def mathtext(segments) -> str:
+    r"""Prose as Matplotlib text: plain strings escaped (``$`` shown as a dollar), formulae
+    (:class:`~derivations.document.Math`) typeset by mathtext from the one printer's LaTeX, so
+    ``W_U W_E`` shows subscripts, not underscores.
+
+    >>> from derivations.document import math, prose
+    >>> mathtext(prose("induction_0l: ", math("W_U W_E"), " costs $1"))
+    'induction_0l: $W_{U} W_{E}$ costs \\$1'
+    """
+    out = []
+    for s in as_prose(segments):
+        if isinstance(s, Math):
+            out.append(f"${s.latex}$" if _mathtext_reads(s.latex) else escape_text(s.text, "text").replace("$", r"\$"))
+        else:
+            out.append(escape_text(s, "text").replace("$", r"\$"))
+    return "".join(out)
+
+
+def _mathtext_reads(latex: str) -> bool:
+    """Whether Matplotlib's mathtext (a subset of TeX) typesets ``latex``."""
+    try:
+        MathTextParser("path").parse(f"${latex}$")
+    except ValueError:
+        return False
+    return True
 
 
 def save_figure(fig: Figure, out_dir: Path | str, name: str, formats: Sequence[str] = FORMATS) -> list[Path]:

@@ -124,3 +124,22 @@ def test_composition_values_are_readable_and_labels_follow_the_numbering():
     assert len(values) == 16 and min(t.get_fontsize() for t in values) >= 8
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["L2H0", "L2H1", "L2H2", "L2H3"]
     assert fig.get_size_inches()[0] <= 9  # drawn at about the width it is shown at: 100 % in a page and the PDF
+
+
+def test_a_title_with_a_formula_sets_it_by_the_printer_not_with_underscores(tmp_path):
+    """Prose in a title: the name stays as typed (its underscore too), the formula is typeset from the one
+    printer's LaTeX (W with subscripts U and E), and a dollar in user text is a dollar, not mathtext."""
+    from matplotlib.figure import Figure
+
+    from derivations.document import math as formula, prose
+    from numeric_check.reports.plots import mathtext, plain_title, save_figure
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    plain_title(ax, prose("induction_0l $5: ", formula("W_U W_E"), " against the data's bigrams"))
+    assert ax.get_title() == r"induction_0l \$5: $W_{U} W_{E}$ against the data's bigrams"
+    svg = save_figure(fig, tmp_path, "title", formats=("svg",))[0].read_text(encoding="utf-8")
+    assert "W_U" not in svg  # drawn as a W and a subscript U, never the raw name
+    assert mathtext(prose(formula("log(1/d_vocab)"))).startswith("$") and "d_{vocab}" in mathtext(prose(formula("d_vocab")))
+    plain_title(ax, "a plain name with $x$")  # plain text stays plain
+    assert ax.get_title() == "a plain name with $x$"

@@ -20,7 +20,7 @@ from numeric_check.reports.paper.claims import INDEX_FROM
 from numeric_check.reports.report import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
-from numeric_check.reports.plots import plain_title
+from numeric_check.reports.plots import mathtext, plain_title
 
 #: Captions by figure name: prose (text, and formulae for the one printer).
 CAPTIONS = {
@@ -63,9 +63,9 @@ def bigram_figure(m: Measurements) -> Figure:
         ax.legend(frameon=False, fontsize=8, loc="upper left")
     else:
         ax.hist((logq - uniform).flatten().numpy(), bins=60, color="0.45")
-        ax.set(xlabel="log p(next | current) − ln(1/d_vocab)   (nats)", ylabel="entries")
+        ax.set(xlabel=mathtext(prose("log p(next | current) − ", formula("log(1/d_vocab)"), "   (nats)")), ylabel="entries")
     ax.axhline(uniform, color="#d62728", lw=0.8)
-    plain_title(ax, "induction_0l: W_U W_E against the data's bigrams")
+    plain_title(ax, prose(m.analysis(0).name, ": ", formula("W_U W_E"), " against the data's bigrams"))
     return fig
 
 
@@ -84,7 +84,7 @@ def bugs_figure(m: Measurements) -> Figure:
     ax.set(xlabel="planted source A", ylabel="mean logit rise (nats)", ylim=(min(0.0, ax.get_ylim()[0]), 1.6 * top))
     ax.legend(frameon=False, fontsize=7.5, ncol=2, loc="upper center")
     if m.bugs:
-        plain_title(ax, "induction_1l: planted skip-trigrams, swapped pairs")
+        plain_title(ax, f"{m.analysis(1).name}: planted skip-trigrams, swapped pairs")
     return fig
 
 
