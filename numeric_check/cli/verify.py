@@ -11,7 +11,7 @@ import argparse
 import math
 import sys
 from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, finite_float, fit_threads, int_in, with_runtime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
 from tensoralg.escape import terminal_safe
@@ -30,6 +30,8 @@ from numeric_check.cli.source import (
 from numeric_check.errors import VerifyCLIError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from numeric_check.model.circuit_model import CircuitModel
@@ -136,6 +138,11 @@ def register(subparsers) -> None:
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
+    out.add_argument("-o", "--output", metavar="FILE",
+                     help="write the report there (a temporary file renamed once complete) instead of printing it; "
+                          "- or /dev/stdout: standard output")
+    out.add_argument("--force", action="store_true",
+                     help="let -o replace a file this command reads, a checkpoint or a training record")
     out.add_argument("--max-rows", type=int_in(1), help="print at most this many terms in the table")
     out.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.set_defaults(func=with_runtime(run))
@@ -154,9 +161,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from numeric_check.files import output_file
     from numeric_check.verification.distributed import is_first_rank
     from numeric_check.verification.verify import verify_logits, verify_qk
 
+    checkpoint = [Path(args.checkpoint), Path(args.checkpoint).with_suffix(".json")] if args.checkpoint else []  # and its record
+    inputs = checkpoint + [Path(p) for p in (getattr(args, "text_file", None), getattr(args, "hf", None)) if p]
+    output = output_file(args.output, inputs=inputs, force=args.force)  # checked before any work
     model, tokens, tokenizer = model_and_tokens(args)
     check_residual_width(model.cfg.d_model)
     dtype = args.dtype
@@ -174,8 +187,25 @@ def _run(args: argparse.Namespace) -> int:
     if tokenizer is not None:
         report.tokens = [token_line(tokenizer, row) for row in tokens.tolist()]
     if first:
-        print(report.to_json() if args.json else terminal_safe(report.to_text(args.max_rows)))
+        write_report(report.json_pieces() if args.json else map(terminal_safe, report.text_pieces(args.max_rows)), output)
     return 0 if report.passed else 1
+
+
+def write_report(pieces: Iterable[str], output: Path | None) -> None:
+    """A report written a piece at a time (a chunk of its rows: never the whole document in memory), then a
+    line break: to standard output (``output`` ``None``), or into a temporary file beside ``output``, renamed
+    over it once complete; a full disk or a file-size limit is one line and leaves no file."""
+    if output is None:
+        for piece in pieces:
+            sys.stdout.write(piece)
+        sys.stdout.write("\n")
+        return
+    from numeric_check.files import atomic_path
+
+    with atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for piece in pieces:
+            f.write(piece)
+        f.write("\n")
 
 
 ANNOUNCE_S = 600  # runs estimated longer than this say so on stderr before they start

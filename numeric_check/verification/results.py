@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 
 import numpy as np
 
@@ -176,8 +177,38 @@ class VerifyReport:
         return strict_json(data)
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The report as JSON (non-finite numbers as ``null``)."""
-        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)  # strict JSON
+        """The report as JSON (non-finite numbers as ``null``): ``json.dumps(self.to_dict(), indent=indent)``."""
+        return "".join(self.json_pieces(indent))
+
+    def json_pieces(self, indent: int | None = 2) -> Iterator[str]:
+        """:meth:`to_json` in pieces, the terms :data:`ROWS_AT_ONCE` at a time, so that a report of millions of
+        terms is written out holding one piece (the same text as ``json.dumps`` of :meth:`to_dict`: key order,
+        separators and indentation).
+
+        >>> report = VerifyReport("logits", "m", 1, 2, None, "float64", "cpu", True, 0.0, 0.0, 1.0,
+        ...                       [TermResult("tok", "tok", (), 0, 1.5)], [])
+        >>> "".join(report.json_pieces(None)) == json.dumps(report.to_dict(), ensure_ascii=False)
+        True
+        """
+        dumps = partial(json.dumps, indent=indent, ensure_ascii=False, allow_nan=False)  # strict JSON
+        nl, pad = ("", "") if indent is None else ("\n", " " * indent)
+        sep = ", " if indent is None else ",\n"  # json's item separator with and without indentation
+        yield "{" + nl
+        for k, (key, value) in enumerate(strict_json(asdict(replace(self, terms=[]))).items()):
+            yield (sep if k else "") + pad + dumps(key) + ": "
+            if key != "terms":
+                yield dumps(value).replace("\n", nl + pad)
+                continue
+            if not self.terms:
+                yield "[]"
+                continue
+            yield "[" + nl
+            for start in range(0, len(self.terms), ROWS_AT_ONCE):
+                text = dumps([_term_data(t) for t in self.terms[start:start + ROWS_AT_ONCE]])
+                body = text[1 + len(nl):len(text) - 1 - len(nl)]  # the rows without the list's brackets
+                yield (sep if start else "") + pad + body.replace("\n", nl + pad)
+            yield nl + pad + "]"
+        yield nl + "}"
 
     def summary_lines(self) -> list[str]:
         order = "all orders" if self.max_order is None else f"max_order={self.max_order} ({self.n_omitted:,} terms omitted)"
@@ -223,14 +254,31 @@ class VerifyReport:
         return "\n".join(["```", *self.summary_lines(), "```", "", table])
 
     def to_text(self, max_rows: int | None = None) -> str:
-        """A summary and an aligned plain-text table of the terms."""
-        shown = [("term", "order", "norm", "max abs error", "ok")] + self.rows(
-            self.terms[:max_rows] if max_rows is not None else None)  # only those shown are made
-        widths = [max(len(r[i]) for r in shown) for i in range(5)]
-        table = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in shown]
-        if len(shown) - 1 < len(self.terms):
-            table.append(f"… {len(self.terms) - len(shown) + 1:,} more terms")
-        return "\n".join(self.summary_lines() + [""] + table)
+        """A summary and an aligned plain-text table of the terms (the first ``max_rows``, or all)."""
+        return "".join(self.text_pieces(max_rows))
+
+    def text_pieces(self, max_rows: int | None = None) -> Iterator[str]:
+        """:meth:`to_text` in pieces, the rows :data:`ROWS_AT_ONCE` at a time (made twice: once for the
+        columns' widths, once to write them), so that a table of millions of terms holds one piece."""
+        n = len(self.terms) if max_rows is None else min(max_rows, len(self.terms))
+
+        def chunks() -> Iterator[list[tuple[str, ...]]]:
+            for start in range(0, n, ROWS_AT_ONCE):
+                yield self.rows(self.terms[start:min(n, start + ROWS_AT_ONCE)])  # only those shown are made
+
+        header = ("term", "order", "norm", "max abs error", "ok")
+        widths = [len(cell) for cell in header]
+        for rows in chunks():
+            widths = [max(w, *(len(r[i]) for r in rows)) for i, w in enumerate(widths)]
+
+        def line(row: tuple[str, ...]) -> str:
+            return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+
+        yield "\n".join(self.summary_lines() + ["", line(header)])
+        for rows in chunks():
+            yield "".join("\n" + line(r) for r in rows)
+        if n < len(self.terms):
+            yield f"\n… {len(self.terms) - n:,} more terms"
 
     def __str__(self) -> str:
         return self.to_text()
@@ -305,6 +353,15 @@ _CHECK_TITLES = {
     "isolation": "2. each term = its path isolated in the model",
     "truncation": "3. model - kept terms = omitted terms",
 }
+
+
+ROWS_AT_ONCE = 4096  # terms made into a report's rows at a time when it is written out (JSON or text)
+_TERM_FIELDS = tuple(f.name for f in fields(TermResult))
+
+
+def _term_data(term: TermResult) -> dict:
+    """``strict_json(asdict(term))``, without asdict's deep copy (a report may write millions)."""
+    return strict_json({name: getattr(term, name) for name in _TERM_FIELDS})
 
 
 def strict_json(value):

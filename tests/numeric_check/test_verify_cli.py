@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from numeric_check.model.checkpoint import save_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--layers", "2", "--heads", "2", "--d-model", "8", "--d-head", "4", "--d-vocab", "11", "--n-ctx", "6"]
 
 
@@ -94,3 +99,80 @@ def test_heads_per_layer(capsys):
     code, out, _ = run(capsys, "--layers", "2", "--heads", "1,3", "--d-model", "8", "--d-head", "2", "--d-vocab", "7",
                        "--n-ctx", "4", "--no-progress")
     assert code == 0 and "heads 1/3" in out and "tok→L0H0→L1H2" in out
+
+
+# -- the report written a chunk of rows at a time ------------------------------------------------
+
+
+def _reports():
+    from numeric_check import verify_logits, verify_qk
+
+    model = CircuitModel.random(Architecture(2, 3, layer_norm=True, biases=True), d_model=8, d_head=4, d_vocab=10, n_ctx=6,
+                                seed=0, device="cpu")
+    logits = verify_logits(model, [[1, 2, 3]], max_order=1, device="cpu")  # its terms a TermTable
+    qk = verify_qk(model, [[1, 2, 3]], 1, 0, device="cpu")  # a list of TermResult, key sides too
+    for report in (logits, qk):
+        report.notes.append('a note with "terms": [], a line break\nand ⊗')
+        report.timings["not measured"] = float("nan")  # written as null
+    return logits, qk
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 4096])
+def test_the_streamed_json_is_todays_document(monkeypatch, rows):
+    """Written a few rows at a time, the JSON is the text json.dumps makes of the whole report, byte for byte
+    (keys, their order, separators, indentation), compact or indented."""
+    import numeric_check.verification.results as results
+
+    monkeypatch.setattr(results, "ROWS_AT_ONCE", rows)
+    for report in _reports():
+        pieces = list(report.json_pieces())
+        assert len(pieces) > len(report.terms) // rows  # at least a piece per chunk of rows
+        for indent in (None, 0, 2, 4):
+            whole = json.dumps(report.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
+            assert report.to_json(indent) == whole
+    empty = _reports()[0]
+    empty.terms = []
+    assert empty.to_json() == json.dumps(empty.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
+
+
+@pytest.mark.parametrize("max_rows", [None, 1, 7, 1000])
+def test_the_streamed_text_table_is_aligned_over_every_chunk(monkeypatch, max_rows):
+    import numeric_check.verification.results as results
+
+    for report in _reports():
+        whole = report.to_text(max_rows)
+        monkeypatch.setattr(results, "ROWS_AT_ONCE", 2)
+        assert report.to_text(max_rows) == whole  # the widths come from every row, not the first chunk's
+        monkeypatch.setattr(results, "ROWS_AT_ONCE", 4096)
+        table = whole.split("\n\n")[-1].splitlines()
+        rows = [line for line in table if not line.startswith("…")]
+        assert len({len(line) for line in rows}) == 1 and len(rows) == 1 + min(len(report.terms), max_rows or 10**9)
+
+
+def test_json_output_to_a_file(tmp_path, capsys):
+    target = tmp_path / "report.json"
+    code, out, _ = run(capsys, *SMALL, "--json", "-o", str(target), "--no-progress")
+    data = json.loads(target.read_text())
+    assert code == 0 and out == "" and data["passed"] and len(data["terms"]) == 9
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary file left
+
+
+def _cli(shell: str, tmp_path) -> subprocess.CompletedProcess:
+    command = f"{sys.executable} -m derivations.cli verify {' '.join(SMALL)} --seq-len 5 --json --no-progress"
+    return subprocess.run(shell.format(cmd=command), shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_json_output_past_a_file_size_limit_leaves_no_file_and_one_line(tmp_path):
+    (tmp_path / "old.json").write_text("old")
+    done = _cli("ulimit -f 1 && {cmd} -o old.json", tmp_path)  # a report of 9 terms is over 1 KiB
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "tcircuits verify: error: cannot write 'old.json': File too large"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"] and (tmp_path / "old.json").read_text() == "old"
+
+
+@pytest.mark.parametrize("shell", ["{cmd} > /dev/full", "{cmd} >&-"])
+def test_a_json_report_on_a_full_or_closed_standard_output_is_one_line(tmp_path, shell):
+    done = _cli(shell, tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "cannot write to standard output" in done.stderr
