@@ -12,7 +12,8 @@ Read from the Markdown pages under ``docs/`` (the tutorials are notebooks, run b
 - a ```` ```console ```` block is a ``$ tcircuits …`` line and what it prints: the output must match
   (``...`` stands for any text); a refusal (``% test: exit 2``) is matched with its standard error.
 
-A MyST comment line just above a block says how to run it: ``% test: slow`` (the test is marked
+The README's examples run the same way. A MyST comment line (in the README an HTML comment,
+``<!-- test: … -->``) just above a block says how to run it: ``% test: slow`` (the test is marked
 slow), ``% test: exit N`` (the command's expected exit status), ``% test: skip REASON`` (shown, not
 run, and why; kept for what needs a GPU, a network or several processes). The relative paths the
 examples use — ``numeric_check/data/…`` and ``./my-gpt2`` (a small saved Hugging Face model,
@@ -45,7 +46,9 @@ sys.path.insert(0, str(DOCS / "_ext"))
 import generated  # noqa: E402  (docs/_ext: the generated pages, without Sphinx)
 
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_notebooks" not in p.parts and "_build" not in p.parts)
-FENCE = re.compile(r"^(?P<marks>(?:% test:[^\n]*\n)*)```(?P<lang>\{[^}\n]*\}|[\w-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$",
+README = ROOT / "README.md"
+MARK = re.compile(r"^(?:% test:(.*)|<!-- test:(.*?)-->)$")
+FENCE = re.compile(r"^(?P<marks>(?:(?:% test:[^\n]*|<!-- test:[^\n]*-->)\n)*)```(?P<lang>\{[^}\n]*\}|[\w-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$",
                    re.MULTILINE | re.DOTALL)
 CHECKER = doctest.OutputChecker()
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -61,7 +64,7 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"{self.page.relative_to(DOCS)}:{self.line}"
+        return f"{self.page.relative_to(DOCS if self.page != README else ROOT)}:{self.line}"
 
     def mark(self, name: str) -> str | None:
         """The argument of ``% test: NAME ARG`` above the block (``""`` without one), or None."""
@@ -76,12 +79,13 @@ def blocks(page: Path) -> list[Block]:
     text = page.read_text(encoding="utf-8")
     out = []
     for m in FENCE.finditer(text):
-        marks = tuple(line.removeprefix("% test:").strip() for line in m.group("marks").splitlines())
+        marks = tuple(next(g for g in MARK.match(line).groups() if g is not None).strip()
+                      for line in m.group("marks").splitlines())
         out.append(Block(page, text.count("\n", 0, m.start("body")), m.group("lang"), m.group("body"), marks))
     return out
 
 
-ALL = [b for p in PAGES for b in blocks(p)]
+ALL = [b for p in [*PAGES, README] for b in blocks(p)]
 RUN = {"python", "bash", "console"}
 
 
@@ -152,7 +156,14 @@ def test_every_page_is_in_a_table_of_contents():
     assert pages - listed == set()
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(DOCS)),
+def test_no_page_speaks_of_issues():
+    """User-facing text carries no development history: no issue numbers on the pages or the README."""
+    for page in [*PAGES, README]:
+        found = re.findall(r".{0,40}\bissues? #?\d+.{0,20}", page.read_text(encoding="utf-8"))
+        assert not found, f"{page.relative_to(ROOT)}: {found}"
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.name if p == README else str(p.relative_to(DOCS)),
                                                marks=[pytest.mark.slow] if any(b.mark("slow") is not None for b in blocks(p)) else [])
                                   for p in sorted({b.page for b in ALL if b.lang == "python"})])
 def test_python_examples(page, workdir, capsys):
@@ -259,6 +270,19 @@ def test_the_error_tree_lists_every_error_class_under_the_root():
         assert f"`~{cls.__module__}.{cls.__qualname__}`" in tree
     assert tree.startswith("- {py:class}`~tensoralg.errors.TCircuitsError`")
     assert ":class:" not in tree and "``" not in tree  # docstrings' reST written as MyST
+
+
+@pytest.mark.parametrize("package", ["tensoralg", "derivations", "numeric_check"])
+def test_the_module_map_lists_every_module_with_its_docstring(package):
+    import pkgutil
+
+    text = generated.module_map_markdown(package)
+    root = __import__(package)
+    for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+        name = info.name.rsplit(".", 1)[-1]
+        if not name.startswith("_"):
+            assert (f"**`{info.name}`**" if info.ispkg else f"| `{name}` |") in text, info.name
+    assert "| `errors` | " in text
 
 
 def test_the_model_type_table_is_read_from_the_installed_transformers():

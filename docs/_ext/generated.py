@@ -174,3 +174,39 @@ def cli_commands(parser: argparse.ArgumentParser | None = None) -> list[Command]
         commands.append(Command(name, summaries.get(name, ""), _usage(sub),
                                 tuple(text_blocks(sub.description) + text_blocks(sub.epilog)), _options(sub)))
     return commands
+
+
+# --- the modules, read from their docstrings --------------------------------------------------------------
+
+
+def _summary(doc: str | None) -> str:
+    """A docstring's first sentence (or its first paragraph, when that has no full stop), as MyST."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    sentence = re.match(r"(.+?\.)(\s|$)", paragraph)
+    return myst_inline(sentence.group(1) if sentence else paragraph).replace("|", "\\|")
+
+
+def module_map_markdown(package: str) -> str:
+    """A table per room of ``package`` (the package itself, then each subpackage): each module and
+    the first sentence of its docstring, found by walking the installed package."""
+    import pkgutil
+
+    root = importlib.import_module(package)
+    rooms: dict[str, list[tuple[str, str]]] = {package: []}
+    for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+        if info.name.rsplit(".", 1)[-1].startswith("_"):
+            continue
+        module = importlib.import_module(info.name)
+        room = info.name if info.ispkg else info.name.rsplit(".", 1)[0]
+        rooms.setdefault(room, [])
+        if not info.ispkg:
+            rooms[room].append((info.name, _summary(module.__doc__)))
+    out = []
+    for room, modules in rooms.items():
+        doc = _summary(importlib.import_module(room).__doc__)
+        out.append(f"**`{room}`** — {doc}" if doc else f"**`{room}`**")
+        out.append("")
+        if modules:
+            out.append(md_table(["module", "what it holds"], [[f"`{name.rsplit('.', 1)[-1]}`", text] for name, text in modules]))
+            out.append("")
+    return "\n".join(out)

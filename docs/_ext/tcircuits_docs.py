@@ -6,7 +6,8 @@ directives that put the generated tables on their pages (``generated.py`` makes 
   so the site needs no script and no network;
 - ``{model-types}``: the model types of the installed transformers and what ``from_hf`` does with each;
 - ``{error-tree}``: every error class under ``TCircuitsError``;
-- ``{cli-reference}``: every command and option of ``tcircuits``, from its parser.
+- ``{cli-reference}``: every command and option of ``tcircuits``, from its parser;
+- ``{module-map} PACKAGE``: where things live, each module with its docstring's first sentence.
 """
 
 from __future__ import annotations
@@ -82,6 +83,18 @@ def _command_nodes(command: generated.Command, document) -> list:
     return [section]
 
 
+class ModuleMap(SphinxDirective):
+    """``{module-map} PACKAGE``: each module of the package and the first sentence of its docstring."""
+
+    required_arguments = 1
+
+    def run(self):
+        container = nodes.container()
+        text = generated.module_map_markdown(self.arguments[0])
+        self.state.nested_parse(StringList(text.splitlines(), source="(generated)"), self.content_offset, container)
+        return container.children
+
+
 class CliReference(SphinxDirective):
     """``tcircuits`` and every command, read from ``derivations.cli.build_parser()``."""
 
@@ -99,4 +112,5 @@ def setup(app):
     app.add_directive("model-types", ModelTypes)
     app.add_directive("error-tree", ErrorTree)
     app.add_directive("cli-reference", CliReference)
+    app.add_directive("module-map", ModuleMap)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
