@@ -128,12 +128,12 @@ def derive_command(e: Equation) -> str:
     >>> from derivations import catalogue
     >>> derive_command(Equation("two-layer-qk", catalogue.get("two-layer-qk", positional="qk_only"), "not run"))
     'tcircuits derive two-layer-qk --positional qk_only --index-from 1'
+    >>> derive_command(Equation("qk-expansion", catalogue.get("qk-expansion"), "not run"))  # the second layer
+    'tcircuits derive qk-expansion --layer 2 --index-from 1'
     """
     defaults = catalogue.lookup(e.name).params
     options = [f"--{k.replace('_', '-')} {v + INDEX_FROM if k in NUMBERED_OPTIONS else v}" for k, v in e.derivation.params
                if k in defaults and v != defaults[k] and not isinstance(v, bool)]
-    >>> derive_command(Equation("qk-expansion", catalogue.get("qk-expansion"), "not run"))  # the second layer
-    'tcircuits derive qk-expansion --layer 2 --index-from 1'
     return " ".join([f"tcircuits derive {e.name}", *options] + (["--index-from 1"] if INDEX_FROM else []))
 
 
