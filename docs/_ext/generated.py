@@ -21,29 +21,35 @@ PACKAGES = ("tensoralg", "derivations", "numeric_check")
 
 
 def model_types_markdown() -> str:
-    """A table of every causal-LM model type of the installed ``transformers``: the class it builds,
-    and whether :func:`numeric_check.from_hf` converts it (with the family that reads it), refuses it
-    by the feature's name, or does not read it. Read from transformers' own registry and the readers'
-    table, without building a model."""
+    """Every causal-LM model type of the installed ``transformers``, by what
+    :func:`numeric_check.from_hf` does with it: a table of those a family reads (each converted and
+    checked against its source, or refused naming a feature its configuration uses) and of those
+    registered only to be refused by name, then the list of those no family reads. Read from
+    transformers' own registry and the readers' table, without building a model."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from numeric_check.model.readers import BY_CLASS
 
-    rows, counts = [], {"converts": 0, "refused": 0, "not read": 0}
+    read, refused, others = [], [], []
     for model_type, cls in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
         cls = cls[0] if isinstance(cls, (tuple, list)) else cls
         family = BY_CLASS.get(cls)
-        status = "not read" if family is None else "converts" if family.converts else "refused"
-        counts[status] += 1
-        what = {"converts": "read: converted and checked against the source, or refused naming a feature it uses",
-                "refused": "refused, naming the feature the algebra does not express",
-                "not read": "not a family tcircuits reads"}[status]
-        rows.append([f"`{model_type}`", f"`{cls}`", family.name if family else "—", what])
-    head = (f"transformers {transformers.__version__} defines {len(rows)} causal-LM model types: "
-            f"{counts['converts']} are read by a family of `from_hf`, {counts['refused']} are registered to be "
-            f"refused by name, {counts['not read']} are not read.")
-    return head + "\n\n" + md_table(["model type", "class", "family", "from_hf"], rows) + "\n"
+        if family is None:
+            others.append(f"`{model_type}`")
+        else:
+            (read if family.converts else refused).append([f"`{model_type}`", f"`{cls}`", family.name])
+    total = len(read) + len(refused) + len(others)
+    return "\n".join([
+        f"transformers {transformers.__version__} defines {total} causal-LM model types.", "",
+        f"**Read by a family of `from_hf`: {len(read)}** — converted and checked against the source, or refused "
+        "naming a feature of the configuration that the algebra does not express.", "",
+        md_table(["model type", "class", "family"], read), "",
+        f"**Registered to be refused by name: {len(refused)}** — every model of these uses a feature the algebra "
+        "does not express, and the refusal names it.", "",
+        md_table(["model type", "class", "family"], refused), "",
+        f"**Not a family tcircuits reads: {len(others)}** — `from_hf` refuses them as such: {', '.join(others)}.", "",
+    ])
 
 
 def error_classes() -> list[type]:
