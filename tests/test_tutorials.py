@@ -128,3 +128,24 @@ def test_notebook_runs(path):
     if path.parent.name != "solutions":
         shown = [o.data.get("text/markdown", "") for o in rich]
         assert sum("Not answered yet" in s for s in shown) == _exercise_checks(nb, solved=False)
+
+
+def test_notebook_3_works_k_composition_out_from_the_weights_and_the_model_agrees():
+    """The induction notebook builds the K-composition term from the weights (the induction head's QK circuit
+    with the previous-token head's OV folded into its key side), and it equals the path the model isolates
+    with hooks and points at the induction target: the notebook's own cells, run here up to that point."""
+    import matplotlib
+    import torch
+
+    matplotlib.use("Agg")
+    nb = nbformat.read(TUTORIALS / "03_induction_circuit.ipynb", as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    last = next(i for i, c in enumerate(cells) if "def hits(" in c.source)
+    assert any("head_weights" in c.source and "k_composition_circuit" in c.source for c in cells[:last])
+    namespace: dict = {}
+    for cell in cells[: last + 1]:
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+        exec(compile(source, "03_induction_circuit.ipynb", "exec"), namespace)  # noqa: S102 (the project's notebook)
+    S_K, path, causal = namespace["S_K"], namespace["path"], namespace["causal"]
+    assert path.passed and abs(path.norm - float(S_K[:, causal].norm())) <= 1e-4 * path.norm
+    assert S_K.dtype == torch.float64 and namespace["hits"](S_K) > 4 * namespace["chance"]
