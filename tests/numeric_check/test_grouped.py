@@ -19,6 +19,8 @@ from numeric_check.verification.evaluate import LogitEvaluator
 from numeric_check.verification.grouped import GroupEvaluator, group_values, plan_groups
 from numeric_check.verification.grouped_isolation import PrefixPasses
 from numeric_check.verification.isolate import HeadGroup, isolate_final_parts
+from tests.conftest import HEAVY
+from tests.strategies import architectures, max_orders, seeds
 
 ARCHS = {
     "attention only": Architecture(3, 2),
@@ -53,6 +55,27 @@ def test_the_grouped_report_is_the_trie_report_term_by_term(monkeypatch, name, m
         assert g.max_abs_error <= 1e-12 * max(1.0, t.norm) and g.passed
     for a, b in zip(grouped.checks, trie.checks):
         assert (a.name, a.passed) == (b.name, b.passed)
+
+
+@HEAVY
+@given(arch=architectures(min_layers=1, max_layers=3, max_heads=3), max_order=max_orders(3), seed=seeds(),
+       chunk=st.sampled_from([1 << 12, 1 << 16, None]))
+def test_either_path_gives_the_same_report_whatever_the_architecture_and_order(arch, max_order, seed, chunk):
+    """The grouped passes and the shared trie, on any small architecture, at any order and chunk (the smallest:
+    a pass of check 2 holds one copy of a prefix group, fewer than its heads): the same terms, norms, verdicts
+    and checks."""
+    max_order = None if max_order is None else min(max_order, arch.n_layers)
+    model = CircuitModel.random(arch, d_model=6, d_head=3, d_vocab=7, n_ctx=5, seed=seed, dtype=torch.float64, device="cpu")
+    tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 1]])
+    grouped = verify_logits(model, tokens, max_order=max_order, device="cpu", chunk_bytes=chunk)
+    with pytest.MonkeyPatch.context() as patch:
+        _trie_only(patch)
+        trie = verify_logits(model, tokens, max_order=max_order, device="cpu", chunk_bytes=chunk)
+    assert grouped.passed and trie.passed
+    assert [t.label for t in grouped.terms] == [t.label for t in trie.terms]
+    for g, t in zip(grouped.terms, trie.terms):
+        assert math.isclose(g.norm, t.norm, rel_tol=1e-10, abs_tol=1e-12) and g.passed and t.passed, (g, t)
+    assert [(c.name, c.passed, c.bounded) for c in grouped.checks] == [(c.name, c.passed, c.bounded) for c in trie.checks]
 
 
 @pytest.mark.parametrize("name", sorted(ARCHS))
