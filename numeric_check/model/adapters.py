@@ -119,15 +119,20 @@ def _exact_rotary_tables(copied: Any) -> Any | None:
     try:
         for block in copied.blocks:
             attn = block.attn
-            base = attn._rotary_base() if hasattr(attn, "_rotary_base") else (
-                copied.cfg.rotary_base_local if getattr(copied.cfg, "rotary_base_local", None) is not None
-                and attn.attn_type == "local" else copied.cfg.rotary_base)
-            sin, cos = attn.calculate_sin_cos_rotary(copied.cfg.rotary_dim, attn.rotary_sin.shape[0], base=base,
-                                                     dtype=torch.float64)
+            sin, cos = _tables_in_float64(attn, copied.cfg, attn.rotary_sin.shape[0])
             attn.rotary_sin, attn.rotary_cos = sin.to(attn.rotary_sin.device), cos.to(attn.rotary_cos.device)
     except Exception:  # noqa: BLE001 - a TransformerLens whose tables are made otherwise: compared as it is
         return None
     return copied
+
+
+def _tables_in_float64(attn: Any, cfg: Any, n_pos: int) -> tuple[Tensor, Tensor]:
+    """An attention module's rotary ``(sin, cos)`` tables ``[n_pos, rotary_dim]`` made by its own code from its config
+    (``rotary_base`` or the local layers' base, ``rotary_dim``, NTK-by-parts, YaRN, scaling factor) in float64."""
+    base = attn._rotary_base() if hasattr(attn, "_rotary_base") else (
+        cfg.rotary_base_local if getattr(cfg, "rotary_base_local", None) is not None
+        and attn.attn_type == "local" else cfg.rotary_base)
+    return attn.calculate_sin_cos_rotary(cfg.rotary_dim, n_pos, base=base, dtype=torch.float64)
 
 
 def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = None) -> Any:
@@ -327,29 +332,35 @@ def _read_transformer_lens(model: Any) -> SourceWeights:
 
 
 def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
-    """``rotary_inv_freq`` and ``rotary_factor`` as the model's rotary embedding computes them (NTK-by-parts,
-    YaRN, a scaling factor: read from its ``rotary_sin``/``rotary_cos`` at positions 0 and 1, where each
-    angle is ``θ_f`` itself, below π), or nothing when they are ``rotary_base``'s; refused when they differ
-    between layers (a scaling on global layers only)."""
+    """``rotary_inv_freq`` and ``rotary_factor`` as the model's config gives them (``rotary_base``, ``rotary_dim``,
+    NTK-by-parts, YaRN, a scaling factor: its tables made again in float64 by its own code, each ``θ_f`` the angle
+    at position 1, below π, the factor ``cos`` at position 0), or nothing when they are ``rotary_base``'s. Each
+    layer's tables as held are checked against them, every position, to the tables' own rounding (``eps`` of their
+    dtype times the angle there: float32 angles ``p·θ`` are rounded before the sine); tables that are not the
+    config's, or frequencies that differ between layers, are refused."""
     half, rot = cfg.rotary_dim // 2, cfg.rotary_dim
     first = torch.arange(half, device="cpu") * 2 if cfg.rotary_adjacent_pairs else torch.arange(half, device="cpu")  # one column per plane
     found = set()
-    for block in model.blocks:
-        sin, cos = f64(block.attn.rotary_sin[:2, first]), f64(block.attn.rotary_cos[:2, first])
-        factor = float(cos[0].mean())  # cos(0) times the attention factor
-        found.add((tuple(torch.atan2(sin[1], cos[1]).tolist()), factor))
+    for i, block in enumerate(model.blocks):
+        held_sin, held_cos = f64(block.attn.rotary_sin), f64(block.attn.rotary_cos)
+        sin, cos = (f64(t) for t in _tables_in_float64(block.attn, cfg, held_sin.shape[0]))
+        eps = torch.finfo(block.attn.rotary_sin.dtype).eps
+        angle = torch.arange(held_sin.shape[0], dtype=torch.float64)[:, None] * torch.atan2(sin[1], cos[1]).abs().max()
+        tol = 8 * eps * (1 + angle) * cos[0].abs().max().clamp(min=1.0)
+        off = float(((held_sin - sin).abs() - tol).max().clamp(min=0) + ((held_cos - cos).abs() - tol).max().clamp(min=0))
+        if off > 0:
+            raise unsupported(f"rotary tables that are not its config's (blocks.{i}.attn.rotary_sin/rotary_cos differ from "
+                              "the tables rotary_base, rotary_dim and its scaling give)", "the TransformerLens model")
+        found.add((tuple(torch.atan2(sin[1, first], cos[1, first]).tolist()), float(cos[0, first].mean())))
     if len(found) > 1:
         raise unsupported("rotary frequencies that differ between layers (rope scaling on some layers only)",
                           "the TransformerLens model")
     (inv_freq, factor), = found
     plain = float(cfg.rotary_base) ** (-torch.arange(0, rot, 2, dtype=torch.float64, device="cpu") / rot)
-    # half-precision tables are rotary_base's rounded position by position (the source check runs them exact): their
-    # angles agree with rotary_base's to a few of their ulps, not to 1e-12
-    eps = torch.finfo(model.blocks[0].attn.rotary_sin.dtype).eps
-    tol = 8 * eps if eps > 1e-4 else 1e-12
-    if abs(factor - 1.0) < tol and torch.allclose(torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), plain, rtol=tol, atol=0):
+    inv_freq = torch.tensor(inv_freq, dtype=torch.float64, device="cpu")
+    if abs(factor - 1.0) < 1e-12 and torch.allclose(inv_freq, plain, rtol=1e-12, atol=0):
         return {}
-    return {"rotary_inv_freq": torch.tensor(inv_freq, dtype=torch.float64, device="cpu"), "rotary_factor": factor}
+    return {"rotary_inv_freq": inv_freq, "rotary_factor": factor}
 
 
 def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:

@@ -499,3 +499,27 @@ def test_a_patch_on_later_positions_is_found_by_the_long_probe(monkeypatch):
         from_hf(hf, device="cpu")
     monkeypatch.setattr(source_check, "LONG_PROBE", 64)  # the probes of before: the patch is not reached
     assert from_hf(hf, device="cpu").source_check.n_tokens == 3 * 64
+
+
+@pytest.mark.parametrize("n_ctx", [256, 2048])
+@pytest.mark.parametrize("options", [{}, {"rotary_adjacent_pairs": True, "rotary_base": 500000},
+                                     {"use_NTK_by_parts_rope": True, "NTK_by_parts_factor": 8.0, "NTK_original_ctx_len": 64}])
+def test_float32_transformer_lens_rotary_frequencies_come_from_its_config(n_ctx, options):
+    """Its float32 tables are its own rounding (angles p·θ rounded before the sine): the frequencies are made
+    again from its config by its own code in float64 and the tables checked against them, not inverted from them."""
+    if "use_NTK_by_parts_rope" in options and "use_NTK_by_parts_rope" not in tl.HookedTransformerConfig.__dataclass_fields__:
+        pytest.skip("this TransformerLens has no NTK-by-parts rope")
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", n_ctx=n_ctx,
+                   dtype=torch.float32, **options)
+    check = from_transformer_lens(model, device="cpu").source_check
+    assert check.rel_diff <= check.tolerance < 1e-4 and check.rel_diff < 3e-6  # float32's own rounding, no more
+    model.blocks[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+    with pytest.raises(SourceMismatch):
+        from_transformer_lens(model, device="cpu")
+
+
+def test_transformer_lens_rotary_tables_that_are_not_its_configs_are_refused():
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", dtype=torch.float32)
+    model.cfg.rotary_base = 20000  # edited after the tables were made
+    with pytest.raises(UnsupportedModel, match=r"rotary tables that are not its config's \(blocks.0.attn.rotary_sin"):
+        from_transformer_lens(model, device="cpu")
