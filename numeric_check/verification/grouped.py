@@ -152,7 +152,7 @@ class GroupEvaluator:
         self._fused: dict[tuple[int, int], Tensor] = {}
         self._streams: dict = {}
         self._kernels: dict[int, tuple[Tensor, Tensor]] = {}
-        self._first: tuple[tuple, Tensor] | None = None
+        self._first: tuple[object, dict[int, Tensor]] | None = None
         arch = binder.model.arch
         self._final = binder.position(layer_atom("N", "final")).value if arch.normalised else None
         self.W_U_refs = tuple(flip(f.ref) for f in reversed(word_factors(binder, (layer_atom("W_U", ""),))))
@@ -214,18 +214,19 @@ class GroupEvaluator:
 
     def _first_rows(self, group: PathGroup) -> Tensor:
         """The rows at the group's first layer, ``[H, batch, pos, e]``: the source's stream read by every head
-        there (kept for the latest source and layer: the passes of a prefix group ask for them in turn)."""
-        key = (group.source, group.layers[0])
-        if self._first is None or self._first[0] != key:
-            self._first = None  # freed before the next is made
+        there (kept, at each layer, for the latest source: its groups and their passes ask for them in turn)."""
+        if self._first is None or self._first[0] != group.source:
+            self._first = (group.source, {})  # the previous source's freed before the next are made
+        kept, layer = self._first[1], group.layers[0]
+        if layer not in kept:
             S = self.source_stream(group.entry)
-            first = self.layer(group.layers[0])
+            first = self.layer(layer)
             S = S if first.N is None else first.N[..., None] * S
             b, p, d = S.shape
             H, e = first.W_V.shape[:2]
             y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
-            self._first = key, self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
-        return self._first[1]
+            kept[layer] = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
+        return kept[layer]
 
     def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int,
                 copies: range | None) -> Iterator[tuple[int, Tensor]]:

@@ -110,11 +110,17 @@ class PrefixPasses:
         layer, H, b = prefix[-1], counts[-1], self.rec.n_batch
         p0, p1 = c // H, (c + n - 1) // H + 1
         z = torch.cat([z for _, z in self.z(entry, prefix, counts, p0, p1)])  # [m · b, pos, H, e]
-        copies = torch.arange(c, c + n, device=z.device)  # only these copies' heads: a pass may hold a few of H
-        z = z.view(p1 - p0, b, *z.shape[1:])[copies // H - p0, :, :, copies % H]  # [n, b, pos, e]
+        m = p1 - p0
         scale = self.rec.cache.get(block_hook(layer, "ln1_post.hook_scale"))  # [b, pos, 1]
-        out = self.model.head_streams(layer, z.movedim(0, -2), (copies % H).tolist(), scale)  # [n, b, pos, d]
-        return out.reshape(n * b, *out.shape[2:])
+        if n < H:  # fewer copies than heads (a pass holds a few): only their heads' outputs, not all of each parent's
+            copies = torch.arange(c, c + n, device=z.device)
+            z = z.view(m, b, *z.shape[1:])[copies // H - p0, :, :, copies % H]  # [n, b, pos, e]
+            out = self.model.head_streams(layer, z.movedim(0, -2), (copies % H).tolist(), scale)  # [n, b, pos, d]
+            return out.reshape(n * b, *out.shape[2:])
+        scale = None if scale is None else self.rec.tiled(block_hook(layer, "ln1_post.hook_scale"), m)
+        out = self.model.head_streams(layer, z, list(range(H)), scale)  # [H, m · b, pos, d]: every head of each parent
+        out = out.view(H, m, b, *out.shape[2:]).transpose(0, 1).reshape(m * H * b, *out.shape[2:])
+        return out[(c - p0 * H) * b:(c - p0 * H + n) * b]
 
     def _run(self, source, start: int, later: list[int], n: int, x: Tensor | None) -> dict[int, Tensor]:
         """One pass of ``n`` copies carrying ``source`` (from the embeddings when ``x`` is ``None``, else from

@@ -364,10 +364,11 @@ def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, fir
     if results is None:
         return 0.0
     m, H, b, p, e = rows.shape
-    by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)  # each head's rows, one product per head
-    squared = ((by_head @ full) * by_head).sum(-1).view(H, m, b * p).sum(-1).T  # [m, H]
+    by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)  # each head's rows, one product per head for both kernels
+    both = ((by_head @ torch.cat([full, inner], -1)).view(H, -1, 2, e) * by_head[:, :, None]).sum(-1)  # [H, m·b·p, 2]
+    squared = both[..., 0].view(H, m, b * p).sum(-1).T  # [m, H]
     results.norm[first:first + m * H] = squared.clamp_min(0).sqrt().flatten().double().cpu().numpy()
-    return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5
+    return max(float(both[..., 1].max()), 0.0) ** 0.5
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
