@@ -180,9 +180,8 @@ def derive(args) -> int:
     if unknown:
         takes = ", ".join(OPTIONS[p][0] for p in entry.params) or "no options"
         raise DerivationError(f"{args.name} does not take {', '.join(unknown)}; it takes: {takes}")
-    for p in NUMBERED_OPTIONS:
-        if p in given:
-            given[p] = stored_layer(given[p], given.get("layers", entry.params.get("layers")), args.index_from)
+    if "layer" in entry.params:
+        given.update(numbered_head(given, entry.params, args.index_from))
     return emit(catalogue.get(args.name, **given), args)
 
 
@@ -190,16 +189,25 @@ def derive(args) -> int:
 NUMBERED_OPTIONS = ("layer",)
 
 
-def stored_layer(layer: int, layers, index_from: int) -> int:
-    """``--layer`` as typed (layers numbered from ``index_from``) as the catalogue's 0-based layer.
+def numbered_head(given: dict, defaults: dict, index_from: int) -> dict:
+    """``--layer`` as typed (layers numbered from ``index_from``) as the catalogue's 0-based layer, the layer
+    and ``--head`` checked first so that an error names the layer as it was typed.
 
-    >>> stored_layer(2, 2, 1)
-    1
+    >>> numbered_head({"layer": 2}, {"layers": 2, "heads": 2, "head": 0}, 1)
+    {'layer': 1}
     """
-    if isinstance(layers, int) and layers > 0 and not index_from <= layer < layers + index_from:
+    layers, heads = given.get("layers", defaults.get("layers")), given.get("heads", defaults.get("heads"))
+    if not isinstance(layers, int) or layers < 1 or not isinstance(heads, (int, tuple)):
+        return {}  # the entry refuses these itself
+    layer = given.get("layer", layers - 1 + index_from)
+    if not index_from <= layer < layers + index_from:
         raise DerivationError(f"layer {layer} does not exist: the model has layers {index_from}..{layers - 1 + index_from}"
                               + (" (numbered from 1, as --index-from 1 asks)" if index_from else ""))
-    return layer - index_from
+    count = heads if isinstance(heads, int) else heads[layer - index_from] if len(heads) == layers else None
+    head = given.get("head", defaults.get("head", 0))
+    if count is not None and isinstance(head, int) and not 0 <= head < count:
+        raise DerivationError(f"head {head} does not exist in layer {layer}: it has heads 0..{count - 1}")
+    return {"layer": layer - index_from} if "layer" in given else {}
 
 
 # -- expand -----------------------------------------------------------------------------

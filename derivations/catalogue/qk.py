@@ -89,7 +89,8 @@ def qk_derivation(name, title, arch: Architecture, layer: int, head: int, concre
         raise DerivationError(f"{name} covers attention-only models without biases; for biases and MLPs use "
                               "derivations.expand_qk, which includes their terms")
     arch.check_head(layer, head)
-    check_order(max_order, 2 * layer, f"the scores of a layer-{layer} head (two sides of {layer} layers)")
+    before = f"{layer} layer{'s' if layer != 1 else ''}"  # counted, not numbered: the same in either numbering
+    check_order(max_order, 2 * layer, f"the scores of a head with {before} before it (two sides of {before})")
     h = head_label(layer, head) if concrete else "h"
     middle = term(atom("W_QK", h), coeff=1 / sp.sqrt(d_head))
     chains = []

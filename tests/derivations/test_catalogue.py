@@ -210,7 +210,7 @@ def test_unknown_names_list_the_known_ones_and_suggest_close_matches():
     ("path-expansion", dict(max_order=3), InvalidOrder, r"in 0\.\.2 \(the deepest term of the logits of a 2-layer model "),
     ("path-expansion", dict(max_order=-1), InvalidOrder, r"max_order must be None \(every term\) or an integer in 0\.\.2"),
     ("multi-head", dict(heads=0), DerivationError, "heads must be an integer >= 1"),
-    ("two-layer-qk", dict(max_order=3), InvalidOrder, r"the deepest term of the scores of a layer-1 head"),
+    ("two-layer-qk", dict(max_order=3), InvalidOrder, r"the deepest term of the scores of a head with 1 layer before it"),
     ("qk-expansion", dict(layer=2), ArchitectureError, "layer 2 does not exist"),
     ("qk-expansion", dict(head=5), ArchitectureError, "head 5 does not exist"),
     ("qk-expansion", dict(layers=0), DerivationError, "no attention scores"),

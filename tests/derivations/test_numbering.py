@@ -69,6 +69,10 @@ def test_layer_is_typed_in_the_numbering_the_output_uses(capsys, layer, index_fr
     (["--layer", "3", "--index-from", "1"], "layer 3 does not exist: the model has layers 1..2 (numbered from 1"),
     (["--layer", "2"], "layer 2 does not exist: the model has layers 0..1"),
     (["--layer", "4", "--layers", "3", "--index-from", "1"], "the model has layers 1..3"),
+    (["--head", "7", "--index-from", "1"], "head 7 does not exist in layer 2: it has heads 0..1"),
+    (["--head", "7"], "head 7 does not exist in layer 1: it has heads 0..1"),
+    (["--layer", "2", "--heads", "3,2", "--head", "2", "--index-from", "1"], "head 2 does not exist in layer 2"),
+    (["--max-order", "9", "--index-from", "1"], "the scores of a head with 1 layer before it"),
 ])
 def test_a_layer_that_is_not_there_is_named_in_the_numbering_typed(capsys, argv, message):
     code, out, err = run_cli(capsys, "derive", "qk-expansion", *argv)
