@@ -218,6 +218,9 @@ CONVERTS = [
     ("qwen2", {"num_key_value_heads": 4}),
     ("mistral", {"sliding_window": None}),
     ("gemma", {"num_key_value_heads": 1}),
+    ("gemma", {"hidden_activation": "gelu"}),  # a leftover Gemma 1's code never reads (it applies hidden_act)
+    ("llama", {"sliding_window": None}),  # a stray null: unset
+    ("gemma3_text", {"attn_logit_softcapping": 5.0, "sliding_window": 3}),  # a cap its attention never applies
     ("ctrl", {}),
 ]
 

@@ -98,6 +98,8 @@ class SourceWeights:
     attn_softcap: float | None = None  # c of c·tanh(s/c) on the scaled scores (Gemma 2: 50)
     logit_softcap: float | None = None  # c of c·tanh(x/c) on the logits (Gemma 2: 30)
     alibi_slopes: Tensor | None = None  # ALiBi: one slope per head (scores + m_h (j - i)); None: no ALiBi
+    alibi_rounding: str | None = None  # the dtype the bias is made in, then divided by alibi_divisor (Falcon's)
+    alibi_divisor: float = 1.0
     # rope scaling (linear, llama3, YaRN, dynamic NTK at the length converted): the rotary embedding's own
     # inverse frequencies [rot_dims / 2] (None: rotary_base's) and attention factor (Hugging Face's attention_scaling)
     rotary_inv_freq: Tensor | None = None
@@ -275,6 +277,7 @@ def build(src: SourceWeights, dtype: Any = torch.float64, device: Any = None, bi
                       d_mlp=src.d_mlp if arch.mlp else None, act_fn=src.act_fn, ln_eps=src.eps, attn_scale=scale,
                       gated_mlp=mlp and "W_gate" in src.layers[0].mlp, rotary_base=src.rotary_base,
                       alibi_slopes=None if src.alibi_slopes is None else tuple(src.alibi_slopes.tolist()),
+                      alibi_rounding=src.alibi_rounding, alibi_divisor=src.alibi_divisor,
                       rotary_inv_freq=None if src.rotary_inv_freq is None else tuple(src.rotary_inv_freq.tolist()),
                       rotary_factor=src.rotary_factor, moe_renormalise=src.moe_renormalise)
     model = CircuitModel(cfg, dtype=torch.float64, device="cpu")

@@ -118,6 +118,10 @@ class ModelConfig:
     gated_mlp: bool = False
     rotary_base: float = 10000.0
     alibi_slopes: tuple[float, ...] | None = None  # one per head; None: the standard slopes (BLOOM's rule)
+    #: the dtype in which the ALiBi bias ``m_h · j`` is made from the slopes rounded to it, then divided by
+    #: ``alibi_divisor`` (Falcon: "bfloat16", sqrt(d_head)); None: ``m_h (j − i)`` exact
+    alibi_rounding: str | None = None
+    alibi_divisor: float = 1.0
     rotary_inv_freq: tuple[float, ...] | None = None  # rope scaling: θ_f themselves, rotary_dims/2; None: base^(-2f/d)
     rotary_factor: float = 1.0  # rope scaling's attention factor (YaRN) on the rotated dimensions of q and k
     moe_renormalise: bool = True  # mixture of experts: the top-k routing weights renormalised to sum to 1 (Mixtral)
@@ -166,6 +170,12 @@ class ModelConfig:
                 raise ConfigError(f"bad rotary for d_head={self.d_head}: {err}") from None
 
     def _check_alibi(self) -> None:
+        if self.alibi_rounding not in (None, "bfloat16", "float16"):
+            raise ConfigError(f"alibi_rounding must be None, 'bfloat16' or 'float16', got {self.alibi_rounding!r}")
+        divisor = self.alibi_divisor
+        if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or not (math.isfinite(divisor) and divisor > 0):
+            raise ConfigError(f"alibi_divisor must be a finite number > 0, got {divisor!r}")
+        object.__setattr__(self, "alibi_divisor", float(divisor))
         slopes = self.alibi_slopes
         if slopes is None:
             return

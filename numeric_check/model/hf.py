@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from numeric_check.model.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.options import check_hf_options
 from numeric_check.model import source_check
-from numeric_check.model.readers import BY_CLASS, not_read
+from numeric_check.model.readers import BY_CLASS, decoder, not_read
 from numeric_check.model.source_check import (
     changed_modules,
     check_against_source,
@@ -139,8 +140,9 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     else:
         name = f"{type(model).__name__} (Hugging Face, {held}, run as a float64 copy)"
         precision = torch.float32  # the copy's norms, rotary and softmax still round through float32
-    return in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
-                                                            suspects, "from_hf", own))
+    check = in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
+                                                             suspects, "from_hf", own))
+    return replace(check, note=decoder.dropped_score_cap(model))
 
 
 @contextmanager

@@ -119,10 +119,23 @@ def alibi_slopes(n_heads: int, dtype=None, device=None) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype=dtype)
 
 
-def alibi_bias(slopes: Tensor, n_pos: int) -> Tensor:
-    """ALiBi's position-only bias ``m_h (j - i)`` ``[heads, q, k]``: query ``i``, key ``j`` (``<= 0`` where kept)."""
-    i = torch.arange(n_pos, dtype=slopes.dtype, device=slopes.device)
-    return slopes[:, None, None] * (i[None, None, :] - i[None, :, None])
+def alibi_bias(slopes: Tensor, n_pos: int, rounding: str | None = None, divisor: float = 1.0) -> Tensor:
+    """ALiBi's position-only bias ``m_h (j - i)`` ``[heads, q, k]``: query ``i``, key ``j`` (``<= 0`` where kept).
+    ``rounding``: the bias of key ``j`` made as a family makes it, ``b_h(j) = (m_h · j) / divisor`` with ``m_h`` and
+    the product rounded to that dtype (Falcon: bfloat16, whatever the model's), as ``b_h(j) − b_h(i)`` (the same
+    pattern: a row's constant leaves the softmax unchanged).
+
+    >>> alibi_bias(torch.tensor([0.5]), 3)[0]
+    tensor([[ 0.0000, 0.5000, 1.0000],
+            [-0.5000,  0.0000,  0.5000],
+            [-1.0000, -0.5000,  0.0000]])
+    """
+    if rounding is None:
+        i = torch.arange(n_pos, dtype=slopes.dtype, device=slopes.device)
+        return slopes[:, None, None] * (i[None, None, :] - i[None, :, None])
+    key = slopes.to(getattr(torch, rounding))[:, None] * torch.arange(n_pos, device=slopes.device)  # as Falcon: in that dtype
+    key = key.to(slopes.dtype) / divisor
+    return key[:, None, :] - key[:, :, None]
 
 
 def _param(*shape: int, **factory: Any) -> nn.Parameter:
@@ -153,6 +166,7 @@ class Attention(nn.Module):
         if cfg.arch.alibi:
             slopes = alibi_slopes(n_heads, **factory) if cfg.alibi_slopes is None else torch.tensor(cfg.alibi_slopes, **factory)
         self.register_buffer("alibi_slopes", slopes, persistent=False)
+        self.alibi_form = (cfg.alibi_rounding, cfg.alibi_divisor)  # how the bias is made from the slopes (alibi_bias)
         g = n_heads if n_kv_heads is None else n_kv_heads
         self.n_kv_heads = g
         h, e, d, bias = n_heads, cfg.d_head, cfg.d_model, cfg.arch.biases
@@ -234,7 +248,7 @@ class Attention(nn.Module):
         n_pos = scores.shape[-1]
         if self.alibi_slopes is not None:
             slopes = self.alibi_slopes if heads is None else self.alibi_slopes[heads]
-            scores = scores + bias_on * alibi_bias(slopes.to(scores.dtype), n_pos)
+            scores = scores + bias_on * alibi_bias(slopes.to(scores.dtype), n_pos, *self.alibi_form)
         return self.hook_attn_scores(scores.masked_fill(~self.mask(n_pos, scores.device), float("-inf")))
 
     def mask(self, n_pos: int, device=None) -> Tensor:

@@ -54,12 +54,12 @@ TL_HARMLESS = frozenset({
 def check_options(options: Mapping[str, Any], defaults: Mapping[str, Any], understood: Iterable[str], source: str,
                   harmless: Iterable[str] = ()) -> None:
     """Refuse, naming each, the options in ``options`` that are neither ``understood`` nor
-    ``harmless`` and differ from their value in ``defaults`` (absent there: any value differs)."""
+    ``harmless`` and differ from their value in ``defaults`` (absent there: any value but None, which is unset)."""
     allowed = set(understood) | set(harmless)
     unread = []
     for key, value in options.items():
         default = defaults.get(key, _MISSING)
-        if key not in allowed and not _same(value, default):
+        if key not in allowed and not _same(value, default) and not (default is _MISSING and value is None):  # null: unset
             unread.append(f"{key}={value!r} (default {'not set' if default is _MISSING else repr(default)})")
     if unread:
         what = "an option" if len(unread) == 1 else "options"

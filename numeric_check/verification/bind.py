@@ -269,7 +269,7 @@ class Binder:
             slopes = model.blocks[layer].attn.alibi_slopes
             if slopes is None:
                 raise AtomBindingError(f"atom {a.label!r} is an ALiBi bias but the model has no ALiBi ({model.arch.describe()})")
-            return (alibi_bias(slopes[head:head + 1].to(model.dtype), self.cfg.n_ctx)[0],)  # [n_ctx, n_ctx]: query i, key j
+            return (alibi_bias(slopes[head:head + 1].to(model.dtype), self.cfg.n_ctx, *model.blocks[layer].attn.alibi_form)[0],)  # [n_ctx, n_ctx]: query i, key j
         if name == "b_O":
             layer, _, _ = self._layer_head(a, need_head=False)
             if not model.arch.biases:

@@ -302,3 +302,29 @@ def test_gemma_in_half_precision_is_read_with_the_embedding_scale_it_holds(model
         monkeypatch.setattr(llama, "embed_scale", lambda model: model.config.hidden_size**0.5)
         with pytest.raises(SourceMismatch, match="differ already after the embedding"):
             from_hf(hf, device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_falcon_alibi_is_read_with_its_bias_made_in_bfloat16(dtype, monkeypatch):
+    """16 heads (slopes 2^-0.5 ... not exact in bfloat16) over 300 positions (keys beyond 256 rounded): Falcon makes
+    the bias in bfloat16 whatever the model's dtype; read so, the conversion is exact, and exact slopes are not."""
+    from numeric_check.model.readers import falcon
+
+    hf = build("falcon", 1, dtype=dtype, alibi=True, hidden_size=64, num_attention_heads=16, max_position_embeddings=300)
+    check = from_hf(hf, device="cpu").source_check
+    assert check.rel_diff < 1e-12 and check.n_tokens == 2 * 64 + 300
+    made = falcon._alibi
+    monkeypatch.setattr(falcon, "_alibi", lambda *a: {**made(*a), "alibi_rounding": None})  # the control
+    with pytest.raises(SourceMismatch):
+        from_hf(hf, device="cpu")
+
+
+def test_a_score_cap_the_source_does_not_apply_is_named_on_the_source_line():
+    hf = build("gemma3_text", 1, attn_logit_softcapping=5.0, sliding_window=3)
+    model = from_hf(hf, device="cpu")
+    assert model.arch.attn_softcap is None
+    assert ("(the config's score cap attn_logit_softcapping=5 is not applied by Gemma 3's attention under transformers "
+            f"{transformers.__version__}: converted without it)") in model.source_check.describe()
+    if MAJOR < 5:  # transformers 4 runs Gemma 2 in SDPA too, which has no cap
+        hf = build("gemma2", 1, attn_implementation="sdpa", sliding_window=3)
+        assert "is not applied by SDPA under transformers 4." in from_hf(hf, device="cpu").source_check.describe()

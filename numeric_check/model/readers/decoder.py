@@ -74,13 +74,28 @@ def windows(config: Any, n_layers: int, source: str, per_layer: bool = True,
     return None if all(p is None for p in per) else per
 
 
-def softcaps(config: Any) -> dict[str, float | None]:
-    """Gemma 2's caps: ``c·tanh(s/c)`` on the scaled scores and on the logits (None: no cap). SDPA attention has no
-    cap: transformers 4 lets Gemma 2 and VaultGemma run in it and drops the scores' cap there (5 refuses), so
-    the source computes uncapped scores and they are read so."""
-    sdpa = getattr(config, "_attn_implementation", None) == "sdpa"
-    return {"attn_softcap": None if sdpa else getattr(config, "attn_logit_softcapping", None) or None,
+def softcaps(model: Any) -> dict[str, float | None]:
+    """Gemma 2's caps: ``c·tanh(s/c)`` on the scaled scores and on the logits (None: no cap), the scores' cap only where
+    the source's attention applies it (:func:`dropped_score_cap`)."""
+    config = model.config
+    return {"attn_softcap": None if dropped_score_cap(model) else getattr(config, "attn_logit_softcapping", None) or None,
             "logit_softcap": getattr(config, "final_logit_softcapping", None) or None}
+
+
+def dropped_score_cap(model: Any) -> str | None:
+    """Where the config names a score cap that the source's attention does not apply, in words (the source computes
+    uncapped scores, and they are read so): Gemma 3's attention never passes its cap on, and SDPA has none
+    (transformers 4 lets Gemma 2 and VaultGemma run in it; 5 refuses). None when the cap is applied or not set."""
+    import transformers
+
+    config = getattr(model, "config", None)
+    cap = getattr(config, "attn_logit_softcapping", None)
+    if not cap:
+        return None
+    where = ("Gemma 3's attention" if type(model).__name__ == "Gemma3ForCausalLM"
+             else "SDPA" if getattr(config, "_attn_implementation", None) == "sdpa" else None)
+    return None if where is None else (f"the config's score cap attn_logit_softcapping={cap:g} is not applied by {where} "
+                                       f"under transformers {transformers.__version__}: converted without it")
 
 
 def rope_fields(rotary_emb: Any) -> dict[str, Any]:

@@ -1,16 +1,18 @@
 """Falcon: one fused query/key/value projection in three layouts (multi-head, multi-query, and the
 new decoder architecture's key/value groups), rotary, parallel or sequential blocks with one or
-two layer norms; or ALiBi (``alibi=True``) instead of rotary, in its default (SDPA) attention."""
+two layer norms; or ALiBi (``alibi=True``) instead of rotary, in its default (SDPA) attention, its bias made in bfloat16 as
+Falcon makes it (:func:`_alibi`)."""
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.layers import alibi_slopes
 from numeric_check.model.readers import decoder
 from numeric_check.model.readers.common import Family, act, built_eps, heads_out, linear, norm, plain_mlp, rotary, unembed
 
@@ -74,9 +76,19 @@ def read_falcon(model: Any) -> SourceWeights:
         ln_final=norm(model.transformer.ln_f, "layer"), positional="none", layer_norm=True,
         act_fn=act(config.activation, source), eps=built_eps(model, "layer_norm_epsilon", source), attn_scale=math.sqrt(d_head),
         d_head=d_head, n_ctx=config.max_position_embeddings, d_mlp=config.ffn_hidden_size, parallel=parallel,
-        rotary=fraction, rotary_base=theta, alibi_slopes=alibi_slopes(h) / math.sqrt(d_head) if config.alibi else None,
+        rotary=fraction, rotary_base=theta, **(_alibi(model, h, d_head) if config.alibi else {}),
         **({} if config.alibi else decoder.rope_fields(model.transformer.rotary_emb)),
     )
+
+
+def _alibi(model: Any, h: int, d_head: int) -> dict[str, Any]:
+    """Falcon's ALiBi as it makes it: ``build_alibi_tensor`` rounds the slopes to bfloat16 and makes the bias of key
+    ``j`` as ``slope · j`` in bfloat16, whatever the model's dtype; the mask then divides it by ``sqrt(d_head)``. The
+    slopes as its own function gives them (the bias of key 1), the rest named for :func:`alibi_bias`."""
+    make = getattr(sys.modules[type(model).__module__], "build_alibi_tensor")
+    mask = torch.ones(1, 2, dtype=torch.long, device="cpu")
+    slopes = make(mask, h, torch.float64)[:, 0, 1]  # [h]: b_h(1) = the slope rounded to bfloat16
+    return {"alibi_slopes": f64(slopes), "alibi_rounding": "bfloat16", "alibi_divisor": math.sqrt(d_head)}
 
 
 FAMILIES = (

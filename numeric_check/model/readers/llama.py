@@ -167,7 +167,7 @@ def read_llama_like(model: Any, source: str, layout: Layout = Layout(), scales: 
         qk_norm_scope=decoder.qk_scope(layers[0].q_norm[0], d_head) if qk else "head",
         sublayer_norm=norm_names(model.model.layers[0])[0],
         window=decoder.windows(config, len(layers), source, layout.layer_windows, model.model.layers),
-        **decoder.softcaps(config), **decoder.rope_fields(rotary_emb),
+        **decoder.softcaps(model), **decoder.rope_fields(rotary_emb),
     )
 
 
@@ -313,10 +313,11 @@ def embed_scale(model: Any) -> float:
 
 
 def _read_gemma(model: Any, source: str = "the Gemma model") -> SourceWeights:
-    # Gemma scales its embeddings by sqrt(d_model) (as the module holds it) and its RMSNorm gains are 1 + w
+    # Gemma scales its embeddings by sqrt(d_model) (as the module holds it) and its RMSNorm gains are 1 + w; Gemma 1's
+    # MLP applies hidden_act (its config's hidden_activation is a leftover no code reads), Gemma 2/3's hidden_activation
     config = model.config
     scalar = getattr(config, "query_pre_attn_scalar", None)
-    act_attr = "hidden_activation" if getattr(config, "hidden_activation", None) else "hidden_act"
+    act_attr = "hidden_act" if type(model).__name__ == "GemmaForCausalLM" else "hidden_activation"
     return read_llama_like(model, source, Layout(norm="gemma", act=act_attr),
                            Scales(embed=embed_scale(model), attn=math.sqrt(scalar) if scalar else None))
 
@@ -407,7 +408,7 @@ FAMILIES = (
     _family("Llama", "LlamaForCausalLM", _LLAMA),
     _family("Qwen2", "Qwen2ForCausalLM", _LLAMA | _WINDOWS),
     _family("Mistral", "MistralForCausalLM", _LLAMA | _WINDOWS, _ONE_WINDOW),
-    Family("Gemma", ("GemmaForCausalLM",), _read_gemma, _LLAMA),
+    Family("Gemma", ("GemmaForCausalLM",), _read_gemma, _LLAMA | {"hidden_activation"}),  # a leftover Gemma 1 ignores
     Family("StableLM", ("StableLmForCausalLM",), _read_stablelm,
            _LLAMA | {"layer_norm_eps", "use_qkv_bias", "qk_layernorm", "use_parallel_residual"}),
     Family("OLMo", ("OlmoForCausalLM",), _read_olmo, _LLAMA | {"clip_qkv"}),
