@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from numeric_check.errors import InputFileError, TrainConfigError
+from numeric_check.training.batch import RepeatBatch
 from numeric_check.training.config import BLOCK_LINES, HELDOUT_EVERY
 
 #: The largest text read (bytes, all files together): the King James Bible is 4.3 MB.
@@ -222,8 +223,6 @@ def text_batch(ids: torch.Tensor, n_ctx: int, batch_size: int, generator: torch.
     >>> bool((b.tokens[0, src:src + n] == b.tokens[0, start:start + n]).all()) and start >= src + n
     True
     """
-    from numeric_check.training.toy import RepeatBatch
-
     length = n_ctx + 1
     offsets = torch.randint(0, len(ids) - length + 1, (batch_size,), generator=generator)
     tokens = ids[offsets[:, None] + torch.arange(length)]  # [batch, n_ctx + 1]

@@ -34,21 +34,8 @@ import torch.nn.functional as F
 from numeric_check.errors import CheckpointError
 from numeric_check.model.checkpoint import read_json, read_text_file, stored_content_hash
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.training.batch import RepeatBatch  # noqa: F401 - part of this module's API
 from numeric_check.training.config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
-
-
-class RepeatBatch(NamedTuple):
-    """A batch of sequences with repeated segments.
-
-    ``tokens`` ``[batch, n_ctx]``; ``copies`` ``[batch, max_repeats, 3]`` one row per
-    repeat, ``(source start, copy start, length)``, in order of the copy start, rows of
-    ``-1`` where no further repeat fitted; ``repeat_mask`` ``[batch, n_ctx]`` is True on the
-    tokens an induction head can predict: every copy without its first token.
-    """
-
-    tokens: torch.Tensor
-    copies: torch.Tensor
-    repeat_mask: torch.Tensor
 
 
 def _segment_lengths(config: TrainConfig, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
