@@ -13,13 +13,13 @@ Every causal-LM model type of the installed ``transformers`` is looked up:
 
 - a type the installed transformers lacks (its config or model class came later) is skipped, with why.
 
-It prints the README's "Model families" section (``--write-readme README.md`` replaces it between
-its markers, and sets this version's row of the table of versions, keeping the other versions' rows:
-run it once with each end of the declared range installed). One thread; about a minute on this
-project's CPU.
+It prints the measured tables of the guide's page on model families (``--write
+docs/reference/model-families.md`` replaces them between their markers, and sets this version's row of
+the table of versions, keeping the other versions' rows: run it once with each end of the declared range
+installed). One thread; about a minute on this project's CPU.
 
-    PYTHONPATH=. python benchmarks/coverage.py [--seeds 3] [--write-readme README.md]
-    PYTHONPATH=build/versions/transformers-4.57.1:. python benchmarks/coverage.py --write-readme README.md
+    PYTHONPATH=. python benchmarks/coverage.py [--seeds 3] [--write docs/reference/model-families.md]
+    PYTHONPATH=build/versions/transformers-4.57.1:. python benchmarks/coverage.py --write docs/reference/model-families.md
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def refusal(model_type: str) -> tuple[str, str]:
 
 
 def section(seeds: int) -> tuple[str, str]:
-    """The README's section and this version's row of the table of versions."""
+    """The page's measured section and this version's row of the table of versions."""
     converted, refused, skipped = [], [], []
     for model_type in ZOO:
         reason = missing(model_type)
@@ -160,7 +160,8 @@ def versions_table(old: str, row: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--write-readme", metavar="README", default=None)
+    parser.add_argument("--write", "--write-readme", dest="write", metavar="PAGE", default=None,
+                        help="the Markdown page whose marked tables to replace (docs/reference/model-families.md)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
@@ -169,25 +170,25 @@ def main() -> None:
     print(text)
     print(row)
     print(f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
-    if args.write_readme:
-        with open(args.write_readme, encoding="utf-8") as f:
-            readme = f.read()
+    if args.write:
+        with open(args.write, encoding="utf-8") as f:
+            page = f.read()
         for start_mark, end_mark in ((START, END), (VERSIONS_START, VERSIONS_END)):
-            if start_mark not in readme or end_mark not in readme:
-                sys.exit(f"{args.write_readme} has no {start_mark} … {end_mark} markers to replace")
-        head, rest = readme.split(VERSIONS_START, 1)
+            if start_mark not in page or end_mark not in page:
+                sys.exit(f"{args.write} has no {start_mark} … {end_mark} markers to replace")
+        head, rest = page.split(VERSIONS_START, 1)
         old, tail = rest.split(VERSIONS_END, 1)
-        readme = head + versions_table(old, row) + tail
-        if transformers.__version__ == _newest(readme):  # the long section: the newest version's
-            head, rest = readme.split(START, 1)
-            readme = head + text + rest.split(END, 1)[1]
-        with open(args.write_readme, "w", encoding="utf-8") as f:
-            f.write(readme)
+        page = head + versions_table(old, row) + tail
+        if transformers.__version__ == _newest(page):  # the long section: the newest version's
+            head, rest = page.split(START, 1)
+            page = head + text + rest.split(END, 1)[1]
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(page)
 
 
-def _newest(readme: str) -> str:
-    """The newest transformers version in the README's table of versions."""
-    table = readme.split(VERSIONS_START, 1)[1].split(VERSIONS_END, 1)[0]
+def _newest(page: str) -> str:
+    """The newest transformers version in the page's table of versions."""
+    table = page.split(VERSIONS_START, 1)[1].split(VERSIONS_END, 1)[0]
     return next(line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and line[2].isdigit())
 
 

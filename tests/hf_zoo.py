@@ -1,7 +1,7 @@
 """Tiny Hugging Face models of every family ``from_hf`` reads or refuses, built offline from their
 configs (2 layers, d_model 16, 4 heads, 13 tokens, 8 positions) with every parameter perturbed
 off its default; shared by ``tests/numeric_check/test_hf_families.py`` and
-``benchmarks/coverage.py`` (the README's table of model families).
+``benchmarks/coverage.py`` (the guide's page on model families, docs/reference/model-families.md).
 
 ``exact_float64`` replaces the float32 round trips Hugging Face makes inside a float64 model
 (RMSNorm, some layer norms, rotary tables) by float64, nothing else, so that a conversion can be
