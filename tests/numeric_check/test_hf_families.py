@@ -328,3 +328,15 @@ def test_a_score_cap_the_source_does_not_apply_is_named_on_the_source_line():
     if MAJOR < 5:  # transformers 4 runs Gemma 2 in SDPA too, which has no cap
         hf = build("gemma2", 1, attn_implementation="sdpa", sliding_window=3)
         assert "is not applied by SDPA under transformers 4." in from_hf(hf, device="cpu").source_check.describe()
+
+
+def test_a_4096_position_context_is_held_to_the_rounding_at_its_own_length():
+    """Granite at its default multipliers over 4096 positions: each probe's tolerance is the float32 rounding measured
+    at that probe's length, so the exact conversion passes and one 1 % off is refused."""
+    hf = build("granite", 1, max_position_embeddings=4096)
+    tokens = torch.randint(0, 13, (1, 4096), generator=torch.Generator().manual_seed(0))
+    check = from_hf(hf, device="cpu", check_tokens=tokens).source_check
+    assert check.n_tokens == 2 * 64 + 1024 + 4096 and check.rel_diff <= check.tolerance < 1e-4
+    hf.model.layers[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+    with pytest.raises(SourceMismatch):
+        from_hf(hf, device="cpu", check_tokens=tokens)
