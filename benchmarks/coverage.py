@@ -4,7 +4,7 @@ Every causal-LM model type of the installed ``transformers`` is looked up:
 
 - a type with a tiny model in ``tests/hf_zoo.py`` (2 layers, d_model 16, 4 heads, every parameter
   perturbed) is converted in float64 (float32 where Hugging Face's model cannot run in float64:
-  mixture-of-experts kernels, XGLM's mask) for each of ``--seeds`` seeds; converted, its logits are compared with the source's
+  ``tests.hf_zoo.source_dtype``) for each of ``--seeds`` seeds; converted, its logits are compared with the source's
   twice — against Hugging Face as shipped (its RMSNorm, rotary tables and some softmaxes round
   through float32 even in a float64 model) and against the same model with those round trips
   made in float64 (``exact_float64``) — and ``verify_logits`` at order 2 and ``verify_qk`` on the
@@ -41,7 +41,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk  # noqa: E402
 from numeric_check.model.readers import BY_CLASS  # noqa: E402
 from tensoralg.display import md_table  # noqa: E402
-from tests.hf_zoo import CONVERTS, ZOO, build, missing, source_dtype  # noqa: E402
+from tests.hf_zoo import CONVERTS, ZOO, build, logits, missing, source_dtype  # noqa: E402
 
 TOKENS = torch.tensor([[1, 5, 2, 7, 3, 1, 4, 0]])
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
@@ -67,7 +67,7 @@ def measure(model_type: str, seeds: int) -> dict:
         for exact, hf in built:
             model = from_hf(hf)
             with torch.no_grad():
-                rel = max(relative(model(TOKENS), hf(TOKENS).logits.to(torch.float64)), model.source_check.rel_diff)
+                rel = max(relative(model(TOKENS), logits(hf, TOKENS)), model.source_check.rel_diff)
             out["exact" if exact else "shipped"] = max(out["exact" if exact else "shipped"], rel)
             out["tolerance"].append(model.source_check.tolerance)
         out["family"], out["arch"] = BY_CLASS[type(hf).__name__].name, model.arch.describe()
@@ -136,7 +136,7 @@ def section(seeds: int) -> tuple[str, str]:
         md_table(["model type", "family", "refused for"], [[f"`{t}`", f, reason] for t, f, reason in refused]),
         "",
         f"**Not a family tcircuits reads: {len(others)} more causal-LM model types** — `from_hf` refuses their class "
-        "as \"not a family tcircuits reads (it reads …)\": " + ", ".join(f"`{t}`" for t in others) + ".",
+        "as \"not a family tcircuits reads\": " + ", ".join(f"`{t}`" for t in others) + ".",
         "",
         f"**Skipped: {len(skipped)} model types of `tests/hf_zoo.py`** that transformers {transformers.__version__} does "
         "not have (they came later)" + (": " + ", ".join(f"`{t}`" for t in skipped) if skipped else "") + ".",
