@@ -56,11 +56,14 @@ def check_outputs(out_dir: Path | str, pdf: bool = False, force: bool = False) -
 
 
 def write_paper(out_dir: Path | str, *, pdf: bool = False, progress: Callable[[str], None] = lambda step: None,
-                seed: int = 0, force: bool = False, device=None) -> tuple[Paper, list[Path]]:
+                seed: int = 0, force: bool = False, device=None, language=None) -> tuple[Paper, list[Path]]:
     """Build the companion into ``out_dir``, swapped in whole at the end, the models measured on ``device``
-    (``None``: CUDA when present); return the paper and the files written (their paths in ``out_dir``)."""
+    (``None``: CUDA when present); return the paper and the files written (their paths in ``out_dir``).
+
+    The language page measures the shipped language models on their held-out text, or ``language`` when given
+    (:func:`~numeric_check.reports.paper.your_model.language_models`: a model of one's own and a text)."""
     folder = paper_folder(out_dir, pdf, force)
-    measurements = measure(progress, seed=seed, device=device)
+    measurements = measure(progress, seed=seed, device=device, language=language)
     paper = build_paper(measurements, progress)
     with folder as staging:
         written = _write(paper, measurements, staging, pdf, progress)

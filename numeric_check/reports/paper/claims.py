@@ -495,26 +495,11 @@ def _random_orders(m: Measurements) -> list[float]:
     return m.random_importance.marginal_by_order if m.random_importance else [math.nan] * 3
 
 
-def virtual_heads(m: Measurements) -> PaperFinding:
-    two = m.analysis(2)
-    report = two.importance_repeat or two.importance
-    orders, rnd = report.marginal_by_order, _random_orders(m)
-    largest = report.top_virtual(1)
-    part = Part(f"on repeated tokens the individual heads lower the loss (by {MATTERS} nats at least) and all virtual "
-                f"heads together change it by less than {MUCH_SMALLER:g} of that",
-                f"virtual heads {orders[2]:+.3f} nats, individual heads {orders[1]:+.3f}; the largest virtual head "
-                f"{path(largest[0][0]) if largest else '–'} {largest[0][1] if largest else math.nan:+.3f}",
-                much_smaller(orders[2], orders[1]),
-                f"a two-layer model that learned nothing (random weights): virtual {rnd[2]:+.3f}, individual {rnd[1]:+.3f}",
-                much_smaller(rnd[2], rnd[1]))
-    return finding("virtual-heads", "In two-layer attention-only models, virtual attention heads matter much less than "
-                   "the individual heads: their marginal effect on the loss is small.", (part,), figure="importance")
-
-
 def marginal_by_order(m: Measurements) -> PaperFinding:
     two = m.analysis(2)
     o, rnd = two.importance_repeat.marginal_by_order, _random_orders(m)
     every = two.importance.marginal_by_order
+    largest = two.importance_repeat.top_virtual(1)
     rnd_every = m.random_importance_all.marginal_by_order if m.random_importance_all else [math.nan] * 3
     nothing = "a two-layer model that learned nothing (random weights)"
     text = lambda x: f"direct {x[0]:+.3f}, heads {x[1]:+.3f}, virtual {x[2]:+.3f}"  # noqa: E731
@@ -526,17 +511,19 @@ def marginal_by_order(m: Measurements) -> PaperFinding:
              "−1.8 nats)", f"direct path {every[0]:+.3f} nats on all tokens, {o[0]:+.3f} on repeated tokens",
              lowers(every[0], 0.0), f"{nothing}: {rnd_every[0]:+.3f} on all tokens", lowers(rnd_every[0], 0.0)),
         Part(f"the second-order terms (virtual heads) add little: less than {MUCH_SMALLER:g} of the first order's",
-             f"virtual {o[2]:+.3f}, heads {o[1]:+.3f}", much_smaller(o[2], o[1]),
+             f"virtual {o[2]:+.3f}, heads {o[1]:+.3f} on repeated tokens; the largest virtual head "
+             f"{path(largest[0][0]) if largest else '–'} {largest[0][1] if largest else math.nan:+.3f}",
+             much_smaller(o[2], o[1]),
              f"{nothing}: virtual {rnd[2]:+.3f}, heads {rnd[1]:+.3f}", much_smaller(rnd[2], rnd[1])),
     )
     return finding("marginal-loss", "Expanding the logits by path order, the first-order terms (individual heads) carry "
                    "most of the loss reduction, the direct path models bigrams, and the second-order terms (virtual "
-                   "heads) add little.", parts,
+                   "heads) add little.", parts, figure="importance",
                    note=FLAT_DATA.replace("this claim", "the direct path's part") if flat_data(two) else "")
 
 
 def paper_findings(m: Measurements) -> dict[str, PaperFinding]:
     """Every finding, by key, in the paper's order."""
     makers = (bigrams, copying_one_layer, skip_trigrams, bugs, previous_token, k_composition, induction_heads,
-              induction_circuits, induction_loss, virtual_heads, marginal_by_order)
+              induction_circuits, induction_loss, marginal_by_order)
     return {f.key: f for f in (make(m) for make in makers)}

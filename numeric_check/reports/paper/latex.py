@@ -16,7 +16,9 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
+from numeric_check.reports.paper.language_claims import Table, language_tables, why_different
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
+from numeric_check.reports.paper.your_model import YOURS_DIFFERENT, yours_paragraph
 
 PREAMBLE = r"""\documentclass[10pt]{article}
 \usepackage[margin=2cm]{geometry}
@@ -92,6 +94,17 @@ def trigrams_latex(paper: Paper) -> list[str]:
     return lines
 
 
+def table_latex(t: Table) -> list[str]:
+    """A :class:`~numeric_check.reports.paper.language_claims.Table` as a LaTeX tabular (text escaped)."""
+    columns = "".join("r" if i in t.numeric else "p{%.2f\\linewidth}" % (0.8 / max(1, len(t.header) - len(t.numeric)))
+                      for i in range(len(t.header)))
+    lines = [r"\begin{center}", r"\small " + _t(t.caption) + r"\\[2pt]", r"\begin{tabular}{" + columns + "}",
+             r"\hline " + " & ".join(map(_t, t.header)) + r" \\ \hline"]
+    lines += [" & ".join(map(_t, row)) + r" \\" for row in t.rows]
+    lines += [r"\hline", r"\end{tabular}", r"\end{center}"]
+    return lines + ([r"{\small " + _t(t.note) + "}", ""] if t.note else [""])
+
+
 def analysis_checks_latex(paper: Paper) -> list[str]:
     m = paper.measurements
     lines = [r"\subsection*{" + _t(f"Every check of tcircuits analyze on {m.analysis(2).name} "
@@ -118,9 +131,17 @@ def paper_latex(paper: Paper) -> str:
     lines += [r"\hline", r"\end{tabular}", ""]
     for section in paper.sections:
         lines += [r"\section{" + _t(section.title) + "}"]
-        lines += [prose_latex(p, INDEX_FROM) + "\n" for p in section.spec.paragraphs]
+        yours = paper.measurements.language_models if section.slug == "language" else None  # a model of one's own
+        lines += ([prose_latex(p, INDEX_FROM) + "\n" for p in section.spec.paragraphs] if yours is None
+                  else [_t(yours_paragraph(yours)) + "\n"])
+        if section.slug == "language" and paper.measurements.language is not None:
+            note = why_different(paper.measurements.language) if yours is None else YOURS_DIFFERENT
+            lines += [r"\subsection*{The paper's tables beside ours}", _t(note), ""]
+            for t in language_tables(paper.measurements.language):
+                lines += table_latex(t)
         if section.findings:
-            lines.append(r"\subsection*{What the shipped models show}")
+            lines.append(r"\subsection*{What the shipped models show}" if yours is None
+                         else r"\subsection*{What your model shows}")
             for f in section.findings:
                 lines += finding_latex(f)
                 if f.key == "skip-trigrams":

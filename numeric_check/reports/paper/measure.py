@@ -29,6 +29,7 @@ from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
 from numeric_check.reports.analysis import ModelAnalysis, analyze_model
+from numeric_check.reports.paper.language import LanguageMeasurements, load_language_models, measure_language
 from numeric_check.training.toy import data_tables, next_token_losses, repeated_segment_batch, shipped_checkpoint, \
     training_record_for
 from numeric_check.verification.results import VerifyReport
@@ -125,6 +126,8 @@ class Measurements:
     random_importance_all: ImportanceReport | None = None
     random_bugs: list[Bugs] = field(default_factory=list)
     random_partner_same: dict[tuple[int, int], float] = field(default_factory=dict)
+    language: LanguageMeasurements | None = None
+    language_models: str | None = None  # the model and text the language page measured, when not the shipped ones
 
     def analysis(self, n_layers: int) -> ModelAnalysis:
         return self.analyses[n_layers]
@@ -370,9 +373,10 @@ def _controls(found: "Measurements", models: dict[int, CircuitModel], seed: int)
 
 
 def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences: int = 64, seed: int = 0,
-            device=None) -> Measurements:
+            device=None, language=None) -> Measurements:
     """Analyse the shipped models (on ``device``; ``None``: CUDA when present), verify their expansions and
-    measure the controls.
+    measure the controls; measure the paper's tables on the shipped language models, or on ``language``
+    (:class:`~numeric_check.reports.paper.your_model.LanguageModels`: a model of one's own and a text) when given.
 
     ``progress(step)`` is called after each step (:data:`STEPS` of them).
     """
@@ -402,11 +406,18 @@ def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences:
     progress("the bigram table; the planted skip-trigrams: rises, bugs, source attention")
     _controls(found, models, seed)
     progress("controls: models that learned nothing")
+    if language is None:
+        found.language = measure_language(*load_language_models(device), seed=seed)
+    else:
+        found.language = measure_language(language.models, language.records, language.data, seed=seed,
+                                          control=language.control)
+        found.language_models = language.describe()
+    progress("the language models: the paper's tables")
     return found
 
 
 #: How many times :func:`measure` calls ``progress``.
-STEPS = len(LAYERS) + 4
+STEPS = len(LAYERS) + 5
 
 
 def induction_head(a: ModelAnalysis) -> tuple[int, int] | None:

@@ -20,6 +20,8 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, Part, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper, Section
 from numeric_check.reports.paper.figures import CAPTIONS
+from numeric_check.reports.paper.language_claims import Table, language_tables, why_different
+from numeric_check.reports.paper.your_model import YOURS_DIFFERENT, yours_paragraph
 from numeric_check.verification.results import VerifyReport
 
 TITLE = "A Mathematical Framework for Transformer Circuits: the companion"
@@ -41,6 +43,8 @@ nav.pages .here { font-weight: 600; }
 .finding figure img { width: auto; max-width: 100%; }  /* drawn at the size it is read at: 100 % */
 td.section { white-space: nowrap; }
 .trigrams { display: flex; gap: 1.5rem; flex-wrap: wrap; }
+p.note { color: var(--muted); font-size: 0.9rem; margin-top: 0.3rem; }
+h3.table-title { font-size: 1rem; margin: 1.6rem 0 0.4rem; }
 """
 
 
@@ -175,6 +179,26 @@ def trigrams_html(paper: Paper) -> str:
     return '<div class="trigrams">' + "".join(out) + "</div>"
 
 
+def table_html(t: Table) -> str:
+    """A :class:`~numeric_check.reports.paper.language_claims.Table` as HTML: every cell escaped, numbers right-aligned."""
+    def cell(tag: str, i: int, text: str) -> str:
+        return f'<{tag} class="num">{_h(text)}</{tag}>' if i in t.numeric else f"<{tag}>{_h(text)}</{tag}>"
+
+    head = "".join(cell("th", i, c) for i, c in enumerate(t.header))
+    body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in t.rows)
+    note = f'<p class="note">{_h(t.note)}</p>' if t.note else ""
+    return (f'<h3 class="table-title">{_h(t.caption)}</h3><table id="{_h(t.key)}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>{note}")
+
+
+def language_html(paper: Paper) -> str:
+    """The slides' tables measured on the language models, with the paper's numbers and why ours differ."""
+    m = paper.measurements.language
+    note = why_different(m) if paper.measurements.language_models is None else YOURS_DIFFERENT
+    return ("<h2>The paper's tables beside ours</h2>" + f"<p>{_h(note)}</p>"
+            + "".join(table_html(t) for t in language_tables(m)))
+
+
 def analysis_checks_html(paper: Paper) -> str:
     """Every check of ``tcircuits analyze`` on the two-layer model with the one-layer control
     (:func:`numeric_check.reports.findings.findings`), folded."""
@@ -190,9 +214,13 @@ def analysis_checks_html(paper: Paper) -> str:
 
 def section_page(paper: Paper, section: Section) -> str:
     body = [_nav(paper, section.slug), f"<h1>{_h(section.title)}</h1>"]
-    body += [f"<p>{prose_html(p, INDEX_FROM)}</p>" for p in section.spec.paragraphs]
+    yours = paper.measurements.language_models if section.slug == "language" else None  # a model of one's own
+    body += ([f"<p>{prose_html(p, INDEX_FROM)}</p>" for p in section.spec.paragraphs] if yours is None
+             else [f"<p>{_h(yours_paragraph(yours))}</p>"])
+    if section.slug == "language" and paper.measurements.language is not None:
+        body.append(language_html(paper))
     if section.findings:
-        body.append("<h2>What the shipped models show</h2>")
+        body.append("<h2>What the shipped models show</h2>" if yours is None else "<h2>What your model shows</h2>")
         for f in section.findings:
             body.append(finding_html(f, trigrams_html(paper) if f.key == "skip-trigrams" else ""))
         if section.slug == "two-layers":
@@ -214,10 +242,12 @@ def index_page(paper: Paper) -> str:
     body = [_nav(paper, "index"), f"<h1>{_h(TITLE)}</h1>",
             "<p>Elhage et al. (2021), in the paper's order: every equation is derived step by step by the tcircuits "
             "catalogue and checked numerically; every finding is measured on attention-only models trained here on "
-            f"random sequences with repeated segments ({models}).</p>",
-            f"<p>{ok} of {len(checked)} derivations check line by line; "
-            f"{sum(1 for e in checked if e.model_check is not None and e.model_check.passed)} are also verified term by "
-            "term against a shipped model.</p>", "<h2>Contents</h2><ol>"]
+            f"random sequences with repeated segments ({models}).</p>"]
+    if paper.measurements.language_models is not None:
+        body.append(f"<p>The language page measures {_h(paper.measurements.language_models)}.</p>")
+    body += [f"<p>{ok} of {len(checked)} derivations check line by line; "
+             f"{sum(1 for e in checked if e.model_check is not None and e.model_check.passed)} are also verified term "
+             "by term against a shipped model.</p>", "<h2>Contents</h2><ol>"]
     for s in paper.sections:
         body.append(f'<li><a href="{_h(s.slug)}.html">{_h(s.title)}</a> — {plural(len(s.equations), "derivation")}'
                     + (f", {plural(len(s.findings), 'finding')}" if s.findings else "") + "</li>")

@@ -1,0 +1,195 @@
+"""``tcircuits paper`` on a model of one's own: the language page measured on a TransformerLens attention-only
+model (random weights, the API ``--tl`` goes through) and on a checkpoint trained with ``train-toy --text``; a
+model the companion cannot read (MLPs, more than two layers) refused in one line before its conversion."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from derivations.architecture import Architecture
+from numeric_check.errors import InputFileError, UnsupportedModel
+from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.reports.paper.language import IMPORTANCE_CHUNK, N_CTX, heldout_path
+from numeric_check.reports.paper.your_model import check_sizes, first_layer, language_models, text_data
+from numeric_check.training.text import train_tokenizer
+from tests.helpers import run_cli
+
+#: A slice of the shipped held-out text: enough words for a BPE of 512 tokens and for the page's windows.
+TEXT_CHARS = 40_000
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "psalms.txt"
+    path.write_text(heldout_path().read_text(encoding="utf-8")[:TEXT_CHARS], encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bpe(text_file):
+    return train_tokenizer(text_file.read_text(encoding="utf-8"), 512)
+
+
+def fake_transformer_lens(monkeypatch, bpe, **config):
+    """``HookedTransformer.from_pretrained`` answering with a random model of ``config`` that reads ``bpe``
+    (what ``--tl NAME`` loads, built offline); returns what it was asked."""
+    tl = pytest.importorskip("transformer_lens")
+    transformers = pytest.importorskip("transformers")
+    asked = {}
+
+    def from_pretrained(name, device=None, dtype=None):
+        asked.update(name=name)
+        cfg = tl.HookedTransformerConfig(**{"d_model": 16, "n_ctx": N_CTX, "d_head": 8, "n_heads": 2, "d_vocab": 512,
+                                            "attn_only": True, "normalization_type": "LN",
+                                            "positional_embedding_type": "shortformer", **config},
+                                         dtype=dtype, device=device, seed=1)
+        model = tl.HookedTransformer(cfg)
+        model.set_tokenizer(transformers.PreTrainedTokenizerFast(tokenizer_object=bpe))
+        return model
+
+    monkeypatch.setattr(tl.HookedTransformer, "from_pretrained", staticmethod(from_pretrained))
+    from numeric_check.model import load
+
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)  # from_pretrained above stands in for the hub
+    return asked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_layers, findings", [
+    (1, ("language-copying", "language-skip-trigrams")),
+    (2, ("language-term-importance", "language-induction")),
+])
+def test_the_companion_on_a_transformer_lens_attention_only_model(capsys, monkeypatch, tmp_path, bpe, text_file,
+                                                                  n_layers, findings):
+    torch.set_num_threads(1)
+    asked = fake_transformer_lens(monkeypatch, bpe, n_layers=n_layers)
+    name = f"attn-only-{n_layers}l"
+    code, out, err = run_cli(capsys, "paper", "--tl", name, "--text", str(text_file), "--out", str(tmp_path / "site"),
+                             "--quiet", "--device", "cpu")
+    assert code == 0, err
+    assert asked == {"name": name}
+    lines = out.splitlines()
+    assert lines[1] == (f"  the language page: {name} (TransformerLens) ({n_layers} layer{'s' if n_layers > 1 else ''} x "
+                        f"2 heads, qk_only positions, layer norm, d_model 16, a vocabulary of 512 tokens), measured on "
+                        f"{text_file} (" + lines[1].split(f"measured on {text_file} (")[1])
+    assert lines[2].startswith("  converted from HookedTransformer (TransformerLens, float64): logits equal to the source")
+    page = (tmp_path / "site" / "language.html").read_text(encoding="utf-8")
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert f"This page measures the paper&#39;s findings on {name} (TransformerLens)" in page
+    assert "What your model shows" in page and "King James Bible, at the model" in page
+    assert f"The language page measures {name} (TransformerLens)" in index and "psalms.txt" in index
+    for key in findings:
+        assert f'id="{key}"' in page, key
+    others = {"language-bigrams", "language-copying", "language-term-importance"} - set(findings)
+    assert not any(f'id="{key}"' in page for key in others)
+
+
+@pytest.mark.slow
+def test_the_companion_on_a_checkpoint_trained_on_text(capsys, tmp_path):
+    from tests.numeric_check.test_text import small_text
+
+    torch.set_num_threads(1)
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text(small_text(), encoding="utf-8")
+    model = tmp_path / "m.safetensors"
+    code, _, err = run_cli(capsys, "train-toy", "--text", str(text_file), "--layers", "2", "--heads", "2", "--d-model",
+                           "16", "--d-head", "8", "--n-ctx", str(N_CTX), "--seg-min", "3", "--seg-max", "8",
+                           "--batch-size", "4", "--steps", "3", "--vocab", "300", "--quiet", "--threads", "1", "--out",
+                           str(model))
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "paper", str(model), "--text", str(text_file), "--out", str(tmp_path / "site"),
+                             "--quiet", "--device", "cpu")
+    assert code == 0, err
+    assert out.splitlines()[1].startswith(f"  the language page: {model} (2 layers x 2 heads")
+    page = (tmp_path / "site" / "language.html").read_text(encoding="utf-8")
+    assert 'id="language-induction"' in page and 'id="language-term-importance"' in page
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    from derivations.cli import build_parser
+
+    return build_parser().parse_args(["paper", *argv, "--out", "unused"])
+
+
+def test_a_checkpoint_without_text_is_measured_on_the_shipped_held_out_text(tmp_path, monkeypatch):
+    from numeric_check.cli import paper
+
+    bpe = train_tokenizer(heldout_path().read_text(encoding="utf-8")[:TEXT_CHARS], 300)
+    model = CircuitModel.random(Architecture(0, 1), d_model=8, d_head=4, d_vocab=300, n_ctx=N_CTX, seed=0)
+    monkeypatch.setattr(paper, "_checkpoint", lambda args: (model, bpe, "m.safetensors", None, "--checkpoint m"))
+    found = paper.your_language(_args("m.safetensors"))
+    assert found.data.name == "the held-out King James Bible (shipped)" and set(found.models) == {0}
+
+
+@pytest.mark.slow
+def test_a_hugging_face_model_is_refused_from_its_config_before_its_weights(capsys, monkeypatch, tmp_path, text_file):
+    pytest.importorskip("transformers")
+    from numeric_check.model import load
+    from tests.helpers import saved_hf_model
+
+    folder = saved_hf_model(tmp_path / "gpt2", "gpt2")
+    capsys.readouterr()  # what saving it printed
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("the weights were read"))
+    code, out, err = run_cli(capsys, "paper", "--hf", str(folder), "--text", str(text_file), "--out", str(tmp_path / "s"))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "gpt2 (GPT2LMHeadModel, Hugging Face) has MLPs: the companion measures the paper's findings on " \
+           "attention-only models of 0, 1 or 2 layers" in err
+    assert f"the algebra (tcircuits derive, tcircuits expand) and the verification (tcircuits verify --hf {folder})" in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("config, why", [({"attn_only": False, "d_mlp": 32, "act_fn": "gelu"}, "has MLPs"),
+                                         ({"n_layers": 3}, "has 3 layers")])
+def test_a_transformer_lens_model_it_cannot_read_is_refused_before_the_conversion(capsys, monkeypatch, tmp_path, bpe,
+                                                                                   text_file, config, why):
+    fake_transformer_lens(monkeypatch, bpe, **{"n_layers": 2, **config})
+    from numeric_check.cli import source
+
+    monkeypatch.setattr(source, "convert", lambda *a, **k: pytest.fail("converted"))
+    code, out, err = run_cli(capsys, "paper", "--tl", "big", "--text", str(text_file), "--out", str(tmp_path / "s"),
+                             "--device", "cpu")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"big (TransformerLens) {why}: the companion measures" in err and "(tcircuits verify --tl big)" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--text", "notes.txt"], "--text is the text your model is measured on: give the model too"),
+    (["--tl", "attn-only-2l"], "--tl needs --text FILE: the text the model is measured on"),
+    (["--hf", "a", "--tl", "b", "--text", "t"], "give one model: --hf and --tl both name one"),
+    (["numeric_check/data/induction_2l.safetensors"], "has no tokenizer beside it (induction_2l.tokenizer.json)"),
+])
+def test_bad_model_arguments_are_one_line(capsys, tmp_path, argv, message):
+    code, out, err = run_cli(capsys, "paper", *argv, "--out", str(tmp_path / "s"))
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+def test_the_induction_control_is_the_first_layer_alone():
+    """The same model with its second layer removed: the same logits as the model with that layer's output zeroed."""
+    model = CircuitModel.random(Architecture(2, 2, positional="qk_only", layer_norm=True), d_model=8, d_head=4,
+                                d_vocab=10, n_ctx=6, seed=0)
+    tokens = torch.tensor([[1, 2, 3, 4, 1, 2]])
+    zeroed = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_attn_out", lambda x, hook: torch.zeros_like(x))])
+    one = first_layer(model)
+    assert one.arch.n_layers == 1 and one.arch.heads_per_layer == (2,)
+    torch.testing.assert_close(one(tokens), zeroed)
+
+
+def test_a_model_or_text_the_page_cannot_measure_is_one_line():
+    short = CircuitModel.random(Architecture(1, 1), d_model=8, d_head=4, d_vocab=500, n_ctx=32, seed=0)
+    with pytest.raises(UnsupportedModel, match=f"measures on windows of {N_CTX} tokens of the text, and s reads at most 32"):
+        check_sizes(short, "s")
+    small = CircuitModel.random(Architecture(1, 1), d_model=8, d_head=4, d_vocab=100, n_ctx=N_CTX, seed=0)
+    with pytest.raises(UnsupportedModel, match="most frequent tokens of the text, and v has a vocabulary of 100"):
+        check_sizes(small, "v")
+    wide = CircuitModel.random(Architecture(2, 8), d_model=8, d_head=4, d_vocab=48_262, n_ctx=N_CTX, seed=0)
+    held = rf"would hold [\d,]+ logits at once \(\d+ paths × {IMPORTANCE_CHUNK * N_CTX} tokens × a vocabulary of 48,262\)"
+    with pytest.raises(UnsupportedModel, match="term importance on w " + held):
+        language_models(wide, None, "w")
+    bpe = train_tokenizer(heldout_path().read_text(encoding="utf-8")[:TEXT_CHARS], 300)
+    with pytest.raises(InputFileError, match=r"short.txt is \d+ tokens; the companion measures on windows"):
+        text_data(bpe, "In the beginning God created the heaven and the earth.", "short.txt", 300)
+    with pytest.raises(InputFileError, match="outside the model's vocabulary 0..99: the tokenizer is not the model's"):
+        text_data(bpe, heldout_path().read_text(encoding="utf-8")[:5000], "t.txt", 100)
