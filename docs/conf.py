@@ -43,6 +43,7 @@ nb_execution_timeout = 300
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
+nb_render_markdown_format = "myst"  # notebooks' Markdown outputs (the tables of reports) as MyST, tables included
 
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
