@@ -22,7 +22,7 @@ data, width and tokens), so the rule can fail there on the phenomenon.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -30,9 +30,8 @@ import torch
 from torch import Tensor
 
 from numeric_check.circuits.factored import Factored
-from numeric_check.circuits.importance import logits_by_order
-from numeric_check.circuits.ov_qk import copying_scores, eigenvalue_positivity, head_weights, model_weight, ov_circuit, \
-    qk_circuit
+from numeric_check.circuits.importance import MAX_ELEMENTS, count_paths, logits_by_order
+from numeric_check.circuits.ov_qk import copying_scores, eigenvalue_positivity, head_weights, model_weight
 from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
@@ -264,6 +263,12 @@ def word_tokens(data: LanguageData, ids) -> list[int]:
     return [i for i in ids if re.fullmatch(r" [A-Za-z]{3,}", data.strings[i])]
 
 
+def _ov_columns(model: CircuitModel, head: int, W_U: Tensor, W_E: Tensor, sources: Tensor) -> Tensor:
+    """Columns ``sources`` of the first layer's OV circuit ``W_U W_OV^h W_E`` ``[d_vocab, len(sources)]``, on the CPU."""
+    w = head_weights(model, 0, head, torch.float64)
+    return (W_U @ (w["W_O"] @ (w["W_V"] @ W_E[:, sources.to(W_E.device)]))).cpu()
+
+
 def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, sources: int = 2, k: int = 4,
                    frequent: int = 400, seed: int = 0) -> tuple[list[TrigramTable], list[Bug]]:
     """The slides' skip-trigram tables of the ``heads`` heads whose OV circuits raise a source's top out most,
@@ -271,14 +276,17 @@ def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, s
     strongest rise first), with ``k`` destinations (among the frequent tokens) and outs; and every combination
     of their destinations and outs as a :class:`Bug` (seen in the text, or not: a bug), measured through the model."""
     counts = torch.bincount(data.ids, minlength=model.cfg.d_vocab)
-    common = counts.topk(frequent).indices
-    words = torch.tensor(word_tokens(data, common.tolist()))
+    common = counts.topk(min(frequent, model.cfg.d_vocab)).indices
+    words = torch.tensor(word_tokens(data, common.tolist()), dtype=torch.long)
+    if len(words) < 2:
+        return [], []  # no whole words among the frequent tokens: no table in the slides' form
+    W_U, W_E = model_weight(model, "W_U", torch.float64), model_weight(model, "W_E", torch.float64)
     found: list[tuple[float, int, int]] = []
     with torch.no_grad():
         for head in range(model.arch.heads_per_layer[0]):
-            ov = ov_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()[:, words]  # [out, source word]
+            ov = _ov_columns(model, head, W_U, W_E, words)  # [out, source word]: the columns read, never vocab × vocab
             strength = ov.max(0).values - ov.median(0).values
-            best = strength.topk(sources)
+            best = strength.topk(min(sources, len(words)))
             found += [(float(s), head, int(words[i])) for s, i in zip(best.values, best.indices)]
     strongest: dict[int, float] = {}
     for s, head, _ in found:
@@ -288,13 +296,15 @@ def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, s
     tables, bugs = [], []
     with torch.no_grad():
         for head in chosen:
-            qk = qk_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()  # [destination, source]
-            ov = ov_circuit(model, 0, head, dtype=torch.float64).materialize().cpu()  # [out, source]
+            w = head_weights(model, 0, head, torch.float64)
             for _, _, source in sorted((f for f in found if f[1] == head), reverse=True):
-                dests = tuple(int(common[i]) for i in qk[common, source].topk(k).indices)
-                outs = tuple(int(i) for i in ov[:, source].topk(k).indices)
-                unpicked = int(common[qk[common, source].argmin()])  # a frequent destination the head avoids most
-                other = next(w for w in words.tolist() if w != source and w not in outs)  # another frequent word
+                column = torch.tensor([source])
+                qk = (W_E[:, common].T @ w["W_Q"].T @ (w["W_K"] @ W_E[:, column])).flatten().cpu()  # [frequent destination]
+                ov = _ov_columns(model, head, W_U, W_E, column).flatten()  # [out]
+                dests = tuple(int(common[i]) for i in qk.topk(k).indices)
+                outs = tuple(int(i) for i in ov.topk(k).indices)
+                unpicked = int(common[qk.argmin()])  # a frequent destination the head avoids most
+                other = next(x for x in words.tolist() if x != source and x not in outs)  # another frequent word
                 example = ""
                 avoided = logit_rises(model, contexts, source, unpicked, seed)
                 for d in dests:
@@ -356,7 +366,8 @@ def _losses(model: CircuitModel, tokens: Tensor) -> dict[str, float]:
     Paths are expanded to order 1 (the direct path and each head); the virtual heads are the exact remainder
     (a two-layer model has no path of a higher order), so the individual heads' logits are all that is held."""
     totals: dict[str, float] = {}
-    chunks = tokens.split(IMPORTANCE_CHUNK)
+    per_sequence = (count_paths(model.arch.heads_per_layer, 1) + 1) * tokens.shape[1] * model.cfg.d_vocab
+    chunks = tokens.split(max(1, min(IMPORTANCE_CHUNK, MAX_ELEMENTS // per_sequence)))  # a large vocabulary: fewer at once
     for chunk in chunks:
         chunk = chunk.to(model.device)
         parts = logits_by_order(model, chunk, 1)
@@ -403,6 +414,7 @@ class Induction:
     control_second: float
     attention: dict[int, float]
     examples: tuple[tuple[str, str, str], ...] = field(default=())
+    control: str = "the one-layer model (same text, width and tokens)"
 
 
 def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *, length: int = 48,
@@ -475,7 +487,9 @@ def measure_language(models: dict[int, CircuitModel], records: dict[int, dict | 
         found["tables"], found["bugs"] = map(tuple, trigram_tables(models[1], data, seed=seed))
     if 2 in models:
         found["importance"] = importance(models[2], data, seed)
-        one = models.get(1, control.to(dtype=torch.float64) if control is not None else None)
-        if one is not None:
-            found["induction"] = induction(models[2], one, data)
+        if 1 in models:
+            found["induction"] = induction(models[2], models[1], data)
+        elif control is not None:
+            found["induction"] = replace(induction(models[2], control.to(dtype=torch.float64), data),
+                                         control="the same model with its second layer removed")
     return LanguageMeasurements(data, records, **found)

@@ -170,13 +170,13 @@ def induction_language(m: LanguageMeasurements) -> PaperFinding:
         "on a repeated passage of the held-out text, the loss on the second copy is at most half the first copy's",
         f"two-layer model: first copy {ind.first:.2f} nats, second {ind.second:.2f}",
         ind.second <= 0.5 * ind.first,
-        f"the one-layer model (same text, width and tokens): first {ind.control_first:.2f}, second {ind.control_second:.2f}",
+        f"{ind.control}: first {ind.control_first:.2f}, second {ind.control_second:.2f}",
         ind.control_second <= 0.5 * ind.control_first)
     attend = Part(
         "a second-layer head attends at least 0.4 on average from the second copy to the token after the earlier occurrence",
         f"{label(1, head)} {best:.2f}",
         best >= 0.4,
-        "the one-layer model cannot: no head of its has the previous token to match on",
+        f"{ind.control} cannot: no head of its has the previous token to match on",
         False)
     note = "" if best >= 0.4 else (
         "No second-layer head attends to the token after the earlier occurrence: induction heads did not form within "
@@ -284,7 +284,7 @@ def _induction_table(m: LanguageMeasurements) -> Table:
                         f"measured): \u201c{ind.passage[:160]}…\u201d",
                         ("", "first copy", "second copy"),
                         (("two-layer model (nats)", f"{ind.first:.2f}", f"{ind.second:.2f}"),
-                         ("one-layer model (nats)", f"{ind.control_first:.2f}", f"{ind.control_second:.2f}"))
+                         (f"{ind.control} (nats)", f"{ind.control_first:.2f}", f"{ind.control_second:.2f}"))
                         + tuple((f"{label(1, h)} attention to the token after the earlier occurrence", "", f"{a:.2f}")
                                 for h, a in attention), (1, 2),
                         "On the second copy, the model's prediction against the text: " + "; ".join(

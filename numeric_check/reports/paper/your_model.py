@@ -16,13 +16,12 @@ layer to match on the previous token's head).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, replace
 
 from numeric_check.circuits.importance import MAX_ELEMENTS, count_paths
 from numeric_check.errors import InputFileError, UnsupportedModel
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.reports.paper.language import IMPORTANCE_CHUNK, N_CTX, LanguageData, trigram_tables
+from numeric_check.reports.paper.language import N_CTX, LanguageData
 
 #: The most layers the companion's language page reads (the paper's zero-, one- and two-layer models).
 MAX_LAYERS = 2
@@ -62,23 +61,21 @@ def check_readable(n_layers: int, mlp: bool, name: str, verify: str) -> None:
 
 def check_sizes(model: CircuitModel, name: str) -> None:
     """Refuse, before any work, a model whose language page cannot be measured: a context shorter than the page's
-    windows of text, (one layer) a vocabulary smaller than the skip-trigram tables read, or (two layers) a term
-    importance that would hold more logits at once than :func:`~numeric_check.circuits.importance.logits_by_order`
-    allows."""
+    windows of text, or (two layers) a term importance whose one sequence would hold more logits at once than
+    :func:`~numeric_check.circuits.importance.logits_by_order` allows."""
     if model.cfg.n_ctx < N_CTX:
         raise UnsupportedModel(f"the companion measures on windows of {N_CTX} tokens of the text, and {name} reads at most "
                                f"{model.cfg.n_ctx}; give a model whose context holds {N_CTX} tokens")
-    frequent = inspect.signature(trigram_tables).parameters["frequent"].default
-    if model.arch.n_layers == 1 and model.cfg.d_vocab < frequent:
-        raise UnsupportedModel(f"the skip-trigram tables read the {frequent} most frequent tokens of the text, and {name} "
-                               f"has a vocabulary of {model.cfg.d_vocab}; give a model of {frequent} tokens or more")
+    if model.arch.n_layers == 0 and model.cfg.d_vocab ** 2 > MAX_ELEMENTS:
+        raise UnsupportedModel(f"the bigram table of {name} has {model.cfg.d_vocab ** 2:,} entries (a vocabulary of "
+                               f"{model.cfg.d_vocab:,} squared), more than the {MAX_ELEMENTS:,} the companion holds")
     if model.arch.n_layers == 2:
         paths = count_paths(model.arch.heads_per_layer, 1)  # expanded to order 1, as language.importance does
-        held = (paths + 1) * IMPORTANCE_CHUNK * N_CTX * model.cfg.d_vocab
+        held = (paths + 1) * N_CTX * model.cfg.d_vocab  # one sequence: language.importance holds as many as fit
         if held > MAX_ELEMENTS:
             raise UnsupportedModel(f"term importance on {name} would hold {held:,} logits at once ({paths} paths × "
-                                   f"{IMPORTANCE_CHUNK * N_CTX} tokens × a vocabulary of {model.cfg.d_vocab:,}), more than "
-                                   f"the {MAX_ELEMENTS:,} the companion holds; a smaller vocabulary or fewer heads fit")
+                                   f"{N_CTX} tokens × a vocabulary of {model.cfg.d_vocab:,}), more than the "
+                                   f"{MAX_ELEMENTS:,} the companion holds; a smaller vocabulary or fewer heads fit")
 
 
 def first_layer(model: CircuitModel) -> CircuitModel:
