@@ -72,8 +72,11 @@ def _read(model, gemma: bool = False, qk: str | None = None, qk_scope: str = "he
             layer.q_norm, layer.k_norm = norm(attn.q_norm), norm(attn.k_norm)
         layers.append(layer)
     act = config.hidden_activation if gemma else config.hidden_act
+    # transformers 5 keeps Gemma's scale as a buffer made in the default dtype (sqrt(32) rounded to float32);
+    # 4.57 computes it in the activations' dtype: the family computes with what the module holds
+    held = getattr(model.model.embed_tokens, "embed_scale", None)
     return SourceWeights(
-        W_E=f64(model.model.embed_tokens.weight) * embed, W_pos=None, W_U=f64(model.lm_head.weight).T,
+        W_E=f64(model.model.embed_tokens.weight) * (float(held) if gemma and held is not None else embed), W_pos=None, W_U=f64(model.lm_head.weight).T,
         b_U=zeros(config.vocab_size), layers=layers, ln_final=norm(model.model.norm), positional="none", layer_norm=False,
         norm="rms_norm", act_fn={"silu": "silu", "gelu_pytorch_tanh": "gelu_new"}[act], eps=float(config.rms_norm_eps),
         attn_scale=scale or math.sqrt(e), d_head=e, n_ctx=config.max_position_embeddings, d_mlp=m, rotary=1.0,
