@@ -345,7 +345,7 @@ def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
         held_sin, held_cos = f64(block.attn.rotary_sin), f64(block.attn.rotary_cos)
         sin, cos = (f64(t) for t in _tables_in_float64(block.attn, cfg, held_sin.shape[0]))
         eps = torch.finfo(block.attn.rotary_sin.dtype).eps
-        angle = torch.arange(held_sin.shape[0], dtype=torch.float64)[:, None] * torch.atan2(sin[1], cos[1]).abs().max()
+        angle = torch.arange(held_sin.shape[0], dtype=torch.float64, device=held_sin.device)[:, None] * torch.atan2(sin[1], cos[1]).abs().max()
         tol = 8 * eps * (1 + angle) * cos[0].abs().max().clamp(min=1.0)
         off = float(((held_sin - sin).abs() - tol).max().clamp(min=0) + ((held_cos - cos).abs() - tol).max().clamp(min=0))
         if off > 0:
