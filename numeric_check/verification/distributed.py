@@ -235,7 +235,8 @@ def _env_int(env, name: str, low: int, high: int, what: str, default: int | None
     text = env.get(name)
     if text is None or (text == "" and default is not None):
         if default is None:
-            raise VerifyError(f"WORLD_SIZE={env.get('WORLD_SIZE')} but {name} is not set (torchrun sets it to {what})")
+            raise VerifyError(f"WORLD_SIZE={env.get('WORLD_SIZE', '').strip()} but {name} is not set (torchrun sets it to "
+                              f"{what})")  # WORLD_SIZE is read first: its digits alone
         return default
     stripped = text.strip()
     if not (stripped.isascii() and stripped.isdigit() and len(stripped) <= 9):
