@@ -47,7 +47,8 @@ def identity_document(text: str, atoms: dict | None = None, *, index_from: int =
             notes.append(f"A counterexample, every dimension {result.counterexample.size}: "
                          + "; ".join(result.counterexample.lines()) + ".")
     params = (("identity", text), ("index_from", index_from), ("holds", result.holds),
-              ("numeric_error", result.numeric_error))
+              ("numeric_error", result.numeric_error)) + ((("not_checked_numerically", result.unchecked),)
+                                                          if result.unchecked is not None else ())
     title = "The identity holds" if result.holds else "The identity does not hold"
     return Derivation("check", title, result.summary(), tuple(chains), notes=tuple(notes), params=params), result
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from importlib.metadata import entry_points
 
@@ -22,6 +23,7 @@ from tensoralg.errors import TCircuitsError
 from tensoralg.escape import terminal_safe
 
 from derivations import commands
+from derivations.signals import Stopped, stoppable
 from derivations.terminal import guarded_terminal
 
 DESCRIPTION = """\
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch's waiting threads sleep instead of spinning, so a busy machine does not slow a run down
     # (set before the numeric commands import torch; numeric_check.model.threads has the thread policy)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    with guarded_terminal():
+    with guarded_terminal(), stoppable():  # SIGTERM and SIGHUP clean up as Ctrl-C does
         return _run(argv)
 
 
@@ -106,9 +108,18 @@ def _run(argv: list[str] | None) -> int:
     except TCircuitsError as error:
         _say(f"tcircuits {args.command}: error: {terminal_safe(error)}")
         return 2
+    except Stopped as stop:
+        _say("tcircuits: interrupted" if stop.signum == signal.SIGINT else f"tcircuits: stopped by {stop.name}")
+        return 128 + stop.signum
     except KeyboardInterrupt:
         _say("tcircuits: interrupted")
         return 130
+    except MemoryError:
+        _say(f"tcircuits {args.command}: error: out of memory (the input asks for more than this machine has)")
+        return 2
+    except RecursionError:
+        _say(f"tcircuits {args.command}: error: the input nests too deeply to be read")
+        return 2
 
 
 def command_line() -> list[str]:

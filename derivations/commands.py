@@ -106,8 +106,9 @@ def emit(derivation: Derivation, args) -> int:
     force = getattr(args, "force", False)
     out = output_file(args.output, force=force)  # checked before the work; None: standard output (-o -)
     target = None
-    if args.pdf:
-        target = writable_file(out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"), force=force)
+    if args.pdf:  # a PDF the person did not name is checked as -o is, and an existing one kept without --force
+        target = writable_file(out.with_suffix(".pdf") if out is not None else Path(f"{derivation.name}.pdf"),
+                               force=force, new=True)
     document = render(derivation, fmt, max_terms, getattr(args, "index_from", 0))
     if out is not None:
         write_atomic(out, document)
@@ -346,9 +347,11 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
                              "maths as MathML, open it in a browser)")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="write to FILE instead of standard output (- or /dev/stdout: standard output)")
-    parser.add_argument("--force", action="store_true", help="let -o replace a checkpoint or a training record")
+    parser.add_argument("--force", action="store_true", help="let -o replace a checkpoint or a training record, "
+                        "and --pdf an existing PDF")
     parser.add_argument("--pdf", action="store_true",
-                        help="compile the LaTeX with pdflatex; the PDF goes next to -o FILE (or NAME.pdf)")
+                        help="compile the LaTeX with pdflatex; the PDF goes next to -o FILE (or NAME.pdf), "
+                        "and an existing one is kept unless --force")
     parser.add_argument("--max-terms", type=int, default=40, metavar="N",
                         help="elide the middle of sums longer than N terms (0: show all; default 40)")
 

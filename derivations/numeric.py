@@ -28,6 +28,8 @@ import sympy as sp
 from tensoralg import Add, Atom, Expr, Product, TensorSum, Term, to_numpy
 from tensoralg.definitions import STANDARD_DEFINITIONS
 from tensoralg.display import elided_table
+from tensoralg.errors import NumericTooLarge
+from tensoralg.numeric import check_entries
 
 from derivations.document import SumIndex
 from derivations.errors import DerivationError
@@ -149,6 +151,7 @@ class RandomBindings:
         if a in self.values:
             return self.values[a]
         shape = (self.size(a.rows), self.size(a.cols))
+        check_entries(*shape, f"the random matrix for {a.label}")  # sized before it is made
         if a.name in self.derived:
             value = self.operator(instantiate(self.derived[a.name](a), self.sums, self.numeric.count), {0: shape[0]})
         elif a.name in self.numeric.special:
@@ -173,6 +176,8 @@ class RandomBindings:
             total, current = None, dict(rows)
             for f in expr.factors:
                 m = self.operator(f, current)
+                if total is not None:
+                    check_entries(total.shape[0], m.shape[1], "a product of the operators")  # before it is made
                 total = m if total is None else total @ m
                 current = {i: self.size(s[1]) if s is not None else current[i] for i, s in enumerate(f.slot_shapes)}
             return complex_to_real(self.number(expr.coeff)) * total
@@ -191,6 +196,8 @@ def finite_operator(bindings: RandomBindings, expr: Expr, rows: Mapping[int, int
             value = bindings.operator(expr, rows)
     except OverflowError:  # a coefficient too large even for complex()
         value = np.array([np.inf])
+    except NumericTooLarge as err:  # sized before it was made: the line is not checked, and the page says so
+        raise DerivationError(f"{where} is not checked numerically: {err}") from None
     if not np.isfinite(value).all():
         sizes = ", ".join(f"{name} = {size}" for name, size in bindings.dims.items())
         raise DerivationError(f"{where} leaves float64 at the check's sizes ({sizes}): its coefficients are too "

@@ -20,7 +20,7 @@ import json
 import textwrap
 
 from tensoralg import TensorSum
-from tensoralg.escape import check_math, escape_text
+from tensoralg.escape import check_math, escape_text, html_safe_math
 
 from derivations.html import html_document, html_fragment
 from derivations.document import Math, Numbered, Piece, SumIndex, as_prose, math, prose, text_width
@@ -141,7 +141,7 @@ def latex_math(derivation, layout: Layout | None = None, **options) -> str:
             step_rows_ = _latex_rows(packed, _lead(chain, i, layout.index_from))
             step_rows_[-1] += rf" \qquad \text{{[{escape_latex(step.rule.name)}]}}"
             rows += step_rows_
-    return "$$\\begin{aligned}\n" + " \\\\\n".join(rows) + "\n\\end{aligned}$$"
+    return html_safe_math("$$\\begin{aligned}\n" + " \\\\\n".join(rows) + "\n\\end{aligned}$$")  # no tag for HTML
 
 
 # -- Markdown ---------------------------------------------------------------------------

@@ -23,13 +23,14 @@ output_file = partial(files.output_file, error=OutputPathError)
 writable_dir = partial(files.writable_dir, error=OutputPathError)
 writable_file = partial(files.writable_file, error=OutputPathError, create=True)
 write_atomic = partial(files.write_atomic, error=OutputPathError)
+write_together = partial(files.write_together, error=OutputPathError)
 atomic_path = partial(files.atomic_path, error=OutputPathError)
 
 
-def output_folder(path: Path | str, names, *, force: bool = False, inputs=()) -> files.OutputFolder:
+def output_folder(path: Path | str, names, *, force: bool = False, inputs=(), known=None) -> files.OutputFolder:
     """A :class:`~derivations.files.OutputFolder` (written beside ``path``, swapped in whole) whose
     errors are :class:`OutputPathError`."""
-    return files.OutputFolder(path, names, force=force, inputs=inputs, error=OutputPathError)
+    return files.OutputFolder(path, names, force=force, inputs=inputs, error=OutputPathError, known=known)
 
 __all__ = ["OutputFolder", "OutputPathError", "atomic_path", "output_file", "output_folder", "writable_dir", "writable_file",
-           "write_atomic"]
+           "write_atomic", "write_together"]

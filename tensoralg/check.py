@@ -25,11 +25,12 @@ import sympy as sp
 
 from tensoralg.bound import Bound
 from tensoralg.definitions import STANDARD_DEFINITIONS, fold, unfold
-from tensoralg.errors import BindingError, ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, ExpansionTooLarge
+from tensoralg.errors import (BindingError, ExpansionTooLarge, NumericTooLarge, NumericUnchecked, ParseError,
+                              ShapeMismatch, SlotMismatch, TensorAlgError)
 from tensoralg.display import html_repr, html_text
 from tensoralg.expr import Add, Expr, Product, TensorSum
 from tensoralg.lexer import tokenize
-from tensoralg.numeric import to_numpy
+from tensoralg.numeric import check_entries, to_numpy
 from tensoralg.parse import notes, parse, read
 from tensoralg.rules import expand_steps
 
@@ -58,7 +59,9 @@ class IdentityCheck:
     """The verdict on ``LHS = RHS``: ``holds`` (by canonical expansion), each side as read, its
     expansion steps (``[(rule, expression), …]``) and canonical sum, ``difference`` (``LHS - RHS``,
     definitions unfolded), the largest numeric difference on random bindings relative to the sides'
-    size, a :class:`Counterexample` when the identity fails, and how the text was read (``notes``)."""
+    size (``None`` when the numbers could not be compared: ``unchecked`` says why — the values
+    overflow float64, or the arrays would be too large to make), a :class:`Counterexample` when the
+    identity fails, and how the text was read (``notes``)."""
 
     lhs_text: str
     rhs_text: str
@@ -67,9 +70,10 @@ class IdentityCheck:
     lhs_steps: tuple
     rhs_steps: tuple
     difference: TensorSum
-    numeric_error: float
+    numeric_error: float | None
     counterexample: Counterexample | None = None
     notes: tuple[str, ...] = field(default=())
+    unchecked: str | None = None
 
     @property
     def holds(self) -> bool:
@@ -79,13 +83,15 @@ class IdentityCheck:
         return self.holds
 
     def summary(self) -> str:
-        """One sentence: the verdict, how it was decided, and the numbers."""
+        """One sentence: the verdict, how it was decided, and the numbers (or why none were compared)."""
+        numbers = f"not checked numerically: {self.unchecked}" if self.numeric_error is None else None
         if self.holds:
             n = len(_unfolded(self.lhs))
             return (f"The identity holds: both sides expand to the same canonical sum ({n} term"
-                    f"{'s' if n != 1 else ''}), and on random bindings they differ by {self.numeric_error:.1e} "
-                    f"(relative to their largest entry).")
-        agree = " (numerically they agree on random bindings: an identity the rules do not know)" \
+                    f"{'s' if n != 1 else ''}), " + (f"and on random bindings they differ by {self.numeric_error:.1e} "
+                    "(relative to their largest entry)." if numbers is None else f"{numbers}."))
+        agree = f" ({numbers})" if numbers is not None else \
+            " (numerically they agree on random bindings: an identity the rules do not know)" \
             if self.numeric_error < 1e-9 else ""
         return (f"The identity does not hold: LHS - RHS has {len(self.difference)} "
                 f"term{'s' if len(self.difference) != 1 else ''}{agree}.")
@@ -143,10 +149,15 @@ def check(lhs, rhs=None, atoms: Mapping | None = None, *, index_from: int = 0, s
         count_terms(side, name, max_terms)
     canonical = _apart([_unfolded(s) for s in sides])
     difference = _folded(_minus(canonical[0], canonical[1]))
-    error = numeric_difference(canonical, seed)
-    counter = None if difference.is_zero else counterexample(canonical, seed)
+    try:
+        error, unchecked = numeric_difference(canonical, seed), None
+    except NumericUnchecked as why:
+        error, unchecked = None, str(why)
+    counter = None
+    if not difference.is_zero and unchecked is None:
+        counter = counterexample(canonical, seed)
     return IdentityCheck(texts[0], texts[1], sides[0], sides[1], tuple(expand_steps(sides[0])),
-                       tuple(expand_steps(sides[1])), difference, error, counter, found)
+                         tuple(expand_steps(sides[1])), difference, error, counter, found, unchecked)
 
 
 def count_terms(side: Expr, name: str, max_terms: int = MAX_TERMS) -> int:
@@ -292,9 +303,13 @@ def _sizes(sides, size: int | None, rng) -> dict:
 
 
 def _values(sides, dims: dict, rng, integers: bool) -> dict:
+    atoms = sorted({a.base for s in sides for t in s for w in t.words for a in w}, key=lambda a: a.key)
+    shapes = {a: tuple(int(sp.sympify(x).subs(dims)) for x in (a.rows, a.cols)) for a in atoms}
+    for a, (rows, cols) in shapes.items():  # every array sized before any is made
+        check_entries(rows, cols, f"the random matrix for {a.label}")
     values = {}
-    for a in sorted({a.base for s in sides for t in s for w in t.words for a in w}, key=lambda a: a.key):
-        rows, cols = (int(sp.sympify(x).subs(dims)) for x in (a.rows, a.cols))
+    for a in atoms:
+        rows, cols = shapes[a]
         v = rng.integers(-2, 3, size=(rows, cols)).astype(float) if integers else rng.normal(size=(rows, cols))
         values[a.label] = (v + v.T) / 2 if a.symmetric else v
     return values
@@ -309,7 +324,9 @@ def _evaluate(sides, dims: dict, values: dict) -> list[np.ndarray]:
            for s in sides]
     like = next((v for v in out if v is not None), None)
     if like is None:
-        like = np.zeros((int(np.prod([slot_sizes[i] for i in range(n)])),) * 2)
+        side = int(np.prod([slot_sizes[i] for i in range(n)], dtype=object))
+        check_entries(side, side, "each side")
+        like = np.zeros((side, side))
     out = [np.zeros_like(like) if v is None else v for v in out]
     if out[0].shape != out[1].shape:
         raise ShapeMismatch(f"the sides have different shapes on random sizes, {out[0].shape} against {out[1].shape}, "
@@ -318,34 +335,52 @@ def _evaluate(sides, dims: dict, values: dict) -> list[np.ndarray]:
 
 
 def numeric_difference(sides, seed: int = 0, trials: int = 3) -> float:
-    """The largest ``|LHS - RHS|`` over a few random bindings and sizes, relative to the sides' size."""
+    """The largest ``|LHS - RHS|`` over a few random bindings and sizes, relative to the sides' size;
+    :class:`NumericUnchecked` when the values leave float64 (an overflow is never "they agree") or an
+    array would be larger than :data:`~tensoralg.numeric.MAX_ENTRIES` (sized before it is made)."""
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(trials):
         dims = _sizes(sides, None, rng)
         try:
-            left, right = _evaluate(sides, dims, _values(sides, dims, rng, integers=False))
+            with np.errstate(all="ignore"):
+                left, right = _evaluate(sides, dims, _values(sides, dims, rng, integers=False))
+                scale = max(float(np.abs(left).max(initial=0)), float(np.abs(right).max(initial=0)), 1.0)
+                error = float(np.abs(left - right).max(initial=0)) / scale
+        except NumericUnchecked:  # an array too large to make: said, not compared
+            raise
+        except OverflowError:  # a coefficient beyond even complex()
+            raise NumericUnchecked("the values overflow float64") from None
         except (BindingError, TypeError, ValueError) as err:
             raise TensorAlgError(f"the sides cannot be evaluated numerically: {err}") from None
-        scale = max(float(np.abs(left).max(initial=0)), float(np.abs(right).max(initial=0)), 1.0)
-        worst = max(worst, float(np.abs(left - right).max(initial=0)) / scale)
+        if not (np.isfinite(left).all() and np.isfinite(right).all()) or not np.isfinite(error):
+            raise NumericUnchecked("the values overflow float64")
+        worst = max(worst, error)
     return worst
 
 
 def counterexample(sides, seed: int = 0, size: int = 2, tries: int = 20) -> Counterexample | None:
-    """Small integer matrices (entries -2..2, every dimension ``size``) on which the sides differ."""
+    """Small integer matrices (entries -2..2, every dimension ``size``) on which the sides differ
+    (finite values only: an overflow shows nothing)."""
     rng = np.random.default_rng(seed)
     dims = _sizes(sides, size, rng)
     for _ in range(tries):
-        values = _values(sides, dims, rng, integers=True)
-        left, right = _evaluate(sides, dims, values)
+        try:
+            with np.errstate(all="ignore"):
+                values = _values(sides, dims, rng, integers=True)
+                left, right = _evaluate(sides, dims, values)
+        except (NumericTooLarge, OverflowError):
+            return None
+        if not (np.isfinite(left).all() and np.isfinite(right).all()):
+            return None
         if not np.allclose(left, right):
             return Counterexample(size, values, left, right)
     return None
 
 
 def _matrix(value: np.ndarray) -> str:
-    rounded = np.round(value, 6)
+    with np.errstate(all="ignore"):  # rounding 1e302 to 6 places would overflow: large entries as they are
+        rounded = np.where(np.abs(value) < 1e12, np.round(value, 6), value)
     return np.array2string(rounded + 0.0, separator=" ", max_line_width=10_000).replace("\n", "").replace(".]", "]") \
         .replace(". ", " ")
 

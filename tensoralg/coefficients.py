@@ -13,11 +13,12 @@ so that equal sums built in different orders compare and hash equal.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import sympy as sp
 
-from tensoralg.errors import TensorAlgError
+from tensoralg.errors import ExpansionTooLarge, TensorAlgError
 
 ONE, ZERO = sp.S.One, sp.S.Zero
 
@@ -33,7 +34,16 @@ def mul(a: sp.Expr, b: sp.Expr) -> sp.Expr:
 
 @lru_cache(maxsize=4096)
 def _expanded(coeff: sp.Expr) -> sp.Expr:
+    terms = expanded_size(coeff)  # counted before SymPy multiplies it out
+    if terms > MAX_COEFFICIENT_TERMS:
+        raise ExpansionTooLarge(f"a coefficient here multiplies out to {terms:,} terms, more than the "
+                                f"{MAX_COEFFICIENT_TERMS:,} a coefficient may have: {_short(coeff)}")
     return sp.expand(coeff)
+
+
+def _short(coeff: sp.Expr, limit: int = 80) -> str:
+    text = str(coeff)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def canonical_coeff(coeff: sp.Expr) -> sp.Expr:
@@ -46,6 +56,36 @@ def canonical_coeff(coeff: sp.Expr) -> sp.Expr:
 
 
 NON_FINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
+
+#: Terms a coefficient may multiply out to (:func:`expanded_size`; SymPy takes about 2 ms a term of a
+#: large power): ``(d_model + d_head)**999`` has 1,000, ``(d_model + d_head + d_vocab + d_mlp + n_ctx)**40``
+#: 135,751 and is refused before SymPy expands it.
+MAX_COEFFICIENT_TERMS = 1_000
+
+
+def expanded_size(coeff: sp.Expr) -> int:
+    """The terms ``sp.expand(coeff)`` may make, counted on the expression without expanding it: a sum
+    adds its parts' counts, a product multiplies them, a power of something of k terms to an integer
+    n makes C(|n| + k - 1, k - 1) (a negative power expands its denominator as much).
+
+    >>> d = sp.symbols("a b c d e")
+    >>> expanded_size(sum(d) ** 40), expanded_size((d[0] + d[1]) * (d[2] + d[3]))
+    (135751, 4)
+    """
+    if coeff.is_Atom:
+        return 1
+    if coeff.is_Add:
+        return sum(expanded_size(a) for a in coeff.args)
+    if coeff.is_Pow:
+        base, exponent = coeff.args
+        k = expanded_size(base)
+        if k > 1 and exponent.is_Integer:
+            return math.comb(abs(int(exponent)) + k - 1, k - 1)
+        return k
+    size = 1
+    for a in coeff.args:  # a product (or a function of its arguments)
+        size *= expanded_size(a)
+    return size
 
 
 def check_finite(coeff: sp.Expr) -> sp.Expr:

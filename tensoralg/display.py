@@ -21,7 +21,7 @@ from functools import lru_cache
 from collections.abc import Sequence
 
 from tensoralg.errors import TensorAlgError
-from tensoralg.escape import escape_text, markdown_math
+from tensoralg.escape import escape_text, html_safe_math, markdown_math
 from tensoralg.latex import TensorLatexPrinter, to_latex
 from tensoralg.mathml import to_mathml
 
@@ -35,9 +35,16 @@ def _check_max_terms(max_terms) -> None:
 
 
 def latex_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
-    r"""``$\displaystyle …$`` for an expression, the middle of a long sum elided with its count."""
+    r"""``$\displaystyle …$`` for an expression, the middle of a long sum elided with its count; ``<`` and
+    ``>`` of names written as commands (:func:`~tensoralg.escape.html_safe_math`): a
+    notebook that inserts ``text/latex`` as HTML reads no tag from an index such as ``<img onerror=…>``.
+
+    >>> from tensoralg import atom, term
+    >>> "<" in latex_repr(term(atom("A", "<img src=x onerror=alert(1)>")))
+    False
+    """
     _check_max_terms(max_terms)
-    return "$\\displaystyle " + to_latex(expr, max_terms=max_terms) + "$"
+    return "$\\displaystyle " + html_safe_math(to_latex(expr, max_terms=max_terms)) + "$"
 
 
 def text_repr(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
@@ -112,7 +119,7 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 def md_math(expr, max_terms: int | None = REPR_MAX_TERMS) -> str:
     """An expression as inline Markdown maths, through the printer."""
     _check_max_terms(max_terms)
-    return "$" + markdown_math(to_latex(expr, max_terms=max_terms)) + "$"
+    return "$" + html_safe_math(to_latex(expr, max_terms=max_terms)) + "$"
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:

@@ -56,14 +56,44 @@ def quoted_line(text: str) -> str:
     return text.translate(_ONE_LINE)
 
 
+#: Characters of the input an error shows on each side of its caret (a long input is cut around it).
+ECHO_WINDOW = 60
+
+
+def caret(text: str, position: int, window: int = ECHO_WINDOW) -> str:
+    r"""Two indented lines: ``text`` on one line, cut to ``window`` characters each side of
+    ``position`` (``…`` where it is cut), and a caret under ``position``: an error about a
+    120,000-character input stays a few lines of at most 2 × ``window`` characters.
+
+    >>> print(caret("A ⊗ B", 2))
+      A ⊗ B
+        ^
+    >>> print(caret("x" * 100 + "!" + "y" * 100, 100, window=4))
+      …xxxx!yyyy…
+           ^
+    """
+    line = quoted_line(text)
+    start, end = max(0, position - window), min(len(line), position + window + 1)
+    shown = ("…" if start else "") + line[start:end] + ("…" if end < len(line) else "")
+    return f"  {shown}\n  {' ' * (position - start + (1 if start else 0))}^"
+
+
+def cut(text: str, limit: int = ECHO_WINDOW) -> str:
+    """``text``, or its first ``limit`` characters and ``…`` (input quoted inside a message).
+
+    >>> cut("W" * 100, 5)
+    'WWWWW…'
+    """
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 class ParseError(TensorAlgError, ValueError):
     """Malformed expression text. ``position`` is the 0-based offset of the problem."""
 
     def __init__(self, message: str, text: str, position: int):
         self.text = text
         self.position = position
-        pointer = " " * position + "^"
-        super().__init__(f"{message} at position {position}:\n  {quoted_line(text)}\n  {pointer}")
+        super().__init__(f"{message} at position {position}:\n{caret(text, position)}")
 
 
 class InvalidOrder(TensorAlgError, ValueError):
@@ -72,6 +102,15 @@ class InvalidOrder(TensorAlgError, ValueError):
 
 class ExpansionTooLarge(TensorAlgError, ValueError):
     """An expression whose expansion counts more terms than a caller's limit (counted, never built)."""
+
+
+class NumericUnchecked(TensorAlgError, ValueError):
+    """A numeric comparison that was not made, and why: the values leave float64, or an array would be
+    larger than its bound (a verdict by expansion stands; the numbers say nothing either way)."""
+
+
+class NumericTooLarge(NumericUnchecked):
+    """An array a numeric check would make that is larger than its bound (sized before it is made)."""
 
 
 class EmptySum(TensorAlgError, ValueError):

@@ -300,6 +300,25 @@ def markdown_math(latex: str) -> str:
     >>> markdown_math(r"X \text{[direct path]}")
     'X \\text{}\\lbrack \\text{direct path}\\rbrack \\text{}'
     """
+    return _as_commands(latex, _MARKDOWN_MATH)
+
+
+#: What mathematics may not carry into HTML as such (a notebook that inserts ``text/latex`` as HTML).
+_HTML_MATH = {"<": r"\lt ", ">": r"\gt "}
+
+
+def html_safe_math(latex: str) -> str:
+    r"""Mathematics that a notebook may insert as HTML (classic Jupyter shows ``text/latex`` so): the
+    same LaTeX, with ``<`` and ``>`` written as commands, so no name can open a tag.
+
+    >>> html_safe_math(r"A^{\mathrm{<img\ src=x>}} \text{[ok]}")
+    'A^{\\mathrm{\\lt img\\ src=x\\gt }} \\text{[ok]}'
+    """
+    return _as_commands(latex, _HTML_MATH)
+
+
+def _as_commands(latex: str, commands: dict) -> str:
+    """``latex`` with the characters of ``commands`` replaced by theirs (stepping out of ``\text{…}``)."""
     out, text_depth, depth, i = [], None, 0, 0
     while i < len(latex):
         if text_depth is None and latex.startswith("\\text{", i):
@@ -318,7 +337,7 @@ def markdown_math(latex: str) -> str:
             if depth == text_depth:
                 text_depth = None
             depth -= 1
-        command = _MARKDOWN_MATH.get(ch)
+        command = commands.get(ch)
         out.append(ch if command is None else "}" + command + "\\text{" if text_depth is not None else command)
         i += 1
     return "".join(out)

@@ -55,8 +55,13 @@ class Term(NamedTuple):
         return Term(self.coeff, tuple(transpose_word(w) for w in self.words))
 
     def _repr_latex_(self) -> str:
-        """A notebook shows a term as the printer's maths."""
+        """A notebook shows a term as the printer's maths (``<`` and ``>`` written as commands, so that
+        a notebook that inserts LaTeX as HTML reads no tag from a name)."""
         return latex_repr(TensorSum([self]))
+
+    def _repr_html_(self) -> str:
+        """MathML from the same printer, as an expression shows (what a notebook prefers to the LaTeX)."""
+        return html_repr(TensorSum([self]))
 
     def __repr__(self) -> str:
         return f"Term({text_repr(TensorSum([self]), None)})"

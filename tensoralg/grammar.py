@@ -14,13 +14,15 @@ TensorSum(A ⊗ W_OV)
 
 from __future__ import annotations
 
+import bisect
+
 
 import sympy as sp
 
 from tensoralg.atoms import DIMS, STANDARD_SHAPES, Atom, Word, transpose_word, word_shape
 from tensoralg.calls import _INTEGER, Calls, _is_scalar, _Word, number_value
-from tensoralg.coefficients import NON_FINITE
-from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, quoted_line
+from tensoralg.coefficients import MAX_COEFFICIENT_TERMS, NON_FINITE, expanded_size
+from tensoralg.errors import ParseError, ShapeMismatch, SlotMismatch, TensorAlgError, UnknownAtom, caret, cut
 from tensoralg.expr import Add, Expr, Product, TensorSum, add, tensor, term, widen_identity
 from tensoralg.inference import RESERVED, Shapes
 from tensoralg.lexer import Token, tokenize
@@ -34,6 +36,20 @@ MAX_SCALE_DIGITS = 300  # a number may reach 10**300 (as a float's range); large
 MAX_EXPANDED = 20_000  # terms the reader may multiply out itself (a Σ's body, a group in a product)
 MAX_LAYER_DIGITS = 18  # H_<n>: a layer number fits an int64
 MAX_POWER = 1000  # |exponent| for a power of a symbolic base (d_head**1000 still expands cheaply)
+
+
+class _Reading:
+    """A word being read: its atoms, where each juxtaposed piece of it starts (``(first atom, position)``)
+    and how many of its atoms are checked to chain (:meth:`Parser.close_word`)."""
+
+    __slots__ = ("atoms", "pieces", "checked")
+
+    def __init__(self, atoms, pos: int):
+        self.atoms, self.pieces, self.checked = list(atoms), [(0, pos)], 0
+
+    def add(self, atoms, pos: int) -> None:
+        self.pieces.append((len(self.atoms), pos))
+        self.atoms.extend(atoms)
 
 
 class Parser(Calls):
@@ -92,6 +108,11 @@ class Parser(Calls):
             size = abs(sp.log(abs(value), 10).evalf(15))
             if not size.is_finite or size > MAX_SCALE_DIGITS:
                 raise self.error(f"the scalar here is beyond 10**±{MAX_SCALE_DIGITS}: too large to be a coefficient", pos)
+        elif not value.is_number:
+            terms = expanded_size(value)  # counted before anything multiplies it out
+            if terms > MAX_COEFFICIENT_TERMS:
+                raise self.error(f"the scalar here multiplies out to {terms:,} terms, more than the "
+                                 f"{MAX_COEFFICIENT_TERMS:,} a coefficient may have; use a smaller power or fewer terms", pos)
         return value
 
     def expanded(self, expr: Expr, pos: int, what: str) -> TensorSum:
@@ -108,8 +129,7 @@ class Parser(Calls):
 
     def located(self, err: TensorAlgError, pos: int) -> TensorAlgError:
         """The same kind of error with the position in the text added (shape pairs kept)."""
-        pointer = " " * pos + "^"
-        message = f"{err} at position {pos}:\n  {quoted_line(self.text)}\n  {pointer}"  # one line, then the caret
+        message = f"{err} at position {pos}:\n{caret(self.text, pos)}"  # one line, then the text and its caret
         if isinstance(err, ShapeMismatch):
             return ShapeMismatch(message, dims=err.dims)
         return type(err)(message)
@@ -293,15 +313,17 @@ class Parser(Calls):
         while self.tok.kind in ("MINUS", "PLUS"):
             if self.take().kind == "MINUS":
                 coeff = -coeff
-        items: list[tuple[int, object]] = []  # (position, a word's atoms or a group Expr)
+        items: list[tuple[int, object]] = []  # (position, a word being read or a group Expr)
         op = "TIMES"
         while True:
             pos, kind = self.tok.pos, self.tok.kind
+            if kind != "NAME":  # what comes next cannot extend the word before it: check that word now
+                self.close_word(items)
             value = self.power()
             if op == "JUXTAPOSED" and kind == "NUM" and items and self.tokens[self.i - 1][1:3] == ("1", pos):
                 value = self.ones(self.tokens[self.i - 1])  # "A^h 1": A^h times the column of ones
             elif op == "JUXTAPOSED" and kind == "NUM" and items:  # "A 2" is not 2·A: refuse, never misread
-                raise self.error(f"a number after a matrix ({self.text[pos:self.tok.pos].strip()!r}) is not "
+                raise self.error(f"a number after a matrix ({cut(self.text[pos:self.tok.pos].strip())!r}) is not "
                                  "read as a scalar (only 1 there is read, as the column of ones); write the "
                                  "coefficient first, as in 2·A", pos)
             if op == "DIV":
@@ -310,13 +332,12 @@ class Parser(Calls):
                 coeff = self.scalar(coeff * value, pos)
             elif isinstance(value, _Word):  # juxtaposed atoms join the word before them
                 coeff = self.scalar(coeff * value.coeff, pos)
-                if items and isinstance(items[-1][1], tuple):
-                    word = items[-1][1] + value.atoms
-                    self.check_word(word, pos)
-                    items[-1] = (items[-1][0], word)
+                if items and isinstance(items[-1][1], _Reading):
+                    items[-1][1].add(value.atoms, pos)
                 else:
-                    items.append((pos, value.atoms))
+                    items.append((pos, _Reading(value.atoms, pos)))
             else:
+                self.close_word(items)
                 items.append((pos, self.as_expr(value, pos)))
             if self.tok.kind in ("TIMES", "DIV"):
                 op = self.take().kind
@@ -324,7 +345,29 @@ class Parser(Calls):
                 op = "JUXTAPOSED"
             else:
                 break
+        self.close_word(items)
+        items = [(pos, tuple(v.atoms) if isinstance(v, _Reading) else v) for pos, v in items]
         return self.build_product(coeff, items, start)
+
+    def close_word(self, items: list) -> None:
+        """Check the links of the word being read (``items[-1]``) not checked yet: each link once, so
+        a product of n atoms is read in time linear in n. A mismatch is reported at the piece where
+        the word stopped chaining (never before its second piece, as the word is read)."""
+        if not items or not isinstance(items[-1][1], _Reading) or len(items[-1][1].pieces) < 2:
+            return
+        word = items[-1][1]
+        atoms, first = word.atoms, max(word.checked, 1)
+        word.checked = len(atoms)
+        bad = [k for k in range(first, len(atoms)) if atoms[k - 1].shape[1] != atoms[k].shape[0]]
+        if not bad:
+            return
+        if self.shapes is not None and len(atoms) > 2 and len(bad) > 1:  # every link of the word at once (as equate)
+            pairs = [(atoms[k - 1].shape[1], atoms[k].shape[0]) for k in bad]
+            if any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
+                raise ShapeMismatch("the atoms of a product do not chain", dims=pairs)
+        k = bad[0]
+        piece = max(1, bisect.bisect_right([at for at, _ in word.pieces], k) - 1)
+        self.check_word((atoms[k - 1], atoms[k]), word.pieces[piece][1])
 
     def divisor(self, value, pos: int) -> sp.Expr:
         if not _is_scalar(value):
@@ -351,6 +394,7 @@ class Parser(Calls):
         for (pos, _), f in zip(items, factors):
             if isinstance(f, Add):  # a lazy sum inside a product is multiplied out: count it first
                 self.expanded(f, pos, "a sum of products inside a product")
+        self.equate_links(factors)
         try:
             return Product(factors, coeff)
         except TensorAlgError as err:
@@ -540,10 +584,9 @@ class Parser(Calls):
             rows, cols = self.shapes.shape(name)
             return _Word(sp.S.One, (Atom(name, rows, cols, index),))
         known = ", ".join(sorted(self.table))
-        pointer = " " * token.pos + "^"
         raise UnknownAtom(  # one line, then the text and its caret, as every parse error
-            f"unknown atom {name!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
-            f"and the scalars {', '.join(sorted(self.scalars))}:\n  {quoted_line(self.text)}\n  {pointer}"
+            f"unknown atom {cut(name)!r} at position {token.pos}; known atoms: {known} ({self.hint}); also Id, sqrt "
+            f"and the scalars {', '.join(sorted(self.scalars))}:\n{caret(self.text, token.pos)}"
         )
 
     def as_expr(self, value, pos: int) -> Expr:
@@ -569,11 +612,26 @@ class Parser(Calls):
         if any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
             raise ShapeMismatch("the terms of a sum have different shapes", dims=pairs)
 
+    def equate_links(self, factors: list) -> None:
+        """The factors of a product chain slot by slot: every link that does not, at once, when one
+        involves an undeclared name (so that ``(B0)(B1)…(B799)`` is one more reading, not 800)."""
+        if self.shapes is None or len(factors) < 3:
+            return
+        pairs = []
+        for i in range(factors[0].n_slots):
+            current = None
+            for f in factors:
+                shape = f.slot_shapes[i] if i < f.n_slots else None
+                if shape is None:
+                    continue
+                if current is not None and current[1] != shape[0]:
+                    pairs.append((current[1], shape[0]))
+                current = shape if current is None else (current[0], shape[1])
+        if len(pairs) > 1 and any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
+            raise ShapeMismatch("the factors of a product do not chain", dims=pairs)
+
     def check_word(self, word: Word, pos: int) -> None:
-        if self.shapes is not None and len(word) > 2:  # every link of the word at once (as equate)
-            pairs = [(a.shape[1], b.shape[0]) for a, b in zip(word, word[1:]) if a.shape[1] != b.shape[0]]
-            if len(pairs) > 1 and any(self.shapes.is_fresh(d) for pair in pairs for d in pair):
-                raise ShapeMismatch("the atoms of a product do not chain", dims=pairs)
+        """The shape of ``word``, a mismatch located at ``pos``."""
         try:
             word_shape(word)
         except ShapeMismatch as err:

@@ -14,7 +14,26 @@ import numpy as np
 import sympy as sp
 
 from tensoralg.atoms import Atom
-from tensoralg.errors import BindingError
+from tensoralg.errors import BindingError, NumericTooLarge
+
+#: The most entries an array made for a numeric check may hold (128 MiB of float64): every array is
+#: sized before it is made, and a larger one is :class:`~tensoralg.errors.NumericTooLarge`.
+MAX_ENTRIES = 1 << 24
+
+
+def check_entries(rows: int, cols: int, what: str, limit: int | None = None) -> None:
+    """Refuse, before it is made, a ``rows × cols`` array of more than ``limit`` entries
+    (:data:`MAX_ENTRIES` unless given).
+
+    >>> check_entries(65536, 65536, "the left side")
+    Traceback (most recent call last):
+    ...
+    tensoralg.errors.NumericTooLarge: the left side would be a 65,536 × 65,536 array (4,294,967,296 entries), more than the 16,777,216 a numeric check makes
+    """
+    limit = MAX_ENTRIES if limit is None else limit
+    if rows * cols > limit:
+        raise NumericTooLarge(f"{what} would be a {rows:,} × {cols:,} array ({rows * cols:,} entries), more than the "
+                              f"{limit:,} a numeric check makes")
 
 
 def _bound(bindings: Mapping, a: Atom) -> np.ndarray:
@@ -126,11 +145,15 @@ def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: M
         if not w:
             return np.eye(slot_dims[i][0])
         if w not in cache:
-            cache[w] = reduce(np.matmul, [_bound(bindings, a) for a in w])
+            values = [_bound(bindings, a) for a in w]
+            for v in values[1:]:  # each partial product sized before it is made (a column times a row)
+                check_entries(values[0].shape[0], v.shape[1], "a product of the word's matrices")
+            cache[w] = reduce(np.matmul, values)
         return cache[w]
 
-    rows = int(np.prod([r for r, _ in slot_dims]))
-    cols = int(np.prod([c for _, c in slot_dims]))
+    rows = reduce(lambda a, b: a * b, [r for r, _ in slot_dims], 1)
+    cols = reduce(lambda a, b: a * b, [c for _, c in slot_dims], 1)
+    check_entries(rows, cols, "the operator")  # sized before it is made (Python ints: no overflow)
     total = np.zeros((rows, cols))
     for t in expr:
         coeff = _subs_sizes(t.coeff, sizes)

@@ -554,3 +554,108 @@ def check_arguments(draw) -> list[str]:
     for flag in draw(st.lists(st.sampled_from(CHECK_FLAGS), max_size=2, unique=True)):
         argv += [flag] if flag == "--opaque" else [flag, draw(HOSTILE_VALUES)]
     return argv
+
+
+# -- hostile input, round 5 (issue 38): one strategy per family ------------------------------
+
+#: Where a link may sit on the way to an output folder (``analyze --out``, ``paper --out``) or to the
+#: folder of ``-o DIR/FILE``: nowhere, at the folder itself, or at a parent; leading to a folder that
+#: exists, or to nothing yet (a dangling link: the folder would be made wherever it points).
+LINK_PLACES = ("none", "folder", "parent")
+LINK_TARGETS = ("existing", "dangling", "dangling-deep")
+
+
+def linked_outputs() -> st.SearchStrategy[tuple[str, str, int, bool]]:
+    """``(where the link is, where it leads, folders still to make below it (0-2), force)``."""
+    return st.tuples(st.sampled_from(LINK_PLACES), st.sampled_from(LINK_TARGETS), st.integers(0, 2), st.booleans())
+
+
+#: Where a file system may be mounted inside an output folder (only ever inside a private mount
+#: namespace): a folder the tool writes (``figures``), a person's folder, deeper, or the folder itself.
+MOUNT_PLACES = ("figures", "mine", "mine/deep", "figures/deeper", ".")
+
+
+def mounted_outputs() -> st.SearchStrategy[tuple[str, int, bool, bool]]:
+    """``(where the mount is, how many files it holds (0-3), force, whether the folder was written
+    by tcircuits before)``."""
+    return st.tuples(st.sampled_from(MOUNT_PLACES), st.integers(0, 3), st.booleans(), st.booleans())
+
+
+#: The signals that stop a command (each must clean up as Ctrl-C does).
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def signal_points() -> st.SearchStrategy[tuple[str, int]]:
+    """``(signal, when)``: a stopping signal and after how many of the run's steps it comes
+    (0: before the folder is made; large: during or after the swap)."""
+    return st.tuples(st.sampled_from(STOP_SIGNALS), st.integers(0, 12))
+
+
+@st.composite
+def long_names(draw, low: int = 240, high: int = 255) -> str:
+    """A file name of ``low``–``high`` bytes in UTF-8 (ASCII, accented letters, CJK, emoji), as long
+    as a Linux file system allows: a temporary name beside it must fit too."""
+    size = draw(st.integers(low, high))
+    pieces = draw(st.lists(st.sampled_from(["a", "Z", "é", "∂", "語", "😀", "-", "_"]), min_size=1, max_size=8))
+    text, i = "", 0
+    while len((text + pieces[i % len(pieces)]).encode()) <= size - 4:
+        text += pieces[i % len(pieces)]
+        i += 1
+    return text + "x" * (size - 4 - len(text.encode())) + ".txt"
+
+
+#: Environment variables tcircuits (or a library it imports) reads, with the values an attacker or a
+#: stale shell may leave there.
+ENVIRONMENT = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", "HF_ENDPOINT", "HTTPS_PROXY",
+               "https_proxy", "HTTP_PROXY", "ALL_PROXY", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
+ENVIRONMENT_VALUES = st.one_of(
+    st.sampled_from(["", "abc", "-1", "0", "1", "2", "99999", "1e3", "٣", " 2 ", "2\n", "http://[::1", "http://[::1]:80",
+                     "http://proxy:99999", "proxy:abc", "socks5://h:1080", "https://huggingface.co", "ftp://x", "http://",
+                     "http://h:-1", "http://h:0x50", "x" * 300, "\x1b[2J", "http://a b"]),
+    st.integers(-(2**40), 2**40).map(str),
+    st.text(max_size=12),
+)
+
+
+def hostile_environments() -> st.SearchStrategy[dict[str, str]]:
+    """Up to three of :data:`ENVIRONMENT` set to hostile values."""
+    return st.dictionaries(st.sampled_from(ENVIRONMENT), ENVIRONMENT_VALUES.filter(lambda v: "\x00" not in v),
+                           max_size=3)
+
+
+@st.composite
+def overflowing_identities(draw) -> tuple[str, bool]:
+    """``(identity, holds)``: an identity whose sides are scaled by powers of ten near float64's range
+    (1e150 to 1e300 a factor), true (the same product on both sides) or false (the factors swapped)."""
+    k = draw(st.integers(1, 3))
+    scales = [draw(st.integers(100, 300)) for _ in range(k)]
+    names = draw(st.permutations(["A", "B", "C"]))[:k]
+    left = "".join(f"(1e{s} {n})" for s, n in zip(scales, names))
+    holds = k == 1 or draw(st.booleans())
+    right = left if holds else "".join(f"(1e{s} {n})" for s, n in reversed(list(zip(scales, names))))
+    return f"{left} = {right}", holds
+
+
+@st.composite
+def powers_of_sums(draw) -> str:
+    """A coefficient that is a power (or a product of powers) of sums of sizes: the expansion SymPy
+    would make is counted before it is made."""
+    sizes = ["d_model", "d_head", "d_vocab", "d_mlp", "n_ctx", "2"]
+    factors = []
+    for _ in range(draw(st.integers(1, 3))):
+        terms = draw(st.lists(st.sampled_from(sizes), min_size=1, max_size=5, unique=True))
+        exponent = draw(st.one_of(st.integers(-1000, 1000), st.integers(-3, 40)))
+        factors.append(f"({' + '.join(terms)})**{exponent}")
+    return " ".join(factors) + " A"
+
+
+@st.composite
+def long_products(draw) -> str:
+    """A product of many atoms as one might paste it (juxtaposed, with ``·``, transposes, groups,
+    undeclared names), up to 20,000 atoms, now and then with a mismatch near the end."""
+    n = draw(st.integers(1, 20_000))
+    piece = draw(st.sampled_from(["A", "A·", "Aᵀ", "(A)", "B", "W_OV"]))
+    text = " ".join([piece.rstrip("·")] * n) if piece != "A·" else "·".join(["A"] * n)
+    if draw(st.booleans()):
+        text += " " + draw(st.sampled_from(["W_E", "2", ")", "^", "Q^{h"]))
+    return text

@@ -403,4 +403,6 @@ def _texts(tokenizer, ids: list[int]) -> list[str] | None:
     """Each id decoded alone, or ``None`` without a tokenizer."""
     if tokenizer is None:
         return None
+    if hasattr(tokenizer, "decode_each"):  # the command line's tokenizer: decoded within a bound
+        return tokenizer.decode_each(ids)
     return [str(tokenizer.decode([i])) for i in ids]

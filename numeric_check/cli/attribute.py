@@ -107,8 +107,11 @@ def load_source(args: argparse.Namespace):
 
     if args.tokens is not None and ";" in args.tokens:
         raise AttributionError(f"--tokens must be one prompt (no ';'), got {args.tokens!r}")
+    from numeric_check.cli.source import BoundedTokenizer
+
     args.batch = 1
-    return model_and_tokens(args)
+    model, tokens, tokenizer = model_and_tokens(args)
+    return model, tokens, None if tokenizer is None else BoundedTokenizer(tokenizer)  # decoded within a bound too
 
 
 def run(args: argparse.Namespace) -> int:

@@ -128,6 +128,9 @@ def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserMo
     the cache at once when the hub cannot be reached. Progress is shown on a terminal."""
     for flag, text in _texts_given(args):
         check_utf8(text, flag)
+    from numeric_check.model.load import check_hub_environment
+
+    check_hub_environment()  # before the Hugging Face libraries read it at import
     status = Status(enabled=not getattr(args, "no_progress", False))
     try:
         user = (_load_transformer_lens(args.tl, dtype, device, status) if args.tl is not None
@@ -253,7 +256,7 @@ def _check_arguments_early(args: argparse.Namespace, user: UserModel, config: di
         target, diff = goal
         resolve_target(None if target is None else parse_token(target),
                        None if diff is None else tuple(parse_token(t) for t in diff), d_vocab,
-                       _BoundedTokenizer(user.tokenizer))
+                       BoundedTokenizer(user.tokenizer))
 
 
 def _config_int(config: dict, *keys: str) -> int | None:
@@ -273,18 +276,32 @@ def _check_head_early(qk: Any, config: dict) -> None:
     Architecture(layers, heads).check_head(*qk)
 
 
-class _BoundedTokenizer:
-    """A tokenizer whose ``encode`` and ``decode`` run within :data:`TOKENIZE_SECONDS` (for ``--target``)."""
+class BoundedTokenizer:
+    """A tokenizer whose ``encode`` and ``decode`` run within :data:`TOKENIZE_SECONDS` (for ``--target``
+    and the token strings a report shows); anything else is the tokenizer's own."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        if name == "tokenizer":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
 
     def encode(self, text, add_special_tokens=False):
         return bounded(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)),
                        f"the tokenizer on {text[:40]!r}")
 
     def decode(self, ids):
-        return self.tokenizer.decode(ids)
+        return bounded(lambda: self.tokenizer.decode(ids), f"the tokenizer's decoder on {len(ids)} tokens",
+                       advice=DECODE_ADVICE)
+
+    def decode_each(self, ids) -> list[str]:
+        """Each id decoded alone, all within one bound (:func:`token_strings`)."""
+        return token_strings(self.tokenizer, list(ids))
 
 
 def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, Any]:
@@ -350,7 +367,13 @@ def text_tokens(args: argparse.Namespace, user: UserModel, n_ctx: int | None, d_
     return ids
 
 
-def bounded(call, what: str, seconds: float | None = None):
+DECODE_SECONDS_PER_TOKEN = 1e-3  # and this much more per token decoded (a vocabulary of 50,000: 50 s more)
+DECODE_ADVICE = "the tokenizer's decoder runs away or crashes; give another tokenizer, or token ids alone"
+ENCODE_ADVICE = ("the tokenizer runs away on this input, or it is far longer than a model's context; shorten it or give "
+                 "token ids with --tokens")
+
+
+def bounded(call, what: str, seconds: float | None = None, advice: str = ENCODE_ADVICE):
     """``call()`` run in a forked child within ``seconds`` (:data:`TOKENIZE_SECONDS`): its result (a
     JSON value) comes back through a pipe; a call that raises — a Rust ``PanicException`` included —
     dies, or runs past the time is one :class:`ModelLoadError` line naming ``what``; the child's
@@ -395,16 +418,16 @@ def bounded(call, what: str, seconds: float | None = None):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([read], [], [], left)[0]:
                 os.kill(pid, signal.SIGKILL)
-                raise ModelLoadError(f"{what} did not finish within {seconds:g} s: the tokenizer runs away on this "
-                                     "input, or it is far longer than a model's context; shorten it or give token ids "
-                                     "with --tokens")
+                raise ModelLoadError(f"{what} did not finish within {seconds:g} s: {advice}")
             chunk = os.read(read, 1 << 16)
             if not chunk:
                 break
             chunks.append(chunk)
     finally:
         os.close(read)
-        os.waitpid(pid, 0)
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):  # still running (stopped by a signal meanwhile): not waited for
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     try:
         answer = json.loads(b"".join(chunks))
     except ValueError:
@@ -455,10 +478,15 @@ class Status:
 
 
 def token_strings(tokenizer: Any | None, ids: list[int]) -> list[str]:
-    """Each id's string as the tokenizer decodes it alone (``' Paris'``), or ``''`` without a tokenizer."""
+    """Each id's string as the tokenizer decodes it alone (``' Paris'``), or ``''`` without a tokenizer.
+    Decoding is bounded as encoding is (:func:`bounded`): a decoder that runs away (a regular
+    expression that backtracks without end) or panics is one line."""
     if tokenizer is None:
         return ["" for _ in ids]
-    return [tokenizer.decode([i]) for i in ids]
+    ids = [int(i) for i in ids]
+    return bounded(lambda: [str(tokenizer.decode([i])) for i in ids],
+                   f"the tokenizer's decoder on {len(ids):,} token{'s' if len(ids) != 1 else ''}",
+                   seconds=TOKENIZE_SECONDS + len(ids) * DECODE_SECONDS_PER_TOKEN, advice=DECODE_ADVICE)
 
 
 def token_line(tokenizer: Any | None, ids: list[int], limit: int = MAX_TOKEN_LINE) -> str:

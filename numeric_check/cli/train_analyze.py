@@ -21,7 +21,7 @@ from tensoralg.escape import terminal_safe
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
 from numeric_check.errors import InputFileError, NumericCheckError
-from numeric_check.files import writable_file, write_atomic
+from numeric_check.files import writable_file, write_together
 from numeric_check.training.config import BLOCK_LINES, HELDOUT_EVERY, tokenizer_path
 
 
@@ -189,7 +189,7 @@ def _run_train_toy(args) -> int:
 
         model, history = train_toy(config, progress, device=args.device, data=data)
     seconds = time.perf_counter() - start
-    from numeric_check.model.checkpoint import save_checkpoint
+    from numeric_check.model.checkpoint import checkpoint_bytes
 
     info = training_record(config, history, seconds)
     if data is not None:
@@ -199,10 +199,11 @@ def _run_train_toy(args) -> int:
     except ValueError:
         raise NumericCheckError("the training diverged (its losses are not finite numbers); nothing was written: "
                                 "try a smaller --lr or --init-std") from None
-    info["checkpoint_sha256"] = save_checkpoint(model.to(dtype=getattr(torch, args.save_dtype)), out)
+    weights, info["checkpoint_sha256"] = checkpoint_bytes(model.to(dtype=getattr(torch, args.save_dtype)))
+    outputs = {out: weights, sidecar: json.dumps(info, indent=2, allow_nan=False) + "\n"}
     if tokenizer_file is not None:
-        write_atomic(tokenizer_file, data.tokenizer.to_str() + "\n")
-    write_atomic(sidecar, json.dumps(info, indent=2, allow_nan=False) + "\n")
+        outputs[tokenizer_file] = data.tokenizer.to_str() + "\n"
+    write_together(outputs)  # the checkpoint, its record (and tokenizer) replaced together or not at all
     final = history.final
     print(terminal_safe(
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"

@@ -132,6 +132,9 @@ def register(subparsers) -> None:
     add_runtime_arguments(check)
     check.add_argument("--rank-timeout", type=finite_float, default=1800.0, metavar="SECONDS",
                        help="under torchrun: how long a rank waits for the others before it stops with an error (default 1800)")
+    check.add_argument("--join-timeout", type=finite_float, default=300.0, metavar="SECONDS",
+                       help="under torchrun: how long a rank waits to meet the others when it starts (default 300; "
+                            "at most --rank-timeout)")
     check.add_argument("--max-hours", type=finite_float, default=1.0, metavar="H",
                        help="refuse, before starting, a verification estimated to take longer (default 1)")
     check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
@@ -151,9 +154,15 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the model and tokens, verify, print the report; 0 if every check passed, else 1. Under
     ``torchrun`` every rank verifies a share of the terms and rank 0 alone prints the whole report."""
+    import sys
+
     from numeric_check.verification import distributed
 
-    args.device = distributed.init_from_environment(args.device, args.rank_timeout)
+    ranks = distributed.Torchrun.from_environment()  # every variable checked: WORLD_SIZE=abc is one line
+    if ranks is not None:  # said before the wait, which is bounded
+        print(f"tcircuits verify: rank {ranks.rank} of {ranks.world} meeting the others at {ranks.address}:{ranks.port} "
+              f"(waiting at most {min(args.join_timeout, args.rank_timeout):.0f} s)", file=sys.stderr, flush=True)
+    args.device = distributed.init_from_environment(args.device, args.rank_timeout, args.join_timeout)
     try:
         return _run(args)
     finally:

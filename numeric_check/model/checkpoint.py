@@ -58,22 +58,35 @@ def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> str:
 
     Refuses NaN/Inf weights (:class:`WeightError`) and torch-file suffixes (``.pt``, ``.pth``).
     """
-    if not isinstance(model, CircuitModel):
-        raise CheckpointError(f"save_checkpoint expects a CircuitModel, got {type(model).__name__}")
+    path = checkpoint_path(path)
+    data, content = checkpoint_bytes(model)
+    try:
+        write_atomic(path, data)
+    except OutputPathError as err:
+        raise CheckpointError(f"cannot save {path}: {err}") from None
+    return content
+
+
+def checkpoint_path(path: str | os.PathLike) -> Path:
+    """``path`` checked as a place to save a checkpoint: a ``.safetensors`` name in a folder that exists."""
     path = Path(path)
     if path.suffix in TORCH_SUFFIXES:
         raise CheckpointError(f"cannot save {path}: checkpoints are written as safetensors; use a .safetensors path")
     if not path.parent.is_dir():
         raise CheckpointError(f"cannot save {path}: directory {path.parent} does not exist")
+    return path
+
+
+def checkpoint_bytes(model: CircuitModel) -> tuple[bytes, str]:
+    """``model`` as the bytes of a safetensors checkpoint, and its content hash (to write it together
+    with other files: :func:`numeric_check.files.write_together`)."""
+    if not isinstance(model, CircuitModel):
+        raise CheckpointError(f"save_checkpoint expects a CircuitModel, got {type(model).__name__}")
     model.check_finite()
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": json.dumps(model.cfg.to_dict()),
                 "content_sha256": content_hash(tensors, model.cfg.to_dict())}
-    try:
-        write_atomic(path, save(tensors, metadata=metadata))
-    except OutputPathError as err:
-        raise CheckpointError(f"cannot save {path}: {err}") from None
-    return metadata["content_sha256"]
+    return save(tensors, metadata=metadata), metadata["content_sha256"]
 
 
 def stored_content_hash(path: str | os.PathLike) -> str | None:

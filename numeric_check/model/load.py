@@ -44,6 +44,7 @@ FOREIGN_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.ckpt.index", "con
 #: files a tokenizer is saved in (one of them is enough)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.tiktoken")
+MAX_CONFIG_KEYS = 2_000  # keys of config.json read at all (numeric_check.model.options bounds the unknown ones)
 MAX_HEADER_BYTES = 100_000_000  # a safetensors header: ~150 bytes a tensor; 100 MB is ~600,000 tensors
 LISTED = 6  # tensor names shown in an error before "… and N more"
 HUB_TIMEOUT_S = 3.0  # the quick look whether the hub can be reached at all
@@ -91,18 +92,70 @@ def _looks_like_hub_name(name: str) -> bool:
             and ".." not in name and "--" not in name and not name.startswith((".", "-")))
 
 
+#: Environment variables the Hugging Face libraries read as URLs (the hub, and the proxies httpx goes
+#: through) or as numbers when they are imported: each is checked first (:func:`check_hub_environment`).
+HUB_URLS = ("HF_ENDPOINT",)
+PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+HUB_NUMBERS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
+_PROXY_SCHEMES = ("http", "https", "socks4", "socks5", "socks5h")
+
+
+def check_hub_environment(environ=None) -> None:
+    """Every environment variable the Hugging Face libraries read as a URL or a number, checked
+    before they are imported: one :class:`ModelLoadError` line naming a bad one
+    (``HF_ENDPOINT='http://[::1'``, a proxy with port 99999, ``HF_HUB_ETAG_TIMEOUT=abc``), never
+    their traceback.
+
+    >>> check_hub_environment({"HF_ENDPOINT": "http://[::1"})
+    Traceback (most recent call last):
+    ...
+    numeric_check.errors.ModelLoadError: the environment variable HF_ENDPOINT='http://[::1' is not a usable URL: Invalid IPv6 URL
+    """
+    env = os.environ if environ is None else environ
+    for name in HUB_URLS + PROXIES:
+        value = env.get(name)
+        if value is not None and (value != "" or name in HUB_URLS):
+            _url(name, value, proxy=name in PROXIES)
+    for name in HUB_NUMBERS:
+        value = env.get(name)
+        if value is not None and not (value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 9):
+            raise ModelLoadError(f"the environment variable {name}={_quoted(value)} is not a whole number of seconds")
+
+
+def _quoted(value: str) -> str:
+    from tensoralg.escape import terminal_safe
+
+    return terminal_safe(repr(value if len(value) <= 120 else value[:120] + "…"))
+
+
+def _url(name: str, value: str, proxy: bool) -> tuple[str, int]:
+    """``(host, port)`` of the URL in the variable ``name`` (a proxy may leave out ``http://``)."""
+    text = value.strip()
+    if proxy and "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlparse(text)
+        host, port = parts.hostname, parts.port
+    except ValueError as error:
+        raise ModelLoadError(f"the environment variable {name}={_quoted(value)} is not a usable URL: {error}") from None
+    schemes = _PROXY_SCHEMES if proxy else ("http", "https")
+    if parts.scheme not in schemes or not host:
+        raise ModelLoadError(f"the environment variable {name}={_quoted(value)} is not a usable URL: expected "
+                             f"{' or '.join(s + '://' for s in schemes[:2])}HOST[:PORT]")
+    return host, port or (443 if parts.scheme == "https" else 80)
+
+
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     """Whether the Hugging Face hub (or the proxy in front of it) answers a TCP connection within
-    ``timeout`` seconds; ``False`` at once when ``HF_HUB_OFFLINE`` is set."""
+    ``timeout`` seconds; ``False`` at once when ``HF_HUB_OFFLINE`` is set. The variables it reads are
+    checked first (:func:`check_hub_environment`)."""
+    check_hub_environment()
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False
-    url = urlparse(constants.ENDPOINT)
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
-    if proxy:
-        url = urlparse(proxy if "://" in proxy else "http://" + proxy)
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    proxy = next((name for name in ("HTTPS_PROXY", "https_proxy") if os.environ.get(name)), None)
+    host, port = _url(proxy, os.environ[proxy], proxy=True) if proxy else _url("HF_ENDPOINT", constants.ENDPOINT, False)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
         return True
@@ -182,6 +235,9 @@ def read_config(folder: Path) -> dict:
     if not path.is_file():
         raise ModelLoadError("the folder holds no config.json; give the folder saved with save_pretrained")
     config = json_object(path)
+    if len(config) > MAX_CONFIG_KEYS:  # before transformers makes an attribute of each
+        raise ModelLoadError(f"config.json holds {len(config):,} keys, more than the {MAX_CONFIG_KEYS:,} tcircuits reads (a "
+                             "config saved by transformers holds fewer than 200)")
     refuse_code(config, path)
     return config
 
@@ -319,17 +375,23 @@ def _pickle_reason(error: Exception) -> str:
 
 # -- the config held to the tensors ----------------------------------------------------------
 
-def stored_layers(names) -> tuple[str, int]:
-    """``(prefix, count)`` of the numbered layers the tensor names hold: the container whose first
+def stored_layers(shapes) -> tuple[str, int]:
+    """``(prefix, count)`` of the numbered layers the tensors hold: the container whose first
     numbered component takes the most values (``transformer.h`` of ``transformer.h.0.attn...``).
+    ``shapes`` maps each tensor's name to its shape (or is the names alone); a tensor with no
+    entries (a dimension 0) holds no data and makes no layer.
 
     >>> stored_layers(["model.layers.0.q.weight", "model.layers.1.q.weight", "model.embed.weight"])
     ('model.layers', 2)
+    >>> stored_layers({"h.0.w": (4, 4), "h.1.w": (4, 4), "h.2.bias": (0,)})
+    ('h', 2)
     """
     found: dict[str, set[int]] = {}
-    for name in names:
+    for name in shapes:
+        if isinstance(shapes, dict) and 0 in tuple(shapes[name]):
+            continue
         match = re.search(r"^(.*?)\.(\d+)(?:\.|$)", name)
-        if match:
+        if match and len(match.group(2)) <= 9:
             found.setdefault(match.group(1), set()).add(int(match.group(2)))
     if not found:
         return "", 0
@@ -337,21 +399,31 @@ def stored_layers(names) -> tuple[str, int]:
     return prefix, len(found[prefix])
 
 
+#: Layers a config may ask for: building a model on the meta device takes about 5 ms a layer, so this
+#: bounds the work before the weights are compared (the largest published models have about 130).
+MAX_LAYERS = 1000
+
+
 def check_layers(config: Any, raw: dict, shapes: dict[str, tuple[int, ...]], weights: str) -> None:
-    """The config's layer count is at most the layers stored; checked before a layer is built (more
-    would be built at random, and 10**6 layers take minutes and gigabytes). Fewer than stored is left
-    to the loading info (unused tensors), where a family's own extra layers are known."""
+    """The config's layer count is at most the layers stored (counted from tensors that hold data) and
+    at most :data:`MAX_LAYERS`; checked before a layer is built (more would be built at random, and
+    10**6 layers take minutes and gigabytes). Fewer than stored is left to the loading info (unused
+    tensors), where a family's own extra layers are known."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or isinstance(layers, bool):
         return
+    key = next((k for k in ("num_hidden_layers", "n_layer", "n_layers", "num_layers") if raw.get(k) == layers),
+               "num_hidden_layers")
     prefix, stored = stored_layers(shapes)
     if layers > stored:
-        key = next((k for k in ("num_hidden_layers", "n_layer", "n_layers", "num_layers") if raw.get(k) == layers),
-                   "num_hidden_layers")
         where = f" ({prefix}.0 … {prefix}.{stored - 1})" if stored else ""
         raise ModelLoadError(f"config.json says {layers:,} {'layer' if layers == 1 else 'layers'} ({key}) but {weights} "
-                             f"holds {stored:,}{where}; the config does not describe these weights")
+                             f"holds {stored:,}{where}; the config does not describe these weights (a layer counts where "
+                             "its tensors hold data)")
+    if layers > MAX_LAYERS:
+        raise ModelLoadError(f"config.json says {layers:,} layers ({key}), more than the {MAX_LAYERS:,} tcircuits builds "
+                             "(the largest published models have about 130)")
 
 
 def available_memory() -> int | None:
@@ -529,6 +601,6 @@ def _transformers(what: str, call):
         raise ModelLoadError(f"cannot {what}: {detail}") from None
 
 
-__all__ = ["available_memory", "cache_holds_models", "check_built_model", "check_layers", "check_loading_info", "hub_offline",
+__all__ = ["available_memory", "cache_holds_models", "check_built_model", "check_hub_environment", "check_layers", "check_loading_info", "hub_offline",
            "hub_reachable", "load_model", "load_tokenizer", "model_folder", "offline_message", "one_line",
            "read_config", "refuse_code", "refuse_family", "stored_layers", "stored_tensors"]

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 from numeric_check.errors import UnsupportedModel
 
 _MISSING = object()
+LISTED_OPTIONS = 6  # options named in a refusal before "and N more"
 
 #: Hugging Face config keys that never change what a causal LM computes in eval mode
 HF_HARMLESS = frozenset({
@@ -63,6 +64,8 @@ def check_options(options: Mapping[str, Any], defaults: Mapping[str, Any], under
             unread.append(f"{key}={value!r} (default {'not set' if default is _MISSING else repr(default)})")
     if unread:
         what = "an option" if len(unread) == 1 else "options"
+        if len(unread) > LISTED_OPTIONS:
+            unread = unread[:LISTED_OPTIONS] + [f"{len(unread) - LISTED_OPTIONS:,} more"]
         raise UnsupportedModel(
             f"{source} sets {' and '.join(unread)}, {what} tcircuits does not read; converting the model without "
             f"{'it' if len(unread) == 1 else 'them'} would give a different model, so it is refused (options are read by allow-list)"
@@ -92,17 +95,36 @@ def check_hf_options(config: Any, understood: Iterable[str], source: str, model:
     stray = set()
     if model is not None and defaults:  # only the keys that would be refused are looked for in the code
         unread = {key for key in options if key not in defaults and key not in understood and key not in HF_HARMLESS}
+        if len(unread) > MAX_UNKNOWN_KEYS:
+            raise UnsupportedModel(f"{source}'s config sets {len(unread):,} keys its class does not define, more than the "
+                                   f"{MAX_UNKNOWN_KEYS:,} tcircuits looks for in the model's code (a config.json saved by "
+                                   "transformers holds a few dozen); it is refused")
         stray = {key for key in unread if not named_in_code(type(model), key)}
     check_options(options, defaults, understood, source, HF_HARMLESS | stray)
+
+
+#: Keys of a config its class does not define that are looked up in the model's code, at most (a config
+#: saved by transformers has none or a handful; each is a set lookup, the words read once per class).
+MAX_UNKNOWN_KEYS = 1000
 
 
 def named_in_code(model_class: type, key: str) -> bool:
     """Whether ``key`` appears as a word in the code a Hugging Face model class runs: its modeling and
     configuration modules and the transformers modules they draw on (rope, masks, attention kernels,
     ``modeling_utils``; not ``transformers.utils``' docstrings and logging). A key no such code names
-    cannot change what the model computes; code whose source cannot be read may name anything."""
+    cannot change what the model computes; code whose source cannot be read may name anything, and so
+    may a key that is not a word (the code is read once into its set of words: a lookup per key)."""
+    words = _words_of(model_class)
+    return words is None or not _WORD.fullmatch(key) or key in words
+
+
+_WORD = re.compile(r"\w+")
+
+
+@functools.lru_cache(maxsize=64)
+def _words_of(model_class: type) -> frozenset[str] | None:
     code = _code_of(model_class)
-    return code is None or re.search(rf"\b{re.escape(key)}\b", code) is not None
+    return None if code is None else frozenset(_WORD.findall(code))
 
 
 @functools.lru_cache(maxsize=64)

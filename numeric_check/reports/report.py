@@ -47,6 +47,7 @@ from numeric_check.verification.results import strict_json
 REPORT_FILES = ("report.md", "tables.tex", "analysis.json", "index.html")
 #: The figures :func:`make_figures` may draw, each written as ``figures/NAME.FORMAT``.
 FIGURE_NAMES = ("training", "positivity", "profiles", "composition", "importance")
+FIGURE_FORMATS = ("png", "svg", "pdf")  # what --formats takes (numeric_check.reports.plots.ALLOWED_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def write_report(report: Report | ModelAnalysis, out_dir: Path | str, *, control
 
 
 def report_output(out_dir: Path | str, inputs: Sequence[Path | str] = (), *, force: bool = False,
-                  formats: Sequence[str] = ("png", "svg", "pdf")) -> OutputFolder:
+                  formats: Sequence[str] = FIGURE_FORMATS) -> OutputFolder:
     """The report's folder, checked before any analysis (nothing is created): it can be made or
     replaced whole; no folder, FIFO or device sits at a report file or figure name (a directory
     named ``report.md`` is found now, not after minutes of work); none of ``inputs`` (a checkpoint,
@@ -133,7 +134,8 @@ def report_output(out_dir: Path | str, inputs: Sequence[Path | str] = (), *, for
     names; and every file in it was written by tcircuits and is unchanged, unless ``force``.
     Enter it to write into a new folder that is swapped in whole at the end."""
     names = list(REPORT_FILES) + [f"figures/{name}.{fmt}" for name in FIGURE_NAMES for fmt in formats]
-    return output_folder(out_dir, names, force=force, inputs=inputs).check()
+    known = list(REPORT_FILES) + [f"figures/{name}.{fmt}" for name in FIGURE_NAMES for fmt in FIGURE_FORMATS]
+    return output_folder(out_dir, names, force=force, inputs=inputs, known=known).check()
 
 
 def report_folder(out_dir: Path | str, inputs: Sequence[Path | str] = (), *, force: bool = False) -> Path:

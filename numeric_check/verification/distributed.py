@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence
@@ -38,6 +39,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from torch import Tensor
+
+from tensoralg.escape import terminal_safe
 
 from numeric_check.errors import VerifyError
 
@@ -179,34 +182,143 @@ def qk_prefix(term, depth: int) -> tuple:
     return (term.query.source.input_key, term.query.heads[:depth], term.key.source.input_key)
 
 
-def init_from_environment(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
-    """Under torchrun (``WORLD_SIZE`` > 1 in the environment): initialise the default process group
-    (NCCL for a CUDA ``device``, gloo otherwise; ``timeout_s`` for every collective) and return this
-    rank's device (``cuda:LOCAL_RANK`` for CUDA, one card per rank); otherwise ``device`` unchanged."""
-    import os
+#: How long a rank waits to meet the others when it starts (the rendezvous), at most: a master that
+#: cannot be reached is one line after this long, not a silent wait of ``--rank-timeout``.
+JOIN_TIMEOUT_S = 300.0
+_MAX_WORLD = 1 << 20
 
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if not timeout_s > 0:
-        raise VerifyError(f"the ranks' timeout must be a number of seconds > 0, got {timeout_s!r}")
-    if world <= 1 or torch.distributed.is_initialized():
+
+@dataclass(frozen=True)
+class Torchrun:
+    """What torchrun put in the environment for this process, read and checked: ``WORLD_SIZE`` ranks,
+    this one ``RANK`` (``LOCAL_RANK`` on its machine), meeting at ``MASTER_ADDR:MASTER_PORT``."""
+
+    world: int
+    rank: int
+    local: int
+    address: str
+    port: int
+
+    @classmethod
+    def from_environment(cls, environ=None) -> "Torchrun | None":
+        """The torchrun environment, or None when ``WORLD_SIZE`` is unset or 1; a variable that is set
+        but unusable (``WORLD_SIZE=abc``, ``MASTER_PORT=99999``, ``RANK`` not below ``WORLD_SIZE``) is
+        one :class:`VerifyError` line naming it.
+
+        >>> Torchrun.from_environment({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+        Torchrun(world=2, rank=1, local=0, address='10.0.0.1', port=29500)
+        >>> Torchrun.from_environment({"WORLD_SIZE": "abc"})
+        Traceback (most recent call last):
+        ...
+        numeric_check.errors.VerifyError: the environment variable WORLD_SIZE='abc' is not a whole number (torchrun sets it to the number of ranks)
+        """
+        import os
+
+        env = os.environ if environ is None else environ
+        world = _env_int(env, "WORLD_SIZE", 1, _MAX_WORLD, "the number of ranks", default=1)
+        if world <= 1:
+            return None
+        rank = _env_int(env, "RANK", 0, world - 1, f"this rank's number, 0 to {world - 1}")
+        local = _env_int(env, "LOCAL_RANK", 0, world - 1, "this rank's number on its machine", default=0)
+        port = _env_int(env, "MASTER_PORT", 1, 65535, "the port the ranks meet at, 1 to 65535")
+        address = env.get("MASTER_ADDR")
+        if address is None or not address.strip():
+            raise VerifyError(f"WORLD_SIZE={world} but MASTER_ADDR is not set: start the ranks with torchrun, which sets "
+                              "where they meet")
+        if len(address) > 253 or not all(ch.isascii() and (ch.isalnum() or ch in ".-_:[]%") for ch in address):
+            raise VerifyError(f"the environment variable MASTER_ADDR={terminal_safe(repr(address[:80]))} is not a host "
+                              "name or an IP address")
+        return cls(world, rank, local, address, port)
+
+
+def _env_int(env, name: str, low: int, high: int, what: str, default: int | None = None) -> int:
+    text = env.get(name)
+    if text is None or (text == "" and default is not None):
+        if default is None:
+            raise VerifyError(f"WORLD_SIZE={env.get('WORLD_SIZE', '').strip()} but {name} is not set (torchrun sets it to "
+                              f"{what})")  # WORLD_SIZE is read first: its digits alone
+        return default
+    stripped = text.strip()
+    if not (stripped.isascii() and stripped.isdigit() and len(stripped) <= 9):
+        raise VerifyError(f"the environment variable {name}={terminal_safe(repr(text[:80]))} is not a whole number "
+                          f"(torchrun sets it to {what})")
+    value = int(stripped)
+    if not low <= value <= high:
+        raise VerifyError(f"the environment variable {name}={value} is outside {low}..{high} (torchrun sets it to {what})")
+    return value
+
+
+def init_from_environment(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S,
+                          join_timeout_s: float = JOIN_TIMEOUT_S) -> torch.device:
+    """Under torchrun (``WORLD_SIZE`` > 1 in the environment, read by :meth:`Torchrun.from_environment`):
+    initialise the default process group (NCCL for a CUDA ``device``, gloo otherwise) and return this
+    rank's device (``cuda:LOCAL_RANK`` for CUDA, one card per rank); otherwise ``device`` unchanged.
+    Meeting the others waits at most ``join_timeout_s`` (or ``timeout_s`` when shorter): past it, one
+    :class:`VerifyError` line, or — when the library does not return — one line and exit status 2;
+    then every collective waits at most ``timeout_s``."""
+    for name, value in (("timeout", timeout_s), ("join timeout (--join-timeout)", join_timeout_s)):
+        if not value > 0:
+            raise VerifyError(f"the ranks' {name} must be a number of seconds > 0, got {value!r}")
+    run = Torchrun.from_environment()
+    if run is None or torch.distributed.is_initialized():
         return device
     if device.type == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0") or 0)
-        if local >= torch.cuda.device_count():
-            raise VerifyError(f"rank {os.environ.get('RANK', local)} of {world} would use cuda:{local}, but this machine has "
+        if run.local >= torch.cuda.device_count():
+            raise VerifyError(f"rank {run.rank} of {run.world} would use cuda:{run.local}, but this machine has "
                               f"{torch.cuda.device_count()} CUDA devices; start at most that many ranks per machine "
                               "(torchrun --nproc-per-node), or use --device cpu")
-        device = torch.device("cuda", local)
+        device = torch.device("cuda", run.local)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    join = min(join_timeout_s, timeout_s)
+    where = f"rank {run.rank} of {run.world} could not meet the others at {run.address}:{run.port} ({backend})"
     try:
-        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
-                                             **({"device_id": device} if backend == "nccl" else {}))
+        with _bounded_join(join, where):
+            torch.distributed.init_process_group(backend, timeout=timedelta(seconds=join),
+                                                 **({"device_id": device} if backend == "nccl" else {}))
     except (RuntimeError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise VerifyError(f"could not join the {world} ranks torchrun started ({backend}): {first[:200]}") from None
-    _stop_on_sigterm(torch.distributed.get_rank(), world)
+        raise VerifyError(f"{where}: {first[:200]}") from None
+    set_timeout = getattr(torch.distributed.distributed_c10d, "_set_pg_timeout", None)
+    if set_timeout is not None and join != timeout_s:
+        set_timeout(timedelta(seconds=timeout_s))  # the rendezvous was bounded by the join; collectives by this
+    _stop_on_sigterm(run.rank, run.world)
     return device
+
+
+@contextmanager
+def _bounded_join(seconds: float, where: str):
+    """The block within ``seconds`` (and a little for the library's own retries): past it, the line
+    ``where`` (waited N s) on standard error and exit status 2, since a rendezvous that retries inside
+    the library never returns to Python; meanwhile the library's own messages (C++ warnings, stack
+    frames) go to a file instead of the terminal, and are dropped."""
+    import os
+    import sys
+    import tempfile
+    import threading
+
+    done = threading.Event()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    quiet = tempfile.TemporaryFile()
+    os.dup2(quiet.fileno(), 2)
+
+    def watch() -> None:
+        if not done.wait(seconds + JOIN_GRACE_S):
+            os.write(saved, terminal_safe(f"tcircuits verify: error: {where}: no answer within {seconds:.0f} s\n").encode())
+            os._exit(2)
+
+    threading.Thread(target=watch, daemon=True, name="tcircuits-join-bound").start()
+    try:
+        yield
+    finally:
+        done.set()
+        os.dup2(saved, 2)
+        os.close(saved)
+        quiet.close()
+
+
+JOIN_GRACE_S = 15.0  # beyond the join timeout, for the library to give up by itself
 
 
 def is_first_rank() -> bool:

@@ -662,3 +662,72 @@ def test_a_folder_that_is_not_a_decoder_is_refused_in_one_short_line_before_its_
     code, out, err = run_cli(capsys, "verify", "--hf", str(tmp_path), "--tokens", "1,2", "--no-progress")
     assert code == 2 and out == ""
     assert err.strip() == f"tcircuits verify: error: {name} {NOT_A_DECODER[name]}" and len(err.strip()) <= 200
+
+
+# -- round 5 (issue 38): layers that hold data, config keys in linear time, decoding bounded -------
+
+
+def test_layers_of_empty_tensors_do_not_pass_the_layer_count(capsys, tmp_path, gpt2_dir):
+    """``n_layer=20000`` beside 20,000 empty ``transformer.h.{i}.attn.bias`` tensors (issue 38: the build
+    ran past 120 s): a layer counts where its tensors hold data, so it is one line at once."""
+    import torch
+
+    from tests.helpers import quickly
+
+    folder = copy_folder(gpt2_dir, tmp_path / "empty", n_layer=20_000)
+    edit_tensors(folder, lambda t: t.update({f"transformer.h.{i}.attn.bias": torch.zeros(0) for i in range(20_000)}))
+    with quickly(60):
+        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    one_line_error(code, out, err, "config.json says 20,000 layers (n_layer) but model.safetensors holds 2")
+
+
+@pytest.mark.parametrize("keys, refused", [(999, None), (1001, "sets 1,001 keys its class does not define, more than the 1,000"),
+                                           (300_000, "config.json holds 300,0")])
+def test_unknown_config_keys_are_matched_in_linear_time_and_counted(capsys, tmp_path, gpt2_dir, keys, refused):
+    """Keys no code of the model names are ignored as before, each a set lookup (2,000 keys took 58 s,
+    each a regular-expression search of the source); more than a thousand is refused by count, and a
+    config of 300,000 keys (under the 10 MB bound) before transformers reads it."""
+    from tests.helpers import quickly
+
+    folder = copy_folder(gpt2_dir, tmp_path / "keys", **{f"zz_unknown_{i}": i for i in range(keys)})
+    with quickly(120):
+        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    if refused:
+        one_line_error(code, out, err, refused)
+    else:
+        assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def decoder_bomb_dir(tmp_path_factory, gpt2_dir):
+    """The GPT-2 folder with a tokenizer whose decoder replaces ``(a+)+$`` (a Rust panic on ``aaa…a!``)."""
+    import shutil
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("decoder") / "model"
+    shutil.copytree(gpt2_dir, folder)
+    vocab = {"a" * 40 + "!": 0, "!": 1, "[UNK]": 2, **{f"t{i}": i for i in range(3, 300)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Replace(Regex("(a+)+$"), "x")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("verify", ["--tokens", "0,1,2", "--no-progress"]),
+    ("attribute", ["--tokens", "0,1,2", "--target", "1"]),
+])
+def test_a_decoder_that_runs_away_is_one_line(capsys, decoder_bomb_dir, command, argv):
+    """Decoding is bounded as encoding is: a decoder whose regular expression panics (or never ends)
+    runs in a child within a bound and is one line, status 2."""
+    from tests.helpers import quickly
+
+    with quickly(60):
+        code, out, err = run_cli(capsys, command, "--hf", str(decoder_bomb_dir), *argv)
+    one_line_error(code, out, err, "the tokenizer's decoder on", "Regex search error")
+    assert "panicked at" not in err

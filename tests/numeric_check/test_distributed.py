@@ -201,6 +201,8 @@ def test_more_ranks_than_gpus_is_one_line_before_anything_starts(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     with fake_cuda(), pytest.raises(VerifyError) as info:
         init_from_environment(torch.device("cuda", 0))
     assert str(info.value) == ("rank 1 of 2 would use cuda:1, but this machine has 1 CUDA devices; start at most that many "

@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -19,7 +21,7 @@ from numeric_check.model.checkpoint import (
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.toy import shipped_checkpoint, training_record_for
-from tests.conftest import needs_pdflatex
+from tests.conftest import THOROUGH, needs_pdflatex
 from tests.helpers import quickly, run_cli as run
 
 torch.set_num_threads(1)
@@ -405,3 +407,42 @@ def test_any_hostile_model_folder_loads_as_saved_or_is_one_of_our_errors(hf_fold
         assert folder_state(folder) == before
 
     check()
+
+
+# -- round 5 (issue 38): layers counted from tensors that hold data -------------------------------
+
+
+@THOROUGH
+@given(st.dictionaries(st.integers(0, 40), st.lists(st.sampled_from([(0,), (4, 0), (3,), (2, 2), ()]), min_size=1,
+                                                    max_size=3), max_size=12))
+def test_a_layer_counts_where_its_tensors_hold_data(layers):
+    """Any numbered layers, each with tensors of any shape: the count is the layers with at least one
+    tensor that holds data (a dimension 0 holds none)."""
+    from numeric_check.model.load import stored_layers
+
+    shapes = {f"transformer.h.{i}.t{j}": shape for i, tensors in layers.items() for j, shape in enumerate(tensors)}
+    shapes["transformer.wte.weight"] = (5, 4)
+    holding = {i for i, tensors in layers.items() if any(0 not in shape for shape in tensors)}
+    prefix, count = stored_layers(shapes)
+    assert count == len(holding) and (prefix == "transformer.h" or not holding)
+
+
+def test_more_layers_than_are_built_is_refused_even_when_the_weights_hold_them():
+    from types import SimpleNamespace
+
+    from numeric_check.errors import ModelLoadError
+    from numeric_check.model.load import MAX_LAYERS, check_layers
+
+    shapes = {f"h.{i}.w": (1,) for i in range(MAX_LAYERS + 1)}
+    with quickly(5), pytest.raises(ModelLoadError, match=f"says 1,001 layers \\(n_layer\\), more than the 1,000"):
+        check_layers(SimpleNamespace(num_hidden_layers=MAX_LAYERS + 1), {"n_layer": MAX_LAYERS + 1}, shapes, "x")
+    check_layers(SimpleNamespace(num_hidden_layers=MAX_LAYERS), {}, shapes, "x")
+    with pytest.raises(ModelLoadError, match="holds 0; the config does not describe"):
+        check_layers(SimpleNamespace(num_hidden_layers=3), {}, {f"h.{i}.w": (0, 4) for i in range(3)}, "x")
+
+
+def test_a_layer_number_of_thousands_of_digits_is_not_a_layer():
+    from numeric_check.model.load import stored_layers
+
+    with quickly(2):
+        assert stored_layers({"h." + "9" * 5000 + ".w": (2,), "h.0.w": (2,)}) == ("h", 1)

@@ -47,7 +47,7 @@ def paper_folder(out_dir: Path | str, pdf: bool = False, force: bool = False) ->
     was written by tcircuits and is unchanged (or ``force``), and, for the PDF, pdflatex is installed."""
     if pdf:
         pdflatex()  # installed, or a LatexError now, before minutes of work
-    return output_folder(out_dir, output_names(pdf), force=force).check()
+    return output_folder(out_dir, output_names(pdf), force=force, known=output_names(pdf=True)).check()
 
 
 def check_outputs(out_dir: Path | str, pdf: bool = False, force: bool = False) -> Path:
