@@ -14,11 +14,11 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from derivations import files
+from derivations import files, folders
 
 from numeric_check.errors import OutputPathError
 
-OutputFolder = files.OutputFolder
+OutputFolder = folders.OutputFolder
 output_file = partial(files.output_file, error=OutputPathError)
 writable_dir = partial(files.writable_dir, error=OutputPathError)
 writable_file = partial(files.writable_file, error=OutputPathError, create=True)
@@ -27,10 +27,10 @@ write_together = partial(files.write_together, error=OutputPathError)
 atomic_path = partial(files.atomic_path, error=OutputPathError)
 
 
-def output_folder(path: Path | str, names, *, force: bool = False, inputs=(), known=None) -> files.OutputFolder:
-    """A :class:`~derivations.files.OutputFolder` (written beside ``path``, swapped in whole) whose
+def output_folder(path: Path | str, names, *, force: bool = False, inputs=(), known=None) -> folders.OutputFolder:
+    """A :class:`~derivations.folders.OutputFolder` (written beside ``path``, swapped in whole) whose
     errors are :class:`OutputPathError`."""
-    return files.OutputFolder(path, names, force=force, inputs=inputs, error=OutputPathError, known=known)
+    return folders.OutputFolder(path, names, force=force, inputs=inputs, error=OutputPathError, known=known)
 
 __all__ = ["OutputFolder", "OutputPathError", "atomic_path", "output_file", "output_folder", "writable_dir", "writable_file",
            "write_atomic", "write_together"]

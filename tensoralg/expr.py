@@ -54,13 +54,10 @@ class Term(NamedTuple):
     def T(self) -> "Term":
         return Term(self.coeff, tuple(transpose_word(w) for w in self.words))
 
-    def _repr_latex_(self) -> str:
-        """A notebook shows a term as the printer's maths (``<`` and ``>`` written as commands, so that
-        a notebook that inserts LaTeX as HTML reads no tag from a name)."""
+    def _repr_latex_(self) -> str:  # ``<`` and ``>`` as commands: a notebook inserting LaTeX as HTML reads no tag
         return latex_repr(TensorSum([self]))
 
-    def _repr_html_(self) -> str:
-        """MathML from the same printer, as an expression shows (what a notebook prefers to the LaTeX)."""
+    def _repr_html_(self) -> str:  # MathML from the same printer, which a notebook prefers to the LaTeX
         return html_repr(TensorSum([self]))
 
     def __repr__(self) -> str:

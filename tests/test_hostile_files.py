@@ -34,7 +34,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from derivations import files
+from derivations import files, folders
 from derivations.cli import main
 from derivations.errors import OutputError
 from derivations.terminal import GuardedStream, ascii_spelling
@@ -264,7 +264,7 @@ NAMES = ["index.html", "figures/a.svg"]
 
 
 def write_folder(site: Path, text: str = "v1", **options) -> None:
-    with files.OutputFolder(site, NAMES, **options) as new:
+    with folders.OutputFolder(site, NAMES, **options) as new:
         for name in NAMES:
             (new / name).parent.mkdir(parents=True, exist_ok=True)
             (new / name).write_text(f"{text} {name}")
@@ -281,7 +281,7 @@ from pathlib import Path
 
 from hypothesis import given
 
-from derivations import files
+from derivations import files, folders
 from derivations.errors import OutputError
 from tests.conftest import FAST
 from tests.helpers import folder_state
@@ -291,7 +291,7 @@ NAMES = ["index.html", "figures/a.svg"]
 
 
 def write(site, force=False):
-    with files.OutputFolder(site, NAMES, force=force) as new:
+    with folders.OutputFolder(site, NAMES, force=force) as new:
         for name in NAMES:
             (new / name).parent.mkdir(parents=True, exist_ok=True)
             (new / name).write_text("new " + name)
@@ -355,8 +355,8 @@ def test_a_folder_on_another_device_is_refused_by_its_device_number(tmp_path, mo
     other.mkdir(parents=True)
     (other / "kept.txt").write_text("precious")
     foreign = {os.stat(other).st_ino, os.stat(other / "kept.txt").st_ino}
-    monkeypatch.setattr(files, "mount_points", lambda: frozenset())
-    monkeypatch.setattr(files, "_device", lambda info: 999 if info.st_ino in foreign else info.st_dev)
+    monkeypatch.setattr(folders, "mount_points", lambda: frozenset())
+    monkeypatch.setattr(folders, "_device", lambda info: 999 if info.st_ino in foreign else info.st_dev)
     before = folder_state(tmp_path)
     for force in (False, True):
         with pytest.raises(OutputError, match="mine/deep' in it is on another file system"):
@@ -370,7 +370,7 @@ def test_a_mount_point_the_system_lists_is_refused_on_the_same_device(tmp_path, 
     site = tmp_path / "site"
     write_folder(site)
     (site / "mine").mkdir()
-    monkeypatch.setattr(files, "mount_points", lambda: frozenset({str(site / "mine")}))
+    monkeypatch.setattr(folders, "mount_points", lambda: frozenset({str(site / "mine")}))
     with pytest.raises(OutputError, match="mine' in it is a mount point"):
         write_folder(site, "v2", force=True)
     assert (site / "index.html").read_text() == "v1 index.html"
@@ -382,8 +382,8 @@ def test_removing_a_folder_never_crosses_into_another_file_system(tmp_path, monk
     (tree / "kept" / "file.txt").write_text("precious")
     (tree / "gone.txt").write_text("x")
     inode = os.stat(tree / "kept").st_ino
-    monkeypatch.setattr(files, "_device", lambda info: 999 if info.st_ino == inode else info.st_dev)
-    files.remove_tree(tree)
+    monkeypatch.setattr(folders, "_device", lambda info: 999 if info.st_ino == inode else info.st_dev)
+    folders.remove_tree(tree)
     assert (tree / "kept" / "file.txt").read_text() == "precious" and not (tree / "gone.txt").exists()
 
 
@@ -564,14 +564,14 @@ SIGNAL_SCRIPT = r"""
 import os, sys, time
 from pathlib import Path
 
-from derivations import files
+from derivations import files, folders
 from derivations.signals import Stopped, stoppable
 
 site, names = Path(sys.argv[1]), [f"page{i}.html" for i in range(8)]
 with stoppable():
     try:
         print("ready", flush=True)
-        with files.OutputFolder(site, names) as new:
+        with folders.OutputFolder(site, names) as new:
             for i, name in enumerate(names):
                 (new / name).write_text("new " + name)
                 print(f"step {i}", flush=True)
@@ -596,7 +596,7 @@ def test_a_stopping_signal_at_any_point_leaves_old_or_new_and_nothing_else(tmp_p
     base = tmp_path_factory.mktemp("signals")
     site = base / "site"
     names = [f"page{i}.html" for i in range(8)]
-    with files.OutputFolder(site, names) as new:
+    with folders.OutputFolder(site, names) as new:
         for page in names:
             (new / page).write_text("old " + page)
     (base / "a.txt").write_text("old a")
@@ -676,7 +676,7 @@ def test_a_list_of_files_found_in_a_folder_is_verified_not_trusted(tmp_path, for
         (site / name).write_text(text)
     listing = {"written by": "tcircuits", "files": {name: [len(text), hashlib.sha256(text.encode()).hexdigest()]
                                                     for name, text in precious.items()}}
-    manifest = site / files.MANIFEST
+    manifest = site / folders.MANIFEST
     if forgery == "a list that is a link":
         (tmp_path / "list.json").write_text(json.dumps(listing))
         manifest.symlink_to(tmp_path / "list.json")

@@ -2,7 +2,7 @@
 system file replaced.
 
 A folder a command writes (``paper --out``, ``analyze --out``) is written beside itself and
-swapped in whole (:class:`derivations.files.OutputFolder`): interrupted, out of disk or past
+swapped in whole (:class:`derivations.folders.OutputFolder`): interrupted, out of disk or past
 ``ulimit -f``, the old folder stays exactly as it was; a file in it that tcircuits did not write
 is refused by name unless ``--force``, which keeps the files at other names. ``-o -`` and
 ``-o /dev/stdout`` write to standard output, nothing under /dev is replaced (checked inside a
@@ -24,9 +24,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from derivations import files
+from derivations import files, folders
 from derivations.errors import OutputError
-from derivations.files import MANIFEST, OutputFolder
+from derivations.folders import MANIFEST, OutputFolder
 from tests.conftest import FUZZ
 from tests.helpers import folder_state, quickly
 from tests.strategies import output_folders, output_texts
@@ -121,7 +121,7 @@ def test_a_run_that_fails_part_way_leaves_the_old_folder_exactly_as_it_was(tmp_p
     site = tmp_path / "site"
     write_site(site)
     before = folder_state(tmp_path)
-    with mock.patch.object(files, "_exchange", files._exchange if exchange else lambda a, b: False):
+    with mock.patch.object(folders, "_exchange", folders._exchange if exchange else lambda a, b: False):
         with pytest.raises(type(failure)):
             with OutputFolder(site, NAMES) as new:
                 (new / "index.html").write_text("half of the new site")
@@ -205,7 +205,7 @@ def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path_factory, entries, fir
     refused = (any(k in ("fifo", "folder") and rel in NAMES for rel, k in placed.items())
                or (not force and any(k != "ours" for k in placed.values())))
     outcome = "done"
-    with mock.patch.object(files, "_exchange", files._exchange if exchange else lambda a, b: False):
+    with mock.patch.object(folders, "_exchange", folders._exchange if exchange else lambda a, b: False):
         try:
             with OutputFolder(site, NAMES, force=force) as new:
                 for i, name in enumerate(NAMES):
