@@ -30,7 +30,7 @@ class TrainConfig:
     """Everything that defines a training run; validated on construction.
 
     Defaults give induction heads across the context, on repeats of every length (at most 1 nat
-    on the second copy of a repeat of 4 tokens at every offset, issue 20), in about 15 minutes of
+    on the second copy of a repeat of 4 tokens at every offset), in about 15 minutes of
     CPU time on one thread (2-layer model): vocab 128, context 64, up to ``max_repeats`` 8 repeats
     per sequence of 3–32 tokens (``seg_min``–``seg_max``, log-uniform), ``d_model`` 128, 4 heads of
     32, ``qk_only`` positions, no layer norm, weights drawn ``N(0, 0.1²)`` (``init_std``), AdamW lr
@@ -39,7 +39,7 @@ class TrainConfig:
     ``min(100, steps // 10)`` and ``decay_steps`` ``min(4500, (steps - warmup_steps) // 3)``, so any
     ``steps`` gets the same shape of schedule; the record keeps the numbers.
 
-    The tokens between the repeats follow a bigram table and hold planted skip-trigrams (issue 27),
+    The tokens between the repeats follow a bigram table and hold planted skip-trigrams,
     so that a zero-layer model has bigrams to learn and a one-layer model skip-trigrams: each token
     has ``bigram_successors`` likely successors (4; left ``None``, ``min(4, d_vocab // 4)``), each
     column of them a random permutation of the vocabulary so that every token is as common as any
@@ -58,7 +58,7 @@ class TrainConfig:
     need: ``d_model`` 64 at a constant rate stayed at 1.0–1.75 nats on repeats of 4 tokens past
     offset 24 (5,000 steps; 8,000 and 10,000 with more repeats: 0.94–1.25), 128 wide with the
     decay at 0.4–0.9; a rate of 2e-3 without weight decay, or repeats from 2 tokens, did no better.
-    On the bigram data (issue 27; 2-layer runs of 14,000 steps, worst cell of repeats of 4 tokens on
+    On the bigram data (2-layer runs of 14,000 steps, worst cell of repeats of 4 tokens on
     random tokens): the defaults 1.63 nats; ``bigram_follow`` 0.5 1.18, and virtual heads carried part of
     the bigrams through self-attending layer-0 heads (-1.00 nats against the heads' -2.78 on repeated
     tokens); ``d_model`` 256 with 0.5 and ``train_last_position`` 0.98, virtual -0.16 against -3.58,

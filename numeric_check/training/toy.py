@@ -9,7 +9,7 @@ what a previous-token head in layer 0 composed with an induction head in layer 1
 computes; a 1-layer model cannot do this. Between and inside the repeats the tokens
 follow a bigram table and hold planted skip-trigrams (:func:`data_tables`), so that the
 zero-layer model has bigram statistics to learn and the one-layer model skip-trigrams,
-as in the paper (issue 27); a config without them draws tokens uniformly at random.
+as in the paper; a config without them draws tokens uniformly at random.
 
 >>> config = TrainConfig(n_layers=1, steps=2, batch_size=4, d_vocab=16, n_ctx=16,
 ...                      seg_min=2, seg_max=6, d_model=8, d_head=4, n_heads=2)
@@ -111,7 +111,7 @@ def repeated_segment_batch(config: TrainConfig, batch_size: int, generator: torc
     """
     n_ctx, k = config.n_ctx, config.max_repeats
     uniform = not (config.bigram_successors or config.skip_trigrams)
-    if uniform:  # the draws of the data before issue 27, in the same order
+    if uniform:  # the draws of the uniform data, in the same order as before the bigram table
         fresh = torch.randint(0, config.d_vocab, (batch_size, n_ctx), generator=generator)
     lengths = _segment_lengths(config, (k, batch_size), generator)
     u_gap, u_src = torch.rand((2, k, batch_size), generator=generator, dtype=torch.float64)
@@ -253,7 +253,7 @@ def training_batch(config: TrainConfig, batch_size: int, generator: torch.Genera
     ``train_last_position`` sequences of ``n_ctx + 1`` tokens whose last token is only the target of
     position ``n_ctx - 1`` (the model reads the first ``n_ctx``). Without it the last position is never
     trained: nothing follows it, so its positional embedding keeps its random initial value, and the
-    induction heads' queries there, which read it, attend elsewhere (issue 27). A run on text cuts its
+    induction heads' queries there, which read it, attend elsewhere. A run on text cuts its
     sequences from ``data`` (a :class:`~numeric_check.training.text.TextData`), from its held-out part
     with ``heldout`` (:func:`~numeric_check.training.text.text_batch`).
 
