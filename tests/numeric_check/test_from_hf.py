@@ -118,7 +118,7 @@ def test_unsupported_features_are_named():
     rwkv = transformers.RwkvForCausalLM(transformers.RwkvConfig(vocab_size=13, hidden_size=16, num_hidden_layers=2,
                                                                 attention_hidden_size=16, intermediate_size=32))
     with pytest.raises(UnsupportedModel, match=r"^RwkvForCausalLM \(model_type 'rwkv'\) is not a family tcircuits reads; "
-                                               r"the README's table of model families lists those it reads$"):
+                                               r"the guide's model families page \(docs/reference/model-families.md\) lists those it reads$"):
         from_hf(rwkv, device="cpu")
     with pytest.raises(UnsupportedModel, match="^Linear is not a family tcircuits reads"):
         from_hf(torch.nn.Linear(2, 2), device="cpu")

@@ -45,7 +45,7 @@ def not_read(name: str, config: Any) -> str:
         line = f"{name} is an encoder (it sees the whole input at once); {decoders}: give a causal LM"
     else:
         typed = f"{name} (model_type {model_type!r})" if isinstance(model_type, str) else name
-        line = f"{typed} is not a family tcircuits reads; the README's table of model families lists those it reads"
+        line = f"{typed} is not a family tcircuits reads; the guide's model families page (docs/reference/model-families.md) lists those it reads"
     return line[:REFUSAL_LENGTH]
 
 
