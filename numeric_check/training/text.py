@@ -196,12 +196,6 @@ class TextData:
                                        f"of {n_ctx + 1}; give more text or a smaller --n-ctx")
         return data
 
-    @classmethod
-    def load(cls, text: str, tokenizer) -> "TextData":
-        """The same, with a tokenizer already trained (a checkpoint's), for measuring on ``text``."""
-        train_text, held_text = split_text(text)
-        return cls(tokenizer, encode(tokenizer, train_text), encode(tokenizer, held_text), text_sha256(text))
-
 
 def text_batch(ids: torch.Tensor, n_ctx: int, batch_size: int, generator: torch.Generator, *,
                copy_share: float, seg_min: int, seg_max: int):

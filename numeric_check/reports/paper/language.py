@@ -36,7 +36,7 @@ from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
 from numeric_check.reports.findings import COPYING
-from numeric_check.training.config import tokenizer_path
+from numeric_check.training.text import CheckpointTokenizer
 from numeric_check.training.toy import training_record_for
 
 #: The paper's own numbers (the slides' tables): term importance by order, and by layer.
@@ -58,14 +58,6 @@ def language_checkpoint(n_layers: int) -> Path:
 def heldout_path() -> Path:
     """The held-out text the companion measures on (``kjv_heldout.txt``, public domain)."""
     return Path(str(resources.files("numeric_check") / "data" / "kjv_heldout.txt"))
-
-
-def load_tokenizer(checkpoint: Path):
-    """The tokenizer saved beside a checkpoint trained on text (``NAME.tokenizer.json``), or None."""
-    from tokenizers import Tokenizer
-
-    path = tokenizer_path(checkpoint)
-    return Tokenizer.from_file(str(path)) if path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -469,7 +461,7 @@ def load_language_models(device=None) -> tuple[dict[int, CircuitModel], dict[int
         path = language_checkpoint(n)
         models[n] = load_checkpoint(path, device=device)
         records[n] = training_record_for(path, models[n])
-    tokenizer = load_tokenizer(language_checkpoint(2))
+    tokenizer = CheckpointTokenizer.beside(language_checkpoint(2)).tokenizer  # the same BPE beside all three
     text = heldout_path().read_text(encoding="utf-8")
     return models, records, LanguageData.from_text(tokenizer, text, "the held-out King James Bible")
 
