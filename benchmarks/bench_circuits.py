@@ -2,7 +2,7 @@
 
 A 2-layer, 12-head attention-only model (d_model 768, d_head 64, d_vocab 50257) with
 random weights is built as a TransformerLens ``HookedTransformer`` and converted with
-:func:`numeric_check.model.adapters.from_transformer_lens`. Timed, median of a few repeats:
+:func:`numeric_check.conversion.adapters.from_transformer_lens`. Timed, median of a few repeats:
 
 1. every head's ``W_OV`` eigenvalues (TL: ``model.OV.eigenvalues``);
 2. every composition score, per mode (TL: ``all_composition_scores(mode)``);
@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from numeric_check.model.adapters import from_transformer_lens
+from numeric_check.conversion.adapters import from_transformer_lens
 from numeric_check.circuits.ov_qk import ov_circuit_eigenvalues, ov_eigenvalues
 from numeric_check.circuits.composition import composition_scores
 from numeric_check.circuits.factored import eigenvalue_multiset_distance

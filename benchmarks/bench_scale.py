@@ -255,7 +255,7 @@ def bench_attribution(repeats: int, device: str, baseline: bool) -> None:
 def _evaluator_entries(model, tokens, device) -> dict[str, float]:
     """Every order-2 term's entry at the target, from LogitEvaluator's values (after the same set-up)."""
     from derivations.paths import expand_logits
-    from numeric_check.model.hook_paths import record
+    from numeric_check.verification.hook_paths import record
     from numeric_check.verification.bind import Binder
     from numeric_check.verification.evaluate import LogitEvaluator
 

@@ -46,9 +46,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from derivations.paths import expand_logits  # noqa: E402
-from numeric_check.model.adapters import from_transformer_lens  # noqa: E402
+from numeric_check.conversion.adapters import from_transformer_lens  # noqa: E402
 from numeric_check.verification.bind import Binder  # noqa: E402
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone  # noqa: E402
 from numeric_check.verification.isolate import isolate_final_streams  # noqa: E402
 from numeric_check.verification.verify import LogitSpace, verify_logits, verify_qk  # noqa: E402

@@ -39,7 +39,7 @@ import transformers  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from numeric_check import UnsupportedModel, from_hf, verify_logits, verify_qk  # noqa: E402
-from numeric_check.model.readers import BY_CLASS  # noqa: E402
+from numeric_check.conversion.readers import BY_CLASS  # noqa: E402
 from tensoralg.display import md_table  # noqa: E402
 from tests.hf_zoo import CONVERTS, ZOO, build, logits, missing, source_dtype  # noqa: E402
 
@@ -131,7 +131,7 @@ def section(seeds: int) -> tuple[str, str]:
         f"**Refused, naming what they use: {len(refused)} model types** (in their default configuration; GPT-1's "
         "post-layer-norm blocks are outside the residual-stream algebra, and so are OPT's when "
         "`do_layer_norm_before=False`; the rope scalings whose frequencies change within the context are named in "
-        "`numeric_check/model/readers/pending.py`)",
+        "`numeric_check/conversion/readers/pending.py`)",
         "",
         md_table(["model type", "family", "refused for"], [[f"`{t}`", f, reason] for t, f, reason in refused]),
         "",

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from numeric_check.model.readers.common import rope_parameters
+from numeric_check.conversion.readers.common import rope_parameters
 
 #: transformers' major version: 4 spells the rope as rope_theta, rope_scaling, partial_rotary_factor (5: rope_parameters)
 MAJOR = int(transformers.__version__.split(".")[0])
@@ -292,8 +292,8 @@ def build(model_type: str, seed: int = 0, exact: bool = True, dtype: torch.dtype
 def logits(hf, tokens: torch.Tensor) -> torch.Tensor:
     """``hf``'s logits on ``tokens`` in float64, run as its code allows in its dtype (float64 experts through the
     eager implementation, XGLM with torch's default dtype float64: as the source check runs it)."""
-    from numeric_check.model.hf import as_it_runs_in_float64
-    from numeric_check.model.readers import BY_CLASS
+    from numeric_check.conversion.hf import as_it_runs_in_float64
+    from numeric_check.conversion.readers import BY_CLASS
 
     with torch.no_grad(), as_it_runs_in_float64(hf, BY_CLASS.get(type(hf).__name__)):
         return hf(tokens).logits.to(torch.float64)

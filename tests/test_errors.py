@@ -117,7 +117,7 @@ def test_every_environment_variable_read_is_a_value_or_one_line(environment):
     proxies, their timeouts), hostile or stale: read as a value, or one error line naming the
     variable — never a ValueError from deep inside a library."""
     from numeric_check.errors import ModelLoadError, VerifyError
-    from numeric_check.model.load import check_hub_environment
+    from numeric_check.conversion.load import check_hub_environment
     from numeric_check.verification.distributed import Torchrun
 
     try:

@@ -29,7 +29,7 @@ def model_types_markdown() -> str:
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from numeric_check.model.readers import BY_CLASS
+    from numeric_check.conversion.readers import BY_CLASS
 
     read, refused, others = [], [], []
     for model_type, cls in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):

@@ -52,7 +52,7 @@ from derivations.sources import UNEMBED_BIAS, Path, Source
 from numeric_check.circuits.attribution_report import Attribution, AttributionTerm, Target
 from numeric_check.errors import AttributionError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording, record
+from numeric_check.verification.hook_paths import Recording, record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.isolate import graded_final, isolate_final_streams
 from numeric_check.verification.verify import _cyclic_gc_paused, default_rtol

@@ -44,18 +44,23 @@ def _check_kind(kind: str) -> None:
         raise AnalysisError(f"unknown composition kind {kind!r}; expected one of {', '.join(map(repr, COMPOSITION_KINDS))}")
 
 
-def pair_composition_scores(reader: dict[str, Tensor], writer: dict[str, Tensor], kind: str) -> Tensor:
+def pair_composition_scores(reader: dict[str, Tensor], writer: dict[str, Tensor], kind: str, *,
+                            erratum: bool = False) -> Tensor:
     """Scores of writers into readers from head weights with broadcastable batch dimensions.
 
     ``reader`` and ``writer`` hold ``W_Q, W_K, W_V [..., d_head, d_model]`` and
     ``W_O [..., d_model, d_head]``; the result has their broadcast batch shape. Zero
-    matrices give NaN (0/0).
+    matrices give NaN (0/0). ``erratum=True`` gives the paper's first, mistaken figure instead
+    (:func:`erratum_composition_scores`).
     """
     _check_kind(kind)
     read = _reader_factors(reader, kind)
     write = [writer["W_O"], writer["W_V"]]
-    together = Factored(*read, *write).frobenius_norm()
-    return together / (Factored(*read).frobenius_norm() * Factored(*write).frobenius_norm())
+    if erratum:  # every product rotated by one factor: the first factor moved to the end
+        read, write, together = read[1:] + read[:1], write[1:] + write[:1], read[1:] + write + read[:1]
+    else:
+        together = read + write
+    return Factored(*together).frobenius_norm() / (Factored(*read).frobenius_norm() * Factored(*write).frobenius_norm())
 
 
 def composition_scores(
@@ -96,6 +101,38 @@ def composition_scores(
     if baseline:
         scores = scores - composition_baseline(model, kind, n_samples=n_samples, seed=seed, dtype=scores.dtype)
     return scatter_pairs(model, scores, fill=0.0)
+
+
+def erratum_composition_scores(model, kind: str, *, dtype: torch.dtype | None = None) -> Tensor:
+    """The scores of the paper's first composition figure, as its Correction describes them:
+    ``[n_layers, n_heads, n_layers, n_heads]``, laid out as :func:`composition_scores`.
+
+    A bug in the paper's low-rank library rotated each product cyclically before taking its
+    Frobenius norm (right for traces and eigenvalues, wrong for norms). For K-composition it
+    computed ``‖W_K^{h2} W_O^{h1} W_V^{h1} W_Q^{h2 T}‖_F`` instead of
+    ``‖W_Q^{h2 T} W_K^{h2} W_O^{h1} W_V^{h1}‖_F``; Q and V alike. Here every norm of the
+    ratio is rotated the same way (the first factor moved to the end), so the score is still
+    scale-free. The Correction explains what it measured: how much the reader's query is built
+    from the subspace the writer moved data into — what an induction head does with a
+    previous-token head's output — so it singles out induction composition and filters out
+    other kinds. The paper's findings use :func:`composition_scores`; this one shows why its
+    first figure showed "only K-composition".
+
+    >>> from derivations import Architecture
+    >>> from numeric_check.model.circuit_model import CircuitModel
+    >>> model = CircuitModel.random(Architecture(2, 2), d_model=16, d_head=4, d_vocab=20, n_ctx=8)
+    >>> right, wrong = composition_scores(model, "K"), erratum_composition_scores(model, "K")
+    >>> bool((right[0, :, 1] != wrong[0, :, 1]).all())
+    True
+    """
+    _check_kind(kind)
+    if dtype is None and model.dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
+    W = stacked_head_weights(model, dtype)
+    first, second = layer_pairs(model)
+    writer = {name: w[first][:, :, None] for name, w in W.items()}
+    reader = {name: w[second][:, None] for name, w in W.items()}
+    return scatter_pairs(model, pair_composition_scores(reader, writer, kind, erratum=True), fill=0.0)
 
 
 def composition_baseline(

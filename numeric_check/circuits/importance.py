@@ -38,7 +38,7 @@ from derivations.architecture import head_label
 from tensoralg.display import md_table
 from numeric_check.errors import ModelInputError, NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording, frozen_hooks, keep, record, run_blocks, unembed
+from numeric_check.verification.hook_paths import Recording, frozen_hooks, keep, record, run_blocks, unembed
 from numeric_check.model.hooks import block_hook
 from tensoralg.expr import check_order
 
@@ -165,7 +165,7 @@ def _heads_on(model: CircuitModel, rec: Recording, layer: int, inputs: list[Tens
     """Each head of ``layer`` applied linearly to each input stream (patterns, scales frozen).
 
     The model's own block ``layer`` runs over the input streams stacked as copies of the batch
-    (:func:`~numeric_check.model.hook_paths.run_blocks`), and each head's ``hook_result`` is read.
+    (:func:`~numeric_check.verification.hook_paths.run_blocks`), and each head's ``hook_result`` is read.
     Returns per-input results ``[batch, pos, n_heads, d_model]`` with the constant part
     (value biases) removed, and the layer's constant output (``attn_out`` on a zero input).
     """

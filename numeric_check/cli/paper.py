@@ -159,7 +159,7 @@ def _checkpoint(args: argparse.Namespace):
 def _refuse_hugging_face(args: argparse.Namespace) -> None:
     """Every Hugging Face causal LM that tcircuits reads has MLPs: refused from its config.json, before its weights."""
     from numeric_check.errors import ModelLoadError, UnsupportedModel
-    from numeric_check.model import load
+    from numeric_check.conversion import load
     from numeric_check.reports.paper.your_model import refusal
 
     what = f"the Hugging Face model {args.hf!r}"

@@ -8,9 +8,9 @@ TransformerLens ``HookedTransformer.from_pretrained``. Text is tokenized with th
 tokenizer, as the model expects it (Hugging Face: the tokenizer's default special tokens;
 TransformerLens: ``to_tokens``, which prepends BOS). The conversion is checked against the loaded
 model on probe tokens *and on these tokens* before anything is computed
-(:mod:`numeric_check.model.source_check`).
+(:mod:`numeric_check.conversion.source_check`).
 
-A Hugging Face folder is data (:mod:`numeric_check.model.load`: no code, no pickle beyond tensors, the
+A Hugging Face folder is data (:mod:`numeric_check.conversion.load`: no code, no pickle beyond tensors, the
 config held to the stored tensors); the prompt and ``--target`` are read by the tokenizer, within a
 time bound, before the weights. Nothing here prints but the progress line on a terminal
 (:class:`Status`); every failure is a :class:`~numeric_check.errors.NumericCheckError` in one line.
@@ -123,12 +123,12 @@ def _has_tokenizer(checkpoint) -> bool:
 def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserModel:
     """The ``--hf`` or ``--tl`` model in ``dtype`` on ``device``, in eval mode, with its tokenizer.
 
-    A Hugging Face folder is read as data (:mod:`numeric_check.model.load`): its tokenizer first, so
+    A Hugging Face folder is read as data (:mod:`numeric_check.conversion.load`): its tokenizer first, so
     that the prompt and ``--target`` are checked before the weights are read; a name is looked up in
     the cache at once when the hub cannot be reached. Progress is shown on a terminal."""
     for flag, text in _texts_given(args):
         check_utf8(text, flag)
-    from numeric_check.model.load import check_hub_environment
+    from numeric_check.conversion.load import check_hub_environment
 
     check_hub_environment()  # before the Hugging Face libraries read it at import
     status = Status(enabled=not getattr(args, "no_progress", False))
@@ -148,7 +148,7 @@ def _load_hugging_face(args: argparse.Namespace, dtype: Any, device: Any, status
         import transformers  # noqa: F401 - only whether it is installed
     except ImportError:
         raise ModelLoadError("--hf needs Hugging Face transformers: pip install 'tcircuits[hf]'") from None
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     what = f"the Hugging Face model {args.hf!r}" + (f" at revision {args.revision!r}" if args.revision else "")
     status.say(f"finding {what}")
@@ -185,7 +185,7 @@ def _load_transformer_lens(name: str, dtype: Any, device: Any, status: "Status")
 
     if importlib.util.find_spec("transformer_lens") is None:
         raise ModelLoadError("--tl needs TransformerLens: pip install 'tcircuits[tl]'")
-    from numeric_check.model.load import cache_holds_models, hub_offline, hub_reachable, offline_message
+    from numeric_check.conversion.load import cache_holds_models, hub_offline, hub_reachable, offline_message
 
     status.say(f"finding the TransformerLens model {name!r}")
     offline = not hub_reachable()
@@ -308,10 +308,10 @@ def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, 
     """The :class:`~numeric_check.model.circuit_model.CircuitModel` of ``user``'s model and the
     tokens ``tokens_for(model)`` picks for it, the model checked against its source on probe
     tokens and on those tokens (the ids the command studies) before it is returned."""
-    from numeric_check.model.adapters import check_transformer_lens, from_transformer_lens
+    from numeric_check.conversion.adapters import check_transformer_lens, from_transformer_lens
     from numeric_check.model.config import resolve_device
-    from numeric_check.model.hf import check_hf, from_hf
-    from numeric_check.model.source_check import in_dtype
+    from numeric_check.conversion.hf import check_hf, from_hf
+    from numeric_check.conversion.source_check import in_dtype
 
     convert, check = (from_transformer_lens, check_transformer_lens) if user.library == "tl" else (from_hf, check_hf)
     try:  # checked in float64 whatever --dtype, then cast (the cast's rounding measured and stated apart)
@@ -447,7 +447,7 @@ def _in_process(call, what: str):
 
 
 def _one_line(error: BaseException) -> str:
-    from numeric_check.model.load import one_line
+    from numeric_check.conversion.load import one_line
 
     return one_line(f"{type(error).__name__}: {error}" if type(error).__name__ == "PanicException" else error, 200)
 

@@ -116,7 +116,7 @@ class CircuitModel(nn.Module):
     """
 
     #: how closely this model computes the model it was converted from
-    #: (:class:`~numeric_check.model.source_check.SourceCheck`); ``None`` when it was not converted
+    #: (:class:`~numeric_check.conversion.source_check.SourceCheck`); ``None`` when it was not converted
     source_check = None
 
     def __init__(self, cfg: ModelConfig, dtype: str | torch.dtype = torch.float32, device: str | torch.device | None = None):

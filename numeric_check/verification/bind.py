@@ -32,7 +32,7 @@ becomes the model's own ``1/attn_scale`` (``d_head`` is replaced by ``attn_scale
 
 >>> from derivations.architecture import Architecture
 >>> from numeric_check.model.circuit_model import CircuitModel
->>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.verification.hook_paths import record
 >>> from tensoralg import atom
 >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0)
 >>> binder = Binder(model, record(model, torch.tensor([[1, 2, 3]])))
@@ -54,7 +54,7 @@ from torch import Tensor
 from derivations.paths import Source
 from numeric_check.errors import AtomBindingError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording
+from numeric_check.verification.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.model.layers import alibi_bias
 from tensoralg.atoms import Atom

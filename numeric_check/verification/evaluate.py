@@ -32,7 +32,7 @@ product (a GPT-2-small-sized order-2 expansion: about 3,900 nodes instead of 207
 >>> from derivations.architecture import Architecture
 >>> from derivations.paths import expand_logits
 >>> from numeric_check.verification.bind import Binder
->>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.verification.hook_paths import record
 >>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
 >>> rec = record(model, torch.tensor([[1, 2, 3, 4]]))

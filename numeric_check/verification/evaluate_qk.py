@@ -8,7 +8,7 @@ word is cut where the query side ends, ``M = M_L M_R``, and the two sides ``U = 
 >>> from derivations.architecture import Architecture
 >>> from derivations.qk import expand_qk
 >>> from numeric_check.verification.bind import Binder
->>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.verification.hook_paths import record
 >>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
 >>> rec = record(model, torch.tensor([[1, 2, 3, 4]]))

@@ -25,7 +25,7 @@ every term through :class:`~numeric_check.verification.evaluate.LogitEvaluator`.
 >>> from derivations.architecture import Architecture
 >>> from derivations.paths import expand_logits
 >>> from numeric_check.model.circuit_model import CircuitModel
->>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.verification.hook_paths import record
 >>> from numeric_check.verification.bind import Binder
 >>> model = CircuitModel.random(Architecture(2, 3, layer_norm=True), d_model=8, d_head=4, d_vocab=10, n_ctx=6,
 ...                             seed=0, dtype=torch.float64)

@@ -31,7 +31,7 @@ from torch import Tensor
 from derivations.paths import StreamEntry
 from derivations.sources import Path
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording, StopForward, frozen_hooks, run_blocks, run_frozen
+from numeric_check.verification.hook_paths import Recording, StopForward, frozen_hooks, run_blocks, run_frozen
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitTermValue
 from numeric_check.verification.grouped import GroupEvaluator, PathGroup

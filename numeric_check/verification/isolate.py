@@ -37,7 +37,7 @@ layer's heads read the copy of order ``j`` and write to the copy of order ``j + 
 
 >>> from derivations.architecture import Architecture
 >>> from derivations.paths import TOKEN, Path
->>> from numeric_check.model.hook_paths import record
+>>> from numeric_check.verification.hook_paths import record
 >>> from numeric_check.model.circuit_model import CircuitModel
 >>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
 >>> rec = record(model, torch.tensor([[1, 2, 3]]))
@@ -57,7 +57,7 @@ from derivations.paths import Path
 from derivations.sources import HEAD_SOURCES
 from numeric_check.errors import NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import (
+from numeric_check.verification.hook_paths import (
     Hook,
     Recording,
     StopForward,
@@ -171,7 +171,7 @@ def isolate_final_groups(model: CircuitModel, rec: Recording, paths: Sequence[Pa
 
     >>> from derivations.architecture import Architecture
     >>> from derivations.paths import TOKEN, Path
-    >>> from numeric_check.model.hook_paths import record
+    >>> from numeric_check.verification.hook_paths import record
     >>> model = CircuitModel.random(Architecture(1, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=5, seed=0, dtype=torch.float64)
     >>> rec = record(model, torch.tensor([[1, 2, 3]]))
     >>> [(i, tuple(x.shape)) for i, x, _ in isolate_final_groups(model, rec, [Path(TOKEN, ((0, 0),)), Path(TOKEN, ((0, 1),))])]

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from derivations.paths import Path
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording
+from numeric_check.verification.hook_paths import Recording
 from numeric_check.model.hooks import Constant, block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 from numeric_check.verification.isolate import GROUP_BYTES, HeadGroup, head_final_inputs, isolate_final_parts

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import Recording
+from numeric_check.verification.hook_paths import Recording
 from numeric_check.verification.bounds import MaxAbsProduct
 from numeric_check.verification.constants import UnembedConstants
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier

@@ -19,7 +19,7 @@ from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.model.circuit_model import CircuitModel, max_abs
 from numeric_check.model.config import resolve_dtype
 from numeric_check.verification.bind import Binder
-from numeric_check.model.hook_paths import Recording, record
+from numeric_check.verification.hook_paths import Recording, record
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES
 from numeric_check.verification.constants import UnembedConstants
 from numeric_check.verification.results import CheckResult, VerifyReport

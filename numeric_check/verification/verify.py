@@ -53,7 +53,7 @@ from derivations.paths import LogitExpansion, PathTerm, expand_logits
 from derivations.qk import QKExpansion, QKTerm, expand_qk
 from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.model.circuit_model import CircuitModel, max_abs
-from numeric_check.model.hook_paths import Recording
+from numeric_check.verification.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from numeric_check.model.adapters import from_transformer_lens
-from numeric_check.model.hf import from_hf_gpt2
+from numeric_check.conversion.adapters import from_transformer_lens
+from numeric_check.conversion.hf import from_hf_gpt2
 from numeric_check.errors import UnsupportedModel
 from numeric_check.verification.verify import verify_logits, verify_qk
 
@@ -263,7 +263,7 @@ def test_gpt2_unsupported():
 from hypothesis import assume, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from numeric_check.model.adapters import to_transformer_lens  # noqa: E402
+from numeric_check.conversion.adapters import to_transformer_lens  # noqa: E402
 from tests.conftest import FAST  # noqa: E402
 from tests.strategies import circuit_models, token_batches  # noqa: E402
 

@@ -19,7 +19,7 @@ from numeric_check.circuits import attribution as attribution_module
 from numeric_check.circuits.attribution import attribute, path_words
 from numeric_check.errors import AttributionError, NumericCheckError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.evaluate import LogitEvaluator
 from tests.conftest import FAST

@@ -12,7 +12,7 @@ from derivations.architecture import Architecture
 from derivations.paths import Source
 from numeric_check.errors import AtomBindingError
 from numeric_check.verification.bind import Binder
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.errors import ModelInputError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ModelConfig

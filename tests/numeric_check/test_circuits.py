@@ -152,7 +152,7 @@ def test_eigenvalues_match_transformer_lens():
     pytest.importorskip("transformer_lens")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from numeric_check.model.adapters import from_transformer_lens
+    from numeric_check.conversion.adapters import from_transformer_lens
 
     cfg = HookedTransformerConfig(
         n_layers=2, n_heads=3, d_model=16, d_head=4, d_vocab=20, n_ctx=8, attn_only=True,

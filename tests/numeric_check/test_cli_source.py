@@ -94,7 +94,7 @@ def test_verify_on_a_transformer_lens_model_by_name(capsys, monkeypatch, gpt2_di
         return model
 
     monkeypatch.setattr(tl.HookedTransformer, "from_pretrained", staticmethod(from_pretrained))
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)  # from_pretrained above stands in for the hub
     code, out, err = run_cli(capsys, "verify", "--tl", "my-model", "--text", "The cat sat", "--max-order", "1", "--no-progress")
@@ -286,7 +286,7 @@ def test_a_layer_count_the_weights_do_not_hold_is_refused_before_a_layer_is_buil
 ])
 def test_tensors_missing_unused_or_reshaped_are_listed_before_any_conversion(capsys, monkeypatch, tmp_path, gpt2_dir,
                                                                              edit, config, fragment):
-    from numeric_check.model import hf
+    from numeric_check.conversion import hf
 
     folder = copy_folder(gpt2_dir, tmp_path / "edited", **config)
     if edit is not None:
@@ -298,7 +298,7 @@ def test_tensors_missing_unused_or_reshaped_are_listed_before_any_conversion(cap
 
 
 def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(capsys, monkeypatch, gpt2_dir):
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     monkeypatch.setattr(load, "available_memory", lambda: 4096)
     code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--tokens", "1,2", "--no-progress")
@@ -309,7 +309,7 @@ def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(capsys, mo
 def test_an_offline_hub_name_fails_at_once_naming_the_cache(capsys, monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    from numeric_check.model import load
+    from numeric_check.conversion import load
     from tests.helpers import quickly
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -327,7 +327,7 @@ def test_an_offline_hub_name_is_read_from_the_cache(capsys, monkeypatch, tmp_pat
 
     from huggingface_hub import constants
 
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     repo = tmp_path / "hub" / "models--someone--tiny-gpt2"
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -344,7 +344,7 @@ def test_an_offline_hub_name_is_read_from_the_cache(capsys, monkeypatch, tmp_pat
 def test_the_hub_is_offline_at_once_with_hf_hub_offline(monkeypatch):
     from huggingface_hub import constants
 
-    from numeric_check.model.load import hub_reachable
+    from numeric_check.conversion.load import hub_reachable
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert hub_reachable() is False
@@ -354,7 +354,7 @@ def test_an_offline_transformer_lens_name_fails_at_once_naming_the_cache(capsys,
     pytest.importorskip("transformer_lens")
     from huggingface_hub import constants
 
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     (tmp_path / "hub" / "models--someone--other").mkdir(parents=True)  # a cache, without gpt2: TransformerLens looks
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -462,7 +462,7 @@ def test_a_call_that_runs_away_is_stopped_within_its_bound():
     ("verify", ["--text", "The cat", "--qk", "1", "9", "--no-progress"], "head 9 does not exist in layer 1: it has heads 0..3"),
 ])
 def test_bad_arguments_are_reported_before_the_weights_are_read(capsys, monkeypatch, gpt2_dir, command, argv, fragment):
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("the weights were read first"))
     code, out, err = run_cli(capsys, command, "--hf", str(gpt2_dir), *argv)
@@ -489,7 +489,7 @@ def test_the_prompt_is_tokenized_without_a_warning_in_a_threaded_process(capsys,
 
 
 def test_transformers_tables_and_escapes_become_one_line():
-    from numeric_check.model.load import one_line
+    from numeric_check.conversion.load import one_line
 
     report = ("\x1b[1mLOAD REPORT\x1b[0m from: /m\n|Key | Status|\n|----+-------|\n"
               "|transformer.wte.weight | \x1b[31mMISMATCH\x1b[0m|\n\nNotes:\n- MISMATCH:\tckpt weights were loaded")
@@ -522,7 +522,7 @@ def test_an_offline_transformer_lens_name_with_an_empty_cache_fails_before_trans
 
     from huggingface_hub import constants
 
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
@@ -535,7 +535,7 @@ def test_an_offline_transformer_lens_name_with_an_empty_cache_fails_before_trans
 def test_a_hub_name_online_is_downloaded_as_data_safetensors_first(capsys, monkeypatch, gpt2_dir):
     import huggingface_hub
 
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     asked = []
 
@@ -566,7 +566,7 @@ def test_every_family_saved_with_save_pretrained_loads_as_data(tmp_path, model_t
     what save_pretrained wrote: the checks refuse what differs from the config, not what is unusual."""
     import torch
 
-    from numeric_check.model.load import load_model
+    from numeric_check.conversion.load import load_model
     from tests.hf_zoo import build
 
     source = build(model_type, 0, exact=False, **options)
@@ -626,7 +626,7 @@ def test_a_sharded_folder_loads(capsys, tmp_path, gpt2_dir):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
 def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refused(capsys, monkeypatch, llama_dir, dtype):
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1",
                              "--dtype", dtype, "--no-progress")
@@ -651,7 +651,7 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
                                   "Gemma3ForConditionalGeneration"])
 def test_a_folder_that_is_not_a_decoder_is_refused_in_one_short_line_before_its_weights_are_read(capsys, monkeypatch,
                                                                                                  tmp_path, gpt2_dir, name):
-    from numeric_check.model import load
+    from numeric_check.conversion import load
     from tests.numeric_check.test_from_hf import NOT_A_DECODER, not_decoders
 
     not_decoders()[name]().save_pretrained(tmp_path)

@@ -87,7 +87,7 @@ def test_agrees_with_transformer_lens(convert):
     )
     tl = HookedTransformer(cfg)
     if convert == "adapter":
-        from numeric_check.model.adapters import from_transformer_lens
+        from numeric_check.conversion.adapters import from_transformer_lens
 
         model = from_transformer_lens(tl, device="cpu")
     else:  # by hand: TransformerLens rows -> paper columns

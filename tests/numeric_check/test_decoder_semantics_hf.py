@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import numeric_check as nc
-from numeric_check.model.build import LayerWeights, SourceWeights, build, f64
-from numeric_check.model.readers.common import rope_parameters
+from numeric_check.conversion.build import LayerWeights, SourceWeights, build, f64
+from numeric_check.conversion.readers.common import rope_parameters
 
 T = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ import torch
 
 from derivations.architecture import Architecture
 from numeric_check.errors import DeviceError
-from numeric_check.model.build import fold_norm
+from numeric_check.conversion.build import fold_norm
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_device
 from numeric_check.verification.verify import verify_logits, verify_qk
@@ -120,7 +120,7 @@ def test_a_hugging_face_model_converts_onto_cuda_and_verifies_there(model_type, 
 
 
 def nc_from_hf(hf, **kwargs):
-    from numeric_check.model.hf import from_hf
+    from numeric_check.conversion.hf import from_hf
 
     return from_hf(hf, **kwargs)
 
@@ -140,7 +140,7 @@ def test_a_transformer_lens_model_converts_onto_cuda_and_verifies_there():
     cfg = tl.HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=10, d_head=4, n_heads=2, d_vocab=12, d_mlp=24,
                                      act_fn="gelu", normalization_type="LN", device="cpu", seed=0)
     source = tl.HookedTransformer(cfg).eval()
-    from numeric_check.model.adapters import from_transformer_lens
+    from numeric_check.conversion.adapters import from_transformer_lens
 
     with cuda():
         model = from_transformer_lens(source, device="cuda", check_tokens=TOKENS)

@@ -19,7 +19,7 @@ from derivations.qk import expand_qk
 from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.distributed import Shard, qk_prefix
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.verification import verify as verify_module
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.grouped import plan_groups

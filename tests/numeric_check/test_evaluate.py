@@ -15,7 +15,7 @@ from derivations.paths import expand_logits
 from derivations.qk import expand_qk
 import numeric_check.verification.evaluate as evaluate_module
 from numeric_check.verification.bind import Binder
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone, gram
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.model.circuit_model import CircuitModel

@@ -13,7 +13,7 @@ from derivations.paths import expand_logits
 from derivations.sources import Path
 from numeric_check import verify_logits
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.evaluate import LogitEvaluator
 from numeric_check.verification.grouped import GroupEvaluator, group_values, plan_groups

@@ -236,7 +236,7 @@ def test_every_family_in_bfloat16_is_held_to_its_float64_copy(model_type):
 
 
 def test_families_registered_only_to_be_refused_are_not_listed_as_read():
-    from numeric_check.model.readers import FAMILIES, family_names
+    from numeric_check.conversion.readers import FAMILIES, family_names
 
     listed = family_names()
     assert "Llama (LlamaForCausalLM)" in listed and "Falcon (FalconForCausalLM)" in listed
@@ -292,7 +292,7 @@ def test_a_float64_source_runs_as_its_code_allows_and_is_left_as_it_was(model_ty
 @pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gemma3_text", "vaultgemma"])
 def test_gemma_in_half_precision_is_read_with_the_embedding_scale_it_holds(model_type, dtype, monkeypatch):
     """d_model 24: sqrt(24) rounded to the model's dtype where transformers keeps it as a buffer."""
-    from numeric_check.model.readers import llama
+    from numeric_check.conversion.readers import llama
 
     hf = build(model_type, 1, dtype=dtype, hidden_size=24)
     check = from_hf(hf, device="cpu").source_check
@@ -308,7 +308,7 @@ def test_gemma_in_half_precision_is_read_with_the_embedding_scale_it_holds(model
 def test_falcon_alibi_is_read_with_its_bias_made_in_bfloat16(dtype, monkeypatch):
     """16 heads (slopes 2^-0.5 ... not exact in bfloat16) over 300 positions (keys beyond 256 rounded): Falcon makes
     the bias in bfloat16 whatever the model's dtype; read so, the conversion is exact, and exact slopes are not."""
-    from numeric_check.model.readers import falcon
+    from numeric_check.conversion.readers import falcon
 
     hf = build("falcon", 1, dtype=dtype, alibi=True, hidden_size=64, num_attention_heads=16, max_position_embeddings=300)
     check = from_hf(hf, device="cpu").source_check

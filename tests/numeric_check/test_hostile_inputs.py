@@ -378,7 +378,7 @@ def test_any_hostile_model_folder_loads_as_saved_or_is_one_of_our_errors(hf_fold
     from hypothesis import given, settings, strategies as st
 
     from numeric_check.errors import NumericCheckError
-    from numeric_check.model.load import load_model
+    from numeric_check.conversion.load import load_model
     from tests.helpers import bounded, folder_state
 
     names = sorted(json.loads((hf_folder / "config.json").read_text()))
@@ -418,7 +418,7 @@ def test_any_hostile_model_folder_loads_as_saved_or_is_one_of_our_errors(hf_fold
 def test_a_layer_counts_where_its_tensors_hold_data(layers):
     """Any numbered layers, each with tensors of any shape: the count is the layers with at least one
     tensor that holds data (a dimension 0 holds none)."""
-    from numeric_check.model.load import stored_layers
+    from numeric_check.conversion.load import stored_layers
 
     shapes = {f"transformer.h.{i}.t{j}": shape for i, tensors in layers.items() for j, shape in enumerate(tensors)}
     shapes["transformer.wte.weight"] = (5, 4)
@@ -431,7 +431,7 @@ def test_more_layers_than_are_built_is_refused_even_when_the_weights_hold_them()
     from types import SimpleNamespace
 
     from numeric_check.errors import ModelLoadError
-    from numeric_check.model.load import MAX_LAYERS, check_layers
+    from numeric_check.conversion.load import MAX_LAYERS, check_layers
 
     shapes = {f"h.{i}.w": (1,) for i in range(MAX_LAYERS + 1)}
     with quickly(5), pytest.raises(ModelLoadError, match=f"says 1,001 layers \\(n_layer\\), more than the 1,000"):
@@ -442,7 +442,7 @@ def test_more_layers_than_are_built_is_refused_even_when_the_weights_hold_them()
 
 
 def test_a_layer_number_of_thousands_of_digits_is_not_a_layer():
-    from numeric_check.model.load import stored_layers
+    from numeric_check.conversion.load import stored_layers
 
     with quickly(2):
         assert stored_layers({"h." + "9" * 5000 + ".w": (2,), "h.0.w": (2,)}) == ("h", 1)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from derivations.architecture import Architecture
 from derivations.paths import TOKEN, Path, Source, expand_logits
 from derivations.qk import expand_qk
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.errors import NumericCheckError
 from numeric_check.verification.isolate import graded_logits, graded_qk, isolate_logit_paths, isolate_qk, isolate_streams
 from numeric_check.model.circuit_model import CircuitModel

@@ -6,15 +6,19 @@ inside a function counts as much as one at the top of a module. Layers, from the
 ========================  ==========================================================
 ``errors``, ``files``,    the exception hierarchy; atomic output files; hypothesis
 ``strategies``             strategies for users' tests
-``model``                  the reference model, hook points, hook paths, adapters, checkpoints
-``verification``           binding, evaluation, isolation, bounds, verification reports
+``model``                  the reference model: config, layers, hook points, our checkpoints
+``conversion``             other people's models read into the reference model (TransformerLens,
+                           Hugging Face readers and loaders, options, the source check)
+``verification``           hook paths, binding, evaluation, isolation, bounds, verification reports
 ``circuits``               factored matrices, OV/QK circuits and the paper's analyses
 ``training``               toy training and its configuration
 ``reports``                analysis reports, HTML, plots, the demo
 ``cli``                    the ``tcircuits`` subcommands
 ========================  ==========================================================
 
-A module may import from its own layer and from layers below it, never from above.
+A module may import from its own layer and from layers below it, never from above. The package
+root (``numeric_check/__init__.py``) sits above every layer: it names the public API and the
+old names of moved modules (:data:`numeric_check.MOVED`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ TESTS = ROOT / "tests"
 
 #: Subpackages from the bottom layer up; ``strategies`` draws random models for tests, so it
 #: sits with the model. Each layer may import only from itself and the layers before it.
-LAYERS = ("errors", "model", "verification", "circuits", "training", "reports", "cli")
+LAYERS = ("errors", "model", "conversion", "verification", "circuits", "training", "reports", "cli")
 LAYER_OF_TOP_MODULE = {"errors": "errors", "files": "errors", "strategies": "model"}
 
 
@@ -86,16 +90,16 @@ def test_own_modules_are_imported_plainly(package):
 def test_hook_names_are_built_by_block_hook():
     """``block_hook(layer, "attn.hook_z")``, not a hand-written ``f"blocks.{layer}.attn.hook_z"``
     (the adapters, build and the Hugging Face readers name the sources' own parameters, not our hooks)."""
-    allowed = {"numeric_check.model.hooks", "numeric_check.model.adapters", "numeric_check.model.build"}
+    allowed = {"numeric_check.model.hooks", "numeric_check.conversion.adapters", "numeric_check.conversion.build"}
     hand_written = [name for name, path in package_modules().items()
-                    if name not in allowed and not name.startswith("numeric_check.model.readers.")
+                    if name not in allowed and not name.startswith("numeric_check.conversion.readers.")
                     and 'f"blocks.{' in path.read_text()]
     assert not hand_written, f"hook names written by hand in {hand_written}; use numeric_check.model.hooks.block_hook"
 
 
 def test_exception_classes_live_in_errors_or_are_the_one_stop_signal():
     """Errors in ``errors.py``; the only other exception is the signal that ends a forward pass
-    (``model.hook_paths.StopForward``), so no module keeps a stop exception of its own."""
+    (``verification.hook_paths.StopForward``), so no module keeps a stop exception of its own."""
     found = {
         (name, node.name)
         for name, path in package_modules().items()
@@ -105,4 +109,4 @@ def test_exception_classes_live_in_errors_or_are_the_one_stop_signal():
                 for b in node.bases)
     }
     elsewhere = {pair for pair in found if pair[0] != "numeric_check.errors"}
-    assert elsewhere == {("numeric_check.model.hook_paths", "StopForward")}, sorted(elsewhere)
+    assert elsewhere == {("numeric_check.verification.hook_paths", "StopForward")}, sorted(elsewhere)

@@ -12,7 +12,7 @@ import numeric_check.verification.isolate as isolate_module
 from derivations.architecture import Architecture
 from derivations.paths import expand_logits
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.evaluate import LogitEvaluator
 from numeric_check.verification.isolate import GROUP_BYTES, isolate_final_groups, isolate_logit_paths

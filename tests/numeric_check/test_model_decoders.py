@@ -13,7 +13,7 @@ from derivations.architecture import Architecture
 from numeric_check import CircuitModel, ModelConfig, verify_logits, verify_qk
 from numeric_check.strategies import decoder_models
 from numeric_check.verification.bind import Binder
-from numeric_check.model.hook_paths import record
+from numeric_check.verification.hook_paths import record
 from tensoralg import atom
 
 TOKENS = torch.tensor([[3, 1, 4, 1, 5, 2]])
@@ -159,7 +159,7 @@ def test_rope_scaling_is_frequencies_and_a_factor(rope_type, spec):
 
 @pytest.mark.parametrize("renormalise", [True, False])
 def test_mixture_of_experts_mlps_are_opaque_sources_with_their_routing_recorded(renormalise):
-    from numeric_check.model.hook_paths import record
+    from numeric_check.verification.hook_paths import record
 
     arch = Architecture(2, 2, norm="rms_norm", mlp=True, experts=4, experts_top_k=2, biases=True)
     assert "MLPs of 4 experts (top 2 per position)" in arch.describe()
@@ -188,7 +188,7 @@ def test_mixture_of_experts_mlps_are_opaque_sources_with_their_routing_recorded(
 def _source_weights(model: CircuitModel):
     """``model``'s weights as a reader would hand them to build(): TransformerLens' row convention, every
     decoder option's field filled (norms parameter-free: their gains are already folded)."""
-    from numeric_check.model.build import LayerWeights, SourceWeights
+    from numeric_check.conversion.build import LayerWeights, SourceWeights
 
     arch, cfg = model.arch, model.cfg
     layers = []
@@ -229,7 +229,7 @@ def _source_weights(model: CircuitModel):
 
 def test_build_reads_every_decoder_field_of_source_weights():
     """What a reader fills in (SourceWeights) builds the same model: every option of issue 18 at once."""
-    from numeric_check.model.build import build
+    from numeric_check.conversion.build import build
 
     arch = Architecture(2, 4, n_kv_heads=2, norm="rms_norm", sublayer_norm="both", qk_norm="layer_norm", window=(3, None),
                         alibi=True, attn_softcap=5.0, logit_softcap=3.0, mlp=True, experts=3, experts_top_k=2,
@@ -245,7 +245,7 @@ def test_build_reads_every_decoder_field_of_source_weights():
 def test_circuits_read_the_folded_weights_and_to_transformer_lens_refuses_what_it_cannot_write():
     from numeric_check.circuits.ov_qk import ov_circuit, qk_circuit
     from numeric_check.errors import UnsupportedModel
-    from numeric_check.model.adapters import to_transformer_lens
+    from numeric_check.conversion.adapters import to_transformer_lens
 
     arch = Architecture(1, 2, norm="rms_norm", sublayer_norm="both", qk_norm="rms_norm")
     model = CircuitModel.random(arch, d_model=8, d_head=4, d_vocab=9, n_ctx=6, seed=9, dtype=torch.float64, device="cpu")

@@ -51,7 +51,7 @@ def fake_transformer_lens(monkeypatch, bpe, **config):
         return model
 
     monkeypatch.setattr(tl.HookedTransformer, "from_pretrained", staticmethod(from_pretrained))
-    from numeric_check.model import load
+    from numeric_check.conversion import load
 
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)  # from_pretrained above stands in for the hub
     return asked
@@ -127,7 +127,7 @@ def test_a_checkpoint_without_text_is_measured_on_the_shipped_held_out_text(tmp_
 @pytest.mark.slow
 def test_a_hugging_face_model_is_refused_from_its_config_before_its_weights(capsys, monkeypatch, tmp_path, text_file):
     pytest.importorskip("transformers")
-    from numeric_check.model import load
+    from numeric_check.conversion import load
     from tests.helpers import saved_hf_model
 
     folder = saved_hf_model(tmp_path / "gpt2", "gpt2")

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from numeric_check import SourceMismatch, UnsupportedModel, from_hf, from_transformer_lens, verify_logits
 from numeric_check.errors import ModelInputError, WeightError
-from numeric_check.model import options as options_module
-from numeric_check.model.readers import BY_CLASS
-from numeric_check.model.source_check import FLOAT64_TOLERANCE, SourceCheck, lowest_precision
+from numeric_check.conversion import options as options_module
+from numeric_check.conversion.readers import BY_CLASS
+from numeric_check.conversion.source_check import FLOAT64_TOLERANCE, SourceCheck, lowest_precision
 from tests.conftest import FAST
 from tests.numeric_check.test_from_hf import SMALL, randomise
 
@@ -98,7 +98,7 @@ def test_the_tolerance_follows_the_lowest_precision():
 
 
 def test_the_tolerance_is_measured_on_the_conversion_in_float64_whatever_its_size(monkeypatch):
-    from numeric_check.model import source_check
+    from numeric_check.conversion import source_check
 
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)  # no float64 copy of the source: the conversion is float64
     for dtype in (torch.float32, torch.float64):
@@ -189,7 +189,7 @@ def test_a_scale_fixed_at_construction_is_read_from_the_modules():
 
 def test_an_edited_config_is_named_as_the_side_that_changed():
     """The model keeps what it was built with; the suspects list says the config changed, not the modules."""
-    from numeric_check.model.source_check import changed_modules, fresh_on_meta
+    from numeric_check.conversion.source_check import changed_modules, fresh_on_meta
 
     hf = llama()
     hf.config.rms_norm_eps = 0.3
@@ -426,7 +426,7 @@ def test_a_half_precision_source_is_held_to_float64_and_its_own_rounding_stated_
 
 def test_rounded_rotary_frequencies_are_read_as_the_source_has_them(monkeypatch):
     """``model.to(torch.bfloat16)`` rounds ``inv_freq``, and Hugging Face turns the heads by the rounded values."""
-    from numeric_check.model.readers import decoder
+    from numeric_check.conversion.readers import decoder
 
     hf = llama(max_position_embeddings=64).to(torch.bfloat16)
     model = from_hf(hf, device="cpu")
@@ -459,7 +459,7 @@ def test_a_half_precision_transformer_lens_model_is_held_to_float64(tampered):
 
 
 def test_a_half_precision_model_too_large_to_copy_says_it_was_compared_as_held(monkeypatch):
-    from numeric_check.model import source_check
+    from numeric_check.conversion import source_check
 
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
     check = from_hf(llama().to(torch.bfloat16), device="cpu").source_check
@@ -483,7 +483,7 @@ def test_every_reader_reads_the_eps_its_norms_were_built_with(model_type, key):
 def test_a_patch_on_later_positions_is_found_by_the_long_probe(monkeypatch):
     """A hook that changes only positions >= 100 passed the 64-token probes; the probe that reaches into the
     context finds it (and the untouched model still converts)."""
-    import numeric_check.model.source_check as source_check
+    import numeric_check.conversion.source_check as source_check
 
     config = transformers.GPT2Config(vocab_size=13, n_embd=16, n_layer=2, n_head=4, n_positions=160)
     hf = transformers.GPT2LMHeadModel(config).double().eval()

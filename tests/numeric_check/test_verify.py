@@ -366,7 +366,7 @@ def test_check_1_skipped_when_the_untruncated_expansion_is_too_large(monkeypatch
 
 def test_transformer_lens_models_verify():
     tl = pytest.importorskip("transformer_lens")
-    from numeric_check.model.adapters import from_transformer_lens
+    from numeric_check.conversion.adapters import from_transformer_lens
 
     for kwargs in ({"attn_only": True, "normalization_type": None, "positional_embedding_type": "standard"},
                    {"attn_only": True, "normalization_type": "LN", "positional_embedding_type": "shortformer"},
@@ -388,7 +388,7 @@ def test_transformer_lens_models_verify():
 
 def test_gpt2_models_verify():
     transformers = pytest.importorskip("transformers")
-    from numeric_check.model.hf import from_hf_gpt2
+    from numeric_check.conversion.hf import from_hf_gpt2
 
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=12, n_head=3, n_positions=8,

@@ -92,6 +92,20 @@ def well_above(scores: Sequence[float], baseline: float) -> bool:
     return len(scores) > 0 and min(scores) >= WELL_ABOVE * baseline
 
 
+def singled_out(erratum: Sequence[float], erratum_median: float, corrected: Sequence[float],
+                corrected_median: float) -> bool:
+    """The paper's first (mistaken) composition measure singles these pairs out, as its Correction explains:
+    each pair's erratum score is at least :data:`WELL_ABOVE` times the median pair's, and further above it
+    than the pair's corrected score is above the corrected median.
+
+    >>> singled_out([0.57], 0.18, [0.13], 0.074), singled_out([0.2], 0.18, [0.13], 0.074)
+    (True, False)
+    """
+    return len(erratum) > 0 and len(erratum) == len(corrected) and all(
+        e >= WELL_ABOVE * erratum_median and e / erratum_median > c / corrected_median
+        for e, c in zip(erratum, corrected))
+
+
 def not_above(scores: Sequence[float], baseline: float) -> bool:
     """No score exceeds the random matrices' score."""
     return len(scores) > 0 and max(scores) <= baseline

@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import Tensor
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import Family, act, heads_out, norm, plain_mlp, projections, shape
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers.common import Family, act, heads_out, norm, plain_mlp, projections, shape
 
 #: a block that normalises the residual stream after adding its output: every path through the
 #: stream is rescaled per layer, which the residual-stream algebra (Id + A ⊗ W_OV) does not express

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
 from numeric_check.model.layers import alibi_slopes
-from numeric_check.model.readers.common import Family, built_eps, heads_out, linear, norm, plain_mlp, unembed
+from numeric_check.conversion.readers.common import Family, built_eps, heads_out, linear, norm, plain_mlp, unembed
 
 
 def _fold_embedding_norm(W_E: Tensor, module: Any) -> Tensor:

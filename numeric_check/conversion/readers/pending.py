@@ -8,7 +8,7 @@ from the modules and the config — only what the feature is called.
 
 q/k norms, norms after a sublayer, sliding windows and local attention, soft-caps, ALiBi, linear,
 llama3, YaRN and dynamic NTK rope (constant within the context) and mixtures of experts have left
-(the readers read them, :mod:`~numeric_check.model.readers.decoder`); what is left is the rope
+(the readers read them, :mod:`~numeric_check.conversion.readers.decoder`); what is left is the rope
 scalings whose frequencies change within the context (longrope: long factors from
 ``original_max_position_embeddings`` on) and any other rope type.
 

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import decoder
-from numeric_check.model.readers.common import Family, act, built_eps, heads_out, linear, norm, plain_mlp, rotary, unembed
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers import decoder
+from numeric_check.conversion.readers.common import Family, act, built_eps, heads_out, linear, norm, plain_mlp, rotary, unembed
 
 
 def _split_qkv(W: Tensor, config: Any, n_kv: int, d_head: int) -> tuple[Tensor, Tensor, Tensor]:

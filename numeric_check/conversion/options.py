@@ -73,7 +73,7 @@ def check_options(options: Mapping[str, Any], defaults: Mapping[str, Any], under
 
 
 #: a key transformers 5 reads -> the keys transformers 4 spelt the same options with (a reader that understands the
-#: first reads the others too: :func:`numeric_check.model.readers.common.rope_parameters`)
+#: first reads the others too: :func:`numeric_check.conversion.readers.common.rope_parameters`)
 HF_4X_SPELLINGS = {
     "rope_parameters": frozenset({"rope_theta", "rope_scaling", "partial_rotary_factor", "rope_local_base_freq"}),
 }

@@ -4,7 +4,7 @@ GPTBigCode (StarCoder, SantaCoder): ``nn.Linear`` weights, a fused projection wi
 key/value head (multi-query) or one per head. GPT-Neo (the TinyStories models): no ``1/sqrt(d)``
 scaling of the scores; its local-attention layers are sliding windows of ``window_size`` positions.
 CTRL: fixed sinusoidal positions, token embeddings scaled by ``sqrt(d_model)``. (OPT, BioGPT and
-XGLM: :mod:`~numeric_check.model.readers.fairseq`.)
+XGLM: :mod:`~numeric_check.conversion.readers.fairseq`.)
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import (
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers.common import (
     Family, act, built_eps, heads_out, linear, norm, plain_mlp, projections, unembed,
 )
 

@@ -2,8 +2,8 @@
 (TransformerLens' row convention, float64), folded and transposed into a :class:`CircuitModel`
 in the paper's convention by :func:`build`.
 
-A reader (TransformerLens in :mod:`numeric_check.model.adapters`, each Hugging Face family in
-:mod:`numeric_check.model.readers`) fills in a :class:`SourceWeights`; :func:`build` then
+A reader (TransformerLens in :mod:`numeric_check.conversion.adapters`, each Hugging Face family in
+:mod:`numeric_check.conversion.readers`) fills in a :class:`SourceWeights`; :func:`build` then
 
 - folds each norm's gain ``w`` and bias ``b`` into the weights that read it, as
   TransformerLens' ``fold_layer_norm`` does: ``(n(x) w + b) W + c = n(x) (diag(w) W) + (b W + c)``

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from numeric_check.errors import ModelLoadError, UnsupportedModel
-from numeric_check.model.hub import (  # noqa: F401 - the hub's checks, named here as before
+from numeric_check.conversion.hub import (  # noqa: F401 - the hub's checks, named here as before
     cache_holds_models, check_hub_environment, hub_offline, hub_reachable, offline_message,
 )
 
@@ -45,7 +45,7 @@ FOREIGN_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.ckpt.index", "con
 #: files a tokenizer is saved in (one of them is enough)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.tiktoken")
-MAX_CONFIG_KEYS = 2_000  # keys of config.json read at all (numeric_check.model.options bounds the unknown ones)
+MAX_CONFIG_KEYS = 2_000  # keys of config.json read at all (numeric_check.conversion.options bounds the unknown ones)
 MAX_HEADER_BYTES = 100_000_000  # a safetensors header: ~150 bytes a tensor; 100 MB is ~600,000 tensors
 LISTED = 6  # tensor names shown in an error before "… and N more"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
@@ -418,10 +418,10 @@ def load_model(folder: Path, dtype: Any) -> Any:
 def refuse_family(config: Any) -> None:
     """A model whose causal-LM class no reader reads (an encoder, an encoder-decoder, a vision-language model, another
     family) is refused in one :class:`~numeric_check.errors.UnsupportedModel` line before its weights are read
-    (:func:`numeric_check.model.readers.not_read`)."""
+    (:func:`numeric_check.conversion.readers.not_read`)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from numeric_check.model.readers import BY_CLASS, not_read
+    from numeric_check.conversion.readers import BY_CLASS, not_read
 
     cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if cls not in BY_CLASS:

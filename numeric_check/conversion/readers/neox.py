@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64
-from numeric_check.model.readers import decoder
-from numeric_check.model.readers.common import Family, act, built_eps, heads_out, norm, plain_mlp, rotary, shape, unembed
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64
+from numeric_check.conversion.readers import decoder
+from numeric_check.conversion.readers.common import Family, act, built_eps, heads_out, norm, plain_mlp, rotary, shape, unembed
 
 
 def read_gpt_neox(model: Any) -> SourceWeights:

@@ -1,6 +1,6 @@
 """The Hugging Face families tcircuits reads, one small reader per family (or per group of alike
-families), each a :class:`~numeric_check.model.readers.common.Family`: the model classes it
-covers, a function from the model to :class:`~numeric_check.model.build.SourceWeights`, and the
+families), each a :class:`~numeric_check.conversion.readers.common.Family`: the model classes it
+covers, a function from the model to :class:`~numeric_check.conversion.build.SourceWeights`, and the
 config options it understands. :func:`numeric_check.from_hf` looks a model up here by its class.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from numeric_check.model.readers import alibi, fairseq, falcon, gpt2, gptj, learned, llama, neox, phi
-from numeric_check.model.readers.common import Family
+from numeric_check.conversion.readers import alibi, fairseq, falcon, gpt2, gptj, learned, llama, neox, phi
+from numeric_check.conversion.readers.common import Family
 
 FAMILIES: tuple[Family, ...] = (*gpt2.FAMILIES, *neox.FAMILIES, *gptj.FAMILIES, *llama.FAMILIES, *phi.FAMILIES,
                                 *falcon.FAMILIES, *learned.FAMILIES, *fairseq.FAMILIES, *alibi.FAMILIES)

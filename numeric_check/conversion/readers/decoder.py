@@ -1,5 +1,5 @@
 """The decoder options of issue 18 as Hugging Face's modules hold them, read into
-:class:`~numeric_check.model.build.SourceWeights`' fields: q/k norms (which module, which norm,
+:class:`~numeric_check.conversion.build.SourceWeights`' fields: q/k norms (which module, which norm,
 over one head or over all heads), norms after a sublayer (which of a block's norms read the
 stream and which normalise a sublayer's output), sliding windows per layer, soft-caps and the
 frequencies of a scaled rope. Shared by the readers whose families use them."""
@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from numeric_check.model.build import f64, unsupported
-from numeric_check.model.readers.common import norm, rounded_frequencies
+from numeric_check.conversion.build import f64, unsupported
+from numeric_check.conversion.readers.common import norm, rounded_frequencies
 
 #: the q/k norm modules' names in the attention module: (queries, keys)
 QK_NAMES = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))

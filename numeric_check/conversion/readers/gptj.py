@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import (
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers.common import (
     Family, act, built_eps, heads_out, norm, plain_mlp, rotated_dims, shape, split_heads, unembed,
 )
 

@@ -1,6 +1,6 @@
 """The Hugging Face hub as tcircuits meets it: the environment variables its libraries read (checked
 before they are imported, each bad one a line), whether the hub can be reached, offline mode, and what
-the cache holds. Loading a folder: :mod:`numeric_check.model.load`.
+the cache holds. Loading a folder: :mod:`numeric_check.conversion.load`.
 """
 
 from __future__ import annotations

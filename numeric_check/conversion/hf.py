@@ -1,11 +1,11 @@
 """``from_hf``: a Hugging Face causal language model as a :class:`CircuitModel`, checked against it.
 
-One entry point looks the model's family up by its class (:mod:`numeric_check.model.readers`:
+One entry point looks the model's family up by its class (:mod:`numeric_check.conversion.readers`:
 one small reader per family), refuses by name every config option the reader does not
-understand that is set off its default (:mod:`numeric_check.model.options`), reads the weights
-into :class:`~numeric_check.model.build.SourceWeights`, builds the model
-(:func:`~numeric_check.model.build.build`), and runs it beside the source on probe tokens
-(:mod:`numeric_check.model.source_check`) before returning it. What the algebra cannot express
+understand that is set off its default (:mod:`numeric_check.conversion.options`), reads the weights
+into :class:`~numeric_check.conversion.build.SourceWeights`, builds the model
+(:func:`~numeric_check.conversion.build.build`), and runs it beside the source on probe tokens
+(:mod:`numeric_check.conversion.source_check`) before returning it. What the algebra cannot express
 raises :class:`UnsupportedModel` naming it; a config whose sizes disagree with the weights raises
 :class:`WeightError` naming both; a conversion that does not compute the source's logits raises
 :class:`SourceMismatch`.
@@ -26,12 +26,12 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import UnsupportedModel, WeightError
-from numeric_check.model.build import build, on_one_device
+from numeric_check.conversion.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.options import check_hf_options
-from numeric_check.model import source_check
-from numeric_check.model.readers import BY_CLASS, decoder, not_read
-from numeric_check.model.source_check import (
+from numeric_check.conversion.options import check_hf_options
+from numeric_check.conversion import source_check
+from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
+from numeric_check.conversion.source_check import (
     changed_modules,
     check_against_source,
     float64_copy,
@@ -50,7 +50,7 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
             biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None) -> CircuitModel:
     """A :class:`CircuitModel` computing the same logits as a Hugging Face causal LM, checked against it.
 
-    Families read: :func:`numeric_check.model.readers.family_names`. ``dtype`` of the result
+    Families read: :func:`numeric_check.conversion.readers.family_names`. ``dtype`` of the result
     (folding is done in float64 on the CPU), ``device`` where it goes (``None`` or ``"auto"``: CUDA when
     present, else the CPU; the source may be anywhere); ``biases``: ``None`` keeps
     biases only when some folded bias is non-zero, ``True`` always, ``False`` requires them zero.
@@ -90,10 +90,10 @@ from_hf_gpt2 = from_hf
 
 
 def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
-    """Run ``ours`` beside the Hugging Face ``model`` (:func:`~numeric_check.model.source_check.check_against_source`).
+    """Run ``ours`` beside the Hugging Face ``model`` (:func:`~numeric_check.conversion.source_check.check_against_source`).
 
     A source held in half precision (bfloat16, float16) is run as a float64 copy of itself
-    (:func:`~numeric_check.model.source_check.float64_copy`): the conversion is held to float64's
+    (:func:`~numeric_check.conversion.source_check.float64_copy`): the conversion is held to float64's
     tolerance (Hugging Face's own float32 round trips set it), so a half-precision model that is not what
     its weights say is refused like a float64 one; how far the source as held is from its copy (its own
     rounding) is measured on the first probe and stated apart. A copy too large, or one that cannot run in

@@ -2,9 +2,9 @@
 norms, activations, the unembedding and rotary embeddings read as the model computes them.
 
 A reader reads a model's modules (never its forward code) into
-:class:`~numeric_check.model.build.SourceWeights`; whatever it does not read must be at its
-default (:mod:`numeric_check.model.options`), and :func:`numeric_check.from_hf` checks the result
-against the source (:mod:`numeric_check.model.source_check`).
+:class:`~numeric_check.conversion.build.SourceWeights`; whatever it does not read must be at its
+default (:mod:`numeric_check.conversion.options`), and :func:`numeric_check.from_hf` checks the result
+against the source (:mod:`numeric_check.conversion.source_check`).
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import UnsupportedModel, WeightError
-from numeric_check.model.build import ACT_FN_ALIASES, SourceWeights, f64, unsupported
-from numeric_check.model.readers import pending
+from numeric_check.conversion.build import ACT_FN_ALIASES, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers import pending
 
 ROPE_TYPES = ("default",)
 #: rope types whose frequencies do not change within the context (dynamic NTK changes them only beyond
 #: max_position_embeddings, which CircuitModel's n_ctx refuses): a reader that passes ``scaled=True`` to
-#: :func:`rotary` reads them (:func:`~numeric_check.model.readers.decoder.rope_fields`)
+#: :func:`rotary` reads them (:func:`~numeric_check.conversion.readers.decoder.rope_fields`)
 SCALED_ROPE = ("linear", "llama3", "yarn", "dynamic")
 
 #: config keys every reader reads or that never change what a causal LM computes in eval mode
-#: (see :data:`numeric_check.model.options.HARMLESS` for the rest)
+#: (see :data:`numeric_check.conversion.options.HARMLESS` for the rest)
 SIZES = frozenset({"vocab_size", "max_position_embeddings"})
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers.common import Family, act, built_eps, shape
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers.common import Family, act, built_eps, shape
 
 
 def read_gpt2(model: Any) -> SourceWeights:

@@ -1,18 +1,18 @@
 """TransformerLens: a ``HookedTransformer`` as a :class:`CircuitModel` (checked against it), and back.
 
-The model is read into :class:`~numeric_check.model.build.SourceWeights` (TransformerLens' row
-convention, float64) and built by :func:`~numeric_check.model.build.build`, which folds norms
+The model is read into :class:`~numeric_check.conversion.build.SourceWeights` (TransformerLens' row
+convention, float64) and built by :func:`~numeric_check.conversion.build.build`, which folds norms
 and centres the writing weights. Shortformer positions (TransformerLens adds ``W_pos`` to the
 query and key inputs *after* ``ln1``, un-normed) become ``qk_only``. TransformerLens' RMSNorm
 (``RMS``/``RMSPre``), grouped-query attention (``_W_K``, ``_W_V`` per group), parallel blocks,
 rotary (``rotary_adjacent_pairs``: GPT-J's pairing) and gated MLPs are read as such; its gated
 MLP adds ``b_in`` after the gate's product, so ``b_in W_out`` moves into ``b_out``. Hugging Face
-models: :func:`numeric_check.model.hf.from_hf`.
+models: :func:`numeric_check.conversion.hf.from_hf`.
 
-Config fields are read by allow-list (:data:`TL_OPTIONS`; :mod:`numeric_check.model.options`):
+Config fields are read by allow-list (:data:`TL_OPTIONS`; :mod:`numeric_check.conversion.options`):
 a field the adapter does not understand, set off its default, is refused by name; features
 the algebra cannot express are refused with their names. The converted model is run beside the
-source before it is returned (:mod:`numeric_check.model.source_check`). The source model is
+source before it is returned (:mod:`numeric_check.conversion.source_check`). The source model is
 never modified.
 """
 
@@ -29,13 +29,13 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import UnsupportedModel, WeightError
-from numeric_check.model.build import (
+from numeric_check.conversion.build import (
     ACT_FN_ALIASES, LayerNormWeights, LayerWeights, SourceWeights, build, f64, on_one_device, unsupported,
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
-from numeric_check.model.options import check_tl_options
-from numeric_check.model.source_check import (
+from numeric_check.conversion.options import check_tl_options
+from numeric_check.conversion.source_check import (
     changed_modules, check_against_source, float64_copy, fresh_on_meta, in_dtype, in_eval_mode, lowest_precision, probe_batches,
     relative, unchecked,
     user_tokens,
@@ -50,7 +50,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
     ``"auto"``: CUDA when present, else the CPU; the source may be anywhere).
     ``biases``: ``None`` keeps biases only when some folded bias is non-zero; ``True`` always
     keeps them; ``False`` requires them all to be zero. ``check``, ``check_tokens``: as for
-    :func:`~numeric_check.model.hf.from_hf` (the measurement is kept as ``model.source_check``).
+    :func:`~numeric_check.conversion.hf.from_hf` (the measurement is kept as ``model.source_check``).
 
     >>> from transformer_lens import HookedTransformer, HookedTransformerConfig
     >>> tl = HookedTransformer(HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_head=4,
@@ -73,7 +73,7 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
 
 
 def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
-    """Run ``ours`` beside the ``HookedTransformer`` (:func:`~numeric_check.model.source_check.check_against_source`)."""
+    """Run ``ours`` beside the ``HookedTransformer`` (:func:`~numeric_check.conversion.source_check.check_against_source`)."""
     cfg = ours.cfg
     batches = probe_batches(cfg.d_vocab, cfg.n_ctx) + ([user_tokens(tokens, cfg.d_vocab, cfg.n_ctx)] if tokens is not None else [])
     n_layers = model.cfg.n_layers
@@ -365,7 +365,7 @@ def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
 
 def _tl_experts(moe: Any, cfg: Any) -> dict[str, Tensor]:
     """A TransformerLens ``MoE``: its router (``W_gate``, a Linear) and its gated experts (Linears, no biases),
-    stacked first in the row convention (see :class:`~numeric_check.model.build.SourceWeights`)."""
+    stacked first in the row convention (see :class:`~numeric_check.conversion.build.SourceWeights`)."""
     stack = lambda name: torch.stack([f64(getattr(e, name).weight).T for e in moe.experts])  # noqa: E731
     zeros = lambda n: torch.zeros(cfg.num_experts, n, dtype=torch.float64, device="cpu")  # noqa: E731
     return {"W_router": f64(moe.W_gate.weight).T, "W_in": stack("W_in"), "b_in": zeros(cfg.d_mlp),

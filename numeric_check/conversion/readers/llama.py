@@ -12,7 +12,7 @@ rotary), Ernie 4.5 and Helium (interleaved rotary pairs), HyperCLOVA X (Granite'
 logits multiplied), GLM (packed gate/up, interleaved partial rotary), Arcee, Jais 2 and Nemotron
 (up/down MLPs with squared ReLU; Nemotron's layer norm has ``1 + w`` gains).
 
-With the decoder options of issue 18 (:mod:`~numeric_check.model.readers.decoder`): q/k norms
+With the decoder options of issue 18 (:mod:`~numeric_check.conversion.readers.decoder`): q/k norms
 per head (Qwen3, Gemma 3, EXAONE 4's, StableLM's and Cohere's) or over all heads (OLMo 2 and 3,
 OLMoE); norms after each sublayer only (OLMo 2 and 3, EXAONE 4) or before and after (Gemma 2/3,
 GLM-4, HyperCLOVA X's ``use_post_norm``); sliding windows per layer; Gemma 2's and VaultGemma's
@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from numeric_check.errors import WeightError
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import decoder
-from numeric_check.model.readers.common import (
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers import decoder
+from numeric_check.conversion.readers.common import (
     Family, act, bias, built_eps, heads_out, norm, packed_gated_mlp, plain_mlp, rope_parameters, rotary, split_heads,
     unembed,
 )
@@ -212,7 +212,7 @@ def _ropes_by_layer_type(model: Any) -> dict[str, tuple[dict, Any]] | None:
 
 
 def _eps(model: Any, layout: Layout, source: str) -> float:
-    """The norms' one eps as built (:func:`~numeric_check.model.readers.common.built_eps`)."""
+    """The norms' one eps as built (:func:`~numeric_check.conversion.readers.common.built_eps`)."""
     final = model.model.norm
     if layout.norm.startswith("layer") and not hasattr(final, "eps") and not hasattr(final, "variance_epsilon"):
         return 1e-5  # OLMo's parameter-free layer norm has eps 1e-5 fixed in its code
@@ -375,7 +375,7 @@ def _read_olmo(model: Any) -> SourceWeights:
 
 
 #: what read_llama_like reads from a config (rope_parameters: checked against the model's own
-#: inverse frequencies by :func:`~numeric_check.model.readers.common.rotary`)
+#: inverse frequencies by :func:`~numeric_check.conversion.readers.common.rotary`)
 _LLAMA = frozenset({
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "hidden_act", "rms_norm_eps", "rope_parameters", "attention_bias", "mlp_bias", "pretraining_tp",

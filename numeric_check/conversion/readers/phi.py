@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from numeric_check.model.build import LayerWeights, SourceWeights, f64, unsupported
-from numeric_check.model.readers import decoder
-from numeric_check.model.readers.common import (
+from numeric_check.conversion.build import LayerWeights, SourceWeights, f64, unsupported
+from numeric_check.conversion.readers import decoder
+from numeric_check.conversion.readers.common import (
     Family, act, bias, built_eps, heads_out, norm, packed_gated_mlp, plain_mlp, rotary, shape, split_heads, unembed,
 )
 
