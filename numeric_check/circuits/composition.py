@@ -136,7 +136,7 @@ def erratum_composition_scores(model, kind: str, *, dtype: torch.dtype | None = 
 
 
 def composition_baseline(
-    model, kind: str, *, n_samples: int = 64, seed: int = 0, dtype: torch.dtype = torch.float64
+    model, kind: str, *, n_samples: int = 64, seed: int = 0, dtype: torch.dtype = torch.float64, erratum: bool = False
 ) -> float:
     """The mean score of ``kind`` for random weights with the model's shapes (a sampled estimate).
 
@@ -146,6 +146,7 @@ def composition_baseline(
     scale-invariant, so the variance does not matter. A check on the estimate: for such
     rotation-invariant weights ``E[score²] = 1/d_model`` exactly (the tests check it), so the
     baseline is a little below ``1/sqrt(d_model)``; the three kinds have the same baseline.
+    ``erratum=True``: the mean of :func:`erratum_composition_scores` instead.
 
     >>> from derivations import Architecture
     >>> from numeric_check.model.circuit_model import CircuitModel
@@ -165,4 +166,4 @@ def composition_baseline(
         return {name: w.to(dtype) for name, w in heads.items()}
 
     reader, writer = draw(), draw()
-    return float(pair_composition_scores(reader, writer, kind).mean())
+    return float(pair_composition_scores(reader, writer, kind, erratum=erratum).mean())

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from derivations.architecture import Architecture
 from numeric_check.circuits.ov_qk import head_weights
 from numeric_check.errors import AnalysisError
-from numeric_check.circuits.composition import composition_baseline, composition_scores, pair_composition_scores
+from numeric_check.circuits.composition import (
+    composition_baseline, composition_scores, erratum_composition_scores, pair_composition_scores,
+)
 from numeric_check.model.circuit_model import CircuitModel
 from tests.conftest import PROPERTY
 from tests.strategies import circuit_models
@@ -73,6 +75,23 @@ def test_a_cyclic_permutation_would_be_caught():
                 ours = scores[0, h1, 1, h2]
                 torch.testing.assert_close(ours, dense_score(model, kind, (0, h1), (1, h2)))
                 assert abs(float(ours - cyclic_score(model, kind, (0, h1), (1, h2)))) > 1e-3
+
+
+@pytest.mark.parametrize("kind", "QKV")
+def test_the_erratum_scores_are_the_corrections_rotated_products(kind):
+    """The paper's first figure, as its Correction describes it: K is ‖W_K² W_O¹ W_V¹ W_Q²ᵀ‖ over the norms of
+    ‖W_K² W_Q²ᵀ‖ and ‖W_V¹ W_O¹‖ (each product's first factor moved to its end); Q and V alike, dense here."""
+    model = CircuitModel.random(Architecture(2, 3), d_model=10, d_head=3, d_vocab=12, n_ctx=4, seed=7,
+                                dtype=torch.float64, device="cpu")
+    wrong = erratum_composition_scores(model, kind)
+    for h1 in range(3):
+        for h2 in range(3):
+            w1, w2 = head_weights(model, 0, h1), head_weights(model, 1, h2)
+            first, last = {"Q": (w2["W_Q"], w2["W_K"].T), "K": (w2["W_K"], w2["W_Q"].T), "V": (w2["W_V"], w2["W_O"])}[kind]
+            expected = norm(first @ w1["W_O"] @ w1["W_V"] @ last) / (norm(first @ last) * norm(w1["W_V"] @ w1["W_O"]))
+            torch.testing.assert_close(wrong[0, h1, 1, h2], expected, rtol=1e-9, atol=1e-12)
+            assert abs(float(wrong[0, h1, 1, h2] - dense_score(model, kind, (0, h1), (1, h2)))) > 1e-3
+    assert bool((wrong[1] == 0).all())  # laid out as composition_scores: later-to-earlier pairs are 0
 
 
 @pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")

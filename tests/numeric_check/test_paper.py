@@ -127,6 +127,12 @@ def test_every_part_holds_only_where_its_control_fails(built):
     k = found["k-composition"].parts[0]
     assert "do not attend to i − 1 (below 0.2" in k.control and not k.control_holds
     assert "L1H3, partly a previous-token head (0.34 to i − 1)" in k.measured and "L1H3" not in k.control
+    # K-composition is stated as the paper's Correction leaves it: the first figure's rotated norm is reproduced
+    # (it singles out the induction pairs; not the best control pair), and Q/V are shown, not claimed absent
+    kc = found["k-composition"]
+    assert "Correction" in str(kc.claim) and "Correction" in kc.note and "not claimed absent" in kc.note
+    assert kc.parts[1].text.startswith("the Correction, reproduced") and kc.parts[1].verdict == "holds"
+    assert not kc.parts[1].control_holds and "unlike Q- and V-composition" not in kc.claim
     assert any("QK circuit chooses the source" in p.text for p in skip.parts)
     page = (out / "two-layers.html").read_text(encoding="utf-8")
     assert page.count('class="part"') == sum(len(f.parts) for f in found.values() if f.key in
@@ -149,6 +155,9 @@ def test_k_composition_without_a_first_layer_control_head_falls_back_to_random_m
     assert part.control.startswith("no first-layer head that does not attend to i − 1; random matrices instead: K 0.0")
     assert part.verdict == "holds" and not part.control_holds
     assert part.measured.count("partly a previous-token head") == 3  # each shown beside the claim
+    erratum = claims.k_composition(paper.measurements).parts[1]  # its control: the pairs into other heads
+    assert erratum.control.startswith("no first-layer head that does not attend to i − 1; random matrices instead")
+    assert erratum.verdict == "holds" and not erratum.control_holds, erratum.control
 
 
 def test_a_part_whose_control_passes_is_shown_as_not_holding():

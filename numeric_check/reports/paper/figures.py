@@ -34,7 +34,8 @@ CAPTIONS = {
             "at random (grey); means over both destinations.",
     "profiles": "Two-layer model: attention by query position of the previous-token head (left) and the induction "
                 "heads (right); the dashed line is the bar of 0.4.",
-    "composition": "Two-layer model: Q-, K- and V-composition scores minus their random baseline, writer head by reader head.",
+    "composition": ("Two-layer model: Q-, K- and V-composition scores minus their random baseline, writer head by reader "
+                    "head, as the paper defines them (its first figure, withdrawn in its Correction, used rotated products)."),
     "positivity-2l": "Two-layer model: OV positivity (copying, x) against QK positivity (y; second layer: the "
                      "K-composition circuit with the previous-token head, same-matching).",
     "repeat-loss": "Loss on the second copy of a repeated random segment (its first token excluded) by segment length: "
