@@ -338,7 +338,7 @@ def text_tokens(args: argparse.Namespace, user: UserModel, n_ctx: int | None, d_
     else:
         if args.text_file is not None:
             from numeric_check.errors import InputFileError
-            from numeric_check.model.checkpoint import read_text_file
+            from numeric_check.files import read_text_file
 
             text = read_text_file(args.text_file, "the prompt file", InputFileError)
         else:

@@ -304,9 +304,9 @@ def _read_vocab(path: Path) -> list[str]:
     BERT-style ``vocab.txt``, ``[PAD]`` first included). Lines end at ``\n`` or ``\r\n`` only —
     a token may hold any other character, form feeds and ``\u2028`` included — and a byte-order
     mark is not part of the first token. The file is read within bounds
-    (:func:`~numeric_check.model.checkpoint.read_json`); every problem is an
+    (:func:`~numeric_check.files.read_json`); every problem is an
     :class:`InputFileError` naming it."""
-    from numeric_check.model.checkpoint import read_json, read_text_file
+    from numeric_check.files import read_json, read_text_file
 
     what = f"the vocabulary file {str(path)!r}"
     text = read_text_file(path, "the vocabulary file", InputFileError).removeprefix("\ufeff")

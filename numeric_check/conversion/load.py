@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from numeric_check.errors import ModelLoadError, UnsupportedModel
+from numeric_check.files import read_json, read_text_file
 from numeric_check.conversion.hub import (  # noqa: F401 - the hub's checks, named here as before
     cache_holds_models, check_hub_environment, hub_offline, hub_reachable, offline_message,
 )
@@ -135,8 +136,6 @@ def json_object(path: Path) -> dict:
     reads the same file itself; a tokenizer config's ``model_max_length`` may be 10**30)."""
     import json
 
-    from numeric_check.model.checkpoint import read_text_file
-
     try:
         data = json.loads(read_text_file(path, path.name, ModelLoadError))
     except (ValueError, RecursionError) as error:
@@ -179,8 +178,6 @@ def stored_tensors(folder: Path) -> tuple[str, dict[str, tuple[int, ...]]]:
 
 
 def _shards(folder: Path, index: str) -> list[str]:
-    from numeric_check.model.checkpoint import read_json, read_text_file
-
     data = read_json(read_text_file(folder / index, index, ModelLoadError), index, ModelLoadError)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -195,8 +192,6 @@ def _shards(folder: Path, index: str) -> list[str]:
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape from a safetensors file's header (8 bytes of length, then JSON), checked
     against the file's size; the data is not read."""
-    from numeric_check.model.checkpoint import read_json
-
     try:
         size = path.stat().st_size
         with path.open("rb") as f:

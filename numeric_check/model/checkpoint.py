@@ -41,7 +41,8 @@ from safetensors.torch import save
 from tensoralg.escape import terminal_safe
 
 from numeric_check.errors import CheckpointError, ConfigError, DeviceError, OutputPathError, UncheckedCheckpoint, WeightError
-from numeric_check.files import write_atomic
+from numeric_check.files import MAX_INT_DIGITS, MAX_JSON_DEPTH, read_json, write_atomic
+from numeric_check.files import MAX_JSON_CHARS, read_text_file  # noqa: F401 - kept for compatibility: they were defined here
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import ModelConfig, resolve_device, resolve_dtype
 
@@ -155,7 +156,7 @@ def _read_safetensors(path: Path) -> tuple[Any, dict[str, torch.Tensor], str | N
     if "config" not in metadata:
         raise CheckpointError(f"checkpoint {path} has no model config in its metadata")
     try:
-        config = read_json(metadata["config"], "the config")
+        config = read_json(metadata["config"], "the config", CheckpointError)
     except CheckpointError as err:
         raise CheckpointError(f"checkpoint {path} has no readable model config in its metadata: {err}") from None
     stored_hash = metadata.get("content_sha256")
@@ -319,96 +320,3 @@ def _check_plain(config: Any, what: str) -> None:
                 raise CheckpointError(f"{what} holds the number {value}; a config's numbers are finite")
         else:
             raise CheckpointError(f"{what} holds a {type(value).__name__}; a config holds numbers, strings, lists and dicts")
-
-# -- JSON from files a user hands us: bounded before it is parsed ---------------------------
-
-MAX_JSON_CHARS = 10_000_000  # a config is a few hundred characters, a training record a few thousand
-MAX_JSON_DEPTH = 32  # a config nests three deep; the C parser would recurse ~100,000 deep on '[[[[…'
-MAX_INT_DIGITS = 18  # every size and count fits in 10**18; 10**400 or 5,001 digits are refused as text
-
-
-def read_json(text: str | bytes, what: str, error: type[Exception] = CheckpointError) -> Any:
-    """``text`` as JSON, within bounds checked before and while parsing: at most
-    :data:`MAX_JSON_CHARS` characters, nesting at most :data:`MAX_JSON_DEPTH` deep, integers
-    of at most :data:`MAX_INT_DIGITS` digits, finite numbers only (no ``NaN``/``Infinity``).
-    Anything else raises ``error`` (:class:`CheckpointError`) naming ``what`` — never a
-    ``RecursionError``, ``OverflowError`` or ``UnicodeDecodeError``.
-
-    >>> read_json('{"d_model": 4, "ln_eps": 1e-05}', "a config")
-    {'d_model': 4, 'ln_eps': 1e-05}
-    >>> read_json('{"d_vocab": 1' + '0' * 400 + '}', "a config")
-    Traceback (most recent call last):
-    numeric_check.errors.CheckpointError: a config is not usable JSON: the integer 1000000000000000000… has 401 digits; sizes have at most 18
-    """
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise error(f"{what} is not UTF-8 text (byte {err.start}: {err.reason})") from None
-    if len(text) > MAX_JSON_CHARS:
-        raise error(f"{what} holds {len(text):,} characters, more than the {MAX_JSON_CHARS:,} read as JSON")
-    depth = _json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        raise error(f"{what} nests {depth:,} deep, more than the {MAX_JSON_DEPTH} a JSON file of ours may")
-    try:
-        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError, as are the hooks' refusals
-        raise error(f"{what} is not usable JSON: {err}") from None
-
-
-def read_text_file(path: Path, what: str, error: type[Exception] = CheckpointError) -> str:
-    """The UTF-8 text of a small input file (a training record, a vocabulary): its size
-    checked before it is read, every failure an ``error`` naming ``what`` and the path."""
-    try:
-        if not path.is_file():
-            raise error(f"{what} {str(path)!r} is not a file")
-        size = path.stat().st_size
-        if size > MAX_JSON_CHARS:
-            raise error(f"{what} {str(path)!r} holds {size:,} bytes, more than the {MAX_JSON_CHARS:,} read")
-        data = path.read_bytes()
-    except OSError as err:
-        raise error(f"cannot read {what} {str(path)!r}: {err.strerror or err}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise error(f"{what} {str(path)!r} is not UTF-8 text (byte {err.start}: {err.reason})") from None
-
-
-def _json_depth(text: str) -> int:
-    """The deepest nesting of ``[`` and ``{`` outside strings, in one pass."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def _json_int(digits: str) -> int:
-    n = len(digits.lstrip("-"))
-    if n > MAX_INT_DIGITS:
-        raise ValueError(f"the integer {digits[:19]}… has {n:,} digits; sizes have at most {MAX_INT_DIGITS}")
-    return int(digits)
-
-
-def _json_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:20]} is beyond a float's range")
-    return value
-
-
-def _json_constant(name: str):
-    raise ValueError(f"{name} is not a number a file of ours may hold")

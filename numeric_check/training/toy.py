@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from numeric_check.errors import CheckpointError
-from numeric_check.model.checkpoint import read_json, read_text_file, stored_content_hash
+from numeric_check.files import read_json, read_text_file
+from numeric_check.model.checkpoint import stored_content_hash
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.batch import RepeatBatch  # noqa: F401 - part of this module's API
 from numeric_check.training.config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
@@ -387,7 +388,7 @@ def training_record_for(checkpoint: Path | str, model: CircuitModel | None = Non
     if not sidecar.exists():
         return None
     where = f"the training record {str(sidecar)!r}"
-    record = read_json(read_text_file(sidecar, "the training record"), where)
+    record = read_json(read_text_file(sidecar, "the training record", CheckpointError), where, CheckpointError)
     check_training_record(record, where)
     if model is not None:
         check_record_matches(record, model, stored_content_hash(checkpoint), where)

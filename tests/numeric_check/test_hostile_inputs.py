@@ -15,10 +15,8 @@ from safetensors.torch import save_file
 
 from derivations.architecture import Architecture
 from numeric_check.errors import CheckpointError, InputFileError, UncheckedCheckpoint
-from numeric_check.model.checkpoint import (
-    FORMAT, MAX_INT_DIGITS, MAX_JSON_DEPTH, content_hash, load_checkpoint, read_json,
-    save_checkpoint,
-)
+from numeric_check.files import MAX_INT_DIGITS, MAX_JSON_DEPTH, read_json, read_text_file
+from numeric_check.model.checkpoint import FORMAT, content_hash, load_checkpoint, save_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.training.toy import shipped_checkpoint, training_record_for
 from tests.conftest import THOROUGH, needs_pdflatex
@@ -194,6 +192,28 @@ def test_a_malformed_vocabulary_file_is_an_input_file_error(tmp_path, content, f
 def test_read_json_keeps_strings_that_look_nested():
     assert read_json('{"s": "' + "[" * 100 + '"}', "text") == {"s": "[" * 100}
     assert read_json(str(10**MAX_INT_DIGITS - 1), "text") == 10**MAX_INT_DIGITS - 1
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"\xff{}", "the list '.*l.json' is not UTF-8 text"),
+    (b"[" * 40 + b"]" * 40, "the list nests 40 deep"),
+    (b"[NaN]", "NaN is not a number"),
+])
+def test_a_users_file_read_as_json_is_an_input_file_error_naming_it(tmp_path, content, fragment):
+    """The bounded readers (:mod:`numeric_check.files`) raise InputFileError unless the caller
+    names another error (our checkpoints: CheckpointError; a Hugging Face folder: ModelLoadError)."""
+    path = tmp_path / "l.json"
+    path.write_bytes(content)
+    with pytest.raises(InputFileError, match=fragment):
+        read_json(read_text_file(path, "the list"), "the list")
+    with pytest.raises(InputFileError, match="the list .* is not a file"):
+        read_text_file(tmp_path, "the list")
+
+
+def test_the_readers_keep_their_old_home():
+    from numeric_check.model import checkpoint
+
+    assert checkpoint.read_json is read_json and checkpoint.read_text_file is read_text_file
 
 
 # -- outputs: plain titles, strict JSON, paths checked first, atomic files --------------------
