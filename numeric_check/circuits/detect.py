@@ -16,8 +16,9 @@ minimum, so a head that works in only part of the context is seen as such.
   out). A model without a positional embedding has none: the score is NaN and a note says so;
 - induction score: a head ``h2`` K-composing with an earlier previous-token head ``h1``,
   times how well that circuit matches same tokens and how well ``h2`` copies:
-  ``max(same_matching, 0) × max(copying, 0)`` where ``same_matching`` is the positivity
-  of ``W_Eᵀ W_QK^{h2} W_OV^{h1} W_E`` and ``copying`` of ``W_U W_OV^{h2} W_E``. The
+  ``max(same_matching, 0) × max(copying, 0) × previous`` where ``same_matching`` is the positivity
+  of ``W_Eᵀ W_QK^{h2} W_OV^{h1} W_E``, ``copying`` of ``W_U W_OV^{h2} W_E`` and ``previous`` the
+  partner's previous-token score (1 without positions). The
   partner ``h1`` is the earlier head with the largest ``K-composition excess ×
   previous-token score`` (excess: the K-composition score minus its random baseline); the
   score is 0 when that excess is not positive, and for layer-0 heads.
@@ -196,8 +197,9 @@ def weight_scores(model, *, n_positions: int | None = None, n_samples: int = 64,
         l1, h1 = divmod(flat, shape[1])
         partners[l2][h2] = (l1, h1)
         k_comp[l2, h2], same[l2, h2] = excess[l1, h1, l2, h2], matching[l1, h1, l2, h2]
-        if k_comp[l2, h2] > 0:
-            induction[l2, h2] = same[l2, h2].clamp(min=0) * copying[l2, h2].clamp(min=0)
+        if k_comp[l2, h2] > 0:  # times how much the partner is a previous-token head: K-composition with a head
+            # that attends to itself (a "duplicate-token" reader) is not induction (caught on planted heads)
+            induction[l2, h2] = same[l2, h2].clamp(min=0) * copying[l2, h2].clamp(min=0) * weight[l1, h1, 0, 0]
     missing = ~head_mask(model).cpu()
     induction = induction.nan_to_num(0.0).masked_fill(missing, float("nan"))
     return WeightEvidence(

@@ -21,6 +21,7 @@ from numeric_check.reports.paper.figures import CAPTIONS
 #: The paper's findings that the companion must state, at least (issue 20).
 REQUIRED = ("bigrams", "copying", "skip-trigrams", "bugs", "previous-token", "k-composition", "induction-heads",
             "induction-circuits", "marginal-loss",  # the virtual heads: marginal-loss's third part
+            "skip-trigram-detector", "head-detectors",  # the detectors' recall and precision on a known truth
             # on language: the models trained on the King James Bible
             "language-bigrams", "language-copying", "language-skip-trigrams", "language-term-importance",
             "language-induction")
@@ -81,7 +82,7 @@ def test_findings_state_a_value_a_control_and_a_verdict(built):
         assert f.verdict != "holds in part" or f.where, f"{f.key}: a partial verdict must say where"
     # the shipped models bear the paper's circuit out (README): the circuit is there
     for key in ("copying", "skip-trigrams", "previous-token", "k-composition", "induction-heads", "induction-loss",
-                "marginal-loss"):
+                "marginal-loss", "skip-trigram-detector", "head-detectors"):
         assert found[key].verdict == "holds", (key, found[key].measured)
     # the previous-token head is judged on the analysis report's range, and what lies beyond is said
     checks = {f.claim: f for f in analysis_checks(paper)}

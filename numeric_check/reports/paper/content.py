@@ -23,6 +23,7 @@ from derivations.errors import DerivationError
 from derivations.numeric import Verification
 
 from numeric_check.reports.paper.claims import INDEX_FROM, PaperFinding, paper_findings  # noqa: F401 (INDEX_FROM: for the writers)
+from numeric_check.reports.paper.known_truth import known_truth_findings
 from numeric_check.reports.paper.language_claims import language_findings
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.verification.results import VerifyReport
@@ -94,7 +95,7 @@ SECTIONS = (
               math("W_Eᵀ W_QK^h W_E"), ", which decides where a destination token attends, and an OV circuit ",
               math("W_U W_OV^h W_E"), ", which decides how the attended source token changes the logits. Read together "
               "they are a table of skip-trigrams [source] … [destination] → [out]."),
-    ), ("path-expansion", "one-layer", "eigenvalue-copying"), ("copying", "skip-trigrams", "bugs"),
+    ), ("path-expansion", "one-layer", "eigenvalue-copying"), ("copying", "skip-trigrams", "bugs", "skip-trigram-detector"),
         {"one-layer": "logits-1l"}),
     SectionSpec("two-layers", "Two layers: composition and induction heads", (
         prose("With two layers the path expansion gains virtual heads ", math("(A^{h1} A^{h0}) ⊗ (W_U W_OV^{h1} W_OV^{h0} W_E)"),
@@ -108,7 +109,7 @@ SECTIONS = (
               "once per head of the model in the check beside it."),
     ), ("two-layer-logits", "two-layer-qk", "composition-scores", "induction-mechanism", "marginal-loss"),
         ("previous-token", "k-composition", "induction-heads", "induction-circuits", "induction-loss",
-         "marginal-loss"), {"two-layer-logits": "logits-2l", "two-layer-qk": "qk-2l"}),
+         "marginal-loss", "head-detectors"), {"two-layer-logits": "logits-2l", "two-layer-qk": "qk-2l"}),
     SectionSpec("appendix", "Appendix: tensor-product readings and the algebra's rules", (
         prose("The three readings of ", math("A ⊗ W"), " and the rules every derivation above uses, each with the "
               "identity it states; then the derivations the paper mentions in passing: virtual weights, heads that "
@@ -195,7 +196,7 @@ def _checked_arch(m: Measurements, check: str | None) -> Architecture | None:
 
 def build_paper(m: Measurements, progress: Callable[[str], None] = lambda step: None) -> Paper:
     """Every section with its equations (built and verified) and findings; ``progress`` after each section."""
-    found = paper_findings(m)
+    found = paper_findings(m) | known_truth_findings(m)
     if m.language is not None:
         found.update(language_findings(m.language))
     sections = []
