@@ -36,7 +36,7 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.conversion.options import check_tl_options
 from numeric_check.conversion.source_check import (
-    changed_modules, check_against_source, float64_copy, fresh_on_meta, in_dtype, in_eval_mode, lowest_precision, probe_batches,
+    changed_modules, check_against_source, compared_as_held, float64_copy, fresh_on_meta, in_dtype, in_eval_mode, lowest_precision, probe_batches,
     relative, unchecked,
     user_tokens,
 )
@@ -94,7 +94,9 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
     own = None
     if dtype.itemsize == 2:  # half precision: a float64 copy is the reference, the source's own rounding stated apart
         with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints the dtype change
-            copied = _exact_rotary_tables(float64_copy(model))
+            plain = float64_copy(model)
+            copied = _exact_rotary_tables(plain)
+        why = None if plain is None else "its rotary tables cannot be made again in float64"
         if copied is not None:
             copied.eval()
             try:
@@ -102,8 +104,10 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
                     probe = batches[0].to(model.W_E.device)
                     own = (relative(model(probe), copied(probe)), held)
                 model, dtype, name = copied, torch.float64, f"HookedTransformer (TransformerLens, {held}, run as a float64 copy)"
-            except Exception:  # noqa: BLE001 - a copy that cannot run in float64: the source is compared as it is
-                own = None
+            except Exception as error:  # noqa: BLE001 - a copy that cannot run in float64: the source is compared as it is
+                own, why = None, f"it cannot run in float64 ({type(error).__name__})"
+        if own is None:
+            name = f"HookedTransformer (TransformerLens, {held}{compared_as_held(model, why)})"
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
     return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens",

@@ -29,11 +29,11 @@ from numeric_check.errors import UnsupportedModel, WeightError
 from numeric_check.conversion.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.conversion.options import check_hf_options
-from numeric_check.conversion import source_check
 from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
 from numeric_check.conversion.source_check import (
     changed_modules,
     check_against_source,
+    compared_as_held,
     float64_copy,
     fresh_on_meta,
     in_dtype,
@@ -124,8 +124,7 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
     reference, own, why = model, None, ""
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
         copied = _tables_made_again(float64_copy(model))
-        limit = f"{source_check.MEASURE_BYTES / 2**30:.3g} GiB"
-        why = f", compared as held: its float64 copy would pass {limit}" if copied is None else ""
+        why = compared_as_held(model) if copied is None else ""
         if copied is not None:
             copied.eval()
             try:
@@ -133,7 +132,7 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
                     exact, as_held = runner(copied)(batches[0])[0], runner(model)(batches[0])[0]
                 reference, own = copied, (relative(as_held, exact), held)
             except Exception as error:  # noqa: BLE001 - the source cannot run in float64 (an expert kernel): as held
-                reference, why = model, f", compared as held: it cannot run in float64 ({type(error).__name__})"
+                reference, why = model, compared_as_held(model, f"it cannot run in float64 ({type(error).__name__})")
     if reference is model:
         name = f"{type(model).__name__} (Hugging Face, {held}{why})"
         precision = lowest_precision(dtype, torch.float32)  # its norms, rotary and softmax round through float32

@@ -260,13 +260,32 @@ def float64_copy(model: Any) -> Any | None:
     patched forwards kept), so that the source can be run free of its own rounding; None when its float64 copy
     would pass :data:`MEASURE_BYTES` or cannot be made. Buffers keep the values the model holds (a ``bfloat16``
     ``inv_freq`` stays rounded, as the model uses it)."""
-    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-    if n * 8 > MEASURE_BYTES:
+    if _too_large(model):
         return None
     try:
         return copy.deepcopy(model).to(torch.float64)
     except Exception:  # noqa: BLE001 - a model that cannot be copied (or converted) is compared as it is
         return None
+
+
+def compared_as_held(model: Any, why: str | None = None) -> str:
+    """What the source line adds when a half-precision ``model`` is compared as it is held, not as a float64 copy:
+    at its own precision (the tolerance follows that precision, which it says), and why: ``why``, else why
+    :func:`float64_copy` made no copy.
+
+    >>> compared_as_held(None, "it cannot run in float64 (RuntimeError)")
+    ', compared as held at its own precision: it cannot run in float64 (RuntimeError)'
+    """
+    if why is None:
+        why = (f"its float64 copy would pass {MEASURE_BYTES / 2**30:.3g} GiB" if _too_large(model)
+               else "it cannot be copied in float64")
+    return f", compared as held at its own precision: {why}"
+
+
+def _too_large(model: Any) -> bool:
+    """Whether ``model``'s float64 copy (parameters and buffers) would pass :data:`MEASURE_BYTES`."""
+    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    return n * 8 > MEASURE_BYTES
 
 
 def relative(a: Tensor, b: Tensor) -> float:

@@ -647,6 +647,21 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
     assert code == 2 and out == "" and "the converted model's logits differ from the source's" in err
 
 
+def test_a_half_precision_folder_too_large_to_copy_says_so_on_the_source_line(capsys, monkeypatch, llama_dir):
+    """--dtype bfloat16 loads the source in bfloat16; one whose float64 copy would pass MEASURE_BYTES (lowered here) is
+    compared as held, and the report's source line says at what precision."""
+    from numeric_check.conversion import source_check
+
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
+    code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1",
+                             "--dtype", "bfloat16", "--no-progress")
+    assert code in (0, 1), err
+    source = out.splitlines()[1]
+    assert source.startswith("converted from LlamaForCausalLM (Hugging Face, bfloat16, compared as held at its own "
+                             "precision: its float64 copy would pass 9.31e-07 GiB): logits equal to the source within "), source
+    assert float(source.split("(tolerance ")[1].split(")")[0]) > 1e-3, source  # bfloat16's, and the line shows it
+
+
 @pytest.mark.parametrize("name", ["BertForMaskedLM", "T5ForConditionalGeneration", "LlavaForConditionalGeneration",
                                   "Gemma3ForConditionalGeneration"])
 def test_a_folder_that_is_not_a_decoder_is_refused_in_one_short_line_before_its_weights_are_read(capsys, monkeypatch,

@@ -458,14 +458,37 @@ def test_a_half_precision_transformer_lens_model_is_held_to_float64(tampered):
     assert model.W_E.dtype == torch.bfloat16  # the source itself is left as it was
 
 
-def test_a_half_precision_model_too_large_to_copy_says_it_was_compared_as_held(monkeypatch):
+@pytest.mark.parametrize("library", ["hf", "tl"])
+def test_a_half_precision_model_too_large_to_copy_says_it_was_compared_at_its_own_precision(monkeypatch, library):
+    """A source whose float64 copy would pass MEASURE_BYTES (4 GiB; lowered here) is run as held: the tolerance follows
+    its own precision, so a conversion a few per cent off passes, and the line a user reads says so."""
     from numeric_check.conversion import source_check
 
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
-    check = from_hf(llama().to(torch.bfloat16), device="cpu").source_check
-    assert check.source == ("LlamaForCausalLM (Hugging Face, bfloat16, compared as held: its float64 copy would pass "
-                            "9.31e-07 GiB)")
-    assert check.source_rounding is None and check.tolerance > 1e-3  # held to its own precision, and it says so
+    if library == "hf":
+        source, convert = llama(1).to(torch.bfloat16), from_hf
+        mlp, name = source.model.layers[0].mlp, "LlamaForCausalLM (Hugging Face, bfloat16"
+    else:
+        source = hooked(1, positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS").to(torch.bfloat16)
+        convert, mlp, name = from_transformer_lens, source.blocks[0].mlp, "HookedTransformer (TransformerLens, bfloat16"
+    check = convert(source, device="cpu").source_check
+    assert check.source == f"{name}, compared as held at its own precision: its float64 copy would pass 9.31e-07 GiB)"
+    assert check.describe().startswith(f"converted from {check.source}: logits equal to the source within ")
+    assert check.source_rounding is None and check.tolerance > 1e-3 and check.rel_diff <= check.tolerance
+    mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+    assert convert(source, device="cpu").source_check.tolerance > 1e-3  # 1 % off is not seen at bfloat16's precision
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 4 * 2**30)  # the control: copied, it is held to float64's
+    with pytest.raises(SourceMismatch, match=r", run as a float64 copy\)\) by "):
+        convert(source, device="cpu")
+
+
+def test_a_half_precision_model_that_cannot_be_copied_says_why(monkeypatch):
+    from numeric_check.conversion import hf
+
+    monkeypatch.setattr(hf, "float64_copy", lambda model: None)
+    check = from_hf(llama().to(torch.float16), device="cpu").source_check
+    assert check.source == ("LlamaForCausalLM (Hugging Face, float16, compared as held at its own precision: it cannot be "
+                            "copied in float64)")
 
 
 @pytest.mark.parametrize("model_type, key", [("gpt2", "layer_norm_epsilon"), ("gpt_neox", "layer_norm_eps"),
