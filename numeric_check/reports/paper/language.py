@@ -39,10 +39,12 @@ from numeric_check.reports.findings import COPYING
 from numeric_check.training.text import CheckpointTokenizer
 from numeric_check.training.toy import training_record_for
 
-#: The paper's own numbers (the slides' tables): term importance by order, and by layer.
+#: The paper's own numbers (the slides' tables): term importance by order, and by layer — each layer's heads
+#: relative to the direct path alone and to the direct path with the other layer's heads (its "added last").
 PAPER_ORDERS = {"direct path": -1.8, "individual heads": -5.2, "virtual heads": -0.3}
 PAPER_LAYERS = {("layer 1", "added to the direct path"): -1.3, ("layer 1", "added last"): -0.05,
-                ("layer 2", "added last"): -4.0, ("both layers", "added to the direct path"): -5.2}
+                ("layer 2", "added to the direct path"): -5.2, ("layer 2", "added last"): -4.0,
+                ("both layers", "added to the direct path"): -5.2}
 PAPER_COPYING = (10, 12)  # heads of the one-layer model with mostly positive OV eigenvalues
 #: Sequences of the held-out text measured on, and their length; term importance's shuffled control takes fewer.
 N_SEQUENCES, N_CTX, N_SHUFFLED = 32, 128, 16

@@ -273,7 +273,8 @@ def _importance_tables(m: LanguageMeasurements) -> list[Table]:
                         "and added last (to every other term)", ("heads", "added", "ours", "the paper"),
                         tuple(layer_rows), (2, 3),
                         "The paper's second-layer heads do most of the work; the first layer's matter through the "
-                        "second layer (K-composition), not on their own."))
+                        "second layer (K-composition), not on their own. The paper adds a layer last to the direct path "
+                        "and the other layer's heads; ours adds it to every other term, the virtual heads too."))
     return tables
 
 
