@@ -266,6 +266,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         settlement = Settlement(ev, space, results, (s.atol, s.rtol, scale), exact)
         checker = GroupedIsolation(grouped, maps, settlement, chunk_bytes // PASS_FRACTION) if isolation else None
         units, singles, omitted_groups = _grouped_share(plan, omitted_plan, checker, shard)
+        # the largest term matters only when its sum may cancel (see _logit_checks): below half of that, a bound will do
+        enough = CANCELLING * scale / (2 * space.product.column_norm) if space.product.column_norm > 0 else 0.0
         mine = np.concatenate([np.arange(g.start + c.start * g.counts[-1], g.start + c.stop * g.counts[-1])
                                for family, c in units for g in family] + [np.array(sorted(singles), dtype=np.int64)])
         total = len(mine)
@@ -275,7 +277,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         for family, copies in units:
             for group in family:  # the groups of one prefix group, a pass of its copies at a time: each runs once
                 for first, y in grouped.values(group, copies):
-                    spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results))
+                    spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results, enough))
                     if checker is not None:  # check 2 of the chunk's rows, against the pass's copies
                         t0 = time.perf_counter()
                         checker.check(group, first, y)
@@ -353,22 +355,28 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: TermT
 
 
 def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor,
-              total: GroupSum, results: TermTable | None) -> float:
+              total: GroupSum, results: TermTable | None, enough: float = math.inf) -> float:
     """Rows of a group (:meth:`GroupEvaluator.values`) added to ``total``, their norms given to ``results``
-    (when given), from the Gram matrices of each last head's remaining multipliers; returns the largest
-    row of any of them before the unembedding."""
+    (when given), from each term's Gram matrix ``Yᵀ Y`` against its last head's kernel; returns the largest
+    row of any of them before the unembedding, or a bound on it when that bound is at most ``enough`` (each
+    row's norm times its head's ``‖W_O‖``: the exact figure matters only when it is large)."""
     layer = group.layers[-1]
-    full, inner = grouped.kernels(layer, ev)  # [H, e, e] each
+    full, inner, top = grouped.kernels(layer, ev)  # [H, e, e], [H, e, e], [H]
     rows = y.view(-1, full.shape[0], *y.shape[1:])  # [m, H, b, pos, e]: rows come in runs of the last layer's heads
     total.add(layer, rows.sum(0))  # each head's rows summed: W_O once per layer at the end
     if results is None:
         return 0.0
     m, H, b, p, e = rows.shape
-    by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)  # each head's rows, one product per head for both kernels
-    both = ((by_head @ torch.cat([full, inner], -1)).view(H, -1, 2, e) * by_head[:, :, None]).sum(-1)  # [H, m·b·p, 2]
-    squared = both[..., 0].view(H, m, b * p).sum(-1).T  # [m, H]
+    per_term = rows.reshape(m * H, b * p, e)
+    gram = per_term.transpose(1, 2) @ per_term  # [m·H, e, e]: Σ_p y_p K y_pᵀ = Σ K ⊙ Yᵀ Y
+    squared = (gram.view(m, H, e * e) * full.reshape(1, H, e * e)).sum(-1)  # [m, H]
     results.norm[first:first + m * H] = squared.clamp_min(0).sqrt().flatten().double().cpu().numpy()
-    return max(float(both[..., 1].max()), 0.0) ** 0.5
+    row_norms = torch.linalg.vector_norm(per_term, dim=-1).view(m, H, b * p).amax((0, 2))  # [H]
+    bound = float((row_norms.pow(2) * top).max()) ** 0.5
+    if bound <= enough:
+        return bound
+    by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)
+    return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,

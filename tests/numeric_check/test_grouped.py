@@ -200,3 +200,23 @@ def test_the_paths_of_a_plan_are_the_expansion_s_in_its_order(name, max_order):
     assert paths[-1] == expected[-1] and paths[1:4] == expected[1:4]
     with pytest.raises(IndexError):
         paths[len(expected)]
+
+
+def test_heads_whose_terms_cancel_give_the_same_largest_term_either_way(monkeypatch):
+    """Two heads of one pattern whose outputs nearly cancel: their terms are far larger than the logits, so
+    check 1 is judged at the largest term's scale, which the grouped rows must give exactly (a bound on it
+    suffices only while it is small), as the trie does."""
+    model = _model(Architecture(1, 2))
+    with torch.no_grad():
+        attn = model.blocks[0].attn
+        for W in (attn.W_Q, attn.W_K, attn.W_V):
+            W[1] = W[0]
+        attn.W_O[0] *= 1e7
+        attn.W_O[1] = -attn.W_O[0] * (1 - 1e-9)
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    grouped = verify_logits(model, tokens, device="cpu")
+    _trie_only(monkeypatch)
+    trie = verify_logits(model, tokens, device="cpu")
+    assert "the terms cancel" in grouped.check("sum").detail
+    assert grouped.check("sum").detail == trie.check("sum").detail
+    assert grouped.passed and trie.passed
