@@ -409,6 +409,7 @@ class Induction:
     attention: dict[int, float]
     examples: tuple[tuple[str, str, str], ...] = field(default=())
     control: str = "the one-layer model (same text, width and tokens)"
+    control_attention: dict[int, float] = field(default_factory=dict)  # the control's last layer, the same way
 
 
 def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *, length: int = 48,
@@ -425,16 +426,23 @@ def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *,
 
     first, second = copy_losses(model)
     c_first, c_second = copy_losses(control)
-    name = block_hook(1, "attn.hook_pattern")
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens.to(model.device), names_filter=name)
-    pattern = cache[name].double().cpu()  # [batch, head, query, key]
     queries = torch.arange(length, 2 * length - 1)
-    attention = {h: float(pattern[:, h, queries, queries - length + 1].mean()) for h in range(pattern.shape[1])}
+
+    def to_next(m: CircuitModel, layer: int):
+        """Each head of ``layer``: its mean attention from the second copy to the token after the earlier occurrence."""
+        name = block_hook(layer, "attn.hook_pattern")
+        with torch.no_grad():
+            logits, cache = m.run_with_cache(tokens.to(m.device), names_filter=name)
+        pattern = cache[name].double().cpu()  # [batch, head, query, key]
+        return logits, {h: float(pattern[:, h, queries, queries - length + 1].mean()) for h in range(pattern.shape[1])}
+
+    logits, attention = to_next(model, 1)
+    _, control_attention = to_next(control, control.arch.n_layers - 1)
     predicted = logits[0].argmax(-1).cpu()
     examples = tuple((data.show(tokens[0, length:p + 1])[-40:], data.token(predicted[p]), data.token(tokens[0, p + 1]))
                      for p in range(length, 2 * length - 1, max(1, length // 6)))
-    return Induction(data.show(seqs[0]), length, first, second, c_first, c_second, attention, examples)
+    return Induction(data.show(seqs[0]), length, first, second, c_first, c_second, attention, examples,
+                     control_attention=control_attention)
 
 
 # --- all of it ----------------------------------------------------------------------------------------

@@ -166,6 +166,7 @@ def term_importance_language(m: LanguageMeasurements) -> PaperFinding:
 def induction_language(m: LanguageMeasurements) -> PaperFinding:
     ind = m.induction
     head, best = max(ind.attention.items(), key=lambda kv: kv[1])
+    c_head, c_best = max(ind.control_attention.items(), key=lambda kv: kv[1], default=(0, float("nan")))
     loss = Part(
         "on a repeated passage of the held-out text, the loss on the second copy is at most half the first copy's",
         f"two-layer model: first copy {ind.first:.2f} nats, second {ind.second:.2f}",
@@ -176,8 +177,9 @@ def induction_language(m: LanguageMeasurements) -> PaperFinding:
         "a second-layer head attends at least 0.4 on average from the second copy to the token after the earlier occurrence",
         f"{label(1, head)} {best:.2f}",
         best >= 0.4,
-        f"{ind.control} cannot: no head of its has the previous token to match on",
-        False)
+        (f"{ind.control}: its best head {label(0, c_head)} {c_best:.2f}" if ind.control_attention else
+         f"{ind.control}: not measured"),
+        c_best >= 0.4)
     note = "" if best >= 0.4 else (
         "No second-layer head attends to the token after the earlier occurrence: induction heads did not form within "
         f"this model's training ({_tokens_seen(m)}). The paper's two-layer models formed them; in the toy models of the "
