@@ -110,10 +110,10 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
 
     def runner(source: Any):
         def run(tokens: Tensor):
-            with as_it_runs_in_float64(source, family):
+            with as_it_runs_in_float64(source, family), block_inputs(source, len(ours.blocks)) as seen:
                 out = source(input_ids=tokens.to(device), output_hidden_states=True)
             streams = getattr(out, "hidden_states", None)
-            return out.logits, list(streams[:-1]) if streams else None
+            return out.logits, seen or (list(streams[:-1]) if streams else None)
         return run
 
     def suspects() -> list[str]:
@@ -165,6 +165,30 @@ def as_it_runs_in_float64(source: Any, family: Any):
         torch.set_default_dtype(default)
         if eager:
             config._experts_implementation = experts
+
+
+@contextmanager
+def block_inputs(source: Any, n_layers: int):
+    """Within the block, the list it yields fills with the residual stream at the input of each of ``source``'s
+    ``n_layers`` blocks as each block receives it: after any hook a user put on the block before (Hugging Face's
+    ``hidden_states`` are recorded inside each block's ``forward``, before those hooks act). Left empty where the
+    blocks are not found (a first ``ModuleList`` of ``n_layers`` layers or blocks) or one's input is not a tensor."""
+    layers = next((list(m) for m in source.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers
+                   and all(any(w in type(b).__name__ for w in ("Layer", "Block")) for b in m)), [])
+    seen: list[Tensor] = []
+
+    def record(module: Any, args: tuple, kwargs: dict) -> None:
+        stream = args[0] if args else kwargs.get("hidden_states")
+        seen.append(stream.detach() if isinstance(stream, Tensor) else None)
+
+    handles = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(seen) != n_layers or any(s is None for s in seen):
+        seen.clear()
 
 
 def _tables_made_again(copied: Any) -> Any:

@@ -242,6 +242,21 @@ def test_a_forward_replaced_on_an_instance_is_caught_and_named():
         from_hf(hf, device="cpu")
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "falcon"])
+def test_a_hook_on_a_whole_block_is_located_at_the_block_it_changes(model_type):
+    """Hugging Face records its hidden states inside each block's forward, before a hook on the block acts: the
+    streams are read as the next block receives them, so the parting is named at block 1, not past every block."""
+    from tests.hf_zoo import build
+
+    hf = build(model_type, 1)
+    block = hf.model.layers[0] if model_type == "llama" else hf.transformer.h[0]
+    block.register_forward_hook(lambda module, inputs, output: (output[0] * 1.01, *output[1:])
+                                if isinstance(output, tuple) else output * 1.01)
+    with pytest.raises(SourceMismatch, match=r"the residual streams agree at the input of block 0 and part at the input "
+                                             r"of block 1 \(0.0099 of their largest entry\)"):
+        from_hf(hf, device="cpu")
+
+
 def test_a_transformer_lens_model_patched_after_it_was_built_is_caught_and_named():
     model = hooked()
     model.blocks[1].ln2.eps = 0.5  # TransformerLens reads the attribute; the adapter reads the config
