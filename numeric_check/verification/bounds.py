@@ -191,7 +191,8 @@ class MaxAbsProduct:
 
     def _finite(self, rows: list[Tensor]) -> bool:
         if self._blocks_finite is None:
-            self._blocks_finite = all(math.isfinite(max_abs(b)) for b in self.blocks)
+            make = lambda: all(math.isfinite(max_abs(b)) for b in self.blocks)  # noqa: E731
+            self._blocks_finite = make() if self.constants is None else self.constants.get("finite", make)
         return self._blocks_finite and all(math.isfinite(max_abs(r)) for r in rows)
 
     def _screened(self, X: Tensor) -> tuple[Tensor, Tensor]:

@@ -2,9 +2,10 @@
 
 Two quantities cost a verification as much as an unembedding of the whole batch, and depend on
 nothing but ``W_U`` (and ``b_U``): the Gram matrix ``W_Uᵀ W_U`` that gives every term's norm, and
-the float32 copy of ``[W_Uᵀ; b_U]`` that screens largest logits
-(:class:`~numeric_check.verification.bounds.MaxAbsProduct`). A person verifies one model on prompt
-after prompt; :class:`UnembedConstants` keeps both with the model's own ``W_U`` parameter (weakly:
+the float32 (or bfloat16) copy of ``[W_Uᵀ; b_U]`` that screens largest logits
+(:class:`~numeric_check.verification.bounds.MaxAbsProduct`, which keeps its column norm and whether it
+is finite here too). A person verifies one model on prompt
+after prompt; :class:`UnembedConstants` keeps them with the model's own ``W_U`` parameter (weakly:
 they go when it goes), for the dtype and device they were made in, and makes them again when
 ``W_U`` or ``b_U`` has changed (another tensor, or the same one written in place). A constant
 above ``KEEP_BYTES`` (256 MiB: GPT-2's float32 ``W_U`` is 154 MB, Llama 3's would be 2 GiB) is

@@ -123,8 +123,9 @@ def _grouped_form(binder: Binder) -> bool:
 
 
 class _Layer(NamedTuple):
-    """One layer's heads, stacked: ``W_V [H, e, d]``, ``W_O [H, d, e]``, patterns ``A [H, b, pos, pos]``,
-    the diagonal scales before (``N``) and after (``post``) attention ``[b, pos]`` or ``None``, and each
+    """One layer's heads, stacked: ``W_V [H, e, d]``, ``W_O [H, d, e]``, patterns ``A [H, b, pos, pos]`` with
+    the diagonal scales before (``N``) and after (``post``) attention folded in (``post · A · N``; each
+    ``[b, pos]`` or ``None``, kept too), and each
     head's remaining factor reference (``W_O^{h}ᵀ``: a term's ``left`` begins with it)."""
 
     W_V: Tensor
@@ -167,6 +168,10 @@ class GroupEvaluator:
             A = torch.stack([b.position(head_atom("A", layer, h)).value for h in heads])
             N = b.position(ln_scale(layer)).value if arch.pre_norm else None
             post = b.position(post_scale(layer)).value if arch.post_norm else None
+            if N is not None:  # the diagonal scales folded into the patterns: post · A · N, one product a row
+                A = A * N[None, :, None, :]
+            if post is not None:
+                A = post[None, :, :, None] * A
             W_O_rows = W_O.transpose(1, 2).reshape(-1, W_O.shape[1]).contiguous()
             self._layers[layer] = _Layer(W_V, W_O, W_O_rows, A, N, post, [(a, 0, True) for a in atoms])
         return self._layers[layer]
@@ -221,7 +226,6 @@ class GroupEvaluator:
         if layer not in kept:
             S = self.source_stream(group.entry)
             first = self.layer(layer)
-            S = S if first.N is None else first.N[..., None] * S
             b, p, d = S.shape
             H, e = first.W_V.shape[:2]
             y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
@@ -249,16 +253,13 @@ class GroupEvaluator:
             n, b, p = part.shape[:3]
             heads = torch.arange(row0 + r, row0 + r + n, device=y.device) % n_prev
             nxt = (part.reshape(n, b * p, e) @ M[heads]).view(n, b, p, n_here, e).permute(0, 3, 1, 2, 4)
-            if here.N is not None:
-                nxt = here.N[..., None] * nxt
             nxt = self._position_side(here, nxt).flatten(0, 1)
             yield from self._deeper(group, depth + 1, nxt, (row0 + r) * n_here, copies)
 
     @staticmethod
     def _position_side(layer: _Layer, y: Tensor) -> Tensor:
-        """``post · A^{h} · y`` for rows ``y`` ``[n, H, b, pos, e]`` (the layer's ``N`` already applied)."""
-        y = layer.A @ y  # [H, b, pos, pos] broadcast over the rows
-        return y if layer.post is None else layer.post[..., None] * y
+        """``post · A^{h} · N · y`` for rows ``y`` ``[n, H, b, pos, e]`` (the scales folded into ``A``)."""
+        return layer.A @ y  # [H, b, pos, pos] broadcast over the rows
 
     # -- what the verification needs of each chunk ------------------------------------------------
     def kernels(self, layer: int, ev) -> tuple[Tensor, Tensor, Tensor]:
