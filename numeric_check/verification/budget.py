@@ -26,6 +26,8 @@ It is an estimate, good to a factor of about two (or over, as above): enough to 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from derivations.architecture import Architecture
@@ -33,6 +35,14 @@ from derivations.paths import LogitExpansion
 from derivations.qk import QKExpansion
 from numeric_check.errors import VerifyError
 from numeric_check.model.config import resolve_dtype
+
+# the choice of evaluation (choose_path), fitted to benchmarks/bench_paths.py (float64, every check, one CPU thread,
+# 2026-11-29, load 5-6): trie / grouped CPU time 1.27 wide and shallow at order 2 (338 terms, 26 passes, 6.3 M a
+# term), 6.1 narrow and deep at order 3, 2.1 with 32 heads at order 2; 0.55 with 2 heads a layer at every order
+# (162 terms, 16 passes), 0.25 with one head a layer (512 terms, 256 passes): a term per pass costs the trie about
+# as much as 1/32 of the grouped path's pass, and a term's product of 1 M entries as much again
+TRIE_TERMS_PER_PASS = 32
+TRIE_WORK_SCALE = 1 << 20
 
 # device type -> (overhead s per term at order 2, float32; the same in float64; product flop/s float32; float64)
 COSTS = {"cpu": (55e-6, 95e-6, 80e9, 40e9), "cuda": (110e-6, 110e-6, 20e12, 10e12)}
@@ -50,6 +60,35 @@ def estimate_seconds(n_terms: int, batch: int, pos: int, d_model: int, d_head: i
     rate = (rate64 if wide else rate32) * (max(1, threads or torch.get_num_threads()) if kind != "cuda" else 1)
     per_term = overhead + 2 * batch * pos * d_model * d_head / rate
     return n_terms * per_term / max(1, ranks)
+
+
+class PathChoice(NamedTuple):
+    """How :func:`~numeric_check.verification.verify.verify_logits` evaluates a logits expansion: ``"grouped"``
+    (:mod:`~numeric_check.verification.grouped`, check 2 by passes over prefix groups) or ``"trie"`` (the shared
+    prefix trie, check 2 by batched isolation passes), and why."""
+
+    path: str
+    reason: str
+
+
+def choose_path(n_terms: int, passes: int | None, work: int) -> PathChoice:
+    """The cheaper evaluation of ``n_terms`` terms: ``passes``, the model passes check 2 of the grouped path
+    makes over prefix groups (``None``: no check 2, whose passes are what the grouped path pays for), ``work``
+    a term's narrowest product (positions x d_model x d_head). The grouped path costs about a pass's overhead
+    per pass, the trie about a term's (more as a term's product grows): the trie when
+    ``n_terms · (1 + work / TRIE_WORK_SCALE) < TRIE_TERMS_PER_PASS · passes`` (see :data:`TRIE_TERMS_PER_PASS`).
+
+    >>> choose_path(512, 256, 131_072).path, choose_path(338, 26, 6_291_456).path
+    ('trie', 'grouped')
+    """
+    if not passes:
+        return PathChoice("grouped", "no pass of check 2 to pay for")
+    weight = n_terms * (1 + work / TRIE_WORK_SCALE) / passes
+    if weight < TRIE_TERMS_PER_PASS:
+        return PathChoice("trie", f"{n_terms:,} terms over {passes:,} passes of check 2 weigh {weight:.1f} a pass, "
+                                  f"under {TRIE_TERMS_PER_PASS}: the shared trie is cheaper")
+    return PathChoice("grouped", f"{n_terms:,} terms over {passes:,} passes of check 2 weigh {weight:.1f} a pass, "
+                                 f"at least {TRIE_TERMS_PER_PASS}: the grouped passes are cheaper")
 
 
 def counts_by_order(arch: Architecture, max_order: int | None, qk: tuple[int, int] | None = None) -> dict[int, int]:

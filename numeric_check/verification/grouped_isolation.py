@@ -90,6 +90,16 @@ class PrefixPasses:
         starts at a multiple of it): those its budget holds."""
         return max(1, self.budget // self._per_copy(len(self._later(entry, prefix))))
 
+    def count(self, groups) -> int:
+        """How many passes check 2 makes at the last depth of ``groups`` (:class:`PathGroup`): each prefix group
+        once, in chunks of :meth:`copies_per_pass` copies."""
+        passes: dict[tuple, int] = {}
+        for g in groups:
+            key = (g.source, g.layers[:-1])
+            if key not in passes:
+                passes[key] = -(-math.prod(g.counts[:-1]) // self.copies_per_pass(g.entry, g.layers[:-1]))
+        return sum(passes.values())
+
     def _later(self, entry: StreamEntry, prefix: tuple[int, ...]) -> list[int]:
         """The layers with heads after ``prefix`` (after the source's entry when it is empty): where a pass reads ``z``."""
         arch = self.model.arch

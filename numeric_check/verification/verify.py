@@ -40,6 +40,7 @@ the model computes).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from itertools import groupby
@@ -58,7 +59,8 @@ from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
 from numeric_check.verification.evaluate_qk import QKEvaluator
 from numeric_check.verification.grouped import GroupEvaluator, GroupSum, PathGroup, plan_groups, plan_paths
-from numeric_check.verification.grouped_isolation import GroupedIsolation
+from numeric_check.verification.budget import PathChoice, choose_path
+from numeric_check.verification.grouped_isolation import GroupedIsolation, PrefixPasses
 from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.isolate import graded_final, graded_qk, isolate_qk
 from numeric_check.verification.distributed import Shard, qk_prefix
@@ -69,6 +71,7 @@ from numeric_check.verification.shared import (  # noqa: F401 - chunk_for, defau
     _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES,
 )
 
+LOG = logging.getLogger(__name__)
 FULL_LIMIT = 100_000  # the most terms evaluated for check 1 when a truncated expansion omits some
 CANCELLING = 64  # terms this many times larger than the logits or scores: their sum cancels
 HELD_FRACTION = 4  # a flush when the pending terms' values hold this fraction of the chunk
@@ -187,6 +190,14 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     # terms through heads a group at a time, batched (grouped), their paths made without their terms; a
     # model whose atoms are not of that form evaluates every term through the shared trie
     plan = plan_groups(s.binder, expansion)
+    if plan is None:
+        choice = PathChoice("trie", "the model's atoms are not of the grouped form")
+    else:  # the cheaper path by the work (see budget.choose_path)
+        cfg, n = s.model.cfg, sum(g.n_terms for g in plan.groups) + len(plan.singles)
+        passes = PrefixPasses(s.model, rec, chunk_bytes // PASS_FRACTION).count(plan.groups) if isolation else None
+        choice = choose_path(n, passes, rec.n_batch * rec.n_pos * cfg.d_model * cfg.d_head)
+        plan = plan if choice.path == "grouped" else None
+    LOG.debug("logits expansion evaluated by the %s path: %s", choice.path, choice.reason)
     if plan is None:
         all_kept: list[PathTerm] = list(expansion)
         paths = [t.path for t in all_kept]

@@ -1,5 +1,6 @@
 """The grouped evaluation (terms through heads batched on the term axis) against the shared trie, term by term."""
 
+import logging
 import math
 from itertools import product
 
@@ -15,6 +16,7 @@ from numeric_check import verify_logits
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.hook_paths import record
 from numeric_check.verification.bind import Binder
+from numeric_check.verification.budget import PathChoice, choose_path
 from numeric_check.verification.evaluate import LogitEvaluator
 from numeric_check.verification.grouped import GroupEvaluator, group_values, plan_groups
 from numeric_check.verification.grouped_isolation import PrefixPasses
@@ -40,11 +42,16 @@ def _trie_only(monkeypatch):
     monkeypatch.setattr(verify_module, "plan_groups", lambda *a, **k: None)
 
 
+def _grouped_only(monkeypatch):
+    monkeypatch.setattr(verify_module, "choose_path", lambda *a: PathChoice("grouped", "forced"))
+
+
 @pytest.mark.parametrize("name", sorted(ARCHS))
 @pytest.mark.parametrize("max_order", [1, 2, None])
 def test_the_grouped_report_is_the_trie_report_term_by_term(monkeypatch, name, max_order):
     model = _model(ARCHS[name])
     tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])  # two sequences: a batch axis that must not mix
+    _grouped_only(monkeypatch)
     grouped = verify_logits(model, tokens, max_order=max_order, device="cpu", exact_errors=True)
     _trie_only(monkeypatch)
     trie = verify_logits(model, tokens, max_order=max_order, device="cpu", exact_errors=True)
@@ -67,7 +74,9 @@ def test_either_path_gives_the_same_report_whatever_the_architecture_and_order(a
     max_order = None if max_order is None else min(max_order, arch.n_layers)
     model = CircuitModel.random(arch, d_model=6, d_head=3, d_vocab=7, n_ctx=5, seed=seed, dtype=torch.float64, device="cpu")
     tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 1]])
-    grouped = verify_logits(model, tokens, max_order=max_order, device="cpu", chunk_bytes=chunk)
+    with pytest.MonkeyPatch.context() as patch:
+        _grouped_only(patch)
+        grouped = verify_logits(model, tokens, max_order=max_order, device="cpu", chunk_bytes=chunk)
     with pytest.MonkeyPatch.context() as patch:
         _trie_only(patch)
         trie = verify_logits(model, tokens, max_order=max_order, device="cpu", chunk_bytes=chunk)
@@ -113,6 +122,7 @@ def test_rows_compared_in_full_a_few_at_a_time_give_the_same_errors(monkeypatch)
     from numeric_check.verification import grouped_isolation
 
     model, tokens = _model(ARCHS["layer norm, MLPs, biases"]), torch.tensor([[1, 2, 3, 4, 5]])
+    _grouped_only(monkeypatch)
     together = verify_logits(model, tokens, max_order=2, device="cpu", exact_errors=True)
     monkeypatch.setattr(grouped_isolation, "GROUP_BYTES", 1)
     alone = verify_logits(model, tokens, max_order=2, device="cpu", exact_errors=True)
@@ -138,6 +148,7 @@ def test_a_wrong_term_is_caught_by_check_2_in_the_grouped_evaluation(monkeypatch
         return got
 
     monkeypatch.setattr(grouped_module.GroupEvaluator, "layer", wrong)
+    _grouped_only(monkeypatch)
     report = verify_logits(model, torch.tensor([[1, 2, 3, 4, 5]]), max_order=2, device="cpu")
     failed = {t.label for t in report.terms if not t.passed}
     assert failed and all("L1H2" in label for label in failed)
@@ -214,9 +225,36 @@ def test_heads_whose_terms_cancel_give_the_same_largest_term_either_way(monkeypa
         attn.W_O[0] *= 1e7
         attn.W_O[1] = -attn.W_O[0] * (1 - 1e-9)
     tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    _grouped_only(monkeypatch)
     grouped = verify_logits(model, tokens, device="cpu")
     _trie_only(monkeypatch)
     trie = verify_logits(model, tokens, device="cpu")
     assert "the terms cancel" in grouped.check("sum").detail
     assert grouped.check("sum").detail == trie.check("sum").detail
     assert grouped.passed and trie.passed
+
+
+def _chosen(caplog, model, tokens, **kw) -> str:
+    with caplog.at_level(logging.DEBUG, logger=verify_module.__name__):
+        caplog.clear()
+        verify_logits(model, tokens, device="cpu", **kw)
+    (message,) = [r.getMessage() for r in caplog.records if "evaluated by" in r.getMessage()]
+    return message
+
+
+def test_each_path_is_chosen_where_the_cost_model_puts_it(caplog):
+    """One head a layer: a pass of check 2 per prefix, a term or two each (the trie); many heads: many terms a
+    pass (the grouped passes); no check 2: nothing for the grouped path to pay for; the reason is logged."""
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    deep = _model(Architecture(5, 1, layer_norm=True))
+    assert "by the trie path" in _chosen(caplog, deep, tokens) and "under 32" in _chosen(caplog, deep, tokens)
+    assert "by the grouped path: no pass of check 2" in _chosen(caplog, deep, tokens, isolation=False)
+    wide = _model(Architecture(2, 24, layer_norm=True))
+    assert "by the grouped path" in _chosen(caplog, wide, tokens, max_order=2)
+
+
+def test_the_cost_model_weighs_terms_per_pass_and_their_products():
+    assert choose_path(160, 4, 0).path == "grouped"  # 40 terms a pass
+    assert choose_path(100, 4, 0).path == "trie"  # 25 a pass
+    assert choose_path(100, 4, 1 << 20).path == "grouped"  # twice that, for their products
+    assert choose_path(10, None, 0).path == choose_path(10, 0, 0).path == "grouped"

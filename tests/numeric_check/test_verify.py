@@ -22,6 +22,7 @@ from derivations.qk import expand_qk
 from numeric_check.errors import DeviceError, ModelInputError, WeightError
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.bind import Binder
+from numeric_check.verification.budget import PathChoice
 from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.verification.verify import verify_logits, verify_qk
 from tests.conftest import FAST
@@ -121,6 +122,7 @@ def test_one_wrong_term_fails_check_1_in_logit_space(monkeypatch, engine):
                 yield first, y
 
         monkeypatch.setattr(verify_module.GroupEvaluator, "values", values)
+        monkeypatch.setattr(verify_module, "choose_path", lambda *a: PathChoice("grouped", "forced"))  # (a small model)
     report = verify_logits(small_model(), TOKENS, exact_errors=False)
     assert report.check("sum").passed is False and report.check("sum").max_abs_error > 1e-9 * report.scale
     bad = next(t for t in report.terms if t.label == label)
@@ -145,6 +147,7 @@ def test_a_wrong_isolation_fails_check_2(monkeypatch, exact, where):
         run = grouped_isolation.PrefixPasses._run
         monkeypatch.setattr(grouped_isolation.PrefixPasses, "_run",
                             lambda *args: {layer: z + 1e-3 for layer, z in run(*args).items()})
+        monkeypatch.setattr(verify_module, "choose_path", lambda *a: PathChoice("grouped", "forced"))  # (a small model)
         report = verify_logits(small_model(), TOKENS, exact_errors=exact)
         assert report.check("sum").passed and report.check("isolation").passed is False
         assert {t.label for t in report.terms if not t.passed} == {t.label for t in report.terms if t.order}

@@ -10,7 +10,7 @@ from derivations.architecture import Architecture
 from derivations.paths import expand_logits
 from numeric_check.errors import VerifyError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.verification.budget import estimate_seconds, refuse_long
+from numeric_check.verification.budget import PathChoice, estimate_seconds, refuse_long
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES
 from numeric_check.verification.verify import MIN_CHUNK_BYTES, chunk_for, verify_logits, verify_qk
 from tests.fake_cuda import fake_cuda
@@ -53,6 +53,7 @@ def test_out_of_memory_in_the_middle_shrinks_the_chunk_and_goes_on(monkeypatch):
 def test_out_of_memory_in_a_pass_of_grouped_check_2_shrinks_the_chunk_and_goes_on(monkeypatch):
     from numeric_check.verification import grouped_isolation
 
+    monkeypatch.setattr(verify_module, "choose_path", lambda *a: PathChoice("grouped", "forced"))  # (a small model)
     expected = verify_logits(_model(), TOKENS, max_order=2)
     run, budgets = grouped_isolation.PrefixPasses._run, []
 
@@ -154,6 +155,7 @@ def test_check_2_passes_hold_at_most_the_copies_their_chunk_allows(monkeypatch):
         made.append(self)
 
     monkeypatch.setattr(grouped_isolation.PrefixPasses, "__init__", keep)
+    monkeypatch.setattr(verify_module, "choose_path", lambda *a: PathChoice("grouped", "forced"))  # (a small model)
     expected = verify_logits(model, TOKENS, max_order=3)
     deepest = {(t.path.source, t.path.heads[:-1]) for t in expand_logits(model.arch, 3) if t.order == 3}
     assert sum(n for depth, n in made[-1].sizes if depth == 2) == len(deepest) == 9
