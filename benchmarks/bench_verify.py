@@ -10,7 +10,7 @@ for each of two sources, tokens and positions). Printed, in one run:
 2. ``verify_logits``: checks 1-3 on every term (check 2 certified by rigorous bounds), with
    every term's norm, as a multiple of (1): (2a) in float64, the default (errors near 1e-15,
    tolerance 1e-9), and (2b) in float32, ``run_with_cache``'s dtype (tolerance 1e-4), both the
-   median of calls after the first (what a second prompt costs: ``W_U``'s Gram matrix and float32
+   median of calls after the first (what a second prompt costs: ``W_U``'s Gram matrix and screen
    copy are kept with the model) and the first call, against the targets (CPU time: float32 at most 1.5x
    and float64 at most 3x ``run_with_cache``, printed as met or not); then
    checks 1 and 3 alone (``isolation=False``) in float64, and ``verify_qk`` of one layer-1
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         print(f"2{'ab'[dtype == torch.float32]}. verify_logits, checks 1-3, every term, {name}:"
               f"{wall:8.3f} s wall {cpu:7.3f} s cpu = {wall / tl_wall:.2f}x run_with_cache (wall), "
               f"{cpu / tl_cpu:.2f}x (cpu)   [target <= {target:g}x in CPU time: {'met' if cpu / tl_cpu <= target else 'NOT met'}]")
-        print(f"    first call on the model (it makes W_U's Gram matrix and float32 copy, then kept): "
+        print(f"    first call on the model (it makes W_U's Gram matrix and screen copy, then kept): "
               f"{first[0][0]:.3f} s wall {first[0][1]:.3f} s cpu = {first[0][0] / tl_wall:.2f}x (wall), "
               f"{first[0][1] / tl_cpu:.2f}x (cpu)")
         print(f"    {len(report.terms)} terms, {'passed' if report.passed else 'FAILED'}: sum relative error "

@@ -22,8 +22,9 @@ product (:data:`BF16_MIN_WORK`) is screened in bfloat16 instead, entry by entry:
 bfloat16 (``u = 2⁻⁸``), products accumulated in float32 and rounded to bfloat16 are within
 ``δ = 2 (3u + 4u² + 3γ_{k+2}) ‖x‖ ‖f‖`` (plus underflow) of the exact ones; the rows that can hold
 the maximum are multiplied again (in the chunks of columns that can hold it) and only their entries
-within ``2δ`` of the best lower bound are computed in float64, one dot product each, which gives the float64 maximum of float32 inputs too.
-Where that leaves too many entries (:data:`BF16_ENTRY_SHARE`), the float32 screen runs as above.
+within ``2δ`` of the best lower bound are computed in float64, one dot product each (which gives float32
+inputs their product's float64 maximum too). Where that leaves too many entries
+(:data:`BF16_ENTRY_SHARE`), the float32 screen runs as above.
 
 >>> W = torch.randn(1000, 16, dtype=torch.float64)
 >>> x = torch.randn(3, 5, 16, dtype=torch.float64)
@@ -57,7 +58,7 @@ class MaxAbsProduct:
 
     ``blocks``: matrices ``[k_i, m]`` (e.g. ``W_Uᵀ`` and ``b_U[None]``); an ``X`` is
     ``[..., Σ k_i]`` and ``X F = Σ_i X[..., block i] F_i``. ``chunk``: columns of ``F`` per
-    step of the float32 screen. ``constants``: where the screen's float32 copy of ``F`` and its column
+    step of a screen. ``constants``: where the screens' float32 and bfloat16 copies of ``F`` and its column
     norm are kept between verifications of one model (``F`` must then be that model's unembedding).
     """
 

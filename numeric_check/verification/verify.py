@@ -124,10 +124,11 @@ def verify_logits(
     Every comparison is made before the unembedding, where it is exactly equivalent (the
     logits are ``x W_Uᵀ + c b_U``, linear in what reaches ``W_U``): the model's forward passes
     stop at ``ln_final``'s output, and only the differences are unembedded, for their largest
-    entries (:class:`~numeric_check.verification.bounds.MaxAbsProduct`: float64 figures from a float32
-    screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (in ``dtype``); it and the screen's float32
+    entries (:class:`~numeric_check.verification.bounds.MaxAbsProduct`: float64 figures from a bfloat16 or
+    float32 screen). Term norms come from the Gram matrix ``W_Uᵀ W_U`` (in ``dtype``); it and the screen's
     ``W_U`` are kept with ``model`` for its next verification while ``W_U`` and ``b_U`` are unchanged
-    (:mod:`~numeric_check.verification.constants`).
+    (:mod:`~numeric_check.verification.constants`). Terms through heads are evaluated by groups or through the
+    shared prefix trie, whichever :func:`~numeric_check.verification.budget.choose_path` finds cheaper (logged).
 
     ``isolation=False`` skips check 2 (a batched forward pass of the model per chunk of
     terms, patterns frozen so that queries and keys are never computed). ``chunk_bytes``: the
@@ -187,8 +188,8 @@ def _exact_by_default(rec: Recording, model: CircuitModel, n_terms: int) -> bool
 def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool, progress, chunk_bytes: int,
                    exact_errors: bool | None, shard: Shard | None = None) -> VerifyReport:
     arch, rec = s.model.arch, s.rec
-    # terms through heads a group at a time, batched (grouped), their paths made without their terms; a
-    # model whose atoms are not of that form evaluates every term through the shared trie
+    # terms through heads a group at a time, batched (grouped), their paths made without their terms; a model whose
+    # atoms are not of that form, or whose work the trie does cheaper, evaluates every term through the shared trie
     plan = plan_groups(s.binder, expansion)
     if plan is None:
         choice = PathChoice("trie", "the model's atoms are not of the grouped form")
