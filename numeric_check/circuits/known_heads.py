@@ -232,7 +232,7 @@ def skip_trigram_recall(model, planted: Tensor, *, k: int | None = None) -> Trig
     for a, truth in by_source.items():
         order = triple_scores(model, a).flatten().argsort(descending=True)
         rank_of = torch.empty_like(order)
-        rank_of[order] = torch.arange(len(order))
+        rank_of[order] = torch.arange(len(order), device=order.device)
         for b, c in truth:
             ranks.append(int(rank_of[b * d + c]) + 1)
             found += ranks[-1] <= k

@@ -49,7 +49,8 @@ def skip_trigram_detector(m: Measurements) -> PaperFinding:
     shuffled = planted.reshape(-1, 3).clone()  # each source replaced by a token that is no planted source
     sources = sorted(set(shuffled[:, 0].tolist()))
     others = [t for t in range(d) if t not in sources]
-    shuffled[:, 0] = torch.tensor([others[sources.index(a) % len(others)] for a in shuffled[:, 0].tolist()])
+    shuffled[:, 0] = torch.tensor([others[sources.index(a) % len(others)] for a in shuffled[:, 0].tolist()],
+                                  device=shuffled.device)
     r_top, r_at_k = skip_trigram_recall(random, planted, k=TOP), skip_trigram_recall(model, shuffled, k=per_source)
 
     def recall(r: TrigramRecall) -> str:
