@@ -55,7 +55,8 @@ def why_different(m: LanguageMeasurements) -> str:
     return (f"Why our numbers differ from the paper's: our models are {c['d_model']} wide with {c['n_heads']} heads of "
             f"{c['d_head']} and a byte-level BPE of {c['d_vocab']:,} tokens, trained on {seen / 1e6:.1f} M tokens of one "
             f"book ({', '.join(text['files'])}: {text['train_tokens'] / 1e6:.1f} M tokens, seen {seen / text['train_tokens']:.0f} "
-            f"times); {copies}, so that induction heads can form within an hour of one CPU thread. {paper}Fewer tokens "
+            f"times); {copies}, so that induction heads can form within an hour of one CPU thread. "
+            f"{paper[0].upper() + paper[1:]}Fewer tokens "
             "and a smaller vocabulary leave less for the direct path to learn and for each head to specialise in (many of "
             "our tokens are pieces of words); a repetitive text and copied spans make copying and induction more useful.")
 
