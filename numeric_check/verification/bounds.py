@@ -309,9 +309,9 @@ def bf16_screen_available() -> bool:
         ok = False
         if native:
             k = 776  # 1 + 775 · 2⁻⁹: each 2⁻⁹ is lost to a bfloat16 sum near 1, kept by a float32 one
-            a = torch.full((16, k), 2.0**-9, dtype=torch.bfloat16)
+            a = torch.full((16, k), 2.0**-9, dtype=torch.bfloat16, device="cpu")  # a probe of the CPU itself
             a[:, 0] = 1
-            got = (a @ torch.ones(4096, k, dtype=torch.bfloat16).T).double()
+            got = (a @ torch.ones(4096, k, dtype=torch.bfloat16, device="cpu").T).double()
             exact = 1 + (k - 1) * 2.0**-9
             ok = bool(((got - exact).abs() <= 3 * _U16 * exact).all())
         _BF16.append(ok)
