@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/tcircuits demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile
 
 # the language models' corpus: the King James Bible from Debian's bible-kjv (public domain), one verse a line
 corpus: $(STAMP)
