@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Iterable, Mapping
 
@@ -324,3 +325,10 @@ class bounded(quickly):
         tracemalloc.stop()
         assert peak < self.megabytes * 2**20, f"allocated {peak / 2**20:.0f} MiB, more than {self.megabytes}"
         return super().__exit__(*exc)
+
+
+def terminal_signals() -> None:
+    """A child's ``preexec_fn``: Ctrl-C and hang-up act as on a terminal, whatever the test run inherited (a suite
+    started with ``nohup`` or in the background of a script ignores them, and a child would inherit that)."""
+    for name in ("SIGINT", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)

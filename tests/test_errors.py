@@ -21,6 +21,7 @@ from derivations.errors import DerivationError
 from numeric_check.errors import NumericCheckError
 from tensoralg.errors import TCircuitsError, TensorAlgError
 from tests.conftest import FUZZ
+from tests.helpers import terminal_signals
 from tests.strategies import hostile_environments
 
 ROOTS = {"tensoralg": TensorAlgError, "derivations": DerivationError, "numeric_check": NumericCheckError}
@@ -203,7 +204,7 @@ def test_a_stopping_signal_ends_the_cli_with_one_line_and_128_plus_its_number(na
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     child = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env)
+                             text=True, env=env, preexec_fn=terminal_signals)
     assert child.stdout.readline() == "working\n"
     child.send_signal(getattr(signals, name))
     _, err = child.communicate(timeout=60)

@@ -28,7 +28,7 @@ from derivations import files, folders
 from derivations.errors import OutputError
 from derivations.folders import MANIFEST, OutputFolder
 from tests.conftest import FUZZ
-from tests.helpers import folder_state, quickly
+from tests.helpers import folder_state, quickly, terminal_signals
 from tests.strategies import output_folders, output_texts
 from tests.test_hostile_files import one_line_error, run
 
@@ -325,7 +325,7 @@ def analyze_process(checkpoint: Path, report: Path, limit: int | None = None, ct
               "from derivations.cli import main\nsys.exit(main(sys.argv[1:]))")
     return subprocess.Popen([sys.executable, "-c", script, "analyze", str(checkpoint), "--out", str(report), *ANALYZE,
                              "--seed", "1"],  # other numbers than the old report's: a figure replaced would show
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=terminal_signals,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
 
 
