@@ -285,6 +285,43 @@ def check_math(latex: str, what: str = "expression") -> str:
 
 #: What mathematics may not carry into Markdown as such: ``<`` and ``>`` would start raw
 #: HTML (a tag, an autolink), ``[`` and ``]`` a link; KaTeX and MathJax read the commands.
+# The printer's text-mode LaTeX for letters and typography (``\'{e}``, ``\ss{}``, ``--``) read back as the
+# characters it sets, for a reader that knows no text-mode commands (latex2mathml): longest first.
+_TEXT_BACK = sorted(((latex, ch) for ch, latex in _TEXT_SYMBOLS.items() if ch != "\u00a0"), key=lambda kv: -len(kv[0]))
+_ACCENT_BACK = {command: mark for mark, command in _ACCENTS.items()}
+_ACCENTED = re.compile(r"\\([`'^~=u.\"rHvck])\{(\\[ij](?:\{\})?|[A-Za-z\u0080-\U0010ffff])\}")
+
+
+def _unescape_text(body: str) -> str:
+    for _ in range(4):  # accents nest (``\'{\^{e}}``): innermost first
+        body, n = _ACCENTED.subn(lambda m: unicodedata.normalize(
+            "NFC", {"\\i": "\u0131", "\\j": "\u0237"}.get(m.group(2)[:2], m.group(2)) + _ACCENT_BACK[m.group(1)]), body)
+        if not n:
+            break
+    for latex, ch in _TEXT_BACK:
+        body = body.replace(latex, ch)
+    return body
+
+
+def text_as_unicode(latex: str) -> str:
+    r"""``latex`` with the body of every ``\text{…}`` read back into the characters it sets: accented letters,
+    ``\ss{}``, ``\ldots{}``, ``--`` and the rest that :func:`escape_text` writes for names outside ASCII.
+
+    >>> text_as_unicode(r"A^{\mathrm{\text{\`{A}\ss{}--x}}}")
+    'A^{\\mathrm{\\text{Àß–x}}}'
+    """
+    out, i = [], 0
+    while (start := latex.find("\\text{", i)) >= 0:
+        j, depth = start + len("\\text{"), 1
+        while j < len(latex) and depth:
+            depth += {"{": 1, "}": -1}.get(latex[j], 0) if latex[j - 1] != "\\" else 0
+            j += 1
+        body_start = start + len("\\text{")
+        out += [latex[i:body_start], _unescape_text(latex[body_start:j - 1]), latex[j - 1:j]]
+        i = j
+    return "".join(out) + latex[i:]
+
+
 _MARKDOWN_MATH = {"<": r"\lt ", ">": r"\gt ", "[": r"\lbrack ", "]": r"\rbrack "}
 
 

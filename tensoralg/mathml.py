@@ -18,7 +18,7 @@ from xml.etree.ElementTree import Element
 from latex2mathml.converter import convert_to_element
 
 from tensoralg.errors import MathMLError
-from tensoralg.escape import check_math, escape_text
+from tensoralg.escape import check_math, escape_text, text_as_unicode
 
 _COMMAND_LEFT = re.compile(r"\\[A-Za-z]+|\\.")
 #: ``:=`` (as a relation) outside ``\text{…}``, which is left as it is.
@@ -96,6 +96,7 @@ def to_mathml(latex: str, display: str = "inline", check: bool = True) -> str:
         raise MathMLError(f"display must be 'inline' or 'block', got {display!r}")
     if check:
         check_math(latex)
+    latex = text_as_unicode(latex)  # a name's accented letters as letters: latex2mathml reads no text-mode accents
     try:  # ":=" as one relation (≔): latex2mathml reads it as ":" then "=", which browsers set as ": ="
         element = convert_to_element(_COLON_EQUALS.sub(lambda m: m.group(1) or r"\coloneqq ", latex), display=display)
     except Exception as error:  # latex2mathml raises its own and plain Python errors
