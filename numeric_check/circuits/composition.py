@@ -90,14 +90,7 @@ def composition_scores(
     >>> bool((scores[1] == 0).all()) and bool((scores[0, :, 1] > 0).all())
     True
     """
-    _check_kind(kind)
-    if dtype is None and model.dtype in (torch.float16, torch.bfloat16):
-        dtype = torch.float32
-    W = stacked_head_weights(model, dtype)
-    first, second = layer_pairs(model)
-    writer = {name: w[first][:, :, None] for name, w in W.items()}  # [pairs, H1, 1, ...]
-    reader = {name: w[second][:, None] for name, w in W.items()}  # [pairs, 1, H2, ...]
-    scores = pair_composition_scores(reader, writer, kind)  # [pairs, H1, H2]
+    scores = _layer_pair_scores(model, kind, dtype)  # [pairs, H1, H2]
     if baseline:
         scores = scores - composition_baseline(model, kind, n_samples=n_samples, seed=seed, dtype=scores.dtype)
     return scatter_pairs(model, scores, fill=0.0)
@@ -125,14 +118,20 @@ def erratum_composition_scores(model, kind: str, *, dtype: torch.dtype | None = 
     >>> bool((right[0, :, 1] != wrong[0, :, 1]).all())
     True
     """
+    return scatter_pairs(model, _layer_pair_scores(model, kind, dtype, erratum=True), fill=0.0)
+
+
+def _layer_pair_scores(model, kind: str, dtype: torch.dtype | None, erratum: bool = False) -> Tensor:
+    """Every writer of an earlier layer into every reader of a later one, ``[pairs, H1, H2]`` (see
+    :func:`~numeric_check.circuits.ov_qk.layer_pairs`), in ``dtype`` (float32 for a half-precision model)."""
     _check_kind(kind)
     if dtype is None and model.dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
     W = stacked_head_weights(model, dtype)
     first, second = layer_pairs(model)
-    writer = {name: w[first][:, :, None] for name, w in W.items()}
-    reader = {name: w[second][:, None] for name, w in W.items()}
-    return scatter_pairs(model, pair_composition_scores(reader, writer, kind, erratum=True), fill=0.0)
+    writer = {name: w[first][:, :, None] for name, w in W.items()}  # [pairs, H1, 1, ...]
+    reader = {name: w[second][:, None] for name, w in W.items()}  # [pairs, 1, H2, ...]
+    return pair_composition_scores(reader, writer, kind, erratum=erratum)
 
 
 def composition_baseline(
