@@ -202,19 +202,27 @@ class TrigramRecall:
         return self.found / (self.k * self.sources) if self.sources else math.nan
 
 
-def triple_scores(model, source: int) -> Tensor:
-    """How strongly the model's heads carry each skip-trigram ``source … destination → out``:
-    ``[d_vocab (destination), d_vocab (out)]``, the largest over heads of the attention the destination gives
-    the source among all tokens equally present (the QK row's softmax) times the out's logit rise over the mean
-    out (the OV column, centred; negative rises count 0). The copying out (``out == source``) is left out."""
-    best = None
-    for layer, head in model.arch.heads():
-        with torch.no_grad():
+def head_tables(model) -> list[tuple[Tensor, Tensor]]:
+    """Each head's ``(attention, rise)``, ``[d_vocab, d_vocab]`` each, float64: the attention a destination
+    (row) gives a source (column) among all tokens equally present (the QK row's softmax), and the logit rise of
+    an out (row) from a source (column) over the mean out (the OV column, centred; negative rises count 0)."""
+    tables = []
+    with torch.no_grad():
+        for layer, head in model.arch.heads():
             qk = qk_circuit(model, layer, head, dtype=torch.float64).materialize() / model.cfg.scale
-            ov = ov_circuit(model, layer, head, dtype=torch.float64).col(source)
-        attention = qk.softmax(-1)[:, source]  # [destination]
-        rise = (ov - ov.mean()).clamp(min=0)  # [out]
-        score = attention[:, None] * rise[None, :]
+            ov = ov_circuit(model, layer, head, dtype=torch.float64).materialize()
+            tables.append((qk.softmax(-1), (ov - ov.mean(0)).clamp(min=0)))
+    return tables
+
+
+def triple_scores(model, source: int, tables: list[tuple[Tensor, Tensor]] | None = None) -> Tensor:
+    """How strongly the model's heads carry each skip-trigram ``source … destination → out``:
+    ``[d_vocab (destination), d_vocab (out)]``, the largest over heads of the destination's attention to the
+    source times the out's rise (:func:`head_tables`, computed here unless given). The copying out
+    (``out == source``) is left out."""
+    best = None
+    for attention, rise in tables if tables is not None else head_tables(model):
+        score = attention[:, source, None] * rise[None, :, source]
         best = score if best is None else torch.maximum(best, score)
     best[:, source] = -1.0
     return best
@@ -228,9 +236,9 @@ def skip_trigram_recall(model, planted: Tensor, *, k: int | None = None) -> Trig
     for a, b, c in planted:
         by_source.setdefault(a, set()).add((b, c))
     k = k or max(len(v) for v in by_source.values())
-    found, swapped, ranks, d = 0, 0, [], model.cfg.d_vocab
+    found, swapped, ranks, d, tables = 0, 0, [], model.cfg.d_vocab, head_tables(model)
     for a, truth in by_source.items():
-        order = triple_scores(model, a).flatten().argsort(descending=True)
+        order = triple_scores(model, a, tables).flatten().argsort(descending=True)
         rank_of = torch.empty_like(order)
         rank_of[order] = torch.arange(len(order), device=order.device)
         for b, c in truth:
