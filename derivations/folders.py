@@ -328,19 +328,25 @@ class OutputFolder:
 
         real = self._target()
         self._existing(real)
-        self._real, self._made = real, []
-        with held():  # a stopping signal waits until the new folder is known, so that it is removed
-            try:
-                for folder in reversed(real.parents):
-                    if not os.path.lexists(folder):
-                        folder.mkdir()
-                        self._made.append(folder)
-                self._staging = Path(tempfile.mkdtemp(dir=real.parent, suffix=".new",
-                                                      prefix=temporary_prefix(real.parent, real.name, ".new")))
-                os.chmod(self._staging, 0o777 & ~_UMASK)
-            except OSError as err:
+        self._real, self._made, self._staging = real, [], None
+        try:
+            with held():  # a stopping signal waits until the new folder is known, so that it is removed
+                try:
+                    for folder in reversed(real.parents):
+                        if not os.path.lexists(folder):
+                            folder.mkdir()
+                            self._made.append(folder)
+                    self._staging = Path(tempfile.mkdtemp(dir=real.parent, suffix=".new",
+                                                          prefix=temporary_prefix(real.parent, real.name, ".new")))
+                    os.chmod(self._staging, 0o777 & ~_UMASK)
+                except OSError as err:
+                    raise self._fail(_reason(err)) from None
+        except BaseException:  # a failure, or a signal raised as the block ends: no __exit__ will run to clean up
+            with held():
+                if self._staging is not None:
+                    remove_tree(self._staging)
                 self._undo()
-                raise self._fail(_reason(err)) from None
+            raise
         return self._staging
 
     def __exit__(self, kind, value, traceback) -> bool:
