@@ -655,7 +655,8 @@ def test_analyze_stopped_by_sigterm_or_sighup_cleans_up_as_ctrl_c_does(tmp_path,
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     assert subprocess.run(argv, capture_output=True, env=env, timeout=600).returncode == 0
     before = folder_state(report)
-    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=terminal_signals)
     deadline = time.monotonic() + 600
     while not any(p.name.endswith(".new") for p in tmp_path.iterdir()) and child.poll() is None:
         assert time.monotonic() < deadline
