@@ -137,6 +137,67 @@ class _Layer(NamedTuple):
     refs: list[FactorRef]
 
 
+class _Block(NamedTuple):
+    """Rows ``row0 …`` of a group at one depth, head-major: ``data`` ``[n, batch, pos, R, e]``, row
+    ``row0 + r·n + j`` at ``data[j, :, :, r]``. Either every head of the depth's last layer (``n`` of them,
+    ``row0`` a multiple of ``n``: ``R`` whole prefixes) or a run of one prefix's heads (``R = 1``, the first
+    ``row0 % H``). A layer's products then take every row of a head at once, whatever their number."""
+
+    row0: int
+    data: Tensor
+
+    def within(self, lo: int, hi: int) -> list["_Block"]:
+        """Its rows ``lo … hi - 1``, as blocks of the same form (at most three: a run, whole prefixes, a run)."""
+        n, R = self.data.shape[0], self.data.shape[3]
+        a, b = max(lo, self.row0) - self.row0, min(hi, self.row0 + n * R) - self.row0
+        if a >= b:
+            return []
+        if (a, b) == (0, n * R):
+            return [self]
+        if R == 1 or a // n == (b - 1) // n:  # within one prefix
+            r = a // n
+            return [_Block(self.row0 + a, self.data[a - r * n:b - r * n, :, :, r:r + 1])]
+        r_a, r_b = -(-a // n), b // n  # the whole prefixes r_a … r_b - 1
+        out = [_Block(self.row0 + a, self.data[a - (r_a - 1) * n:, :, :, r_a - 1:r_a])] if a < r_a * n else []
+        if r_b > r_a:
+            out.append(_Block(self.row0 + r_a * n, self.data[:, :, :, r_a:r_b]))
+        if b > r_b * n:
+            out.append(_Block(self.row0 + r_b * n, self.data[:b - r_b * n, :, :, r_b:r_b + 1]))
+        return out
+
+    def chunks(self, rows: int) -> Iterator["_Block"]:
+        """Blocks of at most ``rows`` rows (at least one) that make this one, in order."""
+        n, R = self.data.shape[0], self.data.shape[3]
+        if n * R <= rows:
+            yield self
+        elif R == 1:
+            for j in range(0, n, rows):
+                yield _Block(self.row0 + j, self.data[j:j + rows])
+        elif rows < n:  # not even one prefix's heads: each prefix in runs
+            for r in range(R):
+                yield from _Block(self.row0 + r * n, self.data[:, :, :, r:r + 1]).chunks(rows)
+        else:
+            per = rows // n
+            for r in range(0, R, per):
+                yield _Block(self.row0 + r * n, self.data[:, :, :, r:r + per])
+
+    def through(self, M: Tensor, A: Tensor, n_prev: int) -> "_Block":
+        """The rows one layer on: each row's ``y`` times its head's fused products ``M`` (``[n_prev, e, G · e]``,
+        :meth:`GroupEvaluator.fused`: every head ``g`` of the next layer side by side), a product per head, then
+        ``A`` (``[G, batch, pos, pos]``, the scales folded in), a product per head ``g`` and sequence."""
+        n, b, p, R, e = self.data.shape
+        G, h0 = A.shape[0], self.row0 % n_prev
+        x = torch.bmm(self.data.reshape(n, b * p * R, e), M[h0:h0 + n])  # [n, b·p·R, G·e]
+        x = x.view(n, b, p, R, G, e).permute(4, 1, 2, 3, 0, 5).reshape(G * b, p, R * n * e)  # rows (r, j)
+        return _Block(self.row0 * G, (A.reshape(G * b, p, p) @ x).view(G, b, p, R * n, e))
+
+
+def rows_of(data: Tensor) -> Tensor:
+    """Head-major rows (:meth:`GroupEvaluator.blocks`, ``[H, batch, pos, R, e]``) in their order, ``[R·H, batch, pos, e]``."""
+    H, b, p, R, e = data.shape
+    return data.permute(3, 0, 1, 2, 4).reshape(R * H, b, p, e)
+
+
 class GroupEvaluator:
     """Evaluates :class:`PathGroup` of one binder's model and batch (see the module docstring).
 
@@ -214,12 +275,20 @@ class GroupEvaluator:
         """The group's rows, a chunk at a time (see the class docstring); with ``copies``, only those of the
         prefixes in it (a prefix: a choice of heads at every layer but the last, numbered in product order;
         prefix ``c``'s rows are ``c · H … c · H + H - 1``), and only the rows before them that lead there."""
-        for row0, rows in self._deeper(group, 1, self._first_rows(group), 0, copies):
-            yield group.start + row0, rows
+        for first, data in self.blocks(group, copies):
+            yield first, rows_of(data)
+
+    def blocks(self, group: PathGroup, copies: range | None = None) -> Iterator[tuple[int, Tensor]]:
+        """:meth:`values` head-major, as the engine makes them: ``(first, data)``, ``data`` ``[H, batch, pos, R,
+        d_head]`` the rows ``first … first + R·H - 1``, row ``first + r·H + h`` at ``data[h, :, :, r]`` (``H``: the
+        last layer's heads; :func:`rows_of` gives them in order)."""
+        for block in self._deeper(group, 1, _Block(0, self._first_rows(group).unsqueeze(3)), copies):
+            data = block.data if self._final is None else block.data * self._final[None, :, :, None, None]
+            yield group.start + block.row0, data
 
     def _first_rows(self, group: PathGroup) -> Tensor:
-        """The rows at the group's first layer, ``[H, batch, pos, e]``: the source's stream read by every head
-        there (kept, at each layer, for the latest source: its groups and their passes ask for them in turn)."""
+        """The rows at the group's first layer, ``[H, batch, pos, e]`` (kept, at each layer, for the latest
+        source: its groups and their passes ask for them in turn)."""
         if self._first is None or self._first[0] != group.source:
             self._first = (group.source, {})  # the previous source's freed before the next are made
         kept, layer = self._first[1], group.layers[0]
@@ -229,38 +298,27 @@ class GroupEvaluator:
             b, p, d = S.shape
             H, e = first.W_V.shape[:2]
             y = (S.reshape(b * p, d) @ first.W_V.reshape(H * e, d).T).view(b, p, H, e).permute(2, 0, 1, 3)
-            kept[layer] = self._position_side(first, y.unsqueeze(0)).flatten(0, 1)
+            kept[layer] = first.A @ y  # post · A^{h} · N (folded into A) for every head at once
         return kept[layer]
 
-    def _deeper(self, group: PathGroup, depth: int, y: Tensor, row0: int,
-                copies: range | None) -> Iterator[tuple[int, Tensor]]:
+    def _deeper(self, group: PathGroup, depth: int, block: "_Block", copies: range | None) -> Iterator["_Block"]:
         layers = group.layers
         if depth == len(layers):
-            yield row0, y if self._final is None else self._final[..., None] * y
+            yield block
             return
+        pieces = [block]
         if copies is not None:  # the rows at this depth above the prefixes asked for
             below = math.prod(group.counts[depth:len(layers) - 1])  # prefixes under each row here
-            lo, hi = max(row0, copies.start // below), min(row0 + y.shape[0], (copies.stop - 1) // below + 1)
-            y, row0 = y[lo - row0:hi - row0], lo
+            pieces = block.within(copies.start // below, (copies.stop - 1) // below + 1)
         previous, here = layers[depth - 1], self.layer(layers[depth])
+        M = self.fused(previous, layers[depth])  # [H_prev, e, G · e]
         n_prev, n_here = self.binder.model.arch.heads_per_layer[previous], here.A.shape[0]
-        M = self.fused(previous, layers[depth])  # [H_prev, e, H · e]
-        e = y.shape[-1]
-        per_row = n_here * y[0].numel()
-        rows = max(1, self.row_entries // max(1, per_row))
-        for r in range(0, y.shape[0], rows):
-            part = y[r:r + rows]
-            n, b, p = part.shape[:3]
-            heads = torch.arange(row0 + r, row0 + r + n, device=y.device) % n_prev
-            nxt = (part.reshape(n, b * p, e) @ M[heads]).view(n, b, p, n_here, e).permute(0, 3, 1, 2, 4)
-            nxt = self._position_side(here, nxt).flatten(0, 1)
-            yield from self._deeper(group, depth + 1, nxt, (row0 + r) * n_here, copies)
+        for piece in pieces:
+            per_row = n_here * piece.data[0, ..., 0, :].numel()
+            for part in piece.chunks(max(1, self.row_entries // max(1, per_row))):
+                yield from self._deeper(group, depth + 1, part.through(M, here.A, n_prev), copies)
 
-    @staticmethod
-    def _position_side(layer: _Layer, y: Tensor) -> Tensor:
-        """``post · A^{h} · N · y`` for rows ``y`` ``[n, H, b, pos, e]`` (the scales folded into ``A``)."""
-        return layer.A @ y  # [H, b, pos, pos] broadcast over the rows
-
+    # -- what the verification needs of each chunk ------------------------------------------------
     # -- what the verification needs of each chunk ------------------------------------------------
     def kernels(self, layer: int, ev) -> tuple[Tensor, Tensor, Tensor]:
         """For the heads of ``layer``: each term's Gram matrix of its remaining multipliers

@@ -87,8 +87,11 @@ class PrefixPasses:
 
     def copies_per_pass(self, entry: StreamEntry, prefix: tuple[int, ...]) -> int:
         """How many copies of the prefix group ``entry``'s source through ``prefix`` one pass takes (a pass
-        starts at a multiple of it): those its budget holds."""
-        return max(1, self.budget // self._per_copy(len(self._later(entry, prefix))))
+        starts at a multiple of it): those its budget holds, whole runs of the last prefix layer's heads when it
+        holds one (then a pass's rows are whole prefixes at every depth: one block each, see ``grouped``)."""
+        n = max(1, self.budget // self._per_copy(len(self._later(entry, prefix))))
+        run = self.model.arch.heads_per_layer[prefix[-1]] if prefix else 1
+        return n - n % run if n >= run else n
 
     def count(self, groups) -> int:
         """How many passes check 2 makes at the last depth of ``groups`` (:class:`PathGroup`): each prefix group
@@ -165,28 +168,26 @@ class GroupedIsolation:
         self._gaps: dict[int, Tensor | None] = {}
 
     def check(self, group: PathGroup, first: int, y: Tensor) -> None:
-        """Rows ``y`` ``[n, batch, pos, d_head]`` of ``group`` from expansion index ``first`` on (whole runs of
-        the last layer's heads, :meth:`GroupEvaluator.values`)."""
+        """Rows of ``group`` from expansion index ``first`` on, head-major (:meth:`GroupEvaluator.blocks`:
+        ``y`` ``[H, batch, pos, R, d_head]``, the rows of ``R`` prefixes)."""
         H = group.counts[-1]
         c0 = (first - group.start) // H
-        c1 = c0 + y.shape[0] // H
         b, p = self.rec.n_batch, self.rec.n_pos
-        for c, z in self.passes.z(group.entry, group.layers, group.counts, c0, c1):
+        for c, z in self.passes.z(group.entry, group.layers, group.counts, c0, c0 + y.shape[3]):
             n = z.shape[0] // b
-            rows = z.view(n, b, p, H, -1).permute(0, 3, 1, 2, 4).reshape(n * H, b, p, -1)  # a copy's heads in turn
-            k = (c - c0) * H
-            self._rows(group.layers[-1], first + k, rows, y[k:k + n * H])
+            z = z.view(n, b, p, H, -1).permute(3, 1, 2, 0, 4)  # head-major too: [H, b, pos, n, e]
+            self._rows(group.layers[-1], first + (c - c0) * H, z, y[:, :, :, c - c0:c - c0 + n])
 
     def _rows(self, layer: int, first: int, z: Tensor, y: Tensor) -> None:
-        results, settlement, H = self.settlement.results, self.settlement, self.model.arch.heads_per_layer[layer]
-        heads = torch.arange(y.shape[0], device=y.device) % H
+        results, settlement = self.settlement.results, self.settlement
+        H, R = y.shape[0], y.shape[3]
         gaps = None if settlement.exact else self._layer_gaps(layer)
         if gaps is None:
-            open_ = list(range(y.shape[0]))
+            open_ = list(range(R * H))
         else:
-            bounds = self.maps.row_bounds(layer, z, y, heads, gaps[heads]) * settlement.space.product.bound_factor
+            bounds = self.maps.head_major_bounds(layer, z, y, gaps).flatten() * settlement.space.product.bound_factor
             open_ = (~(bounds <= settlement.tol)).nonzero().flatten().tolist()  # a NaN bound is open
-            rows = slice(first, first + y.shape[0])
+            rows = slice(first, first + R * H)
             results.set_bound(rows, bounds.double().cpu().numpy())
             results.passed[rows] = 1  # certified (those left open are settled below)
         if not open_:
@@ -196,9 +197,10 @@ class GroupedIsolation:
         size = max(1, GROUP_BYTES // max(1, x_bytes))
         for start in range(0, len(open_), size):  # in full, a few rows at a time: each one's unembedding input
             ks = open_[start:start + size]
-            picked = torch.tensor(ks, device=y.device)
-            x = head_final_inputs(self.model, self.rec, layer, [k % H for k in ks], z[picked].permute(1, 2, 0, 3))
-            settlement.compare([LogitTermValue(first + k, 1.0, y[k], self.grouped.left(layer, k % H)) for k in ks], x, 0.0)
+            r, h = (torch.tensor(part, device=y.device) for part in zip(*(divmod(k, H) for k in ks)))
+            x = head_final_inputs(self.model, self.rec, layer, h.tolist(), z[h, :, :, r].permute(1, 2, 0, 3))
+            settlement.compare([LogitTermValue(first + k, 1.0, row, self.grouped.left(layer, k % H))
+                                for k, row in zip(ks, y[h, :, :, r].unbind(0))], x, 0.0)
             settlement.finish()
 
     def _layer_gaps(self, layer: int) -> Tensor | None:

@@ -227,15 +227,24 @@ class HeadMaps:
         ``[n]``. The layer must have a map (:meth:`layer` not ``None``)."""
         M, m_norm, sigma, kappa = self.layer(layer)
         m = m_norm[heads].view(-1, 1, 1)
-        sz = sigma[None, ..., None] * z
-        rows = lambda t: torch.linalg.vector_norm(t, dim=-1)  # noqa: E731 - [n, b, pos]
-        if coeffs is None:
-            bound = (rows(sz - y) + kappa * rows(sz)) * m + rows(y) * gaps.view(-1, 1, 1)
-        else:
-            coeffs = coeffs.view(-1, 1, 1)
-            bound = (rows(sz - coeffs[..., None] * y) * m + coeffs.abs() * rows(y) * gaps.view(-1, 1, 1)
-                     + kappa * rows(sz) * m)
+        c = 1.0 if coeffs is None else coeffs.view(-1, 1, 1, 1)
+        bound = _bound(sigma[None, ..., None] * z, c * y, m, gaps.view(-1, 1, 1), kappa)  # ‖c y‖ = |c| ‖y‖
         return bound.flatten(1).amax(1)
+
+    @torch.no_grad()
+    def head_major_bounds(self, layer: int, z: Tensor, y: Tensor, gaps: Tensor) -> Tensor:
+        """:meth:`row_bounds` of rows held head-major: ``z`` and ``y`` ``[H, b, pos, R, d_head]`` (every head of
+        ``layer``, ``R`` rows each), ``gaps`` ``[H]``; ``[R, H]``."""
+        M, m_norm, sigma, kappa = self.layer(layer)
+        column = (-1, 1, 1, 1)
+        return _bound(sigma[None, :, :, None, None] * z, y, m_norm.view(column), gaps.view(column), kappa).amax((1, 2)).T
+
+
+def _bound(sz: Tensor, y: Tensor, m: Tensor, gaps: Tensor, kappa: float) -> Tensor:
+    """``(‖σz - y‖ + κ ‖σz‖) m + ‖y‖ gap`` at each position, with ``‖σz‖ ≤ ‖σz - y‖ + ‖y‖`` (two norms, not three)."""
+    rows = lambda t: torch.linalg.vector_norm(t, dim=-1)  # noqa: E731
+    err, own = rows(sz - y), rows(y)
+    return (err * (1 + kappa) + kappa * own) * m + own * gaps
 
 
 def _spectral_norms(M: Tensor) -> Tensor:

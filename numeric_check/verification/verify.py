@@ -288,16 +288,16 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
                 arrived(v._replace(index=plan.singles[v.index]))
         for family, copies in units:
             for group in family:  # the groups of one prefix group, a pass of its copies at a time: each runs once
-                for first, y in grouped.values(group, copies):
+                for first, y in grouped.blocks(group, copies):
                     spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results, enough))
                     if checker is not None:  # check 2 of the chunk's rows, against the pass's copies
                         t0 = time.perf_counter()
                         checker.check(group, first, y)
                         spent["isolation"] += time.perf_counter() - t0
-                    done += y.shape[0]
+                    done += y.shape[0] * y.shape[3]
                     _tick(progress, "terms", done, total)
         for group in omitted_groups:
-            for first, y in grouped.values(group):
+            for first, y in grouped.blocks(group):
                 _add_rows(ev, grouped, group, first, y, omitted_rows, None)
         kept_rows.into(kept_sum)
         omitted_rows.into(omitted_sum)
@@ -368,26 +368,22 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: TermT
 
 def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor,
               total: GroupSum, results: TermTable | None, enough: float = math.inf) -> float:
-    """Rows of a group (:meth:`GroupEvaluator.values`) added to ``total``, their norms given to ``results``
-    (when given), from each term's Gram matrix ``Yᵀ Y`` against its last head's kernel; returns the largest
-    row of any of them before the unembedding, or a bound on it when that bound is at most ``enough`` (each
-    row's norm times its head's ``‖W_O‖``: the exact figure matters only when it is large)."""
-    layer = group.layers[-1]
-    full, inner, top = grouped.kernels(layer, ev)  # [H, e, e], [H, e, e], [H]
-    rows = y.view(-1, full.shape[0], *y.shape[1:])  # [m, H, b, pos, e]: rows come in runs of the last layer's heads
-    total.add(layer, rows.sum(0))  # each head's rows summed: W_O once per layer at the end
+    """Rows of a group, head-major (:meth:`GroupEvaluator.blocks`, ``[H, b, pos, R, e]``), added to ``total``,
+    their norms given to ``results`` (when given), ``Σ_p y_p K_h y_pᵀ`` with ``K_h`` their last head's kernel;
+    returns the largest row of any of them before the unembedding, or a bound on it when that bound is at most
+    ``enough`` (each row's norm times its head's ``‖W_O‖``: the exact figure matters only when it is large)."""
+    full, inner, top = grouped.kernels(group.layers[-1], ev)  # [H, e, e], [H, e, e], [H]
+    total.add(group.layers[-1], y.sum(3))  # each head's rows summed: W_O once per layer at the end
     if results is None:
         return 0.0
-    m, H, b, p, e = rows.shape
-    per_term = rows.reshape(m * H, b * p, e)
-    gram = per_term.transpose(1, 2) @ per_term  # [m·H, e, e]: Σ_p y_p K y_pᵀ = Σ K ⊙ Yᵀ Y
-    squared = (gram.view(m, H, e * e) * full.reshape(1, H, e * e)).sum(-1)  # [m, H]
-    results.norm[first:first + m * H] = squared.clamp_min(0).sqrt().flatten().double().cpu().numpy()
-    row_norms = torch.linalg.vector_norm(per_term, dim=-1).view(m, H, b * p).amax((0, 2))  # [H]
+    H, b, p, R, e = y.shape
+    by_head = y.reshape(H, b * p * R, e)
+    squared = (torch.bmm(by_head, full) * by_head).view(H, b * p, R, e).sum((1, 3))  # [H, R]
+    results.norm[first:first + R * H] = squared.T.clamp_min(0).sqrt().flatten().double().cpu().numpy()
+    row_norms = torch.linalg.vector_norm(by_head, dim=-1).amax(1)  # [H]
     bound = float((row_norms.pow(2) * top).max()) ** 0.5
     if bound <= enough:
         return bound
-    by_head = rows.transpose(0, 1).reshape(H, m * b * p, e)
     return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5
 
 

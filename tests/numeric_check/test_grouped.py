@@ -158,7 +158,8 @@ def test_a_wrong_term_is_caught_by_check_2_in_the_grouped_evaluation(monkeypatch
 @settings(max_examples=15, deadline=None)
 @given(rows=st.integers(1, 400), seed=st.integers(0, 3))
 def test_chunks_of_any_size_give_the_same_rows(rows, seed):
-    """Memory is bounded by the chunk: rows made a few at a time are the rows made at once."""
+    """Memory is bounded by the chunk: rows made a few at a time are the rows made at once (to rounding: a
+    chunk's products are as wide as its rows, and a product's kernel may round a narrow one differently)."""
     model = _model(Architecture(3, 3, layer_norm=True, biases=True), seed)
     binder = Binder(model, record(model, torch.tensor([[3, 1, 4, 1, 5, 9]])))
     plan = plan_groups(binder, expand_logits(model.arch))
@@ -168,7 +169,7 @@ def test_chunks_of_any_size_give_the_same_rows(rows, seed):
         parts = list(small.values(group))
         assert [first for first, _ in parts] == sorted(first for first, _ in parts)
         assert parts[0][0] == group.start and sum(y.shape[0] for _, y in parts) == group.n_terms
-        torch.testing.assert_close(torch.cat([y for _, y in parts]), a, rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat([y for _, y in parts]), a, rtol=1e-14, atol=1e-15)
 
 
 def test_each_row_is_its_term_evaluated_alone():

@@ -112,16 +112,17 @@ def test_one_wrong_term_fails_check_1_in_logit_space(monkeypatch, engine):
         from derivations.paths import expand_logits
 
         index = [t.label for t in expand_logits(small_model().arch)].index(label)
-        real = verify_module.GroupEvaluator.values
+        real = verify_module.GroupEvaluator.blocks
 
-        def values(self, group, copies=None):
+        def blocks(self, group, copies=None):  # rows head-major: row first + r·H + h at y[h, :, :, r]
             for first, y in real(self, group, copies):
-                if first <= index < first + y.shape[0]:
+                if first <= index < first + y.shape[0] * y.shape[3]:
+                    r, h = divmod(index - first, y.shape[0])
                     y = y.clone()
-                    y[index - first] *= 1 + 1e-7
+                    y[h, :, :, r] *= 1 + 1e-7
                 yield first, y
 
-        monkeypatch.setattr(verify_module.GroupEvaluator, "values", values)
+        monkeypatch.setattr(verify_module.GroupEvaluator, "blocks", blocks)
         monkeypatch.setattr(verify_module, "choose_path", lambda *a: PathChoice("grouped", "forced"))  # (a small model)
     report = verify_logits(small_model(), TOKENS, exact_errors=False)
     assert report.check("sum").passed is False and report.check("sum").max_abs_error > 1e-9 * report.scale
