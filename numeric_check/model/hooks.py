@@ -62,6 +62,25 @@ class Constant:
         return f"Constant({tuple(self.value.shape)})"
 
 
+class TiledConstant(Constant):
+    """A :class:`Constant` whose value is ``base`` repeated along the batch for ``copies`` stacked copies of it
+    (the recorded patterns and scales of a pass over copies of a batch), made only when asked for (by ``make``
+    when given, else by repeating ``base``): a module that can use ``base`` for every copy at once
+    (:meth:`HookPoint.fixed_tiles`) never makes it."""
+
+    def __init__(self, base: Tensor, copies: int, make: Callable[[], Tensor] | None = None):
+        self.base, self.copies, self._make = base, copies, make
+
+    @property
+    def value(self) -> Tensor:
+        if self._make is not None:
+            return self._make()
+        return self.base.repeat(self.copies, *([1] * (self.base.ndim - 1)))
+
+    def __repr__(self) -> str:
+        return f"TiledConstant({tuple(self.base.shape)} x {self.copies})"
+
+
 class HookPoint(nn.Module):
     """Identity on its input, except that registered hook functions may replace the value.
 
@@ -115,6 +134,15 @@ class HookPoint(nn.Module):
         if shape is not None and tuple(value.shape) != tuple(shape):
             raise HookError(f"constant hook on {self.name!s} holds {tuple(value.shape)}; expected a tensor of shape {tuple(shape)}")
         return self._run_hooks(self._hooks[last + 1:], value)
+
+    def fixed_tiles(self, shape: tuple[int, ...]) -> tuple[Tensor, int] | None:
+        """``(base, copies)`` when the last hook is a :class:`TiledConstant` of ``shape`` (``copies`` stacked
+        copies of ``base`` along the batch), else ``None`` (then :meth:`fixed` says what the hooks return)."""
+        last = self._hooks[-1] if self._hooks else None
+        if not isinstance(last, TiledConstant) or last.copies * last.base.shape[0] != shape[0] \
+                or tuple(last.base.shape[1:]) != tuple(shape[1:]):
+            return None
+        return last.base, last.copies
 
     def _run_hooks(self, hooks: list[HookFn], x: Tensor) -> Tensor:
         for fn in hooks:

@@ -29,6 +29,10 @@ class LayerNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.centre:
             x = x - x.mean(-1, keepdim=True)
+        tiles = self.hook_scale.fixed_tiles((*x.shape[:-1], 1))
+        if tiles is not None:  # one recorded scale for every copy of the batch: divided by it, not by its copies
+            base, copies = tiles
+            return (x.view(copies, *base.shape[:-1], x.shape[-1]) / base).view(x.shape)
         scale = self.hook_scale.fixed((*x.shape[:-1], 1))  # frozen by a Constant hook: no variance needed
         if scale is None:
             scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
@@ -214,8 +218,13 @@ class Attention(nn.Module):
         if discarded and not (self.hook_z.has_hooks or self.hook_result.has_hooks):
             return None
         n_batch, n_pos = v_in.shape[:2]
+        shape = (n_batch, self.n_heads, n_pos, n_pos)
+        tiles = self.hook_pattern.fixed_tiles(shape)
+        if tiles is not None and tiles[0].shape[0] == 1:  # copies of one sequence: one pattern for all of them
+            z = self.hook_z(self._tiled_z(tiles[0][0], self.hook_v(self._project(v_in, self.W_V, self.b_V))))
+            return self._output(z, discarded)
         # a pattern frozen by a Constant hook (path isolation) needs no queries, keys or scores
-        pattern = self.hook_pattern.fixed((n_batch, self.n_heads, n_pos, n_pos))
+        pattern = self.hook_pattern.fixed(shape)
         if pattern is None:
             q = self.hook_q(self._project(qk_in, self.W_Q, self.b_Q))
             k = self.hook_k(self._project(qk_in, self.W_K, self.b_K))
@@ -224,7 +233,18 @@ class Attention(nn.Module):
         v = self.hook_v(self._project(v_in, self.W_V, self.b_V))
         if pattern is None:
             pattern = self.hook_pattern(self.pattern_of(self.scores(q, k)))
-        z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))  # [batch, pos, n_heads, d_head]
+        return self._output(self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v)), discarded)  # z: [batch, pos, n_heads, d_head]
+
+    @staticmethod
+    def _tiled_z(pattern: Tensor, v: Tensor) -> Tensor:
+        """``z`` of copies of one sequence that share its ``pattern`` (``[heads, q, k]``): one product a head over
+        every copy's values (``v`` ``[copies, k, heads, d_head]``), ``[copies, q, heads, d_head]`` (a view of it)."""
+        copies, k, h, e = v.shape
+        z = pattern @ v.permute(2, 1, 0, 3).reshape(h, k, copies * e)  # [heads, q, copies · d_head]
+        return z.view(h, -1, copies, e).permute(2, 1, 0, 3)
+
+    def _output(self, z: Tensor, discarded: bool) -> Tensor | None:
+        """The attention output from ``z`` (see :meth:`forward`)."""
         if discarded and not self.hook_result.has_hooks:
             return None
         out = None

@@ -111,10 +111,12 @@ class PrefixPasses:
 
     def _per_copy(self, n_later: int) -> int:
         """Bytes a copy of the batch holds in a pass: a few residual-sized tensors and the widest of a layer's
-        ``z`` and pattern, and at each of ``n_later`` layers its frozen pattern and the ``z`` kept."""
+        ``z`` and pattern, and at each of ``n_later`` layers its frozen pattern and the ``z`` kept (of one sequence
+        the pattern is not copied: :class:`~numeric_check.model.hooks.TiledConstant`)."""
         rec, cfg, arch = self.rec, self.model.cfg, self.model.arch
         widest = max(arch.heads_per_layer, default=1)
-        per_position = 4 * max(cfg.d_model, widest * max(cfg.d_head, rec.n_pos)) + n_later * widest * (rec.n_pos + cfg.d_head)
+        pattern = rec.n_pos if rec.n_batch > 1 else 0
+        per_position = 4 * max(cfg.d_model, widest * max(cfg.d_head, pattern)) + n_later * widest * (pattern + cfg.d_head)
         return rec.n_batch * rec.n_pos * per_position * rec.final.element_size()
 
     def _entering(self, entry: StreamEntry, prefix: tuple[int, ...], counts: tuple[int, ...], c: int, n: int) -> Tensor:
@@ -167,27 +169,31 @@ class GroupedIsolation:
         self.passes = PrefixPasses(self.model, self.rec, budget)
         self._gaps: dict[int, Tensor | None] = {}
 
-    def check(self, group: PathGroup, first: int, y: Tensor) -> None:
+    def check(self, group: PathGroup, first: int, y: Tensor, norms: Tensor | None = None) -> None:
         """Rows of ``group`` from expansion index ``first`` on, head-major (:meth:`GroupEvaluator.blocks`:
-        ``y`` ``[H, batch, pos, R, d_head]``, the rows of ``R`` prefixes)."""
+        ``y`` ``[H, batch, pos, R, d_head]``, the rows of ``R`` prefixes); ``norms``: ``‖y‖`` at every position
+        (``[H, batch, pos, R]``), when the caller has them."""
         H = group.counts[-1]
         c0 = (first - group.start) // H
         b, p = self.rec.n_batch, self.rec.n_pos
+        norms = torch.linalg.vector_norm(y, dim=-1) if norms is None else norms
         for c, z in self.passes.z(group.entry, group.layers, group.counts, c0, c0 + y.shape[3]):
-            n = z.shape[0] // b
-            z = z.view(n, b, p, H, -1).permute(3, 1, 2, 0, 4)  # head-major too: [H, b, pos, n, e]
-            self._rows(group.layers[-1], first + (c - c0) * H, z, y[:, :, :, c - c0:c - c0 + n])
+            n, k = z.shape[0] // b, c - c0
+            z = z.view(n, b, p, H, -1).permute(3, 1, 2, 0, 4)  # head-major too (of one sequence: as its pass holds it)
+            self._rows(group.layers[-1], first + k * H, z, y[:, :, :, k:k + n], norms[..., k:k + n])
 
-    def _rows(self, layer: int, first: int, z: Tensor, y: Tensor) -> None:
+    def _rows(self, layer: int, first: int, z: Tensor, y: Tensor, norms: Tensor) -> None:
+        """The model's ``z`` against our rows ``y``, both head-major (``[H, b, pos, n, e]``), with the rows' norms
+        ``‖y‖`` (``[H, b, pos, n]``)."""
         results, settlement = self.settlement.results, self.settlement
-        H, R = y.shape[0], y.shape[3]
+        H, n = y.shape[0], y.shape[3]
         gaps = None if settlement.exact else self._layer_gaps(layer)
         if gaps is None:
-            open_ = list(range(R * H))
+            open_ = list(range(n * H))
         else:
-            bounds = self.maps.head_major_bounds(layer, z, y, gaps).flatten() * settlement.space.product.bound_factor
-            open_ = (~(bounds <= settlement.tol)).nonzero().flatten().tolist()  # a NaN bound is open
-            rows = slice(first, first + R * H)
+            bounds = self.maps.head_major_bounds(layer, z, y, norms, gaps).flatten() * settlement.space.product.bound_factor
+            open_ = (~(bounds <= settlement.tol)).nonzero().flatten().tolist()  # a NaN bound is open; rows in order
+            rows = slice(first, first + n * H)
             results.set_bound(rows, bounds.double().cpu().numpy())
             results.passed[rows] = 1  # certified (those left open are settled below)
         if not open_:

@@ -30,7 +30,7 @@ torch.Size([2, 3, 4])
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from numeric_check.errors import AtomBindingError
 from numeric_check.model.circuit_model import CircuitModel
-from numeric_check.model.hooks import Constant, HookFn, block_hook
+from numeric_check.model.hooks import Constant, HookFn, TiledConstant, block_hook
 
 Hook = tuple[str, Callable]
 
@@ -211,7 +211,8 @@ def frozen_hooks(rec: Recording, copies: int, live: int | None = None, start: in
         if name.endswith(("hook_pattern", "hook_scale", "hook_expert_weights", "hook_expert_indices")) and name != live_pattern:
             if start and name.startswith("blocks.") and int(name.split(".", 2)[1]) < start:
                 continue
-            hooks.append((name, Constant(rec.tiled(name, copies))))
+            hooks.append((name, Constant(rec.cache[name]) if copies == 1 else
+                          TiledConstant(rec.cache[name], copies, partial(rec.tiled, name, copies))))
     return hooks
 
 

@@ -120,15 +120,16 @@ class SourceHooks:
         if block.attn.b_V is not None:
             hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_on, n_batch, v, 4)) * block.attn.per_head(block.attn.b_V)))
         shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
+        zeros = self.rec.final.new_zeros(()).expand(shape)  # one zero, read everywhere: nothing to allocate or fill
         if block.mlp is not None:  # a Constant: the recorded output in its own source's copy, zeros elsewhere; not run
             if any(mlp_on):
                 recorded = self.rec.tiled(block_hook(layer, "hook_mlp_out"), len(self.prefixes))
                 hooks.append((block_hook(layer, "hook_mlp_out"), Constant(recorded * per_copy(mlp_on, n_batch, recorded, 3))))
             else:
-                hooks.append((block_hook(layer, "hook_mlp_out"), Constant(self.rec.final.new_zeros(shape))))
+                hooks.append((block_hook(layer, "hook_mlp_out"), Constant(zeros)))
         if any(bias_on):
             return hooks + [(block_hook(layer, "hook_attn_out"), lambda x, hook: x * per_copy(bias_on, n_batch, x, 3))]
-        return hooks + [(block_hook(layer, "hook_attn_out"), Constant(self.rec.final.new_zeros(shape)))]
+        return hooks + [(block_hook(layer, "hook_attn_out"), Constant(zeros))]
 
 
 def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,

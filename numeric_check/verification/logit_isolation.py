@@ -228,22 +228,24 @@ class HeadMaps:
         M, m_norm, sigma, kappa = self.layer(layer)
         m = m_norm[heads].view(-1, 1, 1)
         c = 1.0 if coeffs is None else coeffs.view(-1, 1, 1, 1)
-        bound = _bound(sigma[None, ..., None] * z, c * y, m, gaps.view(-1, 1, 1), kappa)  # ‖c y‖ = |c| ‖y‖
+        cy = c * y
+        rows = lambda t: torch.linalg.vector_norm(t, dim=-1)  # noqa: E731
+        bound = _bound(rows(sigma[None, ..., None] * z - cy), rows(cy), m, gaps.view(-1, 1, 1), kappa)
         return bound.flatten(1).amax(1)
 
     @torch.no_grad()
-    def head_major_bounds(self, layer: int, z: Tensor, y: Tensor, gaps: Tensor) -> Tensor:
+    def head_major_bounds(self, layer: int, z: Tensor, y: Tensor, own: Tensor, gaps: Tensor) -> Tensor:
         """:meth:`row_bounds` of rows held head-major: ``z`` and ``y`` ``[H, b, pos, R, d_head]`` (every head of
-        ``layer``, ``R`` rows each), ``gaps`` ``[H]``; ``[R, H]``."""
+        ``layer``, ``R`` rows each), ``own`` ``‖y‖`` (``[H, b, pos, R]``), ``gaps`` ``[H]``; ``[R, H]``."""
         M, m_norm, sigma, kappa = self.layer(layer)
+        err = torch.linalg.vector_norm(sigma[None, :, :, None, None] * z - y, dim=-1)
         column = (-1, 1, 1, 1)
-        return _bound(sigma[None, :, :, None, None] * z, y, m_norm.view(column), gaps.view(column), kappa).amax((1, 2)).T
+        return _bound(err, own, m_norm.view(column), gaps.view(column), kappa).amax((1, 2)).T
 
 
-def _bound(sz: Tensor, y: Tensor, m: Tensor, gaps: Tensor, kappa: float) -> Tensor:
-    """``(‖σz - y‖ + κ ‖σz‖) m + ‖y‖ gap`` at each position, with ``‖σz‖ ≤ ‖σz - y‖ + ‖y‖`` (two norms, not three)."""
-    rows = lambda t: torch.linalg.vector_norm(t, dim=-1)  # noqa: E731
-    err, own = rows(sz - y), rows(y)
+def _bound(err: Tensor, own: Tensor, m: Tensor, gaps: Tensor, kappa: float) -> Tensor:
+    """``(‖σz - y‖ + κ ‖σz‖) m + ‖y‖ gap`` at each position from ``err = ‖σz - y‖`` and ``own = ‖y‖``, with
+    ``‖σz‖ ≤ ‖σz - y‖ + ‖y‖`` (two norms, not three)."""
     return (err * (1 + kappa) + kappa * own) * m + own * gaps
 
 

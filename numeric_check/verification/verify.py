@@ -289,10 +289,11 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         for family, copies in units:
             for group in family:  # the groups of one prefix group, a pass of its copies at a time: each runs once
                 for first, y in grouped.blocks(group, copies):
-                    spent["largest"] = max(spent["largest"], _add_rows(ev, grouped, group, first, y, kept_rows, results, enough))
+                    largest, norms = _add_rows(ev, grouped, group, first, y, kept_rows, results, enough)
+                    spent["largest"] = max(spent["largest"], largest)
                     if checker is not None:  # check 2 of the chunk's rows, against the pass's copies
                         t0 = time.perf_counter()
-                        checker.check(group, first, y)
+                        checker.check(group, first, y, norms)
                         spent["isolation"] += time.perf_counter() - t0
                     done += y.shape[0] * y.shape[3]
                     _tick(progress, "terms", done, total)
@@ -367,24 +368,26 @@ def _add_terms(ev: LogitEvaluator, values: list, total: LogitSum, results: TermT
 
 
 def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, first: int, y: Tensor,
-              total: GroupSum, results: TermTable | None, enough: float = math.inf) -> float:
+              total: GroupSum, results: TermTable | None, enough: float = math.inf) -> tuple[float, Tensor | None]:
     """Rows of a group, head-major (:meth:`GroupEvaluator.blocks`, ``[H, b, pos, R, e]``), added to ``total``,
-    their norms given to ``results`` (when given), ``Σ_p y_p K_h y_pᵀ`` with ``K_h`` their last head's kernel;
-    returns the largest row of any of them before the unembedding, or a bound on it when that bound is at most
-    ``enough`` (each row's norm times its head's ``‖W_O‖``: the exact figure matters only when it is large)."""
-    full, inner, top = grouped.kernels(group.layers[-1], ev)  # [H, e, e], [H, e, e], [H]
+    their norms given to ``results`` (when given), ``‖y C_h‖`` with ``C_h C_hᵀ`` their last head's kernel.
+    Returns the largest row of any of them before the unembedding, or a bound on it when that bound is at most
+    ``enough`` (each row's norm times its head's ``‖W_O‖``: the exact figure matters only when it is large),
+    and the norm of every row at every position, ``‖y‖`` ``[H, b, pos, R]`` (check 2 bounds with them too)."""
+    root, inner, top = grouped.kernels(group.layers[-1], ev)  # [H, e, e], [H, e, e], [H]
     total.add(group.layers[-1], y.sum(3))  # each head's rows summed: W_O once per layer at the end
     if results is None:
-        return 0.0
+        return 0.0, None
     H, b, p, R, e = y.shape
     by_head = y.reshape(H, b * p * R, e)
-    squared = (torch.bmm(by_head, full) * by_head).view(H, b * p, R, e).sum((1, 3))  # [H, R]
-    results.norm[first:first + R * H] = squared.T.clamp_min(0).sqrt().flatten().double().cpu().numpy()
-    row_norms = torch.linalg.vector_norm(by_head, dim=-1).amax(1)  # [H]
-    bound = float((row_norms.pow(2) * top).max()) ** 0.5
+    squared = torch.bmm(by_head, root).square_().view(H, b * p, R * e).sum(1)  # (a reduction over one axis: fast)
+    term_norms = squared.view(H, R, e).sum(-1).sqrt_()  # [H, R]
+    results.norm[first:first + R * H] = term_norms.T.flatten().double().cpu().numpy()
+    norms = torch.linalg.vector_norm(y, dim=-1)  # [H, b, pos, R]
+    bound = float((norms.view(H, -1).amax(1).pow(2) * top).max()) ** 0.5
     if bound <= enough:
-        return bound
-    return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5
+        return bound, norms
+    return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5, norms
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
