@@ -91,14 +91,14 @@ class Block(nn.Module):
             attn_out = self.hook_attn_out(attn_out if self.ln1_post is None else self.ln1_post(attn_out))
         else:
             self.attn(qk_in, normed, discarded=True)
-        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
+        resid_mid = self.hook_resid_mid(resid_pre if self.hook_attn_out.fixed_zero() else resid_pre + attn_out)
         if self.mlp is None:
             return self.hook_resid_post(resid_mid)
         mlp_out = self.hook_mlp_out.fixed(resid_mid.shape)  # a Constant (a recorded output): the MLP is not run
         if mlp_out is None:
             mlp_out = self.mlp(normed if self.parallel else self.ln2(resid_mid))
             mlp_out = self.hook_mlp_out(mlp_out if self.ln2_post is None else self.ln2_post(mlp_out))
-        return self.hook_resid_post(resid_mid + mlp_out)
+        return self.hook_resid_post(resid_mid if self.hook_mlp_out.fixed_zero() else resid_mid + mlp_out)
 
 
 class CircuitModel(nn.Module):

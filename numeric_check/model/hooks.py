@@ -81,6 +81,21 @@ class TiledConstant(Constant):
         return f"TiledConstant({tuple(self.base.shape)} x {self.copies})"
 
 
+class Zeros(Constant):
+    """A :class:`Constant` of zeros of ``shape`` (of ``like``'s dtype and device), made only when asked for: a
+    module that finds it (:meth:`HookPoint.fixed_zero`) adds nothing, rather than zeros."""
+
+    def __init__(self, like: Tensor, shape: tuple[int, ...]):
+        self.like, self.shape = like, tuple(shape)
+
+    @property
+    def value(self) -> Tensor:
+        return self.like.new_zeros(()).expand(self.shape)  # one zero, read everywhere
+
+    def __repr__(self) -> str:
+        return f"Zeros({self.shape})"
+
+
 class HookPoint(nn.Module):
     """Identity on its input, except that registered hook functions may replace the value.
 
@@ -134,6 +149,10 @@ class HookPoint(nn.Module):
         if shape is not None and tuple(value.shape) != tuple(shape):
             raise HookError(f"constant hook on {self.name!s} holds {tuple(value.shape)}; expected a tensor of shape {tuple(shape)}")
         return self._run_hooks(self._hooks[last + 1:], value)
+
+    def fixed_zero(self) -> bool:
+        """Whether the hooks return zeros whatever the input: the last hook is :class:`Zeros`."""
+        return bool(self._hooks) and isinstance(self._hooks[-1], Zeros)
 
     def fixed_tiles(self, shape: tuple[int, ...]) -> tuple[Tensor, int] | None:
         """``(base, copies)`` when the last hook is a :class:`TiledConstant` of ``shape`` (``copies`` stacked

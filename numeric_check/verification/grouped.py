@@ -214,6 +214,7 @@ class GroupEvaluator:
         self._fused: dict[tuple[int, int], Tensor] = {}
         self._streams: dict = {}
         self._kernels: dict[int, tuple[Tensor, Tensor]] = {}
+        self._last: dict[int, Tensor] = {}
         self._first: tuple[object, dict[int, Tensor]] | None = None
         arch = binder.model.arch
         self._final = binder.position(layer_atom("N", "final")).value if arch.normalised else None
@@ -283,7 +284,9 @@ class GroupEvaluator:
         d_head]`` the rows ``first … first + R·H - 1``, row ``first + r·H + h`` at ``data[h, :, :, r]`` (``H``: the
         last layer's heads; :func:`rows_of` gives them in order)."""
         for block in self._deeper(group, 1, _Block(0, self._first_rows(group).unsqueeze(3)), copies):
-            data = block.data if self._final is None else block.data * self._final[None, :, :, None, None]
+            data = block.data  # N^{final} is folded into the last layer's patterns, unless that is the first
+            if self._final is not None and len(group.layers) == 1:
+                data = data * self._final[None, :, :, None, None]
             yield group.start + block.row0, data
 
     def _first_rows(self, group: PathGroup) -> Tensor:
@@ -312,11 +315,20 @@ class GroupEvaluator:
             pieces = block.within(copies.start // below, (copies.stop - 1) // below + 1)
         previous, here = layers[depth - 1], self.layer(layers[depth])
         M = self.fused(previous, layers[depth])  # [H_prev, e, G · e]
+        A = here.A if depth + 1 < len(layers) else self.last_patterns(layers[depth])
         n_prev, n_here = self.binder.model.arch.heads_per_layer[previous], here.A.shape[0]
         for piece in pieces:
             per_row = n_here * piece.data[0, ..., 0, :].numel()
             for part in piece.chunks(max(1, self.row_entries // max(1, per_row))):
-                yield from self._deeper(group, depth + 1, part.through(M, here.A, n_prev), copies)
+                yield from self._deeper(group, depth + 1, part.through(M, A, n_prev), copies)
+
+    def last_patterns(self, layer: int) -> Tensor:
+        """The patterns of ``layer`` (:meth:`layer`) as a group's last: with ``N^{final}`` folded in too."""
+        if self._final is None:
+            return self.layer(layer).A
+        if layer not in self._last:
+            self._last[layer] = self._final[None, :, :, None] * self.layer(layer).A
+        return self._last[layer]
 
     # -- what the verification needs of each chunk ------------------------------------------------
     # -- what the verification needs of each chunk ------------------------------------------------

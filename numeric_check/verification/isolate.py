@@ -69,7 +69,7 @@ from numeric_check.verification.hook_paths import (
     run_frozen,
     unembedding_input,
 )
-from numeric_check.model.hooks import Constant, block_hook
+from numeric_check.model.hooks import Constant, Zeros, block_hook
 
 DEFAULT_CHUNK_BYTES = 1 << 28  # activations of the largest tensor of one batched pass (256 MiB)
 # streams of one group of paths handed on together (head outputs, ln_final, the caller's differences):
@@ -120,16 +120,16 @@ class SourceHooks:
         if block.attn.b_V is not None:
             hooks.append((block_hook(layer, "attn.hook_v"), lambda v, hook: v - (1 - per_copy(bias_on, n_batch, v, 4)) * block.attn.per_head(block.attn.b_V)))
         shape = (n_batch * len(self.prefixes), self.rec.n_pos, self.model.cfg.d_model)
-        zeros = self.rec.final.new_zeros(()).expand(shape)  # one zero, read everywhere: nothing to allocate or fill
+        zeros = Zeros(self.rec.final, shape)  # nothing to allocate, fill or add
         if block.mlp is not None:  # a Constant: the recorded output in its own source's copy, zeros elsewhere; not run
             if any(mlp_on):
                 recorded = self.rec.tiled(block_hook(layer, "hook_mlp_out"), len(self.prefixes))
                 hooks.append((block_hook(layer, "hook_mlp_out"), Constant(recorded * per_copy(mlp_on, n_batch, recorded, 3))))
             else:
-                hooks.append((block_hook(layer, "hook_mlp_out"), Constant(zeros)))
+                hooks.append((block_hook(layer, "hook_mlp_out"), zeros))
         if any(bias_on):
             return hooks + [(block_hook(layer, "hook_attn_out"), lambda x, hook: x * per_copy(bias_on, n_batch, x, 3))]
-        return hooks + [(block_hook(layer, "hook_attn_out"), Constant(zeros))]
+        return hooks + [(block_hook(layer, "hook_attn_out"), zeros)]
 
 
 def isolate_final_streams(model: CircuitModel, rec: Recording, paths: Sequence[Path], *,
