@@ -172,6 +172,25 @@ def test_chunks_of_any_size_give_the_same_rows(rows, seed):
         torch.testing.assert_close(torch.cat([y for _, y in parts]), a, rtol=1e-14, atol=1e-15)
 
 
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 60), data=st.data())
+def test_rows_of_any_range_of_prefixes_are_those_rows_of_the_whole(rows, data):
+    """A group's rows for a range of prefixes (a pass of check 2's copies), in chunks of any size, are exactly
+    those rows of the whole group, head-major blocks that each hold whole prefixes or one prefix's heads."""
+    model = _model(Architecture(4, (3, 2, 3, 2), layer_norm=True, biases=True))
+    binder = Binder(model, record(model, torch.tensor([[3, 1, 4, 1, 5, 9]])))
+    plan = plan_groups(binder, expand_logits(model.arch))
+    group = data.draw(st.sampled_from([g for g in plan.groups if len(g.layers) >= 2]))
+    H, n = group.counts[-1], group.n_terms // group.counts[-1]
+    c0 = data.draw(st.integers(0, n - 1))
+    c1 = data.draw(st.integers(c0 + 1, n))
+    whole = torch.cat([y for _, y in GroupEvaluator(binder).values(group)])
+    parts = list(GroupEvaluator(binder, row_entries=rows).values(group, range(c0, c1)))
+    assert [first for first, _ in parts] == sorted(first for first, _ in parts)
+    assert parts[0][0] == group.start + c0 * H and sum(y.shape[0] for _, y in parts) == (c1 - c0) * H
+    torch.testing.assert_close(torch.cat([y for _, y in parts]), whole[c0 * H:c1 * H], rtol=1e-14, atol=1e-15)
+
+
 def test_each_row_is_its_term_evaluated_alone():
     model = _model(ARCHS["layer norm, MLPs, biases"])
     binder = Binder(model, record(model, torch.tensor([[1, 2, 3, 4]])))

@@ -381,3 +381,49 @@ def test_property_folded_b_O_and_centring(data):
                 block.attn.b_O.copy_(model.folded_b_O(layer))
                 block.attn.b_V.zero_()
         torch.testing.assert_close(model(toks), logits, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("n_batch", [1, 2])
+def test_tiled_constants_give_the_pass_over_copies_that_their_copies_give(n_batch):
+    """Patterns and scales recorded once and shared by stacked copies of the batch (TiledConstant: of one
+    sequence, z is one product a head over every copy) give what the same values repeated give."""
+    from numeric_check.model.hooks import TiledConstant
+
+    model, copies = make(), 3
+    toks = tokens()[:n_batch]
+    names = [n for n in model.hook_names if n.endswith(("hook_scale", "hook_pattern"))]
+    _, cache = model.run_with_cache(toks, names_filter=names)
+    stacked = toks.repeat(copies, 1)
+    zs = {}
+    spy = [(lambda n: n.endswith("hook_z"), lambda x, hook: zs.setdefault(str(hook), []).append(x.clone()))]
+    repeated = model.run_with_hooks(stacked, [(n, Constant(cache[n].repeat(copies, *[1] * (cache[n].ndim - 1)))) for n in names] + spy)
+    tiled = model.run_with_hooks(stacked, [(n, TiledConstant(cache[n], copies)) for n in names] + spy)
+    torch.testing.assert_close(tiled, repeated, rtol=1e-13, atol=1e-13)
+    for name, (a, b) in zs.items():
+        torch.testing.assert_close(b, a, rtol=1e-13, atol=1e-13, msg=name)
+    # a hook after the tiled constant sees its copies, whole, and what it returns is used
+    hooks = model.blocks[1].attn.hook_pattern
+    seen = []
+    halved = [("blocks.1.attn.hook_pattern", lambda x, hook: seen.append(x.shape) or x * 0.5)]
+    after = model.run_with_hooks(stacked, [(n, TiledConstant(cache[n], copies)) for n in names] + halved)
+    assert seen == [torch.Size((copies * n_batch, *cache["blocks.1.attn.hook_pattern"].shape[1:]))]
+    reference = model.run_with_hooks(stacked, [(n, Constant(cache[n].repeat(copies, *[1] * (cache[n].ndim - 1)))) for n in names] + halved)
+    torch.testing.assert_close(after, reference, rtol=1e-13, atol=1e-13)
+    assert hooks.fixed_tiles((copies * n_batch, 3, 7, 7)) is None  # (no hooks left on it)
+
+
+def test_zeros_add_nothing_and_read_as_zeros():
+    """A Zeros hook on a block's output: the block adds nothing (the stream bit for bit what zeros added give),
+    and a hook after it reads zeros of the right shape."""
+    from numeric_check.model.hooks import Zeros
+
+    model, toks = make(), tokens()
+    shape = (*toks.shape, DIMS["d_model"])
+    like = torch.zeros((), dtype=torch.float64)
+    names = ["blocks.0.hook_attn_out", "blocks.1.hook_mlp_out"]
+    by_zeros = model.run_with_hooks(toks, [(n, Zeros(like, shape)) for n in names])
+    by_constant = model.run_with_hooks(toks, [(n, Constant(torch.zeros(shape, dtype=torch.float64))) for n in names])
+    assert torch.equal(by_zeros, by_constant)
+    read = []
+    model.run_with_hooks(toks, [(names[0], Zeros(like, shape)), (names[0], lambda x, hook: read.append(x.clone()))])
+    assert read[0].shape == shape and not read[0].any()
