@@ -9,10 +9,12 @@ batched products whatever the number of heads:
 - the source's stream ``S`` (``X W_srcᵀ``, ``[batch, pos, d_model]``) is read by every head of layer
   ``l_1`` at once: ``A^{h} N (S W_V^{h}ᵀ)`` for all ``h``, ``[H_1, batch, pos, d_head]``;
 - each further layer reads every row: ``Z_i = A^{h_i} N (Z_{i-1} (W_O^{h_{i-1}}ᵀ W_V^{h_i}ᵀ))``, the
-  ``d_head × d_head`` products made once per pair of heads and applied as one batched product;
-- the last layer's ``N^{final}``; a term is then ``y W_O^{h_k}ᵀ W_Uᵀ``, ``y`` ``d_head`` wide, which is
-  where :class:`~numeric_check.verification.evaluate.LogitEvaluator` leaves its terms too, so the
-  rest of the verification (norms from Gram matrices, the sum, check 2) takes either.
+  ``d_head × d_head`` products made once per pair of heads; the rows are held head-major
+  (:class:`_Block`), so a layer is one product per head of the layer before and one per head and
+  sequence for the patterns, whatever the number of rows;
+- the last layer's ``N^{final}`` (folded into its patterns); a term is then ``y W_O^{h_k}ᵀ W_Uᵀ``, ``y``
+  ``d_head`` wide, which is where :class:`~numeric_check.verification.evaluate.LogitEvaluator` leaves
+  its terms too, so the rest of the verification (norms, the sum, check 2) takes either.
 
 Rows are made in chunks of at most ``chunk_bytes``, so memory is bounded by the chunk, not by the
 number of terms. Position-side atoms are applied on the narrow side (after ``W_V``); they act on
