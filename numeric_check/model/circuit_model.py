@@ -277,12 +277,12 @@ class CircuitModel(nn.Module):
                 for name, b in list(module.named_buffers(recurse=False)):
                     if b is not None:  # their users cast them to the dtype they meet
                         module._buffers[name] = b.to(device=device)
-            if self.arch.layer_norm:
-                for module, name, axis in copy.residual_writers():
+            if self.arch.layer_norm:  # centred once per weight, dtype and device (kept while the weight is unchanged)
+                for (module, name, axis), (own, _, _) in zip(copy.residual_writers(), self.residual_writers()):
                     p = getattr(module, name)
-                    mean = p.mean(axis, keepdim=True)
-                    if max_abs(mean) > 16 * torch.finfo(dtype).eps * max_abs(p):  # not centred to this precision yet
-                        setattr(module, name, nn.Parameter(p - mean, requires_grad=False))
+                    centred = kept(getattr(own, name), ("centred", dtype, str(device)), lambda: _centred(p, axis))
+                    if centred is not p:
+                        setattr(module, name, nn.Parameter(centred, requires_grad=False))
         return copy
 
     # --- weights ------------------------------------------------------------------------
@@ -446,14 +446,37 @@ def _random_init(name: str, param: Tensor, gen: torch.Generator, init_std: float
     return torch.randn(param.shape, generator=gen, dtype=torch.float64, device="cpu") * std
 
 
-# id(weight) -> (a weak reference to it, its storage and version counter when measured, max |weight|)
-_WEIGHT_MAX_ABS: dict[int, tuple[weakref.ref, tuple, float]] = {}
+def _centred(p: Tensor, axis: int) -> Tensor:
+    """``p`` centred over ``axis`` unless it already is to its dtype's precision (then ``p`` itself)."""
+    mean = p.mean(axis, keepdim=True)
+    return p - mean if max_abs(mean) > 16 * torch.finfo(p.dtype).eps * max_abs(p) else p
+
+
+# id(weight) -> (a weak reference to it, its storage and version counter when derived, {what: value})
+_KEPT: dict[int, tuple[weakref.ref, tuple, dict]] = {}
+KEEP_BYTES = 1 << 28  # a derived tensor larger than this (256 MiB) is made each time rather than held
+
+
+def kept(t: Tensor, what, make: Callable[[], Any]):
+    """``make()``, a value derived from the weight ``t`` alone (a model's own parameter object), remembered
+    while ``t`` is unchanged (the same storage and version counter: an in-place write or a new tensor makes it
+    again) and alive (the value goes with it), unless it is a tensor over :data:`KEEP_BYTES`. ``what`` names
+    the value among those of ``t``. Verifying a model prompt after prompt derives each once, not once per call."""
+    stamp = (t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device))
+    key = id(t)  # the object itself: a tensor compares by value, not identity
+    entry = _KEPT.get(key)
+    if entry is None or entry[0]() is not t or entry[1] != stamp:
+        entry = _KEPT[key] = (weakref.ref(t, lambda _, key=key: _KEPT.pop(key, None)), stamp, {})
+    if what not in entry[2]:
+        value = make()
+        if not isinstance(value, Tensor) or value.numel() * value.element_size() <= KEEP_BYTES:
+            entry[2][what] = value
+        return value
+    return entry[2][what]
 
 
 def weight_max_abs(t: Tensor) -> float:
-    """:func:`max_abs` of a weight (a model's own parameter object), remembered while it is unchanged (the
-    same storage and version counter: an in-place write or a new tensor measures it again). Verifying
-    a model prompt after prompt scans each of its weights once, not once per call.
+    """:func:`max_abs` of a weight, remembered while it is unchanged (:func:`kept`).
 
     >>> w = nn.Parameter(torch.tensor([1.0, -3.0]))
     >>> weight_max_abs(w), weight_max_abs(w)
@@ -463,15 +486,11 @@ def weight_max_abs(t: Tensor) -> float:
     >>> weight_max_abs(w)
     6.0
     """
-    stamp = (t.data_ptr(), t._version, tuple(t.shape), t.dtype, str(t.device))
-    key = id(t)  # the object itself (a model's parameter): a tensor compares by value, not identity
-    entry = _WEIGHT_MAX_ABS.get(key)
-    if entry is not None and entry[0]() is t and entry[1] == stamp:
-        return entry[2]
-    with torch.no_grad():
-        value = max_abs(t.detach())
-    _WEIGHT_MAX_ABS[key] = (weakref.ref(t, lambda _, key=key: _WEIGHT_MAX_ABS.pop(key, None)), stamp, value)
-    return value
+    def measure() -> float:
+        with torch.no_grad():
+            return max_abs(t.detach())
+
+    return kept(t, "max_abs", measure)
 
 
 def max_abs(t: Tensor) -> float:

@@ -427,3 +427,18 @@ def test_zeros_add_nothing_and_read_as_zeros():
     read = []
     model.run_with_hooks(toks, [(names[0], Zeros(like, shape)), (names[0], lambda x, hook: read.append(x.clone()))])
     assert read[0].shape == shape and not read[0].any()
+
+
+def test_a_working_copy_centres_each_weight_once_and_again_when_it_changes():
+    """Verifying prompt after prompt centres a weight once (kept while it is unchanged); written in place,
+    the next working copy is centred from its new values, never a stale copy."""
+    model = make(dtype=torch.float32)
+    first, second = model.working_copy(torch.float32, "cpu"), model.working_copy(torch.float32, "cpu")
+    assert second.W_E is not model.W_E and second.W_E.data_ptr() == first.W_E.data_ptr()  # centred once
+    assert float(second.W_E.mean(0).abs().max()) < 1e-6
+    with torch.no_grad():
+        model.W_E.add_(1.0)  # in place: the same tensor, another version
+    third = model.working_copy(torch.float32, "cpu")
+    torch.testing.assert_close(third.W_E, model.W_E - model.W_E.mean(0, keepdim=True))
+    wide = model.working_copy(torch.float64, "cpu")  # each dtype its own
+    assert wide.W_E.dtype == torch.float64 and float(wide.W_E.mean(0).abs().max()) < 1e-15
