@@ -6,13 +6,14 @@ with its estimate and the largest ``max_order`` that fits. The cost of a term is
 (the engine's work per group and per pass of check 2, shared by a group's terms: a group of order ``k``
 has ``H^k`` of them, so it falls with the order, here as ``(2 / k)²``) plus its arithmetic (a
 ``batch·pos × d_model × d_head`` product) at a device's rate. The constants were measured by
-``benchmarks/bench_scale.py`` and ``benchmarks/bench_order3.py`` (one CPU thread, 2026-11-28):
+``benchmarks/bench_scale.py`` and ``benchmarks/bench_order3.py`` (one CPU thread, 2026-11-28; GPT-2 small's
+figures again on 2026-11-29):
 
-- GPT-2-small size at order 2 (51,782 terms, 32 tokens): 4.8 s in float32 and 9.1 s in float64
-  (93 and 176 µs a term; the model gives 94 and 174);
+- GPT-2-small size at order 2 (51,782 terms, 32 tokens): 4.1 s in float32 and 7.8 s in float64
+  (79 and 151 µs a term; the model gives 94 and 174: an overestimate, on the safe side);
 - the 6-layer x 8-head model of d_model 256 at order 3 (31,584 terms), float64: 1.6 s (51 µs a term;
   the model gives 55);
-- GPT-2 small's shape at d_model 96, order 3 (1,667,462 terms), float32: 12.8 s (7.7 µs a term; the
+- GPT-2 small's shape at d_model 96, order 3 (1,667,462 terms), float32: 7.6 s (4.6 µs a term; the
   model gives 25: narrow models at high orders are overestimated, on the safe side);
 - CUDA (one H100, before the batched evaluation): GPT-2-small size at order 2, 6.0 s in float32 and
   6.1 s in float64, 116 µs a term, nearly all overhead (kept until the next GPU check measures the
@@ -40,7 +41,9 @@ from numeric_check.model.config import resolve_dtype
 # 2026-11-29, load 5-6): trie / grouped CPU time 1.27 wide and shallow at order 2 (338 terms, 26 passes, 6.3 M a
 # term), 6.1 narrow and deep at order 3, 2.1 with 32 heads at order 2; 0.55 with 2 heads a layer at every order
 # (162 terms, 16 passes), 0.25 with one head a layer (512 terms, 256 passes): a term per pass costs the trie about
-# as much as 1/32 of the grouped path's pass, and a term's product of 1 M entries as much again
+# as much as 1/32 of the grouped path's pass, and a term's product of 1 M entries as much again; measured again
+# after the grouped path's rows were held head-major and its passes shared one sequence's patterns (load 1.0):
+# 1.49, 10.7, 1.80, 0.78, 0.39, the same picks
 TRIE_TERMS_PER_PASS = 32
 TRIE_WORK_SCALE = 1 << 20
 
