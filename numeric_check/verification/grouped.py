@@ -126,16 +126,13 @@ def _grouped_form(binder: Binder) -> bool:
 
 class _Layer(NamedTuple):
     """One layer's heads, stacked: ``W_V [H, e, d]``, ``W_O [H, d, e]``, patterns ``A [H, b, pos, pos]`` with
-    the diagonal scales before (``N``) and after (``post``) attention folded in (``post · A · N``; each
-    ``[b, pos]`` or ``None``, kept too), and each
+    the diagonal scales before (``N``) and after (``post``) attention folded in (``post · A · N``), and each
     head's remaining factor reference (``W_O^{h}ᵀ``: a term's ``left`` begins with it)."""
 
     W_V: Tensor
     W_O: Tensor
     W_O_rows: Tensor  # W_O^{h}ᵀ of every head, stacked as rows: [H · e, d]
     A: Tensor
-    N: Tensor | None
-    post: Tensor | None
     refs: list[FactorRef]
 
 
@@ -237,7 +234,7 @@ class GroupEvaluator:
             if post is not None:
                 A = post[None, :, :, None] * A
             W_O_rows = W_O.transpose(1, 2).reshape(-1, W_O.shape[1]).contiguous()
-            self._layers[layer] = _Layer(W_V, W_O, W_O_rows, A, N, post, [(a, 0, True) for a in atoms])
+            self._layers[layer] = _Layer(W_V, W_O, W_O_rows, A, [(a, 0, True) for a in atoms])
         return self._layers[layer]
 
     def left(self, layer: int, head: int) -> tuple[FactorRef, ...]:
