@@ -95,12 +95,13 @@ _INTEGER = re.compile(r"-?\d{1,4}", re.ASCII)
 
 
 def number_value(text: str, exact: bool = False) -> sp.Expr:
-    """A number literal: an integer, or a decimal as a float, or with ``exact`` the rational it writes
-    (``0.1`` is ``1/10``, ``2e-3`` is ``1/500``), as a person typing it means."""
+    """A number literal: an integer, or a decimal as a float (a double: the digits a printed double shows,
+    ``0.8333333333333334``, read back as that double, not as the decimal they write at 16 digits), or with
+    ``exact`` the rational it writes (``0.1`` is ``1/10``, ``2e-3`` is ``1/500``), as a person typing it means."""
     if not any(c in text for c in ".eE"):
         return sp.Integer(text)
     if not exact:
-        return sp.Float(text)
+        return sp.Float(text, 15)  # 15 digits: 53 bits, the nearest double
     mantissa, _, exponent = text.lower().partition("e")
     return sp.Rational(mantissa if mantissa not in (".", "") else "0") * sp.Integer(10) ** int(exponent or 0)
 

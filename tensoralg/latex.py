@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.str import StrPrinter
 
 from tensoralg.bound import shown_index
 from tensoralg.errors import TensorAlgError
@@ -96,7 +97,7 @@ class TensorLatexPrinter:
         self.max_terms = max_terms
         self.line_break_every = line_break_every
         self.head_style = head_style
-        self._scalar = LatexPrinter()
+        self._scalar = _ScalarLatex()
         self._atoms: dict = {}
         self._coeffs: dict = {}
         self._atom_texts: dict = {}
@@ -340,7 +341,7 @@ class TensorLatexPrinter:
         magnitude = -coeff if negative else coeff
         if magnitude == 1:
             return negative, ""
-        text = sp.sstr(magnitude)
+        text = _SCALAR_TEXT.doprint(magnitude)
         return negative, ("(" + text + ")" if isinstance(magnitude, sp.Add) else text) + "·"
 
     def text(self, expr) -> str:
@@ -382,6 +383,34 @@ class TensorLatexPrinter:
     def _print_Definition(self, d) -> str:
         return self.doprint(d.atom()) + " := " + self._print_tuple(d.word())
 
+
+
+def _float_digits(expr: sp.Float, exponent: bool) -> sp.Float | str:
+    """A double-precision number as its shortest digits that read back as the same number (``5/6`` as
+    ``0.8333333333333334``, not SymPy's 15 digits, ``0.833333333333333``, which read back as another number),
+    ``1e-20`` where ``exponent`` allows; otherwise the number itself at 17 digits or more (also exact)."""
+    digits = repr(float(expr))
+    plain = "n" not in digits and (exponent or "e" not in digits)  # (not inf, nan)
+    return digits if expr._prec <= 53 and plain else sp.Float(expr, max(17, expr._prec // 3 + 2))
+
+
+class _ScalarLatex(LatexPrinter):
+    """SymPy's LaTeX of a coefficient, its floating-point numbers printed so that they read back exactly."""
+
+    def _print_Float(self, expr):
+        digits = _float_digits(expr, exponent=False)
+        return digits if isinstance(digits, str) else super()._print_Float(digits)
+
+
+class _ScalarText(StrPrinter):
+    """SymPy's text of a coefficient (``sstr``), its floating-point numbers printed so that they read back exactly."""
+
+    def _print_Float(self, expr):
+        digits = _float_digits(expr, exponent=True)
+        return digits if isinstance(digits, str) else super()._print_Float(digits)
+
+
+_SCALAR_TEXT = _ScalarText()
 
 
 @dataclass(frozen=True)

@@ -259,3 +259,17 @@ def test_an_opaque_matrix_prints_as_its_application_and_reads_back(typed, index_
         assert r"\mathrm{softmax}\left(" in latex or r"\mathrm{exp}\left(" in latex
         for printed in (to_text(e, index_from=index_from), latex):
             assert parse(printed, opaque=True, index_from=index_from).expand() == e.expand(), printed
+
+
+@pytest.mark.parametrize("value", [5 / 6, 1 / 3, 0.1, 2.5, 1e-20, 7e22])
+def test_a_double_coefficient_prints_digits_that_read_back_as_that_double(value):
+    """Found by a fresh-clone run: 5/6 printed as SymPy's 15 digits, 0.833333333333333, read back as another
+    number; a double now prints its shortest exact digits (0.8333333333333334), read back as that double."""
+    e = parse("W_E W_Eᵀ") * sp.Float(value)
+    for text in (to_text(e), to_latex(e)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ReadingNote)
+            if "10^{" in text:  # LaTeX's a·10^{n}: not a form the reader takes (as before)
+                continue
+            assert parse(text).expand() == e.expand(), text
+    assert "0.8333333333333334" in to_text(parse("W_E") * sp.Float(5 / 6))
