@@ -87,11 +87,8 @@ def check_hf_options(config: Any, understood: Iterable[str], source: str, model:
     names (:func:`named_in_code`) is ignored by the source, so it is not refused either."""
     understood = set(understood)
     understood |= {old for new, olds in HF_4X_SPELLINGS.items() if new in understood for old in olds}
-    try:
-        defaults = type(config)().to_dict()
-    except Exception:  # noqa: BLE001 - a config class that needs arguments: compare with nothing
-        defaults = {}
     options = config.to_dict()
+    defaults = hf_defaults(type(config), {key: options[key] for key in understood if key in options})
     stray = set()
     if model is not None and defaults:  # only the keys that would be refused are looked for in the code
         unread = {key for key in options if key not in defaults and key not in understood and key not in HF_HARMLESS}
@@ -101,6 +98,28 @@ def check_hf_options(config: Any, understood: Iterable[str], source: str, model:
                                    "transformers holds a few dozen); it is refused")
         stray = {key for key in unread if not named_in_code(type(model), key)}
     check_options(options, defaults, understood, source, HF_HARMLESS | stray)
+
+
+def hf_defaults(config_class: type, understood: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``config_class`` holds when built from the ``understood`` options alone: the value of every
+    other option that follows from them. A newer transformers may write a mirror of an option a reader
+    understands (transformers 5.25's ``FalconConfig`` sets ``num_key_value_heads`` from ``num_kv_heads``,
+    ``multi_query`` and ``new_decoder_architecture``): at the value it follows from, it is no option of the
+    user's; set otherwise, it is refused as any other. A class that cannot be built from them: its bare
+    defaults; one that needs arguments: none.
+
+    >>> class Mirrored:  # a config that derives one option from another, as a newer release might
+    ...     def __init__(self, heads=1): self.heads, self.kv_heads = heads, heads
+    ...     def to_dict(self): return vars(self).copy()
+    >>> hf_defaults(Mirrored, {"heads": 4})
+    {'heads': 4, 'kv_heads': 4}
+    """
+    for arguments in (dict(understood), {}):
+        try:
+            return config_class(**arguments).to_dict()
+        except Exception:  # noqa: BLE001 - a constructor's own validation: try the bare defaults, then none
+            continue
+    return {}
 
 
 #: Keys of a config its class does not define that are looked up in the model's code, at most (a config

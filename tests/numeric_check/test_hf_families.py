@@ -340,3 +340,17 @@ def test_a_4096_position_context_is_held_to_the_rounding_at_its_own_length():
     hf.model.layers[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
     with pytest.raises(SourceMismatch):
         from_hf(hf, device="cpu", check_tokens=tokens)
+
+
+def test_an_option_a_newer_transformers_derives_is_read_at_its_derived_value_and_refused_otherwise():
+    """transformers 5.25's FalconConfig writes num_key_value_heads, a mirror of num_kv_heads: at the value the
+    options the reader understands give it, it converts; set to another value, it is refused by name (on 4.x too,
+    where the config has no such option but the modeling code names the word: read by allow-list, it is refused)."""
+    hf = build("falcon", 0, new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True)
+    mirrored = "num_key_value_heads" in type(hf.config)().to_dict()
+    assert not mirrored or hf.config.num_key_value_heads == 2
+    from_hf(hf, device="cpu")
+    hf.config.num_key_value_heads = 3
+    default = "2" if mirrored else "not set"
+    with pytest.raises(UnsupportedModel, match=rf"sets num_key_value_heads=3 \(default {default}\), an option tcircuits does not read"):
+        from_hf(hf, device="cpu")
