@@ -277,9 +277,10 @@ def saved_hf_model(folder, family: str = "gpt2", seed: int = 0, n_ctx: int = 32)
     else:
         raise ValueError(f"saved_hf_model builds gpt2 or llama, not {family!r}")
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.ndim == 1 else 0.5) + (1.0 if p.ndim == 1 else 0.0))
+    with torch.no_grad():  # uniform draws are the generator's bits scaled, the same on every processor (randn's
+        for p in model.parameters():  # vectorised Box-Muller is not: its float32 digits follow the CPU's kernels)
+            u = torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1
+            p.copy_(u * (0.5 if p.ndim == 1 else 0.9) + (1.0 if p.ndim == 1 else 0.0))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
