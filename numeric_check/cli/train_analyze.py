@@ -21,8 +21,8 @@ from tensoralg.escape import terminal_safe
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
 from numeric_check.errors import InputFileError, NumericCheckError
-from numeric_check.files import writable_file, write_together
-from numeric_check.training.config import BLOCK_LINES, HELDOUT_EVERY, tokenizer_path
+from numeric_check.files import output_folder, writable_file, write_together
+from numeric_check.training.config import BLOCK_LINES, DEFAULT_SNAPSHOTS, HELDOUT_EVERY, tokenizer_path
 
 
 def _add_command(subparsers, name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -99,6 +99,10 @@ def register_train_toy(subparsers) -> None:
     text.add_argument("--copy-share", type=finite_float, default=None, metavar="P",
                       help=f"share of sequences that repeat a span of themselves (copy-augmentation), with --text "
                            f"(default {TEXT_COPY_SHARE}); the span is --seg-min..--seg-max tokens")
+    text.add_argument("--snapshots", type=int_in(0, 1000), default=None, metavar="N",
+                      help=f"with --text, keep N snapshots at log-spaced steps (the last among them) in NAME.history/, "
+                           f"each a checkpoint with its held-out loss at every position: what 'tcircuits dynamics' "
+                           f"reads (default {DEFAULT_SNAPSHOTS}; 0: none)")
     p.add_argument("--seg-min", type=int, default=d.seg_min, help=f"shortest repeated segment (default {d.seg_min})")
     p.add_argument("--seg-max", type=int, default=d.seg_max, help=f"longest repeated segment; 2*seg_max <= n_ctx (default {d.seg_max})")
     p.add_argument("--max-repeats", type=int, default=d.max_repeats, help=f"most repeats per sequence (default {d.max_repeats})")
@@ -139,10 +143,12 @@ def register_train_toy(subparsers) -> None:
 def _run_train_toy(args) -> int:
     import torch
 
+    from numeric_check.training.history import HISTORY_INDEX, HISTORY_WINDOWS_FILE, snapshot_file
     from numeric_check.training.toy import TrainConfig, train_toy, training_record
 
-    if args.text is None and args.copy_share is not None:
-        raise NumericCheckError("--copy-share applies to training on text: give --text FILE too")
+    for flag, value in (("--copy-share", args.copy_share), ("--snapshots", args.snapshots)):
+        if args.text is None and value is not None:
+            raise NumericCheckError(f"{flag} applies to training on text: give --text FILE too")
     args.vocab = args.vocab if args.vocab is not None else (TEXT_VOCAB if args.text else TrainConfig.d_vocab)
     check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
     data = text_data(args) if args.text else None
@@ -178,6 +184,9 @@ def _run_train_toy(args) -> int:
     out = writable_file(args.out, ".safetensors", new=True, force=args.force)
     sidecar = writable_file(out.with_suffix(".json"), new=True, force=args.force)
     tokenizer_file = writable_file(tokenizer_path(out), new=True, force=args.force) if data is not None else None
+    history = _history(args, config, data)
+    history_folder = None if history is None else output_folder(
+        out.with_suffix(".history"), [snapshot_file(s) for s in history.steps] + [HISTORY_INDEX, HISTORY_WINDOWS_FILE], force=args.force).check()
     start = time.perf_counter()
     tokens_per_step = config.batch_size * config.n_ctx
     with StepBar(config.steps, args.quiet) as bar:
@@ -187,11 +196,11 @@ def _run_train_toy(args) -> int:
             bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": f"{record['repeat_loss']:.3f}",
                          "tok/s": f"{rate:,.0f}"} if every else {}))
 
-        model, history = train_toy(config, progress, device=args.device, data=data)
+        model, losses = train_toy(config, progress, device=args.device, data=data, on_step=history)
     seconds = time.perf_counter() - start
     from numeric_check.model.checkpoint import checkpoint_bytes
 
-    info = training_record(config, history, seconds)
+    info = training_record(config, losses, seconds)
     if data is not None:
         info["text"] = text_record(args.text, data, tokenizer_file)
     try:  # strict JSON, checked before either file is written
@@ -203,15 +212,37 @@ def _run_train_toy(args) -> int:
     outputs = {out: weights, sidecar: json.dumps(info, indent=2, allow_nan=False) + "\n"}
     if tokenizer_file is not None:
         outputs[tokenizer_file] = data.tokenizer.to_str() + "\n"
+    if history_folder is not None:  # the snapshots first: a record never names a history that is not there
+        info["history"] = {"folder": history_folder.path.name, "snapshots": len(history.snapshots)}
+        outputs[sidecar] = json.dumps(info, indent=2, allow_nan=False) + "\n"
+        with history_folder as folder:
+            for name, payload in history.files().items():
+                (folder / name).write_bytes(payload)
+            (folder / HISTORY_INDEX).write_text(json.dumps(history.index(losses.loss, info["checkpoint_sha256"]),
+                                                           allow_nan=False) + "\n", encoding="utf-8")
     write_together(outputs)  # the checkpoint, its record (and tokenizer) replaced together or not at all
-    final = history.final
+    final = losses.final
     print(terminal_safe(
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
         f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
         f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
         f"wrote {out} and {sidecar}" + (f" and {tokenizer_file}" if tokenizer_file else "")
+        + (f"\nkept {len(history.snapshots)} snapshots in {history_folder.path}" if history_folder else "")
     ))
     return 0
+
+
+def _history(args, config, data):
+    """The snapshots a run on text keeps (``--snapshots``, by default :data:`DEFAULT_SNAPSHOTS`), or None."""
+    import torch
+
+    from numeric_check.training.history import History, heldout_windows, snapshot_steps
+
+    count = DEFAULT_SNAPSHOTS if args.snapshots is None else args.snapshots
+    if data is None or count == 0:
+        return None
+    return History(snapshot_steps(config.steps, count), heldout_windows(data.heldout, config.n_ctx),
+                   save_dtype=getattr(torch, args.save_dtype))
 
 
 #: With --text: the BPE's size and the share of copy-augmented sequences, unless given.

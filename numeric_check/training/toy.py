@@ -301,6 +301,7 @@ def train_toy(
     *,
     device: torch.device | str | None = None,
     data=None,
+    on_step: Callable[[int, CircuitModel], None] | None = None,
 ) -> tuple[CircuitModel, TrainHistory]:
     """Train a model by ``config``; return it and its :class:`TrainHistory`.
 
@@ -308,7 +309,9 @@ def train_toy(
     (``step`` counts from 1). Data come from a generator seeded by ``config.seed``; the
     final evaluation uses a separate seed, so it is held out. A run on text (``config.on_text``)
     takes its sequences from ``data`` (:class:`~numeric_check.training.text.TextData`; evaluated on its
-    held-out part). Thread count is the caller's choice (``torch.set_num_threads``).
+    held-out part). ``on_step(step, model)`` is called after every step, for what must see the model
+    as training goes (:class:`~numeric_check.training.history.History` keeps snapshots); it must draw
+    nothing from torch's random streams. Thread count is the caller's choice (``torch.set_num_threads``).
     """
     model = build_model(config, device)
     device = next(model.parameters()).device
@@ -327,6 +330,8 @@ def train_toy(
         record = {name: losses[name].item() for name in ("loss", "repeat_loss")}
         history.loss.append(record["loss"])
         history.repeat_loss.append(record["repeat_loss"])
+        if on_step is not None:
+            on_step(step, model)
         if progress is not None:
             progress(step, record)
     model.eval()
