@@ -1,0 +1,184 @@
+"""The phase change as a reader looks at it: figures of a run's :class:`~numeric_check.training.dynamics.Dynamics`
+(beside its one-layer control's), the follow-up paper's claims judged (:mod:`numeric_check.training.phase`),
+and a page that holds them: ``index.html`` (works offline), ``dynamics.md``, ``dynamics.json`` and
+``figures/*.png`` and ``.svg``, written whole into one folder (``tcircuits dynamics``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from derivations.architecture import head_label
+from derivations.html import page
+from tensoralg.escape import escape_text
+
+from numeric_check.reports.plots import LAYER_COLOURS, plain_title, save_figure
+
+#: The page's figures, in order, with their captions.
+FIGURES = {
+    "loss": "Held-out loss (left) and in-context learning score (right) at each snapshot; the shaded steps are the "
+            "window in which the best last-layer head's prefix matching rises (a fifth to four fifths of its rise). "
+            "Dashed: the one-layer control, trained alike.",
+    "heatmap": "Held-out loss by token index (vertical) at each snapshot (horizontal, log steps): in-context learning "
+               "shows as later tokens getting cheaper than early ones.",
+    "heads": "Every head's prefix-matching (left) and copying (right) score at each snapshot, on repeated random "
+             "tokens; the induction head the run ends with is drawn thick.",
+    "kcomp": "The induction circuit's K-composition: its composition score (left) and the size of its term "
+             "Id ⊗ A^{h1} ⊗ W_Eᵀ W_QK^{h2} W_OV^{h1} W_E in the induction head's scores on a repeated random sequence "
+             "(right); every snapshot's expansion verified against the snapshot model.",
+}
+
+
+def _window(ax, run, window) -> None:
+    if window is not None:
+        ax.axvspan(run.steps[window[0]], run.steps[window[1]], color="#ffdd88", alpha=0.5, lw=0)
+
+
+def loss_figure(run, control=None, window=None) -> Figure:
+    fig = Figure(figsize=(8.4, 3.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for d, style, name in ((run, "-", f"{run.n_layers} layers"), (control, "--", "control")):
+        if d is None:
+            continue
+        left.plot(d.steps, [s.heldout_loss for s in d.snapshots], style, marker=".", label=name)
+        right.plot(d.steps, [s.icl_score for s in d.snapshots], style, marker=".", label=name)
+    for ax, ylabel in ((left, "held-out loss (nats)"), (right, "in-context learning score (nats)")):
+        _window(ax, run, window)
+        ax.set(xscale="log", xlabel="training step", ylabel=ylabel)
+        ax.legend(frameon=False, fontsize=8)
+    right.axhline(0, color="0.6", lw=0.8)
+    return fig
+
+
+def heatmap_figure(run) -> Figure:
+    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    loss = np.array([s.position_loss for s in run.snapshots]).T  # [position, snapshot]
+    steps = np.array(run.steps, dtype=float)
+    edges = np.concatenate([[steps[0] / 1.2], np.sqrt(steps[1:] * steps[:-1]), [steps[-1] * 1.2]])
+    mesh = ax.pcolormesh(edges, np.arange(loss.shape[0] + 1) + 0.5, loss, cmap="viridis", shading="flat")
+    ax.set(xscale="log", xlabel="training step", ylabel="token index")
+    fig.colorbar(mesh, ax=ax, label="held-out loss (nats)")
+    return fig
+
+
+def heads_figure(run, window=None) -> Figure:
+    fig = Figure(figsize=(8.4, 3.4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, name, label in ((axes[0], "prefix_matching", "prefix matching"), (axes[1], "copying", "copying (OV positivity)")):
+        for layer in range(run.n_layers):
+            for head in range(run.n_heads):
+                values = [s.__dict__[name][layer][head] for s in run.snapshots]
+                thick = (layer, head) == run.induction_head
+                ax.plot(run.steps, values, color=LAYER_COLOURS[layer % len(LAYER_COLOURS)], lw=2.2 if thick else 0.6,
+                        alpha=1.0 if thick else 0.6, label=f"layer {layer}" if head == 0 else
+                        (head_label(layer, head) if thick else None))
+        _window(ax, run, window)
+        ax.set(xscale="log", xlabel="training step", ylabel=label, ylim=(0, 1) if name == "prefix_matching" else (-1, 1))
+        ax.legend(frameon=False, fontsize=7)
+    return fig
+
+
+def kcomp_figure(run, window=None) -> Figure:
+    fig = Figure(figsize=(8.4, 3.0), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.plot(run.steps, [s.k_composition for s in run.snapshots], marker=".")
+    right.plot(run.steps, [s.k_term_norm for s in run.snapshots], marker=".")
+    pair = "" if run.induction_head is None else f"{head_label(*run.writer_head)} → {head_label(*run.induction_head)}"
+    for ax, ylabel in ((left, f"K-composition score {pair}"), (right, "‖K-composition term‖ (Frobenius)")):
+        _window(ax, run, window)
+        ax.set(xscale="log", xlabel="training step", ylabel=ylabel)
+    return fig
+
+
+def figures(run, control=None, window=None) -> dict[str, Figure]:
+    out = {"loss": loss_figure(run, control, window), "heatmap": heatmap_figure(run)}
+    if run.n_layers:
+        out["heads"] = heads_figure(run, window)
+    if run.induction_head is not None:
+        out["kcomp"] = kcomp_figure(run, window)
+    return out
+
+
+def _h(text) -> str:
+    return escape_text(str(text), "html")
+
+
+def _verdict(holds) -> str:
+    return "—" if holds is None else ("holds" if holds else "does not hold")
+
+
+def markdown(run, claims, control=None, window=None) -> str:
+    """The page as Markdown: the claims table, the snapshots table, the figures."""
+    lines = [f"# How induction heads form in {run.checkpoint}", ""]
+    if control is not None:
+        lines += [f"Control: {control.checkpoint} ({control.n_layers} layer{'s' if control.n_layers != 1 else ''}, trained alike).", ""]
+    lines += ["| claim | rule | the model | its figures | the control | its figures |", "|---|---|---|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {c.name} | {c.rule} | **{_verdict(c.holds)}** | {c.detail} | {_verdict(c.control_holds)} | {c.control_detail} |")
+    lines += ["", "| step | held-out loss | ICL score | best prefix matching (last layer) | K-composition | ‖K term‖ | verified |",
+              "|---:|---:|---:|---:|---:|---:|---|"]
+    best = run.best("prefix_matching", run.n_layers - 1) if run.n_layers else [math.nan] * len(run.steps)
+    for s, b in zip(run.snapshots, best):
+        lines.append(f"| {s.step:,} | {s.heldout_loss:.3f} | {s.icl_score:+.3f} | {b:.3f} | {s.k_composition:.3f} | "
+                     f"{s.k_term_norm:.3g} | {'yes' if s.k_term_verified else 'no'} |")
+    lines.append("")
+    for name, caption in FIGURES.items():
+        lines += [f"![{caption}](figures/{name}.png)", "", f"*{caption}*", ""]
+    return "\n".join(lines)
+
+
+def html(run, claims, control=None, names: Sequence[str] = ()) -> str:
+    rows = "".join(f"<tr><td>{_h(c.name)}</td><td>{_h(c.rule)}</td><td><b>{_verdict(c.holds)}</b></td><td>{_h(c.detail)}</td>"
+                   f"<td>{_verdict(c.control_holds)}</td><td>{_h(c.control_detail)}</td></tr>" for c in claims)
+    best = run.best("prefix_matching", run.n_layers - 1) if run.n_layers else [math.nan] * len(run.steps)
+    snaps = "".join(f'<tr><td class="num">{s.step:,}</td><td class="num">{s.heldout_loss:.3f}</td>'
+                    f'<td class="num">{s.icl_score:+.3f}</td><td class="num">{b:.3f}</td><td class="num">{s.k_composition:.3f}</td>'
+                    f'<td class="num">{s.k_term_norm:.3g}</td><td>{"yes" if s.k_term_verified else "no"}</td></tr>'
+                    for s, b in zip(run.snapshots, best))
+    control_line = "" if control is None else f"<p>Control: {_h(control.checkpoint)}, {control.n_layers} layer(s), trained alike.</p>"
+    figs = "".join(f'<figure><img src="figures/{name}.svg" alt="{_h(FIGURES[name])}"><figcaption>{_h(FIGURES[name])}'
+                   f"</figcaption></figure>" for name in FIGURES if name in names)
+    body = (f"<h1>How induction heads form in {_h(run.checkpoint)}</h1>{control_line}"
+            "<h2>The follow-up paper's claims</h2><table><thead><tr><th>claim</th><th>rule</th><th>the model</th>"
+            f"<th>its figures</th><th>the control</th><th>its figures</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"<h2>Figures</h2>{figs}<h2>Snapshots</h2><table><thead><tr><th>step</th><th>held-out loss</th><th>ICL score</th>"
+            "<th>best prefix matching</th><th>K-composition</th><th>‖K term‖</th><th>verified</th></tr></thead>"
+            f"<tbody>{snaps}</tbody></table>")
+    return page(f"Dynamics of {run.checkpoint}", body)
+
+
+def _finite(value):
+    """``value`` with every NaN or infinity as None (strict JSON: a score a head lacks is null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def output_names(formats: Sequence[str] = ("png", "svg")) -> list[str]:
+    return ["index.html", "dynamics.md", "dynamics.json"] + [f"figures/{n}.{f}" for n in FIGURES for f in formats]
+
+
+def write(out: Path, run, claims, control=None, window=None) -> list[Path]:
+    """Write the page, its Markdown, its JSON and its figures into ``out`` (a prepared folder)."""
+    made = figures(run, control, window)
+    (out / "figures").mkdir(exist_ok=True)
+    for name, fig in made.items():
+        save_figure(fig, out / "figures", name)
+    data = {"run": run.to_dict(), "control": None if control is None else control.to_dict(),
+            "window": None if window is None else [run.steps[window[0]], run.steps[window[1]]],
+            "claims": [c.to_dict() for c in claims]}
+    (out / "dynamics.json").write_text(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    (out / "dynamics.md").write_text(markdown(run, claims, control, window), encoding="utf-8")
+    (out / "index.html").write_text(html(run, claims, control, list(made)), encoding="utf-8")
+    return [out / "index.html"]
