@@ -148,7 +148,7 @@ def _checkpoint(args: argparse.Namespace):
     model = load_checkpoint(path, device=args.device)
     verify = f"--checkpoint {path}"
     check_readable(model.arch.n_layers, model.arch.mlp, str(path), verify)
-    tokenizer = CheckpointTokenizer.beside(path)
+    tokenizer = CheckpointTokenizer.beside(path, model.cfg.d_vocab)
     if tokenizer is None:
         raise VerifyCLIError(f"{path} has no tokenizer beside it ({tokenizer_path(path).name}): the language page reads "
                              "its text with the model's own tokenizer; give a model trained on text (tcircuits train-toy "

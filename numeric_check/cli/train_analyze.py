@@ -427,7 +427,7 @@ def _run_analyze(args) -> int:
         if vocab is None:  # a model trained on text: its own tokenizer's strings
             from numeric_check.training.text import CheckpointTokenizer
 
-            vocab = _tokenizer_vocab(CheckpointTokenizer.beside(checkpoint), model.cfg.d_vocab)
+            vocab = _tokenizer_vocab(CheckpointTokenizer.beside(checkpoint, model.cfg.d_vocab), model.cfg.d_vocab)
     fit_threads(args, model.cfg.d_model)  # the policy's threads for this width (--threads overrides)
     control_model = control_record = None
     if control_path is not None:

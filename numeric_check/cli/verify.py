@@ -248,7 +248,7 @@ def model_and_tokens(args: argparse.Namespace):
         if args.checkpoint is not None:  # a checkpoint trained on text reads prompts with its own tokenizer
             from numeric_check.training.text import CheckpointTokenizer
 
-            tokenizer = CheckpointTokenizer.beside(args.checkpoint)
+            tokenizer = CheckpointTokenizer.beside(args.checkpoint, model.cfg.d_vocab)
         text = None if tokenizer is None else text_tokens(
             args, UserModel(None, tokenizer, str(args.checkpoint), "checkpoint"), model.cfg.n_ctx, model.cfg.d_vocab)
         return model, text if text is not None else build_tokens(args, model), tokenizer

@@ -64,7 +64,7 @@ def heldout_windows(ids: torch.Tensor, n_ctx: int, count: int = HISTORY_WINDOWS)
     if len(ids) < length:
         raise ValueError(f"the held-out text is {len(ids):,} tokens, shorter than one window of {length}")
     offsets = torch.linspace(0, len(ids) - length, count, dtype=torch.float64).round().long()
-    return ids[offsets[:, None] + torch.arange(length)]
+    return ids[offsets[:, None] + torch.arange(length)].long()
 
 
 def window_bytes(windows: torch.Tensor) -> bytes:

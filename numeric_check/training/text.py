@@ -23,11 +23,15 @@ page that uses such a model say so.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+import multiprocessing
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from numeric_check.errors import InputFileError, TrainConfigError
@@ -38,6 +42,16 @@ from numeric_check.training.config import BLOCK_LINES, HELDOUT_EVERY
 MAX_TEXT_BYTES = 200_000_000
 #: Share of control characters (other than tab, newline, carriage return, form feed) above which a file is binary.
 BINARY_SHARE = 0.01
+#: The budget of the tokenizer's training, whatever the text: the BPE is trained on at most this many characters
+#: of the training part (a sample of evenly spaced stretches where the text is longer: 2,048 tokens need far
+#: less; the King James Bible, 4.1 MB, is used whole), and no pretoken (a run the byte-level regex keeps whole)
+#: is longer than MAX_PRETOKEN characters: a longer run of characters with no space is cut into pieces of that
+#: length, in training and in every encoding, so a 20 MB "word" costs time linear in its size.
+TOKENIZER_SAMPLE_CHARS, MAX_PRETOKEN = 8_000_000, 256
+#: Characters of text encoded per call into the tokenizer (a stopping signal is seen between calls), and the
+#: longest line read: text is split, held out and encoded a line at a time, so a longer line is refused.
+ENCODE_CHUNK_CHARS, MAX_LINE_BYTES = 200_000, 200_000
+_CONTROL = [chr(c) for c in range(32) if chr(c) not in "\t\n\r\f"]
 
 
 def read_texts(paths) -> str:
@@ -62,18 +76,31 @@ def read_texts(paths) -> str:
             raise InputFileError(f"{what} is empty: expected text to train on")
         if b"\0" in data:
             raise InputFileError(f"{what} is binary (it holds NUL bytes): expected UTF-8 text")
+        _check_lines(data, what)
         try:
             text = data.decode("utf-8").removeprefix("\ufeff")
         except UnicodeDecodeError as err:
             raise InputFileError(f"{what} is not UTF-8 text (byte {err.start}: {err.reason}); "
                                  "convert it first, e.g. iconv -f latin1 -t utf-8") from None
-        control = sum(1 for c in text if ord(c) < 32 and c not in "\t\n\r\f")
+        control = sum(map(text.count, _CONTROL))  # each a pass in C: a 50 MB text in a fraction of a second
         if control > BINARY_SHARE * len(text):
             raise InputFileError(f"{what} looks binary ({control:,} control characters in {len(text):,}): expected text")
         parts.append(text.replace("\r\n", "\n"))
     if not parts:
         raise InputFileError("no text files given")
     return "\n".join(parts)
+
+
+def _check_lines(data: bytes, what: str) -> None:
+    """Refuse a line longer than :data:`MAX_LINE_BYTES` (found with one vectorised pass over the bytes)."""
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+    bounds = np.concatenate([[-1], ends, [len(data)]])
+    lengths = np.diff(bounds) - 1
+    longest = int(lengths.argmax())
+    if lengths[longest] > MAX_LINE_BYTES:
+        raise InputFileError(f"{what} has a line of {int(lengths[longest]):,} bytes (line {longest + 1:,}), more than the "
+                             f"{MAX_LINE_BYTES:,} read: text is split and tokenized a line at a time; break it into lines "
+                             "(e.g. fold -s -w 1000 FILE)")
 
 
 def text_sha256(text: str) -> str:
@@ -92,34 +119,108 @@ def split_text(text: str, block_lines: int = BLOCK_LINES, every: int = HELDOUT_E
     return "\n".join(train), "\n".join(held)
 
 
+def pre_tokenizer():
+    """The byte-level BPE's pre-tokenizer: runs of :data:`MAX_PRETOKEN` characters with no whitespace cut apart,
+    then GPT-2's byte-level regex (for ordinary text, the byte-level regex alone: its pieces are shorter)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(rf"[^\s]{{{MAX_PRETOKEN}}}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+
+
+def tokenizer_sample(text: str, budget: int = TOKENIZER_SAMPLE_CHARS, stretches: int = 64) -> str:
+    """``text`` itself, or where it is longer than ``budget`` characters, ``stretches`` evenly spaced stretches of it
+    ``budget // stretches`` characters long, each cut at a line end where one is near (deterministic).
+
+    >>> tokenizer_sample("abc\\n" * 10, budget=100) == "abc\\n" * 10
+    True
+    >>> len(tokenizer_sample("x" * 10_000, budget=1_000, stretches=4))  # four stretches of 249 and three newlines
+    999
+    """
+    if len(text) <= budget:
+        return text
+    size, step = budget // stretches - 1, len(text) / stretches  # the stretches and the newlines between them
+    parts = []
+    for i in range(stretches):
+        start = int(i * step)
+        if start and text[start - 1] != "\n":  # from the next line's start where one is near
+            newline = text.find("\n", start, start + size // 2)
+            start = newline + 1 if newline >= 0 else start
+        parts.append(text[start:start + size])
+    return "\n".join(parts)
+
+
 def train_tokenizer(text: str, vocab_size: int):
     """A byte-level BPE tokenizer (Hugging Face ``tokenizers``) of exactly ``vocab_size`` tokens
-    trained on ``text``: the 256 bytes and the most frequent merges. Deterministic for one text.
-    A text too small to support ``vocab_size`` tokens is a :class:`TrainConfigError` saying how many it does."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    trained on ``text`` (:func:`tokenizer_sample` of it): the 256 bytes and the most frequent merges.
+    Deterministic for one text. The training runs in a child process, so Ctrl-C, SIGTERM and SIGHUP
+    stop the command at once (native code holds the thread it runs on). A text too small to support
+    ``vocab_size`` tokens is a :class:`TrainConfigError` saying how many it does."""
+    from tokenizers import Tokenizer, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet):
         raise TrainConfigError(f"a byte-level tokenizer needs at least {len(alphabet)} tokens (one per byte); got --vocab {vocab_size}")
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, initial_alphabet=alphabet,
-                                  show_progress=False, special_tokens=[])
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one order of merges, whatever the machine
-    try:
-        tokenizer.train_from_iterator(text.splitlines(), trainer)
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
+    tokenizer = Tokenizer.from_str(in_child(_trained_json, tokenizer_sample(text), vocab_size))
     size = tokenizer.get_vocab_size()
     if size < vocab_size:
         raise TrainConfigError(f"the text supports only {size:,} tokens (every pair seen twice merged), fewer than "
                                f"--vocab {vocab_size:,}; lower --vocab to at most {size:,} or give more text")
     return tokenizer
+
+
+def _trained_json(text: str, vocab_size: int) -> str:
+    """The tokenizer trained on ``text``, as JSON (what the child process sends back)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one order of merges, whatever the machine
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizer()
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False, special_tokens=[])
+    tokenizer.train_from_iterator(text.splitlines(), trainer)
+    return tokenizer.to_str()
+
+
+def in_child(function, *args):
+    """``function(*args)`` run in a child process (forked where the system can, so ``args`` are not copied), its
+    result returned. The parent waits in short polls, so a stopping signal reaches it at once
+    (:mod:`derivations.signals`): the child is killed and the signal goes on. An exception in the child is raised
+    again here as a :class:`TrainConfigError` with its message; a child that dies says how."""
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, function, args), daemon=True)
+    child.start()
+    send.close()
+    try:
+        while not receive.poll(0.05):
+            if not child.is_alive() and not receive.poll(0):
+                raise TrainConfigError(f"training the tokenizer stopped: its process ended with code {child.exitcode}"
+                                       + (" (out of memory?)" if child.exitcode == -signal.SIGKILL else ""))
+        status, value = receive.recv()
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receive.close()
+    if status == "error":
+        raise TrainConfigError(f"training the tokenizer failed: {value}")
+    return value
+
+
+def _child(send, function, args) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)  # the parent decides; the child just ends
+    try:
+        send.send(("ok", function(*args)))
+    except Exception as err:  # noqa: BLE001 - sent to the parent, which reports it in one line
+        send.send(("error", str(err).splitlines()[0][:300] if str(err) else type(err).__name__))
+    finally:
+        send.close()
 
 
 class CheckpointTokenizer:
@@ -135,21 +236,41 @@ class CheckpointTokenizer:
         self.tokenizer = tokenizer
 
     @classmethod
-    def beside(cls, checkpoint) -> "CheckpointTokenizer | None":
-        """The tokenizer beside ``checkpoint``, or None when it has none; an unreadable one is an
-        :class:`InputFileError` naming it."""
+    def beside(cls, checkpoint, d_vocab: int | None = None) -> "CheckpointTokenizer | None":
+        """The tokenizer beside ``checkpoint``, or None when it has none. One that cannot be ours is an
+        :class:`InputFileError` naming it, before the Rust parser sees it: larger than a JSON file is read,
+        nested deeper than a tokenizer nests, not a byte-level BPE (``model.type`` BPE, a vocabulary of
+        tokens by id, merges), more merges than tokens (a BPE of N tokens has fewer than N merges), or ids
+        at or beyond ``d_vocab`` (the model's vocabulary: a tokenizer of another model)."""
         from tokenizers import Tokenizer
 
+        from numeric_check.files import read_json, read_text_file
         from numeric_check.training.config import tokenizer_path
 
         path = tokenizer_path(checkpoint)
-        if not path.is_file():
+        if not path.exists():
             return None
+        where = f"the tokenizer {str(path)!r} beside the checkpoint"
+        text = read_text_file(path, "the tokenizer")
+        data = read_json(text, where)
+        model = data.get("model") if isinstance(data, dict) else None
+        vocab, merges = (model.get("vocab"), model.get("merges")) if isinstance(model, dict) else (None, None)
+        if not (isinstance(model, dict) and model.get("type") == "BPE" and isinstance(vocab, dict) and isinstance(merges, list)
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values())):
+            raise InputFileError(f"{where} is not a byte-level BPE as train-toy saves it (model.type BPE with a "
+                                 "vocab of token ids and merges); delete it or train the model again")
+        if len(merges) >= max(len(vocab), 1):
+            raise InputFileError(f"{where} lists {len(merges):,} merges for {len(vocab):,} tokens; a BPE has fewer merges "
+                                 "than tokens; delete it or train the model again")
+        top = max(vocab.values(), default=-1)
+        if d_vocab is not None and top >= d_vocab:
+            raise InputFileError(f"{where} has token ids up to {top:,}, but the model's vocabulary is {d_vocab:,} tokens: "
+                                 "it belongs to another model; put the model's own tokenizer beside it or delete it")
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            return cls(Tokenizer.from_str(text))
         except Exception as err:  # the Rust parser's errors have no common Python class
-            raise InputFileError(f"the tokenizer {str(path)!r} beside the checkpoint cannot be read: "
-                                 f"{str(err).splitlines()[0][:200]}; delete it or train the model again") from None
+            raise InputFileError(f"{where} cannot be read: {str(err).splitlines()[0][:200]}; delete it or train the "
+                                 "model again") from None
 
     def __call__(self, text: str) -> dict:
         return {"input_ids": self.tokenizer.encode(text).ids}
@@ -163,16 +284,35 @@ class CheckpointTokenizer:
 
 def encode(tokenizer, text: str) -> torch.Tensor:
     """The token ids of ``text`` (lines joined by newlines, as in the file) as a 1-d long tensor."""
-    ids: list[int] = []
-    for encoding in tokenizer.encode_batch(text.splitlines(keepends=True)):
-        ids.extend(encoding.ids)
-    return torch.tensor(ids, dtype=torch.long)
+    return encode_compact(tokenizer, text).long()
+
+
+def encode_compact(tokenizer, text: str) -> torch.Tensor:
+    """The token ids of ``text`` as a 1-d ``uint16`` tensor (2 bytes a token: a 50 MB text's 12 million tokens in
+    24 MB), encoded :data:`ENCODE_CHUNK_CHARS` characters at a time so that a stopping signal is seen between
+    calls. A vocabulary beyond 65,536 tokens is kept as ``int32``."""
+    wide = tokenizer.get_vocab_size() > np.iinfo(np.uint16).max + 1
+    parts, batch, size = [], [], 0
+    lines = iter(text.splitlines(keepends=True))
+    while True:
+        line = next(lines, None)
+        if line is not None:
+            batch.append(line)
+            size += len(line)
+        if batch and (line is None or size >= ENCODE_CHUNK_CHARS):
+            encodings = tokenizer.encode_batch_fast(batch) if hasattr(tokenizer, "encode_batch_fast") else tokenizer.encode_batch(batch)
+            parts.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32 if wide else np.uint16))
+            batch, size = [], 0
+        if line is None:
+            break
+    joined = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32 if wide else np.uint16)
+    return torch.from_numpy(joined)
 
 
 @dataclass(frozen=True)
 class TextData:
-    """A corpus made ready to train on: its tokenizer, the training and held-out token streams,
-    and the SHA-256 of the text they came from."""
+    """A corpus made ready to train on: its tokenizer, the training and held-out token streams (``uint16``
+    tensors, 2 bytes a token: :func:`encode_compact`), and the SHA-256 of the text they came from."""
 
     tokenizer: object
     train: torch.Tensor
@@ -189,7 +329,7 @@ class TextData:
                                    f"part is every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines, so at least "
                                    f"{HELDOUT_EVERY * BLOCK_LINES:,} lines are needed")
         tokenizer = train_tokenizer(train_text, vocab_size)
-        data = cls(tokenizer, encode(tokenizer, train_text), encode(tokenizer, held_text), text_sha256(text))
+        data = cls(tokenizer, encode_compact(tokenizer, train_text), encode_compact(tokenizer, held_text), text_sha256(text))
         for name, ids in (("training", data.train), ("held-out", data.heldout)):
             if len(ids) < n_ctx + 1:
                 raise TrainConfigError(f"the {name} part of the text is {len(ids):,} tokens, shorter than one sequence "
@@ -219,7 +359,7 @@ def text_batch(ids: torch.Tensor, n_ctx: int, batch_size: int, generator: torch.
     """
     length = n_ctx + 1
     offsets = torch.randint(0, len(ids) - length + 1, (batch_size,), generator=generator)
-    tokens = ids[offsets[:, None] + torch.arange(length)]  # [batch, n_ctx + 1]
+    tokens = ids[offsets[:, None] + torch.arange(length)].long()  # [batch, n_ctx + 1] (ids may be held as uint16)
     copies = torch.full((batch_size, 1, 3), -1, dtype=torch.long)
     u = torch.rand((4, batch_size), generator=generator, dtype=torch.float64)
     lo, hi = math.log(seg_min), math.log(min(seg_max, length // 2) + 1)

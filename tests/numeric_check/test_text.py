@@ -159,7 +159,7 @@ def test_a_bad_text_is_refused_before_training(tmp_path, capsys):
 def test_an_unreadable_tokenizer_beside_a_checkpoint_is_one_line(tmp_path):
     checkpoint = tmp_path / "m.safetensors"
     tokenizer_path(checkpoint).write_text("{not json", encoding="utf-8")
-    with pytest.raises(InputFileError, match="cannot be read"):
+    with pytest.raises(InputFileError, match="is not usable JSON"):
         CheckpointTokenizer.beside(checkpoint)
     assert CheckpointTokenizer.beside(tmp_path / "other.safetensors") is None
 
