@@ -8,7 +8,7 @@ order, medians of ``--repeats`` runs: wall and CPU time and the peak resident me
 whole peak (``ru_maxrss``, torch included) and the peak above what it held before the run (sampled
 every 10 ms). Then the ratio of order 3's
 peak to order 2's (target: at most 1.3; 1.98 before, 0.53 GB and 1.05 GB as filed in issue 26). Order 3 runs
-a third time with its report written as JSON, as ``tcircuits verify --json -o FILE`` writes it (a chunk of rows
+a third time with its report written as JSON, as ``tcircuits verify --format json -o FILE`` writes it (a chunk of rows
 at a time): its peak against the run without it (target: at most 1.1; 551 MB against 446 MB when the
 document was built whole), and the document's size.
 
@@ -57,7 +57,7 @@ def model_and_tokens():
 
 def run_one(order: int, repeats: int, device: str, dtype: str, json_out: bool = False) -> dict:
     """``repeats`` verifications in this process: medians, the first run's peak above start, the process peak;
-    ``json_out``: each report then written as ``tcircuits verify --json -o`` writes it (its size in ``json_mb``)."""
+    ``json_out``: each report then written as ``tcircuits verify --format json -o`` writes it (its size in ``json_mb``)."""
     from numeric_check import verify_logits
     from numeric_check.cli.verify import write_report
 
@@ -176,7 +176,7 @@ def main() -> None:
         print(f"{order:>5} {r['terms']:>7,} {r['wall']:>7.1f} {r['cpu']:>7.1f} {r['peak_gb']:>8.3f} {r['above_gb']:>9.3f} "
               f"{str(r['passed']):>6}  {', '.join(f'{k} {v}' for k, v in r['stages'].items())}{cuda}", flush=True)
     streamed = rows["3 --json"]["peak_gb"] / rows[3]["peak_gb"]
-    print(f"order 3 with its report written as JSON ({rows['3 --json']['json_mb']:.1f} MB, as verify --json -o writes it): "
+    print(f"order 3 with its report written as JSON ({rows['3 --json']['json_mb']:.1f} MB, as verify --format json -o writes it): "
           f"peak {streamed:.2f}x the run without it (target <= 1.1: {'met' if streamed <= 1.1 else 'NOT met'})")
     ratio = rows[3]["peak_gb"] / rows[2]["peak_gb"]
     before = ISSUE_PEAK_GB[3] / ISSUE_PEAK_GB[2]

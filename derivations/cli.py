@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
+import re
 import signal
 import sys
 from importlib.metadata import entry_points
@@ -52,15 +54,49 @@ examples:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (no usage block), exit status 2; the
-    subcommands' parsers are of the same class, so every command reports alike."""
+    """An argument parser whose errors are one line (no usage block), exit status 2, with a "did you mean"
+    for a mistyped command, option or choice; no option is taken by an abbreviation of its name (a new
+    option would change what an old abbreviation means). The subcommands' parsers are of the same class,
+    so every command reports alike."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            where = _subparser(self, namespace) or self
+            where.error(f"unrecognized arguments: {' '.join(extras)}" + _suggestion(extras, where))
+        return namespace
 
     def error(self, message: str):
         message = terminal_safe(" ".join(message.split()))  # argparse quotes bad values, newlines and all
         if message.endswith("expected one argument"):  # --tokens -1,2: the value reads as a flag
             flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
             message += f" (a value that starts with '-' is written {flag}=VALUE)"
+        choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if choice:
+            close = difflib.get_close_matches(choice.group(1), re.findall(r"'(.*?)'", choice.group(2)), n=1)
+            message += f"; did you mean '{close[0]}'?" if close else ""
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _subparser(parser: argparse.ArgumentParser, namespace) -> argparse.ArgumentParser | None:
+    """The parser of the subcommand ``namespace`` was parsed for, if any."""
+    action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return None if action is None else action.choices.get(getattr(namespace, "command", None))
+
+
+def _suggestion(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """"; did you mean --format?" for the first unknown option close to one of ``parser``'s (hidden old spellings too)."""
+    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=")[0], options, n=1, cutoff=0.7)
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(command_line() if argv is None else argv)
+    argv = command_line() if argv is None else argv
+    if not argv:  # plain tcircuits: what it does and its commands
+        parser.print_help()
+        return 0
+    args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit

@@ -21,6 +21,7 @@ from tensoralg.escape import terminal_safe
 from derivations import catalogue
 from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
+from derivations.vocabulary import add_out
 from derivations.errors import DerivationError, LatexError, OutputError
 from derivations.checking import identity_document
 from derivations.files import output_file, writable_file, write_atomic
@@ -345,8 +346,7 @@ def add_opaque(parser: argparse.ArgumentParser) -> None:
 def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default=None, help="output format (default: text; html: one self-contained page, "
                              "maths as MathML, open it in a browser)")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help="write to FILE instead of standard output (- or /dev/stdout: standard output)")
+    add_out(parser, dest="output", help="write to FILE instead of standard output (- or /dev/stdout: standard output)")
     parser.add_argument("--force", action="store_true", help="let -o replace a checkpoint or a training record, "
                         "and --pdf an existing PDF")
     parser.add_argument("--pdf", action="store_true",

@@ -37,3 +37,7 @@ class LatexError(DerivationError):
 
 class HtmlError(DerivationError):
     """Mathematics that cannot be converted to MathML."""
+
+
+class CommandLineError(DerivationError, ValueError):
+    """Options of the command line that contradict each other (what argparse cannot see alone)."""

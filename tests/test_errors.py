@@ -172,7 +172,7 @@ def test_an_unreachable_torchrun_master_is_announced_and_bounded(tmp_path):
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         start = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "derivations.cli", "verify", "--layers", "1", "--heads", "1",
-                               "--device", "cpu", "--join-timeout", "3", "--no-progress"],
+                               "--device", "cpu", "--join-timeout", "3", "--quiet"],
                               capture_output=True, text=True, env=env, timeout=300)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 2, done.stderr[-2000:]

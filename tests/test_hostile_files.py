@@ -181,7 +181,7 @@ def test_a_report_never_replaces_the_checkpoints_training_record(tmp_path):
     checkpoint.write_bytes(b"x")
     (tmp_path / "analysis.json").write_text("{}")
     before = folder_state(tmp_path)
-    code, err = run(["analyze", str(checkpoint), "--out", str(tmp_path)])
+    code, err = run(["analyze", "--checkpoint", str(checkpoint), "--out", str(tmp_path)])
     assert one_line_error(code, err) and "would replace" in err and folder_state(tmp_path) == before
 
 
@@ -651,7 +651,7 @@ def test_analyze_stopped_by_sigterm_or_sighup_cleans_up_as_ctrl_c_does(tmp_path,
 
     checkpoint = tiny_checkpoint(tmp_path)
     report = tmp_path / "report"
-    argv = [sys.executable, "-m", "derivations.cli", "analyze", str(checkpoint), "--out", str(report), *ANALYZE]
+    argv = [sys.executable, "-m", "derivations.cli", "analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     assert subprocess.run(argv, capture_output=True, env=env, timeout=600).returncode == 0
     before = folder_state(report)

@@ -244,7 +244,7 @@ def tiny_checkpoint(folder: Path) -> Path:
     return path
 
 
-ANALYZE = ["--sequences", "4", "--formats", "svg"]
+ANALYZE = ["--sequences", "4", "--figure-formats", "svg"]
 
 
 def test_paper_refuses_a_persons_page_before_any_work(tmp_path):
@@ -297,13 +297,13 @@ def test_paper_interrupted_while_writing_leaves_the_old_companion(tmp_path, monk
 def test_analyze_refuses_a_persons_file_and_force_keeps_it(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path)
     report = tmp_path / "report"
-    assert run(["analyze", str(checkpoint), "--out", str(report), *ANALYZE])[0] == 0
+    assert run(["analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE])[0] == 0
     (report / "notes.md").write_text("mine")
     (report / "index.html").write_text("my own page")
     before = folder_state(tmp_path)
-    code, err = run(["analyze", str(checkpoint), "--out", str(report), *ANALYZE])
+    code, err = run(["analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE])
     assert one_line_error(code, err) and "'index.html', 'notes.md'" in err and folder_state(tmp_path) == before
-    assert run(["analyze", str(checkpoint), "--out", str(report), *ANALYZE, "--force"])[0] == 0
+    assert run(["analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE, "--force"])[0] == 0
     assert (report / "notes.md").read_text() == "mine" and "Circuit analysis" in (report / "index.html").read_text()
     assert beside(report) == ["m.safetensors", "report"]
 
@@ -323,7 +323,7 @@ def analyze_process(checkpoint: Path, report: Path, limit: int | None = None, ct
     limit_line = f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n" if limit else ""
     script = (f"import resource, sys\n{limit_line}{CTRL_C_WHILE_WRITING if ctrl_c else ''}"
               "from derivations.cli import main\nsys.exit(main(sys.argv[1:]))")
-    return subprocess.Popen([sys.executable, "-c", script, "analyze", str(checkpoint), "--out", str(report), *ANALYZE,
+    return subprocess.Popen([sys.executable, "-c", script, "analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE,
                              "--seed", "1"],  # other numbers than the old report's: a figure replaced would show
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=terminal_signals,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
@@ -335,7 +335,7 @@ def test_analyze_past_a_file_size_limit_leaves_the_old_report(tmp_path):
     write fails; one line, and the old report exactly (no figure of the new one in it)."""
     checkpoint = tiny_checkpoint(tmp_path)
     report = tmp_path / "report"
-    assert run(["analyze", str(checkpoint), "--out", str(report), *ANALYZE])[0] == 0
+    assert run(["analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE])[0] == 0
     before = folder_state(tmp_path)
     sizes = [(report / "figures" / f"{name}.svg").stat().st_size for name in ("positivity", "profiles", "composition")]
     limit = max(sizes) - 1
@@ -351,7 +351,7 @@ def test_analyze_stopped_by_ctrl_c_while_writing_leaves_the_old_report(tmp_path)
     (a poll for the new folder from here missed it on a loaded machine: the run had finished in between)."""
     checkpoint = tiny_checkpoint(tmp_path)
     report = tmp_path / "report"
-    assert run(["analyze", str(checkpoint), "--out", str(report), *ANALYZE])[0] == 0
+    assert run(["analyze", "--checkpoint", str(checkpoint), "--out", str(report), *ANALYZE])[0] == 0
     before = folder_state(tmp_path)
     process = analyze_process(checkpoint, report, ctrl_c=True)
     out, err = process.communicate(timeout=300)

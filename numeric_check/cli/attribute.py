@@ -16,6 +16,7 @@ import argparse
 
 from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, int_in, with_runtime
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
+from derivations.vocabulary import add_out
 from numeric_check.cli.source import add_model_arguments, add_text_arguments, parse_token
 from numeric_check.errors import AttributionError
 
@@ -70,8 +71,7 @@ def register(subparsers) -> None:
     add_runtime_arguments(what)
     out = p.add_argument_group("output")
     out.add_argument("--format", default="text", choices=FORMATS, help="text (default), json (every term), html (a bar chart), markdown")
-    out.add_argument("-o", "--output", metavar="FILE",
-                     help="write there (atomically) instead of printing; - or /dev/stdout: standard output")
+    add_out(out, dest="output", help="write there (atomically) instead of printing; - or /dev/stdout: standard output")
     out.add_argument("--force", action="store_true",
                      help="let -o replace a file this command reads, a checkpoint or a training record")
     p.set_defaults(func=with_runtime(run))

@@ -8,7 +8,7 @@ from pathlib import Path
 from numeric_check.reports.flags import add_runtime_arguments, with_runtime
 
 DESCRIPTION = """\
-Measure how a model trained with 'tcircuits train-toy --text' changed as it trained, from the
+Measure how a model trained with 'tcircuits train-toy --text-file' changed as it trained, from the
 snapshots it kept (NAME.history/), as the follow-up paper does (Olsson et al., 2022): at each
 snapshot the held-out loss and its value at every token index, the in-context learning score
 (a late token's loss minus an early one's; the paper's 500th and 50th tokens, scaled to the
@@ -27,9 +27,9 @@ dynamics.json and figures/*.png and *.svg, the folder replaced whole at the end.
 
 EPILOG = """\
 examples:
-  tcircuits train-toy --text kjv.txt --layers 2 --snapshots 32 -o lang_2l.safetensors
-  tcircuits train-toy --text kjv.txt --layers 1 --snapshots 32 -o lang_1l.safetensors
-  tcircuits dynamics lang_2l.safetensors --control lang_1l.safetensors -o dynamics/
+  tcircuits train-toy --text-file kjv.txt --layers 2 --snapshots 32 -o lang_2l.safetensors
+  tcircuits train-toy --text-file kjv.txt --layers 1 --snapshots 32 -o lang_1l.safetensors
+  tcircuits dynamics --checkpoint lang_2l.safetensors --control lang_1l.safetensors -o dynamics/
 """
 
 
@@ -37,8 +37,8 @@ def register(subparsers) -> None:
     """Add ``dynamics`` to the ``tcircuits`` parser."""
     p = subparsers.add_parser("dynamics", help="how induction heads form: the phase change, from a run's snapshots",
                               description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
-                   help="a checkpoint trained with train-toy --text, with its NAME.history/ beside it")
+    p.add_argument("--checkpoint", required=True, type=Path, metavar="PATH",
+                   help="a checkpoint trained with train-toy --text-file, with its NAME.history/ beside it")
     p.add_argument("--control", type=Path, metavar="CHECKPOINT",
                    help="a run trained alike with fewer layers (a one-layer control), with its history")
     p.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="folder to write the page into (created)")

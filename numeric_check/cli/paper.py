@@ -40,6 +40,7 @@ import argparse
 import time
 from pathlib import Path
 
+from derivations.vocabulary import add_checkpoint, add_out, checkpoint_of, old_spelling
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import add_model_arguments
 from numeric_check.errors import VerifyCLIError
@@ -49,8 +50,8 @@ EPILOG = """\
 examples:
   tcircuits paper --out companion/            # then open companion/index.html
   tcircuits paper --out companion/ --pdf      # and companion/paper.pdf
-  tcircuits train-toy --text notes.txt --layers 2 --n-ctx 128 --out m2.safetensors
-  tcircuits paper m2.safetensors --text notes.txt --out companion/   # the language page on your model
+  tcircuits train-toy --text-file notes.txt --layers 2 --n-ctx 128 --out m2.safetensors
+  tcircuits paper --checkpoint m2.safetensors --text-file notes.txt --out companion/   # the language page on your model
 """
 
 
@@ -59,16 +60,17 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "paper", help="the paper's companion: every equation derived and verified, every finding measured (HTML, PDF)",
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", nargs="?", type=Path, metavar="CHECKPOINT",
-                        help="an attention-only checkpoint of 0, 1 or 2 layers trained on text (train-toy --text): the "
-                             "language page measures it instead of the shipped language models")
+    add_checkpoint(parser, help="an attention-only checkpoint of 0, 1 or 2 layers trained on text (train-toy "
+                                "--text-file): the language page measures it instead of the shipped language models",
+                   positional_help="")
     yours = parser.add_argument_group("your model (instead of CHECKPOINT), converted and checked against it first")
     add_model_arguments(yours)
-    yours.add_argument("--text", type=Path, metavar="FILE", dest="text_path",
+    yours.add_argument("--text-file", type=Path, metavar="FILE", dest="text_path",
                        help="the UTF-8 text your model is measured on, read whole by its own tokenizer (needed with "
                             "--hf and --tl; a checkpoint is measured on the shipped held-out King James Bible without it)")
-    parser.set_defaults(text=None, text_file=None)  # no prompt: --text here is the text measured on
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder to write the site into (made if missing)")
+    old_spelling(yours, "--text", dest="text_path", use="--text-file FILE", type=Path, metavar="FILE")
+    parser.set_defaults(text=None, text_file=None)  # no prompt: --text-file here is the text measured on
+    add_out(parser, required=True, metavar="DIR", help="folder to write the site into (made if missing)", old=None)
     parser.add_argument("--pdf", action="store_true", help="also compile DIR/paper.pdf with pdflatex")
     parser.add_argument("--force", action="store_true",
                         help="replace files in DIR that tcircuits did not write (or that changed since) at the names it writes")
@@ -85,13 +87,14 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.cli.source import check_model_flags
     from numeric_check.reports.paper.build import check_outputs, step_count, write_paper
 
+    checkpoint_of(args)
     check_model_flags(args, [])
     yours = args.checkpoint is not None or args.hf is not None or args.tl is not None
     if args.text_path is not None and not yours:
-        raise VerifyCLIError("--text is the text your model is measured on: give the model too (CHECKPOINT, --hf or "
+        raise VerifyCLIError("--text-file is the text your model is measured on: give the model too (--checkpoint, --hf or "
                              "--tl); without one, the shipped language models are measured on their held-out text")
     if args.text_path is None and (args.hf is not None or args.tl is not None):
-        raise VerifyCLIError(f"{'--hf' if args.hf is not None else '--tl'} needs --text FILE: the text the model is "
+        raise VerifyCLIError(f"{'--hf' if args.hf is not None else '--tl'} needs --text-file FILE: the text the model is "
                              "measured on (UTF-8, read whole by the model's tokenizer)")
     check_outputs(args.out, args.pdf, args.force)  # a bad folder is refused before any work
     language = your_language(args) if yours else None

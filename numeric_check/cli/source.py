@@ -343,6 +343,7 @@ def text_tokens(args: argparse.Namespace, user: UserModel, n_ctx: int | None, d_
             text = read_text_file(args.text_file, "the prompt file", InputFileError)
         else:
             text = args.text
+            _note_a_file_given_as_text(args)
         check_utf8(text, "--text" if args.text_file is None else "the prompt file")
         if not text.strip():
             raise VerifyCLIError("the prompt is empty; give some text to tokenize")
@@ -508,3 +509,21 @@ def _loading(what: str, load):
         raise ModelLoadError(f"cannot load {what}: {error}") from None
     except Exception as error:  # noqa: BLE001 - the libraries raise OSError, ValueError, KeyError, ...
         raise ModelLoadError(f"cannot load {what}: {_one_line(error)}") from None
+
+
+def _note_a_file_given_as_text(args) -> None:
+    """``--text`` is the prompt itself; where it also names a file, say once how to read the file instead
+    (``verify --text /tmp/prompt.txt`` tokenized the path)."""
+    import os
+
+    from derivations.vocabulary import note_once
+
+    text = args.text
+    if len(text) < 4096 and "\n" not in text and text.strip() == text:
+        try:
+            is_file = os.path.isfile(text)
+        except (OSError, ValueError):
+            is_file = False
+        if is_file:
+            note_once(f"tcircuits {args.command}", "--text FILE", f"--text is the prompt itself, so {text!r} is read as "
+                      f"text; it also names a file: to read the file, use --text-file {text}")

@@ -20,6 +20,7 @@ from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
+from derivations.vocabulary import add_checkpoint, add_out, checkpoint_of, old_spelling
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import output_folder, writable_file, write_together
 from numeric_check.training.config import BLOCK_LINES, DEFAULT_SNAPSHOTS, HELDOUT_EVERY, tokenizer_path
@@ -72,7 +73,7 @@ TRAIN_EPILOG = """\
 examples:
   tcircuits train-toy --layers 2 --out induction_2l.safetensors
   tcircuits train-toy --layers 1 --steps 4000 --seed 1 --out control_1l.safetensors
-  tcircuits analyze induction_2l.safetensors --out report/
+  tcircuits analyze --checkpoint induction_2l.safetensors --out report/
 """
 
 
@@ -83,7 +84,7 @@ def register_train_toy(subparsers) -> None:
     d = TrainConfig()
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
                      TRAIN_DESCRIPTION, TRAIN_EPILOG)
-    p.add_argument("--out", required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
+    add_out(p, required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write", old=None)
     p.add_argument("--layers", type=int_in(0, 2), default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
     p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
@@ -92,10 +93,11 @@ def register_train_toy(subparsers) -> None:
                    help=f"vocabulary size (default {d.d_vocab}; with --text the BPE's size, default {TEXT_VOCAB})")
     p.add_argument("--n-ctx", type=int, default=d.n_ctx, help=f"sequence length (default {d.n_ctx})")
     text = p.add_argument_group("training on text (the paper's kind of model) instead of the planted data")
-    text.add_argument("--text", nargs="+", type=Path, metavar="FILE",
+    text.add_argument("--text-file", nargs="+", type=Path, metavar="FILE", dest="text",
                       help="UTF-8 text to train on (e.g. build/corpus/kjv.txt from 'make corpus'): a byte-level BPE "
                            "of --vocab tokens is trained on it and saved beside the checkpoint (NAME.tokenizer.json); "
                            f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines is held out for evaluation")
+    old_spelling(text, "--text", dest="text", use="--text-file FILE", nargs="+", type=Path, metavar="FILE")
     text.add_argument("--copy-share", type=finite_float, default=None, metavar="P",
                       help=f"share of sequences that repeat a span of themselves (copy-augmentation), with --text "
                            f"(default {TEXT_COPY_SHARE}); the span is --seg-min..--seg-max tokens")
@@ -148,7 +150,7 @@ def _run_train_toy(args) -> int:
 
     for flag, value in (("--copy-share", args.copy_share), ("--snapshots", args.snapshots)):
         if args.text is None and value is not None:
-            raise NumericCheckError(f"{flag} applies to training on text: give --text FILE too")
+            raise NumericCheckError(f"{flag} applies to training on text: give --text-file FILE too")
     args.vocab = args.vocab if args.vocab is not None else (TEXT_VOCAB if args.text else TrainConfig.d_vocab)
     check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
     data = text_data(args) if args.text else None
@@ -300,7 +302,7 @@ examples:
   tcircuits analyze --out report/
   tcircuits train-toy --layers 2 --out m2.safetensors
   tcircuits train-toy --layers 1 --out m1.safetensors
-  tcircuits analyze m2.safetensors --control m1.safetensors --out report/
+  tcircuits analyze --checkpoint m2.safetensors --control m1.safetensors --out report/
   tcircuits analyze --hf ./my-model --out report/
 """
 
@@ -309,14 +311,14 @@ def register_analyze(subparsers) -> None:
     """Add ``analyze`` to the ``tcircuits`` parser."""
     p = _add_command(subparsers, "analyze", "analyse a model's circuits (copying, composition, induction heads, term importance) into a report",
                      ANALYZE_DESCRIPTION, ANALYZE_EPILOG)
-    p.add_argument("checkpoint", nargs="?", type=Path, metavar="CHECKPOINT",
-                   help="a .safetensors checkpoint (default: the shipped 2-layer model, or --hf / --tl)")
+    add_checkpoint(p, help="a .safetensors checkpoint (default: the shipped 2-layer model, or --hf / --tl)",
+                   positional_help="")
     yours = p.add_argument_group("your model (instead of CHECKPOINT), converted and checked against it first")
     add_model_arguments(yours)
     yours.add_argument("--dtype", default="float32", choices=["float64", "float32"],
                        help="dtype of the --hf/--tl model as loaded and analysed (default float32)")
     p.set_defaults(text=None, text_file=None)
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
+    add_out(p, required=True, type=Path, metavar="DIR", help="folder to write the report into (created)", old=None)
     p.add_argument("--force", action="store_true",
                    help="replace files in OUT that tcircuits did not write (or that changed since) at the names it writes")
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
@@ -324,7 +326,9 @@ def register_analyze(subparsers) -> None:
                    help="token strings: a JSON list, or one token per line (d_vocab entries)")
     p.add_argument("--sequences", type=int_in(1), default=64, metavar="N", help="repeated-segment sequences to evaluate on (default 64)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the evaluation data and the random baselines (default 0)")
-    p.add_argument("--formats", default="png,svg", help="figure formats, comma-separated: png, svg, pdf (default png,svg)")
+    p.add_argument("--figure-formats", dest="formats", default="png,svg", metavar="FORMATS",
+                   help="figure formats, comma-separated: png, svg, pdf (default png,svg)")
+    old_spelling(p, "--formats", dest="formats", use="--figure-formats")
     add_runtime_arguments(p)
     p.set_defaults(func=with_runtime(_run_analyze))
 
@@ -408,6 +412,7 @@ def _run_analyze(args) -> int:
     from numeric_check.reports.report import Report, report_output
     from numeric_check.training.toy import shipped_checkpoint
 
+    checkpoint_of(args)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     check_formats(formats)
     checkpoint, control_path = args.checkpoint, args.control

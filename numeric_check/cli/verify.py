@@ -14,6 +14,7 @@ from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, finite_
 from typing import TYPE_CHECKING, Iterable
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
+from derivations.vocabulary import add_out, old_spelling
 from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.source import (
@@ -71,7 +72,7 @@ or a random one (--layers, --heads, ...; seeded), or a checkpoint saved by tcirc
 (--checkpoint). Tokens are your prompt (--text "..." or --text-file F, tokenized by the
 model's own tokenizer), ids (--tokens "1,2,3", sequences separated by ";"), or random
 (--batch, --seq-len, --token-seed). Prints a table of every term (its order,
-the Frobenius norm of its contribution, its error against isolation) or --json; exits 0
+the Frobenius norm of its contribution, its error against isolation) or --format json; exits 0
 when every check passes and 1 when one fails.
 """
 
@@ -80,7 +81,7 @@ examples:
   tcircuits verify --hf ./my-gpt2 --text "The cat sat on the mat" --max-order 1
   tcircuits verify --hf EleutherAI/pythia-70m --text "When Mary and John" --qk 1 3 --max-order 1
   tcircuits verify --layers 2 --heads 4 --positional standard --layer-norm
-  tcircuits verify --layers 3 --heads 8 --max-order 1 --json
+  tcircuits verify --layers 3 --heads 8 --max-order 1 --format json
   tcircuits verify --layers 2 --heads 2 --qk 1 0 --tokens "5,1,2,5,1"
   tcircuits verify --checkpoint induction_2l.safetensors --seq-len 32 --no-isolation
   torchrun --nproc-per-node 2 $(which tcircuits) verify --layers 4 --heads 8 --max-order 2
@@ -140,14 +141,15 @@ def register(subparsers) -> None:
     check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print the report as JSON")
-    out.add_argument("-o", "--output", metavar="FILE",
-                     help="write the report there (a temporary file renamed once complete) instead of printing it; "
-                          "- or /dev/stdout: standard output")
+    out.add_argument("--format", default="text", choices=("text", "json"), help="the report as text (default) or JSON")
+    old_spelling(out, "--json", dest="format", use="--format json", flag_value="json")
+    add_out(out, dest="output", help="write the report there (a temporary file renamed once complete) instead of printing "
+                                    "it; - or /dev/stdout: standard output")
     out.add_argument("--force", action="store_true",
                      help="let -o replace a file this command reads, a checkpoint or a training record")
     out.add_argument("--max-rows", type=int_in(1), help="print at most this many terms in the table")
-    out.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    out.add_argument("--quiet", action="store_true", help="no progress bar")
+    old_spelling(out, "--no-progress", dest="quiet", use="--quiet", flag_value=True)
     p.set_defaults(func=with_runtime(run))
 
 
@@ -187,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
                   isolation=not args.no_isolation)
     first = is_first_rank()
     announce_duration(args, model, tokens, first)
-    with _Progress(disabled=args.no_progress or not first) as progress:
+    with _Progress(disabled=args.quiet or not first) as progress:
         if args.qk is None:
             report = verify_logits(model, tokens, progress=progress, **common)
         else:
@@ -196,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
     if tokenizer is not None:
         report.tokens = [token_line(tokenizer, row) for row in tokens.tolist()]
     if first:
-        write_report(report.json_pieces() if args.json else map(terminal_safe, report.text_pieces(args.max_rows)), output)
+        write_report(report.json_pieces() if args.format == "json" else map(terminal_safe, report.text_pieces(args.max_rows)), output)
     return 0 if report.passed else 1
 
 

@@ -22,7 +22,7 @@ LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0, "bigram_successors": 0, "s
                  "train_last_position": False, "text_sha256": None, "copy_share": 0.0}
 #: Training on text: lines per block of the held-out split, and which block is held out (every HELDOUT_EVERY-th).
 BLOCK_LINES, HELDOUT_EVERY = 100, 20
-#: Snapshots kept by ``train-toy --text`` unless ``--snapshots`` says otherwise (:mod:`numeric_check.training.history`).
+#: Snapshots kept by ``train-toy --text-file`` unless ``--snapshots`` says otherwise (:mod:`numeric_check.training.history`).
 DEFAULT_SNAPSHOTS = 32
 MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 

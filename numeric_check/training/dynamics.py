@@ -126,7 +126,7 @@ def read_history(checkpoint: Path | str) -> tuple[Path, dict]:
     index = folder / HISTORY_INDEX
     if not index.is_file():
         raise CheckpointError(f"{str(checkpoint)!r} has no training history ({str(index)!r} is missing): train it with "
-                              "'tcircuits train-toy --text FILE --snapshots N' to keep one")
+                              "'tcircuits train-toy --text-file FILE --snapshots N' to keep one")
     history = read_json(read_text_file(index, "the training history", CheckpointError), f"the history {str(index)!r}",
                         CheckpointError)
     snapshots = history.get("snapshots") if isinstance(history, dict) else None

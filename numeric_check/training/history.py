@@ -3,7 +3,7 @@ held-out loss at every position of the context.
 
 The follow-up paper (Olsson et al., 2022) reads how induction heads form from the whole run: the
 loss as training goes, the in-context learning score (a late token's loss minus an early one's),
-and every head's behaviour, snapshot by snapshot. ``train-toy --text`` keeps what those measures
+and every head's behaviour, snapshot by snapshot. ``train-toy --text-file`` keeps what those measures
 need as files, so that they are computed like every other analysis (:mod:`numeric_check.training.dynamics`):
 ``NAME.history/step-NNNNNN.safetensors`` (a checkpoint with its content hash) and
 ``NAME.history/history.json``, which lists them with the held-out loss by position and the training

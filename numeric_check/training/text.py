@@ -1,7 +1,7 @@
 """Training data from real text: a byte-level BPE tokenizer, a held-out split, and batches.
 
 The paper's models are language models; :func:`read_texts` reads the text a person gives
-(``tcircuits train-toy --text FILE…``), :func:`split_text` holds out every ``HELDOUT_EVERY``-th
+(``tcircuits train-toy --text-file FILE…``), :func:`split_text` holds out every ``HELDOUT_EVERY``-th
 block of ``BLOCK_LINES`` lines (so the held-out text is drawn from the whole corpus, not from
 its last book), :func:`train_tokenizer` trains a byte-level BPE on the training part with
 Hugging Face ``tokenizers``, and :func:`text_batch` cuts sequences from the token stream at

@@ -266,7 +266,7 @@ def training_batch(config: TrainConfig, batch_size: int, generator: torch.Genera
         from numeric_check.training.text import text_batch
 
         if data is None:
-            raise TrainConfigError("this run trains on text: give its TextData (tcircuits train-toy --text FILE)")
+            raise TrainConfigError("this run trains on text: give its TextData (tcircuits train-toy --text-file FILE)")
         return text_batch(data.heldout if heldout else data.train, config.n_ctx, batch_size, generator,
                           copy_share=config.copy_share, seg_min=config.seg_min, seg_max=config.seg_max)
     if config.train_last_position:

@@ -26,7 +26,7 @@ def llama_dir(tmp_path_factory):
 
 def test_verify_on_a_saved_hugging_face_folder_with_a_text_prompt(capsys, gpt2_dir):
     code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat.",
-                             "--max-order", "1", "--no-progress")
+                             "--max-order", "1", "--quiet")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[1].startswith("converted from GPT2LMHeadModel (Hugging Face, float64): logits equal to the source within ")
@@ -38,7 +38,7 @@ def test_verify_on_a_llama_folder_reads_its_prompt_file_and_checks_a_head(capsys
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("When Mary and John went to the store", encoding="utf-8")
     code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--text-file", str(prompt), "--qk", "1", "2",
-                             "--max-order", "1", "--json", "--no-progress")
+                             "--max-order", "1", "--format", "json", "--quiet")
     assert code == 0, err
     report = json.loads(out)
     assert report["passed"] and report["source"].startswith("converted from LlamaForCausalLM (Hugging Face, float64)")
@@ -56,7 +56,7 @@ def test_verify_on_a_llama_folder_reads_its_prompt_file_and_checks_a_head(capsys
     (["--revision", "main", "--layers", "1"], "--revision goes with --hf"),
 ])
 def test_bad_model_flags_get_one_line(capsys, gpt2_dir, argv, message):
-    code, out, err = run_cli(capsys, "verify", *[a.replace("{dir}", str(gpt2_dir)) for a in argv], "--no-progress")
+    code, out, err = run_cli(capsys, "verify", *[a.replace("{dir}", str(gpt2_dir)) for a in argv], "--quiet")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and message in err, err
 
@@ -68,10 +68,10 @@ def test_a_folder_without_a_tokenizer_runs_on_ids_and_refuses_a_prompt(capsys, t
     bare.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(gpt2_dir / name, bare / name)
-    code, out, err = run_cli(capsys, "verify", "--hf", str(bare), "--tokens", "1,2,3", "--max-order", "0", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(bare), "--tokens", "1,2,3", "--max-order", "0", "--quiet")
     assert code == 0, err
     assert "tokens:" not in out
-    code, out, err = run_cli(capsys, "verify", "--hf", str(bare), "--text", "hi", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(bare), "--text", "hi", "--quiet")
     assert code == 2 and "cannot load the tokenizer of the Hugging Face model " in err
 
 
@@ -97,7 +97,7 @@ def test_verify_on_a_transformer_lens_model_by_name(capsys, monkeypatch, gpt2_di
     from numeric_check.conversion import load
 
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)  # from_pretrained above stands in for the hub
-    code, out, err = run_cli(capsys, "verify", "--tl", "my-model", "--text", "The cat sat", "--max-order", "1", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--tl", "my-model", "--text", "The cat sat", "--max-order", "1", "--quiet")
     assert code == 0, err
     assert asked == {"name": "my-model", "device": "cpu", "dtype": torch.float64}
     lines = out.splitlines()
@@ -107,7 +107,7 @@ def test_verify_on_a_transformer_lens_model_by_name(capsys, monkeypatch, gpt2_di
 
 def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
     code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
-                             "--sequences", "4", "--formats", "svg")
+                             "--sequences", "4", "--figure-formats", "svg")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(f"analysed {gpt2_dir.name} (Hugging Face) (2 layers x 4 heads, standard positions, layer norm")
@@ -116,7 +116,7 @@ def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
     assert "<p>converted from GPT2LMHeadModel (Hugging Face, float32): logits equal to the source within " in page
     assert "converted from GPT2LMHeadModel" in (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert json.loads((tmp_path / "report" / "analysis.json").read_text())["source"]["source"].startswith("GPT2LMHeadModel")
-    code, out, err = run_cli(capsys, "analyze", "m.safetensors", "--hf", str(gpt2_dir), "--out", str(tmp_path / "r2"))
+    code, out, err = run_cli(capsys, "analyze", "--checkpoint", "m.safetensors", "--hf", str(gpt2_dir), "--out", str(tmp_path / "r2"))
     assert code == 2 and "give one model: --hf and --checkpoint both name one" in err
 
 
@@ -194,7 +194,7 @@ def test_a_folder_asking_for_its_own_code_is_refused_by_name_and_nothing_runs(ca
     for name in ("configuration_evil.py", "modeling_evil.py"):
         (folder / name).write_text(EVIL.format(marker=str(marker)), encoding="utf-8")
     monkeypatch.setattr("sys.stdin", NoStdin())
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--quiet")
     one_line_error(code, out, err, "config.json asks for code from the folder (auto_map: configuration_evil.EvilConfig, "
                    "modeling_evil.EvilModel); tcircuits runs no code from a model folder")
     assert not marker.exists()
@@ -208,7 +208,7 @@ def test_a_tokenizer_asking_for_its_own_code_is_refused(capsys, monkeypatch, tmp
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     (folder / "tokenization_evil.py").write_text(EVIL.format(marker=str(marker)), encoding="utf-8")
     monkeypatch.setattr("sys.stdin", NoStdin())
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--quiet")
     one_line_error(code, out, err, "tokenizer_config.json asks for code from the folder (auto_map: "
                    "tokenization_evil.EvilTokenizer)")
     assert not marker.exists()
@@ -242,7 +242,7 @@ def test_a_pickle_holding_more_than_tensors_is_refused_without_advice_to_unpickl
     else:
         torch.save({**tensors, "x": Evil(marker)}, folder / "pytorch_model.bin",
                    _use_new_zipfile_serialization=kind == "state_dict")
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--quiet")
     one_line_error(code, out, err, "pytorch_model.bin is not a file of tensors", "tcircuits reads weights only")
     assert "weights_only" not in err and "False" not in err and "arbitrary code" not in err
     assert not marker.exists()
@@ -255,7 +255,7 @@ def test_a_weights_only_pickle_is_read(capsys, tmp_path, gpt2_dir):
     folder = copy_folder(gpt2_dir, tmp_path / "pickle")
     torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--quiet")
     assert code == 0 and "PASSED" in out, err
 
 
@@ -270,7 +270,7 @@ def test_a_layer_count_the_weights_do_not_hold_is_refused_before_a_layer_is_buil
 
     folder = copy_folder(gpt2_dir, tmp_path / "layers", n_layer=layers)
     with quickly(20):
-        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--quiet")
     one_line_error(code, out, err, fragment)
 
 
@@ -293,7 +293,7 @@ def test_tensors_missing_unused_or_reshaped_are_listed_before_any_conversion(cap
         edit_tensors(folder, lambda t: (t.pop("transformer.h.0.attn.c_attn.weight") if "missing" in fragment else None,
                                         edit(t)))
     monkeypatch.setattr(hf, "from_hf", lambda *a, **k: pytest.fail("converted"))
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--quiet")
     one_line_error(code, out, err, fragment)
 
 
@@ -301,7 +301,7 @@ def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(capsys, mo
     from numeric_check.conversion import load
 
     monkeypatch.setattr(load, "available_memory", lambda: 4096)
-    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--tokens", "1,2", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--tokens", "1,2", "--quiet")
     one_line_error(code, out, err, "the model config.json describes needs 0.1 MiB as float64, more than the 0.0 MiB of "
                    "memory available")
 
@@ -316,7 +316,7 @@ def test_an_offline_hub_name_fails_at_once_naming_the_cache(capsys, monkeypatch,
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
     monkeypatch.chdir(tmp_path)
     with quickly(5):
-        code, out, err = run_cli(capsys, "verify", "--hf", "gpt2", "--text", "hi", "--no-progress")
+        code, out, err = run_cli(capsys, "verify", "--hf", "gpt2", "--text", "hi", "--quiet")
     one_line_error(code, out, err, f"'gpt2' is not in the Hugging Face cache ({tmp_path / 'hub'}) and huggingface.co "
                    "cannot be reached")
     assert constants.HF_HUB_OFFLINE is False  # as it was
@@ -337,7 +337,7 @@ def test_an_offline_hub_name_is_read_from_the_cache(capsys, monkeypatch, tmp_pat
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
     code, out, err = run_cli(capsys, "verify", "--hf", "someone/tiny-gpt2", "--text", "The cat", "--max-order", "0",
-                             "--no-progress")
+                             "--quiet")
     assert code == 0 and "PASSED" in out, err
 
 
@@ -360,7 +360,7 @@ def test_an_offline_transformer_lens_name_fails_at_once_naming_the_cache(capsys,
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(capsys, "verify", "--tl", "gpt2", "--text", "hi", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--tl", "gpt2", "--text", "hi", "--quiet")
     one_line_error(code, out, err, "cannot load the TransformerLens model: 'gpt2' is not in the Hugging Face cache")
 
 
@@ -370,7 +370,7 @@ def test_an_offline_transformer_lens_name_fails_at_once_naming_the_cache(capsys,
     (["--hf", "{dir}", "--revision", "main"], "it is a folder, and --revision picks a version of a model on the hub"),
 ])
 def test_a_path_that_is_no_model_folder_is_one_line(capsys, gpt2_dir, argv, fragment):
-    code, out, err = run_cli(capsys, "verify", *[a.replace("{dir}", str(gpt2_dir)) for a in argv], "--no-progress")
+    code, out, err = run_cli(capsys, "verify", *[a.replace("{dir}", str(gpt2_dir)) for a in argv], "--quiet")
     one_line_error(code, out, err, fragment)
 
 
@@ -380,12 +380,12 @@ def test_a_missing_tokenizer_says_what_to_save_install_or_pass(capsys, monkeypat
     folder = copy_folder(gpt2_dir, tmp_path / "bare")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink()
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "hi", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "hi", "--quiet")
     one_line_error(code, out, err, "the folder holds no tokenizer", "tokenizer.save_pretrained", "--tokens")
     (folder / "tokenizer.model").write_bytes(b"\x00")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "hi", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "hi", "--quiet")
     one_line_error(code, out, err, "the tokenizer is tokenizer.model, which needs sentencepiece: pip install sentencepiece")
 
 
@@ -404,7 +404,7 @@ def test_a_prompt_or_target_that_is_not_utf8_is_one_line(capsys, gpt2_dir, comma
 def test_a_prompt_file_that_is_not_utf8_is_one_line(capsys, gpt2_dir, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_bytes(b"a\xffb")
-    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text-file", str(prompt), "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(gpt2_dir), "--text-file", str(prompt), "--quiet")
     one_line_error(code, out, err, "is not UTF-8 text (byte 1")
 
 
@@ -425,7 +425,7 @@ def panicking_dir(tmp_path_factory, gpt2_dir):
 
 
 @pytest.mark.parametrize("command, argv", [
-    ("verify", ["--text", "a" * 40 + "!", "--no-progress"]),
+    ("verify", ["--text", "a" * 40 + "!", "--quiet"]),
     ("attribute", ["--text", "a!", "--target", "a" * 40 + "!"]),
 ])
 def test_a_tokenizer_that_panics_is_one_line(capsys, panicking_dir, command, argv):
@@ -457,9 +457,9 @@ def test_a_call_that_runs_away_is_stopped_within_its_bound():
     ("attribute", ["--text", "The cat", "--target", " the", "--position", "40"],
      "position must be an int in -3..2 (the prompt has 3 tokens), got 40"),
     ("attribute", ["--text", "The cat", "--logit-diff", " the", "999"], "logit_diff B 999 is outside the vocabulary 0..299"),
-    ("verify", ["--text", "The cat sat on the mat. " * 20, "--no-progress"], "more than the model's context n_ctx=32"),
-    ("verify", ["--tokens", "1,2", "--qk", "5", "0", "--no-progress"], "layer 5 does not exist: the model has layers 0..1"),
-    ("verify", ["--text", "The cat", "--qk", "1", "9", "--no-progress"], "head 9 does not exist in layer 1: it has heads 0..3"),
+    ("verify", ["--text", "The cat sat on the mat. " * 20, "--quiet"], "more than the model's context n_ctx=32"),
+    ("verify", ["--tokens", "1,2", "--qk", "5", "0", "--quiet"], "layer 5 does not exist: the model has layers 0..1"),
+    ("verify", ["--text", "The cat", "--qk", "1", "9", "--quiet"], "head 9 does not exist in layer 1: it has heads 0..3"),
 ])
 def test_bad_arguments_are_reported_before_the_weights_are_read(capsys, monkeypatch, gpt2_dir, command, argv, fragment):
     from numeric_check.conversion import load
@@ -508,7 +508,7 @@ def test_analyze_shows_what_it_is_loading_on_a_terminal(capsys, monkeypatch, gpt
     monkeypatch.setattr("sys.stderr", screen)
     monkeypatch.setenv("COLUMNS", "400")
     code, out, err = run_cli(capsys, "analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"),
-                             "--sequences", "4", "--formats", "svg")
+                             "--sequences", "4", "--figure-formats", "svg")
     assert code == 0, screen.getvalue()
     shown = screen.getvalue()
     assert f"tcircuits: loading the Hugging Face model {str(gpt2_dir)!r} …" in shown
@@ -528,7 +528,7 @@ def test_an_offline_transformer_lens_name_with_an_empty_cache_fails_before_trans
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: False)
     monkeypatch.setitem(sys.modules, "transformer_lens", None)  # importing it would fail the run with an ImportError
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
-    code, out, err = run_cli(capsys, "verify", "--tl", "gpt2-small", "--text", "hi", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--tl", "gpt2-small", "--text", "hi", "--quiet")
     one_line_error(code, out, err, "cannot load the TransformerLens model: 'gpt2-small' is not in the Hugging Face cache")
 
 
@@ -546,7 +546,7 @@ def test_a_hub_name_online_is_downloaded_as_data_safetensors_first(capsys, monke
     monkeypatch.setattr(load, "hub_reachable", lambda timeout=0: True)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     code, out, err = run_cli(capsys, "verify", "--hf", "someone/tiny-gpt2", "--revision", "v1", "--text", "The cat",
-                             "--max-order", "0", "--no-progress")
+                             "--max-order", "0", "--quiet")
     assert code == 0 and "PASSED" in out, err
     assert asked == [("someone/tiny-gpt2", "v1", ("*.json", "*.txt", "*.model", "*.tiktoken", "*.safetensors"), False)]
 
@@ -609,7 +609,7 @@ def _sharded(folder, weight_map, metadata=True):
 def test_a_folder_whose_files_lie_is_one_line(capsys, tmp_path, gpt2_dir, spoil, fragment):
     folder = copy_folder(gpt2_dir, tmp_path / "spoilt")
     spoil(folder)
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--quiet")
     one_line_error(code, out, err, fragment)
 
 
@@ -620,7 +620,7 @@ def test_a_sharded_folder_loads(capsys, tmp_path, gpt2_dir):
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         names = list(f.keys())
     _sharded(folder, {name: "model-00001-of-00001.safetensors" for name in names})
-    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--text", "The cat", "--max-order", "0", "--quiet")
     assert code == 0 and "PASSED" in out, err
 
 
@@ -629,7 +629,7 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
     from numeric_check.conversion import load
 
     code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1",
-                             "--dtype", dtype, "--no-progress")
+                             "--dtype", dtype, "--quiet")
     assert code in (0, 1), err
     source = out.splitlines()[1]
     assert float(source.split("(tolerance ")[1].split(")")[0]) < 1e-4, source  # float64's (Hugging Face's float32 steps)
@@ -643,7 +643,7 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
         return model
 
     monkeypatch.setattr(load, "load_model", off_by_one_percent)
-    code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--dtype", dtype, "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--dtype", dtype, "--quiet")
     assert code == 2 and out == "" and "the converted model's logits differ from the source's" in err
 
 
@@ -654,7 +654,7 @@ def test_a_half_precision_folder_too_large_to_copy_says_so_on_the_source_line(ca
 
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
     code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1",
-                             "--dtype", "bfloat16", "--no-progress")
+                             "--dtype", "bfloat16", "--quiet")
     assert code in (0, 1), err
     source = out.splitlines()[1]
     assert source.startswith("converted from LlamaForCausalLM (Hugging Face, bfloat16, compared as held at its own "
@@ -674,7 +674,7 @@ def test_a_folder_that_is_not_a_decoder_is_refused_in_one_short_line_before_its_
         (tmp_path / file).write_bytes((gpt2_dir / file).read_bytes())
     monkeypatch.setattr(load, "check_built_model", lambda *a: pytest.fail("built"))
     capsys.readouterr()  # save_pretrained's progress
-    code, out, err = run_cli(capsys, "verify", "--hf", str(tmp_path), "--tokens", "1,2", "--no-progress")
+    code, out, err = run_cli(capsys, "verify", "--hf", str(tmp_path), "--tokens", "1,2", "--quiet")
     assert code == 2 and out == ""
     assert err.strip() == f"tcircuits verify: error: {name} {NOT_A_DECODER[name]}" and len(err.strip()) <= 200
 
@@ -692,7 +692,7 @@ def test_layers_of_empty_tensors_do_not_pass_the_layer_count(capsys, tmp_path, g
     folder = copy_folder(gpt2_dir, tmp_path / "empty", n_layer=20_000)
     edit_tensors(folder, lambda t: t.update({f"transformer.h.{i}.attn.bias": torch.zeros(0) for i in range(20_000)}))
     with quickly(60):
-        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--quiet")
     one_line_error(code, out, err, "config.json says 20,000 layers (n_layer) but model.safetensors holds 2")
 
 
@@ -706,7 +706,7 @@ def test_unknown_config_keys_are_matched_in_linear_time_and_counted(capsys, tmp_
 
     folder = copy_folder(gpt2_dir, tmp_path / "keys", **{f"zz_unknown_{i}": i for i in range(keys)})
     with quickly(120):
-        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--no-progress")
+        code, out, err = run_cli(capsys, "verify", "--hf", str(folder), "--tokens", "1,2", "--quiet")
     if refused:
         one_line_error(code, out, err, refused)
     else:
@@ -734,7 +734,7 @@ def decoder_bomb_dir(tmp_path_factory, gpt2_dir):
 
 
 @pytest.mark.parametrize("command, argv", [
-    ("verify", ["--tokens", "0,1,2", "--no-progress"]),
+    ("verify", ["--tokens", "0,1,2", "--quiet"]),
     ("attribute", ["--tokens", "0,1,2", "--target", "1"]),
 ])
 def test_a_decoder_that_runs_away_is_one_line(capsys, decoder_bomb_dir, command, argv):

@@ -121,7 +121,7 @@ def test_analyze_help_teaches_what_is_measured():
 def test_analyze_writes_the_report(tmp_path, capsys, handmade_checkpoints):
     model, control = handmade_checkpoints
     out = tmp_path / "report"
-    code = main(["analyze", str(model), "--control", str(control), "--out", str(out), "--sequences", "8", "--formats", "svg"])
+    code = main(["analyze", "--checkpoint", str(model), "--control", str(control), "--out", str(out), "--sequences", "8", "--figure-formats", "svg"])
     assert code == 0
     stdout = capsys.readouterr().out
     assert "[x] layer 0 has a previous-token head (by behaviour)" in stdout
@@ -136,7 +136,7 @@ def test_analyze_writes_the_report(tmp_path, capsys, handmade_checkpoints):
 def test_analyze_uses_the_training_record_beside_the_checkpoint(tmp_path, capsys):
     out = tmp_path / "m.safetensors"
     main(["train-toy", "--layers", "1", "--steps", "3", "--quiet", "--out", str(out), *TINY])
-    assert main(["analyze", str(out), "--out", str(tmp_path / "report"), "--sequences", "4", "--formats", "png"]) == 0
+    assert main(["analyze", "--checkpoint", str(out), "--out", str(tmp_path / "report"), "--sequences", "4", "--figure-formats", "png"]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Trained by `tcircuits train-toy`: steps=3" in report
     assert (tmp_path / "report" / "figures" / "training.png").exists()
@@ -152,7 +152,7 @@ def test_analyze_uses_the_training_record_beside_the_checkpoint(tmp_path, capsys
 )
 def test_analyze_bad_checkpoint_is_a_clear_error(tmp_path, capsys, make, message):
     path = make(tmp_path)
-    assert main(["analyze", str(path), "--out", str(tmp_path / "report")]) == 2
+    assert main(["analyze", "--checkpoint", str(path), "--out", str(tmp_path / "report")]) == 2
     err = capsys.readouterr().err
     assert "tcircuits analyze: error:" in err and message in err and "Traceback" not in err
 
@@ -161,13 +161,13 @@ def test_analyze_unwritable_out_and_bad_options(tmp_path, capsys, handmade_check
     model, _ = handmade_checkpoints
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["analyze", str(model), "--out", str(blocker / "report")]) == 2
+    assert main(["analyze", "--checkpoint", str(model), "--out", str(blocker / "report")]) == 2
     assert "cannot write to" in capsys.readouterr().err
-    assert main(["analyze", str(model), "--out", str(tmp_path / "r"), "--formats", "png,jpg"]) == 2
+    assert main(["analyze", "--checkpoint", str(model), "--out", str(tmp_path / "r"), "--figure-formats", "png,jpg"]) == 2
     assert "unknown figure format(s) ['jpg']" in capsys.readouterr().err
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("a\nb\n")
-    assert main(["analyze", str(model), "--out", str(tmp_path / "r"), "--vocab", str(vocab)]) == 2
+    assert main(["analyze", "--checkpoint", str(model), "--out", str(tmp_path / "r"), "--vocab", str(vocab)]) == 2
     assert "vocab has 2 entries but the model's d_vocab is 32" in capsys.readouterr().err
-    assert main(["analyze", str(model), "--out", str(tmp_path / "r"), "--control", str(model)]) == 2
+    assert main(["analyze", "--checkpoint", str(model), "--out", str(tmp_path / "r"), "--control", str(model)]) == 2
     assert "the control must be a 1-layer model" in capsys.readouterr().err

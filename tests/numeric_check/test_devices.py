@@ -178,7 +178,7 @@ def run_on_cuda(*argv: str) -> tuple[int, str, str]:
 @pytest.mark.slow
 def test_verify_and_attribute_a_saved_folder_on_cuda(gpt2_dir):
     code, out, err = run_on_cuda("verify", "--hf", str(gpt2_dir), "--text", "The cat sat on the mat.", "--max-order", "1",
-                                 "--json")
+                                 "--format", "json")
     assert code == 0, err
     assert json.loads(out)["device"].startswith("cuda")
     code, out, err = run_on_cuda("attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
@@ -190,7 +190,7 @@ def test_verify_and_attribute_a_saved_folder_on_cuda(gpt2_dir):
 @pytest.mark.slow
 def test_analyze_a_saved_folder_on_cuda(gpt2_dir, tmp_path):
     code, out, err = run_on_cuda("analyze", "--hf", str(gpt2_dir), "--out", str(tmp_path / "report"), "--sequences", "4",
-                                 "--formats", "svg")
+                                 "--figure-formats", "svg")
     assert code == 0, err
     assert (tmp_path / "report" / "index.html").exists()
 
@@ -313,10 +313,10 @@ def test_a_command_runs_a_narrow_model_on_one_thread_unless_told(capsys):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--no-progress", "--max-rows", "1")
+        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--quiet", "--max-rows", "1")
         assert code == 0, err
         assert torch.get_num_threads() == 1  # d_model 32: below the width where threads pay
-        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--threads", "2", "--no-progress")
+        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--threads", "2", "--quiet")
         assert code == 0 and torch.get_num_threads() == 2, err
     finally:
         torch.set_num_threads(before)

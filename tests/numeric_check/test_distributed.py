@@ -183,7 +183,7 @@ def test_torchrun_cli_prints_one_report_equal_to_one_process(tmp_path):
     if not tcircuits.exists() or not torchrun.exists():
         pytest.skip("tcircuits or torchrun is not installed beside this Python")
     flags = ["verify", "--layers", "2", "--heads", "3", "--layer-norm", "--mlp", "--max-order", "1", "--device", "cpu",
-             "--json", "--no-progress"]
+             "--format", "json", "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     ranks = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
                             str(_free_port()), str(tcircuits), *flags], capture_output=True, text=True, env=env, timeout=300)

@@ -47,7 +47,7 @@ def runs(tmp_path_factory):
     for name, extra in (("two", ["--layers", "2", "--snapshots", "6"]), ("plain", ["--layers", "2", "--snapshots", "0"]),
                         ("one", ["--layers", "1", "--snapshots", "6"])):
         out = folder / f"{name}.safetensors"
-        assert main(["train-toy", "--text", str(text), "--steps", "40", *SMALL, *extra, "--out", str(out)]) == 0
+        assert main(["train-toy", "--text-file", str(text), "--steps", "40", *SMALL, *extra, "--out", str(out)]) == 0
         made[name] = out
     return made
 
@@ -126,7 +126,7 @@ def test_late_learning_or_no_bump_fails_its_claim():
 
 def test_dynamics_writes_its_page_and_judges_the_control(runs, tmp_path, capsys):
     out = tmp_path / "dyn"
-    assert main(["dynamics", str(runs["two"]), "--control", str(runs["one"]), "-o", str(out), "--quiet"]) == 0
+    assert main(["dynamics", "--checkpoint", str(runs["two"]), "--control", str(runs["one"]), "-o", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "induction heads form in a window:" in printed and f"wrote {out / 'index.html'}" in printed
     data = json.loads((out / "dynamics.json").read_text())  # strict JSON: no NaN
@@ -139,7 +139,7 @@ def test_dynamics_writes_its_page_and_judges_the_control(runs, tmp_path, capsys)
 
 
 def test_dynamics_of_a_checkpoint_without_history_is_one_line(runs, tmp_path, capsys):
-    assert main(["dynamics", str(runs["plain"]), "-o", str(tmp_path / "d")]) == 2
+    assert main(["dynamics", "--checkpoint", str(runs["plain"]), "-o", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert "has no training history" in err and "--snapshots" in err and err.count("\n") == 1
     assert not (tmp_path / "d").exists()

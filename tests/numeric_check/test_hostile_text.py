@@ -45,7 +45,7 @@ def test_a_line_longer_than_is_read_is_one_line_at_once(tmp_path, capsys):
     path = tmp_path / "one-line.txt"
     path.write_text(_prose(2100) + "x" * (T.MAX_LINE_BYTES + 1) + "\n")
     start = time.monotonic()
-    assert main(["train-toy", "--text", str(path), *TINY, "--out", str(tmp_path / "m.safetensors")]) == 2
+    assert main(["train-toy", "--text-file", str(path), *TINY, "--out", str(tmp_path / "m.safetensors")]) == 2
     err = capsys.readouterr().err
     assert time.monotonic() - start < 20
     assert f"has a line of {T.MAX_LINE_BYTES + 1:,} bytes (line 2,101)" in err and "fold -s" in err and err.count("\n") == 1
@@ -93,7 +93,7 @@ def test_a_large_text_of_long_words_trains_in_bounded_time_and_memory(tmp_path):
     path.write_text(_prose(2100) + "\n".join(letters[i:i + 100_000] for i in range(0, len(letters), 100_000)) + "\n"
                     + _prose(40_000, seed=2))
     start = time.monotonic()
-    child = _run(["train-toy", "--text", str(path), *TINY, "--out", str(tmp_path / "big.safetensors")])
+    child = _run(["train-toy", "--text-file", str(path), *TINY, "--out", str(tmp_path / "big.safetensors")])
     out, err = child.communicate(timeout=120)
     seconds = time.monotonic() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**10  # MiB, the largest process waited for
@@ -126,7 +126,7 @@ def test_a_stopping_signal_during_tokenizer_training_stops_within_two_seconds(tm
     path.write_text(_prose(60_000))  # the tokenizer's training takes seconds
     out = tmp_path / "m.safetensors"
     out.write_bytes(b"an existing checkpoint")
-    child = _run(["train-toy", "--text", str(path), *TINY, "--vocab", "8000", "--force", "--out", str(out)],
+    child = _run(["train-toy", "--text-file", str(path), *TINY, "--vocab", "8000", "--force", "--out", str(out)],
                  start_new_session=group)
     assert _grandchild_started(child.pid), child.communicate()
     time.sleep(0.3)
@@ -147,7 +147,7 @@ def trained(tmp_path_factory):
     text = folder / "text.txt"
     text.write_text(_prose(2200))
     out = folder / "m.safetensors"
-    assert main(["train-toy", "--text", str(text), *TINY, "--snapshots", "0", "--out", str(out)]) == 0
+    assert main(["train-toy", "--text-file", str(text), *TINY, "--snapshots", "0", "--out", str(out)]) == 0
     return out
 
 

@@ -67,7 +67,7 @@ def test_the_companion_on_a_transformer_lens_attention_only_model(capsys, monkey
     torch.set_num_threads(1)
     asked = fake_transformer_lens(monkeypatch, bpe, n_layers=n_layers)
     name = f"attn-only-{n_layers}l"
-    code, out, err = run_cli(capsys, "paper", "--tl", name, "--text", str(text_file), "--out", str(tmp_path / "site"),
+    code, out, err = run_cli(capsys, "paper", "--tl", name, "--text-file", str(text_file), "--out", str(tmp_path / "site"),
                              "--quiet", "--device", "cpu")
     assert code == 0, err
     assert asked == {"name": name}
@@ -95,12 +95,12 @@ def test_the_companion_on_a_checkpoint_trained_on_text(capsys, tmp_path):
     text_file = tmp_path / "corpus.txt"
     text_file.write_text(small_text(), encoding="utf-8")
     model = tmp_path / "m.safetensors"
-    code, _, err = run_cli(capsys, "train-toy", "--text", str(text_file), "--layers", "2", "--heads", "2", "--d-model",
+    code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text_file), "--layers", "2", "--heads", "2", "--d-model",
                            "16", "--d-head", "8", "--n-ctx", str(N_CTX), "--seg-min", "3", "--seg-max", "8",
                            "--batch-size", "4", "--steps", "3", "--vocab", "300", "--quiet", "--threads", "1", "--out",
                            str(model))
     assert code == 0, err
-    code, out, err = run_cli(capsys, "paper", str(model), "--text", str(text_file), "--out", str(tmp_path / "site"),
+    code, out, err = run_cli(capsys, "paper", "--checkpoint", str(model), "--text-file", str(text_file), "--out", str(tmp_path / "site"),
                              "--quiet", "--device", "cpu")
     assert code == 0, err
     assert out.splitlines()[1].startswith(f"  the language page: {model} (2 layers x 2 heads")
@@ -120,7 +120,7 @@ def test_a_checkpoint_without_text_is_measured_on_the_shipped_held_out_text(tmp_
     bpe = train_tokenizer(heldout_path().read_text(encoding="utf-8")[:TEXT_CHARS], 300)
     model = CircuitModel.random(Architecture(0, 1), d_model=8, d_head=4, d_vocab=300, n_ctx=N_CTX, seed=0)
     monkeypatch.setattr(paper, "_checkpoint", lambda args: (model, bpe, "m.safetensors", None, "--checkpoint m"))
-    found = paper.your_language(_args("m.safetensors"))
+    found = paper.your_language(_args("--checkpoint", "m.safetensors"))
     assert found.data.name == "the held-out King James Bible (shipped)" and set(found.models) == {0}
 
 
@@ -133,7 +133,7 @@ def test_a_hugging_face_model_is_refused_from_its_config_before_its_weights(caps
     folder = saved_hf_model(tmp_path / "gpt2", "gpt2")
     capsys.readouterr()  # what saving it printed
     monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("the weights were read"))
-    code, out, err = run_cli(capsys, "paper", "--hf", str(folder), "--text", str(text_file), "--out", str(tmp_path / "s"))
+    code, out, err = run_cli(capsys, "paper", "--hf", str(folder), "--text-file", str(text_file), "--out", str(tmp_path / "s"))
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "gpt2 (GPT2LMHeadModel, Hugging Face) has MLPs: the companion measures the paper's findings on " \
            "attention-only models of 0, 1 or 2 layers" in err
@@ -149,17 +149,17 @@ def test_a_transformer_lens_model_it_cannot_read_is_refused_before_the_conversio
     from numeric_check.cli import source
 
     monkeypatch.setattr(source, "convert", lambda *a, **k: pytest.fail("converted"))
-    code, out, err = run_cli(capsys, "paper", "--tl", "big", "--text", str(text_file), "--out", str(tmp_path / "s"),
+    code, out, err = run_cli(capsys, "paper", "--tl", "big", "--text-file", str(text_file), "--out", str(tmp_path / "s"),
                              "--device", "cpu")
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert f"big (TransformerLens) {why}: the companion measures" in err and "(tcircuits verify --tl big)" in err
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--text", "notes.txt"], "--text is the text your model is measured on: give the model too"),
-    (["--tl", "attn-only-2l"], "--tl needs --text FILE: the text the model is measured on"),
-    (["--hf", "a", "--tl", "b", "--text", "t"], "give one model: --hf and --tl both name one"),
-    (["numeric_check/data/induction_2l.safetensors"], "has no tokenizer beside it (induction_2l.tokenizer.json)"),
+    (["--text-file", "notes.txt"], "--text-file is the text your model is measured on: give the model too"),
+    (["--tl", "attn-only-2l"], "--tl needs --text-file FILE: the text the model is measured on"),
+    (["--hf", "a", "--tl", "b", "--text-file", "t"], "give one model: --hf and --tl both name one"),
+    (["--checkpoint", "numeric_check/data/induction_2l.safetensors"], "has no tokenizer beside it (induction_2l.tokenizer.json)"),
 ])
 def test_bad_model_arguments_are_one_line(capsys, tmp_path, argv, message):
     code, out, err = run_cli(capsys, "paper", *argv, "--out", str(tmp_path / "s"))

@@ -74,7 +74,7 @@ def test_analyze_cli_writes_index_html(tmp_path, capsys):
     checkpoint = tmp_path / "m<2l>.safetensors"
     save_checkpoint(exact_induction_model(d_vocab=32, n_ctx=16), checkpoint)
     out = tmp_path / "report"
-    assert main(["analyze", str(checkpoint), "--out", str(out), "--sequences", "4", "--formats", "svg"]) == 0
+    assert main(["analyze", "--checkpoint", str(checkpoint), "--out", str(out), "--sequences", "4", "--figure-formats", "svg"]) == 0
     assert "index.html" in capsys.readouterr().out
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "<h1>Circuit analysis: m&lt;2l&gt;</h1>" in page

@@ -120,7 +120,7 @@ def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_pat
     text = tmp_path / "corpus.txt"
     text.write_text(small_text(), encoding="utf-8")
     out = tmp_path / "m.safetensors"
-    code, stdout, stderr = run_cli(capsys, "train-toy", "--text", str(text), *TINY, "--out", str(out))
+    code, stdout, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *TINY, "--out", str(out))
     assert code == 0, stderr
     assert f"and {tokenizer_path(out)}" in stdout
     record = json.loads(out.with_suffix(".json").read_text())
@@ -131,11 +131,11 @@ def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_pat
     assert len(tokenizer) == 300 and tokenizer.decode(tokenizer("moses said unto")["input_ids"]) == "moses said unto"
     # the same run again gives the same weights: a rebuild bit for bit
     again = tmp_path / "again.safetensors"
-    assert run_cli(capsys, "train-toy", "--text", str(text), *TINY, "--out", str(again))[0] == 0
+    assert run_cli(capsys, "train-toy", "--text-file", str(text), *TINY, "--out", str(again))[0] == 0
     assert json.loads(again.with_suffix(".json").read_text())["checkpoint_sha256"] == record["checkpoint_sha256"]
     # every command that reads the checkpoint reads prompts with its tokenizer
     code, stdout, stderr = run_cli(capsys, "verify", "--checkpoint", str(out), "--text", "the lord said", "--no-isolation",
-                                   "--no-progress")
+                                   "--quiet")
     assert code == 0, stderr
     assert "' lord'" in stdout and "' said'" in stdout
 
@@ -151,7 +151,7 @@ def test_text_options_without_text_are_refused(tmp_path, capsys, extra, message)
 def test_a_bad_text_is_refused_before_training(tmp_path, capsys):
     bad = tmp_path / "b.txt"
     bad.write_bytes(b"\xff\xfe")
-    code, _, stderr = run_cli(capsys, "train-toy", "--text", str(bad), *TINY, "--out", str(tmp_path / "m.safetensors"))
+    code, _, stderr = run_cli(capsys, "train-toy", "--text-file", str(bad), *TINY, "--out", str(tmp_path / "m.safetensors"))
     assert code == 2 and "is not UTF-8 text" in stderr and stderr.count("\n") == 1
     assert not (tmp_path / "m.safetensors").exists()
 

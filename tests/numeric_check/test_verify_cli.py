@@ -47,7 +47,7 @@ def test_random_model_table(capsys):
 
 
 def test_json_output(capsys):
-    code, out, _ = run(capsys, *SMALL, "--json", "--tokens", "1,2,3;4,5,6")
+    code, out, _ = run(capsys, *SMALL, "--format", "json", "--tokens", "1,2,3;4,5,6")
     data = json.loads(out)
     assert code == 0 and data["passed"] and data["n_batch"] == 2 and data["n_pos"] == 3
     assert len(data["terms"]) == 9 and data["terms"][0]["label"] == "tok (direct)"
@@ -97,7 +97,7 @@ def test_missing_checkpoint(capsys, tmp_path):
 
 def test_heads_per_layer(capsys):
     code, out, _ = run(capsys, "--layers", "2", "--heads", "1,3", "--d-model", "8", "--d-head", "2", "--d-vocab", "7",
-                       "--n-ctx", "4", "--no-progress")
+                       "--n-ctx", "4", "--quiet")
     assert code == 0 and "heads 1/3" in out and "tok→L0H0→L1H2" in out
 
 
@@ -151,14 +151,14 @@ def test_the_streamed_text_table_is_aligned_over_every_chunk(monkeypatch, max_ro
 
 def test_json_output_to_a_file(tmp_path, capsys):
     target = tmp_path / "report.json"
-    code, out, _ = run(capsys, *SMALL, "--json", "-o", str(target), "--no-progress")
+    code, out, _ = run(capsys, *SMALL, "--format", "json", "-o", str(target), "--quiet")
     data = json.loads(target.read_text())
     assert code == 0 and out == "" and data["passed"] and len(data["terms"]) == 9
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary file left
 
 
 def _cli(shell: str, tmp_path) -> subprocess.CompletedProcess:
-    command = f"{sys.executable} -m derivations.cli verify {' '.join(SMALL)} --seq-len 5 --json --no-progress"
+    command = f"{sys.executable} -m derivations.cli verify {' '.join(SMALL)} --seq-len 5 --format json --quiet"
     return subprocess.run(shell.format(cmd=command), shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 

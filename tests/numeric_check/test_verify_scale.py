@@ -134,7 +134,7 @@ def test_a_run_of_hours_is_refused_before_it_starts_with_the_estimate():
 def test_the_cli_refuses_a_run_longer_than_max_hours_before_it_starts(capsys):
     from derivations.cli import main
 
-    code = main(["verify", "--layers", "6", "--heads", "8", "--max-order", "3", "--max-hours", "0.0001", "--no-progress"])
+    code = main(["verify", "--layers", "6", "--heads", "8", "--max-order", "3", "--max-hours", "0.0001", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
     assert err.startswith("tcircuits verify: error: 11,249 terms") and "terms would take about" in err and "max_order=2 keeps 1,009 terms" in err and "--max-hours" in err

@@ -1,0 +1,114 @@
+"""One command-line vocabulary (:mod:`derivations.vocabulary`), held over every subcommand's parser: the same
+option names everywhere, no abbreviations, a "did you mean", the old spellings working with one note."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from derivations.cli import build_parser, main
+
+PARSER = build_parser()
+COMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _visible(parser):
+    return [a for a in parser._actions if a.help is not argparse.SUPPRESS]
+
+
+def _options(parser) -> set[str]:
+    return {s for a in _visible(parser) for s in a.option_strings}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_spells_its_options_as_the_others_do(name):
+    parser = COMMANDS[name]
+    options = _options(parser)
+    assert parser.allow_abbrev is False
+    for old in ("--output", "--json", "--no-progress", "--formats"):
+        assert old not in options, f"{name} shows {old}"
+    for action in _visible(parser):
+        if action.dest in ("out", "output"):
+            assert action.option_strings == ["-o", "--out"], (name, action.option_strings)
+        if "progress" in (action.help or "") and action.option_strings:
+            assert action.option_strings == ["--quiet"], (name, action.option_strings)
+        if action.dest == "checkpoint" or action.metavar == "CHECKPOINT":
+            assert action.option_strings in (["--checkpoint"], ["--control"]), (name, action.option_strings)
+    if "--text" in options:  # a string; its file is --text-file
+        assert "--text-file" in options
+        text = next(a for a in _visible(parser) if "--text" in a.option_strings)
+        assert text.metavar == "TEXT" and text.type is None
+    if "--format" in options:
+        fmt = next(a for a in _visible(parser) if "--format" in a.option_strings)
+        assert fmt.choices and "text" in fmt.choices or "json" in fmt.choices
+    for action in _visible(parser):
+        if not action.option_strings and action.dest not in ("help",):
+            assert action.dest in ("name", "expression", "identity"), f"{name} takes a positional {action.dest}"
+
+
+@pytest.mark.parametrize("name", ["derive", "expand", "check", "verify", "attribute"])
+def test_every_command_that_writes_a_file_takes_minus_o(name):
+    assert {"-o", "--out"} <= _options(COMMANDS[name])
+
+
+@pytest.mark.parametrize("argv, dest, value, note", [
+    (["verify", "--json"], "format", "json", "--json is an old spelling and goes in a later release; use --format json"),
+    (["verify", "--no-progress"], "quiet", True, "use --quiet"),
+    (["verify", "--output", "r.txt"], "output", "r.txt", "use -o/--out"),
+    (["derive", "--output", "r.tex"], "output", "r.tex", "use -o/--out"),
+    (["analyze", "--formats", "png", "-o", "r"], "formats", "png", "use --figure-formats"),
+    (["train-toy", "--text", "a.txt", "-o", "m.safetensors"], "text", ["a.txt"], "use --text-file FILE"),
+    (["paper", "--text", "a.txt", "-o", "site"], "text_path", "a.txt", "use --text-file FILE"),
+])
+def test_an_old_spelling_still_works_and_says_once_what_to_use(argv, dest, value, note, capsys):
+    args = build_parser().parse_args(argv + argv[1:2] if argv[1] in ("--json", "--no-progress") else argv)
+    got = getattr(args, dest)
+    assert (list(map(str, got)) if isinstance(got, list) else str(got) if hasattr(got, "parts") else got) == value
+    err = capsys.readouterr().err
+    assert note in err and err.count("\n") == 1  # said once, even when given twice
+
+
+def test_a_positional_checkpoint_still_works_with_a_note(tmp_path, capsys):
+    from derivations.vocabulary import checkpoint_of
+
+    args = build_parser().parse_args(["analyze", "m.safetensors", "-o", str(tmp_path / "r")])
+    checkpoint_of(args)
+    assert str(args.checkpoint) == "m.safetensors"
+    assert "a positional CHECKPOINT is an old spelling" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["verfy"], "did you mean 'verify'?"),
+    (["derive", "two-layer-logits", "--formt", "html"], "did you mean --format?"),
+    (["derive", "two-layer-logits", "--format", "htm"], "did you mean 'html'?"),
+    (["verify", "--max-ordr", "1"], "did you mean --max-order?"),
+])
+def test_a_mistyped_command_option_or_choice_gets_a_suggestion(argv, suggestion, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and suggestion in err and err.count("\n") == 1
+
+
+def test_no_option_is_taken_by_an_abbreviation(capsys):
+    with pytest.raises(SystemExit):
+        main(["derive", "two-layer-logits", "--form", "html"])
+    assert "unrecognized arguments: --form" in capsys.readouterr().err
+
+
+def test_plain_tcircuits_prints_the_help(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: tcircuits") and "verify" in out and "dynamics" in out
+
+
+def test_a_file_given_as_text_is_read_as_text_with_a_note(tmp_path, capsys, monkeypatch):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("1 2 3")
+    monkeypatch.chdir(tmp_path)
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "numeric_check" / "data" / "kjv_2l.safetensors"
+    assert main(["verify", "--checkpoint", str(shipped), "--text", "prompt.txt", "--max-order", "0", "--quiet"]) == 0
+    assert "to read the file, use --text-file prompt.txt" in capsys.readouterr().err
