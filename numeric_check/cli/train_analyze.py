@@ -91,12 +91,15 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
     p.add_argument("--vocab", type=int, default=None,
                    help=f"vocabulary size (default {d.d_vocab}; with --text the BPE's size, default {TEXT_VOCAB})")
-    p.add_argument("--n-ctx", type=int, default=d.n_ctx, help=f"sequence length (default {d.n_ctx})")
+    p.add_argument("--n-ctx", type=int, default=None,
+                   help=f"sequence length (default {d.n_ctx}; with --text-file {TEXT_N_CTX}, the windows 'tcircuits paper' measures on)")
     text = p.add_argument_group("training on text (the paper's kind of model) instead of the planted data")
     text.add_argument("--text-file", nargs="+", type=Path, metavar="FILE", dest="text",
                       help="UTF-8 text to train on (e.g. build/corpus/kjv.txt from 'make corpus'): a byte-level BPE "
                            "of --vocab tokens is trained on it and saved beside the checkpoint (NAME.tokenizer.json); "
-                           f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines is held out for evaluation")
+                           f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines is held out for evaluation (of fewer "
+                           f"lines in a text under {HELDOUT_EVERY * BLOCK_LINES:,} lines; none under {HELDOUT_EVERY}, and "
+                           "the record says so)")
     old_spelling(text, "--text", dest="text", use="--text-file FILE", nargs="+", type=Path, metavar="FILE")
     text.add_argument("--copy-share", type=finite_float, default=None, metavar="P",
                       help=f"share of sequences that repeat a span of themselves (copy-augmentation), with --text "
@@ -152,6 +155,7 @@ def _run_train_toy(args) -> int:
         if args.text is None and value is not None:
             raise NumericCheckError(f"{flag} applies to training on text: give --text-file FILE too")
     args.vocab = args.vocab if args.vocab is not None else (TEXT_VOCAB if args.text else TrainConfig.d_vocab)
+    args.n_ctx = args.n_ctx if args.n_ctx is not None else (TEXT_N_CTX if args.text else TrainConfig.n_ctx)
     check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
     data = text_data(args) if args.text else None
     config = TrainConfig(
@@ -247,8 +251,8 @@ def _history(args, config, data):
                    save_dtype=getattr(torch, args.save_dtype))
 
 
-#: With --text: the BPE's size and the share of copy-augmented sequences, unless given.
-TEXT_VOCAB, TEXT_COPY_SHARE = 2048, 0.5
+#: With --text-file: the BPE's size, the share of copy-augmented sequences and the context, unless given.
+TEXT_VOCAB, TEXT_COPY_SHARE, TEXT_N_CTX = 2048, 0.5, 128
 
 
 def text_data(args):
@@ -263,7 +267,7 @@ def text_record(paths, data, tokenizer_file) -> dict:
     """What a training record says of its text: the files, their SHA-256, the split and the tokenizer."""
     return {"files": [Path(p).name for p in paths], "sha256": data.sha256,
             "train_tokens": len(data.train), "heldout_tokens": len(data.heldout),
-            "heldout": f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines",
+            "heldout": data.split,
             "tokenizer": tokenizer_file.name}
 
 

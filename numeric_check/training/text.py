@@ -108,10 +108,36 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def split_text(text: str, block_lines: int = BLOCK_LINES, every: int = HELDOUT_EVERY) -> tuple[str, str]:
-    """``(train, held_out)``: the lines of ``text`` in blocks of ``block_lines``, every ``every``-th
-    block (the last of each run of ``every``) held out. Deterministic, and spread over the whole text."""
+def heldout_block(n_lines: int, block_lines: int = BLOCK_LINES, every: int = HELDOUT_EVERY) -> int | None:
+    """The lines per block of the held-out split of a text of ``n_lines`` lines: ``block_lines`` (100) from
+    ``every × block_lines`` (2,000) lines on; below, blocks small enough that two of them are held out (a GPL-3
+    of 674 lines: blocks of 16, 32 lines held out); None below ``every`` lines, too few to hold out any.
+
+    >>> heldout_block(32_290), heldout_block(674), heldout_block(19)
+    (100, 16, None)
+    """
+    if n_lines >= every * block_lines:
+        return block_lines
+    return max(1, n_lines // (2 * every)) if n_lines >= every else None
+
+
+def split_rule(n_lines: int) -> str:
+    """What a training record says of the held-out split of a text of ``n_lines`` lines."""
+    block = heldout_block(n_lines)
+    if block is None:
+        return f"none: {n_lines:,} lines are too few to hold out any; evaluated on the training text"
+    return f"every {HELDOUT_EVERY}th block of {block} line{'s' if block > 1 else ''}"
+
+
+def split_text(text: str, block_lines: int | None = None, every: int = HELDOUT_EVERY) -> tuple[str, str]:
+    """``(train, held_out)``: the lines of ``text`` in blocks of ``block_lines`` (by default
+    :func:`heldout_block`'s for its length), every ``every``-th block (the last of each run of ``every``)
+    held out. Deterministic, and spread over the whole text; ``held_out`` is empty for a text of fewer
+    than ``every`` lines."""
     lines = text.splitlines()
+    block_lines = heldout_block(len(lines)) if block_lines is None else block_lines
+    if block_lines is None:
+        return "\n".join(lines), ""
     train, held = [], []
     for start in range(0, len(lines), block_lines):
         block = lines[start:start + block_lines]
@@ -318,18 +344,23 @@ class TextData:
     train: torch.Tensor
     heldout: torch.Tensor
     sha256: str
+    split: str = ""
 
     @classmethod
     def build(cls, text: str, vocab_size: int, n_ctx: int) -> "TextData":
-        """Split ``text``, train the tokenizer on the training part, encode both parts; refuse a text
+        """Split ``text`` (:func:`split_text`; a text too short to hold out any is evaluated on itself, and
+        :attr:`split` says so), train the tokenizer on the training part, encode both parts; refuse a text
         too short for one sequence of ``n_ctx + 1`` tokens in either part."""
+        n_lines = len(text.splitlines())
         train_text, held_text = split_text(text)
-        if not held_text.strip():
-            raise TrainConfigError(f"the text has {len(text.splitlines()):,} lines, too few to hold out any: the held-out "
-                                   f"part is every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines, so at least "
-                                   f"{HELDOUT_EVERY * BLOCK_LINES:,} lines are needed")
+        split = split_rule(n_lines)
+        if not held_text.strip():  # nothing to hold out: measured on what it trains on, and said so
+            held_text = train_text
+            if heldout_block(n_lines) is not None:  # held-out blocks of blank lines only
+                split = f"none: the held-out blocks of its {n_lines:,} lines are blank; evaluated on the training text"
         tokenizer = train_tokenizer(train_text, vocab_size)
-        data = cls(tokenizer, encode_compact(tokenizer, train_text), encode_compact(tokenizer, held_text), text_sha256(text))
+        data = cls(tokenizer, encode_compact(tokenizer, train_text), encode_compact(tokenizer, held_text), text_sha256(text),
+                   split)
         for name, ids in (("training", data.train), ("held-out", data.heldout)):
             if len(ids) < n_ctx + 1:
                 raise TrainConfigError(f"the {name} part of the text is {len(ids):,} tokens, shorter than one sequence "

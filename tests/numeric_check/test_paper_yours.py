@@ -5,6 +5,7 @@ model the companion cannot read (MLPs, more than two layers) refused in one line
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -191,3 +192,24 @@ def test_a_model_or_text_the_page_cannot_measure_is_one_line():
         text_data(bpe, "In the beginning God created the heaven and the earth.", "short.txt", 300)
     with pytest.raises(InputFileError, match="outside the model's vocabulary 0..99: the tokenizer is not the model's"):
         text_data(bpe, heldout_path().read_text(encoding="utf-8")[:5000], "t.txt", 100)
+
+
+def test_a_short_text_trains_with_a_smaller_held_out_part_and_the_companion_measures_the_model(tmp_path, capsys):
+    """A text of 674 lines (the GPL-3's length) is under the 2,000 lines of the usual split: it holds out every 20th
+    block of 16 lines instead of refusing, the record says so, and the model's default context (128 with a text) is
+    the one the companion measures on."""
+    text = tmp_path / "short.txt"
+    rng = __import__("random").Random(3)
+    words = [f"w{i}" for i in range(400)]
+    text.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(674)) + "\n")
+    model = tmp_path / "short.safetensors"
+    code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text), "--layers", "1", "--heads", "2", "--d-model", "16",
+                           "--d-head", "8", "--vocab", "300", "--steps", "3", "--batch-size", "2", "--quiet", "--snapshots", "0",
+                           "-o", str(model))
+    assert code == 0, err
+    record = json.loads(model.with_suffix(".json").read_text())
+    assert record["text"]["heldout"] == "every 20th block of 16 lines" and record["train_config"]["n_ctx"] == 128
+    code, out, err = run_cli(capsys, "paper", "--checkpoint", str(model), "--text-file", str(text), "-o", str(tmp_path / "site"),
+                             "--quiet")
+    assert code == 0, err
+    assert "the language page: short.safetensors" in out or "short.safetensors (1 layer" in out

@@ -67,9 +67,15 @@ def test_the_tokenizer_has_exactly_the_size_asked_and_is_deterministic():
         train_tokenizer(text, 100)
 
 
-def test_text_data_refuses_a_text_too_short_to_hold_out_or_to_fill_a_sequence():
-    with pytest.raises(TrainConfigError, match="too few to hold out any"):
-        TextData.build(small_text(500), 300, 16)
+def test_a_short_text_holds_out_less_and_a_tiny_one_none_and_says_so():
+    data = TextData.build(small_text(500), 300, 16)
+    assert data.split == "every 20th block of 12 lines" and 0 < len(data.heldout) < len(data.train) / 10
+    tiny = TextData.build(small_text(15), 260, 4)
+    assert tiny.split == "none: 15 lines are too few to hold out any; evaluated on the training text"
+    assert torch.equal(tiny.heldout, tiny.train)
+
+
+def test_text_data_refuses_a_text_too_short_to_fill_a_sequence():
     with pytest.raises(TrainConfigError, match="shorter than one sequence"):
         TextData.build(small_text(2100), 300, 10_000)
 
