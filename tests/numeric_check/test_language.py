@@ -124,3 +124,40 @@ def test_measure_language_measures_only_the_models_given_and_the_page_shows_only
     assert m.bigrams is not None and m.copying is None and m.importance is None and m.induction is None
     assert list(language_findings(m)) == ["language-bigrams"]
     assert [t.key for t in language_tables(m)] == ["bigrams"]
+
+
+def test_added_last_is_the_papers_quantity_and_the_paper_per_term_uses_the_papers_counts():
+    """Issue 45: "added last" as the paper adds a layer (to the direct path and the other layer's heads, no virtual
+    heads) — the shipped model's -0.218 and -1.840, not -0.112 and -1.277 — and the paper per term divided by the
+    paper's own term counts (5.2 / 24), whatever the measured model's heads."""
+    from numeric_check.reports.paper.language import Importance
+    from numeric_check.reports.paper.language_claims import _importance_tables
+
+    losses = {"uniform": 7.0, "direct": 5.0, "direct+L1": 4.8, "direct+L2": 3.5, "order 1": 3.2, "order 2": 3.0,
+              "order 2 - L1": 3.1, "order 2 - L2": 4.4, "model": 3.0}
+    imp = Importance(losses, unigram=6.0, shuffled=dict(losses), tokens=100, heads_per_layer=(4, 4))
+    layers = imp.by_layer()
+    assert layers[("layer 1", "added last")] == pytest.approx(3.2 - 3.5)
+    assert layers[("layer 2", "added last")] == pytest.approx(3.2 - 4.8)
+    assert layers[("layer 1", "added last, virtual heads kept")] == pytest.approx(3.0 - 3.1)
+
+    class M:  # what _importance_tables reads
+        importance = imp
+
+    orders, _ = _importance_tables(M())
+    heads = next(r for r in orders.rows if r[0] == "individual heads")
+    assert heads[-1] == f"{-5.2 / 24:+.3f}"  # not -5.2 / 8
+
+
+def test_the_induction_caption_says_its_losses_are_means_over_every_passage():
+    model, control = exact_induction_model(), copying_model()
+    ids = torch.randint(0, 48, (2000,), generator=torch.Generator().manual_seed(0))
+    ind = induction(model, control, data_of(ids, 48), length=10, passages=8)
+    assert ind.passages == 8
+    from numeric_check.reports.paper.language_claims import _induction_table
+
+    class M:
+        induction = ind
+
+    caption = _induction_table(M()).caption
+    assert "8 repeated held-out passages" in caption and "means over the 8" in caption

@@ -45,6 +45,8 @@ PAPER_ORDERS = {"direct path": -1.8, "individual heads": -5.2, "virtual heads": 
 PAPER_LAYERS = {("layer 1", "added to the direct path"): -1.3, ("layer 1", "added last"): -0.05,
                 ("layer 2", "added to the direct path"): -5.2, ("layer 2", "added last"): -4.0,
                 ("both layers", "added to the direct path"): -5.2}
+#: The paper's two-layer model (12 heads a layer): how many terms each order has, for its numbers per term.
+PAPER_TERMS = {"direct path": 1, "individual heads": 24, "virtual heads": 144}
 PAPER_COPYING = (10, 12)  # heads of the one-layer model with mostly positive OV eigenvalues
 #: Sequences of the held-out text measured on, and their length; term importance's shuffled control takes fewer.
 N_SEQUENCES, N_CTX, N_SHUFFLED = 32, 128, 16
@@ -345,12 +347,16 @@ class Importance:
                 "virtual heads": l["order 2"] - l["order 1"]}[order]
 
     def by_layer(self) -> dict[tuple[str, str], float]:
-        """Each layer's individual heads added to the direct path, and added last (to every other term)."""
+        """Each layer's individual heads added to the direct path; added last as the paper adds them (to the
+        direct path and the other layer's heads: order 1 without them, the paper's quantity); and added last to
+        every other term, the virtual heads too (ours, beside it)."""
         l = self.losses
         return {("layer 1", "added to the direct path"): l["direct+L1"] - l["direct"],
-                ("layer 1", "added last"): l["order 2"] - l["order 2 - L1"],
+                ("layer 1", "added last"): l["order 1"] - l["direct+L2"],
+                ("layer 1", "added last, virtual heads kept"): l["order 2"] - l["order 2 - L1"],
                 ("layer 2", "added to the direct path"): l["direct+L2"] - l["direct"],
-                ("layer 2", "added last"): l["order 2"] - l["order 2 - L2"],
+                ("layer 2", "added last"): l["order 1"] - l["direct+L1"],
+                ("layer 2", "added last, virtual heads kept"): l["order 2"] - l["order 2 - L2"],
                 ("both layers", "added to the direct path"): l["order 1"] - l["direct"]}
 
 
@@ -410,6 +416,7 @@ class Induction:
     examples: tuple[tuple[str, str, str], ...] = field(default=())
     control: str = "the one-layer model (same text, width and tokens)"
     control_attention: dict[int, float] = field(default_factory=dict)  # the control's last layer, the same way
+    passages: int = 1  # how many passages the losses and attention are means over (``passage`` is the first)
 
 
 def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *, length: int = 48,
@@ -442,7 +449,7 @@ def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *,
     examples = tuple((data.show(tokens[0, length:p + 1])[-40:], data.token(predicted[p]), data.token(tokens[0, p + 1]))
                      for p in range(length, 2 * length - 1, max(1, length // 6)))
     return Induction(data.show(seqs[0]), length, first, second, c_first, c_second, attention, examples,
-                     control_attention=control_attention)
+                     control_attention=control_attention, passages=passages)
 
 
 # --- all of it ----------------------------------------------------------------------------------------

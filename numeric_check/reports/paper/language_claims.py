@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from derivations.document import math as formula
 from numeric_check.reports.paper.claims import PaperFinding, Part, finding, label
-from numeric_check.reports.paper.language import PAPER_COPYING, PAPER_LAYERS, PAPER_ORDERS, LanguageMeasurements
+from numeric_check.reports.paper.language import (
+    PAPER_COPYING, PAPER_LAYERS, PAPER_ORDERS, PAPER_TERMS, LanguageMeasurements,
+)
 from numeric_check.reports.paper.rules import MATTERS, carry_most, lowers, most_copy, much_smaller
 
 #: The zero-layer table "approximates" the bigram table when it closes more than this share of the gap
@@ -263,7 +265,7 @@ def _one_layer_tables(m: LanguageMeasurements) -> list[Table]:
 def _importance_tables(m: LanguageMeasurements) -> list[Table]:
     imp, tables = m.importance, []
     order_rows = [(k, f"{imp.terms(k)}", _nats(imp.marginal(k)), _nats(imp.marginal(k) / imp.terms(k)), f"{v:+.1f}",
-                   f"{v / imp.terms(k):+.3f}") for k, v in PAPER_ORDERS.items()]
+                   f"{v / PAPER_TERMS[k]:+.3f}") for k, v in PAPER_ORDERS.items()]  # the paper's per term: its own counts
     tables.append(Table("term-importance", "Two layers: term importance by order (patterns frozen; the loss change "
                         "from adding each order's terms, nats)", ("terms", "count", "ours", "ours per term", "the paper",
                                                                    "the paper per term"), tuple(order_rows), (1, 2, 3, 4, 5),
@@ -273,19 +275,20 @@ def _importance_tables(m: LanguageMeasurements) -> list[Table]:
     layer_rows = [(row, col, _nats(layers[(row, col)]),
                    f"{PAPER_LAYERS[(row, col)]:+.2f}" if (row, col) in PAPER_LAYERS else "—") for row, col in layers]
     tables.append(Table("term-importance-layers", "Two layers: each layer's individual heads, added to the direct path "
-                        "and added last (to every other term)", ("heads", "added", "ours", "the paper"),
+                        "and added last", ("heads", "added", "ours", "the paper"),
                         tuple(layer_rows), (2, 3),
                         "The paper's second-layer heads do most of the work; the first layer's matter through the "
-                        "second layer (K-composition), not on their own. The paper adds a layer last to the direct path "
-                        "and the other layer's heads; ours adds it to every other term, the virtual heads too."))
+                        "second layer (K-composition), not on their own. \u201cAdded last\u201d is the paper's quantity: "
+                        "the layer's heads added to the direct path and the other layer's heads (no virtual heads); "
+                        "\u201cvirtual heads kept\u201d adds them to every other term, the virtual heads too (ours only)."))
     return tables
 
 
 def _induction_table(m: LanguageMeasurements) -> Table:
     ind = m.induction
     attention = sorted(ind.attention.items(), key=lambda kv: -kv[1])[:4]
-    return Table("induction", f"Induction on a repeated held-out passage of {ind.length} tokens (the first of 8 "
-                        f"measured): \u201c{ind.passage[:160]}…\u201d",
+    return Table("induction", f"Induction on {ind.passages} repeated held-out passages of {ind.length} tokens: losses and "
+                        f"attention are means over the {ind.passages}; the first passage: \u201c{ind.passage[:160]}…\u201d",
                         ("", "first copy", "second copy"),
                         (("two-layer model (nats)", f"{ind.first:.2f}", f"{ind.second:.2f}"),
                          (f"{ind.control} (nats)", f"{ind.control_first:.2f}", f"{ind.control_second:.2f}"))
