@@ -118,3 +118,28 @@ def test_analysis_page_renders_with_its_figures(tmp_path):
     assert measured["images"], "no figures on the page"
     for src, natural, shown in measured["images"]:
         assert natural > 0 and shown > 100, src  # the figure loaded and shows at a readable size
+
+
+def test_the_attention_page_draws_every_head_and_the_chosen_one_large(tmp_path):
+    """tcircuits attention's page (issue 46) in Chromium: a map per head, named as everywhere, the first head
+    large with its tokens, nothing off the page sideways, and ink on the screenshot."""
+    from derivations.cli import main
+
+    out = tmp_path / "att.html"
+    assert main(["attention", "--checkpoint", "numeric_check/data/kjv_2l.safetensors", "--text",
+                 "And God said, Let there be light: and there was light.", "-o", str(out), "--index-from", "1"]) == 0
+    page = out.read_text(encoding="utf-8")
+    probe = """<script>window.addEventListener('load', function () {
+      const figs = [...document.querySelectorAll('.tc-grid figure')];
+      const big = document.querySelector('.tc-large canvas');
+      const p = document.createElement('pre'); p.id = 'heads'; p.style.display = 'none';
+      p.textContent = JSON.stringify({n: figs.length, names: figs.map(f => f.innerText), big: [big.width, big.height],
+                                      title: document.querySelector('.tc-large h3').textContent});
+      document.body.appendChild(p); });</script>"""
+    measured = browse(tmp_path, page.replace("</body>", probe + "</body>"))
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'p2'}", "--virtual-time-budget=5000", "--dump-dom",
+                          (tmp_path / "page.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+    heads = json.loads(re.search(r'<pre id="heads"[^>]*>(.*?)</pre>', dom, re.DOTALL).group(1))
+    assert heads["n"] == 24 and heads["names"][:2] == ["L1H0", "L1H1"] and heads["names"][-1] == "L2H11"
+    assert heads["title"] == "L1H0" and min(heads["big"]) > 200
+    assert measured["width"] <= 1200 and measured["ink"] > 0.01

@@ -1,0 +1,141 @@
+"""Every head's attention pattern on a prompt, as a page a person looks at: tokens on both axes, one small
+map per head (named as everywhere else: ``L0H3``, or ``L1H3`` with layers from 1), and the head clicked shown
+large with its weights. One self-contained HTML file (the data inline, a few lines of script, no network),
+and the same view in Jupyter (:meth:`AttentionPatterns._repr_html_`).
+
+>>> from derivations import Architecture
+>>> from numeric_check.model.circuit_model import CircuitModel
+>>> model = CircuitModel.random(Architecture(2, 2), d_model=8, d_head=4, d_vocab=10, n_ctx=6)
+>>> view = attention_patterns(model, [1, 2, 3, 1], ["a", "b", "c", "a"])
+>>> view.heads, view.patterns.shape
+(['L0H0', 'L0H1', 'L1H0', 'L1H1'], (2, 2, 4, 4))
+>>> "<canvas" in view._repr_html_()
+True
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from derivations.architecture import head_label
+from derivations.html import page
+from tensoralg.escape import escape_text
+
+
+@dataclass
+class AttentionPatterns:
+    """``patterns[layer, head, query, key]`` (float, rows summing to 1) on a prompt of ``tokens`` (their strings);
+    ``index_from`` numbers the layers in the labels (0: TransformerLens, 1: the paper); ``title`` names the model."""
+
+    patterns: np.ndarray
+    tokens: list[str]
+    index_from: int = 0
+    title: str = "attention"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def heads(self) -> list[str]:
+        n_layers, n_heads = self.patterns.shape[:2]
+        return [head_label(l + self.index_from, h) for l in range(n_layers) for h in range(n_heads)]
+
+    def _data(self) -> str:
+        rounded = np.round(self.patterns.astype(np.float64), 4)
+        data = {"tokens": self.tokens, "heads": self.heads, "n_heads": int(self.patterns.shape[1]),
+                "patterns": rounded.reshape(-1, *self.patterns.shape[2:]).tolist()}
+        return json.dumps(data, ensure_ascii=True).replace("</", "<\\/")  # never ends the script element
+
+    def fragment(self) -> str:
+        """The view as an HTML fragment (a ``div`` and its script), ids of its own so several can share a page."""
+        key = "att" + uuid.uuid4().hex[:8]
+        notes = "".join(f"<p class='note'>{escape_text(n, 'html')}</p>" for n in self.notes)
+        return (f"<div id='{key}' class='tc-attention'>{notes}<div class='tc-grid'></div>"
+                f"<p class='tc-hint'>Click a head to see it large; hover a cell for its weight.</p>"
+                f"<div class='tc-large'><h3></h3><canvas width='10' height='10'></canvas><p class='tc-cell'>&nbsp;</p></div>"
+                f"<style>{_CSS}</style><script>({_SCRIPT})(document.getElementById('{key}'), {self._data()});</script></div>")
+
+    def _repr_html_(self) -> str:
+        return self.fragment()
+
+    def to_html(self) -> str:
+        """A complete page that works offline."""
+        body = (f"<h1>Attention patterns: {escape_text(self.title, 'html')}</h1>"
+                f"<p>{len(self.heads)} heads on {len(self.tokens)} tokens; row: the position attending (query), column: "
+                "the position attended to (key); darker is more attention.</p>" + self.fragment())
+        return page(f"Attention: {self.title}", body)
+
+
+def attention_patterns(model, tokens: Sequence[int] | torch.Tensor, strings: Sequence[str] | None = None, *,
+                       index_from: int = 0, title: str = "attention") -> AttentionPatterns:
+    """Every head's pattern of ``model`` on one prompt of ``tokens``, recorded from its forward pass
+    (``blocks.L.attn.hook_pattern``); ``strings`` label the tokens (their ids where not given)."""
+    from numeric_check.model.hooks import block_hook
+
+    ids = torch.as_tensor(tokens).reshape(1, -1)
+    names = [block_hook(layer, "attn.hook_pattern") for layer in range(model.arch.n_layers)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids.to(model.device), names_filter=lambda name: name in names)
+    n_heads = max(model.arch.heads_per_layer, default=0)
+    n = ids.shape[1]
+    patterns = np.full((model.arch.n_layers, n_heads, n, n), np.nan)
+    for layer, name in enumerate(names):
+        pattern = cache[name][0].double().cpu().numpy()  # [head, query, key]
+        patterns[layer, :pattern.shape[0]] = pattern
+    labels = [str(s) for s in strings] if strings is not None else [str(int(i)) for i in ids[0]]
+    return AttentionPatterns(patterns, labels, index_from, title)
+
+
+_CSS = """
+.tc-attention .tc-grid { display: grid; gap: 4px; margin: 0.5em 0; overflow-x: auto; justify-content: start; }
+.tc-attention figure { margin: 0; text-align: center; cursor: pointer; font: 11px sans-serif; }
+.tc-attention figure.tc-on canvas { outline: 2px solid #d62728; }
+.tc-attention canvas { image-rendering: pixelated; border: 1px solid #ccc; }
+.tc-attention .tc-large canvas { border: none; }
+.tc-attention .tc-hint, .tc-attention .tc-cell { font: 12px sans-serif; color: #555; }
+"""
+
+# draws each head small on a canvas, and the chosen head large with the tokens on both axes
+_SCRIPT = """function (root, d) {
+  const n = d.tokens.length, grid = root.querySelector('.tc-grid');
+  grid.style.gridTemplateColumns = 'repeat(' + d.n_heads + ', auto)';
+  const shade = (v) => { const c = Math.round(255 * (1 - (isNaN(v) ? 0 : v))); return 'rgb(' + c + ',' + c + ',255)'; };
+  function draw(canvas, p, cell, left, top) {
+    const g = canvas.getContext('2d');
+    for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+      g.fillStyle = j > i ? '#f4f4f4' : shade(p[i][j]); g.fillRect(left + j * cell, top + i * cell, cell, cell); }
+  }
+  const large = root.querySelector('.tc-large canvas'), info = root.querySelector('.tc-cell');
+  let chosen = 0;
+  function show(h) {
+    chosen = h; root.querySelectorAll('figure').forEach((f, k) => f.classList.toggle('tc-on', k === h));
+    root.querySelector('.tc-large h3').textContent = d.heads[h];
+    const cell = Math.max(8, Math.min(24, Math.floor(640 / n))), label = 110;
+    large.width = label + n * cell; large.height = label + n * cell;
+    const g = large.getContext('2d'); g.clearRect(0, 0, large.width, large.height);
+    draw(large, d.patterns[h], cell, label, label);
+    g.fillStyle = '#222'; g.font = Math.min(12, cell) + 'px sans-serif'; g.textBaseline = 'middle';
+    d.tokens.forEach((t, i) => {
+      const s = t.replace(/\\n/g, '\\\\n').slice(0, 14);
+      g.textAlign = 'right'; g.fillText(s, label - 4, label + i * cell + cell / 2);
+      g.save(); g.translate(label + i * cell + cell / 2, label - 4); g.rotate(-Math.PI / 2);
+      g.textAlign = 'left'; g.fillText(s, 0, 0); g.restore(); });
+    large.onmousemove = (e) => {
+      const r = large.getBoundingClientRect(), j = Math.floor((e.clientX - r.left - label) / cell),
+            i = Math.floor((e.clientY - r.top - label) / cell);
+      info.textContent = (i >= 0 && j >= 0 && i < n && j < n && j <= i) ? d.heads[h] + ': ' + JSON.stringify(d.tokens[i]) +
+        ' (position ' + i + ') attends to ' + JSON.stringify(d.tokens[j]) + ' (position ' + j + ') with ' +
+        d.patterns[h][i][j].toFixed(3) : '\\u00a0';
+    };
+  }
+  d.heads.forEach((name, h) => {
+    const f = document.createElement('figure'), c = document.createElement('canvas'), cap = document.createElement('figcaption');
+    const cell = Math.max(1, Math.floor(64 / n)); c.width = c.height = n * cell; draw(c, d.patterns[h], cell, 0, 0);
+    cap.textContent = name; f.append(c, cap); f.onclick = () => show(h); grid.append(f);
+  });
+  show(0);
+}"""
