@@ -190,6 +190,7 @@ def _run_train_toy(args) -> int:
     out = writable_file(args.out, ".safetensors", new=True, force=args.force)
     sidecar = writable_file(out.with_suffix(".json"), new=True, force=args.force)
     tokenizer_file = writable_file(tokenizer_path(out), new=True, force=args.force) if data is not None else None
+    curve_file = writable_file(out.with_suffix(".loss.png"), new=True, force=args.force)
     history = _history(args, config, data)
     history_folder = None if history is None else output_folder(
         out.with_suffix(".history"), [snapshot_file(s) for s in history.steps] + [HISTORY_INDEX, HISTORY_WINDOWS_FILE], force=args.force).check()
@@ -218,6 +219,7 @@ def _run_train_toy(args) -> int:
     outputs = {out: weights, sidecar: json.dumps(info, indent=2, allow_nan=False) + "\n"}
     if tokenizer_file is not None:
         outputs[tokenizer_file] = data.tokenizer.to_str() + "\n"
+    outputs[curve_file] = _curve_png(info, out.stem)
     if history_folder is not None:  # the snapshots first: a record never names a history that is not there
         info["history"] = {"folder": history_folder.path.name, "snapshots": len(history.snapshots)}
         outputs[sidecar] = json.dumps(info, indent=2, allow_nan=False) + "\n"
@@ -232,10 +234,22 @@ def _run_train_toy(args) -> int:
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
         f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
         f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
-        f"wrote {out} and {sidecar}" + (f" and {tokenizer_file}" if tokenizer_file else "")
+        f"wrote {out}, {sidecar}" + (f", {tokenizer_file}" if tokenizer_file else "") + f" and the loss curve {curve_file}"
         + (f"\nkept {len(history.snapshots)} snapshots in {history_folder.path}" if history_folder else "")
     ))
     return 0
+
+
+def _curve_png(record: dict, name: str) -> bytes:
+    """The training loss curve (the record's, smoothed over 100 steps) as a PNG, against the uniform loss."""
+    import io
+
+    from numeric_check.reports.plots import training_curve
+
+    figure = training_curve(record["curve"], uniform_loss=record["uniform_loss"], title=f"Training loss: {name}")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})
+    return buffer.getvalue()
 
 
 def _history(args, config, data):

@@ -168,6 +168,27 @@ class CircuitModel(nn.Module):
             f"d_vocab={cfg.d_vocab}, n_ctx={cfg.n_ctx}{mlp}{scale}, dtype={self.dtype}, device={self.device})"
         )
 
+    def _repr_html_(self) -> str:
+        """In Jupyter: the architecture, the sizes, the dtype and device, the heads by layer as every report names
+        them, and, for a converted model, how closely it computes its source."""
+        from derivations.architecture import head_label
+        from tensoralg.escape import escape_text
+
+        cfg = self.cfg
+        rows = [("architecture", cfg.arch.describe()), ("d_model, d_head", f"{cfg.d_model}, {cfg.d_head}"),
+                ("d_vocab, n_ctx", f"{cfg.d_vocab:,}, {cfg.n_ctx:,}"), ("dtype, device", f"{self.dtype}, {self.device}")]
+        if cfg.arch.mlp:
+            rows.append(("MLP", f"d_mlp={cfg.d_mlp}, {cfg.act_fn}{', gated' if cfg.gated_mlp else ''}"))
+        for layer, n in enumerate(cfg.arch.heads_per_layer):
+            shown = [head_label(layer, h) for h in range(min(n, 8))]
+            rows.append((f"layer {layer}", " ".join(shown) + (f" … {head_label(layer, n - 1)}" if n > 8 else "")))
+        check = getattr(self, "source_check", None)
+        if check is not None:
+            rows.append(("source", check.describe()))
+        cells = "".join(f"<tr><th style='text-align:left'>{escape_text(k, 'html')}</th><td style='text-align:left'>"
+                        f"{escape_text(v, 'html')}</td></tr>" for k, v in rows)
+        return f"<table><caption style='text-align:left'><b>CircuitModel</b></caption>{cells}</table>"
+
     # --- construction -------------------------------------------------------------------
     @classmethod
     def random(

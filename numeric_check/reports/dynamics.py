@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from derivations.architecture import head_label
 from derivations.html import page
+from tensoralg.display import md_table, md_text
 from tensoralg.escape import escape_text
 
 from numeric_check.reports.plots import LAYER_COLOURS, plain_title, save_figure
@@ -119,16 +120,15 @@ def markdown(run, claims, control=None, window=None) -> str:
     lines = [f"# How induction heads form in {run.checkpoint}", ""]
     if control is not None:
         lines += [f"Control: {control.checkpoint} ({control.n_layers} layer{'s' if control.n_layers != 1 else ''}, trained alike).", ""]
-    lines += ["| claim | rule | the model | its figures | the control | its figures |", "|---|---|---|---|---|---|"]
-    for c in claims:
-        lines.append(f"| {c.name} | {c.rule} | **{_verdict(c.holds)}** | {c.detail} | {_verdict(c.control_holds)} | {c.control_detail} |")
-    lines += ["", "| step | held-out loss | ICL score | best prefix matching (last layer) | K-composition | ‖K term‖ | verified |",
-              "|---:|---:|---:|---:|---:|---:|---|"]
+    lines.append(md_table(("claim", "rule", "the model", "its figures", "the control", "its figures"),
+                          [(md_text(c.name), md_text(c.rule), f"**{_verdict(c.holds)}**", md_text(c.detail),
+                            _verdict(c.control_holds), md_text(c.control_detail)) for c in claims]))
     best = run.best("prefix_matching", run.n_layers - 1) if run.n_layers else [math.nan] * len(run.steps)
-    for s, b in zip(run.snapshots, best):
-        lines.append(f"| {s.step:,} | {s.heldout_loss:.3f} | {s.icl_score:+.3f} | {b:.3f} | {s.k_composition:.3f} | "
-                     f"{s.k_term_norm:.3g} | {'yes' if s.k_term_verified else 'no'} |")
-    lines.append("")
+    lines += ["", md_table(("step", "held-out loss", "ICL score", "best prefix matching (last layer)", "K-composition",
+                            "‖K term‖", "verified"),
+                           [(f"{s.step:,}", f"{s.heldout_loss:.3f}", f"{s.icl_score:+.3f}", f"{b:.3f}", f"{s.k_composition:.3f}",
+                             f"{s.k_term_norm:.3g}", "yes" if s.k_term_verified else "no")
+                            for s, b in zip(run.snapshots, best)], right=range(6)), ""]
     for name, caption in FIGURES.items():
         lines += [f"![{caption}](figures/{name}.png)", "", f"*{caption}*", ""]
     return "\n".join(lines)

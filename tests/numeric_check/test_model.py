@@ -442,3 +442,11 @@ def test_a_working_copy_centres_each_weight_once_and_again_when_it_changes():
     torch.testing.assert_close(third.W_E, model.W_E - model.W_E.mean(0, keepdim=True))
     wide = model.working_copy(torch.float64, "cpu")  # each dtype its own
     assert wide.W_E.dtype == torch.float64 and float(wide.W_E.mean(0).abs().max()) < 1e-15
+
+
+def test_a_model_shows_itself_in_jupyter_with_its_heads_named_as_the_reports_name_them():
+    from derivations import Architecture
+
+    model = CircuitModel.random(Architecture(2, 12), d_model=8, d_head=4, d_vocab=10, n_ctx=6)
+    html = model._repr_html_()
+    assert "2 layers x 12 heads" in html and "L1H0 L1H1" in html and "… L1H11" in html and "<table>" in html

@@ -128,7 +128,7 @@ def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_pat
     out = tmp_path / "m.safetensors"
     code, stdout, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *TINY, "--out", str(out))
     assert code == 0, stderr
-    assert f"and {tokenizer_path(out)}" in stdout
+    assert f"{tokenizer_path(out)}" in stdout and f"the loss curve {out.with_suffix('.loss.png')}" in stdout
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["train_config"]["copy_share"] == 0.5 and len(record["train_config"]["text_sha256"]) == 64
     assert record["text"]["files"] == ["corpus.txt"] and record["text"]["tokenizer"] == "m.tokenizer.json"
