@@ -123,7 +123,7 @@ def your_language(args: argparse.Namespace):
     (:class:`~numeric_check.reports.paper.your_model.LanguageModels`): the text read first, the model refused
     before its conversion where it can be (MLPs, more than two layers), then converted and checked."""
     from numeric_check.reports.paper.language import heldout_path
-    from numeric_check.reports.paper.your_model import language_models, text_data
+    from numeric_check.reports.paper.your_model import language_models, text_data, text_kind
     from numeric_check.training.text import read_texts
 
     if args.text_path is not None:
@@ -136,7 +136,7 @@ def your_language(args: argparse.Namespace):
         _refuse_hugging_face(args)
     else:
         model, tokenizer, name, record, verify = _transformer_lens(args)
-    data = text_data(tokenizer, text, text_name, model.cfg.d_vocab)
+    data = text_data(tokenizer, text, text_name, model.cfg.d_vocab, text_kind(text, record))
     return language_models(model, data, name, record, verify=verify)
 
 

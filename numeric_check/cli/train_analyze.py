@@ -281,7 +281,7 @@ def text_record(paths, data, tokenizer_file) -> dict:
     """What a training record says of its text: the files, their SHA-256, the split and the tokenizer."""
     return {"files": [Path(p).name for p in paths], "sha256": data.sha256,
             "train_tokens": len(data.train), "heldout_tokens": len(data.heldout),
-            "heldout": data.split,
+            "heldout": data.split, "heldout_sha256": data.heldout_sha256,
             "tokenizer": tokenizer_file.name}
 
 

@@ -345,6 +345,7 @@ class TextData:
     heldout: torch.Tensor
     sha256: str
     split: str = ""
+    heldout_sha256: str | None = None  # of the held-out part as one text (trailing newlines aside); None: none held out
 
     @classmethod
     def build(cls, text: str, vocab_size: int, n_ctx: int) -> "TextData":
@@ -359,8 +360,9 @@ class TextData:
             if heldout_block(n_lines) is not None:  # held-out blocks of blank lines only
                 split = f"none: the held-out blocks of its {n_lines:,} lines are blank; evaluated on the training text"
         tokenizer = train_tokenizer(train_text, vocab_size)
+        held_sha = None if split.startswith("none") else text_sha256(held_text.rstrip("\n"))
         data = cls(tokenizer, encode_compact(tokenizer, train_text), encode_compact(tokenizer, held_text), text_sha256(text),
-                   split)
+                   split, held_sha)
         for name, ids in (("training", data.train), ("held-out", data.heldout)):
             if len(ids) < n_ctx + 1:
                 raise TrainConfigError(f"the {name} part of the text is {len(ids):,} tokens, shorter than one sequence "

@@ -143,6 +143,7 @@ def test_added_last_is_the_papers_quantity_and_the_paper_per_term_uses_the_paper
 
     class M:  # what _importance_tables reads
         importance = imp
+        data = data_of(torch.arange(10), 10)
 
     orders, _ = _importance_tables(M())
     heads = next(r for r in orders.rows if r[0] == "individual heads")
@@ -158,6 +159,7 @@ def test_the_induction_caption_says_its_losses_are_means_over_every_passage():
 
     class M:
         induction = ind
+        data = data_of(ids, 48)
 
     caption = _induction_table(M()).caption
-    assert "8 repeated held-out passages" in caption and "means over the 8" in caption
+    assert "8 repeated passages of the held-out text" in caption and "means over the 8" in caption

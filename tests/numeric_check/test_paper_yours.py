@@ -212,4 +212,6 @@ def test_a_short_text_trains_with_a_smaller_held_out_part_and_the_companion_meas
     code, out, err = run_cli(capsys, "paper", "--checkpoint", str(model), "--text-file", str(text), "-o", str(tmp_path / "site"),
                              "--quiet")
     assert code == 0, err
-    assert "the language page: short.safetensors" in out or "short.safetensors (1 layer" in out
+    assert "short.safetensors (1 layer" in out and "its own training text" in out
+    page = (tmp_path / "site" / "language.html").read_text(encoding="utf-8")
+    assert "held-out" not in page.replace("held-out part", "") and "the training text" in page  # issue 45: not called held-out

@@ -72,13 +72,26 @@ class LanguageData:
     ids: Tensor
     strings: tuple[str, ...]
     name: str
+    #: what the text is to the model, as its training record shows (:func:`text_kind`): ``held-out``,
+    #: ``training`` (the text it was trained on) or ``unknown`` (no record, or another text)
+    kind: str = "held-out"
 
     @classmethod
-    def from_text(cls, tokenizer, text: str, name: str) -> "LanguageData":
+    def from_text(cls, tokenizer, text: str, name: str, kind: str = "held-out") -> "LanguageData":
         from numeric_check.training.text import encode
 
         strings = tuple(tokenizer.decode([i]) for i in range(tokenizer.get_vocab_size()))
-        return cls(tokenizer, encode(tokenizer, text), strings, name)
+        return cls(tokenizer, encode(tokenizer, text), strings, name, kind)
+
+    @property
+    def text_words(self) -> str:
+        """The text as the page names it: ``the held-out text``, ``the training text`` or ``the text``."""
+        return {"held-out": "the held-out text", "training": "the training text"}.get(self.kind, "the text")
+
+    @property
+    def token_words(self) -> str:
+        """Its tokens as the page names them: ``held-out tokens``, ``tokens of the training text`` or ``tokens``."""
+        return {"held-out": "held-out tokens", "training": "tokens of the training text"}.get(self.kind, "tokens")
 
     def show(self, ids) -> str:
         """Token ids as the text they spell."""

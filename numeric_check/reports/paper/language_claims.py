@@ -74,7 +74,7 @@ def bigrams_language(m: LanguageMeasurements) -> PaperFinding:
     b = m.bigrams
     share = Part(
         f"the zero-layer table closes more than {BIGRAM_SHARE:.0%} of the gap between the next token's entropy alone "
-        f"({b.unigram:.3f} nats) and the text's exact bigram entropy ({b.bigram:.3f}, every pair of the held-out text counted)",
+        f"({b.unigram:.3f} nats) and the text's exact bigram entropy ({b.bigram:.3f}, every pair of {m.data.text_words} counted)",
         f"zero-layer model {b.loss:.3f} nats: {b.captured:.0%} of the gap",
         b.captured > BIGRAM_SHARE,
         f"the same model's frequencies with the current token ignored (its table averaged over current tokens): "
@@ -82,7 +82,7 @@ def bigrams_language(m: LanguageMeasurements) -> PaperFinding:
         b.control_captured > BIGRAM_SHARE)
     agree = Part(
         f"its most likely next token is the text's most frequent one after at least {BIGRAM_SHARE:.0%} of the tokens",
-        f"after {b.agreement:.0%} of the {b.tokens:,} held-out tokens",
+        f"after {b.agreement:.0%} of the {b.tokens:,} {m.data.token_words}",
         b.agreement >= BIGRAM_SHARE,
         f"its frequencies alone: after {b.control_agreement:.0%}",
         b.control_agreement >= BIGRAM_SHARE)
@@ -171,7 +171,7 @@ def induction_language(m: LanguageMeasurements) -> PaperFinding:
     head, best = max(ind.attention.items(), key=lambda kv: kv[1])
     c_head, c_best = max(ind.control_attention.items(), key=lambda kv: kv[1], default=(0, float("nan")))
     loss = Part(
-        "on a repeated passage of the held-out text, the loss on the second copy is at most half the first copy's",
+        f"on a repeated passage of {m.data.text_words}, the loss on the second copy is at most half the first copy's",
         f"two-layer model: first copy {ind.first:.2f} nats, second {ind.second:.2f}",
         ind.second <= 0.5 * ind.first,
         f"{ind.control}: first {ind.control_first:.2f}, second {ind.control_second:.2f}",
@@ -227,11 +227,11 @@ def language_tables(m: LanguageMeasurements) -> list[Table]:
 
 def _bigram_table(m: LanguageMeasurements) -> Table:
     b = m.bigrams
-    return Table("bigrams", "Zero layers: the held-out text's most frequent bigrams, P(next | current) as the text "
+    return Table("bigrams", f"Zero layers: the most frequent bigrams of {m.data.text_words}, P(next | current) as the text "
                     "has it (every pair counted) and as the zero-layer model's table has it",
                     ("current", "next", "count", "P text", "P model"),
                     tuple((cur, nxt, f"{n:,}", f"{p:.3f}", f"{q:.3f}") for cur, nxt, n, p, q in b.pairs), (2, 3, 4),
-                    f"Over all {b.tokens:,} held-out tokens: the model's loss {b.loss:.3f} nats, the next token's entropy "
+                    f"Over all {b.tokens:,} {m.data.token_words}: the model's loss {b.loss:.3f} nats, the next token's entropy "
                     f"alone {b.unigram:.3f}, the text's own bigram entropy {b.bigram:.3f} (in sample: no table does better "
                     "on this text). The paper shows the same kind of table qualitatively.")
 
@@ -241,14 +241,14 @@ def _one_layer_tables(m: LanguageMeasurements) -> list[Table]:
     rows, tables = [], []
     for t in m.tables:
         rows.append((label(0, t.head), d.token(t.source), " ".join(d.token(x) for x in t.destinations),
-                     " ".join(d.token(x) for x in t.outs), t.example or "(none in the held-out text)"))
+                     " ".join(d.token(x) for x in t.outs), t.example or f"(none in {d.text_words})"))
     tables.append(Table("skip-trigrams", "One layer: skip-trigram tables read off the weights, in the slides' form "
                         "(the destinations the QK circuit picks most for the source, the outs the OV circuit raises most)",
-                        ("head", "source", "destinations", "outs", "example from the held-out text"), tuple(rows)))
+                        ("head", "source", "destinations", "outs", f"example from {d.text_words}"), tuple(rows)))
     bug_rows = [(label(0, x.head), f"{d.token(x.source)} … {d.token(x.destination)} → {d.token(x.out)}", f"{x.seen}",
                  f"{x.rise:+.2f}", f"{x.other_source:+.2f}", f"{x.control:+.2f}")
                 for x in sorted(m.bugs, key=lambda x: (x.seen > 0, -x.rise))[:12]]
-    tables.append(Table("bugs", "Combinations the factored tables predict that the held-out text never holds "
+    tables.append(Table("bugs", f"Combinations the factored tables predict that {d.text_words} never holds "
                         "(the paper's \u201ckeep … in bay\u201d), largest rise first",
                         ("head", "skip-trigram", "in the text", "rise (nats)", "another source", "unpicked destination"),
                         tuple(bug_rows), (2, 3, 4, 5),
@@ -269,7 +269,7 @@ def _importance_tables(m: LanguageMeasurements) -> list[Table]:
     tables.append(Table("term-importance", "Two layers: term importance by order (patterns frozen; the loss change "
                         "from adding each order's terms, nats)", ("terms", "count", "ours", "ours per term", "the paper",
                                                                    "the paper per term"), tuple(order_rows), (1, 2, 3, 4, 5),
-                        f"On {imp.tokens:,} held-out tokens; the direct path from a uniform prediction "
+                        f"On {imp.tokens:,} {m.data.token_words}; the direct path from a uniform prediction "
                         f"({imp.losses['uniform']:.3f} nats), the model itself {imp.losses['model']:.3f}."))
     layers = imp.by_layer()
     layer_rows = [(row, col, _nats(layers[(row, col)]),
@@ -287,7 +287,7 @@ def _importance_tables(m: LanguageMeasurements) -> list[Table]:
 def _induction_table(m: LanguageMeasurements) -> Table:
     ind = m.induction
     attention = sorted(ind.attention.items(), key=lambda kv: -kv[1])[:4]
-    return Table("induction", f"Induction on {ind.passages} repeated held-out passages of {ind.length} tokens: losses and "
+    return Table("induction", f"Induction on {ind.passages} repeated passages of {m.data.text_words}, {ind.length} tokens each: losses and "
                         f"attention are means over the {ind.passages}; the first passage: \u201c{ind.passage[:160]}…\u201d",
                         ("", "first copy", "second copy"),
                         (("two-layer model (nats)", f"{ind.first:.2f}", f"{ind.second:.2f}"),

@@ -119,18 +119,41 @@ class LanguageModels:
         >>> data = LanguageData(None, torch.arange(40), tuple("abcdefghij"), "notes.txt")
         >>> print(LanguageModels({1: m}, {1: None}, data, "m.safetensors").describe())  # doctest: +NORMALIZE_WHITESPACE
         m.safetensors (1 layer x 2 heads, no positional embedding, d_model 8, a vocabulary of 10 tokens), measured on
-        notes.txt (40 tokens)
+        notes.txt (40 tokens; the held-out part of its training text)
         """
         (model,) = self.models.values()
+        kind = {"held-out": "the held-out part of its training text", "training": "its own training text"}.get(
+            self.data.kind, "a text its training record does not name: trained on or not, unknown")
         return (f"{self.name} ({model.arch.describe()}, d_model {model.cfg.d_model}, a vocabulary of "
-                f"{model.cfg.d_vocab:,} tokens), measured on {self.data.name} ({len(self.data.ids):,} tokens)")
+                f"{model.cfg.d_vocab:,} tokens), measured on {self.data.name} ({len(self.data.ids):,} tokens; {kind})")
 
 
-def text_data(tokenizer, text: str, name: str, d_vocab: int) -> LanguageData:
+def text_kind(text: str, record: dict | None) -> str:
+    """What ``text`` is to a model whose training record is ``record``, from the SHA-256s it keeps: ``training``
+    (the text it trained on), ``held-out`` (the part of it held out), else ``unknown`` (no record says).
+
+    >>> from numeric_check.training.text import text_sha256
+    >>> record = {"text": {"sha256": text_sha256("a\\nb\\n"), "heldout_sha256": text_sha256("b")}}
+    >>> text_kind("a\\nb\\n", record), text_kind("b\\n", record), text_kind("c", record), text_kind("a", None)
+    ('training', 'held-out', 'unknown', 'unknown')
+    """
+    from numeric_check.training.text import text_sha256
+
+    recorded = (record or {}).get("text") if isinstance(record, dict) else None
+    if not isinstance(recorded, dict):
+        return "unknown"
+    if text_sha256(text) == recorded.get("sha256"):
+        return "training"
+    if text_sha256(text.rstrip("\n")) == recorded.get("heldout_sha256"):
+        return "held-out"
+    return "unknown"
+
+
+def text_data(tokenizer, text: str, name: str, d_vocab: int, kind: str = "unknown") -> LanguageData:
     """``text`` read by ``tokenizer`` (a Hugging Face ``tokenizers.Tokenizer``) for a model of ``d_vocab`` tokens:
     a text that gives an id outside the vocabulary, or too few tokens for one window, is one
     :class:`~numeric_check.errors.InputFileError` line naming it; ids the tokenizer has no string for show as ``<id>``."""
-    data = LanguageData.from_text(tokenizer, text, name)
+    data = LanguageData.from_text(tokenizer, text, name, kind)
     if len(data.ids) <= 2 * N_CTX:
         raise InputFileError(f"{name} is {len(data.ids):,} tokens; the companion measures on windows of {N_CTX} "
                              f"tokens and needs more than {2 * N_CTX:,}: give a longer text")
