@@ -147,7 +147,8 @@ def test_added_last_is_the_papers_quantity_and_the_paper_per_term_uses_the_paper
 
     orders, _ = _importance_tables(M())
     heads = next(r for r in orders.rows if r[0] == "individual heads")
-    assert heads[-1] == f"{-5.2 / 24:+.3f}"  # not -5.2 / 8
+    assert heads[6] == f"{-5.2 / 24:+.3f}"  # not -5.2 / 8
+    assert heads[7] == "71%" and heads[4] == f"{(3.2 - 5.0) / (3.0 - 7.0):.0%}"  # shares of each one's own gap
 
 
 def test_the_induction_caption_says_its_losses_are_means_over_every_passage():
