@@ -94,8 +94,12 @@ def render(derivation: Derivation, fmt: str, max_terms: int | None, index_from: 
         return derivation.to_json(index_from=index_from)
     if fmt == "html":
         return html_document(derivation, max_terms=max_terms, index_from=index_from)
+    try:  # every line checked numerically, and marked so, in every format (HTML marks its own)
+        verification = derivation.verify()
+    except DerivationError as error:
+        verification = f"the check could not run: {error}"
     return getattr(derivation, {"text": "to_text", "latex": "to_latex", "markdown": "to_markdown"}[fmt])(
-        max_terms=max_terms, index_from=index_from)
+        max_terms=max_terms, index_from=index_from, verification=verification)
 
 
 def emit(derivation: Derivation, args) -> int:

@@ -59,6 +59,47 @@ def _lead(chain, i: int, index_from: int) -> str:
     return f"{lhs(chain, index_from)[0]} &= " if chain.lhs is not None else r"&\hphantom{{}={}} "
 
 
+# -- each line's numerical check ---------------------------------------------------------
+
+
+class Marks:
+    """Each line's numerical check (:meth:`~derivations.derivation.Derivation.verify`) as a mark for a document:
+    ``verification`` a :class:`~derivations.numeric.Verification`, a string (the check could not run: why), or None
+    (no check: no marks). :meth:`line` is the mark of line ``si`` of chain ``ci`` (none for a chain's first line,
+    the reference); :meth:`summary` one sentence for the top of the document."""
+
+    def __init__(self, verification=None):
+        self.verification = verification
+        self.errors = {} if verification is None or isinstance(verification, str) else {
+            (ci, si): e for ci, si, e in verification.errors}
+
+    def line(self, ci: int, si: int) -> tuple[bool, float] | None:
+        """``(passed, relative error)`` of a line after the first, or None where no check ran."""
+        if si == 0 or (ci, si) not in self.errors:
+            return None
+        error = self.errors[(ci, si)]
+        return error <= self.verification.tol, error
+
+    def summary(self, check: str = "✓", cross: str = "✗") -> str | None:
+        v = self.verification
+        if v is None:
+            return None
+        if isinstance(v, str):
+            return f"Not checked numerically: {v}."
+        verdict = f"every line equals the first ({check} beside each)" if v.ok else \
+            f"SOME LINES DIFFER from the first ({cross} beside them)"
+        return (f"Checked numerically on random bindings: {verdict}, to a relative tolerance of {v.tol:.0e}.")
+
+    def text(self, ci: int, si: int) -> str:
+        mark = self.line(ci, si)
+        return "" if mark is None else (" ✓" if mark[0] else f" ✗ (relative error {mark[1]:.1e})")
+
+    def latex(self, ci: int, si: int) -> str:
+        mark = self.line(ci, si)
+        return "" if mark is None else (r" \hfill $\checkmark$" if mark[0] else
+                                        rf" \hfill $\times$ (relative error {mark[1]:.1e})")
+
+
 def _latex_rows(rows: list[list[Piece]], lead: str) -> list[str]:
     return [(lead if k == 0 else r"&\quad ") + " ".join(p.latex for p in row) for k, row in enumerate(rows)]
 
@@ -68,6 +109,7 @@ def _latex_rows(rows: list[list[Piece]], lead: str) -> list[str]:
 PREAMBLE = r"""\documentclass{article}
 \usepackage[margin=2.5cm]{geometry}
 \usepackage{amsmath}
+\usepackage{amssymb}
 \allowdisplaybreaks
 \setlength{\parindent}{0pt}
 \setlength{\parskip}{0.6em}
@@ -75,16 +117,20 @@ PREAMBLE = r"""\documentclass{article}
 """
 
 
-def latex_body(derivation, layout: Layout) -> list[str]:
+def latex_body(derivation, layout: Layout, marks: Marks | None = None) -> list[str]:
     k = layout.index_from
+    marks = marks or Marks()
     lines = []
     if derivation.summary:
         lines += [prose_latex(derivation.summary, k), ""]
+    if marks.summary():
+        said = escape_latex(marks.summary("CHECKMARK", "CROSSMARK"))
+        lines += [r"\emph{" + said.replace("CHECKMARK", r"$\checkmark$").replace("CROSSMARK", r"$\times$") + "}", ""]
     if derivation.notes:
         lines += [r"\paragraph{Notation and assumptions.}", r"\begin{itemize}"]
         lines += [r"\item " + prose_latex(n, k) for n in derivation.notes]
         lines += [r"\end{itemize}", ""]
-    for chain in derivation.chains:
+    for ci, chain in enumerate(derivation.chains):
         if chain.intro:
             lines += [prose_latex(chain.intro, k), ""]
         rows: list[str] = []
@@ -93,7 +139,7 @@ def latex_body(derivation, layout: Layout) -> list[str]:
                 why = justification(step, first=True)
                 lines += [prose_latex(why, k)] if why else []
             else:
-                rows.append(r"\intertext{" + prose_latex(justification(step), k) + "}")
+                rows.append(r"\intertext{" + prose_latex(justification(step), k) + marks.latex(ci, i) + "}")
             rows += _latex_rows(packed, _lead(chain, i, k))
         body = []
         for j, row in enumerate(rows):
@@ -104,14 +150,14 @@ def latex_body(derivation, layout: Layout) -> list[str]:
     return lines
 
 
-def latex_document(derivation, layout: Layout | None = None, **options) -> str:
+def latex_document(derivation, layout: Layout | None = None, verification=None, **options) -> str:
     """A complete LaTeX document (article class, geometry and amsmath) that compiles with pdflatex.
 
     Terms are never split, so the page is wide (2.5 cm margins) for the longest QK terms.
 
     ``max_terms`` (default 40; ``None`` for all) elides the middle of longer sums;
     ``width`` sets the characters per line before a sum breaks; ``index_from=1`` numbers
-    layers as the paper does.
+    layers as the paper does; ``verification`` (:class:`Marks`) marks each line's numerical check.
     """
     layout = check_layout(layout, options)
     head = [
@@ -124,7 +170,7 @@ def latex_document(derivation, layout: Layout | None = None, **options) -> str:
         r"\maketitle",
         "",
     ]
-    return "\n".join(head + latex_body(derivation, layout) + [r"\end{document}", ""])
+    return "\n".join(head + latex_body(derivation, layout, Marks(verification)) + [r"\end{document}", ""])
 
 
 def escape_comment(text: str) -> str:
@@ -147,23 +193,27 @@ def latex_math(derivation, layout: Layout | None = None, **options) -> str:
 # -- Markdown ---------------------------------------------------------------------------
 
 
-def markdown(derivation, layout: Layout | None = None, **options) -> str:
-    """Markdown with ``$$`` display math (renders with KaTeX or MathJax)."""
+def markdown(derivation, layout: Layout | None = None, verification=None, **options) -> str:
+    """Markdown with ``$$`` display math (renders with KaTeX or MathJax); ``verification`` (:class:`Marks`)
+    marks each line's numerical check."""
     layout = check_layout(layout, options)
+    marks = Marks(verification)
     k = layout.index_from
     out = [f"# {prose_markdown(derivation.title, k)}", ""]
     if derivation.summary:
         out += [prose_markdown(derivation.summary, k), ""]
+    if marks.summary():
+        out += [f"*{escape_markdown(marks.summary())}*", ""]
     if derivation.notes:
         out += ["**Notation and assumptions.**", ""]
         out += ["- " + prose_markdown(n, k) for n in derivation.notes]
         out.append("")
-    for chain in derivation.chains:
+    for ci, chain in enumerate(derivation.chains):
         if chain.intro:
             out += [prose_markdown(chain.intro, k), ""]
         for i, step, packed in chain_rows(chain, layout):
             why = justification(step, first=i == 0)
-            out += [prose_markdown(why, k), ""] if why else []
+            out += [prose_markdown(why, k) + escape_markdown(marks.text(ci, i)), ""] if why else []
             rows = _latex_rows(packed, _lead(chain, i, k))
             out += ["$$", r"\begin{aligned}", markdown_math(" \\\\\n".join(rows)), r"\end{aligned}", "$$", ""]
     return "\n".join(out)
@@ -172,21 +222,25 @@ def markdown(derivation, layout: Layout | None = None, **options) -> str:
 # -- plain text -------------------------------------------------------------------------
 
 
-def text(derivation, layout: Layout | None = None, **options) -> str:
-    """Plain Unicode text: prose wrapped at 78 columns, one line of the chain per row."""
+def text(derivation, layout: Layout | None = None, verification=None, **options) -> str:
+    """Plain Unicode text: prose wrapped at 78 columns, one line of the chain per row; ``verification``
+    (:class:`Marks`) marks each line's numerical check."""
     if layout is None:
         options = {"width": 74, "measure": "chars", **options}
     layout = check_layout(layout, options)
     k = layout.index_from
     wrap = lambda s, indent="", first=None: textwrap.fill(
         s, 78, initial_indent=indent if first is None else first, subsequent_indent=indent, break_on_hyphens=False)
+    marks = Marks(verification)
     title = prose_text(derivation.title, k)
     out = [title, "=" * len(title), ""]
     if derivation.summary:
         out += [wrap(prose_text(derivation.summary, k)), ""]
+    if marks.summary():
+        out += [wrap(marks.summary()), ""]
     if derivation.notes:
         out += ["Notation and assumptions:"] + [wrap(prose_text(n, k), "    ", "  - ") for n in derivation.notes] + [""]
-    for chain in derivation.chains:
+    for ci, chain in enumerate(derivation.chains):
         if chain.intro:
             out += [wrap(prose_text(chain.intro, k)), ""]
         _, lhs_text = lhs(chain, k)
@@ -195,7 +249,7 @@ def text(derivation, layout: Layout | None = None, **options) -> str:
         for i, step, packed in chain_rows(chain, narrower):
             why = justification(step, first=i == 0)
             if why:
-                out.append(wrap(f"[{prose_text(why, k)}]", pad + "    ", pad + "   "))
+                out.append(wrap(f"[{prose_text(why, k)}]{marks.text(ci, i)}", pad + "    ", pad + "   "))
             for j, row in enumerate(packed):
                 body = " ".join(p.text for p in row)
                 if j:

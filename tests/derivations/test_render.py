@@ -4,6 +4,8 @@ import json
 import re
 
 import pytest
+
+from derivations import catalogue
 import sympy as sp
 from hypothesis import given
 from hypothesis import strategies as st
@@ -336,3 +338,27 @@ def test_regroup_labels_and_details_may_carry_formulae():
     latex, text = d.to_latex(), d.to_text()
     assert r"\text{[through $W_{OV}^{h}$]}" in latex and r"$h \neq k$" in latex
     assert "[through W_OV^h]" in text and "h ≠ k" in text
+
+
+@pytest.mark.parametrize("fmt, check, summary", [
+    ("text", "] ✓", "Checked numerically on random bindings: every line equals the first"),
+    ("markdown", ". ✓", "*Checked numerically on random bindings: every line equals the first"),
+    ("latex", r"\hfill $\checkmark$}", r"\emph{Checked numerically on random bindings: every line equals the first ($\checkmark$"),
+])
+def test_derive_marks_each_lines_numerical_check_in_every_format(fmt, check, summary):
+    from derivations.commands import render as render_document
+
+    document = render_document(catalogue.get("two-layer-logits", heads=2), fmt, 40)
+    assert summary in document
+    assert document.count(check) == len(catalogue.get("two-layer-logits", heads=2).steps) - 1  # all but the first line
+
+
+def test_a_line_that_fails_its_check_is_marked_with_its_error():
+    from derivations.numeric import Verification
+    from derivations.render import text as render_text
+
+    d = catalogue.get("zero-layer")
+    failing = Verification(tuple((ci, si, 0.5 if si == 1 else 0.0) for ci, c in enumerate(d.chains)
+                                 for si in range(len(c.steps))), 1e-9)
+    out = " ".join(render_text(d, verification=failing).split())
+    assert "SOME LINES DIFFER from the first (✗ beside them)" in out and "✗ (relative error 5.0e-01)" in out
