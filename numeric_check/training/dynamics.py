@@ -4,7 +4,8 @@ computed from a training run's history (:mod:`numeric_check.training.history`).
 For every snapshot of ``NAME.history/``:
 
 - the held-out loss, and its value at every position of the context (the heat map of loss by token
-  index × training step);
+  index × training step), measured again on the snapshot file in float64 where the history keeps its
+  windows (the history's own figure is the training model's, before the save's rounding);
 - the **in-context learning score**: the loss of a late token minus that of an early one. The paper
   takes the 500th and the 50th tokens of contexts of 512 or more; scaled to a context of ``n_ctx``
   tokens, the late token is the last and the early one a tenth of the way (:func:`icl_positions`),
@@ -159,6 +160,9 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
             raise CheckpointError(f"{str(path)!r} is not the snapshot its history lists (another content hash)")
         return load_checkpoint(path, device=device, dtype=torch.float64)
 
+    from numeric_check.training.history import position_losses, read_windows
+
+    windows = read_windows(checkpoint)  # the held-out windows: each snapshot's loss measured again from its file
     last = model_at(entries[-1])
     models[entries[-1]["step"]] = last
     n_layers, n_heads, n_ctx = last.arch.n_layers, max(last.arch.heads_per_layer, default=0), last.cfg.n_ctx
@@ -175,7 +179,8 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
             previous = prefix = copying = []
         k_score, k_norm, verified = (composition_scores(model, "K")[writer + induction].item(), *_k_term(model, tokens, induction, writer)) \
             if induction is not None else (math.nan, math.nan, False)
-        loss = [float(v) for v in entry["position_loss"]]
+        # the file's weights in float64 (the history's figure is the training model's, before the save's rounding)
+        loss = position_losses(model, windows).tolist() if windows is not None else [float(v) for v in entry["position_loss"]]
         measures.append(SnapshotMeasures(entry["step"], entry.get("sha256", ""), sum(loss) / len(loss), icl_score(loss, n_ctx), loss,
                                          previous, prefix, copying, k_score, k_norm, verified))
         if progress is not None:

@@ -103,7 +103,8 @@ def position_losses(model, windows: torch.Tensor, chunk: int = WINDOW_CHUNK) -> 
     for part in windows.split(chunk):
         part = part.to(device)
         logits = model(part[:, :-1])  # [chunk, n_ctx, d_vocab]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), part[:, 1:].flatten(), reduction="none")
+        logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # float64 stays so
+        loss = F.cross_entropy(logits.flatten(0, 1), part[:, 1:].flatten(), reduction="none")
         total += loss.view(part.shape[0], -1).double().sum(0)
     return (total / windows.shape[0]).cpu()
 
