@@ -27,7 +27,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.model.circuit_model": ("CircuitModel",),
     "numeric_check.model.config": ("ModelConfig", "resolve_device", "resolve_dtype"),
     "numeric_check.model.hooks": ("Constant", "HookPoint"),
-    "numeric_check.conversion.adapters": ("from_transformer_lens", "to_transformer_lens"),
+    "numeric_check.conversion.adapters": ("from_tl", "from_transformer_lens", "to_transformer_lens"),
     "numeric_check.conversion.hf": ("from_hf", "from_hf_gpt2"),
     "numeric_check.conversion.source_check": ("SourceCheck",),
     "numeric_check.model.checkpoint": ("load_checkpoint", "save_checkpoint"),
@@ -118,7 +118,7 @@ if not any(isinstance(finder, _OldNames) for finder in sys.meta_path):
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above
-    from numeric_check.conversion.adapters import from_transformer_lens, to_transformer_lens  # noqa: F401
+    from numeric_check.conversion.adapters import from_tl, from_transformer_lens, to_transformer_lens  # noqa: F401
     from numeric_check.conversion.hf import from_hf, from_hf_gpt2  # noqa: F401
     from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from numeric_check.model.circuit_model import CircuitModel  # noqa: F401

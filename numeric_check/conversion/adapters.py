@@ -139,6 +139,10 @@ def _tables_in_float64(attn: Any, cfg: Any, n_pos: int) -> tuple[Tensor, Tensor]
     return attn.calculate_sin_cos_rotary(cfg.rotary_dim, n_pos, base=base, dtype=torch.float64)
 
 
+#: The name a TransformerLens user types, as the command line's ``--tl``: :func:`from_transformer_lens` itself.
+from_tl = from_transformer_lens
+
+
 def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = None) -> Any:
     """A TransformerLens ``HookedTransformer`` with ``model``'s weights and the same logits.
 

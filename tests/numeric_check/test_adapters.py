@@ -296,3 +296,9 @@ def test_to_transformer_lens_needs_uniform_heads():
     model = CircuitModel.random(Architecture(2, (1, 3)), d_model=4, d_head=2, d_vocab=5, n_ctx=3, device="cpu")
     with pytest.raises(UnsupportedModel, match=r"same number of heads in every layer; this model has heads 1/3"):
         to_transformer_lens(model)
+
+
+def test_from_tl_is_the_name_a_transformer_lens_user_types():
+    import numeric_check as nc
+
+    assert nc.from_tl is nc.from_transformer_lens and "from_tl" in nc.__all__
