@@ -43,6 +43,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import torch
+
     from numeric_check.cli.attribute import load_source
     from numeric_check.files import output_file, write_atomic
     from numeric_check.reports.attention import attention_patterns
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     ids = tokens[0].tolist()
     strings = [tokenizer.decode([i]) for i in ids] if tokenizer is not None else None
     name = args.hf or args.tl or args.checkpoint or "a random model"
-    view = attention_patterns(model.to(dtype=getattr(__import__("torch"), args.dtype)), ids, strings,
+    view = attention_patterns(model.to(dtype=getattr(torch, args.dtype)), ids, strings,  # a float16 checkpoint too
                               index_from=args.index_from, title=str(name))
     if getattr(model, "source_check", None) is not None:
         view.notes.append(str(model.source_check))

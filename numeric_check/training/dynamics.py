@@ -166,13 +166,13 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
     last = model_at(entries[-1])
     models[entries[-1]["step"]] = last
     n_layers, n_heads, n_ctx = last.arch.n_layers, max(last.arch.heads_per_layer, default=0), last.cfg.n_ctx
-    induction, writer = _tracked_heads(last)
+    induction, writer, last_scores = _tracked_heads(last)
     tokens = _repeated_random(last)
     measures = []
     for i, entry in enumerate(entries):
         model = models.pop(entry["step"], None) or model_at(entry)
-        if n_layers:
-            scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED)
+        if n_layers:  # the last snapshot's were measured to pick the heads followed
+            scores = last_scores if entry is entries[-1] else behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED)
             previous, prefix = scores.previous_token.tolist(), scores.induction.tolist()
             copying = copying_scores(model).tolist()
         else:
@@ -191,19 +191,20 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
                     [float(v) for v in history.get("training_loss", [])], record)
 
 
-def _tracked_heads(model) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """The induction head the run ends with (the last layer's highest prefix-matching score, from layer 1 on)
-    and the layer-0 head that K-composes with it most; None for a model of fewer than two layers."""
+def _tracked_heads(model):
+    """The induction head the run ends with (the last layer's highest prefix-matching score, from layer 1 on),
+    the layer-0 head that K-composes with it most (both None for a model of fewer than two layers), and the
+    model's behaviour scores they were read from (None without layers)."""
     from numeric_check.circuits.composition import composition_scores
     from numeric_check.circuits.detect import behaviour_scores
 
+    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED) if model.arch.n_layers else None
     if model.arch.n_layers < 2:
-        return None, None
+        return None, None, scores
     layer = model.arch.n_layers - 1
-    prefix = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED).induction[layer]
-    head = int(torch.nan_to_num(prefix, nan=-1.0).argmax())
+    head = int(torch.nan_to_num(scores.induction[layer], nan=-1.0).argmax())
     k = composition_scores(model, "K")[0, :, layer, head]
-    return (layer, head), (0, int(torch.nan_to_num(k, nan=-1.0).argmax()))
+    return (layer, head), (0, int(torch.nan_to_num(k, nan=-1.0).argmax())), scores
 
 
 def _repeated_random(model) -> torch.Tensor:
