@@ -7,15 +7,18 @@ words as they are, drops the headings and verse numbers, joins each verse on one
 blank line between chapters. The result is deterministic: its SHA-256 is printed, and the training
 records of the shipped language models name it.
 
-Writes ``build/corpus/kjv.txt`` (4.2 MB) and the held-out part the companion measures on,
+Writes ``build/corpus/kjv.txt`` (4.2 MB), the held-out part the companion measures on,
 ``numeric_check/data/kjv_heldout.txt`` (every 20th block of 100 lines:
-:func:`numeric_check.training.text.split_text`).
+:func:`numeric_check.training.text.split_text`), and the whole text xz-compressed,
+``numeric_check/data/kjv.txt.xz`` (0.9 MB: the companion counts the skip-trigram "bugs" against the
+text the models were trained on, so that a combination they saw in training is never called one).
 
     python scripts/corpus.py            # or: make corpus
 """
 
 from __future__ import annotations
 
+import lzma
 import re
 import shutil
 import subprocess
@@ -25,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "corpus" / "kjv.txt"
 HELDOUT = ROOT / "numeric_check" / "data" / "kjv_heldout.txt"
+PACKED = ROOT / "numeric_check" / "data" / "kjv.txt.xz"
 VERSE = re.compile(r"^\s+(\d+) (.*)$")
 
 
@@ -60,8 +64,9 @@ def main() -> int:
     OUT.write_text(text, encoding="utf-8")
     _, held = split_text(text)
     HELDOUT.write_text(held + "\n", encoding="utf-8")
+    PACKED.write_bytes(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
     print(f"wrote {OUT.relative_to(ROOT)} ({len(text.encode()):,} bytes, {len(text.splitlines()):,} lines, "
-          f"sha256 {text_sha256(text)}) and {HELDOUT.relative_to(ROOT)} ({len(held.encode()):,} bytes)")
+          f"sha256 {text_sha256(text)}), {HELDOUT.relative_to(ROOT)} ({len(held.encode()):,} bytes) and {PACKED.relative_to(ROOT)}")
     return 0
 
 

@@ -69,6 +69,10 @@ def register(subparsers) -> None:
                        help="the UTF-8 text your model is measured on, read whole by its own tokenizer (needed with "
                             "--hf and --tl; a checkpoint is measured on the shipped held-out King James Bible without it)")
     old_spelling(yours, "--text", dest="text_path", use="--text-file FILE", type=Path, metavar="FILE")
+    yours.add_argument("--training-text-file", type=Path, metavar="FILE", dest="training_path",
+                       help="the whole text a --checkpoint was trained on (its training record's SHA-256 must match): "
+                            "the skip-trigram \"bugs\" are then combinations the model never saw in training, not "
+                            "only ones absent from --text-file")
     parser.set_defaults(text=None, text_file=None)  # no prompt: --text-file here is the text measured on
     add_out(parser, required=True, metavar="DIR", help="folder to write the site into (made if missing)", old=None)
     parser.add_argument("--pdf", action="store_true", help="also compile DIR/paper.pdf with pdflatex")
@@ -137,7 +141,24 @@ def your_language(args: argparse.Namespace):
     else:
         model, tokenizer, name, record, verify = _transformer_lens(args)
     data = text_data(tokenizer, text, text_name, model.cfg.d_vocab, text_kind(text, record))
+    if args.training_path is not None:
+        data = data.trained_on(_training_text(args.training_path, record, name))
     return language_models(model, data, name, record, verify=verify)
+
+
+def _training_text(path: Path, record: dict | None, name: str) -> str:
+    """The text ``--training-text-file`` names, refused in one line unless ``record`` names it as the training text."""
+    from numeric_check.reports.paper.your_model import text_kind
+    from numeric_check.training.text import read_texts
+
+    text = read_texts([path])
+    if record is None:
+        raise VerifyCLIError(f"--training-text-file {path}: {name} has no training record to check it against (train-toy "
+                             "writes one beside the checkpoint); without it the page says its bugs may be learned")
+    if text_kind(text, record) != "training":
+        raise VerifyCLIError(f"--training-text-file {path} is not the text {name} was trained on (its record names the "
+                             f"SHA-256 {str((record.get('text') or {}).get('sha256'))[:12]}…): give that file as it was")
+    return text
 
 
 def _checkpoint(args: argparse.Namespace):

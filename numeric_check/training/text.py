@@ -145,6 +145,13 @@ def split_text(text: str, block_lines: int | None = None, every: int = HELDOUT_E
     return "\n".join(train), "\n".join(held)
 
 
+def training_part(text: str) -> str:
+    """What a model trained on ``text`` trained on: its training part (:func:`split_text`), or the whole text
+    where it is too short to hold any out (as :meth:`TextData.build` splits it)."""
+    train, held = split_text(text)
+    return train if held.strip() else text
+
+
 def pre_tokenizer():
     """The byte-level BPE's pre-tokenizer: runs of :data:`MAX_PRETOKEN` characters with no whitespace cut apart,
     then GPT-2's byte-level regex (for ordinary text, the byte-level regex alone: its pieces are shorter)."""

@@ -86,8 +86,8 @@ def test_copying_heads_copy_and_their_permuted_outputs_do_not():
         "does not hold"
 
 
-def _bug(seen: int, rise: float, other: float, control: float) -> Bug:
-    return Bug(0, 1, 2, 3, seen, rise, other, control)
+def _bug(seen: int, rise: float, other: float, control: float, trained: int | None = None) -> Bug:
+    return Bug(0, 1, 2, 3, seen, rise, other, control, trained)
 
 
 @pytest.mark.parametrize("bugs, verdicts", [
@@ -101,6 +101,46 @@ def _bug(seen: int, rise: float, other: float, control: float) -> Bug:
 def test_the_skip_trigram_rules_fail_on_their_controls(bugs, verdicts):
     f = skip_trigrams_language(LanguageMeasurements(None, {}, bugs=tuple(bugs)))
     assert [p.verdict for p in f.parts] == verdicts
+
+
+def test_a_combination_the_training_text_holds_is_learned_not_a_bug():
+    # absent from the measured text, present in the training text: it joins the learned ones, and with it gone
+    # there is no bug left to judge (the whole training text decides, not the held-out part)
+    bugs = (_bug(2, 1.0, 0.0, 0.1, trained=40), _bug(0, 0.8, 0.0, 0.1, trained=3))
+    f = skip_trigrams_language(LanguageMeasurements(None, {}, bugs=bugs))
+    assert [p.verdict for p in f.parts] == ["holds", "does not hold"]
+    assert "2 combinations in the training text" in f.parts[0].measured
+    assert "both in the training text and not" in f.parts[1].measured
+    never = (_bug(2, 1.0, 0.0, 0.1, trained=40), _bug(0, 0.8, 0.0, 0.1, trained=0))
+    f = skip_trigrams_language(LanguageMeasurements(None, {}, bugs=never))
+    assert [p.verdict for p in f.parts] == ["holds", "holds"] and "1 combinations never in the training text:" in \
+        f.parts[1].measured
+    # without the training text the page says the bugs may be learned
+    assert "was not given" in skip_trigrams_language(LanguageMeasurements(None, {}, bugs=bugs[:1] + (_bug(0, 0.8, 0.0, 0.1),))
+                                                     ).parts[1].measured
+
+
+@pytest.mark.parametrize("ids, expected", [
+    ([5, 1, 2, 3, 9, 9, 2, 3], (1, 2)),  # the source 5 stands 2 tokens before the first "2 3", 6 before the second
+    ([1, 2, 3, 5, 2, 3], (1, 4)),  # a source after the destination does not count
+    ([2, 3, 2, 3], (0, None)),
+])
+def test_occurrences_count_destinations_with_the_source_within_the_window_before(ids, expected):
+    from numeric_check.reports.paper.language import _occurrences
+
+    assert _occurrences(torch.tensor(ids), 5, 2, 3, window=4) == expected
+
+
+def test_the_shipped_training_text_is_the_one_the_records_name():
+    import json
+
+    from numeric_check.reports.paper.language import language_checkpoint, shipped_training_text
+
+    record = json.loads(language_checkpoint(2).with_suffix(".json").read_text())
+    text = shipped_training_text(record)
+    assert len(text.splitlines()) == 32_290 and text.startswith("In the beginning God created")
+    with pytest.raises(RuntimeError, match="make corpus"):
+        shipped_training_text({"text": {"sha256": "0" * 64}})
 
 
 def test_induction_on_a_repeated_passage_finds_the_induction_head_and_not_in_a_one_layer_model():

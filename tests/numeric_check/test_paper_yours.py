@@ -215,3 +215,31 @@ def test_a_short_text_trains_with_a_smaller_held_out_part_and_the_companion_meas
     assert "short.safetensors (1 layer" in out and "its own training text" in out
     page = (tmp_path / "site" / "language.html").read_text(encoding="utf-8")
     assert "held-out" not in page.replace("held-out part", "") and "the training text" in page  # issue 45: not called held-out
+
+
+def test_bugs_are_counted_against_the_training_text_a_record_names(tmp_path, capsys):
+    """On its held-out part, a one-layer model's "bugs" are combinations its training text never holds when that
+    text is given (checked against the record's SHA-256); another file is refused in one line."""
+    from numeric_check.training.text import split_text
+
+    rng = __import__("random").Random(4)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(3, 5))) for _ in range(24)]  # whole words
+    whole = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(2_400)) + "\n"
+    (text := tmp_path / "notes.txt").write_text(whole)
+    (held := tmp_path / "held.txt").write_text(split_text(whole)[1] + "\n")
+    model = tmp_path / "m.safetensors"
+    code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text), "--layers", "1", "--heads", "2", "--d-model", "16",
+                           "--d-head", "8", "--vocab", "300", "--steps", "2", "--batch-size", "2", "--quiet", "--snapshots", "0",
+                           "-o", str(model))
+    assert code == 0, err
+    base = ("paper", "--checkpoint", str(model), "--text-file", str(held), "--quiet")
+    code, out, err = run_cli(capsys, *base, "-o", str(tmp_path / "without"))
+    assert code == 0, err
+    assert "the held-out part of its training text" in out
+    assert ">not given<" in (tmp_path / "without" / "language.html").read_text(encoding="utf-8")
+    code, out, err = run_cli(capsys, *base, "--training-text-file", str(text), "-o", str(tmp_path / "with"))
+    assert code == 0, err
+    page = (tmp_path / "with" / "language.html").read_text(encoding="utf-8")
+    assert ">not given<" not in page and "the training text never holds" in page
+    code, _, err = run_cli(capsys, *base, "--training-text-file", str(held), "-o", str(tmp_path / "wrong"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "is not the text" in err and "was trained on" in err

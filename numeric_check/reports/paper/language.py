@@ -3,12 +3,13 @@
 The paper's findings are claims about what attention-only transformers trained on text learn.
 :func:`measure_language` measures them on the zero-, one- and two-layer models trained here
 (``numeric_check/data/kjv_{0,1,2}l``: 12 heads a layer as the paper's, a byte-level BPE of 2,048
-tokens, 20.5 M tokens of the King James Bible, half of the sequences copy-augmented) on the
+tokens, 20.5 M tokens of the King James Bible, every sequence with a span of itself repeated) on the
 held-out part of that text (``kjv_heldout.txt``), in the slides' forms, beside the paper's own numbers:
 
 - the zero-layer bigram table against the held-out text's exact bigram counts (:class:`Bigrams`);
 - one-layer skip-trigram tables read off the weights (source, destinations, outs, an example from the
-  text) and the "bugs" the factored tables predict (:class:`TrigramTable`, :class:`Bug`), and the share of
+  text) and the "bugs" the factored tables predict, combinations the whole training text never holds
+  (:class:`TrigramTable`, :class:`Bug`; the text ships as ``kjv.txt.xz``), and the share of
   heads whose OV eigenvalues are mostly positive (:class:`Copying`);
 - the two-layer term importance by order and by layer (:class:`Importance`);
 - induction on a repeated held-out passage (:class:`Induction`).
@@ -21,6 +22,7 @@ data, width and tokens), so the rule can fail there on the phenomenon.
 
 from __future__ import annotations
 
+import lzma
 import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -64,6 +66,23 @@ def heldout_path() -> Path:
     return Path(str(resources.files("numeric_check") / "data" / "kjv_heldout.txt"))
 
 
+def training_text_path() -> Path:
+    """The whole text the shipped language models were trained on and held out from (``kjv.txt.xz``)."""
+    return Path(str(resources.files("numeric_check") / "data" / "kjv.txt.xz"))
+
+
+def shipped_training_text(record: dict | None) -> str:
+    """The shipped models' whole text, checked against the SHA-256 their training ``record`` names."""
+    from numeric_check.training.text import text_sha256
+
+    text = lzma.decompress(training_text_path().read_bytes()).decode("utf-8")
+    named = ((record or {}).get("text") or {}).get("sha256")
+    if text_sha256(text) != named:
+        raise RuntimeError(f"{training_text_path()} is not the text the shipped models' record names ({named}): "
+                           "rebuild it with `make corpus`")  # a packaging bug, not the user's
+    return text
+
+
 @dataclass(frozen=True)
 class LanguageData:
     """A text to measure on, tokenized: ``ids`` the whole token stream; ``strings[i]`` token ``i`` as text."""
@@ -75,13 +94,22 @@ class LanguageData:
     #: what the text is to the model, as its training record shows (:func:`text_kind`): ``held-out``,
     #: ``training`` (the text it was trained on) or ``unknown`` (no record, or another text)
     kind: str = "held-out"
+    #: the token stream the model trained on (what a "bug" must be absent from); None where not given
+    training: Tensor | None = None
 
     @classmethod
     def from_text(cls, tokenizer, text: str, name: str, kind: str = "held-out") -> "LanguageData":
         from numeric_check.training.text import encode
 
         strings = tuple(tokenizer.decode([i]) for i in range(tokenizer.get_vocab_size()))
-        return cls(tokenizer, encode(tokenizer, text), strings, name, kind)
+        data = cls(tokenizer, encode(tokenizer, text), strings, name, kind)
+        return data.trained_on(text) if kind == "training" else data
+
+    def trained_on(self, whole_text: str) -> "LanguageData":
+        """The same data with :attr:`training` read from the model's whole training text (split as it was)."""
+        from numeric_check.training.text import encode, training_part
+
+        return replace(self, training=encode(self.tokenizer, training_part(whole_text)))
 
     @property
     def text_words(self) -> str:
@@ -216,8 +244,9 @@ class TrigramTable:
 class Bug:
     """A combination ``source … destination → out`` that one head's factored table predicts.
 
-    ``seen``: how often the text holds it (source within the context before the destination, the out
-    next); ``rise``: how much the out's logit rises after the destination when the source is earlier in
+    ``seen``: how often the measured text holds it (source within the context before the destination, the
+    out next); ``trained``: how often the text the model trained on holds it (None: that text was not given);
+    ``rise``: how much the out's logit rises after the destination when the source is earlier in
     the context (the model's forward pass, text contexts); ``other_source``: the same rise with another
     frequent word in the source's place; ``control``: the same rise after the frequent destination the head
     avoids most for that source.
@@ -231,6 +260,12 @@ class Bug:
     rise: float
     other_source: float
     control: float
+    trained: int | None = None
+
+    @property
+    def known(self) -> int:
+        """How often the model could have learned it: in its training text where given, else in the measured one."""
+        return self.seen if self.trained is None else self.trained
 
 
 def _trigram_contexts(data: LanguageData, n: int, length: int, seed: int) -> Tensor:
@@ -254,17 +289,15 @@ def logit_rises(model: CircuitModel, contexts: Tensor, source: int, destination:
     return diff.double().mean(0).cpu()
 
 
-def _occurrences(data: LanguageData, source: int, destination: int, out: int, window: int) -> tuple[int, int | None]:
-    """How often the text holds ``source`` within ``window`` tokens before ``destination`` followed by
-    ``out``, and the position of the first such destination."""
-    ids = data.ids
+def _occurrences(ids: Tensor, source: int, destination: int, out: int, window: int) -> tuple[int, int | None]:
+    """How often ``ids`` hold ``source`` within ``window`` tokens before ``destination`` followed by ``out``,
+    and the position of the first such destination (one pass over the stream, however long)."""
     at = ((ids[:-1] == destination) & (ids[1:] == out)).nonzero().flatten()
-    found, first = 0, None
-    for p in at.tolist():
-        if (ids[max(0, p - window):p] == source).any():
-            found += 1
-            first = p if first is None else first
-    return found, first
+    if not len(at):
+        return 0, None
+    before = torch.cat([torch.zeros(1, dtype=torch.long), (ids == source).long().cumsum(0)])  # sources in ids[:i]
+    hits = at[before[at] - before[(at - window).clamp(min=0)] > 0]
+    return len(hits), (int(hits[0]) if len(hits) else None)
 
 
 def word_tokens(data: LanguageData, ids) -> list[int]:
@@ -283,7 +316,7 @@ def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, s
     """The slides' skip-trigram tables of the ``heads`` heads whose OV circuits raise a source's top out most,
     ``sources`` source words each (whole words among the ``frequent`` most frequent tokens of the text, their
     strongest rise first), with ``k`` destinations (among the frequent tokens) and outs; and every combination
-    of their destinations and outs as a :class:`Bug` (seen in the text, or not: a bug), measured through the model."""
+    of their destinations and outs as a :class:`Bug` (in the training text, or not: a bug), measured through the model."""
     counts = torch.bincount(data.ids, minlength=model.cfg.d_vocab)
     common = counts.topk(min(frequent, model.cfg.d_vocab)).indices
     words = torch.tensor(word_tokens(data, common.tolist()), dtype=torch.long)
@@ -319,10 +352,12 @@ def trigram_tables(model: CircuitModel, data: LanguageData, *, heads: int = 3, s
                 for d in dests:
                     rise, instead = (logit_rises(model, contexts, s, d, seed) for s in (source, other))
                     for o in outs:
-                        seen, first = _occurrences(data, source, d, o, N_CTX - 1)
+                        seen, first = _occurrences(data.ids, source, d, o, N_CTX - 1)
+                        trained = None if data.training is None else _occurrences(data.training, source, d, o, N_CTX - 1)[0]
                         if seen and not example:
                             example = "… " + data.show(data.ids[max(0, first - 12):first + 2])
-                        bugs.append(Bug(head, source, d, o, seen, float(rise[o]), float(instead[o]), float(avoided[o])))
+                        bugs.append(Bug(head, source, d, o, seen, float(rise[o]), float(instead[o]), float(avoided[o]),
+                                        trained))
                 tables.append(TrigramTable(head, source, dests, outs, example))
     return tables, bugs
 
@@ -493,7 +528,8 @@ def load_language_models(device=None) -> tuple[dict[int, CircuitModel], dict[int
         records[n] = training_record_for(path, models[n])
     tokenizer = CheckpointTokenizer.beside(language_checkpoint(2)).tokenizer  # the same BPE beside all three
     text = heldout_path().read_text(encoding="utf-8")
-    return models, records, LanguageData.from_text(tokenizer, text, "the held-out King James Bible")
+    data = LanguageData.from_text(tokenizer, text, "the held-out King James Bible")
+    return models, records, data.trained_on(shipped_training_text(records[2]))
 
 
 def measure_language(models: dict[int, CircuitModel], records: dict[int, dict | None], data: LanguageData,

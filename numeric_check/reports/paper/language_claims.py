@@ -121,26 +121,31 @@ def _mean(values) -> float:
 
 
 def skip_trigrams_language(m: LanguageMeasurements) -> PaperFinding:
-    seen = [b for b in m.bugs if b.seen]
-    unseen = [b for b in m.bugs if not b.seen]
-    rise, other = _mean(b.rise for b in seen), _mean(b.other_source for b in seen)
+    learned = [b for b in m.bugs if b.known]
+    unseen = [b for b in m.bugs if not b.known]
+    trained = bool(m.bugs) and all(b.trained is not None for b in m.bugs)
+    where = "the training text" if trained else (m.data.text_words if m.data else "the text")
+    rise, other = _mean(b.rise for b in learned), _mean(b.other_source for b in learned)
     picks = Part(
-        f"for the combinations of a table that the text holds, the out's logit rises by at least {MATTERS} nats after "
+        f"for the combinations of a table that {where} holds, the out's logit rises by at least {MATTERS} nats after "
         "the destination when the source is earlier in the context, and at least twice as much as with the other "
         "candidate for that place (the source, or another frequent word)",
-        f"{len(seen)} combinations seen in the text: mean rise {rise:+.2f} nats",
-        bool(seen) and rise >= MATTERS and rise >= 2 * other,
-        f"another frequent word in the source's place: {other:+.2f}",
-        bool(seen) and other >= MATTERS and other >= 2 * rise)
+        f"{len(learned)} combinations in {where}: mean rise {rise:+.2f} nats" if learned
+        else f"no combination of a table is in {where}: none to measure",
+        bool(learned) and rise >= MATTERS and rise >= 2 * other,
+        f"another frequent word in the source's place: {other:+.2f}" if learned else "none to measure",
+        bool(learned) and other >= MATTERS and other >= 2 * rise)
     bug_rise, bug_control = _mean(b.rise for b in unseen), _mean(b.control for b in unseen)
+    caveat = "" if trained else " (the training text was not given: some may be in it, learned rather than bugs)"
     bugs = Part(
-        f"the \u201cbugs\u201d: combinations of a table's destinations and outs that the text never holds rise at least "
-        f"{BUG_SHARE:.0%} as much as the seen ones (one head's table predicts every combination)",
-        f"{len(unseen)} unseen combinations: mean rise {bug_rise:+.2f} nats ({bug_rise / rise:.0%} of the seen ones')"
-        if seen and unseen else "no table has both seen and unseen combinations",
-        bool(seen and unseen) and bug_rise >= BUG_SHARE * rise,
+        f"the \u201cbugs\u201d: combinations of a table's destinations and outs that {where} never holds rise at least "
+        f"{BUG_SHARE:.0%} as much as the learned ones (one head's table predicts every combination)",
+        (f"{len(unseen)} combinations never in {where}{caveat}: mean rise {bug_rise:+.2f} nats "
+         f"({bug_rise / rise:.0%} of the learned ones')") if learned and unseen
+        else f"no table has combinations both in {where} and not",
+        bool(learned and unseen) and bug_rise >= BUG_SHARE * rise,
         f"the same sources and outs after the frequent destination the head avoids most: {bug_control:+.2f} nats",
-        bool(seen and unseen) and bug_control >= BUG_SHARE * rise)
+        bool(learned and unseen) and bug_control >= BUG_SHARE * rise)
     return finding("language-skip-trigrams",
                    ("One-layer heads implement skip-trigrams [source] … [destination] → [out], read off the weights; "
                     "their factored tables also predict combinations the text never holds (\u201ckeep … in bay\u201d)."),
@@ -255,16 +260,21 @@ def _one_layer_tables(m: LanguageMeasurements) -> list[Table]:
     tables.append(Table("skip-trigrams", "One layer: skip-trigram tables read off the weights, in the slides' form "
                         "(the destinations the QK circuit picks most for the source, the outs the OV circuit raises most)",
                         ("head", "source", "destinations", "outs", f"example from {d.text_words}"), tuple(rows)))
+    trained = bool(m.bugs) and all(x.trained is not None for x in m.bugs)
     bug_rows = [(label(0, x.head), f"{d.token(x.source)} … {d.token(x.destination)} → {d.token(x.out)}", f"{x.seen}",
+                 "not given" if x.trained is None else f"{x.trained}",
                  f"{x.rise:+.2f}", f"{x.other_source:+.2f}", f"{x.control:+.2f}")
-                for x in sorted(m.bugs, key=lambda x: (x.seen > 0, -x.rise))[:12]]
-    tables.append(Table("bugs", f"Combinations the factored tables predict that {d.text_words} never holds "
-                        "(the paper's \u201ckeep … in bay\u201d), largest rise first",
-                        ("head", "skip-trigram", "in the text", "rise (nats)", "another source", "unpicked destination"),
-                        tuple(bug_rows), (2, 3, 4, 5),
-                        "Rise: the out's logit after the destination with the source earlier in the context, against the "
-                        "same contexts without it; then the same with another frequent word in the source's place, and "
-                        "after the frequent destination the head avoids most for this source."))
+                for x in sorted(m.bugs, key=lambda x: (x.known > 0, -x.rise))[:12]]
+    where = "the training text" if trained else d.text_words
+    tables.append(Table("bugs", f"Combinations the factored tables predict that {where} never holds "
+                        "(the paper's \u201ckeep … in bay\u201d), largest rise first; then the learned ones",
+                        ("head", "skip-trigram", f"in {d.text_words}", "in the training text", "rise (nats)",
+                         "another source", "unpicked destination"),
+                        tuple(bug_rows), (2, 3, 4, 5, 6),
+                        "In the text: how often the source stands within the context before the destination and the "
+                        "out follows. Rise: the out's logit after the destination with the source earlier in the "
+                        "context, against the same contexts without it; then the same with another frequent word in the "
+                        "source's place, and after the frequent destination the head avoids most for this source."))
     c = m.copying
     tables.append(Table("copying", "One layer: heads with \u201cmostly positive\u201d OV eigenvalues (the paper's words; "
                         "it sets no number, so ours are counted at two bars of the positivity Σλ/Σ|λ|)",
