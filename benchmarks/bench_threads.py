@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--layers", "6", "--heads", "8", "--d-model", "256", "--d-head", "32", "--d-vocab", "512", "--n-ctx", "32",
-         "--layer-norm", "--mlp", "--max-order", "2", "--batch", "1", "--seq-len", "32", "--quiet", "--format", "json"]
+         "--layer-norm", "--mlp", "--max-order", "2", "--batch-size", "1", "--seq-len", "32", "--quiet", "--format", "json"]
 CLI = [sys.executable, "-c", "from derivations.cli import main; raise SystemExit(main())", "verify", *FLAGS]
 TORCH_DEFAULT = [sys.executable, "-c", """
 import torch

@@ -21,7 +21,7 @@ from tensoralg.escape import terminal_safe
 from derivations import catalogue
 from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
-from derivations.vocabulary import add_out
+from derivations.vocabulary import add_index_from, add_out  # noqa: F401 - add_index_from: its old home
 from derivations.errors import DerivationError, LatexError, OutputError
 from derivations.checking import identity_document
 from derivations.files import output_file, writable_file, write_atomic
@@ -333,12 +333,6 @@ examples:
   tcircuits check "(A ⊗ W)x = AxW^T"
   tcircuits check "softmax(A) = softmax(B)" --opaque
 """
-
-
-def add_index_from(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--index-from", type=int, choices=(0, 1), default=0, metavar="{0,1}",
-                        help="number layers from 0 (default, as TransformerLens: L0H3, H_0 = first layer) "
-                             "or from 1 (the paper's: H_1 = first layer)")
 
 
 def add_opaque(parser: argparse.ArgumentParser) -> None:

@@ -7,17 +7,22 @@ kept working for a release.
 ``--text``             text itself (a prompt); ``--text-file FILE`` reads it from a file
 ``--checkpoint``       a tcircuits checkpoint (``--hf`` a Hugging Face model, ``--tl`` TransformerLens)
 ``--quiet``            no progress bar
-``--index-from``       layers numbered from 0 (TransformerLens) or 1 (the paper)
+``--index-from``       layers numbered from 0 (the default everywhere, as TransformerLens) or 1
+                       (the paper's ``H_1``), in every command that names a head
+``--dtype``            the precision computed in: ``float64`` by default everywhere
+``--batch-size``       how many sequences (``--batch`` is its old spelling)
+``--seq-len``          a prompt's length; ``--n-ctx`` is a model's context (its longest prompt)
 =====================  ===================================================================
 
 ``tests/test_cli_vocabulary.py`` holds every subcommand to the table. An old spelling (``--output``,
-``--json``, ``--no-progress``, ``--formats``, a positional CHECKPOINT, ``--text FILE`` where a file
-is meant) still works and says once, on standard error, what to use instead.
+``--json``, ``--no-progress``, ``--formats``, ``--batch``, a positional CHECKPOINT, ``--text FILE``
+where a file is meant) still works and says once, on standard error, what to use instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 #: The old spellings noted in this process (each is said once).
@@ -56,6 +61,34 @@ def old_spelling(parser, old: str, *, dest: str, use: str, flag_value=None, **kw
         kwargs["nargs"] = 0
     parser.add_argument(old, dest=dest, action=_OldSpelling, use=use, value=flag_value, help=argparse.SUPPRESS,
                         default=argparse.SUPPRESS, **kwargs)
+
+
+def add_index_from(parser) -> None:
+    """``--index-from {0,1}`` (``dest`` ``index_from``), 0 by default in every command."""
+    parser.add_argument("--index-from", type=int, choices=(0, 1), default=0, metavar="{0,1}",
+                        help="number layers from 0 (default, as TransformerLens: L0H3 is a head of the first layer) "
+                             "or from 1 (the paper's: H_1 and L1H3 are the first layer's)")
+
+
+_HEAD = re.compile(r"\b(L)(\d+)(H|KV)(\d+)\b")
+
+
+def renumber(text: str, index_from: int) -> str:
+    """``text`` with every head label (``L0H3``, ``L1KV0``) numbered from ``index_from``: what a command prints
+    when ``--index-from 1`` asks for the paper's numbering of labels made from 0.
+
+    >>> renumber("tok→L0H1→L1H0, L0KV2; L0 stays", 1)
+    'tok→L1H1→L2H0, L1KV2; L0 stays'
+    """
+    if not index_from:
+        return text
+    return _HEAD.sub(lambda m: f"L{int(m[2]) + index_from}{m[3]}{m[4]}", text)
+
+
+def add_batch_size(parser, *, default: int, help: str, type=int) -> None:
+    """``--batch-size N`` (``dest`` ``batch_size``), with ``--batch`` kept as an old spelling."""
+    parser.add_argument("--batch-size", type=type, default=default, metavar="N", help=help)
+    old_spelling(parser, "--batch", dest="batch_size", use="--batch-size N", type=type, metavar="N")
 
 
 def add_out(parser, *, metavar: str = "FILE", help: str, required: bool = False, type=None, old: str | None = "--output",

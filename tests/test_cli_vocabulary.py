@@ -47,6 +47,41 @@ def test_every_command_spells_its_options_as_the_others_do(name):
             assert action.dest in ("name", "expression", "identity"), f"{name} takes a positional {action.dest}"
 
 
+#: The commands whose output names heads (L0H3, H_0): each numbers layers as the others do.
+NAMING_HEADS = ("analyze", "attention", "attribute", "check", "demo", "derive", "dynamics", "expand", "paper", "verify")
+
+
+@pytest.mark.parametrize("name", NAMING_HEADS)
+def test_every_command_that_names_heads_numbers_layers_from_the_same_default(name):
+    action = next(a for a in _visible(COMMANDS[name]) if "--index-from" in a.option_strings)
+    assert action.default == 0 and tuple(action.choices) == (0, 1)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_one_dtype_default_and_one_name_for_a_batch(name):
+    for action in _visible(COMMANDS[name]):
+        if "--dtype" in action.option_strings:
+            assert action.default == "float64", (name, action.default)
+        assert "--batch" not in action.option_strings and "--n-sequences" not in action.option_strings, name
+
+
+def test_the_paper_numbering_renumbers_every_head_label_and_only_those():
+    from derivations.vocabulary import renumber
+
+    assert renumber("tok→L0H1→L1H0 | k: L0KV2 (layer 0, L0, AL0H1)", 1) == "tok→L1H1→L2H0 | k: L1KV2 (layer 0, L0, AL0H1)"
+    assert renumber("L0H1", 0) == "L0H1"
+
+
+def test_index_from_one_is_read_back_as_typed(capsys):
+    """verify --qk LAYER HEAD is numbered as --index-from says, and so is what it prints: L1H0 in, L1H0 out."""
+    code = main(["verify", "--layers", "2", "--heads", "2", "--qk", "2", "0", "--index-from", "1", "--tokens", "1,2,3",
+                 "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("verify the pre-softmax scores of L2H0 ") and "tok→L1H1" in out
+    assert main(["verify", "--layers", "2", "--heads", "2", "--qk", "0", "0", "--index-from", "1"]) == 2
+    assert "with --index-from 1 the first layer is 1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["derive", "expand", "check", "verify", "attribute"])
 def test_every_command_that_writes_a_file_takes_minus_o(name):
     assert {"-o", "--out"} <= _options(COMMANDS[name])
@@ -60,6 +95,8 @@ def test_every_command_that_writes_a_file_takes_minus_o(name):
     (["analyze", "--formats", "png", "-o", "r"], "formats", "png", "use --figure-formats"),
     (["train-toy", "--text", "a.txt", "-o", "m.safetensors"], "text", ["a.txt"], "use --text-file FILE"),
     (["paper", "--text", "a.txt", "-o", "site"], "text_path", "a.txt", "use --text-file FILE"),
+    (["verify", "--batch", "3"], "batch_size", 3, "use --batch-size N"),
+    (["demo", "--batch", "3"], "batch_size", 3, "use --batch-size N"),
 ])
 def test_an_old_spelling_still_works_and_says_once_what_to_use(argv, dest, value, note, capsys):
     args = build_parser().parse_args(argv + argv[1:2] if argv[1] in ("--json", "--no-progress") else argv)

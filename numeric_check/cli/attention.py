@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from derivations.commands import add_index_from
+from derivations.vocabulary import add_index_from
 from derivations.vocabulary import add_out
 from numeric_check.reports.flags import add_runtime_arguments, with_runtime
 

@@ -16,7 +16,7 @@ import argparse
 
 from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, int_in, with_runtime
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
-from derivations.vocabulary import add_out
+from derivations.vocabulary import add_index_from, add_out, renumber
 from numeric_check.cli.source import add_model_arguments, add_text_arguments, parse_token
 from numeric_check.errors import AttributionError
 
@@ -66,6 +66,7 @@ def register(subparsers) -> None:
     what.add_argument("--position", type=int, default=-1, help="the prompt position (default -1: the last)")
     what.add_argument("--max-order", type=int, default=2, help="paths through at most 1 or 2 heads (default 2); the rest is one line")
     what.add_argument("--top", type=int_in(0), default=30, help="terms shown and checked by isolation (default 30)")
+    add_index_from(what)
     what.add_argument("--dtype", default="float64", choices=DTYPES,
                       help="dtype of the computation, and of the --hf/--tl model as loaded (default float64)")
     add_runtime_arguments(what)
@@ -109,7 +110,7 @@ def load_source(args: argparse.Namespace):
         raise AttributionError(f"--tokens must be one prompt (no ';'), got {args.tokens!r}")
     from numeric_check.cli.source import BoundedTokenizer
 
-    args.batch = 1
+    args.batch_size = 1
     model, tokens, tokenizer = model_and_tokens(args)
     return model, tokens, None if tokenizer is None else BoundedTokenizer(tokenizer)  # decoded within a bound too
 
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
                        dtype=args.dtype, device=args.device, **goal)
     text = {"text": lambda: result.to_text(args.top), "json": result.to_json, "html": lambda: result.to_html(args.top),
             "markdown": lambda: result.to_markdown(args.top)}[args.format]()
+    text = text if args.format == "json" else renumber(text, args.index_from)  # JSON numbers layers from 0
     if output is None:
         print(text)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from derivations.vocabulary import add_index_from, renumber
 from numeric_check.reports.flags import add_runtime_arguments, with_runtime
 
 DESCRIPTION = """\
@@ -44,6 +45,7 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="folder to write the page into (created)")
     p.add_argument("--force", action="store_true", help="replace the files tcircuits wrote in DIR before")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_index_from(p)
     add_runtime_arguments(p)
     p.set_defaults(func=with_runtime(_run))
 
@@ -83,10 +85,11 @@ def _run(args) -> int:
             ablation = ablated_icl(model, windows.to(model.device), heads, others)
     claims = judge(run, control, ablation=ablation)
     with folder as out:
-        report.write(out, run, claims, control, window)
+        report.write(out, run, claims, control, window, args.index_from)
     for c in claims:
-        print(f"{c.name}: {'holds' if c.holds else 'does not hold'} ({c.detail})"
-              + ("" if c.control_holds is None else f"; control: {'holds' if c.control_holds else 'does not hold'}"))
+        print(renumber(f"{c.name}: {'holds' if c.holds else 'does not hold'} ({c.detail})"
+                       + ("" if c.control_holds is None else f"; control: {'holds' if c.control_holds else 'does not hold'}"),
+                       args.index_from))
     print(f"wrote {folder.path / 'index.html'}")
     return 0
 

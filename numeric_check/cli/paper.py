@@ -40,7 +40,7 @@ import argparse
 import time
 from pathlib import Path
 
-from derivations.vocabulary import add_checkpoint, add_out, checkpoint_of, old_spelling
+from derivations.vocabulary import add_checkpoint, add_index_from, add_out, checkpoint_of, old_spelling
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import add_model_arguments
 from numeric_check.errors import VerifyCLIError
@@ -80,6 +80,7 @@ def register(subparsers) -> None:
                         help="replace files in DIR that tcircuits did not write (or that changed since) at the names it writes")
     parser.add_argument("--seed", type=seed, default=0, help="seed of every sampled batch and random control (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_index_from(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=with_runtime(run))
 
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     language = your_language(args) if yours else None
     with StepBar(step_count(args.pdf), args.quiet) as bar:
         paper, written = write_paper(args.out, pdf=args.pdf, progress=bar.tick, seed=args.seed, force=args.force,
-                                     device=args.device, language=language)
+                                     device=args.device, language=language, index_from=args.index_from)
     counts: dict[str, int] = {}
     for f in paper.findings:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1
@@ -185,14 +186,16 @@ def _refuse_hugging_face(args: argparse.Namespace) -> None:
     from numeric_check.errors import ModelLoadError, UnsupportedModel
     from numeric_check.conversion import load
     from numeric_check.reports.paper.your_model import refusal
+    from tensoralg.errors import cut
 
     what = f"the Hugging Face model {args.hf!r}"
     try:
         config = load.read_config(load.model_folder(args.hf, args.revision))
     except ModelLoadError as error:
         raise ModelLoadError(f"cannot load {what}: {error}") from None
-    kind = (config.get("architectures") or [config.get("model_type", "causal LM")])[0]
-    name = f"{Path(args.hf).name or args.hf} ({kind}, Hugging Face)"
+    named = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    kind = next((k for k in [*named, config.get("model_type")] if isinstance(k, str) and k), "causal LM")
+    name = f"{Path(args.hf).name or args.hf} ({cut(kind)}, Hugging Face)"  # a config's strings, cut: one line
     verify = f"--hf {args.hf}" + (f" --revision {args.revision}" if args.revision else "")
     raise UnsupportedModel(refusal(name, "MLPs", verify))
 

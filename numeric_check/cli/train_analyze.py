@@ -20,7 +20,7 @@ from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
-from derivations.vocabulary import add_checkpoint, add_out, checkpoint_of, old_spelling
+from derivations.vocabulary import add_checkpoint, add_index_from, add_out, checkpoint_of, old_spelling, renumber
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import output_folder, writable_file, write_together
 from numeric_check.training.config import BLOCK_LINES, DEFAULT_SNAPSHOTS, HELDOUT_EVERY, tokenizer_path
@@ -333,8 +333,9 @@ def register_analyze(subparsers) -> None:
                    positional_help="")
     yours = p.add_argument_group("your model (instead of CHECKPOINT), converted and checked against it first")
     add_model_arguments(yours)
-    yours.add_argument("--dtype", default="float32", choices=["float64", "float32"],
-                       help="dtype of the --hf/--tl model as loaded and analysed (default float32)")
+    yours.add_argument("--dtype", default="float64", choices=["float64", "float32"],
+                       help="dtype of the --hf/--tl model as loaded and analysed (default float64, as in every command; "
+                            "float32 halves the memory of a large model)")
     p.set_defaults(text=None, text_file=None)
     add_out(p, required=True, type=Path, metavar="DIR", help="folder to write the report into (created)", old=None)
     p.add_argument("--force", action="store_true",
@@ -347,6 +348,7 @@ def register_analyze(subparsers) -> None:
     p.add_argument("--figure-formats", dest="formats", default="png,svg", metavar="FORMATS",
                    help="figure formats, comma-separated: png, svg, pdf (default png,svg)")
     old_spelling(p, "--formats", dest="formats", use="--figure-formats")
+    add_index_from(p)
     add_runtime_arguments(p)
     p.set_defaults(func=with_runtime(_run_analyze))
 
@@ -471,7 +473,7 @@ def _run_analyze(args) -> int:
         control_model, name=control_path.stem, training=control_record,
         progress=lambda step: status.say(f"analysing the control {control_path.stem}: {step}"), **settings)
     status.say("writing the report")
-    report = Report.of(analysis, control)  # the findings, computed once for the terminal and every file
+    report = Report.of(analysis, control, index_from=args.index_from)  # the findings, once for the terminal and every file
     with folder as staging:  # written beside --out, swapped in whole
         written = report.write(staging, formats)
     status.done()
@@ -479,7 +481,7 @@ def _run_analyze(args) -> int:
     lines = [f"analysed {checkpoint or name} ({model.arch.describe()})" + (f" with control {control_path}" if control else "")]
     if model.source_check is not None:
         lines.append(f"  {model.source_check.describe()}")
-    lines += [f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}" for f in report.findings]
+    lines += [renumber(f"  [{'x' if f.holds else ' '}] {f.claim}: {f.measured}", args.index_from) for f in report.findings]
     lines.append(f"{report.verdict}; wrote {len(written)} files into {out}/ (index.html, report.md, tables.tex, analysis.json, figures/)")
     print(terminal_safe("\n".join(lines)))  # file names may hold control characters
     return 0

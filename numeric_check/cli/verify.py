@@ -14,7 +14,7 @@ from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, finite_
 from typing import TYPE_CHECKING, Iterable
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
-from derivations.vocabulary import add_out, old_spelling
+from derivations.vocabulary import add_batch_size, add_index_from, add_out, old_spelling, renumber
 from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.source import (
@@ -121,15 +121,20 @@ def register(subparsers) -> None:
     tokens = p.add_argument_group("tokens")
     add_text_arguments(tokens)
     tokens.add_argument("--tokens", help='token ids, "1,2,3"; several sequences of equal length as "1,2;3,4"')
-    tokens.add_argument("--batch", type=int_in(1, 4096), default=2, help="random sequences (default 2)")
+    add_batch_size(tokens, type=int_in(1, 4096), default=2, help="random sequences (default 2)")
     tokens.add_argument("--seq-len", type=int_in(1), help="positions per random sequence (default: min(8, n_ctx))")
     tokens.add_argument("--token-seed", type=int_in(0, MAX_SEED), default=0, help="seed of the random tokens (default 0)")
     check = p.add_argument_group("what to check")
     check.add_argument("--max-order", type=int_in(0), help="keep paths through at most this many heads (check 3 covers the rest)")
-    check.add_argument("--qk", nargs=2, type=int_in(0), metavar=("LAYER", "HEAD"), help="verify this head's attention scores instead of the logits")
+    check.add_argument("--qk", nargs=2, type=int_in(0), metavar=("LAYER", "HEAD"),
+                       help="verify this head's attention scores instead of the logits (LAYER numbered from --index-from)")
+    add_index_from(check)
     check.add_argument("--no-isolation", action="store_true", help="skip check 2 (a forward pass per chunk of terms; slow on large vocabularies)")
     check.add_argument("--dtype", default="float64", choices=DTYPES,
                        help="dtype of the verification, and of the --hf/--tl model as loaded (default float64)")
+    check.add_argument("--accept-source-precision", action="store_true",
+                       help="a half-precision --hf/--tl model that runs as no float64 or float32 copy of itself (too large "
+                            "to copy): compare it at its own precision, named on the report, instead of refusing it")
     add_runtime_arguments(check)
     check.add_argument("--rank-timeout", type=finite_float, default=1800.0, metavar="SECONDS",
                        help="under torchrun: how long a rank waits for the others before it stops with an error (default 1800)")
@@ -178,6 +183,8 @@ def _run(args: argparse.Namespace) -> int:
     from numeric_check.verification.distributed import is_first_rank
     from numeric_check.verification.verify import verify_logits, verify_qk
 
+    if args.qk is not None:
+        args.qk = [qk_layer(args.qk[0], args.index_from), args.qk[1]]
     checkpoint = [Path(args.checkpoint), Path(args.checkpoint).with_suffix(".json")] if args.checkpoint else []  # and its record
     inputs = checkpoint + [Path(p) for p in (getattr(args, "text_file", None), getattr(args, "hf", None)) if p]
     output = output_file(args.output, inputs=inputs, force=args.force)  # checked before any work
@@ -198,8 +205,16 @@ def _run(args: argparse.Namespace) -> int:
     if tokenizer is not None:
         report.tokens = [token_line(tokenizer, row) for row in tokens.tolist()]
     if first:
-        write_report(report.json_pieces() if args.format == "json" else map(terminal_safe, report.text_pieces(args.max_rows)), output)
+        write_report(report.json_pieces() if args.format == "json" else  # JSON numbers layers from 0, as every JSON
+                     (renumber(terminal_safe(piece), args.index_from) for piece in report.text_pieces(args.max_rows)), output)
     return 0 if report.passed else 1
+
+
+def qk_layer(layer: int, index_from: int) -> int:
+    """``--qk LAYER`` as the model counts it (from 0), given as the command line numbers layers."""
+    if layer < index_from:
+        raise VerifyCLIError(f"--qk {layer}: with --index-from {index_from} the first layer is {index_from}")
+    return layer - index_from
 
 
 def write_report(pieces: Iterable[str], output: Path | None) -> None:
@@ -329,7 +344,7 @@ def check_activations(model: CircuitModel, batch: int, seq_len: int, flag: str) 
     fits = min(math.isqrt(MAX_PARAMETERS // (batch * max(heads, 1))), MAX_PARAMETERS // (batch * width))
     what = (f"the attention patterns of {heads} heads would hold {patterns:,} entries" if patterns >= logits
             else f"the logits would hold {logits:,} entries")
-    advice = f"use {flag} with at most {fits:,} positions" if fits else "use fewer sequences (--batch)"
+    advice = f"use {flag} with at most {fits:,} positions" if fits else "use fewer sequences (--batch-size)"
     raise VerifyCLIError(f"{batch:,} sequences of {seq_len:,} positions: {what}, more than {MAX_PARAMETERS:,}; {advice}")
 
 
@@ -362,13 +377,13 @@ def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
         check_activations(model, len(rows), len(rows[0]), "--tokens")
         return torch.tensor(rows)
     seq_len = args.seq_len if args.seq_len is not None else min(8, cfg.n_ctx)
-    if args.batch < 1 or seq_len < 1:
-        raise VerifyCLIError(f"--batch and --seq-len must be >= 1, got {args.batch} and {seq_len}")
+    if args.batch_size < 1 or seq_len < 1:
+        raise VerifyCLIError(f"--batch-size and --seq-len must be >= 1, got {args.batch_size} and {seq_len}")
     if seq_len > cfg.n_ctx:
         raise VerifyCLIError(f"--seq-len {seq_len} is longer than the model's context n_ctx={cfg.n_ctx}")
-    check_activations(model, args.batch, seq_len, "--seq-len")
+    check_activations(model, args.batch_size, seq_len, "--seq-len")
     gen = torch.Generator().manual_seed(args.token_seed)
-    return torch.randint(0, cfg.d_vocab, (args.batch, seq_len), generator=gen)
+    return torch.randint(0, cfg.d_vocab, (args.batch_size, seq_len), generator=gen)
 
 
 class _Progress:

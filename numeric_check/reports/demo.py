@@ -21,6 +21,7 @@ import sys
 import time
 
 from numeric_check.reports.flags import add_runtime_arguments, check_batch, fit_threads, int_in, seed, with_runtime
+from derivations.vocabulary import add_batch_size, add_index_from, renumber
 from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
@@ -30,7 +31,8 @@ MAX_BATCH = 1024  # sequences verified term by term: each term holds a batch of 
 EPILOG = """\
 examples:
   tcircuits demo                          # the shipped 2-layer model
-  tcircuits demo --checkpoint model.safetensors --batch 8
+  tcircuits demo --checkpoint model.safetensors --batch-size 8
+  tcircuits demo --index-from 1           # layers numbered as the paper does (H_1, L1H0 the first layer's)
 """
 
 
@@ -44,9 +46,10 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--checkpoint", metavar="PATH", help="a CircuitModel checkpoint (default: the shipped 2-layer model)")
-    parser.add_argument("--batch", type=int_in(1, MAX_BATCH), default=4, help="sequences of repeated random tokens to verify on (default 4)")
+    add_batch_size(parser, type=int_in(1, MAX_BATCH), default=4, help="sequences of repeated random tokens to verify on (default 4)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of those sequences (default 0)")
     parser.add_argument("--rows", type=int_in(0), default=12, help="terms to list, largest first (default 12; 0: the summary only)")
+    add_index_from(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=with_runtime(run))
 
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     # Heavy imports here, not at module level: the CLI imports this module to build its
     # parser, and `tcircuits --help` should not wait for torch.
     from derivations import catalogue, expand_logits, expand_qk, text
+    from derivations.layout import Layout
     from numeric_check.model.checkpoint import load_checkpoint
     from numeric_check.circuits.behaviour import ACROSS_CONTEXT, best_head_floor, profile_rows, repeat_loss_grid
     from numeric_check.circuits.composition import composition_scores
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_checkpoint(path, device=args.device)
     fit_threads(args, model.cfg.d_model)
     arch, cfg = model.arch, model.cfg
-    out = lambda text: print(terminal_safe(text))  # a checkpoint's path may hold control characters
+    out = lambda text: print(terminal_safe(renumber(text, args.index_from)))  # a path may hold control characters
 
     out(_section("1. The model"))
     out(f"{path}\n{model!r}")
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     out(_section("2. Its logits as a sum over paths"))
     derivation = catalogue.get("two-layer-logits")
-    out(text(derivation))
+    print(terminal_safe(text(derivation, Layout(index_from=args.index_from))))  # numbered by its layout
     expansion = expand_logits(arch)
     by_order = expansion.count_by_order()
     out(f"For this model ({arch.describe()}): {counted(len(expansion), 'term')} — "
@@ -93,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
     out(_section("3. Every term against the model"))
     seg = max(2, min(cfg.n_ctx // 2, 16))
-    check_batch("--batch", args.batch, 2 * seg, cfg.d_vocab)
-    tokens = repeated_tokens(model, seg_len=seg, batch=args.batch, seed=args.seed)
+    check_batch("--batch-size", args.batch_size, 2 * seg, cfg.d_vocab)
+    tokens = repeated_tokens(model, seg_len=seg, batch=args.batch_size, seed=args.seed)
     report = verify_logits(model, tokens, expansion=expansion)
-    out(f"tokens: {args.batch} sequences of {seg} random tokens, each repeated once")
+    out(f"tokens: {args.batch_size} sequences of {seg} random tokens, each repeated once")
     out(_largest_first(report, args.rows))
 
     heads = detect_heads(model)

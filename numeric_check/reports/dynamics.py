@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from derivations.architecture import head_label
+from derivations.vocabulary import renumber
 from derivations.html import page
 from tensoralg.display import md_table, md_text
 from tensoralg.escape import escape_text
@@ -78,7 +79,7 @@ def heatmap_figure(run) -> Figure:
     return fig
 
 
-def heads_figure(run, window=None) -> Figure:
+def heads_figure(run, window=None, index_from: int = 0) -> Figure:
     fig = Figure(figsize=(8.4, 3.4), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, name, label in ((axes[0], "prefix_matching", "prefix matching"), (axes[1], "copying", "copying (OV positivity)")):
@@ -87,32 +88,34 @@ def heads_figure(run, window=None) -> Figure:
                 values = [s.__dict__[name][layer][head] for s in run.snapshots]
                 thick = (layer, head) == run.induction_head
                 ax.plot(run.steps, values, color=LAYER_COLOURS[layer % len(LAYER_COLOURS)], lw=2.2 if thick else 0.6,
-                        alpha=1.0 if thick else 0.6, label=f"layer {layer}" if head == 0 else
-                        (head_label(layer, head) if thick else None))
+                        alpha=1.0 if thick else 0.6, label=f"layer {layer + index_from}" if head == 0 else
+                        (head_label(layer + index_from, head) if thick else None))
         _window(ax, run, window)
         ax.set(xscale="log", xlabel="training step", ylabel=label, ylim=(0, 1) if name == "prefix_matching" else (-1, 1))
         ax.legend(frameon=False, fontsize=7)
     return fig
 
 
-def kcomp_figure(run, window=None) -> Figure:
+def kcomp_figure(run, window=None, index_from: int = 0) -> Figure:
     fig = Figure(figsize=(8.4, 3.0), layout="constrained")
     left, right = fig.subplots(1, 2)
     left.plot(run.steps, [s.k_composition for s in run.snapshots], marker=".")
     right.plot(run.steps, [s.k_term_norm for s in run.snapshots], marker=".")
-    pair = "" if run.induction_head is None else f"{head_label(*run.writer_head)} → {head_label(*run.induction_head)}"
+    pair = "" if run.induction_head is None else renumber(
+        f"{head_label(*run.writer_head)} → {head_label(*run.induction_head)}", index_from)
     for ax, ylabel in ((left, f"K-composition score {pair}"), (right, "‖K-composition term‖ (Frobenius)")):
         _window(ax, run, window)
         ax.set(xscale="log", xlabel="training step", ylabel=ylabel)
     return fig
 
 
-def figures(run, control=None, window=None) -> dict[str, Figure]:
+def figures(run, control=None, window=None, index_from: int = 0) -> dict[str, Figure]:
+    """The page's figures by name; layers numbered from ``index_from`` in their labels."""
     out = {"loss": loss_figure(run, control, window), "heatmap": heatmap_figure(run)}
     if run.n_layers:
-        out["heads"] = heads_figure(run, window)
+        out["heads"] = heads_figure(run, window, index_from)
     if run.induction_head is not None:
-        out["kcomp"] = kcomp_figure(run, window)
+        out["kcomp"] = kcomp_figure(run, window, index_from)
     return out
 
 
@@ -178,9 +181,10 @@ def output_names(formats: Sequence[str] = ("png", "svg")) -> list[str]:
     return ["index.html", "dynamics.md", "dynamics.json"] + [f"figures/{n}.{f}" for n in FIGURES for f in formats]
 
 
-def write(out: Path, run, claims, control=None, window=None) -> list[Path]:
-    """Write the page, its Markdown, its JSON and its figures into ``out`` (a prepared folder)."""
-    made = figures(run, control, window)
+def write(out: Path, run, claims, control=None, window=None, index_from: int = 0) -> list[Path]:
+    """Write the page, its Markdown, its JSON and its figures into ``out`` (a prepared folder); the page, its
+    Markdown and figures number layers from ``index_from``, the JSON from 0 (as every JSON output)."""
+    made = figures(run, control, window, index_from)
     (out / "figures").mkdir(exist_ok=True)
     for name, fig in made.items():
         save_figure(fig, out / "figures", name)
@@ -188,6 +192,6 @@ def write(out: Path, run, claims, control=None, window=None) -> list[Path]:
             "window": None if window is None else [run.steps[window[0]], run.steps[window[1]]],
             "claims": [c.to_dict() for c in claims]}
     (out / "dynamics.json").write_text(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    (out / "dynamics.md").write_text(markdown(run, claims, control, window), encoding="utf-8")
-    (out / "index.html").write_text(html(run, claims, control, list(made)), encoding="utf-8")
+    (out / "dynamics.md").write_text(renumber(markdown(run, claims, control, window), index_from), encoding="utf-8")
+    (out / "index.html").write_text(renumber(html(run, claims, control, list(made)), index_from), encoding="utf-8")
     return [out / "index.html"]

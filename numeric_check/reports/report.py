@@ -37,6 +37,7 @@ from numeric_check.circuits.importance import path_label
 from numeric_check.errors import AnalysisError
 from numeric_check.files import OutputFolder, output_folder, writable_dir, write_atomic
 from numeric_check.reports.analysis import ModelAnalysis, composition_pairs, composition_with
+from derivations.vocabulary import renumber
 from numeric_check.reports.findings import Finding, findings
 from numeric_check.reports.html import html_page
 from numeric_check.reports.latex import latex_tables
@@ -57,14 +58,17 @@ class Report:
     analysis: ModelAnalysis
     control: ModelAnalysis | None = None
     findings: tuple[Finding, ...] = ()
+    #: layers numbered from 0 (TransformerLens) or 1 (the paper) in the pages and figures; ``analysis.json``
+    #: keeps TransformerLens's numbering, as every JSON output does
+    index_from: int = 0
 
     @classmethod
-    def of(cls, analysis: ModelAnalysis, control: ModelAnalysis | None = None) -> "Report":
+    def of(cls, analysis: ModelAnalysis, control: ModelAnalysis | None = None, *, index_from: int = 0) -> "Report":
         """The report of ``analysis`` (and ``control``), its findings computed here, once."""
         if not isinstance(analysis, ModelAnalysis) or not (control is None or isinstance(control, ModelAnalysis)):
             raise AnalysisError(f"a Report is made of ModelAnalysis values (analyze_model), got {type(analysis).__name__}"
                                 + ("" if control is None else f" and {type(control).__name__}"))
-        return cls(analysis, control, tuple(findings(analysis, control)))
+        return cls(analysis, control, tuple(findings(analysis, control)), index_from)
 
     @property
     def verdict(self) -> str:
@@ -75,15 +79,15 @@ class Report:
 
     def markdown(self, figures: dict[str, str] | None = None) -> str:
         """``report.md``; ``figures`` maps figure names to paths relative to the report."""
-        return markdown_report(self.analysis, self.findings, self.control, figures)
+        return renumber(markdown_report(self.analysis, self.findings, self.control, figures), self.index_from)
 
     def latex(self) -> str:
         """``tables.tex``: plain LaTeX tables, to ``\\input``."""
-        return latex_tables(self.analysis, self.findings, self.control)
+        return renumber(latex_tables(self.analysis, self.findings, self.control), self.index_from)
 
     def html(self, figures: dict[str, str] | None = None) -> str:
         """``index.html``: one page with MathML and the figures."""
-        return html_page(self.analysis, self.findings, self.control, figures)
+        return renumber(html_page(self.analysis, self.findings, self.control, figures), self.index_from)
 
     def to_dict(self) -> dict:
         """``analysis.json``: the measured numbers and the findings as plain JSON data."""
@@ -100,7 +104,7 @@ class Report:
         out_dir = Path(out_dir)
         writable_dir(out_dir / "figures")
         written, links, page_links = [], {}, {}
-        for name, figure in make_figures(self.analysis).items():
+        for name, figure in make_figures(self.analysis, self.index_from).items():
             paths = save_figure(figure, out_dir / "figures", name, formats)
             written += paths
             links[name] = paths[0].relative_to(out_dir).as_posix()  # the first format asked for

@@ -48,8 +48,8 @@ def test_demo_on_a_random_model_verifies_but_finds_no_circuit(tmp_path, capsys):
 
 def test_demo_rejects_a_bad_batch_and_a_missing_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse: one line, status 2
-        main(["demo", "--batch", "0"])
-    assert exit_.value.code == 2 and "argument --batch: expected an integer in 1..1024, got '0'" in capsys.readouterr().err
+        main(["demo", "--batch-size", "0"])
+    assert exit_.value.code == 2 and "argument --batch-size: expected an integer in 1..1024, got '0'" in capsys.readouterr().err
     assert main(["demo", "--checkpoint", str(tmp_path / "nope.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "nope.safetensors" in err and "Traceback" not in err

@@ -127,7 +127,7 @@ def test_every_part_holds_only_where_its_control_fails(built):
     # the K-composition control is the first-layer heads that do not attend to i − 1; one that partly does is shown
     k = found["k-composition"].parts[0]
     assert "do not attend to i − 1 (below 0.2" in k.control and not k.control_holds
-    assert "L1H3, partly a previous-token head (0.34 to i − 1)" in k.measured and "L1H3" not in k.control
+    assert "L0H3, partly a previous-token head (0.34 to i − 1)" in k.measured and "L0H3" not in k.control
     # K-composition is stated as the paper's Correction leaves it: the first figure's rotated norm is reproduced
     # (it singles out the induction pairs; not the best control pair), and Q/V are shown, not claimed absent
     kc = found["k-composition"]
@@ -317,32 +317,46 @@ def test_random_models_do_not_bear_the_paper_out():
 
 
 @pytest.mark.slow
-def test_the_companion_numbers_layers_as_the_paper_and_shows_what_its_checks_count(built):
-    """Issue 27.3: H_1 is the first layer on every page, said once; the QK expansion shows the positional
+def test_the_companion_numbers_layers_as_every_command_and_as_the_paper_when_asked(built, tmp_path):
+    """Issue 46: one numbering in every command and the companion (from 0, said once); issue 27.3: with
+    --index-from 1, H_1 is the first layer on every page and figure; the QK expansion shows the positional
     terms that its check on the model counts."""
-    out, paper, _ = built
     from derivations import catalogue
+    from numeric_check.reports.paper.claims import numbered_from
+    from numeric_check.reports.paper.content import build_paper
+    from numeric_check.reports.paper.figures import figures
+    from numeric_check.reports.plots import save_figure
+    from numeric_check.reports.paper.site import site_pages
 
+    out, paper, _ = built
     text = "".join((out / name).read_text(encoding="utf-8") for name in ["index.html"] + [f"{s.slug}.html" for s in SECTIONS])
+    assert text.count("Layers are numbered from 0, here and on every page") == 1 and "numbered from 1, as in" not in text
+    assert "<mi>H</mi><mrow><mn>0</mn>" in text and "L0H" in text
+    assert "tcircuits derive two-layer-qk --heads 4 --positional qk_only<" in text.replace("</p>", "<")
+    with numbered_from(1):  # the same measurements, written in the paper's numbering
+        paper1 = build_paper(paper.measurements, lambda step: None)
+        pages = site_pages(paper1)
+        drawn = {name: save_figure(f, tmp_path, name, ("svg",))[0].read_text(encoding="utf-8")
+                 for name, f in figures(paper.measurements).items()}
+    text = "".join(pages[name] for name in ["index.html"] + [f"{s.slug}.html" for s in SECTIONS])
     assert text.count("Layers are numbered from 1, as in the paper") == 1 and "0-indexed" not in text
     assert "L0H" not in text.replace("their L0H0", "")  # every head in the paper's numbering, figures' captions too
     assert "<mi>H</mi><mrow><mn>0</mn>" not in text  # no H_0
     assert "<mi>H</mi><mrow><mn>1</mn>" in text
     assert "<mi>:</mi><mo>=</mo>" not in text and "<mo>&#8788;</mo>" in text  # := set as one relation, ≔
-    qk = next(e for e in paper.equations if e.name == "two-layer-qk")
-    arch = paper.measurements.analysis(2).model.arch
+    qk = next(e for e in paper1.equations if e.name == "two-layer-qk")
+    arch = paper1.measurements.analysis(2).model.arch
     assert dict(qk.derivation.params)["positional"] == arch.positional == "qk_only"
     assert "No K-composition terms survive" not in text
     # the symbolic sums shown, taken over the model's heads, are the terms the check counts
     concrete = catalogue.get("two-layer-qk", heads=arch.n_heads, positional=arch.positional, concrete=True)
     assert sum(len(c.last.terms) for c in concrete.chains[1:]) == len(qk.model_check.terms) == 36
-    page = (out / "two-layers.html").read_text(encoding="utf-8")
+    page = pages["two-layers.html"]
     section = page[page.index('id="two-layer-qk"'):]
     assert "<mi>W</mi><mrow><mi>p" in section[:section.index("</section><p class=\"cmd\">")]  # W_pos
     assert "tcircuits derive two-layer-qk --heads 4 --positional qk_only --index-from 1" in section
     for svg in ("profiles", "composition", "positivity-2l", "importance"):
-        drawn = (out / "figures" / f"{svg}.svg").read_text(encoding="utf-8")
-        assert "L0H" not in drawn, svg  # matplotlib writes text as paths with the label in a comment
+        assert "L0H" not in drawn[svg], svg  # matplotlib writes text as paths with the label in a comment
 
 
 def test_the_bug_rule_pairs_only_skip_trigrams_one_head_carries():
@@ -409,22 +423,25 @@ def test_the_planted_findings_fail_on_models_that_learned_nothing():
 @pytest.mark.parametrize("name, params", [("qk-expansion", {}), ("qk-expansion", {"layers": 3, "layer": 1}),
                                           ("two-layer-qk", {"heads": 4, "positional": "qk_only"}),
                                           ("one-layer", {"heads": 4, "positional": "qk_only"}), ("rotary", {})])
-def test_the_command_under_each_equation_prints_that_equation(capsys, name, params):
-    """The companion numbers layers from 1 and so does the command it prints: --layer is given in that
-    numbering, and the command prints the equation shown (title, left sides and lines)."""
+@pytest.mark.parametrize("index_from", [0, 1])
+def test_the_command_under_each_equation_prints_that_equation(capsys, name, params, index_from):
+    """The companion numbers layers as the command it prints does (from 0, or from 1 with --index-from 1):
+    --layer is given in that numbering, and the command prints the equation shown (title, left sides and lines)."""
     import json
     import shlex
 
     from derivations import catalogue
+    from numeric_check.reports.paper.claims import numbered_from
     from numeric_check.reports.paper.content import Equation
     from numeric_check.reports.paper.site import derive_command
     from tests.helpers import run_cli
 
     derivation = catalogue.get(name, **params)
-    command = derive_command(Equation(name, derivation, "not run"))
+    with numbered_from(index_from):
+        command = derive_command(Equation(name, derivation, "not run"))
     code, out, err = run_cli(capsys, *shlex.split(command)[1:], "--format", "json")
     assert code == 0, (command, err)
-    printed, shown = json.loads(out), json.loads(derivation.to_json(index_from=1))
+    printed, shown = json.loads(out), json.loads(derivation.to_json(index_from=index_from))
     assert (printed["title"], printed["chains"]) == (shown["title"], shown["chains"]), command
 
 

@@ -78,7 +78,7 @@ def test_checkpoint(tmp_path, capsys):
     (["--tokens", "1,2;3"], "equal lengths"),
     (["--tokens", "1,11"], "outside the vocabulary 0..10"),
     (["--seq-len", "7"], "longer than the model's context n_ctx=6"),
-    (["--batch", "0"], "expected an integer in 1.."),
+    (["--batch-size", "0"], "expected an integer in 1.."),
     (["--heads", "two"], "--heads must be an int"),
     (["--qk", "2", "0"], "layer 2 does not exist"),
     (["--max-order", "5"], "an integer in 0..2 (the deepest term of the logits of a 2-layer model has order 2), got 5"),

@@ -15,6 +15,7 @@ from typing import Callable
 from derivations.commands import compile_latex, pdflatex
 
 from numeric_check.files import OutputFolder, output_folder, write_atomic
+from numeric_check.reports.paper.claims import numbered_from
 from numeric_check.reports.paper.content import SECTIONS, Paper, build_paper
 from numeric_check.reports.paper.figures import CAPTIONS, figures
 from numeric_check.reports.paper.latex import paper_latex
@@ -56,17 +57,20 @@ def check_outputs(out_dir: Path | str, pdf: bool = False, force: bool = False) -
 
 
 def write_paper(out_dir: Path | str, *, pdf: bool = False, progress: Callable[[str], None] = lambda step: None,
-                seed: int = 0, force: bool = False, device=None, language=None) -> tuple[Paper, list[Path]]:
+                seed: int = 0, force: bool = False, device=None, language=None,
+                index_from: int = 0) -> tuple[Paper, list[Path]]:
     """Build the companion into ``out_dir``, swapped in whole at the end, the models measured on ``device``
-    (``None``: CUDA when present); return the paper and the files written (their paths in ``out_dir``).
+    (``None``: CUDA when present), layers numbered from ``index_from`` (0 as every command, 1 as the paper);
+    return the paper and the files written (their paths in ``out_dir``).
 
     The language page measures the shipped language models on their held-out text, or ``language`` when given
     (:func:`~numeric_check.reports.paper.your_model.language_models`: a model of one's own and a text)."""
     folder = paper_folder(out_dir, pdf, force)
-    measurements = measure(progress, seed=seed, device=device, language=language)
-    paper = build_paper(measurements, progress)
-    with folder as staging:
-        written = _write(paper, measurements, staging, pdf, progress)
+    with numbered_from(index_from):
+        measurements = measure(progress, seed=seed, device=device, language=language)
+        paper = build_paper(measurements, progress)
+        with folder as staging:
+            written = _write(paper, measurements, staging, pdf, progress)
     return paper, [folder.path / path.relative_to(staging) for path in written]
 
 

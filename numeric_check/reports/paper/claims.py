@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,13 +43,30 @@ from numeric_check.reports.paper.rules import (  # noqa: F401 - the rules and th
 
 VERDICTS = ("holds", "holds in part", "does not hold")
 
-#: The companion numbers layers as the paper does: ``H_1`` and L1H0 are the first layer's (TransformerLens: L0H0).
-INDEX_FROM = 1
+#: What the companion numbers layers from: 0 as every command does (TransformerLens: ``H_0`` and L0H2 are the
+#: first layer's), or 1 as the paper does (``H_1``, L1H2) with ``tcircuits paper --index-from 1``.
+_INDEX_FROM: ContextVar[int] = ContextVar("companion_index_from", default=0)
+
+
+def index_from() -> int:
+    """The layer the companion being built numbers first (0 or 1; see :func:`numbered_from`)."""
+    return _INDEX_FROM.get()
+
+
+@contextmanager
+def numbered_from(first: int):
+    """Build the companion with layers numbered from ``first`` within the ``with`` block."""
+    token = _INDEX_FROM.set(first)
+    try:
+        yield
+    finally:
+        _INDEX_FROM.reset(token)
 
 
 def label(layer: int, head: int) -> str:
-    """A head's label in the paper's numbering: ``label(0, 2) == 'L1H2'``, head 2 of the first layer."""
-    return head_label(layer + INDEX_FROM, head)
+    """A head's label as the companion numbers it: ``label(0, 2) == 'L0H2'``, head 2 of the first layer
+    (``'L1H2'`` within ``numbered_from(1)``)."""
+    return head_label(layer + index_from(), head)
 
 
 def path(heads) -> str:
@@ -139,7 +158,7 @@ def analysis_checks(m) -> list[Finding]:
     """The analysis report's own findings (:func:`numeric_check.reports.findings.findings`) for the
     two-layer model with the one-layer model as its control; ``m``: measurements or a paper."""
     m = getattr(m, "measurements", m)
-    return findings(m.analysis(2), m.analysis(1), index_from=INDEX_FROM)
+    return findings(m.analysis(2), m.analysis(1), index_from=index_from())
 
 
 #: What the analysis report's checks are, beside the findings (shown with them on the page and in the PDF).

@@ -18,11 +18,11 @@ from derivations import catalogue
 from derivations.architecture import Architecture
 from derivations.catalogue import INDEXING
 from derivations.derivation import Derivation
-from derivations.document import math, prose
+from derivations.document import Numbered, math, prose
 from derivations.errors import DerivationError
 from derivations.numeric import Verification
 
-from numeric_check.reports.paper.claims import INDEX_FROM, PaperFinding, paper_findings  # noqa: F401 (INDEX_FROM: for the writers)
+from numeric_check.reports.paper.claims import index_from, PaperFinding, paper_findings  # noqa: F401 (index_from: for the writers)
 from numeric_check.reports.paper.known_truth import known_truth_findings
 from numeric_check.reports.paper.language_claims import language_findings
 from numeric_check.reports.paper.measure import Measurements
@@ -50,10 +50,17 @@ SECTIONS = (
               math("W_U"), " reads the logits off its end. Here ", math("A^h ⊗ W"), " mixes positions with the attention "
               "pattern and transforms each position's vector with W; numerically ", math("(A ⊗ W)·x = A x Wᵀ"),
               " for x with one row per position."),
-        prose("Layers are numbered from 1, as in the paper, here and on every page of this companion: ",
-              math("H_1", fixed=True), " is the set of heads of the first layer, ", math("H_2", fixed=True),
-              " of the second, and L1H0 is head 0 of the first layer (TransformerLens and tcircuits' code number from 0: "
-              "their L0H0; tcircuits derive prints as here with the option index-from set to 1). Every equation below is a derivation of "
+        prose(Numbered(
+            ("Layers are numbered from 0, here and on every page of this companion, as in every tcircuits command and "
+             "in TransformerLens: ", math("H_0", fixed=True), " is the set of heads of the first layer (the paper's ",
+             math("H_1", fixed=True), "), ", math("H_1", fixed=True), " of the second, and L0H0 is head 0 of the first "
+             "layer (the paper numbers layers from 1; tcircuits paper with the option index-from set to 1 writes this "
+             "companion in the paper's numbering). "),
+            ("Layers are numbered from 1, as in the paper, here and on every page of this companion: ",
+             math("H_1", fixed=True), " is the set of heads of the first layer, ", math("H_2", fixed=True),
+             " of the second, and L1H0 is head 0 of the first layer (TransformerLens and tcircuits' commands number "
+             "from 0: their L0H0; tcircuits derive prints as here with the option index-from set to 1). ")),
+              "Every equation below is a derivation of "
               "the catalogue (tcircuits derive NAME), each line checked numerically against its first on random "
               "matrices; where a shipped model has the architecture, the derivation is drawn for that model (its "
               "heads, its positions) and its final sum is also checked term by term against the model itself."),

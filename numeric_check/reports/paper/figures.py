@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from derivations.document import math as formula, prose
 
-from numeric_check.reports.paper.claims import INDEX_FROM
+from numeric_check.reports.paper.claims import index_from
 from numeric_check.reports.report import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
@@ -108,7 +108,7 @@ def repeat_loss_figure(m: Measurements) -> Figure:
 
 def figures(m: Measurements) -> dict[str, Figure]:
     """Every figure of the companion by name (keys of :data:`CAPTIONS`), layers numbered as the paper does."""
-    one, two = make_figures(m.analysis(1), INDEX_FROM), make_figures(m.analysis(2), INDEX_FROM)
+    one, two = make_figures(m.analysis(1), index_from()), make_figures(m.analysis(2), index_from())
     out = {
         "bigrams": bigram_figure(m),
         "positivity-1l": one["positivity"],
@@ -118,6 +118,6 @@ def figures(m: Measurements) -> dict[str, Figure]:
         "positivity-2l": two["positivity"],
         "repeat-loss": repeat_loss_figure(m),
         "importance": plots.importance_bars(m.analysis(2).importance_repeat or m.analysis(2).importance,
-                                            index_from=INDEX_FROM),
+                                            index_from=index_from()),
     }
     return {name: out[name] for name in CAPTIONS if name in out}

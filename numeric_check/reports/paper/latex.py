@@ -14,7 +14,7 @@ from derivations.render import latex_body
 from tensoralg.escape import escape_text
 
 from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, analysis_checks, label, verdict_of
-from numeric_check.reports.paper.content import INDEX_FROM, Equation, Paper
+from numeric_check.reports.paper.content import index_from, Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
 from numeric_check.reports.paper.language_claims import Table, language_tables, why_different
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
@@ -50,7 +50,7 @@ def finding_latex(f: PaperFinding) -> list[str]:
         rows = [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
     else:
         rows = [("measured", f.measured), ("control", f.control)] + [(k, v) for k, v in (("where", f.where), ("note", f.note)) if v]
-    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim, INDEX_FROM) + r"\end{quote}"]
+    lines = [r"\begin{quote}\itshape " + prose_latex(f.claim, index_from()) + r"\end{quote}"]
     for i, p in enumerate(f.parts, start=1):
         label = f"Part {i} of {len(f.parts)}: " if len(f.parts) > 1 else "Rule: "
         lines += [r"\textbf{" + _t(label) + "}" + _t(p.text), r"\begin{description}\setlength{\itemsep}{0pt}",
@@ -63,13 +63,13 @@ def finding_latex(f: PaperFinding) -> list[str]:
     lines += [rf"\item[{'verdict' if len(f.parts) < 2 else 'the whole claim'}] \textbf{{{_t(f.verdict)}}}", r"\end{description}"]
     if f.figure:  # in place, not floating: the figure stays with its finding
         lines += [r"\begin{center}", rf"\includegraphics[width=\maxwidth]{{figures/{f.figure}.pdf}}\\",
-                  rf"{{\small {prose_latex(CAPTIONS[f.figure], INDEX_FROM)}}}", r"\end{center}"]
+                  rf"{{\small {prose_latex(CAPTIONS[f.figure], index_from())}}}", r"\end{center}"]
     return lines + [r"\medskip"]
 
 
 def equation_latex(e: Equation) -> list[str]:
-    layout = Layout(index_from=INDEX_FROM)
-    lines = [r"\subsection{" + prose_latex(e.derivation.title, INDEX_FROM) + "}"]
+    layout = Layout(index_from=index_from())
+    lines = [r"\subsection{" + prose_latex(e.derivation.title, index_from()) + "}"]
     v = e.verification
     if isinstance(v, str):
         lines.append(r"\textbf{Not verified:} " + _t(v))
@@ -127,12 +127,12 @@ def paper_latex(paper: Paper) -> str:
              r"\date{}",
              r"\begin{document}", r"\maketitle", ""]
     lines += [r"\section*{Findings}", r"\begin{tabular}{p{0.78\linewidth}l}", r"\hline claim & verdict \\ \hline"]
-    lines += [rf"{prose_latex(f.claim, INDEX_FROM)} & {_t(f.verdict)} \\" for f in paper.findings]
+    lines += [rf"{prose_latex(f.claim, index_from())} & {_t(f.verdict)} \\" for f in paper.findings]
     lines += [r"\hline", r"\end{tabular}", ""]
     for section in paper.sections:
         lines += [r"\section{" + _t(section.title) + "}"]
         yours = paper.measurements.language_models if section.slug == "language" else None  # a model of one's own
-        lines += ([prose_latex(p, INDEX_FROM) + "\n" for p in section.spec.paragraphs] if yours is None
+        lines += ([prose_latex(p, index_from()) + "\n" for p in section.spec.paragraphs] if yours is None
                   else [_t(yours_paragraph(yours)) + "\n"])
         if section.slug == "language" and paper.measurements.language is not None:
             note = why_different(paper.measurements.language) if yours is None else YOURS_DIFFERENT
