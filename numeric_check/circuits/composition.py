@@ -20,6 +20,10 @@ no ``d_model × d_model`` product is formed when ``d_head`` is smaller.
 
 from __future__ import annotations
 
+import html
+import math
+import re
+
 import torch
 from torch import Tensor
 
@@ -63,6 +67,95 @@ def pair_composition_scores(reader: dict[str, Tensor], writer: dict[str, Tensor]
     return Factored(*together).frobenius_norm() / (Factored(*read).frobenius_norm() * Factored(*write).frobenius_norm())
 
 
+_LABEL = re.compile(r"L(\d+)H(\d+)")
+
+
+class CompositionScores(Tensor):
+    """Composition scores with their heads named: a tensor ``[n_layers, n_heads, n_layers, n_heads]`` laid out as
+    TransformerLens's ``all_composition_scores`` (``[l1, h1, l2, h2]``: ``L{l1}H{h1}`` writing into ``L{l2}H{h2}``),
+    which reads by name (:meth:`at`, :meth:`pairs`), prints as a table of writers by readers, and shows as one in
+    Jupyter. Any torch operation on it gives a plain tensor.
+
+    >>> from derivations import Architecture
+    >>> from numeric_check.model.circuit_model import CircuitModel
+    >>> scores = composition_scores(CircuitModel.random(Architecture(2, 2), d_model=8, d_head=2, d_vocab=10, n_ctx=4), "K")
+    >>> scores.at("L0H1", "L1H0") == float(scores[0, 1, 1, 0])
+    True
+    >>> [(w, r) for w, r, _ in scores.pairs()][:1] == [max(((w, r) for w, r, _ in scores.pairs()),
+    ...                                                    key=lambda p: scores.at(*p))]
+    True
+    >>> type(scores * 2).__name__
+    'Tensor'
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # results of operations: plain tensors
+    kind: str
+    heads_per_layer: tuple[int, ...]
+
+    @staticmethod
+    def __new__(cls, scores: Tensor, kind: str, heads_per_layer) -> "CompositionScores":
+        named = scores.as_subclass(cls)
+        named.kind, named.heads_per_layer = kind, tuple(heads_per_layer)
+        return named
+
+    def _index(self, label: str, role: str) -> tuple[int, int]:
+        found = _LABEL.fullmatch(label) if isinstance(label, str) else None
+        layer, head = (int(found[1]), int(found[2])) if found else (-1, -1)
+        if not 0 <= layer < len(self.heads_per_layer) or not 0 <= head < self.heads_per_layer[layer]:
+            raise AnalysisError(f"the {role} {label!r} is not a head of this model; expected a label such as 'L0H1' "
+                                f"(layers 0..{len(self.heads_per_layer) - 1}, numbered from 0 as in TransformerLens)")
+        return layer, head
+
+    def at(self, writer: str, reader: str) -> float:
+        """The score of ``writer`` (a head label, ``'L0H1'``) writing into ``reader`` (``'L1H2'``, a later layer)."""
+        (l1, h1), (l2, h2) = self._index(writer, "writer"), self._index(reader, "reader")
+        if l1 >= l2:
+            raise AnalysisError(f"{writer} cannot write into {reader}: a head composes only with heads of later layers")
+        return float(self[l1, h1, l2, h2])
+
+    def pairs(self) -> list[tuple[str, str, float]]:
+        """Every ``(writer, reader, score)`` of heads in an earlier and a later layer, the largest score first."""
+        found = [(f"L{l1}H{h1}", f"L{l2}H{h2}", float(self[l1, h1, l2, h2]))
+                 for l1, n1 in enumerate(self.heads_per_layer) for h1 in range(n1)
+                 for l2 in range(l1 + 1, len(self.heads_per_layer)) for h2 in range(self.heads_per_layer[l2])]
+        return sorted(found, key=lambda p: -p[2] if not math.isnan(p[2]) else math.inf)
+
+    def _grid(self) -> tuple[list[str], list[str], list[list[float | None]]]:
+        """Writers (every layer but the last) by readers (every layer but the first), None where l1 >= l2."""
+        heads = [(l, h) for l, n in enumerate(self.heads_per_layer) for h in range(n)]
+        writers = [p for p in heads if p[0] < len(self.heads_per_layer) - 1]
+        readers = [p for p in heads if p[0] > 0]
+        rows = [[float(self[l1, h1, l2, h2]) if l1 < l2 else None for l2, h2 in readers] for l1, h1 in writers]
+        return [f"L{l}H{h}" for l, h in writers], [f"L{l}H{h}" for l, h in readers], rows
+
+    def __repr__(self) -> str:
+        writers, readers, rows = self._grid()
+        if not rows or not readers:
+            return f"{self.kind}-composition scores: no pair of layers"
+        width = max(6, *map(len, readers))
+        lines = [f"{self.kind}-composition scores, writer (row) into reader (column):",
+                 " " * max(map(len, writers)) + "".join(f" {r:>{width}}" for r in readers)]
+        for name, row in zip(writers, rows):
+            lines.append(f"{name:<{max(map(len, writers))}}" + "".join(
+                f" {'' if v is None else f'{v:.3f}':>{width}}" for v in row))
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """The table in Jupyter: a writer by reader grid, each score shaded by its size."""
+        writers, readers, rows = self._grid()
+        finite = [v for row in rows for v in row if v is not None and math.isfinite(v)]
+        top = max(finite, default=0.0) or 1.0
+        head = "".join(f"<th>{html.escape(r)}</th>" for r in readers)
+        body = "".join(
+            f"<tr><th>{html.escape(w)}</th>" + "".join(
+                "<td></td>" if v is None else
+                f'<td style="background: rgba(70, 110, 200, {max(0.0, v / top) * 0.6 if math.isfinite(v) else 0:.2f}); '
+                f'text-align: right">{v:.3f}</td>' for v in row) + "</tr>"
+            for w, row in zip(writers, rows))
+        return (f"<table><caption>{html.escape(self.kind)}-composition scores: writer (row) into reader (column)"
+                f"</caption><tr><th></th>{head}</tr>{body}</table>")
+
+
 def composition_scores(
     model,
     kind: str,
@@ -71,8 +164,9 @@ def composition_scores(
     n_samples: int = 64,
     seed: int = 0,
     dtype: torch.dtype | None = None,
-) -> Tensor:
-    """Composition scores ``[n_layers, n_heads, n_layers, n_heads]``; ``[l1, h1, l2, h2]``: ``L{l1}H{h1}`` into ``L{l2}H{h2}``.
+) -> CompositionScores:
+    """Composition scores ``[n_layers, n_heads, n_layers, n_heads]``; ``[l1, h1, l2, h2]``: ``L{l1}H{h1}`` into ``L{l2}H{h2}``,
+    as a :class:`CompositionScores` (a tensor that names its heads: ``scores.at("L0H1", "L1H2")``, ``scores.pairs()``).
 
     ``kind`` is ``"Q"``, ``"K"`` or ``"V"`` (see the module docstring for the definitions).
     Entries are 0 unless ``l1 < l2`` (as TransformerLens), NaN for heads a layer lacks.
@@ -93,7 +187,7 @@ def composition_scores(
     scores = _layer_pair_scores(model, kind, dtype)  # [pairs, H1, H2]
     if baseline:
         scores = scores - composition_baseline(model, kind, n_samples=n_samples, seed=seed, dtype=scores.dtype)
-    return scatter_pairs(model, scores, fill=0.0)
+    return CompositionScores(scatter_pairs(model, scores, fill=0.0), kind, model.arch.heads_per_layer)
 
 
 def erratum_composition_scores(model, kind: str, *, dtype: torch.dtype | None = None) -> Tensor:

@@ -178,3 +178,30 @@ def test_bad_kind_lists_the_valid_ones():
         composition_scores(model, "O")
     with pytest.raises(AnalysisError, match="n_samples must be an int >= 1"):
         composition_scores(model, "K", baseline=True, n_samples=0)
+
+
+def test_composition_scores_name_their_heads_and_stay_a_tensor():
+    """Issue 46: the scores read by head name, print and show in Jupyter as a writer-by-reader table, and are still
+    TransformerLens's tensor (any operation gives a plain one); a wrong name is one line saying what a name is."""
+    from derivations import Architecture
+    from numeric_check.circuits.composition import CompositionScores
+    from numeric_check.errors import AnalysisError
+    from numeric_check.model.circuit_model import CircuitModel
+
+    model = CircuitModel.random(Architecture(3, (2, 3, 1)), d_model=8, d_head=2, d_vocab=10, n_ctx=4, seed=1)
+    scores = composition_scores(model, "Q")
+    assert isinstance(scores, CompositionScores) and isinstance(scores, torch.Tensor) and scores.shape == (3, 3, 3, 3)
+    assert type(scores + 0) is torch.Tensor
+    torch.testing.assert_close(scores + 0, scores.as_subclass(torch.Tensor), rtol=0, atol=0, equal_nan=True)
+    assert scores.at("L0H1", "L2H0") == float(scores[0, 1, 2, 0])
+    pairs = scores.pairs()
+    assert len(pairs) == 2 * 3 + 2 * 1 + 3 * 1 and [p[2] for p in pairs] == sorted((p[2] for p in pairs), reverse=True)
+    text = repr(scores)
+    assert text.splitlines()[0] == "Q-composition scores, writer (row) into reader (column):"
+    assert text.splitlines()[1].split() == ["L1H0", "L1H1", "L1H2", "L2H0"] and "L2H0" not in [l.split()[0] for l in text.splitlines()[2:]]
+    page = scores._repr_html_()
+    assert page.startswith("<table><caption>Q-composition") and page.count("<tr>") == 1 + 5  # a header and 5 writers
+    for writer, reader, message in (("L1H0", "L0H0", "only with heads of later layers"), ("L0H2", "L1H0", "not a head"),
+                                    ("head 3", "L1H0", "a label such as 'L0H1'")):
+        with pytest.raises(AnalysisError, match=message):
+            scores.at(writer, reader)
