@@ -21,7 +21,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.errors": (
         "AnalysisError", "AttributionError", "CheckpointError", "ConfigError", "DeviceError", "ExpansionMismatch",
         "FactoredError", "FactoredShapeError", "HookError", "ModelInputError", "ModelLoadError", "NumericCheckError",
-        "SourceMismatch", "UnsupportedModel", "VerifyError",
+        "SourceMismatch", "SourcePrecisionError", "UnsupportedModel", "VerifyError",
         "WeightError",
     ),
     "numeric_check.model.circuit_model": ("CircuitModel",),
@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ov_circuit_eigenvalues", "ov_circuits", "ov_eigenvalues", "positional_qk_circuit", "qk_circuit",
         "same_matching_scores", "virtual_ov_circuit",
     ),
-    "numeric_check.circuits.composition": ("COMPOSITION_KINDS", "composition_baseline", "composition_scores"),
+    "numeric_check.circuits.composition": ("COMPOSITION_KINDS", "CompositionScores", "composition_baseline", "composition_scores"),
     "numeric_check.circuits.skip_trigrams": ("SkipTrigramTable", "skip_trigram_table"),
     "numeric_check.circuits.detect": ("HeadReport", "behaviour_scores", "classify_heads", "detect_heads", "weight_scores"),
     "numeric_check.circuits.behaviour": ("LossGrid", "PositionProfile", "position_profiles", "repeat_loss_grid"),

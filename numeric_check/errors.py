@@ -38,6 +38,12 @@ class SourceMismatch(UnsupportedModel):
     that the conversion does not read."""
 
 
+class SourcePrecisionError(UnsupportedModel):
+    """A half-precision source that runs neither as a float64 nor as a float32 copy of itself (a hook or a replaced
+    ``forward`` holding half-precision tensors, a copy too large): at its own precision a conversion a few per cent
+    off would pass, so it is refused unless that precision is accepted (``accept_source_precision=True``)."""
+
+
 class ModelLoadError(NumericCheckError, ValueError):
     """A model or tokenizer that ``--hf`` / ``--tl`` cannot load (not found, not a causal LM, no
     tokenizer for a prompt); the message names it and what the loading library said."""

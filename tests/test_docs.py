@@ -16,8 +16,8 @@ The README's examples run the same way. A MyST comment line (in the README an HT
 ``<!-- test: … -->``) just above a block says how to run it: ``% test: slow`` (the test is marked
 slow), ``% test: exit N`` (the command's expected exit status), ``% test: skip REASON`` (shown, not
 run, and why; kept for what needs a GPU, a network or several processes). The relative paths the
-examples use — ``numeric_check/data/…`` and ``./my-gpt2`` (a small saved Hugging Face model,
-built offline by :func:`tests.helpers.saved_hf_model`) — exist in that folder.
+examples use — ``numeric_check/data/…`` and ``./my-gpt2`` (a small saved Hugging Face model, made
+offline by the lines the own-model guide shows) — exist in that folder.
 
 The examples in the command line reference (the parser's own ``examples:``) of the symbolic
 commands run too, and the generated pages' Markdown is checked without Sphinx; ``make docs``
@@ -104,10 +104,13 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+#: The own-model guide's lines that make ./my-gpt2: every page's examples use the model they make.
+MY_GPT2 = next(b for b in blocks(DOCS / "how-to" / "own-model.md") if 'save_pretrained("my-gpt2")' in b.body)
+
+
 def _needs(text: str, folder: Path) -> None:
     if "./my-gpt2" in text and not (folder / "my-gpt2").exists():
-        from tests.helpers import saved_hf_model
-        saved_hf_model(folder / "my-gpt2")
+        exec(compile(MY_GPT2.body, MY_GPT2.id, "exec"), {"__name__": "my_gpt2"})  # in the example's folder
 
 
 def _skip_reason(block: Block) -> str | None:

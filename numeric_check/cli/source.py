@@ -86,6 +86,7 @@ class UserModel:
     library: str  # "hf" or "tl"
     prompt_ids: Any | None = None  # the prompt's ids as read before the weights (--hf), or None
     status: Any = None  # the terminal's progress line (:class:`Status`), cleared by :func:`convert`
+    accept_source_precision: bool = False  # --accept-source-precision: a half-precision source that cannot be copied
 
 
 def wants_user_model(args: argparse.Namespace) -> bool:
@@ -139,6 +140,7 @@ def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserMo
         status.done()
         raise
     user.status = status
+    user.accept_source_precision = bool(getattr(args, "accept_source_precision", False))
     return user
 
 
@@ -317,7 +319,7 @@ def convert(user: UserModel, dtype: Any, device: Any, tokens_for) -> tuple[Any, 
     try:  # checked in float64 whatever --dtype, then cast (the cast's rounding measured and stated apart)
         model = convert(user.source, dtype="float64", device=resolve_device(device), check=False)
         tokens = tokens_for(model)
-        model.source_check = check(user.source, model, tokens)
+        model.source_check = check(user.source, model, tokens, accept_source_precision=user.accept_source_precision)
         model = in_dtype(model, dtype)
     finally:
         if user.status is not None:

@@ -18,9 +18,7 @@ never modified.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import math
 import sys
 from typing import Any
@@ -36,21 +34,21 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.conversion.options import check_tl_options
 from numeric_check.conversion.source_check import (
-    changed_modules, check_against_source, compared_as_held, float64_copy, fresh_on_meta, in_dtype, in_eval_mode, lowest_precision, probe_batches,
-    relative, unchecked,
-    user_tokens,
+    changed_modules, check_against_source, fresh_on_meta, half_precision_reference, in_dtype, in_eval_mode, lowest_precision,
+    probe_batches, unchecked, user_tokens,
 )
 
 
 def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None,
-                          biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None) -> CircuitModel:
+                          biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None,
+                          accept_source_precision: bool = False) -> CircuitModel:
     """A :class:`CircuitModel` computing the same logits as a TransformerLens ``HookedTransformer``, checked against it.
 
     ``dtype`` of the result (folding is done in float64 on the CPU); ``device`` where it goes (``None`` or
     ``"auto"``: CUDA when present, else the CPU; the source may be anywhere).
     ``biases``: ``None`` keeps biases only when some folded bias is non-zero; ``True`` always
-    keeps them; ``False`` requires them all to be zero. ``check``, ``check_tokens``: as for
-    :func:`~numeric_check.conversion.hf.from_hf` (the measurement is kept as ``model.source_check``).
+    keeps them; ``False`` requires them all to be zero. ``check``, ``check_tokens``, ``accept_source_precision``: as
+    for :func:`~numeric_check.conversion.hf.from_hf` (the measurement is kept as ``model.source_check``).
 
     >>> from transformer_lens import HookedTransformer, HookedTransformerConfig
     >>> tl = HookedTransformer(HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_head=4,
@@ -67,15 +65,19 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
         )
     on_one_device(model, "the TransformerLens model")
     ours = build(_read_transformer_lens(model), torch.float64, device, biases)
-    ours.source_check = (check_transformer_lens(model, ours, check_tokens) if check
-                         else unchecked("HookedTransformer (TransformerLens)"))
+    ours.source_check = (check_transformer_lens(model, ours, check_tokens, accept_source_precision=accept_source_precision)
+                         if check else unchecked("HookedTransformer (TransformerLens)"))
     return in_dtype(ours, dtype)
 
 
-def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
-    """Run ``ours`` beside the ``HookedTransformer`` (:func:`~numeric_check.conversion.source_check.check_against_source`)."""
+def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *,
+                           accept_source_precision: bool = False):
+    """Run ``ours`` beside the ``HookedTransformer`` (:func:`~numeric_check.conversion.source_check.check_against_source`);
+    a half-precision one as a float64, else float32, copy of itself, its rotary tables made again in that precision
+    (:func:`~numeric_check.conversion.source_check.half_precision_reference`; ``accept_source_precision``: as there)."""
     cfg = ours.cfg
-    batches = probe_batches(cfg.d_vocab, cfg.n_ctx) + ([user_tokens(tokens, cfg.d_vocab, cfg.n_ctx)] if tokens is not None else [])
+    batches = probe_batches(cfg.d_vocab, cfg.n_ctx, max(ours.arch.heads_per_layer, default=1))
+    batches += [user_tokens(tokens, cfg.d_vocab, cfg.n_ctx)] if tokens is not None else []
     n_layers = model.cfg.n_layers
 
     def run(tokens: Tensor):
@@ -90,24 +92,13 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
 
     dtype = model.W_E.dtype
     held = str(dtype).removeprefix("torch.")
-    name = f"HookedTransformer (TransformerLens, {held})"
-    own = None
-    if dtype.itemsize == 2:  # half precision: a float64 copy is the reference, the source's own rounding stated apart
-        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints the dtype change
-            plain = float64_copy(model)
-            copied = _exact_rotary_tables(plain)
-        why = None if plain is None else "its rotary tables cannot be made again in float64"
-        if copied is not None:
-            copied.eval()
-            try:
-                with torch.no_grad():
-                    probe = batches[0].to(model.W_E.device)
-                    own = (relative(model(probe), copied(probe)), held)
-                model, dtype, name = copied, torch.float64, f"HookedTransformer (TransformerLens, {held}, run as a float64 copy)"
-            except Exception as error:  # noqa: BLE001 - a copy that cannot run in float64: the source is compared as it is
-                own, why = None, f"it cannot run in float64 ({type(error).__name__})"
-        if own is None:
-            name = f"HookedTransformer (TransformerLens, {held}{compared_as_held(model, why)})"
+    own, label = None, ""
+    if dtype.itemsize == 2:  # half precision: a float64 (else float32) copy is the reference, its own rounding apart
+        probe = batches[0].to(model.W_E.device)
+        ref = in_eval_mode(model, lambda: half_precision_reference(
+            model, lambda source: source(probe), "from_transformer_lens", accept_source_precision, _exact_rotary_tables))
+        model, dtype, own, label = ref.model, ref.precision, ref.own_rounding, ref.label
+    name = f"HookedTransformer (TransformerLens, {held}{label})"
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
     return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens",
@@ -115,16 +106,17 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
 
 
 def _exact_rotary_tables(copied: Any) -> Any | None:
-    """A float64 copy of a half-precision ``HookedTransformer`` with its rotary sin/cos tables made again in float64
-    by its own attention modules (the half-precision tables are its rounding, per position: no frequency gives
-    them); None when they cannot be made again (the source is then compared as it is)."""
+    """A float64 (or float32) copy of a half-precision ``HookedTransformer`` with its rotary sin/cos tables made again
+    in float64 by its own attention modules and held in the copy's precision (the half-precision tables are its
+    rounding, per position: no frequency gives them); None when they cannot be made again."""
     if copied is None or copied.cfg.positional_embedding_type != "rotary":
         return copied
     try:
         for block in copied.blocks:
             attn = block.attn
             sin, cos = _tables_in_float64(attn, copied.cfg, attn.rotary_sin.shape[0])
-            attn.rotary_sin, attn.rotary_cos = sin.to(attn.rotary_sin.device), cos.to(attn.rotary_cos.device)
+            attn.rotary_sin = sin.to(attn.rotary_sin.device, attn.rotary_sin.dtype)
+            attn.rotary_cos = cos.to(attn.rotary_cos.device, attn.rotary_cos.dtype)
     except Exception:  # noqa: BLE001 - a TransformerLens whose tables are made otherwise: compared as it is
         return None
     return copied

@@ -33,21 +33,20 @@ from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
 from numeric_check.conversion.source_check import (
     changed_modules,
     check_against_source,
-    compared_as_held,
-    float64_copy,
     fresh_on_meta,
+    half_precision_reference,
     in_dtype,
     in_eval_mode,
     lowest_precision,
     probe_batches,
-    relative,
     unchecked,
     user_tokens,
 )
 
 
 def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None,
-            biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None) -> CircuitModel:
+            biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None,
+            accept_source_precision: bool = False) -> CircuitModel:
     """A :class:`CircuitModel` computing the same logits as a Hugging Face causal LM, checked against it.
 
     Families read: :func:`numeric_check.conversion.readers.family_names`. ``dtype`` of the result
@@ -59,7 +58,10 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     ``model.source_check`` and every verification report states it. ``check=False`` skips it
     (the reports then say the model was not checked against its source). Whatever ``dtype``, the
     conversion is checked in float64 (held to float64's tolerance) and then cast; the cast's rounding is
-    measured and stated apart (``source_check.rounding``).
+    measured and stated apart (``source_check.rounding``). A source held in half precision is compared as a
+    float64 copy of itself, else a float32 one; one that runs as neither is refused
+    (:class:`~numeric_check.errors.SourcePrecisionError`) unless ``accept_source_precision=True``, which
+    compares it at its own precision and says so on its source line.
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> hf = LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
@@ -81,7 +83,8 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     _refuse_bad_weights(model, source)
     on_one_device(model, source)
     ours = build(family.read(model), torch.float64, device, biases)
-    ours.source_check = check_hf(model, ours, check_tokens) if check else unchecked(f"{name} (Hugging Face)")
+    ours.source_check = (check_hf(model, ours, check_tokens, accept_source_precision=accept_source_precision) if check
+                         else unchecked(f"{name} (Hugging Face)"))
     return in_dtype(ours, dtype)
 
 
@@ -89,18 +92,19 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
 from_hf_gpt2 = from_hf
 
 
-def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
+def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, accept_source_precision: bool = False):
     """Run ``ours`` beside the Hugging Face ``model`` (:func:`~numeric_check.conversion.source_check.check_against_source`).
 
-    A source held in half precision (bfloat16, float16) is run as a float64 copy of itself
-    (:func:`~numeric_check.conversion.source_check.float64_copy`): the conversion is held to float64's
-    tolerance (Hugging Face's own float32 round trips set it), so a half-precision model that is not what
-    its weights say is refused like a float64 one; how far the source as held is from its copy (its own
-    rounding) is measured on the first probe and stated apart. A copy too large, or one that cannot run in
-    float64 (some expert kernels), leaves the source compared as it is, at its own precision. A float32
-    source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for."""
+    A source held in half precision (bfloat16, float16) is run as a float64 copy of itself, else as a float32
+    one (:func:`~numeric_check.conversion.source_check.half_precision_reference`): the conversion is held to that
+    precision's tolerance (Hugging Face's own float32 round trips set it), so a half-precision model that is not
+    what its weights say is refused like a float64 one; how far the source as held is from its copy (its own
+    rounding) is measured on the first probe and stated apart. One that runs as neither copy (a hook holding a
+    bfloat16 tensor, a ``forward`` replaced on the instance, a copy too large) is refused unless
+    ``accept_source_precision``: then it is compared as it is, at its own precision, which its source line names. A
+    float32 source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for."""
     cfg = ours.cfg
-    batches = probe_batches(cfg.d_vocab, cfg.n_ctx)
+    batches = probe_batches(cfg.d_vocab, cfg.n_ctx, max(ours.arch.heads_per_layer, default=1))
     if tokens is not None:
         batches.append(user_tokens(tokens, cfg.d_vocab, cfg.n_ctx))
     device = next(iter(model.parameters())).device
@@ -121,24 +125,14 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None):
         return [] if fresh is None else changed_modules(model, fresh)
 
     held = str(dtype).removeprefix("torch.")
-    reference, own, why = model, None, ""
+    reference, own, label, precision = model, None, "", lowest_precision(dtype, torch.float32)
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
-        copied = _tables_made_again(float64_copy(model))
-        why = compared_as_held(model) if copied is None else ""
-        if copied is not None:
-            copied.eval()
-            try:
-                with torch.no_grad():
-                    exact, as_held = runner(copied)(batches[0])[0], runner(model)(batches[0])[0]
-                reference, own = copied, (relative(as_held, exact), held)
-            except Exception as error:  # noqa: BLE001 - the source cannot run in float64 (an expert kernel): as held
-                reference, why = model, compared_as_held(model, f"it cannot run in float64 ({type(error).__name__})")
-    if reference is model:
-        name = f"{type(model).__name__} (Hugging Face, {held}{why})"
-        precision = lowest_precision(dtype, torch.float32)  # its norms, rotary and softmax round through float32
-    else:
-        name = f"{type(model).__name__} (Hugging Face, {held}, run as a float64 copy)"
-        precision = torch.float32  # the copy's norms, rotary and softmax still round through float32
+        ref = in_eval_mode(model, lambda: half_precision_reference(
+            model, lambda source: runner(source)(batches[0])[0], "from_hf", accept_source_precision, _tables_made_again))
+        reference, own, label = ref.model, ref.own_rounding, ref.label
+        # its norms, rotary and softmax round through float32 whatever it is held in
+        precision = lowest_precision(ref.precision, torch.float32)
+    name = f"{type(model).__name__} (Hugging Face, {held}{label})"
     check = in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
                                                              suspects, "from_hf", own))
     return replace(check, note=decoder.dropped_score_cap(model))
@@ -192,7 +186,7 @@ def block_inputs(source: Any, n_layers: int):
 
 
 def _tables_made_again(copied: Any) -> Any:
-    """A float64 copy whose sin/cos tables (GPT-J's and CodeGen's ``embed_positions``, a table per position that a
+    """A float64 (or float32) copy whose sin/cos tables (GPT-J's and CodeGen's ``embed_positions``, a table per position that a
     half-precision cast rounds position by position: no frequency gives them, the rounding is the source's own)
     are made again by its own code; a table it cannot make again is left as the cast left it."""
     if copied is None:
@@ -201,7 +195,7 @@ def _tables_made_again(copied: Any) -> Any:
         table = getattr(module, "embed_positions", None)
         make = getattr(sys.modules.get(type(module).__module__), "create_sinusoidal_positions", None)
         if isinstance(table, Tensor) and callable(make) and hasattr(module, "pos_embd_dim"):
-            module.embed_positions = make(module.max_positions, module.pos_embd_dim).to(table.device, torch.float64)
+            module.embed_positions = make(module.max_positions, module.pos_embd_dim).to(table.device, table.dtype)
     return copied
 
 

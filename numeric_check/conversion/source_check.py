@@ -4,9 +4,10 @@ tokens, before it is returned.
 Every derived term is checked against :class:`~numeric_check.model.circuit_model.CircuitModel`;
 this module checks that the ``CircuitModel`` computes what the user's model computes. The source
 (a Hugging Face model or a TransformerLens ``HookedTransformer``) and the conversion run on the
-same tokens — fixed-seed probe sequences as long as the context allows (up to
-:data:`PROBE_LENGTH`, and one more up to :data:`LONG_PROBE` where the context is longer), and the user's
-own tokens when given — and their logits must agree to
+same tokens — fixed-seed probe sequences of up to :data:`PROBE_LENGTH` positions, one more as long as the
+whole context (every position compared at least once; cut to what :data:`PROBE_BYTES` allows only where the
+context's attention patterns would pass it, which the check then records), and the user's own tokens when
+given — and their logits must agree to
 :func:`tolerance`: ``max |ours − source| ≤ tolerance · max |source|``.
 
 The conversion is compared in float64 whatever dtype it is wanted in (a result wanted in bfloat16 is
@@ -21,6 +22,11 @@ measured on its families with random weights and every parameter perturbed, that
 to 4e-6 (Gemma, 3 layers) of the largest logit, where the float32 rounding of the same models is 2e-7 to
 1e-6 — while the wrong conversions this check exists for differ by 1e-3 to 1.
 
+A source held in half precision is compared as a copy of itself in float64, else in float32
+(:func:`half_precision_reference`), with that copy's tolerance and its own rounding stated apart; one that runs
+as neither is refused (:class:`~numeric_check.errors.SourcePrecisionError`) unless the caller accepts its
+precision (``accept_source_precision=True``), which its source line then names.
+
 When they disagree, :class:`~numeric_check.errors.SourceMismatch` says by how much, where the
 residual streams part (compared block by block), and what the model may use that the conversion
 does not read: a module replaced or patched after the model was built (found by comparing its
@@ -29,7 +35,9 @@ modules with a fresh one built from its config on the meta device), or an option
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -38,19 +46,24 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from numeric_check.errors import ModelInputError, SourceMismatch
+from numeric_check.errors import ModelInputError, SourceMismatch, SourcePrecisionError
 from numeric_check.model.hooks import block_hook
 
 PROBE_LENGTH = 64  # positions of each probe sequence at most (the source's context caps it)
-#: one more probe sequence reaches this far into a longer context, so that what acts only at later
-#: positions (a patch on positions >= 100, a window, a scaled rope) is compared too
-LONG_PROBE = 1024
+#: one more probe sequence runs through the whole context, so that what acts only at later positions (a patch on
+#: positions >= 1100, a window, a scaled rope) is compared too; it is cut short only where one layer's attention
+#: scores at that length (float64, :data:`PATTERN_COPIES` of them alive at once) would pass this many bytes
+PROBE_BYTES = 4 * 2**30
+PATTERN_COPIES = 4  # scores, mask, softmax and pattern of one layer, in the source or in ours
 PROBE_BATCH = 2
 PROBE_SEED = 0
 MARGIN = 10  # the tolerance: this many times the rounding of the lowest precision involved
 FLOAT64_TOLERANCE = 1e-9  # when everything is computed in float64
 HALF_TOLERANCE = 5e-2  # when a half-precision rounding cannot be measured on this device
-MEASURE_BYTES = 4 * 2**30  # a model whose float64 copy passes this is not copied to measure its rounding
+MEASURE_BYTES = 4 * 2**30  # a half-precision source whose copy would pass this is not copied in that precision
+#: a half-precision source is compared as a copy of itself in the first of these that runs
+COPY_PRECISIONS = (torch.float64, torch.float32)
+OPT_IN = "accept_source_precision=True (verify --accept-source-precision)"
 UNMEASURED_TOLERANCE = {torch.float32: 1e-3}  # where a precision cannot run here (half: HALF_TOLERANCE)
 
 
@@ -117,8 +130,8 @@ class SourceCheck:
     tolerance: float
     n_sequences: int
     n_tokens: int
-    #: a source held in lower precision than float64 is compared as a float64 copy of itself; this is how far
-    #: the source as held (bfloat16, float16, float32) is from that copy: its own rounding, stated apart
+    #: a source held in half precision is compared as a float64 (else float32) copy of itself; this is how far
+    #: the source as held (bfloat16, float16) is from that copy: its own rounding, stated apart
     source_rounding: float | None = None
     held_in: str | None = None  # the source's own precision then ("bfloat16")
     #: the conversion is checked in float64; wanted in another dtype, it is the float64 conversion cast, and this is
@@ -127,6 +140,10 @@ class SourceCheck:
     dtype: str | None = None  # the conversion's dtype then ("bfloat16")
     #: where the source's attention drops a setting its config names (Gemma 2's score cap under SDPA), in words
     note: str | None = None
+    copied_in: str | None = None  # the precision of the copy ``source_rounding`` is measured against ("float64")
+    #: the longest sequence compared, and the context: every position is compared when they are equal
+    positions: int | None = None
+    n_ctx: int | None = None
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
@@ -134,15 +151,24 @@ class SourceCheck:
             return f"converted from {self.source}; not checked against the source (check=False)"
         own = ""
         if self.source_rounding is not None:
-            own = (f"; the source as held in {self.held_in} differs from its float64 copy by {self.source_rounding:.2g} "
-                   "(its own rounding, not the conversion's)")
+            own = (f"; the source as held in {self.held_in} differs from its {self.copied_in or 'float64'} copy by "
+                   f"{self.source_rounding:.2g} (its own rounding, not the conversion's)")
         if self.rounding is not None:
             own += (f"; checked in float64, the conversion run in {self.dtype} differs from it by {self.rounding:.2g} "
                     f"({self.dtype}'s rounding, not a difference from the source)")
         note = f" ({self.note})" if self.note else ""
-        return (f"converted from {self.source}{note}: logits equal to the source within {self.rel_diff:.1g} of their "
-                f"largest entry (tolerance {self.tolerance:.0e}) on {self.n_sequences} sequences, {self.n_tokens} "
-                f"tokens{own}")
+        return (f"converted from {self.source}{note}: logits equal to the source within {self.rel_diff:.2g} of their "
+                f"largest entry (tolerance {self.tolerance:.2g}) on {self.n_sequences} sequences, {self.n_tokens} "
+                f"tokens{self._reach()}{own}")
+
+    def _reach(self) -> str:
+        """`` (every position of the 2,048-position context)``, or how far into it the longest probe reached."""
+        if self.positions is None or self.n_ctx is None:
+            return ""
+        if self.positions >= self.n_ctx:
+            return f" (every position of the {self.n_ctx:,}-position context)"
+        return (f" (positions 0 to {self.positions - 1:,} of the {self.n_ctx:,}-position context: a longer probe's "
+                f"attention would pass {PROBE_BYTES / 2**30:.3g} GiB; pass check_tokens to reach further)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,18 +186,30 @@ def probe_tokens(d_vocab: int, n_ctx: int, length: int | None = None) -> Tensor:
     return torch.randint(0, d_vocab, (PROBE_BATCH, n_pos), generator=gen, device="cpu")
 
 
-def probe_batches(d_vocab: int, n_ctx: int) -> list[Tensor]:
+def probe_batches(d_vocab: int, n_ctx: int, n_heads: int = 1) -> list[Tensor]:
     """The probes a conversion is checked on: :func:`probe_tokens`, and where the context is longer than
-    :data:`PROBE_LENGTH`, one sequence of ``min(n_ctx, LONG_PROBE)`` tokens (a different draw).
+    :data:`PROBE_LENGTH`, one sequence through the whole context (a different draw), cut to
+    :func:`long_probe_length` for a model of ``n_heads`` heads.
 
-    >>> [tuple(b.shape) for b in probe_batches(50, 8)], [tuple(b.shape) for b in probe_batches(50, 4096)]
-    ([(2, 8)], [(2, 64), (1, 1024)])
+    >>> [tuple(b.shape) for b in probe_batches(50, 8)], [tuple(b.shape) for b in probe_batches(50, 2048, 12)]
+    ([(2, 8)], [(2, 64), (1, 2048)])
     """
     batches = [probe_tokens(d_vocab, n_ctx)]
     if n_ctx > PROBE_LENGTH:
         gen = torch.Generator().manual_seed(PROBE_SEED + 1)
-        batches.append(torch.randint(0, d_vocab, (1, min(n_ctx, LONG_PROBE)), generator=gen, device="cpu"))
+        batches.append(torch.randint(0, d_vocab, (1, long_probe_length(n_ctx, n_heads)), generator=gen, device="cpu"))
     return batches
+
+
+def long_probe_length(n_ctx: int, n_heads: int) -> int:
+    """``n_ctx``, or the longest sequence whose attention scores in one layer (``n_heads × pos²`` float64 entries,
+    :data:`PATTERN_COPIES` of them) fit :data:`PROBE_BYTES`, when the whole context would not.
+
+    >>> long_probe_length(2048, 4), long_probe_length(131072, 32)
+    (2048, 2048)
+    """
+    fits = math.isqrt(PROBE_BYTES // (8 * PATTERN_COPIES * max(1, n_heads)))
+    return max(1, min(n_ctx, max(PROBE_LENGTH, fits)))
 
 
 def user_tokens(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:
@@ -192,13 +230,13 @@ RunSource = Callable[[Tensor], tuple[Tensor, list[Tensor] | None]]
 
 def check_against_source(ours: Any, run_source: RunSource, name: str, precision: torch.dtype,
                          token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str,
-                         own_rounding: tuple[float, str] | None = None) -> SourceCheck:
+                         own_rounding: tuple[float, str, str] | None = None) -> SourceCheck:
     """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
     their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
     source computes in), else :class:`SourceMismatch` (``who`` names the conversion in the message,
     ``suspects`` lists what the model may use that it does not read). ``own_rounding``: ``(how far the
-    source as held is from the float64 copy run here, its precision)``, recorded apart
-    (:func:`float64_copy`)."""
+    source as held is from the copy run here, its precision, the copy's)``, recorded apart
+    (:func:`half_precision_reference`)."""
     tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
     worst_abs, worst_rel, worst_tol, n_seq, n_tok = 0.0, 0.0, 0.0, 0, 0
     for tokens in token_batches:
@@ -220,14 +258,14 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
             where = _parting(cache, streams, ours, tol)
             raise SourceMismatch(
                 f"{who}: the converted model's logits differ from the source's ({name}) by {rel:.2g} of their largest "
-                f"entry (max |difference| {diff:.3g}; tolerance {tol:.0e}) on {tokens.shape[0]} x {tokens.shape[1]} tokens; "
-                f"{where}. The model may use something the conversion does not read: {_listed(suspects())}. "
-                "The conversion is refused rather than returned wrong"
+                f"entry, over the tolerance {tol:.2g} (max |difference| {diff:.2g}), on {tokens.shape[0]} x "
+                f"{tokens.shape[1]} tokens; {where}; {_listed(suspects())}"
             )
         worst_abs, worst_rel, worst_tol = max(worst_abs, diff), max(worst_rel, rel), max(worst_tol, tol)
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
-    rounding, held_in = own_rounding if own_rounding is not None else (None, None)
-    return SourceCheck(name, worst_abs, worst_rel, worst_tol, n_seq, n_tok, rounding, held_in)
+    rounding, held_in, copied_in = own_rounding if own_rounding is not None else (None, None, None)
+    return SourceCheck(name, worst_abs, worst_rel, worst_tol, n_seq, n_tok, rounding, held_in, copied_in=copied_in,
+                       positions=max(t.shape[-1] for t in token_batches), n_ctx=ours.cfg.n_ctx)
 
 
 def in_dtype(exact: Any, dtype: Any) -> Any:
@@ -255,37 +293,89 @@ def in_dtype(exact: Any, dtype: Any) -> Any:
     return cast
 
 
-def float64_copy(model: Any) -> Any | None:
-    """A float64 copy of a torch ``model`` held in lower precision (parameters and buffers, on its device, hooks and
-    patched forwards kept), so that the source can be run free of its own rounding; None when its float64 copy
-    would pass :data:`MEASURE_BYTES` or cannot be made. Buffers keep the values the model holds (a ``bfloat16``
+@dataclass(frozen=True)
+class Reference:
+    """What the conversion of a half-precision source is compared with: ``model`` (a copy of the source, or the
+    source as held), the ``precision`` it computes in, the source's own rounding against it (``None`` when it is
+    the source itself), and what the source's name adds (``", run as a float64 copy"``)."""
+
+    model: Any
+    precision: torch.dtype
+    own_rounding: tuple[float, str, str] | None
+    label: str
+
+
+def half_precision_reference(model: Any, run: Callable[[Any], Tensor], who: str, accept: bool = False,
+                             prepare: Callable[[Any], Any | None] = lambda copied: copied) -> Reference:
+    """The copy of a half-precision torch ``model`` that its conversion is compared with: in the first of
+    :data:`COPY_PRECISIONS` that can be made (:func:`precision_copy`, then ``prepare``: tables made again, or
+    ``None``) and runs (``run(copy)``: its logits on a probe, beside ``run(model)``), so the tolerance is that
+    precision's and the source's own rounding is measured apart. At the source's own precision a conversion a few
+    per cent off passes, so where no copy runs it is refused (:class:`SourcePrecisionError`, ``who`` names the
+    conversion) unless ``accept``: then the source itself, its precision named on its source line."""
+    held = next(iter(model.parameters())).dtype
+    held_name = _name(held)
+    failed: dict[torch.dtype, str] = {}
+    for dtype in COPY_PRECISIONS:
+        copied, failed[dtype] = precision_copy(model, dtype)
+        if copied is not None and (copied := prepare(copied)) is None:
+            failed[dtype] = "cannot make its tables again"
+        if copied is None:
+            continue
+        copied.eval()
+        try:
+            with torch.no_grad():
+                exact, as_held = run(copied), run(model)
+        except Exception as error:  # noqa: BLE001 - a hook or kernel that holds or wants the source's dtype
+            failed[dtype] = f"fails to run ({type(error).__name__})"
+            continue
+        return Reference(copied, dtype, (relative(as_held, exact), held_name, _name(dtype)),
+                         f", run as a {_name(dtype)} copy")
+    why = _why_not_copied(failed)
+    if accept:
+        return Reference(model, held, None, f", compared at its own precision {held_name}, as accepted: {why}")
+    raise SourcePrecisionError(
+        f"{who}: {type(model).__name__} is held in {held_name} and {why}; at {held_name} a conversion a few per cent "
+        f"off would pass. Load it in float32 (its hooks and replaced forwards too), or pass {OPT_IN} to compare at "
+        f"{held_name}")
+
+
+def precision_copy(model: Any, dtype: torch.dtype) -> tuple[Any | None, str]:
+    """A copy of a torch ``model`` held in lower precision, in ``dtype`` (parameters and buffers, on its device, hooks
+    and patched forwards kept), so that the source can be run free of its own rounding; or ``None`` and why: its copy
+    would pass :data:`MEASURE_BYTES`, or cannot be made. Buffers keep the values the model holds (a ``bfloat16``
     ``inv_freq`` stays rounded, as the model uses it)."""
-    if _too_large(model):
-        return None
+    if _too_large(model, dtype):
+        return None, f"would pass {MEASURE_BYTES / 2**30:.3g} GiB"
     try:
-        return copy.deepcopy(model).to(torch.float64)
-    except Exception:  # noqa: BLE001 - a model that cannot be copied (or converted) is compared as it is
-        return None
+        with contextlib.redirect_stdout(io.StringIO()):  # TransformerLens prints a change of dtype
+            return copy.deepcopy(model).to(dtype), ""
+    except Exception as error:  # noqa: BLE001 - a model that cannot be copied (or converted)
+        return None, f"cannot be made ({type(error).__name__})"
 
 
-def compared_as_held(model: Any, why: str | None = None) -> str:
-    """What the source line adds when a half-precision ``model`` is compared as it is held, not as a float64 copy:
-    at its own precision (the tolerance follows that precision, which it says), and why: ``why``, else why
-    :func:`float64_copy` made no copy.
+def _why_not_copied(failed: dict[torch.dtype, str]) -> str:
+    """``its float64 and float32 copies fail to run (RuntimeError)``, or each copy with its own reason.
 
-    >>> compared_as_held(None, "it cannot run in float64 (RuntimeError)")
-    ', compared as held at its own precision: it cannot run in float64 (RuntimeError)'
+    >>> _why_not_copied({torch.float64: "would pass 4 GiB", torch.float32: "fails to run (RuntimeError)"})
+    'its float64 copy would pass 4 GiB and its float32 copy fails to run (RuntimeError)'
     """
-    if why is None:
-        why = (f"its float64 copy would pass {MEASURE_BYTES / 2**30:.3g} GiB" if _too_large(model)
-               else "it cannot be copied in float64")
-    return f", compared as held at its own precision: {why}"
+    reasons = {why for why in failed.values()}
+    if len(reasons) == 1:
+        copies = " and ".join(_name(d) for d in failed)
+        why = reasons.pop()
+        return f"its {copies} copies {why.replace('fails', 'fail').replace('cannot make its', 'cannot make their')}"
+    return " and ".join(f"its {_name(d)} copy {why}" for d, why in failed.items())
 
 
-def _too_large(model: Any) -> bool:
-    """Whether ``model``'s float64 copy (parameters and buffers) would pass :data:`MEASURE_BYTES`."""
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _too_large(model: Any, dtype: torch.dtype = torch.float64) -> bool:
+    """Whether ``model``'s copy in ``dtype`` (parameters and buffers) would pass :data:`MEASURE_BYTES`."""
     n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-    return n * 8 > MEASURE_BYTES
+    return n * dtype.itemsize > MEASURE_BYTES
 
 
 def relative(a: Tensor, b: Tensor) -> float:
@@ -314,11 +404,12 @@ def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, 
 
 
 def _listed(suspects: list[str]) -> str:
+    """What changed in the model since it was built, in words; where nothing is found, where to read what else may
+    differ (an option its config sets that tcircuits takes to be harmless, its family's code computing otherwise)."""
     if not suspects:
-        return ("an option of its config that tcircuits takes to be harmless, a module patched after it was built, "
-                "or a computation its family's code does differently")
+        return "no module changed since it was built (what else may differ: the guide, 'The source is the reference')"
     shown = "; ".join(suspects[:6])
-    return shown + (f"; and {len(suspects) - 6} more" if len(suspects) > 6 else "")
+    return "changed since it was built: " + shown + (f"; and {len(suspects) - 6} more" if len(suspects) > 6 else "")
 
 
 def changed_modules(model: Any, fresh: Any) -> list[str]:

@@ -111,9 +111,9 @@ def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(f"analysed {gpt2_dir.name} (Hugging Face) (2 layers x 4 heads, standard positions, layer norm")
-    assert lines[1].startswith("  converted from GPT2LMHeadModel (Hugging Face, float32): logits equal to the source within ")
+    assert lines[1].startswith("  converted from GPT2LMHeadModel (Hugging Face, float64): logits equal to the source within ")
     page = (tmp_path / "report" / "index.html").read_text(encoding="utf-8")
-    assert "<p>converted from GPT2LMHeadModel (Hugging Face, float32): logits equal to the source within " in page
+    assert "<p>converted from GPT2LMHeadModel (Hugging Face, float64): logits equal to the source within " in page
     assert "converted from GPT2LMHeadModel" in (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert json.loads((tmp_path / "report" / "analysis.json").read_text())["source"]["source"].startswith("GPT2LMHeadModel")
     code, out, err = run_cli(capsys, "analyze", "--checkpoint", "m.safetensors", "--hf", str(gpt2_dir), "--out", str(tmp_path / "r2"))
@@ -647,18 +647,24 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
     assert code == 2 and out == "" and "the converted model's logits differ from the source's" in err
 
 
-def test_a_half_precision_folder_too_large_to_copy_says_so_on_the_source_line(capsys, monkeypatch, llama_dir):
-    """--dtype bfloat16 loads the source in bfloat16; one whose float64 copy would pass MEASURE_BYTES (lowered here) is
-    compared as held, and the report's source line says at what precision."""
+def test_a_half_precision_folder_too_large_to_copy_is_refused_unless_its_precision_is_accepted(capsys, monkeypatch,
+                                                                                                 llama_dir):
+    """--dtype bfloat16 loads the source in bfloat16; one whose float64 and float32 copies would pass MEASURE_BYTES
+    (lowered here) is refused in one line saying what to do; --accept-source-precision compares it as held, and the
+    report's source line says at what precision (issue 47)."""
     from numeric_check.conversion import source_check
 
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
-    code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1",
-                             "--dtype", "bfloat16", "--quiet")
+    args = ("verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--max-order", "1", "--dtype", "bfloat16", "--quiet")
+    code, out, err = run_cli(capsys, *args)
+    one_line_error(code, out, err, "LlamaForCausalLM is held in bfloat16 and its float64 and float32 copies would pass "
+                   "9.31e-07 GiB", "Load it in float32", "--accept-source-precision")
+    code, out, err = run_cli(capsys, *args, "--accept-source-precision")
     assert code in (0, 1), err
     source = out.splitlines()[1]
-    assert source.startswith("converted from LlamaForCausalLM (Hugging Face, bfloat16, compared as held at its own "
-                             "precision: its float64 copy would pass 9.31e-07 GiB): logits equal to the source within "), source
+    assert source.startswith("converted from LlamaForCausalLM (Hugging Face, bfloat16, compared at its own precision "
+                             "bfloat16, as accepted: its float64 and float32 copies would pass 9.31e-07 GiB): logits "
+                             "equal to the source within "), source
     assert float(source.split("(tolerance ")[1].split(")")[0]) > 1e-3, source  # bfloat16's, and the line shows it
 
 

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numeric_check import SourceMismatch, UnsupportedModel, from_hf, from_transformer_lens, verify_logits
-from numeric_check.errors import ModelInputError, WeightError
+from numeric_check.errors import ModelInputError, SourcePrecisionError, WeightError
 from numeric_check.conversion import options as options_module
 from numeric_check.conversion.readers import BY_CLASS
 from numeric_check.conversion.source_check import FLOAT64_TOLERANCE, SourceCheck, lowest_precision
@@ -473,37 +473,115 @@ def test_a_half_precision_transformer_lens_model_is_held_to_float64(tampered):
     assert model.W_E.dtype == torch.bfloat16  # the source itself is left as it was
 
 
+def patched(hf, how, size):
+    """A bfloat16 source no copy of which runs: layer 1's MLP output scaled by ``1 + size`` through a ``forward`` replaced
+    on the instance (it calls the original module and its bfloat16 weights), or a LoRA-like hook adding ``size`` times
+    a product of two bfloat16 factors of rank 2 (issue 47)."""
+    mlp = hf.model.layers[1].mlp
+    if how == "forward":
+        original = mlp.forward
+        mlp.forward = lambda x: original(x) * (1 + size)
+        return hf
+    gen = torch.Generator().manual_seed(7)
+    down, up = (torch.randn(shape, generator=gen).to(torch.bfloat16) for shape in ((2, 16), (16, 2)))
+    mlp.register_forward_hook(lambda module, inputs, output: output + size * (inputs[0] @ down.T @ up.T))
+    return hf
+
+
+def half_llama(seed, **options):
+    return llama(seed, max_position_embeddings=64, **options).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("how", ["forward", "lora"])
+def test_a_half_precision_source_no_copy_of_which_runs_is_refused_unless_its_precision_is_accepted(how, seed):
+    """Compared as held, at bfloat16's own precision, a conversion a few per cent off passes (issue 47: 39 such tampers
+    were accepted): refused in one line that says why and what to do; accepted, and labelled, only when asked."""
+    with pytest.raises(SourcePrecisionError) as refused:
+        from_hf(patched(half_llama(seed), how, 0.3), device="cpu")
+    message = str(refused.value)
+    assert message == ("from_hf: LlamaForCausalLM is held in bfloat16 and its float64 and float32 copies fail to run "
+                       "(RuntimeError); at bfloat16 a conversion a few per cent off would pass. Load it in float32 (its "
+                       "hooks and replaced forwards too), or pass accept_source_precision=True (verify "
+                       "--accept-source-precision) to compare at bfloat16")
+    assert isinstance(refused.value, UnsupportedModel)  # the CLI's one line, exit 2
+    # opted in: compared at bfloat16, which every report names; a 1 % tamper passes there, hence the opt-in
+    check = from_hf(patched(half_llama(seed), how, 0.01), device="cpu", accept_source_precision=True).source_check
+    assert check.source == ("LlamaForCausalLM (Hugging Face, bfloat16, compared at its own precision bfloat16, as accepted: "
+                            "its float64 and float32 copies fail to run (RuntimeError))")
+    assert check.describe().startswith(f"converted from {check.source}: logits equal to the source within ")
+    assert check.rel_diff <= check.tolerance and check.tolerance > 1e-3 and check.source_rounding is None
+    # the control: the same model unpatched runs as a float64 copy, held to float64's tolerance, by default
+    plain = from_hf(half_llama(seed), device="cpu").source_check
+    assert plain.source == "LlamaForCausalLM (Hugging Face, bfloat16, run as a float64 copy)"
+    assert plain.rel_diff <= plain.tolerance < 1e-4
+
+
+def test_a_half_precision_transformer_lens_model_no_copy_of_which_runs_is_refused():
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS").to(torch.bfloat16)
+    mlp = model.blocks[0].mlp
+    original = mlp.forward
+    mlp.forward = lambda x: original(x) * 1.3
+    with pytest.raises(SourcePrecisionError, match=r"^from_transformer_lens: HookedTransformer is held in bfloat16 and its "
+                                                   r"float64 and float32 copies fail to run \(RuntimeError\); "):
+        from_transformer_lens(model, device="cpu")
+    check = from_transformer_lens(model, device="cpu", accept_source_precision=True, check=False).source_check
+    assert check.n_tokens == 0  # not checked: nothing is claimed
+
+
+def _size(model):
+    return sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+
+
 @pytest.mark.parametrize("library", ["hf", "tl"])
-def test_a_half_precision_model_too_large_to_copy_says_it_was_compared_at_its_own_precision(monkeypatch, library):
-    """A source whose float64 copy would pass MEASURE_BYTES (4 GiB; lowered here) is run as held: the tolerance follows
-    its own precision, so a conversion a few per cent off passes, and the line a user reads says so."""
+def test_a_half_precision_model_too_large_to_copy_in_float64_is_held_to_a_float32_copy(monkeypatch, library):
+    """A source whose float64 copy would pass MEASURE_BYTES (4 GiB; lowered here) and whose float32 copy would not is
+    run as a float32 copy, held to float32's tolerance; too large for both it is refused, or compared at its own
+    precision when that is accepted, and the line a user reads says so."""
     from numeric_check.conversion import source_check
 
-    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
     if library == "hf":
         source, convert = llama(1).to(torch.bfloat16), from_hf
         mlp, name = source.model.layers[0].mlp, "LlamaForCausalLM (Hugging Face, bfloat16"
     else:
         source = hooked(1, positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS").to(torch.bfloat16)
         convert, mlp, name = from_transformer_lens, source.blocks[0].mlp, "HookedTransformer (TransformerLens, bfloat16"
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 6 * _size(source))
     check = convert(source, device="cpu").source_check
-    assert check.source == f"{name}, compared as held at its own precision: its float64 copy would pass 9.31e-07 GiB)"
-    assert check.describe().startswith(f"converted from {check.source}: logits equal to the source within ")
-    assert check.source_rounding is None and check.tolerance > 1e-3 and check.rel_diff <= check.tolerance
-    mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
-    assert convert(source, device="cpu").source_check.tolerance > 1e-3  # 1 % off is not seen at bfloat16's precision
-    monkeypatch.setattr(source_check, "MEASURE_BYTES", 4 * 2**30)  # the control: copied, it is held to float64's
-    with pytest.raises(SourceMismatch, match=r", run as a float64 copy\)\) by "):
+    assert check.source == f"{name}, run as a float32 copy)"
+    assert check.rel_diff <= check.tolerance < 1e-4 and check.copied_in == "float32"
+    assert f"the source as held in bfloat16 differs from its float32 copy by {check.source_rounding:.2g}" in check.describe()
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 1000)
+    with pytest.raises(SourcePrecisionError, match=r"is held in bfloat16 and its float64 and float32 copies would pass "
+                                                   r"9.31e-07 GiB; at bfloat16 a conversion a few per cent off would pass"):
         convert(source, device="cpu")
+    check = convert(source, device="cpu", accept_source_precision=True).source_check
+    assert check.source == (f"{name}, compared at its own precision bfloat16, as accepted: its float64 and float32 copies "
+                            "would pass 9.31e-07 GiB)")
+    assert check.source_rounding is None and check.tolerance > 1e-3 and check.rel_diff <= check.tolerance
+    handle = mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+    assert convert(source, device="cpu", accept_source_precision=True).source_check.tolerance > 1e-3  # 1 % not seen
+    monkeypatch.setattr(source_check, "MEASURE_BYTES", 6 * _size(source))  # the control: a float32 copy sees it
+    with pytest.raises(SourceMismatch, match=r", run as a float32 copy\)\) by "):
+        convert(source, device="cpu")
+    handle.remove()
 
 
-def test_a_half_precision_model_that_cannot_be_copied_says_why(monkeypatch):
-    from numeric_check.conversion import hf
+def test_a_half_precision_source_whose_float64_copy_fails_to_run_is_held_to_a_float32_copy():
+    """An expert kernel with no float64 (simulated by a hook): the float32 copy runs, and is the reference."""
+    def no_float64(module, inputs, output):
+        if output.dtype == torch.float64:
+            raise RuntimeError("no float64 kernel")
+        return output
 
-    monkeypatch.setattr(hf, "float64_copy", lambda model: None)
-    check = from_hf(llama().to(torch.float16), device="cpu").source_check
-    assert check.source == ("LlamaForCausalLM (Hugging Face, float16, compared as held at its own precision: it cannot be "
-                            "copied in float64)")
+    hf = half_llama(0)
+    hf.model.layers[0].mlp.register_forward_hook(no_float64)
+    check = from_hf(hf, device="cpu").source_check
+    assert check.source == "LlamaForCausalLM (Hugging Face, bfloat16, run as a float32 copy)"
+    assert check.rel_diff <= check.tolerance < 1e-4
+    hf.model.layers[1].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+    with pytest.raises(SourceMismatch, match=r"run as a float32 copy\)\) by 0.0\d+ of their largest entry"):
+        from_hf(hf, device="cpu")
 
 
 @pytest.mark.parametrize("model_type, key", [("gpt2", "layer_norm_epsilon"), ("gpt_neox", "layer_norm_eps"),
@@ -519,8 +597,8 @@ def test_every_reader_reads_the_eps_its_norms_were_built_with(model_type, key):
 
 
 def test_a_patch_on_later_positions_is_found_by_the_long_probe(monkeypatch):
-    """A hook that changes only positions >= 100 passed the 64-token probes; the probe that reaches into the
-    context finds it (and the untouched model still converts)."""
+    """A hook that changes only positions >= 100 passed the 64-token probes; the probe through the whole context
+    finds it (and the untouched model still converts)."""
     import numeric_check.conversion.source_check as source_check
 
     config = transformers.GPT2Config(vocab_size=13, n_embd=16, n_layer=2, n_head=4, n_positions=160)
@@ -535,8 +613,33 @@ def test_a_patch_on_later_positions_is_found_by_the_long_probe(monkeypatch):
     hf.transformer.h[1].register_forward_hook(later)
     with pytest.raises(SourceMismatch, match="logits differ from the source's"):
         from_hf(hf, device="cpu")
-    monkeypatch.setattr(source_check, "LONG_PROBE", 64)  # the probes of before: the patch is not reached
-    assert from_hf(hf, device="cpu").source_check.n_tokens == 3 * 64
+    monkeypatch.setattr(source_check, "PROBE_BYTES", 1000)  # a budget that cuts the long probe to 64: not reached
+    check = from_hf(hf, device="cpu").source_check
+    assert check.n_tokens == 3 * 64
+    assert "(positions 0 to 63 of the 160-position context: a longer probe's attention would pass " in check.describe()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_position_of_a_2048_position_context_is_checked(seed):
+    """Issue 47: a GPT-2 of 2,048 positions whose MLP changes only from position 1,100 on was accepted by the probe of
+    1,024 positions; the probe runs through the whole context now, without the user's tokens."""
+    from tests.hf_zoo import randomise
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=13, n_embd=16, n_layer=2, n_head=4, n_positions=2048)
+    hf = randomise(transformers.GPT2LMHeadModel(config).double().eval(), seed)
+    check = from_hf(hf, device="cpu").source_check
+    assert check.positions == check.n_ctx == 2048 and check.rel_diff <= check.tolerance
+    assert "tokens (every position of the 2,048-position context)" in check.describe()
+
+    def from_1100(module, inputs, output):
+        output = output.clone()
+        output[:, 1100:] *= 1.01
+        return output
+
+    hf.transformer.h[0].mlp.register_forward_hook(from_1100)
+    with pytest.raises(SourceMismatch, match=r"on 1 x 2048 tokens"):
+        from_hf(hf, device="cpu")
 
 
 @pytest.mark.parametrize("n_ctx", [256, 2048])
