@@ -48,6 +48,7 @@ from torch import Tensor
 
 from numeric_check.errors import ModelInputError, SourceMismatch, SourcePrecisionError
 from numeric_check.model.hooks import block_hook
+from numeric_check.model.rotary import tables_rounded_to
 
 PROBE_LENGTH = 64  # positions of each probe sequence at most (the source's context caps it)
 #: one more probe sequence runs through the whole context, so that what acts only at later positions (a patch on
@@ -116,6 +117,17 @@ class Tolerance:
         return max(FLOAT64_TOLERANCE, MARGIN * rounding) if rounding == rounding else HALF_TOLERANCE
 
 
+def has_tables(ours: Any) -> bool:
+    """Whether ``ours`` makes position tables (rotary angles, an ALiBi bias), which a source may make in float32."""
+    return ours.arch.rotary is not None or bool(ours.arch.alibi)
+
+
+def _gap(logits: Tensor, theirs: Tensor) -> tuple[float, float]:
+    """``max |ours − theirs|`` and that over ``max |theirs|``."""
+    diff = float((logits.detach().to("cpu", torch.float64) - theirs).abs().max())
+    return diff, diff / max(float(theirs.abs().max()), 1e-300)
+
+
 @dataclass(frozen=True)
 class SourceCheck:
     """How closely a converted model computes its source's logits, as measured when it was converted.
@@ -144,6 +156,9 @@ class SourceCheck:
     #: the longest sequence compared, and the context: every position is compared when they are equal
     positions: int | None = None
     n_ctx: int | None = None
+    #: a source that makes its position tables in float32 (rotary angles ``p · θ``, ALiBi's bias) is compared with the
+    #: conversion run on such tables; this is how far those tables take the logits from exact ones, stated apart
+    tables_rounding: float | None = None
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
@@ -153,6 +168,9 @@ class SourceCheck:
         if self.source_rounding is not None:
             own = (f"; the source as held in {self.held_in} differs from its {self.copied_in or 'float64'} copy by "
                    f"{self.source_rounding:.2g} (its own rounding, not the conversion's)")
+        if self.tables_rounding is not None:
+            own += (f"; compared on position tables made in float32 as the source makes them, which take the logits "
+                    f"{self.tables_rounding:.2g} from exact ones (the source's rounding, not the conversion's)")
         if self.rounding is not None:
             own += (f"; checked in float64, the conversion run in {self.dtype} differs from it by {self.rounding:.2g} "
                     f"({self.dtype}'s rounding, not a difference from the source)")
@@ -238,7 +256,7 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
     source as held is from the copy run here, its precision, the copy's)``, recorded apart
     (:func:`half_precision_reference`)."""
     tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
-    worst_abs, worst_rel, worst_tol, n_seq, n_tok = 0.0, 0.0, 0.0, 0, 0
+    worst_abs, worst_rel, worst_tol, n_seq, n_tok, tables = 0.0, 0.0, 0.0, 0, 0, None
     for tokens in token_batches:
         with torch.no_grad():
             try:
@@ -252,8 +270,13 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
             logits, cache = ours.run_with_cache(tokens.to(ours.device), names_filter=lambda n: n.endswith("hook_resid_pre"))
         theirs = theirs.detach().to("cpu", torch.float64)
         tol = tolerance(tokens, logits)
-        diff = float((logits.detach().to("cpu", torch.float64) - theirs).abs().max())
-        rel = diff / max(float(theirs.abs().max()), 1e-300)
+        diff, rel = _gap(logits, theirs)
+        if not rel <= tol and has_tables(ours):  # the source may make its position tables in float32, as HF does:
+            with torch.no_grad(), tables_rounded_to(torch.float32):  # their rounding grows with the position
+                rounded = ours(tokens.to(ours.device))
+            if _gap(rounded, theirs)[1] <= tol:
+                diff, rel = _gap(rounded, theirs)
+                tables = max(tables or 0.0, relative(rounded, logits))
         if not rel <= tol:  # NaN fails too
             where = _parting(cache, streams, ours, tol)
             raise SourceMismatch(
@@ -265,7 +288,7 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
     rounding, held_in, copied_in = own_rounding if own_rounding is not None else (None, None, None)
     return SourceCheck(name, worst_abs, worst_rel, worst_tol, n_seq, n_tok, rounding, held_in, copied_in=copied_in,
-                       positions=max(t.shape[-1] for t in token_batches), n_ctx=ours.cfg.n_ctx)
+                       positions=max(t.shape[-1] for t in token_batches), n_ctx=ours.cfg.n_ctx, tables_rounding=tables)
 
 
 def in_dtype(exact: Any, dtype: Any) -> Any:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from numeric_check.model.config import ACT_FNS, ModelConfig
-from numeric_check.model.rotary import rotate
+from numeric_check.model.rotary import rotate, tables_dtype
 from numeric_check.model.hooks import HookPoint
 
 class LayerNorm(nn.Module):
@@ -134,6 +134,7 @@ def alibi_bias(slopes: Tensor, n_pos: int, rounding: str | None = None, divisor:
             [-0.5000,  0.0000,  0.5000],
             [-1.0000, -0.5000,  0.0000]])
     """
+    rounding = rounding or (None if tables_dtype() is None else str(tables_dtype()).removeprefix("torch."))
     if rounding is None:
         i = torch.arange(n_pos, dtype=slopes.dtype, device=slopes.device)
         return slopes[:, None, None] * (i[None, None, :] - i[None, :, None])

@@ -10,8 +10,31 @@ Angles are computed in float64 whatever the dtype, then cast.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import Tensor
+
+#: Within :func:`tables_rounded_to`: the dtype position tables are made in, as a source makes them (None: float64).
+_TABLES_IN: ContextVar[torch.dtype | None] = ContextVar("tables_in", default=None)
+
+
+@contextmanager
+def tables_rounded_to(dtype: torch.dtype):
+    """Make position tables (rotary angles and their cosines and sines, ALiBi's bias) in ``dtype`` within the block,
+    as Hugging Face makes them (``inv_freq`` and ``p · θ`` in float32, whatever the model's dtype): what the source
+    check runs to measure how far a source's own tables take it from exact ones, at every position it compares."""
+    token = _TABLES_IN.set(dtype)
+    try:
+        yield
+    finally:
+        _TABLES_IN.reset(token)
+
+
+def tables_dtype() -> torch.dtype | None:
+    """The dtype position tables are being made in (:func:`tables_rounded_to`), or None: float64, exact."""
+    return _TABLES_IN.get()
 
 
 def rotary_angles(n_pos: int, rot_dims: int, base: float, device=None, inv_freq=None) -> Tensor:
@@ -22,6 +45,16 @@ def rotary_angles(n_pos: int, rot_dims: int, base: float, device=None, inv_freq=
     else:
         inv_freq = torch.as_tensor(inv_freq, dtype=torch.float64, device=device)
     return torch.arange(n_pos, dtype=torch.float64, device=device)[:, None] * inv_freq
+
+
+def source_frequencies(rot_dims: int, base: float, dtype: torch.dtype, device=None, inv_freq=None) -> Tensor:
+    """``θ_f`` as a source computes them in ``dtype``: Hugging Face's ``1 / base^(2f/rot_dims)`` step by step in
+    float32 (within an ulp of the exact values, and that ulp times a position of thousands is the size of the
+    tables' own rounding), or the scaled frequencies ``inv_freq`` rounded to ``dtype``."""
+    if inv_freq is not None:
+        return torch.as_tensor(inv_freq, dtype=torch.float64, device=device).to(dtype)
+    exponents = torch.arange(0, rot_dims, 2, dtype=torch.int64, device=device).to(dtype) / rot_dims
+    return 1.0 / (base ** exponents)
 
 
 def _pairs(rot_dims: int, style: str, device=None) -> tuple[Tensor, Tensor]:
@@ -40,6 +73,10 @@ def rotate(x: Tensor, rot_dims: int, style: str, base: float, inv_freq=None, fac
     dimensions (Hugging Face's ``attention_scaling``, on ``cos`` and ``sin``)."""
     n_pos = x.shape[pos_dim]
     angles = rotary_angles(n_pos, rot_dims, base, x.device, inv_freq)
+    rounded = tables_dtype()
+    if rounded is not None:  # as the source makes them: θ_f and p · θ_f in that dtype, then cos and sin
+        angles = torch.arange(n_pos, dtype=rounded, device=x.device)[:, None] * source_frequencies(
+            rot_dims, base, rounded, x.device, inv_freq)
     shape = [1] * x.ndim
     shape[pos_dim] = n_pos
     shape[-1] = rot_dims // 2

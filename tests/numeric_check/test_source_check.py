@@ -664,3 +664,28 @@ def test_transformer_lens_rotary_tables_that_are_not_its_configs_are_refused():
     model.cfg.rotary_base = 20000  # edited after the tables were made
     with pytest.raises(UnsupportedModel, match=r"rotary tables that are not its config's \(blocks.0.attn.rotary_sin"):
         from_transformer_lens(model, device="cpu")
+
+
+def test_a_source_that_makes_its_rotary_tables_in_float32_is_compared_on_such_tables():
+    """Issue 47: at 2,048 positions Hugging Face's float32 angles p·θ are off by ~p·eps, past ten times the rest's
+    rounding; an exact Qwen3 (width 80, one key/value head) is accepted, compared with the conversion run on tables
+    made in float32 as the source makes them (their own rounding stated apart), and a 0.5 % tamper still refused."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=300, hidden_size=80, num_hidden_layers=2, num_attention_heads=4, head_dim=20, num_key_value_heads=1,
+        intermediate_size=48, max_position_embeddings=2048))
+    draws = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            u = torch.rand(p.shape, generator=draws, dtype=torch.float64) * 2 - 1
+            p.copy_(u * 0.5 + 1.0 if p.ndim == 1 else u * 0.9)
+    model.eval()
+    tokens = torch.randint(0, 300, (1, 2048), generator=torch.Generator().manual_seed(5))
+    check = from_hf(model, check_tokens=tokens).source_check
+    assert check.rel_diff <= check.tolerance and check.tables_rounding is not None
+    assert check.tables_rounding > check.tolerance  # the exact tables alone would have been refused
+    assert "compared on position tables made in float32 as the source makes them" in check.describe()
+    model.model.layers[-1].mlp.register_forward_hook(lambda module, args, out: out * 1.005)
+    with pytest.raises(SourceMismatch, match="over the tolerance"):
+        from_hf(model, check_tokens=tokens)
