@@ -47,6 +47,7 @@ class Rule:
     statement: Math | None = None
 
 
+#: Every justification a derivation's step may give, by key.
 RULES: dict[str, Rule] = {
     r.key: r
     for r in (

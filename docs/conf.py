@@ -31,7 +31,7 @@ extensions = [
 ]
 
 root_doc = "index"
-exclude_patterns = ["_build", "README.md", "_ext"]
+exclude_patterns = ["_build", "README.md", "_ext", "_generated"]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
 
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
@@ -56,6 +56,7 @@ intersphinx_mapping: dict = {}  # offline: no inventories fetched
 html_theme = "furo"
 html_title = "tcircuits"
 html_static_path = ["_static"]
+html_extra_path = ["_generated/html"]  # the pages the commands write (attention, attribution), framed by the how-tos
 html_css_files = ["tcircuits.css"]
 html_show_sourcelink = False
 html_math_renderer = "mathml"
@@ -76,5 +77,13 @@ def _copy_tutorials(app) -> None:
             shutil.copyfile(notebook, target)
 
 
+def _make_pictures(app) -> None:
+    """The how-to pages' pictures, made by the commands the pages show (``_ext/pictures.py``)."""
+    import pictures
+
+    pictures.make()
+
+
 def setup(app):
     app.connect("builder-inited", _copy_tutorials, priority=100)
+    app.connect("builder-inited", _make_pictures, priority=100)

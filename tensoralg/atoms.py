@@ -24,10 +24,14 @@ import sympy as sp
 from tensoralg.errors import ShapeMismatch, TensorAlgError, UnknownAtom
 from tensoralg.escape import control_characters, terminal_safe
 
+#: A product of atoms, left to right; the empty word is ``Id``.
 Word = tuple["Atom", ...]
 
 # Fixed axis names (STYLE.md): the symbolic dimensions every standard atom uses.
+#: A symbolic dimension (positive integer) of the standard atoms' shapes: the context, the residual stream, a
+#: head, the vocabulary, the MLP.
 n_ctx, d_model, d_head, d_vocab, d_mlp = sp.symbols("n_ctx d_model d_head d_vocab d_mlp", positive=True, integer=True)
+#: The symbolic dimensions by name (``"d_model"``: :data:`d_model`).
 DIMS: dict[str, sp.Symbol] = {s.name: s for s in (n_ctx, d_model, d_head, d_vocab, d_mlp)}
 ONE = sp.Integer(1)
 

@@ -41,8 +41,11 @@ class Definition:
         return f"{self.name} := {rhs}"
 
 
+#: The OV circuit of a head, ``W_OV := W_O W_V``.
 W_OV = Definition("W_OV", (("W_O", False), ("W_V", False)))
+#: The QK circuit of a head, ``W_QK := W_Qᵀ W_K``.
 W_QK = Definition("W_QK", (("W_Q", True), ("W_K", False)))
+#: The paper's two definitions by name, what :func:`fold` and :func:`unfold` use by default.
 STANDARD_DEFINITIONS = {d.name: d for d in (W_OV, W_QK)}
 
 

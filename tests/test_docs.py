@@ -45,7 +45,7 @@ DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 import generated  # noqa: E402  (docs/_ext: the generated pages, without Sphinx)
 
-PAGES = sorted(p for p in DOCS.rglob("*.md") if "_notebooks" not in p.parts and "_build" not in p.parts)
+PAGES = sorted(p for p in DOCS.rglob("*.md") if not {"_notebooks", "_build", "_generated"} & set(p.parts))
 README = ROOT / "README.md"
 MARK = re.compile(r"^(?:% test:(.*)|<!-- test:(.*?)-->)$")
 FENCE = re.compile(r"^(?P<marks>(?:(?:% test:[^\n]*|<!-- test:[^\n]*-->)\n)*)```(?P<lang>\{[^}\n]*\}|[\w-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$",
@@ -316,3 +316,58 @@ def test_make_docs_builds_the_site_with_warnings_as_errors(tmp_path):
     assert "tcircuits verify" in cli and "--max-order" in cli
     start = (tmp_path / "html" / "getting-started.html").read_text(encoding="utf-8")
     assert "<math" in start or "<math" in (tmp_path / "html" / "explanations" / "verification.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("package", generated.PACKAGES)
+def test_the_api_reference_puts_every_public_name_in_one_topic_with_its_summary(package):
+    """Issue 46: the API reference is grouped by topic, each with a summary table; every name the package exports
+    is in exactly one topic, and the errors are a topic of their own, last, not among the main classes."""
+    import importlib
+
+    page = (DOCS / "reference" / f"api-{package}.md").read_text(encoding="utf-8")
+    topics = generated.api_topics(page)
+    named = [n for names in topics.values() for n in names]
+    assert sorted(named) == sorted(importlib.import_module(package).__all__), "a name in no topic, or in two"
+    last = list(topics)[-1]
+    assert last == f"{package}:Errors" and all(n.endswith(("Error", "Mismatch", "Model", "Atom", "Sum", "Order",
+                                                             "Latex", "Terms", "Derivation")) for n in topics[last])
+    for key, names in topics.items():
+        table = generated.api_topic_markdown(package, names)
+        assert table.count("\n| {py:obj}`") == len(names) and "```{eval-rst}" in table, key
+
+
+def test_every_picture_a_page_shows_is_made_by_the_docs_build():
+    """Issue 46: the how-to pages' pictures are made by the commands they show while the guide is built
+    (docs/_ext/pictures.py); a page that shows a picture no command makes fails here."""
+    import pictures
+
+    made = {p for names in pictures.PICTURES.values() for p in names}
+    shown = set()
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        shown |= set(re.findall(r"\(\.\./_generated/([^)\s]+)\)", text))
+        shown |= {f"html/{name}" for name in re.findall(r'<iframe src="\.\./([^"/]+\.html)"', text)}
+    assert shown and shown <= made, shown - made
+    assert {p.split("/")[0] for p in shown} >= {"analyze", "html", "toy"}
+
+
+@pytest.mark.slow
+def test_the_docs_build_makes_its_pictures(tmp_path):
+    import pictures
+
+    made = pictures.make(tmp_path, ["loss", "attribution"])
+    assert [p.name for p in made] == ["toy1.loss.png", "attribution.html"] and all(p.stat().st_size > 1000 for p in made)
+
+
+def test_every_value_in_the_api_reference_has_its_own_description():
+    """A value (a dict, a symbol) has no docstring of its own: its ``#:`` comment describes it, never its type's."""
+    import importlib
+    import inspect
+
+    for package in generated.PACKAGES:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            if not (inspect.isclass(getattr(module, name)) or inspect.isroutine(getattr(module, name))
+                    or inspect.ismodule(getattr(module, name))):
+                doc = generated.data_doc(package, name)
+                assert doc and "dict" not in doc.split()[0], (package, name, doc)

@@ -216,3 +216,60 @@ def module_map_markdown(package: str) -> str:
             out.append(md_table(["module", "what it holds"], [[f"`{name.rsplit('.', 1)[-1]}`", text] for name, text in modules]))
             out.append("")
     return "\n".join(out)
+
+
+# --- the API by topic ----------------------------------------------------------------------------------------
+
+
+def _documented(obj) -> bool:
+    return inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)
+
+
+def data_doc(package: str, name: str) -> str:
+    """The ``#:`` comment above the module-level assignment of ``name`` in ``package``'s modules (a value has no
+    docstring of its own: a dict's would be the dict type's)."""
+    import pkgutil
+
+    pattern = re.compile(rf"((?:^[ \t]*#:.*\n)+)^(?:[A-Za-z_][\w, ]*,\s*)?{re.escape(name)}\b[^=\n]*=", re.M)
+    root = importlib.import_module(package)
+    for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+        found = pattern.search(inspect.getsource(importlib.import_module(info.name)))
+        if found:
+            return " ".join(line.strip().removeprefix("#:").strip() for line in found.group(1).splitlines())
+    return ""
+
+
+def _directive(qualified: str, obj, doc: str) -> str:
+    """The autodoc directive that documents ``obj`` under the name ``qualified`` (a value: its ``doc``)."""
+    if inspect.isclass(obj):
+        return f".. autoclass:: {qualified}"
+    if inspect.ismodule(obj):
+        return f".. automodule:: {obj.__name__}\n   :no-members:"
+    if inspect.isroutine(obj):
+        return f".. autofunction:: {qualified}"
+    return f".. py:data:: {qualified}\n\n   {doc}\n"
+
+
+def api_topic_markdown(package: str, names: list[str]) -> str:
+    """One topic of ``package``'s API: a table of ``names``, each linked to its entry with its docstring's first
+    sentence, then each documented in full (autodoc, in the order given)."""
+    module = importlib.import_module(package)
+    missing = [n for n in names if n not in module.__all__]
+    if missing:
+        raise ValueError(f"{package} does not export {', '.join(missing)}: the API page names them in a topic")
+    rows, entries = [], []
+    for name in names:
+        obj = getattr(module, name)
+        doc = obj.__doc__ if _documented(obj) else data_doc(package, name)
+        target = obj.__name__ if inspect.ismodule(obj) else f"{package}.{name}"
+        rows.append([f"{{py:obj}}`{name} <{target}>`", _summary(doc) or ""])
+        entries.append(_directive(f"{package}.{name}", obj, doc))
+    return "\n".join([md_table(["name", "what it is"], rows), "", "```{eval-rst}", *entries, "```", ""])
+
+
+def api_topics(page: str) -> dict[str, list[str]]:
+    """The topics an API page names, ``{"package:title": [names]}``, read from its ``{api-topic}`` blocks."""
+    found = {}
+    for m in re.finditer(r"^## (?P<title>[^\n]+)\n\n```\{api-topic\} (?P<package>\S+)\n(?P<names>.*?)^```", page, re.M | re.S):
+        found[f"{m['package']}:{m['title']}"] = m["names"].split()
+    return found

@@ -7,7 +7,9 @@ directives that put the generated tables on their pages (``generated.py`` makes 
 - ``{model-types}``: the model types of the installed transformers and what ``from_hf`` does with each;
 - ``{error-tree}``: every error class under ``TCircuitsError``;
 - ``{cli-reference}``: every command and option of ``tcircuits``, from its parser;
-- ``{module-map} PACKAGE``: where things live, each module with its docstring's first sentence.
+- ``{module-map} PACKAGE``: where things live, each module with its docstring's first sentence;
+- ``{api-topic} PACKAGE`` with names as its content: a topic of the API reference, a table of the names with
+  their docstrings' first sentences, then each documented in full.
 """
 
 from __future__ import annotations
@@ -95,6 +97,19 @@ class ModuleMap(SphinxDirective):
         return container.children
 
 
+class ApiTopic(SphinxDirective):
+    """``{api-topic} PACKAGE`` holding names: one topic of the API reference (:func:`generated.api_topic_markdown`)."""
+
+    required_arguments = 1
+    has_content = True
+
+    def run(self):
+        container = nodes.container()
+        text = generated.api_topic_markdown(self.arguments[0], " ".join(self.content).split())
+        self.state.nested_parse(StringList(text.splitlines(), source="(generated)"), self.content_offset, container)
+        return container.children
+
+
 class CliReference(SphinxDirective):
     """``tcircuits`` and every command, read from ``derivations.cli.build_parser()``."""
 
@@ -113,4 +128,5 @@ def setup(app):
     app.add_directive("error-tree", ErrorTree)
     app.add_directive("cli-reference", CliReference)
     app.add_directive("module-map", ModuleMap)
+    app.add_directive("api-topic", ApiTopic)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

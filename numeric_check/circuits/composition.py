@@ -31,6 +31,7 @@ from numeric_check.errors import AnalysisError
 from numeric_check.circuits.ov_qk import layer_pairs, scatter_pairs, stacked_head_weights
 from numeric_check.circuits.factored import Factored
 
+#: The kinds of composition :func:`composition_scores` measures: a later head's query, key or value reading an earlier one.
 COMPOSITION_KINDS = ("Q", "K", "V")
 
 
