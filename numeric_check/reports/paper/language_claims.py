@@ -43,9 +43,9 @@ class Table:
 #: The King James Bible as scripts/corpus.py makes it, and what the same two-layer run did at other copy shares
 #: (scripts/sweep.sh; the guide's "How induction heads form"): why the shipped models copy every sequence.
 KJV_SHA256 = "a54f69ed07477e1215267694d7ea043f31e0d7a073c5157fd07c44f1f806d690"
-SWEEP = ("Measured: the same two-layer run at copy shares 0 and 0.25 formed no induction head within its 5,000 steps "
-         "(best second-layer prefix matching on repeated random tokens 0.057 and 0.059, against 0.214 at share 1, where "
-         "one was still forming at the end). ")
+SWEEP = ("Measured: the same two-layer run at copy shares 0, 0.1 and 0.25 formed no induction head within its 5,000 "
+         "steps (best second-layer prefix matching on repeated random tokens 0.057, 0.057 and 0.059, against 0.214 at "
+         "share 1, where one was still forming at the end). ")
 
 
 def why_different(m: LanguageMeasurements) -> str:
