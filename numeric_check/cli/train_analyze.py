@@ -16,6 +16,7 @@ from numeric_check.reports.flags import (
 )
 from pathlib import Path
 
+from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.progress import StepBar
@@ -235,7 +236,7 @@ def _run_train_toy(args) -> int:
         f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
         f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
         f"wrote {out}, {sidecar}" + (f", {tokenizer_file}" if tokenizer_file else "") + f" and the loss curve {curve_file}"
-        + (f"\nkept {len(history.snapshots)} snapshots in {history_folder.path}" if history_folder else "")
+        + (f"\nkept {counted(len(history.snapshots), 'snapshot')} in {history_folder.path}" if history_folder else "")
     ))
     return 0
 
