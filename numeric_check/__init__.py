@@ -30,6 +30,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "numeric_check.conversion.adapters": ("from_tl", "from_transformer_lens", "to_transformer_lens"),
     "numeric_check.conversion.hf": ("from_hf", "from_hf_gpt2"),
     "numeric_check.conversion.source_check": ("SourceCheck",),
+    "numeric_check.conversion.tl_folder": ("load_tl", "save_tl"),
     "numeric_check.model.checkpoint": ("load_checkpoint", "save_checkpoint"),
     "numeric_check.circuits.factored": ("Factored", "eigenvalue_multiset_distance"),
     "numeric_check.circuits.ov_qk": (
@@ -120,6 +121,7 @@ if not any(isinstance(finder, _OldNames) for finder in sys.meta_path):
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above
     from numeric_check.conversion.adapters import from_tl, from_transformer_lens, to_transformer_lens  # noqa: F401
     from numeric_check.conversion.hf import from_hf, from_hf_gpt2  # noqa: F401
+    from numeric_check.conversion.tl_folder import load_tl, save_tl  # noqa: F401
     from numeric_check.model.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from numeric_check.model.circuit_model import CircuitModel  # noqa: F401
     from numeric_check.model.config import ModelConfig  # noqa: F401

@@ -4,7 +4,8 @@ and ``--text`` / ``--text-file`` tokens.
 ``--hf NAME_OR_DIR`` loads a Hugging Face causal LM with the library's own ``from_pretrained``
 resolution (a folder saved with ``save_pretrained``, or a name your cache or network serves;
 ``--revision``), and its tokenizer (``AutoTokenizer``) from the same place; ``--tl NAME`` loads a
-TransformerLens ``HookedTransformer.from_pretrained``. Text is tokenized with the model's own
+TransformerLens ``HookedTransformer.from_pretrained``, ``--tl FOLDER`` one saved with
+:func:`~numeric_check.conversion.tl_folder.save_tl` (:mod:`numeric_check.conversion.tl_folder`). Text is tokenized with the model's own
 tokenizer, as the model expects it (Hugging Face: the tokenizer's default special tokens;
 TransformerLens: ``to_tokens``, which prepends BOS). The conversion is checked against the loaded
 model on probe tokens *and on these tokens* before anything is computed
@@ -67,7 +68,9 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
                        help="a Hugging Face causal LM: a folder saved with save_pretrained, or a name from_pretrained "
                             "resolves (your cache, or the network); its tokenizer is loaded from the same place")
     group.add_argument("--revision", metavar="REV", help="with --hf: the branch, tag or commit to load")
-    group.add_argument("--tl", metavar="NAME", help="a TransformerLens model name (HookedTransformer.from_pretrained)")
+    group.add_argument("--tl", metavar="NAME_OR_DIR",
+                       help="a TransformerLens model: a name HookedTransformer.from_pretrained knows, or a folder saved "
+                            "with numeric_check.save_tl (its config, state dict and tokenizer)")
 
 
 def add_text_arguments(group: argparse._ArgumentGroup) -> None:
@@ -115,10 +118,11 @@ def check_model_flags(args: argparse.Namespace, other_flags: list[str]) -> None:
 
 
 def _has_tokenizer(checkpoint) -> bool:
-    """Whether a checkpoint trained on text has its tokenizer beside it (``NAME.tokenizer.json``)."""
+    """Whether a checkpoint trained on text has its tokenizer beside it (``NAME.tokenizer.json``): anything at that
+    name, so that one that is not a file (a folder, a FIFO) is refused by name when it is read."""
     from numeric_check.training.config import tokenizer_path
 
-    return tokenizer_path(checkpoint).is_file()
+    return tokenizer_path(checkpoint).exists()
 
 
 def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserModel:
@@ -155,6 +159,7 @@ def _load_hugging_face(args: argparse.Namespace, dtype: Any, device: Any, status
     what = f"the Hugging Face model {args.hf!r}" + (f" at revision {args.revision!r}" if args.revision else "")
     status.say(f"finding {what}")
     folder = _loading(what, lambda: load.model_folder(args.hf, args.revision))
+    _loading(what, lambda: load.model_config(folder))  # a config error as one, not as the tokenizer's (it reads it too)
     needs_tokenizer = any(v is not None for v in (args.text, args.text_file, getattr(args, "target", None),
                                                    getattr(args, "logit_diff", None)))
     status.say(f"reading the tokenizer of {what}")
@@ -180,13 +185,24 @@ def _load_hugging_face(args: argparse.Namespace, dtype: Any, device: Any, status
 
 
 def _load_transformer_lens(name: str, dtype: Any, device: Any, status: "Status") -> UserModel:
-    """``HookedTransformer.from_pretrained(name)``, from the Hugging Face cache alone (an error at
-    once naming it) when the hub cannot be reached: before TransformerLens is imported when the
-    cache holds no model at all."""
+    """The folder ``name`` saved with ``save_tl`` (when ``name`` is on disk), or
+    ``HookedTransformer.from_pretrained(name)``, from the Hugging Face cache alone (an error at once
+    naming it) when the hub cannot be reached: before TransformerLens is imported when the cache holds
+    no model at all."""
     import importlib.util
 
     if importlib.util.find_spec("transformer_lens") is None:
         raise ModelLoadError("--tl needs TransformerLens: pip install 'tcircuits[tl]'")
+    from numeric_check.conversion.tl_folder import is_tl_folder, load_tl
+
+    if is_tl_folder(name):  # a folder a person saved (numeric_check.save_tl): read from disk, no hub
+        from numeric_check.model.config import resolve_device, resolve_dtype
+
+        what = f"the TransformerLens folder {name!r}"
+        status.say(f"loading {what}")
+        model = _loading(what, lambda: load_tl(name, resolve_dtype(dtype), resolve_device(device)))
+        status.say(f"converting {what} and checking it against the source")
+        return UserModel(model, model.tokenizer, f"{Path(name).name or name} (TransformerLens)", "tl")
     from numeric_check.conversion.load import cache_holds_models, hub_offline, hub_reachable, offline_message
 
     status.say(f"finding the TransformerLens model {name!r}")

@@ -143,7 +143,8 @@ def register(subparsers) -> None:
                             "at most --rank-timeout)")
     check.add_argument("--max-hours", type=finite_float, default=1.0, metavar="H",
                        help="refuse, before starting, a verification estimated to take longer (default 1)")
-    check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32, 1e-2 below)")
+    check.add_argument("--rtol", type=finite_float, help="relative tolerance (default 1e-9 in float64, 1e-4 in float32; in bfloat16 and float16 the dtype's "
+                       "epsilon plus 3 times the rounding measured on the tokens)")
     check.add_argument("--atol", type=finite_float, help="absolute tolerance added to rtol x scale (default 0)")
     out = p.add_argument_group("output")
     out.add_argument("--format", default="text", choices=("text", "json"), help="the report as text (default) or JSON")
@@ -191,8 +192,7 @@ def _run(args: argparse.Namespace) -> int:
     model, tokens, tokenizer = model_and_tokens(args)
     check_residual_width(model.cfg.d_model)
     dtype = args.dtype
-    rtol = args.rtol if args.rtol is not None else default_rtol(dtype)
-    common = dict(max_order=args.max_order, dtype=dtype, device=args.device, atol=args.atol, rtol=rtol,
+    common = dict(max_order=args.max_order, dtype=dtype, device=args.device, atol=args.atol, rtol=args.rtol,
                   isolation=not args.no_isolation)
     first = is_first_rank()
     announce_duration(args, model, tokens, first)
@@ -278,13 +278,6 @@ def model_and_tokens(args: argparse.Namespace):
     model, tokens = convert(user, args.dtype, args.device, tokens_for)
     fit_threads(args, model.cfg.d_model)
     return model, tokens, user.tokenizer
-
-
-def default_rtol(dtype) -> float:
-    """1e-9 for float64, 1e-4 for float32, 1e-2 for half precision (:func:`numeric_check.verification.verify.default_rtol`)."""
-    from numeric_check.verification.verify import default_rtol as rtol_for
-
-    return rtol_for(dtype)
 
 
 def build_model(args: argparse.Namespace) -> CircuitModel:

@@ -383,18 +383,41 @@ def _model_type(raw: dict, path: Path) -> str:
     return model_type
 
 
+_VALIDATION = re.compile(r"^(?:Class )?[Vv]alidation error for (?:field|validator) '[^']*': (?:\w+(?:Error|Exception): )?")
+
+
+def model_config(folder: Path) -> Any:
+    """``config.json`` as transformers reads it (``AutoConfig``, no code from the folder). A config its class
+    refuses (transformers 5 validates every field: a Phi-3 rope factor of the wrong length, a Mixtral expert
+    count that is not an int) is one :class:`ModelLoadError` line naming the file and the field — read before
+    the tokenizer, which reads the same config and would otherwise take the blame.
+
+    Returns the config; the raw JSON is :func:`read_config`'s."""
+    from transformers import AutoConfig, __version__
+
+    raw = read_config(folder)
+    model_type = _model_type(raw, folder / "config.json")
+    try:
+        with _quiet():
+            return AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    except (KeyboardInterrupt, MemoryError, ModelLoadError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a strict dataclass's TypeError or ValueError, a KeyError, ...
+        detail = _VALIDATION.sub("", one_line(error, 200)) or type(error).__name__
+        raise ModelLoadError(f"config.json is not a valid {model_type} config for transformers {__version__}: {detail}; "
+                             "correct that field in config.json, or save the model again with save_pretrained") from None
+
+
 def load_model(folder: Path, dtype: Any) -> Any:
     """The causal LM saved in ``folder`` in ``dtype`` on the CPU, in eval mode, after the checks of
     the module docstring; every failure one :class:`ModelLoadError` line."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     raw = read_config(folder)
-    _model_type(raw, folder / "config.json")
+    config = model_config(folder)
     weights, shapes = stored_tensors(folder)
     with _quiet():
-        config = _transformers("read config.json", lambda: AutoConfig.from_pretrained(
-            folder, trust_remote_code=False, local_files_only=True))
         refuse_family(config)
         check_layers(config, raw, shapes, weights)
 
@@ -485,5 +508,5 @@ def _transformers(what: str, call):
 
 
 __all__ = ["available_memory", "cache_holds_models", "check_built_model", "check_hub_environment", "check_layers", "check_loading_info", "hub_offline",
-           "hub_reachable", "load_model", "load_tokenizer", "model_folder", "offline_message", "one_line",
+           "hub_reachable", "load_model", "load_tokenizer", "model_config", "model_folder", "offline_message", "one_line",
            "read_config", "refuse_code", "refuse_family", "stored_layers", "stored_tensors"]

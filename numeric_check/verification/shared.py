@@ -9,6 +9,7 @@ import gc
 import math
 import time
 from contextlib import contextmanager
+from copy import deepcopy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +20,8 @@ from numeric_check.errors import ExpansionMismatch, VerifyError
 from numeric_check.model.circuit_model import CircuitModel, max_abs
 from numeric_check.model.config import resolve_dtype
 from numeric_check.verification.bind import Binder
-from numeric_check.verification.hook_paths import Recording, record
+from numeric_check.model.hooks import block_hook, hooks_set_aside
+from numeric_check.verification.hook_paths import Recording, frozen_hooks, keep, record, run_frozen, unembedding_input
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES
 from numeric_check.verification.constants import UnembedConstants
 from numeric_check.verification.results import CheckResult, VerifyReport
@@ -39,6 +41,7 @@ class _Setup:
     notes: list[str]
     source: str | None = None  # how the model was converted and how closely it computes its source
     constants: UnembedConstants | None = None  # what the unembedding alone gives, kept with the user's model
+    measure: bool = False  # half precision at the default tolerance: widened by the measured rounding (see widen)
 
 
 def _check_tolerance(name: str, value, allow_none: bool) -> float:
@@ -50,12 +53,60 @@ def _check_tolerance(name: str, value, allow_none: bool) -> float:
 
 
 def default_rtol(dtype: str | torch.dtype) -> float:
-    """The relative tolerance used when none is given: 1e-9 in float64, 1e-4 in float32, 1e-2 below.
+    """The relative tolerance used when none is given: 1e-9 in float64, 1e-4 in float32, 1e-2 below — except in a
+    verification at half precision, whose tolerances come from the rounding it measures (:func:`widen`).
 
     >>> default_rtol("float32")
     0.0001
     """
     return {torch.float64: 1e-9, torch.float32: 1e-4}.get(resolve_dtype(dtype), 1e-2)
+
+
+HALF = (torch.bfloat16, torch.float16)
+ROUNDING_MARGIN = 3  # half precision: exact models erred at most eps x scale + 1.3x the rounding widen measures
+
+
+def widen(s: _Setup, space=None, scores: tuple[int, int, Tensor] | None = None) -> None:
+    """At half precision with the default tolerance (``rtol=None``: then the dtype's epsilon, bfloat16 2**-7,
+    float16 2**-10): ``s.atol`` widened by :data:`ROUNDING_MARGIN` times the rounding of the model's own forward
+    pass in its dtype, measured on the same tokens (once per setup).
+
+    The rounding is the largest difference between the working copy's recorded output and the same copy
+    run in float32 with the recorded patterns, scales and routing frozen (what every check freezes too):
+    the logits (through ``space``, a :class:`~numeric_check.verification.logit_space.LogitSpace`, formed
+    before the unembedding as the checks form theirs), or ``scores``: ``(layer, head, below)``, that head's
+    scores on the keys it sees (``below``, ``[query, key]``).
+    A check compares two computations in the dtype, each rounded about as much as the forward pass; sums of
+    terms that cancel are rounded at the terms' scale (the verification's ``CANCELLING`` rule). A fixed
+    ``rtol`` is not what half precision guarantees: an exact OPT at bfloat16 erred 0.0598 with 1e-2 of its
+    logits at 0.0584."""
+    if not s.measure:
+        return
+    s.measure = False
+    work = s.model
+    with torch.no_grad(), hooks_set_aside(work):
+        copy = deepcopy(work)  # its weights in float32 (buffers as they are: their users cast them)
+        for param in copy.parameters():
+            param.data = param.data.float()
+    cache = {name: x.float() if x.is_floating_point() else x for name, x in s.rec.cache.items()}
+    rec = Recording(s.rec.tokens, s.rec.final.float(), cache, s.rec.W_U.float(),
+                    None if s.rec.b_U is None else s.rec.b_U.float())
+    dtype = str(work.dtype).removeprefix("torch.")
+    if scores is None:
+        final = unembedding_input(copy, rec.tokens, frozen_hooks(rec, 1))
+        rounding = space.product.max_abs([space.of((s.rec.final.float() - final).to(work.dtype), 0.0)])[0]
+        what = "logits"
+    else:
+        layer, head, below = scores
+        name, seen = block_hook(layer, "attn.hook_attn_scores"), {}
+        run_frozen(copy, rec, 1, [(name, keep(seen, stop=True))], live=layer)
+        rounding = max_abs(s.rec.cache[name][:, head][:, below].float() - seen[name][:, head][:, below])
+        what = "scores"
+    if not math.isfinite(rounding):
+        return
+    s.atol += ROUNDING_MARGIN * rounding
+    s.notes.append(f"{dtype}: the tolerances are {s.rtol:.2g} of the scale plus {ROUNDING_MARGIN} times the rounding of the "
+                   f"model's {what} in {dtype}, measured against float32 on these tokens ({rounding:.2g})")
 
 
 def _checked(model) -> CircuitModel:
@@ -70,7 +121,9 @@ def _checked(model) -> CircuitModel:
 
 def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
     atol = _check_tolerance("atol", atol, True)
-    rtol = default_rtol(dtype) if rtol is None else _check_tolerance("rtol", rtol, False)
+    measure = rtol is None and resolve_dtype(dtype) in HALF  # then its epsilon, and widen adds the measured rounding
+    rtol = (torch.finfo(resolve_dtype(dtype)).eps if measure else default_rtol(dtype)) if rtol is None else \
+        _check_tolerance("rtol", rtol, False)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     try:
@@ -81,10 +134,28 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
                           f"({_first_line(error)}); free memory on the card, use fewer tokens, or run with --device cpu "
                           "(device='cpu')") from None
     timings["forward"] = time.perf_counter() - start
+    check_no_overflow(work, rec)
     check = model.source_check
     constants = UnembedConstants(model.W_U, model.b_U, work.dtype, work.device)
     return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec),
-                  None if check is None else check.describe(), constants)
+                  None if check is None else check.describe(), constants, measure)
+
+
+def check_no_overflow(model: CircuitModel, rec: Recording, scale: float = 0.0) -> None:
+    """Refuse a forward pass that overflows at the working dtype (finite float32 weights near 1e37, a float16
+    copy of weights beyond 65,504): its patterns or its residual stream hold NaN or Inf (or ``scale``, the
+    largest logit, is infinite), and every check would fail on numbers that are not the model's."""
+    where = None if math.isfinite(scale) else "the logits"
+    patterns = ((name, x) for name, x in rec.cache.items() if name.endswith("hook_pattern"))
+    for name, x in (*patterns, ("the final residual stream", rec.final)):
+        if where is None and not bool(torch.isfinite(x).all()):
+            where = name
+    if where is not None:
+        dtype = str(model.dtype).removeprefix("torch.")
+        largest = max((max_abs(p) for p in model.parameters()), default=0.0)
+        raise VerifyError(f"the model's forward pass overflows in {dtype}: NaN or Inf in {where} (largest weight "
+                          f"magnitude {largest:.3g} in {dtype}); nothing was checked. Verify in float64 (--dtype "
+                          "float64) or with smaller weights")
 
 
 def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:

@@ -67,8 +67,8 @@ from numeric_check.verification.distributed import Shard, qk_prefix
 from numeric_check.verification.logit_isolation import HeadMaps, Settlement, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, TermTable, VerifyReport
 from numeric_check.verification.shared import (  # noqa: F401 - chunk_for, default_rtol, MIN_CHUNK_BYTES: public here too
-    Progress, _checked, _cyclic_gc_paused, _relative, _report, _resolve_expansion, _result, _Setup, _setup,
-    _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES,
+    Progress, _checked, check_no_overflow, _cyclic_gc_paused, _relative, _report, _resolve_expansion, _result, _Setup,
+    _setup, _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES, widen,
 )
 
 LOG = logging.getLogger(__name__)
@@ -224,6 +224,8 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
     results = TermTable(paths)  # columns, filled a chunk at a time; a TermResult is made for a row when asked for
     space = LogitSpace(s.model, rec, s.constants)
     (scale,) = space.product.max_abs([space.model])
+    check_no_overflow(s.model, rec, scale)  # the logits too: finite streams, an unembedding past the dtype
+    widen(s, space=space)  # half precision: the tolerances follow the measured rounding
     if shard is not None:
         shard.agree(n_kept + n_omitted, rec, scale)
     exact = _exact_by_default(rec, s.model, n_kept) if exact_errors is None else bool(exact_errors)
@@ -529,10 +531,12 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     below = s.model.blocks[layer].attn.mask(rec.n_pos, s.model.device)  # the keys the head sees (causal, window)
     reference = rec.get(block_hook(layer, "attn.hook_attn_scores"), "the scores")[:, head]  # [b, q, k]
     scale = max_abs(reference[:, below])
+    widen(s, scores=(layer, head, below))  # half precision: the tolerances follow the measured rounding
     if shard is not None:
         shard.agree(len(all_kept) + len(all_omitted), rec, scale)
     results = []
-    kept_sum = torch.zeros_like(reference)
+    wide = torch.promote_types(reference.dtype, torch.float32)  # half precision: terms added in float32 (36 terms
+    kept_sum = torch.zeros_like(reference, dtype=wide)  # added in bfloat16 erred 4 % of the scores, 5x the model's rounding)
     largest = 0.0  # the largest entry of any term: sums that cancel are rounded at that scale
     for i, t in enumerate(kept):
         scores = ev.scores(i)
@@ -541,7 +545,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
         results.append(TermResult(t.label, t.query.source.label, t.query.heads, t.order, float(scores[:, below].norm()),
                                   composition=t.composition, key_source=t.key.source.label, key_heads=t.key.heads))
         _tick(progress, "terms", i + 1, len(kept))
-    omitted_sum = sum((ev.scores(len(kept) + i) for i in range(len(omitted))), torch.zeros_like(reference))
+    omitted_sum = sum((ev.scores(len(kept) + i) for i in range(len(omitted))), torch.zeros_like(reference, dtype=wide))
     s.timings["evaluate"] = time.perf_counter() - start
     start = time.perf_counter()
     if isolation:

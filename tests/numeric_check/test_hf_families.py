@@ -127,12 +127,13 @@ def test_qk_and_post_norms_combine_with_windows_and_scaled_rope(model_type, wind
 REFUSED = [
     ("falcon", {"alibi": True, "attn_implementation": "eager"}, r"ALiBi in eager attention \(alibi=True, "
      r"attn_implementation='eager': Hugging Face adds the biases twice"),
-    ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False"),
+    ("opt", {"do_layer_norm_before": False}, r"post-layer-norm blocks \(do_layer_norm_before=False.*; study a "
+     r"pre-layer-norm model instead \(an OPT of another size"),
     ("opt", {"word_embed_proj_dim": 8, "do_layer_norm_before": False}, r"post-layer-norm blocks"),
     ("opt", {"_remove_final_layer_norm": True}, r"^the OPT model uses no final layer norm \(_remove_final_layer_norm=True"),
     # a stray key the config class does not define, but that code Falcon runs names (the masks read sliding_window)
     ("falcon", {"sliding_window": 3}, r"^the Falcon model sets sliding_window=3 \(default not set\), an option"),
-    ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks"),
+    ("openai-gpt", {}, r"^the GPT-1 model uses post-layer-norm blocks .*; study a pre-layer-norm model instead \(GPT-2"),
     ("olmo", {"clip_qkv": 8.0}, r"clipped queries, keys and values \(clip_qkv=8.0\)"),
     ("stablelm", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
      r"rotary on an odd number of dimensions \(1 of d_head=4\)"),

@@ -22,6 +22,7 @@ from numeric_check.conversion.readers.common import Family, act, heads_out, norm
 #: a block that normalises the residual stream after adding its output: every path through the
 #: stream is rescaled per layer, which the residual-stream algebra (Id + A ⊗ W_OV) does not express
 _POST_LN = "post-layer-norm blocks ({}: each block normalises the residual stream after adding its output)"
+_PRE_LN_ADVICE = "study a pre-layer-norm model instead ({}; the guide's page of model families lists the rest)"
 OFFSET = 2  # fairseq's position tables start after the padding rows
 
 
@@ -58,7 +59,8 @@ def _source(W_E: Tensor, W_pos: Tensor, W_U: Tensor, layers: list[LayerWeights],
 def read_opt(model: Any) -> SourceWeights:
     config, source, dec = model.config, "the OPT model", model.model.decoder
     if not config.do_layer_norm_before:
-        raise unsupported(_POST_LN.format("do_layer_norm_before=False"), source)
+        error = unsupported(_POST_LN.format("do_layer_norm_before=False"), source)
+        raise type(error)(f"{error}; {_PRE_LN_ADVICE.format('an OPT of another size: only opt-350m is post-layer-norm')}")
     d_model, h = config.hidden_size, config.num_attention_heads
     layers, eps = _layers(dec.layers, h, d_model, config.ffn_dim, source)
     W_E = f64(dec.embed_tokens.weight)  # [vocab, word_embed_proj_dim]
@@ -103,7 +105,8 @@ def read_xglm(model: Any) -> SourceWeights:
 
 
 def read_gpt1(model: Any) -> SourceWeights:
-    raise unsupported(_POST_LN.format("ln_1(x + attn(x)), ln_2(n + mlp(n))"), "the GPT-1 model")
+    error = unsupported(_POST_LN.format("ln_1(x + attn(x)), ln_2(n + mlp(n))"), "the GPT-1 model")
+    raise type(error)(f"{error}; {_PRE_LN_ADVICE.format('GPT-2, its successor')}")
 
 
 _FAIRSEQ = frozenset({"activation_function", "dropout", "activation_dropout", "layerdrop", "init_std", "scale_embedding"})
