@@ -21,7 +21,7 @@ import signal
 import sys
 from importlib.metadata import entry_points
 
-from tensoralg.errors import TCircuitsError
+from tensoralg.errors import TCircuitsError, TensorAlgError, cut
 from tensoralg.escape import terminal_safe
 
 from derivations import commands
@@ -80,6 +80,22 @@ class OneLineParser(argparse.ArgumentParser):
             close = difflib.get_close_matches(choice.group(1), re.findall(r"'(.*?)'", choice.group(2)), n=1)
             message += f"; did you mean '{close[0]}'?" if close else ""
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def _print_message(self, message, file=None):
+        """As argparse prints, but help that cannot reach standard output is not lost with exit status 0
+        (argparse ignores the failed write): a reader gone away ends quietly (141), a full disk or a
+        closed stream is one line (2)."""
+        if not message or file is None or file is not sys.stdout:
+            return super()._print_message(message, file)
+        try:
+            file.write(message)
+            file.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
+            sys.exit(141)
+        except OSError as error:  # a guarded stream's OutputError too
+            _say(f"{self.prog}: error: {one_line(error)}")
+            sys.exit(2)
 
 
 def _subparser(parser: argparse.ArgumentParser, namespace) -> argparse.ArgumentParser | None:
@@ -142,11 +158,10 @@ def _run(argv: list[str] | None) -> int:
         sys.stdout.flush()  # a closed pipe or a full disk shows here, not at exit
         return code
     except BrokenPipeError:  # the reader went away (| head): end quietly, as other CLIs do
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # nothing more reaches the closed pipe at exit
+        _quiet_stdout()
         return 141
     except TCircuitsError as error:
-        _say(f"tcircuits {args.command}: error: {terminal_safe(error)}")
+        _say(f"tcircuits {args.command}: error: {one_line(error)}")
         return 2
     except Stopped as stop:
         _say("tcircuits: interrupted" if stop.signum == signal.SIGINT else f"tcircuits: stopped by {stop.name}")
@@ -160,18 +175,43 @@ def _run(argv: list[str] | None) -> int:
     except RecursionError:
         _say(f"tcircuits {args.command}: error: the input nests too deeply to be read")
         return 2
+    except UnicodeEncodeError as error:  # a new file's name under an ASCII locale (LC_ALL=C PYTHONUTF8=0)
+        _say(f"tcircuits {args.command}: error: the name {terminal_safe(ascii(cut(str(error.object))))} cannot be "
+             f"spelled in this system's file-name encoding ({sys.getfilesystemencoding()}): run under a UTF-8 locale "
+             "(LC_ALL=C.UTF-8) or give an ASCII name")
+        return 2
+
+
+def _quiet_stdout() -> None:
+    """Standard output pointed at the null device: nothing more reaches a closed pipe at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def command_line() -> list[str]:
     """``sys.argv[1:]``, with arguments that the locale could not decode (``LC_ALL=C``: ``⊗``
-    arrives as surrogates) read as the UTF-8 they almost always are."""
+    arrives as surrogates) read as the UTF-8 they almost always are; an argument that names an
+    existing file or folder is kept as given, so the file system finds it by its own bytes."""
     def repaired(arg: str) -> str:
+        if arg.isascii() or os.path.lexists(arg):
+            return arg
         try:
-            return os.fsencode(arg).decode("utf-8") if not arg.isascii() else arg
+            return os.fsencode(arg).decode("utf-8")
         except UnicodeDecodeError:
             return arg
 
     return [repaired(arg) for arg in sys.argv[1:]]
+
+
+def one_line(error: Exception) -> str:
+    r"""``error``'s message safe for a terminal, on one line: a line break that came with a file name or a
+    model's config is shown as ``\n``. An algebra error keeps its lines: the text parsed, a caret under the problem.
+
+    >>> one_line(TCircuitsError("checkpoint evil\nname.safetensors\x1b[2J is corrupt"))
+    'checkpoint evil\\nname.safetensors\\x1b[2J is corrupt'
+    """
+    text = terminal_safe(error)
+    return text if isinstance(error, TensorAlgError) else text.replace("\n", "\\n")
 
 
 def _say(line: str) -> None:

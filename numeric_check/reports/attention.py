@@ -27,6 +27,8 @@ from derivations.architecture import head_label
 from derivations.html import page
 from tensoralg.escape import escape_text
 
+from numeric_check.errors import AnalysisError
+
 
 @dataclass
 class AttentionPatterns:
@@ -84,6 +86,10 @@ def attention_patterns(model, tokens: Sequence[int] | torch.Tensor, strings: Seq
     n = ids.shape[1]
     patterns = np.full((model.arch.n_layers, n_heads, n, n), np.nan)
     for layer, name in enumerate(names):
+        if not bool(torch.isfinite(cache[name]).all()):  # overflowed scores: a page of NaN would look like a model's
+            raise AnalysisError(f"the model's forward pass overflows in {str(model.dtype).removeprefix('torch.')}: "
+                                f"NaN or Inf in the patterns of layer {layer + index_from}; nothing was written. Run "
+                                "it in float64 (--dtype float64) or with smaller weights")
         pattern = cache[name][0].double().cpu().numpy()  # [head, query, key]
         patterns[layer, :pattern.shape[0]] = pattern
     labels = [str(s) for s in strings] if strings is not None else [str(int(i)) for i in ids[0]]

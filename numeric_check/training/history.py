@@ -78,18 +78,23 @@ def window_bytes(windows: torch.Tensor) -> bytes:
 
 def read_windows(checkpoint) -> torch.Tensor | None:
     """The held-out windows of ``checkpoint``'s history (``[count, n_ctx + 1]`` long), or None where it has none."""
-    import json
-
     import numpy as np
+
+    from numeric_check.errors import CheckpointError
+    from numeric_check.files import read_json, read_text_file
 
     folder = Path(checkpoint).with_suffix(".history")
     path, index = folder / HISTORY_WINDOWS_FILE, folder / HISTORY_INDEX
     if not path.is_file() or not index.is_file():
         return None
-    shape = json.loads(index.read_text(encoding="utf-8")).get("windows", {})
-    count, tokens = shape.get("count"), shape.get("tokens")
+    shape = read_json(read_text_file(index, "the training history", CheckpointError), "the training history",
+                      CheckpointError)
+    shape = shape.get("windows") if isinstance(shape, dict) else None
+    count, tokens = (shape.get("count"), shape.get("tokens")) if isinstance(shape, dict) else (None, None)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (count, tokens)):
+        return None
     ids = np.fromfile(path, dtype="<u2")
-    if not isinstance(count, int) or not isinstance(tokens, int) or ids.size != count * tokens:
+    if ids.size != count * tokens:
         return None
     return torch.from_numpy(ids.astype(np.int64)).view(count, tokens)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -421,7 +422,7 @@ def check_record_matches(record: dict, model: CircuitModel, content_sha256: str 
 def check_training_record(record, where: str) -> None:
     """The shape of what :func:`training_record` writes: ``train_config`` (a valid
     :class:`TrainConfig`), and optionally ``final`` (losses by name), ``uniform_loss``,
-    ``seconds`` and ``curve`` (points with ``step``, ``loss``, ``repeat_loss``)."""
+    ``seconds``, ``curve`` (points with ``step``, ``loss``, ``repeat_loss``) and ``text`` (its SHA-256s)."""
     def fail(message: str):
         raise CheckpointError(f"{where} {message}; fix it or delete it to analyse without it")
 
@@ -448,3 +449,8 @@ def check_training_record(record, where: str) -> None:
         fail("has a 'curve' that is not a list of points with step, loss and repeat_loss")
     if "checkpoint_sha256" in record and not isinstance(record["checkpoint_sha256"], str):
         fail(f"has checkpoint_sha256 {record['checkpoint_sha256']!r}, not a string")
+    text = record.get("text", {})  # the SHA-256s a text is known by (training or held-out)
+    if not isinstance(text, dict) or not all(
+            isinstance(text.get(key, "0" * 64), str) and re.fullmatch("[0-9a-f]{64}", text.get(key, "0" * 64))
+            for key in ("sha256", "heldout_sha256")):
+        fail("has a 'text' that is not an object with the SHA-256s of its text (sha256, heldout_sha256: 64 hex digits)")
