@@ -51,15 +51,13 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    import math
-
     from numeric_check.cli.progress import StepBar
     from numeric_check.files import output_folder
     from numeric_check.model.checkpoint import load_checkpoint
     from numeric_check.reports import dynamics as report
     from numeric_check.training.dynamics import measure, read_history
     from numeric_check.training.history import read_windows
-    from numeric_check.training.phase import INDUCTION, ablated_icl, judge, phase_window
+    from numeric_check.training.phase import ablated_icl, ablation_heads, judge, phase_window
 
     read_history(args.checkpoint)  # a checkpoint without a history is refused before anything is written
     if args.control is not None:
@@ -78,11 +76,7 @@ def _run(args) -> int:
         model = load_checkpoint(args.checkpoint, device=args.device, dtype="float64")
         windows = read_windows(args.checkpoint)
         if windows is not None:
-            last = run.snapshots[-1].prefix_matching[run.n_layers - 1]
-            order = sorted(range(len(last)), key=lambda h: -last[h] if not math.isnan(last[h]) else math.inf)
-            heads = [(run.n_layers - 1, h) for h in order if last[h] > INDUCTION] or [run.induction_head]
-            others = [(run.n_layers - 1, h) for h in reversed(order) if (run.n_layers - 1, h) not in heads][:len(heads)]
-            ablation = ablated_icl(model, windows.to(model.device), heads, others)
+            ablation = ablated_icl(model, windows.to(model.device), *ablation_heads(run))
     claims = judge(run, control, ablation=ablation)
     with folder as out:
         report.write(out, run, claims, control, window, args.index_from)

@@ -26,9 +26,9 @@ For every snapshot of ``NAME.history/``:
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -76,6 +76,33 @@ class SnapshotMeasures:
     k_term_norm: float
     k_term_verified: bool
 
+    @classmethod
+    def from_dict(cls, data, n_layers: int, n_heads: int, n_ctx: int, where: str = "a dynamics record") -> "SnapshotMeasures":
+        """One snapshot as :meth:`Dynamics.to_dict` writes it (a score a head lacks may be null: NaN), checked
+        against the run's shape; anything else a one-line :class:`CheckpointError` naming ``where``."""
+        expected = [f.name for f in fields(cls)]
+        if not isinstance(data, dict) or set(data) != set(expected):
+            found = set(data) if isinstance(data, dict) else set()
+            odd = [f"without {k}" for k in expected if k not in found] + [f"with {str(k)[:40]!r}" for k in found - set(expected)]
+            raise CheckpointError(f"{where} has a snapshot that is not one tcircuits dynamics wrote ("
+                                  + (", ".join(odd[:3]) if isinstance(data, dict) else f"a {type(data).__name__}")
+                                  + f"); each holds {', '.join(expected)}")
+        step = data["step"]
+        if not _step(step) or not isinstance(data["sha256"], str) or not isinstance(data["k_term_verified"], bool):
+            raise CheckpointError(f"{where} has a snapshot whose step, sha256 or k_term_verified is not a step >= 1, "
+                                  "a string and true or false")
+        label = f"{where}, step {step}"
+        heads = {name: _grid(data[name], n_layers, n_heads, f"{label}: {name}")
+                 for name in ("previous_token", "prefix_matching", "copying")}
+        loss = data["position_loss"]
+        if not _losses(loss) or len(loss) != n_ctx:
+            raise CheckpointError(f"{label}: position_loss is not a list of {n_ctx} finite numbers")
+        values = {name: _number(data[name], f"{label}: {name}", finite=name in ("heldout_loss", "icl_score"))
+                  for name in ("heldout_loss", "icl_score", "k_composition", "k_term_norm")}
+        return cls(step, data["sha256"], values["heldout_loss"], values["icl_score"], [float(v) for v in loss],
+                   heads["previous_token"], heads["prefix_matching"], heads["copying"], values["k_composition"],
+                   values["k_term_norm"], data["k_term_verified"])
+
 
 @dataclass
 class Dynamics:
@@ -117,6 +144,81 @@ class Dynamics:
             "train_config": self.record.get("train_config"),
         }
 
+    @classmethod
+    def from_dict(cls, data, where: str = "a dynamics record") -> "Dynamics":
+        """A run's measures as :meth:`to_dict` writes them (``tcircuits dynamics``' ``dynamics.json`` holds one as
+        ``run``, another as ``control``), checked: anything else is a one-line :class:`CheckpointError` naming
+        ``where``. The training losses are not in the record (an empty list).
+
+        >>> Dynamics.from_dict({"format": "tcircuits.dynamics"})
+        Traceback (most recent call last):
+        numeric_check.errors.CheckpointError: a dynamics record is not one tcircuits dynamics wrote (format tcircuits.dynamics, format_version 1, checkpoint, n_layers, n_heads, n_ctx, induction_head, writer_head, snapshots)
+        """
+        keys = ("format", "format_version", "checkpoint", "n_layers", "n_heads", "n_ctx", "induction_head",
+                "writer_head", "snapshots")
+        if not isinstance(data, dict) or not all(k in data for k in keys) or data["format"] != "tcircuits.dynamics" \
+                or data["format_version"] != 1:
+            raise CheckpointError(f"{where} is not one tcircuits dynamics wrote (format tcircuits.dynamics, "
+                                  f"format_version 1, {', '.join(keys[2:])})")
+        sizes = [data[k] for k in ("n_layers", "n_heads", "n_ctx")]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 1 << 20 for n in sizes) or sizes[2] < 1 \
+                or not isinstance(data["checkpoint"], str):
+            raise CheckpointError(f"{where}: checkpoint, n_layers, n_heads and n_ctx are not a name and sizes (n_ctx >= 1)")
+        n_layers, n_heads, n_ctx = sizes
+        snapshots = data["snapshots"]
+        if not isinstance(snapshots, list) or not snapshots:
+            raise CheckpointError(f"{where}: snapshots is not a list of at least one snapshot")
+        measures = [SnapshotMeasures.from_dict(s, n_layers, n_heads, n_ctx, where) for s in snapshots]
+        if any(a.step >= b.step for a, b in zip(measures, measures[1:])):
+            raise CheckpointError(f"{where}: the snapshots' steps do not increase")
+        config = data.get("train_config")
+        if config is not None and not isinstance(config, dict):
+            raise CheckpointError(f"{where}: train_config is not an object or null")
+        return cls(data["checkpoint"], n_layers, n_heads, n_ctx, _head(data["induction_head"], n_layers, n_heads, where),
+                   _head(data["writer_head"], n_layers, n_heads, where), measures,
+                   record={} if config is None else {"train_config": config})
+
+
+def read_dynamics(path: Path | str) -> tuple[Dynamics, Dynamics | None]:
+    """The run and its control (None where it has none) from a ``dynamics.json`` that ``tcircuits dynamics`` wrote,
+    or from a file holding the same two records (``numeric_check/data/kjv_2l.dynamics.json``), checked: a file that
+    is not one is a one-line :class:`CheckpointError`."""
+    where = f"the dynamics file {str(path)!r}"
+    data = read_json(read_text_file(Path(path), "the dynamics file", CheckpointError), where, CheckpointError)
+    if not isinstance(data, dict) or "run" not in data:
+        raise CheckpointError(f"{where} is not one tcircuits dynamics wrote (an object with run and control)")
+    control = data.get("control")
+    return (Dynamics.from_dict(data["run"], f"{where} (run)"),
+            None if control is None else Dynamics.from_dict(control, f"{where} (control)"))
+
+
+def _number(value, where: str, finite: bool = False) -> float:
+    """``value`` as a float (null: NaN, unless ``finite``), or a :class:`CheckpointError` naming ``where``."""
+    if value is None and not finite:
+        return math.nan
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (finite and not math.isfinite(value)):
+        raise CheckpointError(f"{where} is {str(value)[:40]!r}, not a {'finite ' if finite else ''}number")
+    return float(value)
+
+
+def _grid(value, n_layers: int, n_heads: int, where: str) -> list[list[float]]:
+    """A ``[n_layers, n_heads]`` list of lists of scores (null: NaN), or a :class:`CheckpointError`."""
+    if not isinstance(value, list) or len(value) != n_layers or not all(isinstance(r, list) and len(r) == n_heads
+                                                                        for r in value):
+        raise CheckpointError(f"{where} is not {n_layers} lists of {n_heads} scores")
+    return [[_number(v, where) for v in row] for row in value]
+
+
+def _head(value, n_layers: int, n_heads: int, where: str) -> tuple[int, int] | None:
+    """A head label (``'L1H7'``) as ``(layer, head)``, checked against the run's shape; null: None."""
+    if value is None:
+        return None
+    found = re.fullmatch(r"L(\d{1,6})H(\d{1,6})", value) if isinstance(value, str) else None
+    if found is None or int(found[1]) >= n_layers or int(found[2]) >= n_heads:
+        raise CheckpointError(f"{where}: the head {str(value)[:40]!r} is not a head of {n_layers} layers of {n_heads} "
+                              "(a label such as 'L1H7')")
+    return int(found[1]), int(found[2])
+
 
 def read_history(checkpoint: Path | str) -> tuple[Path, dict]:
     """The history folder beside ``checkpoint`` and its ``history.json``, checked (a run trained without
@@ -130,16 +232,34 @@ def read_history(checkpoint: Path | str) -> tuple[Path, dict]:
                               "'tcircuits train-toy --text-file FILE --snapshots N' to keep one")
     history = read_json(read_text_file(index, "the training history", CheckpointError), f"the history {str(index)!r}",
                         CheckpointError)
-    snapshots = history.get("snapshots") if isinstance(history, dict) else None
-    if history.get("format") != "tcircuits.history" or not isinstance(snapshots, list) or not snapshots or not all(
-            isinstance(s, dict) and isinstance(s.get("step"), int) and isinstance(s.get("file"), str)
-            and isinstance(s.get("position_loss"), list) for s in snapshots):
+    if not _as_written(history):
         raise CheckpointError(f"the history {str(index)!r} is not one train-toy wrote (format tcircuits.history with "
-                              "snapshots of step, file and position_loss); train again to remake it")
-    for s in snapshots:
+                              "snapshots of distinct steps >= 1, a file and finite losses); train again to remake it")
+    for s in history["snapshots"]:
         if Path(s["file"]).name != s["file"] or not (folder / s["file"]).is_file():
             raise CheckpointError(f"the history {str(index)!r} lists {s['file']!r}, which is not in {str(folder)!r}")
     return folder, history
+
+
+def _as_written(history) -> bool:
+    """Whether ``history`` is as train-toy writes it: its format, snapshots of distinct steps from 1, each with
+    a file name and finite losses, and finite training losses."""
+    snapshots = history.get("snapshots") if isinstance(history, dict) else None
+    if not isinstance(snapshots, list) or not snapshots or history.get("format") != "tcircuits.history":
+        return False
+    entries = all(isinstance(s, dict) and _step(s.get("step")) and isinstance(s.get("file"), str)
+                  and _losses(s.get("position_loss")) and _losses([s.get("heldout_loss", 0.0)]) for s in snapshots)
+    return entries and len({s["step"] for s in snapshots}) == len(snapshots) and _losses(history.get("training_loss", []))
+
+
+def _step(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _losses(values) -> bool:
+    """Whether ``values`` is a list of finite numbers (losses as the history keeps them)."""
+    return isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
 
 
 @torch.no_grad()
@@ -149,6 +269,7 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
     from numeric_check.circuits.detect import behaviour_scores
     from numeric_check.circuits.ov_qk import copying_scores
     from numeric_check.model.checkpoint import load_checkpoint, stored_content_hash
+    from numeric_check.training.toy import training_record_for
 
     folder, history = read_history(checkpoint)
     entries = sorted(history["snapshots"], key=lambda s: s["step"])
@@ -181,12 +302,14 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
             if induction is not None else (math.nan, math.nan, False)
         # the file's weights in float64 (the history's figure is the training model's, before the save's rounding)
         loss = position_losses(model, windows).tolist() if windows is not None else [float(v) for v in entry["position_loss"]]
+        if len(loss) != n_ctx:
+            raise CheckpointError(f"the history of {str(checkpoint)!r} gives {len(loss):,} position losses at step "
+                                  f"{entry['step']}, where the model reads {n_ctx} positions; train again to remake it")
         measures.append(SnapshotMeasures(entry["step"], entry.get("sha256", ""), sum(loss) / len(loss), icl_score(loss, n_ctx), loss,
                                          previous, prefix, copying, k_score, k_norm, verified))
         if progress is not None:
             progress(i + 1, len(entries))
-    record_path = Path(checkpoint).with_suffix(".json")
-    record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.is_file() else {}
+    record = training_record_for(checkpoint, last) or {}  # bounded, checked, and the checkpoint's own
     return Dynamics(Path(checkpoint).name, n_layers, n_heads, n_ctx, induction, writer, measures,
                     [float(v) for v in history.get("training_loss", [])], record)
 

@@ -171,6 +171,19 @@ def _ablation(ablation) -> Claim:
                  learns and kept <= 0.5, detail, learns and other_kept <= 0.5, c_detail)
 
 
+def ablation_heads(run) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The heads :func:`ablated_icl` ablates for ``run``'s final model, and its control: the last layer's heads whose
+    prefix matching at the last snapshot exceeds :data:`INDUCTION` (else the run's induction head alone), and as
+    many of the layer's lowest instead (both empty where the run has no induction head)."""
+    if run.induction_head is None:
+        return [], []
+    layer = run.n_layers - 1
+    last = run.snapshots[-1].prefix_matching[layer]
+    order = sorted(range(len(last)), key=lambda h: -last[h] if not math.isnan(last[h]) else math.inf)
+    heads = [(layer, h) for h in order if last[h] > INDUCTION] or [run.induction_head]
+    return heads, [(layer, h) for h in reversed(order) if (layer, h) not in heads][:len(heads)]
+
+
 @torch.no_grad()
 def ablated_icl(model, windows: torch.Tensor, heads: list[tuple[int, int]], others: list[tuple[int, int]]) -> tuple[float, float, float]:
     """The in-context learning score of ``model`` on the held-out ``windows`` intact, with ``heads`` replaced

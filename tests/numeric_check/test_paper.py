@@ -13,10 +13,12 @@ from tests.conftest import needs_pdflatex
 from tests.test_browser import CHROMIUM, browse
 
 from derivations.document import prose
+from tensoralg.escape import escape_text
 from numeric_check.errors import AnalysisError, OutputPathError
-from numeric_check.reports.paper.claims import VERDICTS, PaperFinding, analysis_checks, ranges
+from numeric_check.reports.paper.claims import VERDICTS, PaperFinding, analysis_checks, label, ranges, verdict_of
 from numeric_check.reports.paper.content import SECTIONS
 from numeric_check.reports.paper.figures import CAPTIONS
+from numeric_check.reports.paper.formation_text import figure_names
 
 #: The paper's findings that the companion must state, at least (issue 20).
 REQUIRED = ("bigrams", "copying", "skip-trigrams", "bugs", "previous-token", "k-composition", "induction-heads",
@@ -45,7 +47,7 @@ def built(tmp_path_factory):
 def test_the_site_holds_every_page_and_figure(built):
     out, paper, written = built
     pages = ["index.html"] + [f"{s.slug}.html" for s in SECTIONS]
-    assert [s.slug for s in paper.sections] == ["notation", "language", "zero-layer", "one-layer", "two-layers", "appendix"]
+    assert [s.slug for s in paper.sections] == ["notation", "language", "formation", "zero-layer", "one-layer", "two-layers", "appendix"]
     for name in pages:
         html = (out / name).read_text(encoding="utf-8")
         assert "<script" not in html and not re.search(r'(src|href)="(https?:)?//', html), name  # no network
@@ -269,9 +271,11 @@ def test_the_pdf_compiles_with_the_same_content(tmp_path):
     assert not re.search(r"(?<![-\w])--[a-z]", tex.split(r"\begin{document}")[1])  # no option set as an en dash (–index-from)
     for section in paper.sections:
         assert section.title.split(":")[0] in tex
-    assert tex.count(r"\includegraphics") == sum(1 for f in paper.findings if f.figure)
-    shown = [f.figure for f in paper.findings if f.figure]
+    formation = figure_names(paper.measurements.formation)  # the chapter "How induction heads form"'s own
+    assert tex.count(r"\includegraphics") == sum(1 for f in paper.findings if f.figure) + len(formation)
+    shown = [f.figure for f in paper.findings if f.figure] + formation
     assert len(shown) == len(set(shown)) == len(CAPTIONS)  # each figure once
+    assert all(c.name in tex for c in paper.measurements.formation.claims) and "The hashes match" in tex
     if shutil.which("pdftotext"):
         import subprocess
 
@@ -464,3 +468,44 @@ def test_the_language_page_puts_the_papers_tables_beside_ours(built):
     for f in paper.findings:
         if f.key.startswith("language-"):
             assert f'id="{f.key}"' in page
+
+
+@pytest.mark.slow
+def test_the_formation_chapter_judges_the_claims_on_the_shipped_run(built):
+    """How induction heads form: the stored run checked against the shipped model, the four claims judged now."""
+    out, paper, written = built
+    f = paper.measurements.formation
+    page = (out / "formation.html").read_text(encoding="utf-8")
+    assert [s.slug for s in SECTIONS].index("formation") == [s.slug for s in SECTIONS].index("language") + 1
+    assert f.hashes_match and "The hashes match" in page and "do not match" not in page
+    assert [h.checkpoint for h in f.hashes] == ["kjv_2l.safetensors", "kjv_1l.safetensors"]
+    assert f.prefix_difference < 1e-5 and f.copying_difference < 1e-5  # the stored row is the shipped model's
+    assert len(f.claims) == 4 and f.ablation is not None and f.windows == 256
+    table = page[page.index('<table id="formation-claims">'):]
+    table = table[:table.index("</table>")]
+    for c in f.claims:  # each with its rule, measured value, control and verdict
+        row = table[table.index(escape_text(c.name, "html")):]
+        row = row[:row.index("</tr>")]
+        for text in (c.rule, c.detail, c.control_detail, verdict_of(c.holds)):
+            assert escape_text(text, "html") in row, text
+    for name in figure_names(f):
+        assert out / "figures" / f"{name}.svg" in written and f'src="figures/{name}.svg"' in page
+    assert f"{f.ablation[0]:+.3f}" in page and label(*f.heads[0]) in page
+
+
+@pytest.mark.slow
+def test_a_dynamics_file_of_another_run_makes_the_chapter_say_the_hashes_differ(built, tmp_path):
+    import json
+
+    from numeric_check.reports.paper.formation import dynamics_path, measure_formation
+    from numeric_check.reports.paper.formation_text import formation_texts
+
+    _, paper, _ = built
+    data = json.loads(dynamics_path().read_text(encoding="utf-8"))
+    data["run"]["snapshots"][-1]["sha256"] = "0" * 64
+    (tmp_path / "other.json").write_text(json.dumps(data))
+    f = measure_formation(tmp_path / "other.json", ids=paper.measurements.language.data.ids, windows=8)
+    assert not f.hashes_match and [h.matches for h in f.hashes] == [False, True]
+    said = " ".join(t for _, texts in formation_texts(f) for t in texts)
+    assert "The hashes do not match" in said and "The hashes match" not in said
+

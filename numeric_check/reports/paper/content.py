@@ -88,6 +88,24 @@ SECTIONS = (
               "finds what was planted."),
     ), (), ("language-bigrams", "language-copying", "language-skip-trigrams", "language-term-importance",
             "language-induction")),
+    SectionSpec("formation", "How induction heads form: the phase change, measured", (
+        prose("The follow-up paper (Olsson et al., 2022) finds that induction heads form in a phase change early in "
+              "training: within a short window of steps the induction heads appear, the in-context learning score (the "
+              "loss of a late token minus that of an early one) improves and hardly improves after, and the loss falls "
+              "below its earlier trend (a bump); ablating the induction heads removes most of the in-context learning. "
+              "This chapter judges those claims on the run that made the shipped two-layer language model, beside its "
+              "one-layer control trained alike (which cannot form induction heads): the King James Bible, copy share 1 "
+              "(every training sequence repeats a span of itself), 5,000 steps, 32 snapshots at log-spaced steps each."),
+        prose("What is not measured when this page is built: the snapshots are not shipped (about 70 MB), so their "
+              "measurements — the held-out loss at every token index, the in-context learning score, every head's "
+              "prefix-matching and copying scores on repeated random tokens, the induction circuit's K-composition "
+              "term, each snapshot's expansion verified against the snapshot model — are read from the file tcircuits "
+              "dynamics wrote on the runs (numeric_check/data/kjv_2l.dynamics.json; scripts/ship_dynamics.py remakes "
+              "it). What is measured when it is built: each run's last snapshot's content hash against the shipped "
+              "model's; the shipped model's heads' scores against the last snapshot's stored ones; the ablation, on the "
+              "shipped model and its held-out text; and the four claims, each rule judged on the stored measurements "
+              "with that ablation, on the model and on its control."),
+    ), ()),
     SectionSpec("zero-layer", "Zero layers: the bigram table", (
         prose("With no layers, the logits are ", math("T = W_U W_E"), " applied to the current token: the model can only "
               "learn which token tends to follow which."),

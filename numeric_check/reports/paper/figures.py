@@ -1,5 +1,6 @@
 """The companion's figures: the analysis report's (:func:`~numeric_check.reports.report.make_figures`,
-with the paper's layer numbers) and three of its own (the bigram table, the skip-trigram bugs, the loss on repeats by length).
+with the paper's layer numbers), three of its own (the bigram table, the skip-trigram bugs, the loss on repeats by length),
+and the language model's training run (:func:`~numeric_check.reports.paper.formation.formation_figures`).
 
 Figures are Matplotlib :class:`~matplotlib.figure.Figure` objects drawn without ``pyplot``;
 :func:`figures` returns them by name with their captions, :mod:`numeric_check.reports.plots`
@@ -17,6 +18,7 @@ from matplotlib.figure import Figure
 from derivations.document import math as formula, prose
 
 from numeric_check.reports.paper.claims import index_from
+from numeric_check.reports.paper.formation_text import CAPTIONS as FORMATION_CAPTIONS, formation_figures
 from numeric_check.reports.report import make_figures
 from numeric_check.reports.paper.measure import Measurements
 from numeric_check.reports import plots
@@ -42,6 +44,7 @@ CAPTIONS = {
                    "mean over offsets of the first copy, and the range over offsets.",
     "importance": "Two-layer model, loss on repeated tokens: marginal loss by path order, of each head, and of the "
                   "largest virtual heads (patterns frozen).",
+    **FORMATION_CAPTIONS,
 }
 
 
@@ -120,4 +123,6 @@ def figures(m: Measurements) -> dict[str, Figure]:
         "importance": plots.importance_bars(m.analysis(2).importance_repeat or m.analysis(2).importance,
                                             index_from=index_from()),
     }
+    if m.formation is not None:
+        out.update(formation_figures(m.formation))
     return {name: out[name] for name in CAPTIONS if name in out}

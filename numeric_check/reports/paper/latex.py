@@ -16,6 +16,7 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import index_from, Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
+from numeric_check.reports.paper.formation_text import claims_table, figure_names, formation_texts, snapshots_table
 from numeric_check.reports.paper.language_claims import Table, language_tables, why_different
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
 from numeric_check.reports.paper.your_model import YOURS_DIFFERENT, yours_paragraph
@@ -62,9 +63,14 @@ def finding_latex(f: PaperFinding) -> list[str]:
     lines += [rf"\item[{_t(k)}] {_t(v)}" for k, v in rows]
     lines += [rf"\item[{'verdict' if len(f.parts) < 2 else 'the whole claim'}] \textbf{{{_t(f.verdict)}}}", r"\end{description}"]
     if f.figure:  # in place, not floating: the figure stays with its finding
-        lines += [r"\begin{center}", rf"\includegraphics[width=\maxwidth]{{figures/{f.figure}.pdf}}\\",
-                  rf"{{\small {prose_latex(CAPTIONS[f.figure], index_from())}}}", r"\end{center}"]
+        lines += figure_latex(f.figure)
     return lines + [r"\medskip"]
+
+
+def figure_latex(name: str) -> list[str]:
+    """The companion's figure ``name`` in place (not floating), at its natural size, with its caption."""
+    return [r"\begin{center}", rf"\includegraphics[width=\maxwidth]{{figures/{name}.pdf}}\\",
+            rf"{{\small {prose_latex(CAPTIONS[name], index_from())}}}", r"\end{center}"]
 
 
 def equation_latex(e: Equation) -> list[str]:
@@ -105,6 +111,33 @@ def table_latex(t: Table) -> list[str]:
     return lines + ([r"{\small " + _t(t.note) + "}", ""] if t.note else [""])
 
 
+def formation_latex(paper: Paper) -> list[str]:
+    """The training run of the shipped language model, as on the site: what was read, what was measured now, the
+    claims judged, the figures and the snapshots."""
+    f = paper.measurements.formation
+    lines = []
+    for heading, texts in formation_texts(f):
+        # a command's options as typed: "--" would set as an en dash
+        lines += [r"\subsection*{" + _t(heading) + "}"] + ["-{}-".join(map(_t, t.split("--"))) + "\n" for t in texts]
+    lines += [r"\subsection*{The follow-up paper's claims}"] + claims_latex(claims_table(f))
+    for name in figure_names(f):
+        lines += figure_latex(name)
+    return lines + table_latex(snapshots_table(f))
+
+
+def claims_latex(t: Table) -> list[str]:
+    """The claims table (claim, rule, the model, its verdict, the control, its verdict) in four columns that fit
+    the page: each verdict in bold above the figures it rests on."""
+    claim, rule, model, verdict, control, control_verdict = t.header
+    lines = [r"\begin{center}", r"\small " + _t(t.caption) + r"\\[2pt]",
+             r"\begin{tabular}{p{0.17\linewidth}p{0.23\linewidth}p{0.23\linewidth}p{0.23\linewidth}}",
+             r"\hline " + " & ".join(map(_t, (claim, rule, f"{model}: {verdict}", f"{control}: {control_verdict}")))
+             + r" \\ \hline"]
+    lines += [rf"{_t(c)} & {_t(r)} & \textbf{{{_t(v)}}}: {_t(m)} & \textbf{{{_t(cv)}}}: {_t(cm)} \\"
+              for c, r, m, v, cm, cv in t.rows]
+    return lines + [r"\hline", r"\end{tabular}", r"\end{center}", r"{\small " + _t(t.note) + "}", ""]
+
+
 def analysis_checks_latex(paper: Paper) -> list[str]:
     m = paper.measurements
     lines = [r"\subsection*{" + _t(f"Every check of tcircuits analyze on {m.analysis(2).name} "
@@ -139,6 +172,8 @@ def paper_latex(paper: Paper) -> str:
             lines += [r"\subsection*{The paper's tables beside ours}", _t(note), ""]
             for t in language_tables(paper.measurements.language):
                 lines += table_latex(t)
+        if section.slug == "formation" and paper.measurements.formation is not None:
+            lines += formation_latex(paper)
         if section.findings:
             lines.append(r"\subsection*{What the shipped models show}" if yours is None
                          else r"\subsection*{What your model shows}")

@@ -29,6 +29,7 @@ from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
 from numeric_check.reports.analysis import ModelAnalysis, analyze_model
+from numeric_check.reports.paper.formation import Formation, measure_formation
 from numeric_check.reports.paper.language import LanguageMeasurements, load_language_models, measure_language
 from numeric_check.training.toy import data_tables, next_token_losses, repeated_segment_batch, shipped_checkpoint, \
     training_record_for
@@ -128,6 +129,7 @@ class Measurements:
     random_partner_same: dict[tuple[int, int], float] = field(default_factory=dict)
     language: LanguageMeasurements | None = None
     language_models: str | None = None  # the model and text the language page measured, when not the shipped ones
+    formation: Formation | None = None  # the shipped language model's training run (the chapter "How induction heads form")
 
     def analysis(self, n_layers: int) -> ModelAnalysis:
         return self.analyses[n_layers]
@@ -406,18 +408,22 @@ def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences:
     progress("the bigram table; the planted skip-trigrams: rises, bugs, source attention")
     _controls(found, models, seed)
     progress("controls: models that learned nothing")
+    heldout = None  # the shipped held-out text's tokens, where the language page measured on them
     if language is None:
-        found.language = measure_language(*load_language_models(device), seed=seed)
+        shipped = load_language_models(device)
+        found.language, heldout = measure_language(*shipped, seed=seed), shipped[2].ids
     else:
         found.language = measure_language(language.models, language.records, language.data, seed=seed,
                                           control=language.control)
         found.language_models = language.describe()
     progress("the language models: the paper's tables")
+    found.formation = measure_formation(ids=heldout, device=device)
+    progress("the language model's training run: its stored measurements checked, the claims judged")
     return found
 
 
 #: How many times :func:`measure` calls ``progress``.
-STEPS = len(LAYERS) + 5
+STEPS = len(LAYERS) + 6
 
 
 def induction_head(a: ModelAnalysis) -> tuple[int, int] | None:
