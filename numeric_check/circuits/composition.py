@@ -94,8 +94,11 @@ class CompositionScores(Tensor):
     heads_per_layer: tuple[int, ...]
 
     @staticmethod
-    def __new__(cls, scores: Tensor, kind: str, heads_per_layer) -> "CompositionScores":
-        named = scores.as_subclass(cls)
+    def __new__(cls, scores: Tensor, kind: str, heads_per_layer) -> "CompositionScores | Tensor":
+        try:
+            named = scores.as_subclass(cls)
+        except RuntimeError:  # the tensor is already another subclass's (a wrapper of the user's): left as it is
+            return scores
         named.kind, named.heads_per_layer = kind, tuple(heads_per_layer)
         return named
 
