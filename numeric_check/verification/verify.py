@@ -88,10 +88,8 @@ def _full_terms(build, n_kept: int, n_full: int, notes: list[str]):
     if n_full == n_kept:
         return None
     if n_full > max(FULL_LIMIT, n_kept):
-        notes.append(
-            f"check 1 (sum) skipped: the untruncated expansion has {n_full:,} terms, more than {max(FULL_LIMIT, n_kept):,}; "
-            "check 3 compares the kept terms with the model's omitted part instead"
-        )
+        notes.append(f"check 1 (sum) skipped: the untruncated expansion has {n_full:,} terms, more than "
+                     f"{max(FULL_LIMIT, n_kept):,}; check 3 compares the kept terms with the model's omitted part instead")
         return False
     return build(None)
 
@@ -535,8 +533,8 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
     if shard is not None:
         shard.agree(len(all_kept) + len(all_omitted), rec, scale)
     results = []
-    wide = torch.promote_types(reference.dtype, torch.float32)  # half precision: terms added in float32 (36 terms
-    kept_sum = torch.zeros_like(reference, dtype=wide)  # added in bfloat16 erred 4 % of the scores, 5x the model's rounding)
+    # half precision: the terms added in float32 (36 added in bfloat16 erred 4 % of the scores, 5x the model's rounding)
+    kept_sum = torch.zeros_like(reference, dtype=torch.promote_types(reference.dtype, torch.float32))
     largest = 0.0  # the largest entry of any term: sums that cancel are rounded at that scale
     for i, t in enumerate(kept):
         scores = ev.scores(i)
@@ -545,7 +543,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
         results.append(TermResult(t.label, t.query.source.label, t.query.heads, t.order, float(scores[:, below].norm()),
                                   composition=t.composition, key_source=t.key.source.label, key_heads=t.key.heads))
         _tick(progress, "terms", i + 1, len(kept))
-    omitted_sum = sum((ev.scores(len(kept) + i) for i in range(len(omitted))), torch.zeros_like(reference, dtype=wide))
+    omitted_sum = sum((ev.scores(len(kept) + i) for i in range(len(omitted))), torch.zeros_like(kept_sum))
     s.timings["evaluate"] = time.perf_counter() - start
     start = time.perf_counter()
     if isolation:
