@@ -5,7 +5,8 @@ Subcommands live beside the code they drive. ``derive`` and ``expand`` are defin
 ``tcircuits.commands`` (each entry is a function ``register(subparsers)`` that adds one
 subparser and sets ``func``), so this module never imports them. Every error the
 library raises is a :class:`tensoralg.errors.TCircuitsError`; the CLI prints its message
-and exits with status 2 — never a traceback. Whatever reaches the terminal (messages that
+and exits with status 2 — never a traceback (under ``--explain``, an option of the commands that convert a
+model, the error's ``detail`` lines follow its one line). Whatever reaches the terminal (messages that
 quote the input, documents) goes through :func:`tensoralg.escape.terminal_safe`: a
 control character in the input is shown escaped, never sent raw.
 """
@@ -162,6 +163,9 @@ def _run(argv: list[str] | None) -> int:
         return 141
     except TCircuitsError as error:
         _say(f"tcircuits {args.command}: error: {one_line(error)}")
+        if getattr(args, "explain", False):  # the commands that convert a model: the refusal's detail, line by line
+            for line in error.detail.splitlines():
+                _say(f"  {terminal_safe(line)}")
         return 2
     except Stopped as stop:
         _say("tcircuits: interrupted" if stop.signum == signal.SIGINT else f"tcircuits: stopped by {stop.name}")

@@ -33,9 +33,16 @@ class UnsupportedModel(NumericCheckError, ValueError):
 
 
 class SourceMismatch(UnsupportedModel):
-    """A conversion whose logits differ from its source's on probe tokens: the message gives the
-    size of the difference, the block where the residual streams part, and what the model may use
-    that the conversion does not read."""
+    """A conversion whose logits differ from its source's on probe tokens. The message is one line of at most
+    ~175 characters: both figures (the difference and the tolerance, relative to the largest logit) and the first
+    block that differs, e.g. ``from_hf: the logits differ from LlamaForCausalLM's by 0.018 of the largest, over the
+    tolerance 5e-06; block 0 differs first; --explain says why``. ``detail`` holds the diagnosis, a line each: the
+    source's full name, the largest absolute difference and the tokens compared; where the residual streams part;
+    what changed in the model since it was built (``tcircuits ... --explain`` prints it, :meth:`explain` gives both)."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
 
 class SourcePrecisionError(UnsupportedModel):

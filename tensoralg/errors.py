@@ -13,7 +13,21 @@ A program that wants every error of ours, and nothing else, catches :class:`TCir
 
 
 class TCircuitsError(Exception):
-    """The root of every error raised by tcircuits (the three packages' roots derive from it)."""
+    """The root of every error raised by tcircuits (the three packages' roots derive from it).
+
+    ``str(error)`` is one line; an error with more to say keeps it in ``detail`` (lines, ``""`` when none),
+    which the CLI prints under ``--explain``, and :meth:`explain` gives both.
+    """
+
+    detail: str = ""
+
+    def explain(self) -> str:
+        """The message, then the :attr:`detail` lines when there are any.
+
+        >>> TCircuitsError("refused").explain()
+        'refused'
+        """
+        return f"{self}\n{self.detail}" if self.detail else str(self)
 
 
 class TensorAlgError(TCircuitsError):

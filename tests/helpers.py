@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
+from contextlib import contextmanager
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -228,6 +230,22 @@ class quickly:
     def __exit__(self, *exc):
         assert time.perf_counter() - self.start < self.seconds, f"took more than {self.seconds} s"
         return False
+
+
+def explained(error: Exception) -> str:
+    """An error's one line and its detail lines as one text, ``"; "`` between them: what a refusal said in one
+    line before its diagnosis moved to ``error.detail`` (a :class:`~numeric_check.SourceMismatch`)."""
+    return "; ".join(error.explain().splitlines())
+
+
+@contextmanager
+def refused(error_type: type, match: str):
+    """``pytest.raises(error_type)`` whose ``match`` is searched in :func:`explained` (the line and the detail)."""
+    import pytest
+
+    with pytest.raises(error_type) as info:
+        yield info
+    assert re.search(match, explained(info.value)), info.value.explain()
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -63,7 +63,8 @@ def _quiet_loading():
 
 
 def add_model_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--hf``, ``--revision``, ``--tl`` (the model's dtype and device are the command's ``--dtype``/``--device``)."""
+    """``--hf``, ``--revision``, ``--tl`` (the model's dtype and device are the command's ``--dtype``/``--device``),
+    and ``--explain``: a refusal's detail after its one line (the CLI prints it)."""
     group.add_argument("--hf", metavar="NAME_OR_DIR",
                        help="a Hugging Face causal LM: a folder saved with save_pretrained, or a name from_pretrained "
                             "resolves (your cache, or the network); its tokenizer is loaded from the same place")
@@ -71,6 +72,9 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--tl", metavar="NAME_OR_DIR",
                        help="a TransformerLens model: a name HookedTransformer.from_pretrained knows, or a folder saved "
                             "with numeric_check.save_tl (its config, state dict and tokenizer)")
+    group.add_argument("--explain", action="store_true",
+                       help="when the model is refused, print the diagnosis after the one-line error (a conversion "
+                            "that differs from its source: where the residual streams part, what changed in the model)")
 
 
 def add_text_arguments(group: argparse._ArgumentGroup) -> None:

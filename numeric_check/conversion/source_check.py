@@ -27,8 +27,9 @@ A source held in half precision is compared as a copy of itself in float64, else
 as neither is refused (:class:`~numeric_check.errors.SourcePrecisionError`) unless the caller accepts its
 precision (``accept_source_precision=True``), which its source line then names.
 
-When they disagree, :class:`~numeric_check.errors.SourceMismatch` says by how much, where the
-residual streams part (compared block by block), and what the model may use that the conversion
+When they disagree, :class:`~numeric_check.errors.SourceMismatch` says in one line by how much, against
+what tolerance, and the first block that differs; its ``detail`` (``--explain`` on the command line) says
+where the residual streams part (compared block by block), and what the model may use that the conversion
 does not read: a module replaced or patched after the model was built (found by comparing its
 modules with a fresh one built from its config on the meta device), or an option of its config.
 """
@@ -251,9 +252,9 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
                          own_rounding: tuple[float, str, str] | None = None) -> SourceCheck:
     """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
     their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
-    source computes in), else :class:`SourceMismatch` (``who`` names the conversion in the message,
-    ``suspects`` lists what the model may use that it does not read). ``own_rounding``: ``(how far the
-    source as held is from the copy run here, its precision, the copy's)``, recorded apart
+    source computes in), else :class:`SourceMismatch` (``who`` names the conversion in its one line;
+    ``suspects`` lists, in its ``detail``, what the model may use that it does not read).
+    ``own_rounding``: ``(how far the source as held is from the copy run here, its precision, the copy's)``, recorded apart
     (:func:`half_precision_reference`)."""
     tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
     worst_abs, worst_rel, worst_tol, n_seq, n_tok, tables = 0.0, 0.0, 0.0, 0, 0, None
@@ -278,12 +279,13 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
                 diff, rel = _gap(rounded, theirs)
                 tables = max(tables or 0.0, relative(rounded, logits))
         if not rel <= tol:  # NaN fails too
-            where = _parting(cache, streams, ours, tol)
+            first, where = _parting(cache, streams, ours, tol)
             raise SourceMismatch(
-                f"{who}: the converted model's logits differ from the source's ({name}) by {rel:.2g} of their largest "
-                f"entry, over the tolerance {tol:.2g} (max |difference| {diff:.2g}), on {tokens.shape[0]} x "
-                f"{tokens.shape[1]} tokens; {where}; {_listed(suspects())}"
-            )
+                f"{who}: the logits differ from {name.partition(' (')[0]}'s by {rel:.2g} of the largest, over the "
+                f"tolerance {tol:.2g}{first}; --explain says why",
+                f"the converted model's logits differ from the source's ({name}) by {rel:.2g} of their largest entry, "
+                f"over the tolerance {tol:.2g} (max |difference| {diff:.2g}), on {tokens.shape[0]} x {tokens.shape[1]} "
+                f"tokens\n{where}\n{_listed(suspects())}")
         worst_abs, worst_rel, worst_tol = max(worst_abs, diff), max(worst_rel, rel), max(worst_tol, tol)
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
     rounding, held_in, copied_in = own_rounding if own_rounding is not None else (None, None, None)
@@ -348,12 +350,19 @@ def half_precision_reference(model: Any, run: Callable[[Any], Tensor], who: str,
         copied.eval()
         try:
             with torch.no_grad():
-                exact, as_held = run(copied), run(model)
+                exact = run(copied)
         except Exception as error:  # noqa: BLE001 - a hook or kernel that holds or wants the source's dtype
             failed[dtype] = f"fails to run ({type(error).__name__})"
             continue
-        return Reference(copied, dtype, (relative(as_held, exact), held_name, _name(dtype)),
-                         f", run as a {_name(dtype)} copy")
+        try:  # the source's own rounding, stated apart
+            with torch.no_grad():
+                as_held = run(model)
+        except Exception as error:  # noqa: BLE001 - the model itself cannot run as it is held (transformers 4's CTRL
+            raise SourceMismatch(  # in bfloat16: a float32 table beside bfloat16 weights), though its copy does
+                f"{who}: the source ({type(model).__name__}, {held_name}) fails to run on the probe tokens "
+                f"({type(error).__name__}: {' '.join(str(error).split())[:120]}), so the conversion cannot be checked "
+                "against it and is refused") from None
+        return Reference(copied, dtype, (relative(as_held, exact), held_name, _name(dtype)), f", run as a {_name(dtype)} copy")
     why = _why_not_copied(failed)
     if accept:
         return Reference(model, held, None, f", compared at its own precision {held_name}, as accepted: {why}")
@@ -407,10 +416,11 @@ def relative(a: Tensor, b: Tensor) -> float:
     return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-300)
 
 
-def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, tol: float) -> str:
-    """Where the residual streams of the two models first differ, in words."""
+def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, tol: float) -> tuple[str, str]:
+    """Where the residual streams of the two models first differ, in a few words for a refusal's line
+    (``"; block 0 differs first"``, ``""`` when not known) and in a sentence for its detail."""
     if not streams:
-        return "the source does not give its residual streams, so the block where they part is not known"
+        return "", "the source does not give its residual streams, so the block where they part is not known"
     centre = ours.arch.norm == "layer_norm"  # our writers are centred: compare centred streams
     for i, theirs in enumerate(streams[: len(ours.blocks)]):
         mine = cache[block_hook(i, "hook_resid_pre")].to("cpu", torch.float64)
@@ -420,17 +430,22 @@ def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, 
         rel = float((mine - theirs).abs().max()) / max(float(theirs.abs().max()), 1e-300)
         if not rel <= tol:
             if i == 0:
-                return f"the residual streams differ already after the embedding ({rel:.2g} of their largest entry)"
-            return (f"the residual streams agree at the input of block {i - 1} and part at the input of block {i} "
+                return ("; the embedding differs",
+                        f"the residual streams differ already after the embedding ({rel:.2g} of their largest entry)")
+            return (f"; block {i - 1} differs first",
+                    f"the residual streams agree at the input of block {i - 1} and part at the input of block {i} "
                     f"({rel:.2g} of their largest entry): block {i - 1} computes something else")
-    return "the residual streams agree at the input of every block: the last block, the final norm or the unembedding differs"
+    return (f"; block {len(ours.blocks) - 1} or later differs",
+            "the residual streams agree at the input of every block: the last block, the final norm or the unembedding "
+            "differs")
 
 
 def _listed(suspects: list[str]) -> str:
     """What changed in the model since it was built, in words; where nothing is found, where to read what else may
     differ (an option its config sets that tcircuits takes to be harmless, its family's code computing otherwise)."""
     if not suspects:
-        return "no module changed since it was built (what else may differ: the guide, 'The source is the reference')"
+        return ("no module changed since it was built (what else may differ, and what to do: the guide, 'The source is "
+                "the reference')")
     shown = "; ".join(suspects[:6])
     return "changed since it was built: " + shown + (f"; and {len(suspects) - 6} more" if len(suspects) > 6 else "")
 

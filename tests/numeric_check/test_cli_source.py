@@ -664,7 +664,43 @@ def test_every_dtype_is_checked_in_float64_and_a_model_one_percent_off_is_refuse
 
     monkeypatch.setattr(load, "load_model", off_by_one_percent)
     code, out, err = run_cli(capsys, "verify", "--hf", str(llama_dir), "--tokens", "1,2,3", "--dtype", dtype, "--quiet")
-    assert code == 2 and out == "" and "the converted model's logits differ from the source's" in err
+    one_line_error(code, out, err, "error: from_hf: the logits differ from LlamaForCausalLM's by ", "over the tolerance")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_tampered_model_is_refused_in_200_characters_and_explained_under_explain(capsys, monkeypatch, request, family):
+    """Issue 47: the refusal is one line of at most 200 characters, CLI prefix included (both figures, the first block
+    that differs, what to do); --explain prints the diagnosis after it, a line each, and nothing else changes."""
+    from numeric_check.conversion import load
+
+    folder, loaded = request.getfixturevalue(f"{family}_dir"), load.load_model
+    capsys.readouterr()  # what saving the folder printed
+
+    def tampered(folder, dtype):
+        model = loaded(folder, dtype)
+        blocks = model.model.layers if family == "llama" else model.transformer.h
+        blocks[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+        return model
+
+    monkeypatch.setattr(load, "load_model", tampered)
+    args = ("verify", "--hf", str(folder), "--tokens", "1,2,3", "--quiet")
+    code, out, err = run_cli(capsys, *args)
+    one_line_error(code, out, err, "tcircuits verify: error: from_hf: the logits differ from ", " of the largest, over the "
+                   "tolerance ", "; block 0 differs first; --explain says why")
+    assert len(err.rstrip("\n")) <= 200, (len(err), err)
+    code, out, explained = run_cli(capsys, *args, "--explain")
+    first, *detail = explained.splitlines()
+    assert code == 2 and out == "" and first == err.rstrip("\n"), explained
+    assert len(detail) == 3 and all(line.startswith("  ") for line in detail), explained
+    assert detail[0].startswith("  the converted model's logits differ from the source's (") and " tokens" in detail[0]
+    assert detail[1].startswith("  the residual streams agree at the input of block 0 and part at the input of block 1")
+    assert "changed since it was built" in detail[2], explained
+
+
+@pytest.mark.parametrize("command", ["verify", "attribute", "analyze", "attention", "paper"])
+def test_every_command_that_converts_a_model_offers_explain(capsys, command):
+    code, out, err = run_cli(capsys, command, "--help")
+    assert code == 0 and "--explain" in out, out
 
 
 def test_a_half_precision_folder_too_large_to_copy_is_refused_unless_its_precision_is_accepted(capsys, monkeypatch,

@@ -10,6 +10,7 @@ to the source, or refused by name.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from numeric_check.conversion import options as options_module
 from numeric_check.conversion.readers import BY_CLASS
 from numeric_check.conversion.source_check import FLOAT64_TOLERANCE, SourceCheck, lowest_precision
 from tests.conftest import FAST
+from tests.helpers import explained, refused
 from tests.numeric_check.test_from_hf import SMALL, randomise
 
 transformers = pytest.importorskip("transformers")
@@ -127,9 +129,11 @@ def test_an_option_let_through_is_caught_by_the_source_check(monkeypatch):
                                                                      family.options | {"use_bidirectional_attention"}))
     with pytest.raises(SourceMismatch) as info:
         from_hf(gemma(use_bidirectional_attention=True), device="cpu")
-    message = str(info.value)
-    assert message.startswith("from_hf: the converted model's logits differ from the source's (GemmaForCausalLM")
-    assert "the residual streams agree at the input of block 0 and part at the input of block 1" in message
+    assert str(info.value).startswith("from_hf: the logits differ from GemmaForCausalLM's by ")
+    assert "; block 0 differs first; --explain says why" in str(info.value)
+    detail = info.value.detail
+    assert detail.startswith("the converted model's logits differ from the source's (GemmaForCausalLM")
+    assert "the residual streams agree at the input of block 0 and part at the input of block 1" in detail
 
 
 def tl_has(*fields: str):
@@ -169,8 +173,9 @@ def test_an_attribute_changed_after_the_model_was_built_is_caught_and_named():
     hf.model.layers[1].self_attn.is_causal = False  # the attention looks ahead: read by Hugging Face, not by the readers
     with pytest.raises(SourceMismatch) as info:
         from_hf(hf, device="cpu")
-    message = str(info.value)
+    message = explained(info.value)
     assert "part at the input of block 2" not in message  # block 1 is the last: the streams agree at every block input
+    assert "; block 1 or later differs;" in str(info.value)
     assert ("model.layers.1.self_attn.is_causal = False, changed after the model was built (its config builds True)"
             in message)
 
@@ -229,7 +234,7 @@ def test_an_edited_head_dim_or_rope_theta_is_named_as_a_config_that_disagrees():
 def test_a_submodule_replaced_after_the_model_was_built_is_caught_and_named():
     hf = llama()
     hf.model.layers[0].mlp.act_fn = torch.nn.ReLU()
-    with pytest.raises(SourceMismatch, match=r"model.layers.0.mlp.act_fn is a ReLU where a fresh model has a SiLU"):
+    with refused(SourceMismatch, r"model.layers.0.mlp.act_fn is a ReLU where a fresh model has a SiLU"):
         from_hf(hf, device="cpu")
 
 
@@ -238,7 +243,7 @@ def test_a_forward_replaced_on_an_instance_is_caught_and_named():
     block = hf.model.layers[0].mlp
     original = block.forward
     block.forward = lambda x: 2 * original(x)
-    with pytest.raises(SourceMismatch, match=r"part at the input of block 1 .*model.layers.0.mlp.forward was replaced"):
+    with refused(SourceMismatch, r"part at the input of block 1 .*model.layers.0.mlp.forward was replaced"):
         from_hf(hf, device="cpu")
 
 
@@ -252,16 +257,16 @@ def test_a_hook_on_a_whole_block_is_located_at_the_block_it_changes(model_type):
     block = hf.model.layers[0] if model_type == "llama" else hf.transformer.h[0]
     block.register_forward_hook(lambda module, inputs, output: (output[0] * 1.01, *output[1:])
                                 if isinstance(output, tuple) else output * 1.01)
-    with pytest.raises(SourceMismatch, match=r"the residual streams agree at the input of block 0 and part at the input "
-                                             r"of block 1 \(0.0099 of their largest entry\)"):
+    with refused(SourceMismatch, r"the residual streams agree at the input of block 0 and part at the input "
+                                 r"of block 1 \(0.0099 of their largest entry\)"):
         from_hf(hf, device="cpu")
 
 
 def test_a_transformer_lens_model_patched_after_it_was_built_is_caught_and_named():
     model = hooked()
     model.blocks[1].ln2.eps = 0.5  # TransformerLens reads the attribute; the adapter reads the config
-    with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: .*blocks.1.ln2.eps = 0.5, changed after the model "
-                                             r"was built \(its config builds 1e-05\)"):
+    with refused(SourceMismatch, r"^from_transformer_lens: .*blocks.1.ln2.eps = 0.5, changed after the model "
+                                 r"was built \(its config builds 1e-05\)"):
         from_transformer_lens(model, device="cpu")
 
 
@@ -357,8 +362,8 @@ def test_transformer_lens_conversions_equal_their_source_or_are_refused_by_name(
 
 def test_a_source_that_cannot_run_is_refused_with_what_it_raised():
     model = hooked(attn_only=True, parallel_attn_mlp=True, d_mlp=None)  # TransformerLens builds it, then cannot run it
-    with pytest.raises(SourceMismatch, match=r"^from_transformer_lens: the source \(HookedTransformer \(TransformerLens, "
-                                             r"float64\)\) fails to run on 2 x 12 probe tokens \(AttributeError: "):
+    with refused(SourceMismatch, r"^from_transformer_lens: the source \(HookedTransformer \(TransformerLens, "
+                                 r"float64\)\) fails to run on 2 x 12 probe tokens \(AttributeError: "):
         from_transformer_lens(model, device="cpu")
 
 
@@ -409,10 +414,47 @@ def tamper(hf, factor=1.05):
 def test_a_tampered_model_is_refused_in_every_precision(dtype, result):
     """Held below float64, the source runs as a float64 copy of itself, and the conversion is checked in float64
     whatever dtype it is wanted in: 5 % is hidden in neither's rounding."""
-    with pytest.raises(SourceMismatch, match=r"differ from the source's \(LlamaForCausalLM \(Hugging Face, "):
+    with refused(SourceMismatch, r"differ from the source's \(LlamaForCausalLM \(Hugging Face, "):
         from_hf(tamper(llama(max_position_embeddings=64)).to(dtype), dtype=result, device="cpu")
-    with pytest.raises(SourceMismatch, match=r"by 0.0\d+ of their largest entry"):  # 1 % off: refused as well
+    with refused(SourceMismatch, r"by 0.0\d+ of their largest entry"):  # 1 % off: refused as well
         from_hf(tamper(llama(max_position_embeddings=64), 1.01).to(dtype), dtype=result, device="cpu")
+
+
+def _tampered(source: str):
+    """``(the conversion's call, its source with layer 0's MLP output scaled by 1.01 and 2,048 positions)``."""
+    if source == "transformer_lens":
+        model = hooked(n_ctx=2048)
+        model.blocks[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+        return from_transformer_lens, model
+    if source == "llama":
+        return from_hf, tamper(llama(max_position_embeddings=2048), 1.01)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=300, n_embd=16, n_layer=2, n_head=4, n_positions=2048)
+    hf = randomise(transformers.GPT2LMHeadModel(config).double().eval(), 0)
+    hf.transformer.h[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
+    return from_hf, hf
+
+
+@pytest.mark.parametrize("source", ["gpt2", "llama", "transformer_lens"])
+def test_a_refusal_is_one_line_of_200_characters_with_the_diagnosis_in_its_detail(source):
+    """Issue 47: the CLI's ``tcircuits verify: error: `` and the message fit in 200 characters: both figures to 2
+    significant digits, the first block that differs, what to do; the diagnosis (the source's full name, where the
+    residual streams part, what changed since the model was built) is ``detail``, and ``explain()`` gives both."""
+    convert, model = _tampered(source)
+    with pytest.raises(SourceMismatch) as info:
+        convert(model, device="cpu")
+    error, who = info.value, convert.__name__
+    line = f"tcircuits verify: error: {error}"
+    assert "\n" not in str(error) and len(line) <= 200, (len(line), line)
+    figures = re.fullmatch(rf"{who}: the logits differ from \w+'s by (\S+) of the largest, over the tolerance (\S+); "
+                           r"block 0 differs first; --explain says why", str(error))
+    assert figures is not None, str(error)
+    assert all(f"{float(x):.2g}" == x for x in figures.groups()) and float(figures[1]) > float(figures[2]), figures
+    detail = error.detail.splitlines()
+    assert len(detail) == 3 and detail[0].startswith("the converted model's logits differ from the source's ("), detail
+    assert detail[1].startswith("the residual streams agree at the input of block 0 and part at the input of block 1 ")
+    assert detail[2].startswith(("changed since it was built: ", "no module changed since it was built")), detail
+    assert error.explain() == f"{error}\n{error.detail}"
 
 
 @pytest.mark.parametrize("result", [torch.bfloat16, torch.float16])
@@ -465,7 +507,7 @@ def test_a_half_precision_transformer_lens_model_is_held_to_float64(tampered):
     model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS").to(torch.bfloat16)
     if tampered:
         model.blocks[0].mlp.register_forward_hook(lambda module, inputs, output: output * 1.05)
-        with pytest.raises(SourceMismatch, match=r"\(HookedTransformer \(TransformerLens, bfloat16, run as a float64 copy\)"):
+        with refused(SourceMismatch, r"\(HookedTransformer \(TransformerLens, bfloat16, run as a float64 copy\)"):
             from_transformer_lens(model, device="cpu")
         return
     check = from_transformer_lens(model, device="cpu").source_check
@@ -562,7 +604,7 @@ def test_a_half_precision_model_too_large_to_copy_in_float64_is_held_to_a_float3
     handle = mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
     assert convert(source, device="cpu", accept_source_precision=True).source_check.tolerance > 1e-3  # 1 % not seen
     monkeypatch.setattr(source_check, "MEASURE_BYTES", 6 * _size(source))  # the control: a float32 copy sees it
-    with pytest.raises(SourceMismatch, match=r", run as a float32 copy\)\) by "):
+    with refused(SourceMismatch, r", run as a float32 copy\)\) by "):
         convert(source, device="cpu")
     handle.remove()
 
@@ -580,7 +622,7 @@ def test_a_half_precision_source_whose_float64_copy_fails_to_run_is_held_to_a_fl
     assert check.source == "LlamaForCausalLM (Hugging Face, bfloat16, run as a float32 copy)"
     assert check.rel_diff <= check.tolerance < 1e-4
     hf.model.layers[1].mlp.register_forward_hook(lambda module, inputs, output: output * 1.01)
-    with pytest.raises(SourceMismatch, match=r"run as a float32 copy\)\) by 0.0\d+ of their largest entry"):
+    with refused(SourceMismatch, r"run as a float32 copy\)\) by 0.0\d+ of their largest entry"):
         from_hf(hf, device="cpu")
 
 
@@ -611,7 +653,7 @@ def test_a_patch_on_later_positions_is_found_by_the_long_probe(monkeypatch):
         return output
 
     hf.transformer.h[1].register_forward_hook(later)
-    with pytest.raises(SourceMismatch, match="logits differ from the source's"):
+    with refused(SourceMismatch, "logits differ from the source's"):
         from_hf(hf, device="cpu")
     monkeypatch.setattr(source_check, "PROBE_BYTES", 1000)  # a budget that cuts the long probe to 64: not reached
     check = from_hf(hf, device="cpu").source_check
@@ -638,7 +680,7 @@ def test_every_position_of_a_2048_position_context_is_checked(seed):
         return output
 
     hf.transformer.h[0].mlp.register_forward_hook(from_1100)
-    with pytest.raises(SourceMismatch, match=r"on 1 x 2048 tokens"):
+    with refused(SourceMismatch, r"on 1 x 2048 tokens"):
         from_hf(hf, device="cpu")
 
 
@@ -687,5 +729,5 @@ def test_a_source_that_makes_its_rotary_tables_in_float32_is_compared_on_such_ta
     assert check.tables_rounding > check.tolerance  # the exact tables alone would have been refused
     assert "compared on position tables made in float32 as the source makes them" in check.describe()
     model.model.layers[-1].mlp.register_forward_hook(lambda module, args, out: out * 1.005)
-    with pytest.raises(SourceMismatch, match="over the tolerance"):
+    with refused(SourceMismatch, "over the tolerance"):
         from_hf(model, check_tokens=tokens)
