@@ -32,6 +32,7 @@ from numeric_check.conversion.build import (
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
+from numeric_check.model.rotary import tables_given, tables_rounded_to
 from numeric_check.conversion.options import check_tl_options
 from numeric_check.conversion.source_check import (
     changed_modules, check_against_source, fresh_on_meta, half_precision_reference, in_dtype, in_eval_mode, lowest_precision,
@@ -102,7 +103,18 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
     return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens",
-                                                            own))
+                                                            own, lambda: _its_rotary_tables(model)))
+
+
+def _its_rotary_tables(model: Any):
+    """A context in which the conversion rotates by the ``HookedTransformer``'s own tables (its first layer's ``cos``
+    and ``sin`` buffers, one column per rotated plane: every layer's are the same, as the conversion checked), made
+    by its own code in its own precision; where it has none, Hugging Face's float32 angles."""
+    if model.cfg.positional_embedding_type != "rotary":
+        return tables_rounded_to(torch.float32)
+    attn, half = model.blocks[0].attn, model.cfg.rotary_dim // 2
+    planes = torch.arange(half, device=attn.rotary_cos.device) * (2 if model.cfg.rotary_adjacent_pairs else 1)
+    return tables_given(f64(attn.rotary_cos[:, planes]), f64(attn.rotary_sin[:, planes]))
 
 
 def _exact_rotary_tables(copied: Any) -> Any | None:

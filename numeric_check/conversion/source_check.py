@@ -249,13 +249,15 @@ RunSource = Callable[[Tensor], tuple[Tensor, list[Tensor] | None]]
 
 def check_against_source(ours: Any, run_source: RunSource, name: str, precision: torch.dtype,
                          token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str,
-                         own_rounding: tuple[float, str, str] | None = None) -> SourceCheck:
+                         own_rounding: tuple[float, str, str] | None = None,
+                         source_tables: Callable[[], Any] = lambda: tables_rounded_to(torch.float32)) -> SourceCheck:
     """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
     their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
     source computes in), else :class:`SourceMismatch` (``who`` names the conversion in its one line;
     ``suspects`` lists, in its ``detail``, what the model may use that it does not read).
     ``own_rounding``: ``(how far the source as held is from the copy run here, its precision, the copy's)``, recorded apart
-    (:func:`half_precision_reference`)."""
+    (:func:`half_precision_reference`). ``source_tables``: a context in which ``ours`` makes its position tables as
+    the source does (Hugging Face's float32 angles by default), tried where the exact comparison fails."""
     tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
     worst_abs, worst_rel, worst_tol, n_seq, n_tok, tables = 0.0, 0.0, 0.0, 0, 0, None
     for tokens in token_batches:
@@ -273,7 +275,7 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
         tol = tolerance(tokens, logits)
         diff, rel = _gap(logits, theirs)
         if not rel <= tol and has_tables(ours):  # the source may make its position tables in float32, as HF does:
-            with torch.no_grad(), tables_rounded_to(torch.float32):  # their rounding grows with the position
+            with torch.no_grad(), source_tables():  # their rounding grows with the position
                 rounded = ours(tokens.to(ours.device))
             if _gap(rounded, theirs)[1] <= tol:
                 diff, rel = _gap(rounded, theirs)

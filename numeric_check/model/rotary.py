@@ -16,8 +16,9 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
-#: Within :func:`tables_rounded_to`: the dtype position tables are made in, as a source makes them (None: float64).
-_TABLES_IN: ContextVar[torch.dtype | None] = ContextVar("tables_in", default=None)
+#: Within :func:`tables_rounded_to`: the dtype position tables are made in, as a source makes them; within
+#: :func:`tables_given`: a source's own rotary ``(cos, sin)`` tables; None: exact tables, made in float64.
+_TABLES_IN: ContextVar[torch.dtype | tuple[Tensor, Tensor] | None] = ContextVar("tables_in", default=None)
 
 
 @contextmanager
@@ -32,9 +33,21 @@ def tables_rounded_to(dtype: torch.dtype):
         _TABLES_IN.reset(token)
 
 
+@contextmanager
+def tables_given(cos: Tensor, sin: Tensor):
+    """Rotate by a source's own tables within the block: ``cos`` and ``sin`` ``[n_ctx, rot_dims/2]``, one column per
+    rotated plane (TransformerLens keeps them as buffers, made by its own code in its own precision)."""
+    token = _TABLES_IN.set((cos, sin))
+    try:
+        yield
+    finally:
+        _TABLES_IN.reset(token)
+
+
 def tables_dtype() -> torch.dtype | None:
     """The dtype position tables are being made in (:func:`tables_rounded_to`), or None: float64, exact."""
-    return _TABLES_IN.get()
+    found = _TABLES_IN.get()
+    return found if isinstance(found, torch.dtype) else None
 
 
 def rotary_angles(n_pos: int, rot_dims: int, base: float, device=None, inv_freq=None) -> Tensor:
@@ -73,15 +86,16 @@ def rotate(x: Tensor, rot_dims: int, style: str, base: float, inv_freq=None, fac
     dimensions (Hugging Face's ``attention_scaling``, on ``cos`` and ``sin``)."""
     n_pos = x.shape[pos_dim]
     angles = rotary_angles(n_pos, rot_dims, base, x.device, inv_freq)
-    rounded = tables_dtype()
+    rounded, given = tables_dtype(), _TABLES_IN.get()
     if rounded is not None:  # as the source makes them: θ_f and p · θ_f in that dtype, then cos and sin
         angles = torch.arange(n_pos, dtype=rounded, device=x.device)[:, None] * source_frequencies(
             rot_dims, base, rounded, x.device, inv_freq)
+    cos, sin = (t[:n_pos].to(x.device, torch.float64) for t in given) if isinstance(given, tuple) else (angles.cos(), angles.sin())
     shape = [1] * x.ndim
     shape[pos_dim] = n_pos
     shape[-1] = rot_dims // 2
-    cos = (angles.cos() * factor).to(x.dtype).reshape(shape)
-    sin = (angles.sin() * factor).to(x.dtype).reshape(shape)
+    cos = (cos * factor).to(x.dtype).reshape(shape)
+    sin = (sin * factor).to(x.dtype).reshape(shape)
     a, b = _pairs(rot_dims, style, x.device)
     xa, xb = x[..., a], x[..., b]
     out = x.clone()

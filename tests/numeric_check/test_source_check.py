@@ -731,3 +731,24 @@ def test_a_source_that_makes_its_rotary_tables_in_float32_is_compared_on_such_ta
     model.model.layers[-1].mlp.register_forward_hook(lambda module, args, out: out * 1.005)
     with refused(SourceMismatch, "over the tolerance"):
         from_hf(model, check_tokens=tokens)
+
+
+def test_a_transformer_lens_model_is_compared_on_its_own_rotary_tables():
+    """Issue 47: TransformerLens makes its float32 rotary tables as p / base^(2f/d), not as Hugging Face does; at 2,048
+    positions they are off exact ones by more than ten times the rest's rounding. Where the exact comparison fails,
+    the conversion rotates by the model's own tables (its buffers) and agrees to ~5e-7; an MLP 0.5 % off is refused."""
+    tl = pytest.importorskip("transformer_lens")
+    cfg = tl.HookedTransformerConfig(d_model=64, n_layers=2, n_heads=4, d_head=16, n_ctx=2048, d_vocab=300, act_fn="silu",
+                                     normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=16,
+                                     d_mlp=96, dtype=torch.float32, seed=0)
+    model = tl.HookedTransformer(cfg)
+    draws = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            u = torch.rand(p.shape, generator=draws, dtype=torch.float64) * 2 - 1
+            p.copy_(u * 0.5 + 1.0 if p.ndim == 1 else u * 0.3)
+    check = from_transformer_lens(model).source_check
+    assert check.rel_diff <= check.tolerance / 3 and check.tables_rounding is not None
+    model.blocks[1].mlp.hook_post.add_hook(lambda act, hook: act * 1.005)
+    with pytest.raises(SourceMismatch):
+        from_transformer_lens(model)
