@@ -35,6 +35,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -207,7 +208,8 @@ def test_console_transcripts(block, workdir, capsys):
     first, _, expected = block.body.partition("\n")
     assert first.startswith("$ "), f"{block.id}: a console block starts with '$ tcircuits …'"
     expected_code = int(block.mark("exit") or 0)
-    code, out = _run_cli(first[2:], capsys, errors=expected_code == 2)
+    with mock.patch("torch.cuda.is_available", return_value=False):  # the pages show a run on a CPU
+        code, out = _run_cli(first[2:], capsys, errors=expected_code == 2)
     assert code == expected_code, f"{block.id}: exit status {code}\n{out}"
     assert CHECKER.check_output(expected, out, FLAGS), f"{block.id}: the output differs\n" + \
         CHECKER.output_difference(doctest.Example(first, expected), out, FLAGS)

@@ -17,7 +17,7 @@ folder here holds what rebuilds one:
 >>> from transformer_lens import HookedTransformer, HookedTransformerConfig
 >>> import tempfile
 >>> tl = HookedTransformer(HookedTransformerConfig(n_layers=1, d_model=8, n_ctx=4, d_head=4, n_heads=2,
-...     d_vocab=10, attn_only=True, normalization_type=None))
+...     d_vocab=10, attn_only=True, normalization_type=None, device="cpu"))
 >>> folder = save_tl(tl, tempfile.mkdtemp())
 >>> again = load_tl(folder, torch.float32, "cpu")
 >>> all(torch.equal(again.state_dict()[k], v) for k, v in tl.state_dict().items())
