@@ -14,13 +14,17 @@ control character in the input is shown escaped, never sent raw.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import difflib
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from tensoralg.errors import TCircuitsError, TensorAlgError, cut
 from tensoralg.escape import terminal_safe
@@ -143,8 +147,43 @@ def main(argv: list[str] | None = None) -> int:
     # torch's waiting threads sleep instead of spinning, so a busy machine does not slow a run down
     # (set before the numeric commands import torch; numeric_check.model.threads has the thread policy)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _matplotlib_folder()
     with guarded_terminal(), stoppable():  # SIGTERM and SIGHUP clean up as Ctrl-C does
         return _run(argv)
+
+
+def _matplotlib_folder() -> None:
+    """Matplotlib keeps its settings and font cache under HOME (``~/.config``, ``~/.cache``); where it cannot
+    write there (HOME is /dev/null, a file, read-only) it makes a temporary folder itself and warns in two lines
+    on every run, which would break "a result or one line". Here the CLI makes that folder quietly, before
+    matplotlib is imported, and removes it at exit. A folder the user chose (MPLCONFIGDIR) is left alone, and
+    nothing is created under HOME."""
+    if "MPLCONFIGDIR" in os.environ:
+        return
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no HOME and no entry in the password file
+        home = None
+    for variable, default in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache")):
+        base = os.environ.get(variable) or (home / default if home else None)
+        if base is None or not _could_write(Path(base) / "matplotlib"):
+            break
+    else:
+        return
+    try:
+        folder = tempfile.mkdtemp(prefix="tcircuits-matplotlib-")
+    except OSError:  # no writable temporary folder either: matplotlib says so itself
+        return
+    os.environ["MPLCONFIGDIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+def _could_write(folder: Path) -> bool:
+    """Whether ``folder`` is a writable folder, or could be made in its nearest existing parent (nothing is made)."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
 
 
 def _run(argv: list[str] | None) -> int:

@@ -526,3 +526,34 @@ def max_abs(t: Tensor) -> float:
         return 0.0
     low, high = torch.aminmax(t.T if t.ndim == 2 and t.T.is_contiguous() else t)
     return float(torch.maximum(low.abs(), high.abs()))
+
+
+def widened(compute, *operands: Tensor) -> Tensor:
+    """``compute(*operands)``, again in float64 where it overflowed at a narrower dtype: squares of finite float32
+    entries past 1.8e19 (a norm, a Gram product) overflow to Inf, or to NaN where Inf meets a cancelling sum.
+
+    >>> y = torch.full((4,), 2.0 ** 64)  # squares past float32's 3.4e38
+    >>> float(widened(lambda v: v.square().sum().sqrt(), y)) == 2.0 ** 65
+    True
+    """
+    out = compute(*operands)
+    if out.dtype != torch.float64 and not bool(torch.isfinite(out).all()):
+        out = compute(*(x.double() for x in operands))
+    return out
+
+
+def norm_of(t: Tensor) -> float:
+    """The Frobenius norm of ``t``, accumulated in float64 (float32's squares overflow past 1.8e19).
+
+    >>> norm_of(torch.full((4,), 2.0 ** 64)) == 2.0 ** 65
+    True
+    """
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64))
+
+
+def first_overflow(cache: dict[str, Tensor], suffixes: tuple[str, ...] = ("hook_pattern", "hook_scale")) -> str | None:
+    """The first hook of ``cache`` named with one of ``suffixes`` that holds NaN or Inf (None when none does). A layer
+    norm's scale overflows first: float32 weights near 1e10 make its variance Inf, the stream it divides becomes 0,
+    and everything after it is finite and wrong (the logits are b_U alone)."""
+    return next((name for name, x in cache.items() if name.endswith(suffixes) and not bool(torch.isfinite(x).all())),
+                None)

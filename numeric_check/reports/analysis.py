@@ -32,7 +32,7 @@ from numeric_check.errors import AnalysisError, NumericCheckError
 from numeric_check.circuits.composition import COMPOSITION_KINDS, composition_baseline, composition_scores
 from numeric_check.circuits.detect import HeadReport, detect_heads
 from numeric_check.circuits.importance import ImportanceReport, path_label, term_importance
-from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.circuit_model import CircuitModel, first_overflow
 from numeric_check.circuits.skip_trigrams import SkipTrigramTable, check_vocab, skip_trigram_table
 from numeric_check.training.toy import TrainConfig, next_token_losses, repeated_segment_batch
 
@@ -139,8 +139,9 @@ def analyze_model(
     batch = type(batch)(*(t.to(model.device) for t in batch))
     progress("losses, copying and QK circuits")
     with torch.no_grad():
-        losses = {k: float(v) for k, v in next_token_losses(model(batch.tokens), batch).items()}
-        check_finite_losses(model, losses)
+        logits, scales = model.run_with_cache(batch.tokens, names_filter=lambda name: name.endswith("hook_scale"))
+        losses = {k: float(v) for k, v in next_token_losses(logits, batch).items()}
+        check_finite_losses(model, losses, first_overflow(scales))
         losses["uniform_loss"] = math.log(model.cfg.d_vocab)
         copying = copying_scores(model, dtype=torch.float64).cpu()
         qk = torch.full_like(copying, float("nan"))
@@ -201,16 +202,18 @@ def skip_trigram_title(a: ModelAnalysis) -> str:
     return f"Skip-trigrams of {head_label(*a.skip_trigram_head)}, the most important head that attends by token"
 
 
-def check_finite_losses(model: CircuitModel, losses: dict[str, float]) -> None:
+def check_finite_losses(model: CircuitModel, losses: dict[str, float], overflowed: str | None = None) -> None:
     """Refuse to analyse a model whose forward pass overflows: finite float32 weights near
-    1e37 give infinite logits and NaN losses, and every number after would be meaningless."""
+    1e37 give infinite logits and NaN losses, and every number after would be meaningless;
+    near 1e10 a layer norm's scale (``overflowed``, a hook's name) is Inf and the losses are finite and wrong."""
     bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
-    if bad:
+    if bad or overflowed:
         largest = max(float(p.detach().abs().max()) for p in model.parameters())
+        what = f"NaN or Inf in {overflowed}" if overflowed else "its losses are " + ", ".join(
+            f"{k}={v}" for k, v in bad.items())
         raise AnalysisError(
-            f"the model's forward pass overflows in {str(model.dtype).removeprefix('torch.')}: its losses are "
-            + ", ".join(f"{k}={v}" for k, v in bad.items())
-            + f" (largest weight magnitude {largest:.3g}); nothing was written. A model this large "
+            f"the model's forward pass overflows in {str(model.dtype).removeprefix('torch.')}: {what} "
+            f"(largest weight magnitude {largest:.3g}); nothing was written. A model this large "
             "needs float64 or smaller weights"
         )
 

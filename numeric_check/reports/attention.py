@@ -76,20 +76,23 @@ def attention_patterns(model, tokens: Sequence[int] | torch.Tensor, strings: Seq
                        index_from: int = 0, title: str = "attention") -> AttentionPatterns:
     """Every head's pattern of ``model`` on one prompt of ``tokens``, recorded from its forward pass
     (``blocks.L.attn.hook_pattern``); ``strings`` label the tokens (their ids where not given)."""
+    from numeric_check.model.circuit_model import first_overflow
     from numeric_check.model.hooks import block_hook
 
     ids = torch.as_tensor(tokens).reshape(1, -1)
     names = [block_hook(layer, "attn.hook_pattern") for layer in range(model.arch.n_layers)]
     with torch.no_grad():
-        _, cache = model.run_with_cache(ids.to(model.device), names_filter=lambda name: name in names)
+        _, cache = model.run_with_cache(ids.to(model.device), names_filter=lambda name: name in names or
+                                        name.endswith("hook_scale"))
     n_heads = max(model.arch.heads_per_layer, default=0)
     n = ids.shape[1]
     patterns = np.full((model.arch.n_layers, n_heads, n, n), np.nan)
+    where = first_overflow(cache)  # a page of NaN, or of patterns after a layer norm that divided by Inf, would
+    if where is not None:  # look like a model's
+        raise AnalysisError(f"the model's forward pass overflows in {str(model.dtype).removeprefix('torch.')}: "
+                            f"NaN or Inf in {where}; nothing was written. Run it in float64 (--dtype float64) or with "
+                            "smaller weights")
     for layer, name in enumerate(names):
-        if not bool(torch.isfinite(cache[name]).all()):  # overflowed scores: a page of NaN would look like a model's
-            raise AnalysisError(f"the model's forward pass overflows in {str(model.dtype).removeprefix('torch.')}: "
-                                f"NaN or Inf in the patterns of layer {layer + index_from}; nothing was written. Run "
-                                "it in float64 (--dtype float64) or with smaller weights")
         pattern = cache[name][0].double().cpu().numpy()  # [head, query, key]
         patterns[layer, :pattern.shape[0]] = pattern
     labels = [str(s) for s in strings] if strings is not None else [str(int(i)) for i in ids[0]]

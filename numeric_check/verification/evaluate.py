@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from derivations.paths import PathTerm, Source
+from numeric_check.model.circuit_model import widened
 from numeric_check.verification.bind import Binder, SourceInput
 from numeric_check.verification.constants import UnembedConstants
 from tensoralg.atoms import Atom, Word
@@ -443,17 +444,30 @@ class LogitEvaluator:
         """The term's contribution to the logits, ``[batch, pos, d_vocab]``."""
         return self.apply_left(_scaled(value), value.left)
 
-    def gram(self, left: tuple[FactorRef, ...]) -> Tensor:
-        """``K = (R_1 … R_k)(R_1 … R_k)ᵀ``, cached by suffix (``W_Uᵀ W_U`` is computed once)."""
-        if left not in self._grams:
+    def gram(self, left: tuple[FactorRef, ...], wide: bool = False) -> Tensor:
+        """``K = (R_1 … R_k)(R_1 … R_k)ᵀ``, cached by suffix (``W_Uᵀ W_U`` is computed once); ``wide``: in
+        float64 (:meth:`squares`: where the working dtype's Gram matrix overflows)."""
+        key = (left, wide)
+        if key not in self._grams:
             R = right_multiplier(self.binder, left[0])
-            if len(left) == 1 and left[0][0].name == "W_U" and self.constants is not None:
-                self._grams[left] = self.constants.get(f"gram {left[0][1]} {left[0][2]}", lambda: gram(R))
+            R = R.double() if wide else R
+            if len(left) == 1 and left[0][0].name == "W_U" and self.constants is not None and not wide:
+                self._grams[key] = self.constants.get(f"gram {left[0][1]} {left[0][2]}", lambda: gram(R))
             elif len(left) == 1:
-                self._grams[left] = gram(R)
+                self._grams[key] = gram(R)
             else:
-                self._grams[left] = R @ self.gram(left[1:]) @ R.T
-        return self._grams[left]
+                self._grams[key] = R @ self.gram(left[1:], wide) @ R.T
+        return self._grams[key]
+
+    def squares(self, y: Tensor, left: tuple[FactorRef, ...], reduce) -> Tensor:
+        """``reduce((y K) ∘ y)``, ``K`` the Gram matrix of ``left``: squared norms of ``y``'s rows through ``left``.
+        Where the working dtype overflows (float32 weights near 1e4: ``K`` past 3.4e38 while ``y`` is tiny), again
+        in float64, so a finite term never gets a NaN norm."""
+        out = reduce((y @ self.gram(left)) * y)
+        if out.dtype != torch.float64 and not bool(torch.isfinite(out).all()):
+            y = y.double()
+            out = reduce((y @ self.gram(left, wide=True)) * y)
+        return out
 
     def max_row_norm(self, value: LogitTermValue) -> float:
         """The largest row norm (over positions) of ``parts(value)``, the term's input to its last
@@ -482,8 +496,7 @@ class LogitEvaluator:
 
     def batch_norms(self, batch: "TermBatch") -> list[float]:
         """Each term's Frobenius norm over the batch (:meth:`norm` for many terms)."""
-        y = batch.y
-        squared = ((y @ self.gram(batch.left)) * y).flatten(1).sum(1)
+        squared = self.squares(batch.y, batch.left, lambda q: q.flatten(1).sum(1))
         return squared.clamp_min(0).sqrt().tolist()
 
     def batch_max_row_norm(self, batch: "TermBatch") -> float:
@@ -491,8 +504,8 @@ class LogitEvaluator:
         y, inner = batch.y, batch.left[:-1]
         if not y.numel():
             return 0.0
-        squared = ((y @ self.gram(inner)) * y).sum(-1) if inner else y.pow(2).sum(-1)
-        return max(float(squared.max()), 0.0) ** 0.5
+        squared = self.squares(y, inner, lambda q: q.sum(-1).max()) if inner else widened(lambda y: y.pow(2).sum(-1).max(), y)
+        return max(float(squared), 0.0) ** 0.5
 
 
 class TermBatch(NamedTuple):

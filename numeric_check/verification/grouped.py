@@ -330,7 +330,6 @@ class GroupEvaluator:
         return self._last[layer]
 
     # -- what the verification needs of each chunk ------------------------------------------------
-    # -- what the verification needs of each chunk ------------------------------------------------
     def kernels(self, layer: int, ev) -> tuple[Tensor, Tensor, Tensor]:
         """For the heads of ``layer``: a square root ``C_h`` (``C_h C_hᵀ = K_h``) of each term's Gram matrix of its
         remaining multipliers ``K_h = W_O^{h}ᵀ (W_Uᵀ W_U) W_O^{h}`` (a term's norm is then ``‖y C_h‖``), the Gram
@@ -338,15 +337,20 @@ class GroupEvaluator:
         :meth:`~LogitEvaluator.gram`, which keeps them), and an upper bound on the largest eigenvalue of the
         second, ``[H]`` (``y W_O^{h}ᵀ W_O^{h} yᵀ ≤ top_h ‖y‖²``)."""
         if layer not in self._kernels:
-            n = self.binder.model.arch.heads_per_layer[layer]
-            full = torch.stack([ev.gram(self.left(layer, h)) for h in range(n)]).double()
+            n, dtype = self.binder.model.arch.heads_per_layer[layer], self.binder.model.dtype
+
+            def grams(k: int | None) -> Tensor:  # in float64, made so where the working dtype's overflow
+                kept = torch.stack([ev.gram(self.left(layer, h)[:k]) for h in range(n)])  # (float32 weights near 1e4)
+                return kept.double() if bool(torch.isfinite(kept).all()) else \
+                    torch.stack([ev.gram(self.left(layer, h)[:k], wide=True) for h in range(n)])
+
+            full, wide = grams(None), grams(1)
             values, vectors = torch.linalg.eigh(full)  # K = V Λ Vᵀ, Λ ≥ 0 but for rounding
             root = vectors * values.clamp_min(0).sqrt()[:, None, :]
-            inner = torch.stack([ev.gram(self.left(layer, h)[:1]) for h in range(n)])
-            wide = inner.double()
-            slack = 4 * inner.shape[-1] * torch.finfo(inner.dtype).eps * torch.linalg.matrix_norm(wide)
-            top = (torch.linalg.eigvalsh(wide)[:, -1].clamp_min(0) + slack).to(inner.dtype)
-            self._kernels[layer] = root.to(inner.dtype), inner, top
+            slack = 4 * wide.shape[-1] * torch.finfo(dtype).eps * torch.linalg.matrix_norm(wide)
+            top = (torch.linalg.eigvalsh(wide)[:, -1].clamp_min(0) + slack).to(dtype)
+            fits = lambda x: x.to(dtype) if bool(torch.isfinite(x.to(dtype)).all()) else x  # noqa: E731 (else float64)
+            self._kernels[layer] = fits(root), fits(wide), top
         return self._kernels[layer]
 
     def unembedding_input(self, layer: int, by_head: Tensor) -> Tensor:

@@ -68,7 +68,7 @@ class LogitSpace:
         ref = ev.last_factor_named("W_U")
         if ref is None:
             return float((x @ self.product.blocks[0]).norm())
-        return max(float(((x @ ev.gram((ref,))) * x).sum()), 0.0) ** 0.5
+        return max(float(ev.squares(x, (ref,), torch.sum)), 0.0) ** 0.5
 
     def ends_in_W_U(self, value: LogitTermValue) -> bool:
         """Whether the term's last multiplier is ``W_Uᵀ`` (so its ``b_U`` coefficient is 0)."""

@@ -11,20 +11,21 @@ import time
 from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from numeric_check.errors import ExpansionMismatch, VerifyError
-from numeric_check.model.circuit_model import CircuitModel, max_abs
+from numeric_check.model.circuit_model import CircuitModel, first_overflow, max_abs
 from numeric_check.model.config import resolve_dtype
 from numeric_check.verification.bind import Binder
 from numeric_check.model.hooks import block_hook, hooks_set_aside
 from numeric_check.verification.hook_paths import Recording, frozen_hooks, keep, record, run_frozen, unembedding_input
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES
 from numeric_check.verification.constants import UnembedConstants
-from numeric_check.verification.results import CheckResult, VerifyReport
+from numeric_check.verification.results import CheckResult, TermResult, TermTable, VerifyReport
 
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -143,19 +144,35 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
 
 def check_no_overflow(model: CircuitModel, rec: Recording, scale: float = 0.0) -> None:
     """Refuse a forward pass that overflows at the working dtype (finite float32 weights near 1e37, a float16
-    copy of weights beyond 65,504): its patterns or its residual stream hold NaN or Inf (or ``scale``, the
-    largest logit, is infinite), and every check would fail on numbers that are not the model's."""
+    copy of weights beyond 65,504): its patterns, its layer norms' scales or its residual stream hold NaN or Inf
+    (or ``scale``, the largest logit, is infinite). Every check would fail on numbers that are not the model's,
+    or pass on them: a layer norm whose variance overflows divides by Inf, and the logits are then b_U alone."""
     where = None if math.isfinite(scale) else "the logits"
-    patterns = ((name, x) for name, x in rec.cache.items() if name.endswith("hook_pattern"))
-    for name, x in (*patterns, ("the final residual stream", rec.final)):
-        if where is None and not bool(torch.isfinite(x).all()):
-            where = name
+    where = where or first_overflow(rec.cache) or first_overflow({"the final residual stream": rec.final}, ("",))
     if where is not None:
-        dtype = str(model.dtype).removeprefix("torch.")
-        largest = max((max_abs(p) for p in model.parameters()), default=0.0)
-        raise VerifyError(f"the model's forward pass overflows in {dtype}: NaN or Inf in {where} (largest weight "
-                          f"magnitude {largest:.3g} in {dtype}); nothing was checked. Verify in float64 (--dtype "
-                          "float64) or with smaller weights")
+        raise _overflow(model, "the model's forward pass", where)
+
+
+def check_terms_finite(model: CircuitModel, results: Sequence[TermResult] | TermTable, *sums: Tensor | None) -> None:
+    """Refuse terms that overflow at the working dtype where the model's own pass did not (a path's product of
+    weights past 3.4e38 while the layer norms keep the stream finite): a term whose norm is NaN or Inf, or ``sums``
+    (what the checks compare) that are not finite. Every check would otherwise compare NaN."""
+    norms = results.norm if isinstance(results, TermTable) else np.array([r.norm for r in results], dtype=float)
+    bad = np.flatnonzero(~np.isfinite(norms))
+    where = None
+    if bad.size:
+        where = f"the term {results[int(bad[0])].label}" + (f" and {bad.size - 1:,} more" if bad.size > 1 else "")
+    elif not all(bool(torch.isfinite(x).all()) for x in sums if x is not None):
+        where = "the sum of the terms"
+    if where is not None:
+        raise _overflow(model, "the expansion", where)
+
+
+def _overflow(model: CircuitModel, what: str, where: str) -> VerifyError:
+    dtype = str(model.dtype).removeprefix("torch.")
+    largest = max((max_abs(p) for p in model.parameters()), default=0.0)
+    return VerifyError(f"{what} overflows in {dtype}: NaN or Inf in {where} (largest weight magnitude {largest:.3g} "
+                       f"in {dtype}); nothing was checked. Run it in float64 (--dtype float64) or with smaller weights")
 
 
 def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:

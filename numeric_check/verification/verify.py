@@ -53,7 +53,7 @@ from torch import Tensor
 from derivations.paths import LogitExpansion, PathTerm, expand_logits
 from derivations.qk import QKExpansion, QKTerm, expand_qk
 from numeric_check.errors import ExpansionMismatch, VerifyError
-from numeric_check.model.circuit_model import CircuitModel, max_abs
+from numeric_check.model.circuit_model import CircuitModel, max_abs, norm_of, widened
 from numeric_check.verification.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum
@@ -67,8 +67,8 @@ from numeric_check.verification.distributed import Shard, qk_prefix
 from numeric_check.verification.logit_isolation import HeadMaps, Settlement, check_isolated
 from numeric_check.verification.results import CheckResult, TermResult, TermTable, VerifyReport
 from numeric_check.verification.shared import (  # noqa: F401 - chunk_for, default_rtol, MIN_CHUNK_BYTES: public here too
-    Progress, _checked, check_no_overflow, _cyclic_gc_paused, _relative, _report, _resolve_expansion, _result, _Setup,
-    _setup, _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES, widen,
+    Progress, _checked, check_no_overflow, check_terms_finite, _cyclic_gc_paused, _relative, _report,
+    _resolve_expansion, _result, _Setup, _setup, _shrinking, _tick, chunk_for, default_rtol, MIN_CHUNK_BYTES, widen,
 )
 
 LOG = logging.getLogger(__name__)
@@ -315,6 +315,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         results = shard.gathered(mine, results, n_kept) if plan is None else shard.gathered_table(results, mine)
         s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
                        "prefixes; the timings are rank 0's")
+    check_terms_finite(s.model, results, kept_aug, omitted_aug)
     s.timings["evaluate"] = time.perf_counter() - start - spent["isolation"]
     s.timings["isolation"] = spent["isolation"]
     start = time.perf_counter()
@@ -380,14 +381,14 @@ def _add_rows(ev: LogitEvaluator, grouped: GroupEvaluator, group: PathGroup, fir
         return 0.0, None
     H, b, p, R, e = y.shape
     by_head = y.reshape(H, b * p * R, e)
-    squared = torch.bmm(by_head, root).square_().view(H, b * p, R * e).sum(1)  # (a reduction over one axis: fast)
-    term_norms = squared.view(H, R, e).sum(-1).sqrt_()  # [H, R]
+    term_norms = widened(lambda x, k: torch.bmm(x.to(k.dtype), k).square_().view(H, b * p, R * e).sum(1).view(H, R, e).sum(-1),
+                         by_head, root).sqrt_()  # [H, R] (reductions over one axis: fast; float64 where squares overflow)
     results.norm[first:first + R * H] = term_norms.T.flatten().double().cpu().numpy()
     norms = torch.linalg.vector_norm(y, dim=-1)  # [H, b, pos, R]
-    bound = float((norms.view(H, -1).amax(1).pow(2) * top).max()) ** 0.5
+    bound = float((norms.view(H, -1).amax(1).double().pow(2) * top.double()).max()) ** 0.5
     if bound <= enough:
         return bound, norms
-    return max(float(((by_head @ inner) * by_head).sum(-1).max()), 0.0) ** 0.5, norms
+    return max(float(widened(lambda x, k: ((x.to(k.dtype) @ k) * x).sum(-1).max(), by_head, inner)), 0.0) ** 0.5, norms
 
 
 def _logit_checks(space: LogitSpace, ev: LogitEvaluator, kept: Tensor, omitted: Tensor | None, model_omitted: Tensor | None,
@@ -444,10 +445,8 @@ def _sum_check(kept: Tensor, omitted: Tensor | None, full, reference: Tensor, sc
     """Check 1 (see :func:`_full_terms` for ``full``: ``None`` nothing omitted, ``False`` too many)."""
     if full is False:
         return CheckResult("sum", None, None, None, None, "too many terms in the untruncated expansion")
-    if full is None:
-        return _result("sum", kept - reference, scale, s)
     error = kept - reference if omitted is None else (kept + omitted).sub_(reference)
-    return _result("sum", error, scale, s, f"over all {len(full):,} terms of the untruncated expansion")
+    return _result("sum", error, scale, s, "" if full is None else f"over all {len(full):,} terms of the untruncated expansion")
 
 
 def _truncation_check(rest: Callable[[], Tensor], model_omitted: Tensor | None, n_omitted: int, scale: float,
@@ -540,7 +539,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
         scores = ev.scores(i)
         kept_sum = kept_sum + scores
         largest = max(largest, max_abs(scores[:, below]))
-        results.append(TermResult(t.label, t.query.source.label, t.query.heads, t.order, float(scores[:, below].norm()),
+        results.append(TermResult(t.label, t.query.source.label, t.query.heads, t.order, norm_of(scores[:, below]),
                                   composition=t.composition, key_source=t.key.source.label, key_heads=t.key.heads))
         _tick(progress, "terms", i + 1, len(kept))
     omitted_sum = sum((ev.scores(len(kept) + i) for i in range(len(omitted))), torch.zeros_like(kept_sum))
@@ -563,6 +562,7 @@ def _verify_qk(s: _Setup, expansion: QKExpansion, build, isolation: bool, progre
         s.notes.append(f"the terms were evaluated by {shard.world} ranks (torch.distributed), each a share of their "
                        "prefixes; the timings are rank 0's")
     s.timings["isolation"] = time.perf_counter() - start
+    check_terms_finite(s.model, results, kept_sum, omitted_sum)
     cancels = largest > CANCELLING * scale  # as for logits: then the sum is rounded at the terms' scale
     sum_scale = largest if cancels else scale
     checks = [_sum_check(kept_sum[:, below], omitted_sum[:, below] if all_omitted else None, full, reference[:, below], sum_scale, s),

@@ -239,32 +239,68 @@ def test_a_checkpoint_of_weights_that_are_not_numbers_or_hold_nothing_is_one_lin
     assert folder_state(tmp_path) == before  # nothing written
 
 
+def _huge(scale: float, stored: torch.dtype = torch.float32):
+    def edit(tensors, config):
+        for name, t in tensors.items():
+            tensors[name] = (torch.sign(t) * scale).to(stored).contiguous()
+    return edit
+
+
+OVERFLOWING = {**COMMANDS, "attribute": ["attribute", "--tokens", "1,2,3", "--target", "2"]}
+
+
 @pytest.mark.parametrize("scale, stored, command, dtype", [
     (1e37, torch.float32, "verify", "float32"), (1e20, torch.float32, "verify", "float32"),
     (6e4, torch.float16, "verify", "float16"), (1e37, torch.float32, "verify", "float16"),
     (1e37, torch.float32, "attention", "float32"), (1e20, torch.float32, "attention", "float32"),
+    *((1e10, torch.float32, command, "float32") for command in ("verify", "attention", "analyze", "attribute")),
+    (1e15, torch.float32, "attribute", "float32"),
 ])
 def test_finite_weights_whose_forward_pass_overflows_give_no_verdict(capsys, tmp_path, scale, stored, command, dtype):
     """Finite weights the float32 forward pass cannot hold: once, verify printed FAIL on NaN for every check and
-    attention wrote a page of NaN patterns; now one line naming the overflow, and nothing written."""
-    def huge(tensors, config):
-        for name, t in tensors.items():
-            tensors[name] = (torch.sign(t) * scale).to(stored).contiguous()
-
-    path = forged(tmp_path / "m.safetensors", huge, stored)
+    attention wrote a page of NaN patterns; near 1e10 a layer norm's variance overflowed, the stream after it was 0
+    and verify PASSED every check on logits that were b_U alone (attribute printed FAIL on NaN). Now one line naming
+    the overflow, and nothing written."""
+    path = forged(tmp_path / "m.safetensors", _huge(scale, stored), stored)
     before = folder_state(tmp_path)
-    argv = [a.replace("OUT", str(tmp_path / "out")) for a in COMMANDS[command]]
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in OVERFLOWING[command]]
     code, out, err = run_cli(capsys, *argv, "--checkpoint", str(path), "--dtype", dtype)
     assert one_line(code, out, err, f"the model's forward pass overflows in {dtype}: NaN or Inf in"), err
     assert "float64" in err and folder_state(tmp_path) == before
 
 
-def test_the_same_weights_verify_in_float64(capsys, tmp_path):
-    def huge(tensors, config):
-        for name, t in tensors.items():
-            tensors[name] = (torch.sign(t) * 1e20).contiguous()
+@pytest.mark.parametrize("scale", [3e4, 6e4])
+@pytest.mark.parametrize("qk", [False, True])
+def test_terms_whose_norms_overflow_float32_get_their_norms(capsys, tmp_path, scale, qk):
+    """Float32 weights near 3e4: every term finite, but the Gram matrix its norm was computed through passed 3.4e38,
+    and a PASSED report showed NaN norms; the norms are now taken in float64 where float32's overflow."""
+    path = forged(tmp_path / "m.safetensors", _huge(scale))
+    argv = ["verify", "--checkpoint", str(path), "--tokens", "1,2,3", "--dtype", "float32", "--max-order", "2"]
+    code, out, err = run_cli(capsys, *argv, *(["--qk", "1", "0"] if qk else []))
+    assert code == 0 and "PASSED" in out and "nan" not in out.lower() and " inf" not in out, out + err
 
-    path = forged(tmp_path / "m.safetensors", huge)
+
+def test_terms_evaluated_by_head_groups_get_their_norms_where_float32_overflows(caplog):
+    """The grouped path (3 layers of 8 heads) keeps its norm kernels in float64 where float32's overflow: at weights
+    of 1e6, 3 of 1,550 norms were NaN in a PASSED report."""
+    import logging
+    import math
+
+    from numeric_check.verification.verify import verify_logits
+
+    model = CircuitModel.random(Architecture(3, 8, positional="standard", layer_norm=True, biases=True), d_model=64,
+                                d_head=8, d_vocab=50, n_ctx=16, seed=0, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.sign(parameter) * 1e6)
+    with caplog.at_level(logging.DEBUG, logger="numeric_check.verification.verify"):
+        report = verify_logits(model, torch.arange(16).reshape(1, 16), max_order=3, dtype="float32")
+    assert "evaluated by the grouped path" in caplog.text
+    assert report.passed and all(math.isfinite(t.norm) for t in report.terms)
+
+
+def test_the_same_weights_verify_in_float64(capsys, tmp_path):
+    path = forged(tmp_path / "m.safetensors", _huge(1e20))
     code, out, err = run_cli(capsys, "verify", "--checkpoint", str(path), "--max-order", "1", "--tokens", "1,2,3")
     assert code == 0 and "PASSED" in out and "nan" not in out, out + err
 
@@ -366,6 +402,21 @@ def test_a_checkpoint_named_in_unicode_is_read_in_any_environment(tmp_path, trai
                      env=env, unset=unset, cwd=tmp_path)
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
     assert (tmp_path / "page.html").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("home", ["/dev/null", "a file", "missing/deeper"])
+def test_figures_drawn_where_home_cannot_be_written_say_nothing_of_it(tmp_path, trained, home):
+    """Matplotlib warned in two lines on every run where it could not write under HOME (it made a temporary folder
+    for its font cache); the CLI now gives it a private one, removed at exit."""
+    checkpoint = copy_of(trained, tmp_path)
+    (tmp_path / "a file").write_text("")
+    (tmp_path / "tmp").mkdir()
+    env = {"HOME": str(tmp_path / home), "XDG_CONFIG_HOME": "", "XDG_CACHE_HOME": "", "TMPDIR": str(tmp_path / "tmp")}
+    done = tcircuits("analyze", "--checkpoint", checkpoint.name, "--sequences", "2", "-o", "out",
+                     env=env, unset=("MPLCONFIGDIR",), cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr.decode(errors="replace")
+    assert any((tmp_path / "out").rglob("*.png")) and not any((tmp_path / "tmp").iterdir())  # drawn; cleaned up
 
 
 @pytest.mark.slow
