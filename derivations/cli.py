@@ -180,9 +180,12 @@ def _matplotlib_folder() -> None:
 
 def _could_write(folder: Path) -> bool:
     """Whether ``folder`` is a writable folder, or could be made in its nearest existing parent (nothing is made)."""
-    for candidate in (folder, *folder.parents):
-        if candidate.exists():
-            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    try:
+        for candidate in (folder, *folder.parents):
+            if candidate.exists():
+                return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    except OSError:  # a parent it may not look into (another user's HOME)
+        pass
     return False
 
 

@@ -72,3 +72,24 @@ def _bytes(value) -> int:
     if isinstance(value, tuple):
         return sum(_bytes(v) for v in value)
     return 0
+
+
+def gram(R: Tensor, panels: int | None = None) -> Tensor:
+    """``R Rᵀ`` computing only the panels on and above the diagonal when ``R`` is long and wide
+    (``W_Uᵀ W_U`` for a large vocabulary: row panels, each times the rows from its own on; 1.38 ->
+    0.85 s in float64 on one CPU core at 768 x 50257 with 8 panels, 56% of the products). ``panels``
+    is 4 by default in float64 (62% of the products, but in larger, faster ones: 0.56 s against 0.70 s
+    with 8, CPU seconds on one loaded machine) and 8 otherwise (float32: 0.22 s against 0.24 s)."""
+    if panels is None:
+        panels = 4 if R.dtype == torch.float64 else 8
+    n = R.shape[0]
+    if n < 256 or R.shape[1] < 8 * n:
+        return R @ R.T
+    edges = [n * i // panels for i in range(panels + 1)]
+    out = R.new_empty(n, n)
+    for i in range(panels):
+        a, b = edges[i], edges[i + 1]
+        panel = R[a:b] @ R[a:].T  # [b - a, n - a]
+        out[a:b, a:] = panel
+        out[b:, a:b] = panel[:, b - a:].T
+    return out

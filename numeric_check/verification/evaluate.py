@@ -55,7 +55,7 @@ from torch import Tensor
 from derivations.paths import PathTerm, Source
 from numeric_check.model.circuit_model import widened
 from numeric_check.verification.bind import Binder, SourceInput
-from numeric_check.verification.constants import UnembedConstants
+from numeric_check.verification.constants import UnembedConstants, gram  # noqa: F401 - gram: public here too
 from tensoralg.atoms import Atom, Word
 
 # A right-multiplier ``R`` of a stream: ``(base atom, factor index j, transposed)`` stands for
@@ -529,27 +529,6 @@ def _batch(values: list[LogitTermValue], left: tuple[FactorRef, ...]) -> TermBat
 def _scaled(value: LogitTermValue) -> Tensor:
     """``coeff · y``, scaled where the term is narrowest (``y`` itself when ``coeff`` is 1)."""
     return value.y if value.coeff == 1 else value.coeff * value.y
-
-
-def gram(R: Tensor, panels: int | None = None) -> Tensor:
-    """``R Rᵀ`` computing only the panels on and above the diagonal when ``R`` is long and wide
-    (``W_Uᵀ W_U`` for a large vocabulary: row panels, each times the rows from its own on; 1.38 ->
-    0.85 s in float64 on one CPU core at 768 x 50257 with 8 panels, 56% of the products). ``panels``
-    is 4 by default in float64 (62% of the products, but in larger, faster ones: 0.56 s against 0.70 s
-    with 8, CPU seconds on one loaded machine) and 8 otherwise (float32: 0.22 s against 0.24 s)."""
-    if panels is None:
-        panels = 4 if R.dtype == torch.float64 else 8
-    n = R.shape[0]
-    if n < 256 or R.shape[1] < 8 * n:
-        return R @ R.T
-    edges = [n * i // panels for i in range(panels + 1)]
-    out = R.new_empty(n, n)
-    for i in range(panels):
-        a, b = edges[i], edges[i + 1]
-        panel = R[a:b] @ R[a:].T  # [b - a, n - a]
-        out[a:b, a:] = panel
-        out[b:, a:b] = panel[:, b - a:].T
-    return out
 
 
 class LogitSum:
