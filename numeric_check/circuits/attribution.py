@@ -50,12 +50,12 @@ from torch import Tensor
 from derivations.paths import LogitExpansion, expand_logits, layer_atom, stream_terms
 from derivations.sources import UNEMBED_BIAS, Path, Source
 from numeric_check.circuits.attribution_report import Attribution, AttributionTerm, Target
-from numeric_check.errors import AttributionError, VerifyError
+from numeric_check.errors import AttributionError
 from numeric_check.model.circuit_model import CircuitModel, max_abs
 from numeric_check.verification.hook_paths import Recording, record
 from numeric_check.verification.bind import Binder
 from numeric_check.verification.isolate import graded_final, isolate_final_streams
-from numeric_check.verification.shared import check_no_overflow
+from numeric_check.verification.shared import check_no_overflow, overflow_message
 from numeric_check.verification.verify import _cyclic_gc_paused, default_rtol
 from tensoralg.atoms import Word
 
@@ -260,10 +260,7 @@ def attribute(
     start = time.perf_counter()
     work = model.working_copy(dtype, device)
     rec = record(work, _one_sequence(tokens))
-    try:
-        check_no_overflow(work, rec, max_abs(rec.logits))  # NaN contributions would read as a failed expansion
-    except VerifyError as error:
-        raise AttributionError(str(error)) from None
+    check_no_overflow(work, rec, max_abs(rec.logits), AttributionError)  # NaN would read as a failed expansion
     position = _position(position, rec.n_pos)
     timings["forward"] = time.perf_counter() - start
     with torch.no_grad(), _cyclic_gc_paused():  # (tens of thousands of small objects that live to the end)
@@ -285,9 +282,8 @@ def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, 
     values = entries.tolist()
     bad = [kept[i][0].label for i, v in enumerate(values) if not math.isfinite(v)]
     if bad:  # finite logits, a product of weights past the dtype (float32 weights near 1e10)
-        raise AttributionError(f"the expansion overflows in {str(work.dtype).removeprefix('torch.')}: the contribution "
-                               f"of {bad[0]}{f' and {len(bad) - 1:,} more' if len(bad) > 1 else ''} is NaN or Inf; "
-                               "nothing was checked. Run it in float64 (--dtype float64) or with smaller weights")
+        more = f" and {len(bad) - 1:,} more" if len(bad) > 1 else ""
+        raise AttributionError(overflow_message(work, "the expansion", f"the contribution of {bad[0]}{more}"))
     order = torch.argsort(entries.abs(), descending=True, stable=True).tolist()  # largest first, ties in term order
     terms = [AttributionTerm(kept[i][0].label, kept[i][0].source.label, kept[i][0].heads, kept[i][0].order, values[i])
              for i in order]

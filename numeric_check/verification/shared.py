@@ -142,15 +142,16 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
                   None if check is None else check.describe(), constants, measure)
 
 
-def check_no_overflow(model: CircuitModel, rec: Recording, scale: float = 0.0) -> None:
+def check_no_overflow(model: CircuitModel, rec: Recording, scale: float = 0.0, error: type = VerifyError) -> None:
     """Refuse a forward pass that overflows at the working dtype (finite float32 weights near 1e37, a float16
     copy of weights beyond 65,504): its patterns, its layer norms' scales or its residual stream hold NaN or Inf
     (or ``scale``, the largest logit, is infinite). Every check would fail on numbers that are not the model's,
-    or pass on them: a layer norm whose variance overflows divides by Inf, and the logits are then b_U alone."""
+    or pass on them: a layer norm whose variance overflows divides by Inf, and the logits are then b_U alone.
+    ``error``: the class raised (the caller's own, e.g. AttributionError)."""
     where = None if math.isfinite(scale) else "the logits"
     where = where or first_overflow(rec.cache) or first_overflow({"the final residual stream": rec.final}, ("",))
     if where is not None:
-        raise _overflow(model, "the model's forward pass", where)
+        raise error(overflow_message(model, "the model's forward pass", where))
 
 
 def check_terms_finite(model: CircuitModel, results: Sequence[TermResult] | TermTable, *sums: Tensor | None) -> None:
@@ -165,14 +166,15 @@ def check_terms_finite(model: CircuitModel, results: Sequence[TermResult] | Term
     elif not all(bool(torch.isfinite(x).all()) for x in sums if x is not None):
         where = "the sum of the terms"
     if where is not None:
-        raise _overflow(model, "the expansion", where)
+        raise VerifyError(overflow_message(model, "the expansion", where))
 
 
-def _overflow(model: CircuitModel, what: str, where: str) -> VerifyError:
+def overflow_message(model: CircuitModel, what: str, where: str) -> str:
+    """The one line that refuses ``what`` (the forward pass, the expansion) overflowing at ``where``."""
     dtype = str(model.dtype).removeprefix("torch.")
     largest = max((max_abs(p) for p in model.parameters()), default=0.0)
-    return VerifyError(f"{what} overflows in {dtype}: NaN or Inf in {where} (largest weight magnitude {largest:.3g} "
-                       f"in {dtype}); nothing was checked. Run it in float64 (--dtype float64) or with smaller weights")
+    return (f"{what} overflows in {dtype}: NaN or Inf in {where} (largest weight magnitude {largest:.3g} in {dtype}); "
+            "nothing was checked. Run it in float64 (--dtype float64) or with smaller weights")
 
 
 def _centring_notes(model: CircuitModel, rec: Recording) -> list[str]:

@@ -269,6 +269,26 @@ def test_finite_weights_whose_forward_pass_overflows_give_no_verdict(capsys, tmp
     assert "float64" in err and folder_state(tmp_path) == before
 
 
+def test_a_contribution_that_overflows_where_the_model_does_not_is_refused(capsys, tmp_path, monkeypatch):
+    """A term past the dtype while the model's own pass is finite (the layer norms keep its stream finite): attribute
+    refuses it by name instead of ranking NaN. (Weights alone reach the layer norms' overflow first, so the
+    contraction is made to return one Inf here.)"""
+    from numeric_check.circuits import attribution
+
+    contributions = attribution.TargetContraction.contributions
+
+    def one_infinite(self, kept):
+        out = contributions(self, kept)
+        out[1] = float("inf")
+        return out
+
+    monkeypatch.setattr(attribution.TargetContraction, "contributions", one_infinite)
+    path = forged(tmp_path / "m.safetensors", _huge(1.0))
+    code, out, err = run_cli(capsys, *OVERFLOWING["attribute"], "--checkpoint", str(path), "--dtype", "float32")
+    assert one_line(code, out, err, "the expansion overflows in float32: NaN or Inf in the contribution of tok→L0H0 "
+                                    "(largest weight magnitude"), err
+
+
 @pytest.mark.parametrize("scale", [3e4, 6e4])
 @pytest.mark.parametrize("qk", [False, True])
 def test_terms_whose_norms_overflow_float32_get_their_norms(capsys, tmp_path, scale, qk):
