@@ -209,6 +209,7 @@ def _run_train_toy(args) -> int:
     from numeric_check.model.checkpoint import checkpoint_bytes
 
     info = training_record(config, losses, seconds)
+    info["trained_on"] = trained_on(next(model.parameters()).device)
     if data is not None:
         info["text"] = text_record(args.text, data, tokenizer_file)
     try:  # strict JSON, checked before either file is written
@@ -239,6 +240,17 @@ def _run_train_toy(args) -> int:
         + (f"\nkept {counted(len(history.snapshots), 'snapshot')} in {history_folder.path}" if history_folder else "")
     ))
     return 0
+
+
+def trained_on(device) -> dict:
+    """Where a run was trained, for its record: the device (a GPU by name), torch's threads and version."""
+    import platform
+
+    import torch
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return {"device": str(device), "name": name, "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def _curve_png(record: dict, name: str) -> bytes:

@@ -316,6 +316,7 @@ def train_toy(
     """
     model = build_model(config, device)
     device = next(model.parameters()).device
+    fuse_attention(model, config.attention_kernel == "sdpa")
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = torch.Generator().manual_seed(config.seed)
     history = TrainHistory()
@@ -337,7 +338,16 @@ def train_toy(
             progress(step, record)
     model.eval()
     history.final = evaluate(model, config, seed=config.seed + 1_000_003, data=data)
+    fuse_attention(model, False)  # what is returned is analysed: its patterns formed as always
     return model, history
+
+
+def fuse_attention(model: CircuitModel, on: bool) -> None:
+    """Let ``model``'s attention layers use torch's fused causal kernel while nothing hooks their scores or
+    patterns (``on``), or form every pattern (``not on``, as every analysis needs)."""
+    for module in model.modules():
+        if hasattr(module, "fused"):
+            module.fused = on
 
 
 def _to(batch: RepeatBatch, device: torch.device) -> RepeatBatch:

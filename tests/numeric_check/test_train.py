@@ -135,6 +135,7 @@ def test_seeded_determinism():
         (dict(init_std=0.0), "init_std must be None or a finite number > 0, got 0.0"),
         (dict(warmup_steps=-1), "warmup_steps must be an int >= 0, got -1"),
         (dict(steps=10, warmup_steps=6, decay_steps=5), "warmup_steps=6 and decay_steps=5 add up to more than steps=10"),
+        (dict(attention_kernel="flash"), "unknown attention_kernel 'flash'; expected one of 'sdpa', 'einsum'"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_numbers(kwargs, message):
@@ -155,6 +156,35 @@ def test_records_from_before_the_schedule_read_as_a_constant_rate():
     config = TrainConfig.from_dict(old)
     assert (config.warmup_steps, config.decay_steps) == (0, 0)
     assert {config.lr_factor(i) for i in range(config.steps)} == {1.0}
+
+
+def test_records_from_before_the_fused_kernel_train_with_the_einsum():
+    old = {k: v for k, v in TrainConfig(**TINY).to_dict().items() if k != "attention_kernel"}
+    assert TrainConfig.from_dict(old).attention_kernel == "einsum"
+    assert TrainConfig(**TINY).attention_kernel == "sdpa"
+
+
+def test_the_fused_kernel_trains_as_the_einsum_does_and_is_off_in_what_is_returned():
+    """The fused kernel computes what the scores and pattern do (to float32 rounding), is used only while nothing
+    hooks them, and the trained model forms its patterns as every analysis needs."""
+    from numeric_check.training.toy import build_model, fuse_attention
+
+    config = TrainConfig(**{**TINY, "n_layers": 2, "steps": 30})
+    model = build_model(config)
+    tokens = torch.randint(0, config.d_vocab, (3, config.n_ctx), generator=torch.Generator().manual_seed(1))
+    formed = model(tokens)
+    fuse_attention(model, True)
+    fused_layers = [m for m in model.modules() if getattr(m, "fused", False)]
+    assert len(fused_layers) == 2 and all(m._fusable() for m in fused_layers)
+    torch.testing.assert_close(model(tokens), formed, rtol=1e-5, atol=1e-6)
+    _, cache = model.run_with_cache(tokens)  # a hook on the pattern: the pattern is formed, not fused
+    assert cache["blocks.1.attn.hook_pattern"].shape == (3, 2, config.n_ctx, config.n_ctx)
+
+    (fused, _), (einsum, _) = (train_toy(TrainConfig(**{**TINY, "steps": 30, "attention_kernel": k}))
+                               for k in ("sdpa", "einsum"))
+    for a, b in zip(fused.parameters(), einsum.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    assert not any(getattr(m, "fused", False) for m in fused.modules())
 
 
 def test_the_default_schedule_fits_any_number_of_steps():
