@@ -7,10 +7,11 @@ For every snapshot of ``NAME.history/``:
   index × training step), measured again on the snapshot file in float64 where the history keeps its
   windows (the history's own figure is the training model's, before the save's rounding);
 - the **in-context learning score**: the loss of a late token minus that of an early one. The paper
-  takes the 500th and the 50th tokens of contexts of 512 or more; scaled to a context of ``n_ctx``
-  tokens, the late token is the last and the early one a tenth of the way (:func:`icl_positions`),
-  each averaged over a few neighbouring positions, since a held-out text of a few ten thousand
-  tokens gives one position's mean loss to about 0.15 nats only;
+  takes the 500th and the 50th tokens of contexts of 512 or more, and so does this where the context
+  holds them (``n_ctx`` >= 512); a shorter context gets a score *scaled* to it, the late token the last
+  and the early one a tenth of the way, which is not the paper's measure and is labelled so
+  (:func:`icl_positions`). Each is averaged over five neighbouring positions, since a held-out text of
+  a few ten thousand tokens gives one position's mean loss to about 0.15 nats only;
 - every head's **prefix-matching** score (attention from a token in the second copy of repeated
   random tokens to the token that followed its earlier occurrence) and previous-token score, and its
   **copying** score (the positivity of its OV circuit's eigenvalues, the paper's measure);
@@ -20,8 +21,10 @@ For every snapshot of ``NAME.history/``:
   over a repeated random sequence) and whether :func:`~numeric_check.verification.verify.verify_qk`
   checks every term of that expansion against the snapshot model, as every term is.
 
->>> icl_positions(128)
+>>> icl_positions(128)   # scaled to the context: tokens about 15 and 125
 ((11, 16), (118, 128))
+>>> icl_positions(512)   # the paper's: the positions that predict tokens 48-52 and 498-502
+((46, 51), (496, 501))
 """
 
 from __future__ import annotations
@@ -43,13 +46,41 @@ PAPER_EARLY, PAPER_LATE, PAPER_CONTEXT = 50, 500, 512
 RANDOM_BATCH, RANDOM_SEED = 32, 0
 
 
+def is_paper_icl(n_ctx: int) -> bool:
+    """Whether a context of ``n_ctx`` positions holds the paper's 500th token, so that :func:`icl_score` is the
+    paper's measure (loss at token 500 minus loss at token 50) and not one scaled to a shorter context."""
+    return n_ctx >= PAPER_LATE
+
+
 def icl_positions(n_ctx: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The positions (``range`` bounds; position ``p`` predicts token ``p + 1``) whose mean losses are the early
-    and the late loss of the in-context learning score: the late band the context's last ten positions, the
-    early band five positions around a tenth of the context (the paper's 50th token of 500)."""
+    """The positions (``range`` bounds; position ``p`` predicts the token at index ``p + 1``, the ``p + 2``-th)
+    whose mean losses are the early and the late loss of the in-context learning score. Where the context
+    holds the paper's tokens (:func:`is_paper_icl`): five positions around the ones that predict the 50th and
+    the 500th token. Else scaled to the context: the late band its last ten positions, the early band five
+    positions around a tenth of it."""
+    if is_paper_icl(n_ctx):
+        early, late = PAPER_EARLY - 2, PAPER_LATE - 2  # the positions that predict the 50th and the 500th token
+        return (early - 2, early + 3), (late - 2, late + 3)
     late = n_ctx - 1
     early = max(2, round(late * PAPER_EARLY / PAPER_LATE))
     return (max(0, early - 2), min(early + 3, late)), (max(early + 3, late - 9), late + 1)
+
+
+def icl_definition(n_ctx: int) -> str:
+    """What the in-context learning score of a context of ``n_ctx`` positions is, in a sentence for a page.
+
+    >>> icl_definition(512)
+    "ICL score: the loss at token 500 minus the loss at token 50 (the paper's measure; each a mean over five neighbouring tokens)."
+    >>> icl_definition(128)
+    'ICL score: scaled to a context of 128, the loss at about token 125 minus that at about token 15 (the paper takes tokens 500 and 50, which this context does not hold).'
+    """
+    (a, b), (c, d) = icl_positions(n_ctx)
+    if is_paper_icl(n_ctx):
+        return (f"ICL score: the loss at token {PAPER_LATE} minus the loss at token {PAPER_EARLY} (the paper's measure; "
+                "each a mean over five neighbouring tokens).")
+    return (f"ICL score: scaled to a context of {n_ctx}, the loss at about token {(c + d) // 2 + 2} minus that at about "
+            f"token {(a + b) // 2 + 2} (the paper takes tokens {PAPER_LATE} and {PAPER_EARLY}, which this context "
+            "does not hold).")
 
 
 def icl_score(position_loss, n_ctx: int) -> float:

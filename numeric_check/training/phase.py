@@ -160,15 +160,78 @@ def _bump(run, window, control) -> Claim:
 
 
 def _ablation(ablation) -> Claim:
-    intact, ablated, other = ablation
-    kept = ablated / intact if intact else math.nan
-    other_kept = other / intact if intact else math.nan
-    learns = intact <= -ICL_GAIN
-    detail = f"score {intact:+.3f} intact, {ablated:+.3f} with the induction heads at their mean ({kept:.0%} kept)"
-    c_detail = f"{other:+.3f} with as many other heads of the layer at their mean instead ({other_kept:.0%} kept)"
-    return Claim("ablating the induction heads removes most of the in-context learning",
-                 f"a score ≤ −{ICL_GAIN} nats intact that keeps ≤ 50 % of its value with them mean-ablated",
-                 learns and kept <= 0.5, detail, learns and other_kept <= 0.5, c_detail)
+    a = ablation if isinstance(ablation, Ablation) else Ablation(*ablation)
+    learns = a.intact_interval[1] <= -ICL_GAIN if a.intervals else a.intact <= -ICL_GAIN
+
+    def kept_at_most_half(kept, interval) -> bool:  # the interval's upper end, where there is one
+        return learns and (interval[1] if a.intervals else kept) <= 0.5
+
+    detail = (f"score {a.intact:+.3f}{a.span(a.intact_interval, '+.3f')} intact, {a.ablated:+.3f} with the induction "
+              f"heads at their mean ({a.kept:.0%}{a.span(a.kept_interval, '.0%')} kept)")
+    c_detail = (f"{a.other:+.3f} with as many other heads of the layer at their mean instead "
+                f"({a.other_kept:.0%}{a.span(a.other_interval, '.0%')} kept)")
+    rule = f"a score ≤ −{ICL_GAIN} nats intact that keeps ≤ 50 % of its value with them mean-ablated"
+    if a.intervals:
+        rule += " (each bound of a 95 % interval over the windows)"
+    return Claim("ablating the induction heads removes most of the in-context learning", rule,
+                 kept_at_most_half(a.kept, a.kept_interval), detail, kept_at_most_half(a.other_kept, a.other_interval),
+                 c_detail)
+
+
+#: Bootstrap resamples of the windows for :class:`Ablation`'s intervals, and the seed that draws them.
+RESAMPLES, RESAMPLE_SEED = 2000, 0
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """In-context learning scores (nats) intact, with the induction heads at their mean output, and with as many
+    other heads at theirs; with 95 % intervals (bootstrap over the windows, paired) of the intact score and of the
+    share of it each ablation keeps, where the windows were kept (``intervals``). The held-out windows overlap
+    where the text is short: the intervals then understate the uncertainty, never overstate it.
+    Unpacks as ``intact, ablated, other``."""
+
+    intact: float
+    ablated: float
+    other: float
+    intact_interval: tuple[float, float] = (math.nan, math.nan)
+    kept_interval: tuple[float, float] = (math.nan, math.nan)
+    other_interval: tuple[float, float] = (math.nan, math.nan)
+
+    def __iter__(self):
+        return iter((self.intact, self.ablated, self.other))
+
+    def __getitem__(self, index: int) -> float:
+        return (self.intact, self.ablated, self.other)[index]
+
+    @property
+    def intervals(self) -> bool:
+        return not math.isnan(self.intact_interval[0])
+
+    @property
+    def kept(self) -> float:
+        return self.ablated / self.intact if self.intact else math.nan
+
+    @property
+    def other_kept(self) -> float:
+        return self.other / self.intact if self.intact else math.nan
+
+    def span(self, interval, spec: str) -> str:
+        """`` [a, b]`` in ``spec``, or nothing where there are no intervals."""
+        return f" [{interval[0]:{spec}}, {interval[1]:{spec}}]" if self.intervals else ""
+
+    @classmethod
+    def from_windows(cls, intact: torch.Tensor, ablated: torch.Tensor, other: torch.Tensor) -> "Ablation":
+        """The scores' means over windows (``[count]`` each, the same windows) and their bootstrap intervals."""
+        count = intact.shape[0]
+        draws = torch.randint(0, count, (RESAMPLES, count), generator=torch.Generator().manual_seed(RESAMPLE_SEED))
+        i, a, o = (t.double().cpu()[draws].mean(1) for t in (intact, ablated, other))  # [RESAMPLES] each
+
+        def bounds(x: torch.Tensor) -> tuple[float, float]:
+            q = torch.quantile(x[~x.isnan()], torch.tensor([0.025, 0.975], dtype=torch.float64))
+            return float(q[0]), float(q[1])
+
+        return cls(float(intact.double().mean()), float(ablated.double().mean()), float(other.double().mean()),
+                   bounds(i), bounds(a / i), bounds(o / i))
 
 
 def ablation_heads(run) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -185,18 +248,23 @@ def ablation_heads(run) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
 
 
 @torch.no_grad()
-def ablated_icl(model, windows: torch.Tensor, heads: list[tuple[int, int]], others: list[tuple[int, int]]) -> tuple[float, float, float]:
+def ablated_icl(model, windows: torch.Tensor, heads: list[tuple[int, int]], others: list[tuple[int, int]]) -> Ablation:
     """The in-context learning score of ``model`` on the held-out ``windows`` intact, with ``heads`` replaced
-    by their mean output over positions and windows, and with ``others`` replaced alike."""
+    by their mean output over positions and windows, and with ``others`` replaced alike, window by window
+    (:class:`Ablation`: the means and their intervals)."""
     from numeric_check.model.hooks import block_hook
-    from numeric_check.training.dynamics import icl_score
-    from numeric_check.training.history import position_losses
+    from numeric_check.training.dynamics import icl_positions
+    from numeric_check.training.history import window_losses
 
     n_ctx = windows.shape[1] - 1
+    (a, b), (c, d) = icl_positions(n_ctx)
 
-    def score(ablate) -> float:
+    def icl(losses: torch.Tensor) -> torch.Tensor:  # [count, n_ctx] -> [count]
+        return losses[:, c:d].mean(1) - losses[:, a:b].mean(1)
+
+    def score(ablate) -> torch.Tensor:
         if not ablate:
-            return icl_score(position_losses(model, windows).tolist(), n_ctx)
+            return icl(window_losses(model, windows))
         means = {}
         layers = sorted({layer for layer, _ in ablate})
 
@@ -206,7 +274,7 @@ def ablated_icl(model, windows: torch.Tensor, heads: list[tuple[int, int]], othe
             return z
 
         with model.hooks([(block_hook(layer, "attn.hook_z"), record) for layer in layers]):
-            position_losses(model, windows)
+            window_losses(model, windows)
         count = windows.shape[0] * n_ctx
 
         def replace(z, hook):
@@ -218,6 +286,6 @@ def ablated_icl(model, windows: torch.Tensor, heads: list[tuple[int, int]], othe
             return z
 
         with model.hooks([(block_hook(layer, "attn.hook_z"), replace) for layer in layers]):
-            return icl_score(position_losses(model, windows).tolist(), n_ctx)
+            return icl(window_losses(model, windows))
 
-    return score([]), score(heads), score(others)
+    return Ablation.from_windows(score([]), score(heads), score(others))

@@ -157,3 +157,23 @@ def test_ablating_no_head_changes_nothing_and_every_head_removes_the_score(runs)
     windows = read_windows(runs["two"])
     intact, none, everything = ablated_icl(model, windows, [], [(1, 0), (1, 1)])
     assert none == intact and not math.isclose(everything, intact)
+
+
+def test_an_ablation_inside_its_noise_is_no_finding():
+    """Issue 53's case: keeping 76 % of a -0.04-nat score, with windows that scatter by more than that, holds
+    nothing; a clear ablation (a -0.5 score kept at 10 %, windows scattered by 0.05) holds, its control not."""
+    from numeric_check.training.phase import Ablation
+
+    g = torch.Generator().manual_seed(0)
+    noise = lambda scale: scale * torch.randn(256, generator=g, dtype=torch.float64)  # noqa: E731
+    clear = Ablation.from_windows(-0.5 + noise(0.05), -0.05 + noise(0.05), -0.45 + noise(0.05))
+    assert clear.intact_interval[0] < clear.intact < clear.intact_interval[1] < -0.4
+    claim = judge(PHASE, ablation=clear)[3]
+    assert claim.holds and not claim.control_holds and "kept" in claim.detail and "[" in claim.detail
+    noisy = Ablation.from_windows(-0.04 + noise(0.6), -0.03 + noise(0.6), -0.04 + noise(0.6))
+    assert not judge(PHASE, ablation=noisy)[3].holds
+    # even a point estimate past the rule fails where the interval reaches past it
+    borderline = Ablation.from_windows(-0.15 + noise(0.5), -0.02 + noise(0.5), -0.15 + noise(0.5))
+    assert borderline.intact <= -0.1 and borderline.intact_interval[1] > -0.1
+    assert not judge(PHASE, ablation=borderline)[3].holds
+    assert tuple(clear) == (clear.intact, clear.ablated, clear.other) == (clear[0], clear[1], clear[2])

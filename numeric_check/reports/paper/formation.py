@@ -32,7 +32,7 @@ from numeric_check.reports.paper.language import heldout_path, language_checkpoi
 from numeric_check.training.dynamics import RANDOM_BATCH, RANDOM_SEED, Dynamics, read_dynamics
 from numeric_check.training.history import HISTORY_WINDOWS, heldout_windows
 from numeric_check.training.text import CheckpointTokenizer, encode
-from numeric_check.training.phase import Claim, ablated_icl, ablation_heads, judge, phase_window
+from numeric_check.training.phase import Ablation, Claim, ablated_icl, ablation_heads, judge, phase_window
 
 #: The shipped measurements of the runs, beside the models they end with.
 DYNAMICS_FILE = "kjv_2l.dynamics.json"
@@ -71,7 +71,7 @@ class Formation:
     hashes: tuple[HashCheck, ...]
     prefix_difference: float
     copying_difference: float
-    ablation: tuple[float, float, float] | None
+    ablation: Ablation | None
     heads: tuple[tuple[int, int], ...]
     others: tuple[tuple[int, int], ...]
     windows: int

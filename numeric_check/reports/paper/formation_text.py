@@ -66,16 +66,21 @@ def ablation_text(f: Formation) -> str:
     """The ablation measured now, with which heads and on what."""
     if f.ablation is None:
         return "The run has no induction head to ablate."
-    intact, ablated, other = f.ablation
+    a = f.ablation
+    intact, ablated, other = a
     layer, head = f.heads[0]
     chosen = (f"the last layer's heads whose prefix matching exceeds {INDUCTION} ({_heads(f.heads)})"
               if f.run.snapshots[-1].prefix_matching[layer][head] > INDUCTION else
               f"the run's induction head {_heads(f.heads)} (no head of the last layer exceeds {INDUCTION} prefix matching)")
     return (f"Measured now on the shipped model, on {f.windows} windows of {f.run.n_ctx + 1} tokens spread evenly over the "
             "shipped held-out text (tokenized with the model's BPE, as training's history makes its windows): the "
-            f"in-context learning score is {intact:+.3f} nats intact, {ablated:+.3f} with {chosen} replaced by "
-            f"{'their' if len(f.heads) > 1 else 'its'} mean output, and {other:+.3f} with as many of the layer's lowest "
-            f"({_heads(f.others)}) replaced instead. The last snapshot's score as the file records it, "
+            f"in-context learning score is {intact:+.3f}{a.span(a.intact_interval, '+.3f')} nats intact, {ablated:+.3f} "
+            f"({a.kept:.0%}{a.span(a.kept_interval, '.0%')} kept) with {chosen} replaced by "
+            f"{'their' if len(f.heads) > 1 else 'its'} mean output, and {other:+.3f} "
+            f"({a.other_kept:.0%}{a.span(a.other_interval, '.0%')} kept) with as many of the layer's lowest "
+            f"({_heads(f.others)}) replaced instead"
+            + (" (in brackets: 95 % intervals, a bootstrap over the windows; the windows overlap, so the intervals "
+               "understate the uncertainty)" if a.intervals else "") + ". The last snapshot's score as the file records it, "
             f"{f.run.snapshots[-1].icl_score:+.3f}, was measured on the run's own held-out windows, cut from its own "
             "split of the text: a few tokens' shift of each window moves the score by a few hundredths.")
 
