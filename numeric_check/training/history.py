@@ -114,19 +114,10 @@ def window_losses(model, windows: torch.Tensor, chunk: int = WINDOW_CHUNK) -> to
     return torch.cat(rows)
 
 
-@torch.no_grad()
 def position_losses(model, windows: torch.Tensor, chunk: int = WINDOW_CHUNK) -> torch.Tensor:
-    """``[n_ctx]`` float64: the mean next-token loss (nats) of ``model`` at each position over ``windows``
-    (``[count, n_ctx + 1]``; position ``p`` predicts token ``p + 1``), on the device of the model's weights."""
-    device = next(model.parameters()).device
-    total = torch.zeros(windows.shape[1] - 1, dtype=torch.float64, device=device)
-    for part in windows.split(chunk):
-        part = part.to(device)
-        logits = model(part[:, :-1])  # [chunk, n_ctx, d_vocab]
-        logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # float64 stays so
-        loss = F.cross_entropy(logits.flatten(0, 1), part[:, 1:].flatten(), reduction="none")
-        total += loss.view(part.shape[0], -1).double().sum(0)
-    return (total / windows.shape[0]).cpu()
+    """``[n_ctx]`` float64 on the CPU: the mean next-token loss (nats) of ``model`` at each position over ``windows``
+    (``[count, n_ctx + 1]``; position ``p`` predicts token ``p + 1``): :func:`window_losses` averaged."""
+    return window_losses(model, windows, chunk).mean(0)
 
 
 @dataclass
