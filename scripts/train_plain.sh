@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The language models with nothing planted (issue 53): the King James Bible as it is (copy share 0), 2, 1 and
+# 0 attention layers of 12 heads of 16, d_model 192, contexts of 512 tokens (the follow-up paper's in-context
+# learning score reads tokens 50 and 500), batches of 2 sequences (Aoyama et al. 2025: induction heads emerge
+# after about 10^5.7 · sqrt(batch · context) tokens, 16 M here, step ~15,700; the smallest batch is the
+# cheapest way there), 24,000 steps (24.6 M tokens), lr 0.003 held after 100 steps of warm-up and brought down
+# over the last 2,400 (10 %), 32 snapshots each for 'tcircuits dynamics'. One CPU thread each; the fused
+# attention kernel (TrainConfig.attention_kernel 'sdpa'). Run on 2026-12-06 at commit 3090c6f, the 2- and
+# 1-layer runs at once on this 2-core machine beside other work, then the 0-layer one:
+#
+#   make corpus            # or: xz -dc numeric_check/data/kjv.txt.xz > build/corpus/kjv.txt (the same SHA-256)
+#   bash scripts/train_plain.sh 2 & bash scripts/train_plain.sh 1 & wait; bash scripts/train_plain.sh 0
+#   .venv/bin/tcircuits dynamics --checkpoint build/plain/kjv_2l.safetensors \
+#       --control build/plain/kjv_1l.safetensors -o build/plain/dynamics
+#
+# Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
+# loss curve and .history/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+layers=${1:?layers: 0, 1 or 2}
+mkdir -p build/plain
+exec .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt --layers "$layers" --heads 12 --d-model 192 \
+    --d-head 16 --n-ctx 512 --seg-min 8 --seg-max 64 --batch-size 2 --steps 24000 --warmup-steps 100 \
+    --decay-steps 2400 --copy-share 0 --lr 0.003 --init-std 0.02 --threads 1 --save-dtype float16 --snapshots 32 \
+    --quiet -o "build/plain/kjv_${layers}l.safetensors"
