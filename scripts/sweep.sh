@@ -2,7 +2,7 @@
 # How much repetition induction needs: the shipped two-layer language model's run (the King James Bible,
 # 12 heads of 16, d_model 192, 5,000 batches of 32 x 128 tokens, lr 0.003, init 0.02) at copy shares 0, 0.1,
 # 0.25 and 1, and a one-layer control at a share, each keeping 32 snapshots for 'tcircuits dynamics'.
-# Each run is one CPU thread for about 35-40 minutes here (user + sys); run two at a time on two cores:
+# Each run is one CPU thread for about 50 minutes of wall time here (the records' seconds); two at a time on two cores:
 #
 #   make corpus
 #   bash scripts/sweep.sh 2 0 & bash scripts/sweep.sh 2 0.25 & wait
