@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from numeric_check.errors import AnalysisError
 
-#: The kinds of random tokens :func:`repeat_losses` draws.
-KINDS = ("uniform", "frequent")
+#: The kinds of random tokens :func:`repeat_losses` draws, and how many of a text's most frequent tokens "frequent" are.
+KINDS, FREQUENT = ("uniform", "frequent"), 400
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class RepeatLoss:
 
 @torch.no_grad()
 def repeat_losses(model, *, kind: str = "uniform", seg_len: int | None = None, batch: int = 64, seed: int = 0,
-                  counts: torch.Tensor | None = None, frequent: int = 400) -> RepeatLoss:
+                  counts: torch.Tensor | None = None, frequent: int = FREQUENT) -> RepeatLoss:
     """:class:`RepeatLoss` of ``model`` on ``batch`` sequences of ``seg_len`` random tokens (default: half the
     context, at most 256) followed by the same tokens again. ``kind="frequent"`` draws them from the ``frequent``
     most frequent tokens by ``counts`` (``[d_vocab]``, how often each occurs in a text). The first copy's loss

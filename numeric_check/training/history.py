@@ -103,14 +103,17 @@ def read_windows(checkpoint) -> torch.Tensor | None:
 def window_losses(model, windows: torch.Tensor, chunk: int = WINDOW_CHUNK) -> torch.Tensor:
     """``[count, n_ctx]`` float64 on the CPU: the next-token loss (nats) of ``model`` at each position of each
     of ``windows`` (``[count, n_ctx + 1]``), window by window (:func:`position_losses` is their mean)."""
+    from numeric_check.model.layers import fused_attention
+
     device = next(model.parameters()).device
     rows = []
-    for part in windows.split(chunk):
-        part = part.to(device)
-        logits = model(part[:, :-1])  # [chunk, n_ctx, d_vocab]
-        logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-        loss = F.cross_entropy(logits.flatten(0, 1), part[:, 1:].flatten(), reduction="none")
-        rows.append(loss.view(part.shape[0], -1).double().cpu())
+    with fused_attention(model):  # no pattern is read: the fused kernel, whatever hooks z, the output or the stream
+        for part in windows.split(chunk):
+            part = part.to(device)
+            logits = model(part[:, :-1])  # [chunk, n_ctx, d_vocab]
+            logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+            loss = F.cross_entropy(logits.flatten(0, 1), part[:, 1:].flatten(), reduction="none")
+            rows.append(loss.view(part.shape[0], -1).double().cpu())
     return torch.cat(rows)
 
 

@@ -36,6 +36,7 @@ from numeric_check.errors import CheckpointError
 from numeric_check.files import read_json, read_text_file
 from numeric_check.model.checkpoint import stored_content_hash
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.layers import set_fused
 from numeric_check.training.batch import RepeatBatch  # noqa: F401 - part of this module's API
 from numeric_check.training.config import TrainConfig, TrainConfigError  # noqa: F401 - part of this module's API
 
@@ -344,10 +345,9 @@ def train_toy(
 
 def fuse_attention(model: CircuitModel, on: bool) -> None:
     """Let ``model``'s attention layers use torch's fused causal kernel while nothing hooks their scores or
-    patterns (``on``), or form every pattern (``not on``, as every analysis needs)."""
-    for module in model.modules():
-        if hasattr(module, "fused"):
-            module.fused = on
+    patterns (``on``), or form every pattern (``not on``, as every analysis needs); for good, unlike
+    :func:`~numeric_check.model.layers.fused_attention`'s block."""
+    set_fused(model, on)
 
 
 def _to(batch: RepeatBatch, device: torch.device) -> RepeatBatch:

@@ -150,11 +150,14 @@ def test_induction_on_a_repeated_passage_finds_the_induction_head_and_not_in_a_o
     ind = induction(model, control, data, length=12, passages=4)
     assert ind.second < 0.1 * ind.first and ind.attention[0] > 0.8  # a token recurs within the passage: not 1
     assert ind.control_second > 0.5 * ind.control_first and max(ind.control_attention.values()) < 0.4
-    assert [p.verdict for p in induction_language(LanguageMeasurements(data, {}, induction=ind)).parts] == ["holds"] * 2
+    assert [p.verdict for p in induction_language(LanguageMeasurements(data, {}, induction=ind)).parts] == ["holds"] * 3
+    # arbitrary tokens: uniform and the text's frequent ones, each far cheaper on the second copy, the control's not
+    assert [r.kind for r in ind.random] == ["uniform", "frequent"] and all(r.drop > 3 for r in ind.random)
+    assert all(r.drop < 1 for r in ind.control_random)
     # the two-layer model as its own control: the rule holds there too, so the part cannot hold
     same = induction(model, model, data, length=12, passages=4)
     assert [p.verdict for p in induction_language(LanguageMeasurements(data, {}, induction=same)).parts] == [
-        "does not hold"] * 2  # the attention part's control is measured too, not assumed to fail
+        "does not hold"] * 3  # the attention part's control is measured too, not assumed to fail
 
 
 def test_measure_language_measures_only_the_models_given_and_the_page_shows_only_those():

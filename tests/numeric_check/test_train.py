@@ -187,6 +187,22 @@ def test_the_fused_kernel_trains_as_the_einsum_does_and_is_off_in_what_is_return
     assert not any(getattr(m, "fused", False) for m in fused.modules())
 
 
+def test_losses_over_windows_use_the_fused_kernel_for_their_block_only():
+    from numeric_check.model.layers import fused_attention
+    from numeric_check.training.history import window_losses
+    from numeric_check.training.toy import build_model
+
+    model = build_model(TrainConfig(**{**TINY, "n_layers": 2})).double()
+    windows = torch.randint(0, TINY["d_vocab"], (5, TINY["n_ctx"] + 1), generator=torch.Generator().manual_seed(2))
+    logits = model(windows[:, :-1])
+    formed = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten(), reduction="none")
+    torch.testing.assert_close(window_losses(model, windows), formed.view(5, -1), rtol=0, atol=1e-12)
+    layers = [m for m in model.modules() if hasattr(m, "fused")]
+    with fused_attention(model):
+        assert all(m.fused for m in layers)
+    assert not any(m.fused for m in layers)  # restored, also after window_losses
+
+
 def test_the_default_schedule_fits_any_number_of_steps():
     assert (TrainConfig().warmup_steps, TrainConfig().decay_steps) == (100, 4500)  # the shipped model's
     assert (TrainConfig(steps=1000).warmup_steps, TrainConfig(steps=1000).decay_steps) == (100, 300)

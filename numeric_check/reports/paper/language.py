@@ -34,6 +34,7 @@ from torch import Tensor
 from numeric_check.circuits.factored import Factored
 from numeric_check.circuits.importance import MAX_ELEMENTS, count_paths, logits_by_order
 from numeric_check.circuits.ov_qk import copying_scores, eigenvalue_positivity, head_weights, model_weight
+from numeric_check.circuits.repeats import KINDS, repeat_losses
 from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
@@ -465,6 +466,13 @@ class Induction:
     control: str = "the one-layer model (same text, width and tokens)"
     control_attention: dict[int, float] = field(default_factory=dict)  # the control's last layer, the same way
     passages: int = 1  # how many passages the losses and attention are means over (``passage`` is the first)
+    #: Repeated random tokens (uniform, then the text's frequent ones): the model's and the control's losses by copy.
+    random: tuple = ()
+    control_random: tuple = ()
+
+
+#: Sequences of repeated random tokens the induction finding measures on (each kind).
+RANDOM_SEQUENCES = 32
 
 
 def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *, length: int = 48,
@@ -496,8 +504,14 @@ def induction(model: CircuitModel, control: CircuitModel, data: LanguageData, *,
     predicted = logits[0].argmax(-1).cpu()
     examples = tuple((data.show(tokens[0, length:p + 1])[-40:], data.token(predicted[p]), data.token(tokens[0, p + 1]))
                      for p in range(length, 2 * length - 1, max(1, length // 6)))
+    counts = torch.bincount(data.ids.long().cpu(), minlength=model.cfg.d_vocab)
+
+    def on_random(m: CircuitModel) -> tuple:
+        return tuple(repeat_losses(m, kind=kind, counts=counts, batch=RANDOM_SEQUENCES) for kind in KINDS)
+
     return Induction(data.show(seqs[0]), length, first, second, c_first, c_second, attention, examples,
-                     control_attention=control_attention, passages=passages)
+                     control_attention=control_attention, passages=passages, random=on_random(model),
+                     control_random=on_random(control))
 
 
 # --- all of it ----------------------------------------------------------------------------------------
