@@ -50,7 +50,7 @@ _U32 = 2.0**-24
 _U16 = 2.0**-8  # bfloat16's unit roundoff
 _TINY32 = 2.0**-126  # smallest normal float32 (and bfloat16)
 BF16_MIN_WORK = 1 << 24  # rows x k x m from which a product is screened in bfloat16 (where the CPU has it)
-ROW_BLOCK = 1 << 22  # entries of a product computed at once in float64 (rows x columns): 32 MiB
+ROW_BLOCK = 1 << 20  # entries of a product computed at once (rows x columns; 8 MiB in float64)
 BF16_ENTRY_SHARE = 64  # at most rows x m / this many entries left by the bfloat16 screen, else the float32 screen
 
 
@@ -101,8 +101,8 @@ class MaxAbsProduct:
             x = X[top:top + step]
             for start in range(0, self.m, self.chunk):
                 p = self._product(x, start, min(self.m, start + self.chunk))
-                if p.numel():  # amax and maximum carry a nan through
-                    best[top:top + step] = torch.maximum(best[top:top + step], p.abs().amax(1).double())
+                if p.numel():  # amax, amin and maximum carry a nan through (amax, amin: no |p| made)
+                    best[top:top + step] = torch.maximum(best[top:top + step], torch.maximum(p.amax(1), p.amin(1).neg_()).double())
         out = best.new_zeros(n).scatter_reduce_(0, segment, best, "amax")
         nan = best.new_zeros(n).index_add_(0, segment, best.isnan().double()) > 0
         return out.masked_fill_(nan, math.nan)

@@ -23,6 +23,7 @@ settle (every row, with ``exact``) is compared in full through the model's own m
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterator, NamedTuple
 
 import torch
@@ -209,7 +210,13 @@ class GroupedIsolation:
             rows = y[h, :, :, r]  # [m, b, pos, e]
             values = [LogitTermValue(first + k, 1.0, row, self.grouped.left(layer, k % H)) for k, row in zip(ks, rows.unbind(0))]
             settlement.compare(values, x, 0.0, self._factors(layer, values, rows, h))
-            settlement.finish()
+            settlement.finish_when_full()  # (the caller finishes: see verify_logits)
+
+    def finish(self) -> float:
+        """The rows no bound settled, their exact errors (:meth:`Settlement.finish`); the seconds it took."""
+        start = time.perf_counter()
+        self.settlement.finish()
+        return time.perf_counter() - start
 
     def _factors(self, layer: int, values: list, rows: Tensor, heads: Tensor) -> tuple[Tensor, Tensor] | None:
         """``(rows, R)``: the rows and each one's last factor before ``W_Uᵀ`` (its head's ``W_O^{h}ᵀ``), stacked from

@@ -42,6 +42,9 @@ from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.results import TermTable
 
 
+SETTLE_BYTES = 1 << 26  # the terms' errors and inputs held for one exact pass (:meth:`Settlement.finish_when_full`)
+
+
 class Settlement:
     """Where check 2's terms get their verdicts: a term whose bound is within the tolerance passes on it;
     the others (every term, with ``exact``) wait for :meth:`finish`, which computes their largest
@@ -54,6 +57,7 @@ class Settlement:
         self.atol, self.rtol, self.scale = tolerance
         self.tol = self.atol + self.rtol * self.scale
         self.unsettled: list[tuple[np.ndarray, Tensor, Tensor]] = []  # (indices, errors, ours), a batch of terms each
+        self.held = 0  # their bytes
 
     def settle(self, indices: Sequence[int], errors: Tensor, bounds: Tensor, ours: Callable[[Tensor], Tensor]) -> None:
         """Terms ``indices`` with their errors ``[n, batch, pos, w]`` and error bounds ``[n]``: those whose bound is
@@ -67,6 +71,13 @@ class Settlement:
         if open_.any():
             k = torch.as_tensor(np.flatnonzero(open_), device=errors.device)
             self.unsettled.append((indices[open_], self.space.widened(errors[k]), ours(k)))
+            self.held += 2 * self.unsettled[-1][1].numel() * errors.element_size()
+
+    def finish_when_full(self) -> None:
+        """:meth:`finish` once the waiting terms hold ``SETTLE_BYTES`` (their exact errors in as few passes as memory
+        allows); the caller calls :meth:`finish` at the end."""
+        if self.held >= SETTLE_BYTES:
+            self.finish()
 
     def compare(self, group: list[LogitTermValue], x: Tensor, bias: float, stacked: tuple[Tensor, Tensor] | None = None) -> None:
         """Each term of ``group`` against its unembedding input ``x[k]`` (``bias``: ``b_U``'s coefficient), in
@@ -100,6 +111,7 @@ class Settlement:
         self.results.set_error(indices, error)
         self.results.passed[indices] = passed
         self.unsettled.clear()
+        self.held = 0
 
 
 def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, space: LogitSpace,
