@@ -91,18 +91,23 @@ class MaxAbsProduct:
             at += w
         return out
 
-    def _direct_rows(self, X: Tensor, segment: Tensor, n: int) -> Tensor:
-        """``[n]`` float64: the largest ``|X F|`` over the rows of each segment (``segment[i]``: row ``i``'s), in
-        ``X``'s dtype, a block of rows and columns at a time; 0 for an empty segment, nan where a row holds nan.
-        Read nothing back: the caller reads the verdicts once."""
-        best = torch.zeros(X.shape[0], dtype=torch.float64, device=X.device)
-        step = max(1, ROW_BLOCK // max(1, min(self.m, self.chunk)))
+    def _direct_rows(self, X: Tensor, segment: Tensor | None, n: int) -> Tensor:
+        """``[n]`` float64: the largest ``|X F|`` over the rows of each segment (``segment[i]``: row ``i``'s; ``None``:
+        one segment), in ``X``'s dtype, a block of rows and columns at a time; 0 for an empty segment, nan where a row
+        holds nan. Read nothing back: the caller reads the verdicts once."""
+        if not X.shape[0] or not self.m:
+            return torch.zeros(n, dtype=torch.float64, device=X.device)
+        step, blocks = max(1, ROW_BLOCK // min(self.m, self.chunk)), []
         for top in range(0, X.shape[0], step):
-            x = X[top:top + step]
+            x, best = X[top:top + step], None
             for start in range(0, self.m, self.chunk):
                 p = self._product(x, start, min(self.m, start + self.chunk))
-                if p.numel():  # amax, amin and maximum carry a nan through (amax, amin: no |p| made)
-                    best[top:top + step] = torch.maximum(best[top:top + step], torch.maximum(p.amax(1), p.amin(1).neg_()).double())
+                top_abs = torch.maximum(p.amax(1), p.amin(1).neg_())  # amax, amin, maximum carry a nan; no |p| made
+                best = top_abs if best is None else torch.maximum(best, top_abs)
+            blocks.append(best)
+        best = (blocks[0] if len(blocks) == 1 else torch.cat(blocks)).double()
+        if segment is None:
+            return best.amax().view(1)  # (amax carries a nan through)
         out = best.new_zeros(n).scatter_reduce_(0, segment, best, "amax")
         nan = best.new_zeros(n).index_add_(0, segment, best.isnan().double()) > 0
         return out.masked_fill_(nan, math.nan)
@@ -195,10 +200,12 @@ class MaxAbsProduct:
         n = len(sizes)
         if not X.numel():
             return torch.zeros(n, dtype=torch.float64, device=X.device)
-        segment = torch.arange(n, device=X.device).repeat_interleave(torch.tensor(sizes, device=X.device), output_size=X.shape[0])
+        one = n == 1  # one item: no segments to reduce by
+        segment = None if one else \
+            torch.arange(n, device=X.device).repeat_interleave(torch.tensor(sizes, device=X.device), output_size=X.shape[0])
         finite = self._finite(X)
         if self._use_bf16(X) and finite:
-            found = self._bf16_maxima(X, sizes, segment)
+            found = self._bf16_maxima(X, sizes, torch.zeros(X.shape[0], dtype=torch.long, device=X.device) if one else segment)
             if found is not None:
                 return found
         if not (self.dtype == torch.float64 and X.dtype == torch.float64) or not finite:
@@ -206,10 +213,14 @@ class MaxAbsProduct:
         self.screens["float32"] += 1
         estimate, slack = self._screened(X)
         # refine: only rows whose screened maximum is within 2δ of their run's best lower bound, in float64
+        if one:
+            candidate = estimate + slack >= (estimate - slack).amax()
+            candidate |= ~candidate.any()  # cannot happen with finite bounds; never trust an empty screen
+            return self._direct_rows(X[candidate], None, 1)
         floors = estimate.new_full((n,), -math.inf).scatter_reduce_(0, segment, estimate - slack, "amax")
         candidate = estimate + slack >= floors[segment]
         found = candidate.new_zeros(n, dtype=torch.long).index_add_(0, segment, candidate.long())
-        candidate |= (found == 0)[segment]  # cannot happen with finite bounds; never trust an empty screen
+        candidate |= (found == 0)[segment]  # (as above)
         rows = torch.nonzero(candidate).flatten()
         return self._direct_rows(X[rows], segment[rows], n)
 
