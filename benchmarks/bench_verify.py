@@ -27,12 +27,17 @@ for each of two sources, tokens and positions). Printed, in one run:
    unembedding per term) measured on a sample of terms and extrapolated
    (``--full-isolation`` measures that in full too).
 
+First (0.), issue 55's figures on a small model (attention-only, 2 x 12 heads, d_model 128, d_head 32,
+d_vocab 1000, 32 tokens, 338 terms): the ATen operations ``verify_logits`` dispatches (a count no machine's
+speed changes; target at most 10x ``run_with_cache``'s) and its time beside ``run_with_cache``'s, in float64
+and float32, on the device chosen (``--small-only``: this part alone).
+
 Times are wall-clock medians; CPU times are printed too, since the machine may be shared.
 ``--threads`` sets torch's intra-op threads for everything (default 1: on this 2-core
 machine, shared with other jobs, 2 threads were slower for the small operations of the
 trie, because OpenMP workers spin while waiting).
 
-    python benchmarks/bench_verify.py [--threads N] [--device cpu|cuda] [--sample K] [--full-isolation]
+    python benchmarks/bench_verify.py [--threads N] [--device cpu|cuda] [--sample K] [--full-isolation] [--small-only]
 """
 
 from __future__ import annotations
@@ -53,9 +58,12 @@ from numeric_check.verification.bind import Binder  # noqa: E402
 from numeric_check.verification.hook_paths import record
 from numeric_check.verification.evaluate import LogitEvaluator, LogitSum, StreamTrie, evaluate_term_alone  # noqa: E402
 from numeric_check.verification.isolate import isolate_final_streams  # noqa: E402
+from numeric_check.verification.op_count import count_ops  # noqa: E402
 from numeric_check.verification.verify import LogitSpace, verify_logits, verify_qk  # noqa: E402
 
-TARGETS = {torch.float64: 3.0, torch.float32: 1.5}  # verify_logits / run_with_cache, CPU seconds of one thread
+TARGETS = {torch.float64: 3.0, torch.float32: 1.0}  # verify_logits / run_with_cache, CPU seconds of one thread
+SMALL = dict(n_layers=2, n_heads=12, d_model=128, d_head=32, d_vocab=1000, n_ctx=64)  # 0.: issue 55's model
+OPS_TARGET = 10  # verify_logits's ATen operations / run_with_cache's, at most
 SIZES = dict(n_layers=2, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=128)
 BATCH, SEQ = 4, 128
 
@@ -118,6 +126,36 @@ def sample(items: list, k: int) -> list:
     return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)] if k > 1 else items[:1]
 
 
+def small_model(device: torch.device, repeat: int) -> bool:
+    """0.: operation counts and times of verify_logits beside run_with_cache on the small model; whether it passed."""
+    import transformer_lens as tl
+
+    source = tl.HookedTransformer(tl.HookedTransformerConfig(attn_only=True, seed=0, device=str(device), **SMALL))
+    tokens = torch.randint(0, SMALL["d_vocab"], (1, 32), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def reference():
+        with torch.no_grad():
+            return source.run_with_cache(tokens)
+
+    _, ref_wall, ref_cpu = timed(reference, device, repeat)
+    _, ref_ops = count_ops(reference)
+    print(f"0. small model {SMALL}, 32 tokens; device {device}\n"
+          f"   run_with_cache (float32): {ref_ops:,} ATen operations, {ref_wall * 1e3:.2f} ms wall {ref_cpu * 1e3:.2f} ms cpu")
+    passed = True
+    for dtype in (torch.float64, torch.float32):
+        model = from_transformer_lens(source, dtype=dtype, device=device)
+        run = lambda: verify_logits(model, tokens, dtype=dtype, device=device)  # noqa: E731
+        first: list = []
+        report, wall, cpu, by_wall, by_cpu = paired(reference, run, device, repeat, first)
+        _, ops = count_ops(run)
+        passed &= report.passed
+        print(f"   verify_logits {str(dtype).replace('torch.', ''):7}: {ops:,} ATen operations = {ops / ref_ops:.1f}x "
+              f"[target <= {OPS_TARGET}x: {'met' if ops <= OPS_TARGET * ref_ops else 'NOT met'}]; {wall * 1e3:.2f} ms wall "
+              f"{cpu * 1e3:.2f} ms cpu = {by_wall:.2f}x run_with_cache (wall), {by_cpu:.2f}x (cpu); {len(report.terms)} "
+              f"terms {'passed' if report.passed else 'FAILED'}")
+    return passed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
@@ -125,9 +163,13 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, default=4, help="terms timed alone / isolated, then extrapolated")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls (after a first); verify_logits in turn with run_with_cache")
     parser.add_argument("--full-isolation", action="store_true", help="time check 2 on every term (minutes on a CPU)")
+    parser.add_argument("--small-only", action="store_true", help="0. alone: issue 55's operation counts and times")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    small_passed = small_model(device, args.repeat)
+    if args.small_only:
+        return 0 if small_passed else 1
 
     import transformer_lens as tl
 
@@ -254,7 +296,7 @@ def main(argv=None) -> int:
     how = "measured on all terms" if args.full_isolation else f"mean of {len(values)} sampled terms, extrapolated"
     print(f"   exact per-term logit-space errors instead (exact_errors=True): {per:.2f} s wall per term ({how}): "
           f"{per * n_terms:.0f} s for all {n_terms} terms; max |error| {worst:.2e}")
-    return 0 if report.passed else 1
+    return 0 if report.passed and small_passed else 1
 
 
 if __name__ == "__main__":

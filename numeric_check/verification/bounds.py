@@ -50,6 +50,7 @@ _U32 = 2.0**-24
 _U16 = 2.0**-8  # bfloat16's unit roundoff
 _TINY32 = 2.0**-126  # smallest normal float32 (and bfloat16)
 BF16_MIN_WORK = 1 << 24  # rows x k x m from which a product is screened in bfloat16 (where the CPU has it)
+ROW_BLOCK = 1 << 20  # entries of a product computed at once (rows x columns; 8 MiB in float64)
 BF16_ENTRY_SHARE = 64  # at most rows x m / this many entries left by the bfloat16 screen, else the float32 screen
 
 
@@ -90,17 +91,26 @@ class MaxAbsProduct:
             at += w
         return out
 
-    def _direct(self, x: Tensor) -> float:
-        best = 0.0
-        for start in range(0, self.m, self.chunk):
-            p = self._product(x, start, min(self.m, start + self.chunk))
-            if p.numel():
-                low, high = torch.aminmax(p)
-                value = float(torch.maximum(low.abs(), high.abs()))
-                if math.isnan(value):
-                    return math.nan
-                best = max(best, value)
-        return best
+    def _direct_rows(self, X: Tensor, segment: Tensor | None, n: int) -> Tensor:
+        """``[n]`` float64: the largest ``|X F|`` over the rows of each segment (``segment[i]``: row ``i``'s; ``None``:
+        one segment), in ``X``'s dtype, a block of rows and columns at a time; 0 for an empty segment, nan where a row
+        holds nan. Read nothing back: the caller reads the verdicts once."""
+        if not X.shape[0] or not self.m:
+            return torch.zeros(n, dtype=torch.float64, device=X.device)
+        step, blocks = max(1, ROW_BLOCK // min(self.m, self.chunk)), []
+        for top in range(0, X.shape[0], step):
+            x, best = X[top:top + step], None
+            for start in range(0, self.m, self.chunk):
+                p = self._product(x, start, min(self.m, start + self.chunk))
+                top_abs = torch.maximum(p.amax(1), p.amin(1).neg_())  # amax, amin, maximum carry a nan; no |p| made
+                best = top_abs if best is None else torch.maximum(best, top_abs)
+            blocks.append(best)
+        best = (blocks[0] if len(blocks) == 1 else torch.cat(blocks)).double()
+        if segment is None:
+            return best.amax().view(1)  # (amax carries a nan through)
+        out = best.new_zeros(n).scatter_reduce_(0, segment, best, "amax")
+        nan = best.new_zeros(n).index_add_(0, segment, best.isnan().double()) > 0
+        return out.masked_fill_(nan, math.nan)
 
     @property
     def column_norm(self) -> float:
@@ -127,12 +137,17 @@ class MaxAbsProduct:
         """
         if xs.shape[-1] > self.k:
             raise ValueError(f"rows of width at most {self.k} expected, got shape {tuple(xs.shape)}")
+        return self.bound_each(xs).tolist()
+
+    def bound_each(self, xs: Tensor) -> Tensor:
+        """:meth:`bounds` as a float64 tensor ``[n]`` on ``xs``'s device (nothing read back)."""
+        if xs.shape[-1] > self.k:
+            raise ValueError(f"rows of width at most {self.k} expected, got shape {tuple(xs.shape)}")
         rows = xs.reshape(xs.shape[0], -1, xs.shape[-1])
         if not rows.numel():
-            return [0.0] * xs.shape[0]
-        norms = torch.linalg.vector_norm(rows, dim=2).amax(1).tolist()
+            return torch.zeros(xs.shape[0], dtype=torch.float64, device=xs.device)
         factor = self.bound_factor if rows.dtype == self.dtype else self._factor(rows.dtype)
-        return [norm * factor for norm in norms]
+        return torch.linalg.vector_norm(rows, dim=2).amax(1).double() * factor
 
     @property
     def bound_factor(self) -> float:
@@ -171,30 +186,49 @@ class MaxAbsProduct:
         rows = [x.detach().reshape(-1, self.k) for x in xs]
         if not rows:
             return []
-        X = torch.cat(rows)
-        if X.numel() and self._use_bf16(X) and self._finite(rows):
-            found = self._bf16_maxima(X, [r.shape[0] for r in rows])
+        return self._maxima(torch.cat(rows), [r.shape[0] for r in rows]).tolist()
+
+    def max_abs_each(self, xs: Tensor) -> Tensor:
+        """:meth:`max_abs` of each ``xs[i]`` (``xs``: ``[n, ..., k]``), as a float64 tensor ``[n]`` on ``xs``'s device:
+        every item in one pass, nothing read back."""
+        n = xs.shape[0]
+        X = xs.detach().reshape(n, -1, self.k)
+        return self._maxima(X.reshape(-1, self.k), [X.shape[1]] * n)
+
+    def _maxima(self, X: Tensor, sizes: list[int]) -> Tensor:
+        """``[len(sizes)]`` float64: ``max |X_s F|`` of each run of ``sizes`` rows of ``X``."""
+        n = len(sizes)
+        if not X.numel():
+            return torch.zeros(n, dtype=torch.float64, device=X.device)
+        one = n == 1  # one item: no segments to reduce by
+        segment = None if one else \
+            torch.arange(n, device=X.device).repeat_interleave(torch.tensor(sizes, device=X.device), output_size=X.shape[0])
+        finite = self._finite(X)
+        if self._use_bf16(X) and finite:
+            found = self._bf16_maxima(X, sizes, torch.zeros(X.shape[0], dtype=torch.long, device=X.device) if one else segment)
             if found is not None:
                 return found
-        usable = self.dtype == torch.float64 and all(r.dtype == torch.float64 for r in rows)
-        if not usable or not self._finite(rows):
-            return [self._direct(r) if r.numel() else 0.0 for r in rows]
-        if not X.numel():
-            return [0.0] * len(rows)
+        if not (self.dtype == torch.float64 and X.dtype == torch.float64) or not finite:
+            return self._direct_rows(X, segment, n)
         self.screens["float32"] += 1
         estimate, slack = self._screened(X)
-        out, at = [], 0
-        for r in rows:
-            n = r.shape[0]
-            out.append(self._refine(r, estimate[at:at + n], slack[at:at + n]) if n else 0.0)
-            at += n
-        return out
+        # refine: only rows whose screened maximum is within 2δ of their run's best lower bound, in float64
+        if one:
+            candidate = estimate + slack >= (estimate - slack).amax()
+            candidate |= ~candidate.any()  # cannot happen with finite bounds; never trust an empty screen
+            return self._direct_rows(X[candidate], None, 1)
+        floors = estimate.new_full((n,), -math.inf).scatter_reduce_(0, segment, estimate - slack, "amax")
+        candidate = estimate + slack >= floors[segment]
+        found = candidate.new_zeros(n, dtype=torch.long).index_add_(0, segment, candidate.long())
+        candidate |= (found == 0)[segment]  # (as above)
+        rows = torch.nonzero(candidate).flatten()
+        return self._direct_rows(X[rows], segment[rows], n)
 
-    def _finite(self, rows: list[Tensor]) -> bool:
+    def _finite(self, X: Tensor) -> bool:
         if self._blocks_finite is None:
             make = lambda: all(math.isfinite(max_abs(b)) for b in self.blocks)  # noqa: E731
             self._blocks_finite = make() if self.constants is None else self.constants.get("finite", make)
-        return self._blocks_finite and all(math.isfinite(max_abs(r)) for r in rows)
+        return self._blocks_finite and bool(torch.isfinite(X).all())
 
     def _screened(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Per row: the screened maximum and a bound on its error, both in true units."""
@@ -214,14 +248,6 @@ class MaxAbsProduct:
         slack = 2 * (gamma * norms * f_norm + (self.k + 4) * _TINY32)
         return best.double() * unscale, slack * unscale
 
-    def _refine(self, r: Tensor, estimate: Tensor, slack: Tensor) -> float:
-        """The float64 maximum over the rows that can hold it."""
-        floor = float((estimate - slack).max())
-        candidates = torch.nonzero(estimate + slack >= floor).flatten()
-        if not candidates.numel():  # cannot happen with finite bounds; never trust an empty screen
-            return self._direct(r)
-        return self._direct(r[candidates])
-
     # -- the bfloat16 screen -----------------------------------------------------------------
     def _use_bf16(self, X: Tensor) -> bool:
         if self.bf16 is False or X.device.type != "cpu" or not X.dtype.is_floating_point or not bf16_screen_available():
@@ -235,7 +261,7 @@ class MaxAbsProduct:
             self._screen16 = make() if self.constants is None else self.constants.get("screen16", make)
         return self._screen16
 
-    def _bf16_maxima(self, X: Tensor, sizes: list[int]) -> list[float] | None:
+    def _bf16_maxima(self, X: Tensor, sizes: list[int], segment: Tensor) -> Tensor | None:
         """``max |X_s F|`` of each run of ``sizes`` rows of ``X`` (finite) by the bfloat16 screen (see the module),
         or ``None`` when it leaves more than ``rows · m / BF16_ENTRY_SHARE`` entries to compute."""
         self.screens["bf16"] += 1
@@ -257,8 +283,6 @@ class MaxAbsProduct:
         delta = 2 * ((3 * _U16 + 4 * _U16**2 + 3 * gamma) * norms * f_norm + 4 * (self.k + 4) * _TINY32)
         units = row_scale.double() * f_scale  # screened units per true unit, per row
         low, high = (best.double() - delta) / units, (best.double() + delta) / units
-        segment = torch.repeat_interleave(torch.arange(len(sizes), device=X.device),
-                                          torch.tensor(sizes, device=X.device))
         floors = torch.full((len(sizes),), -math.inf, dtype=torch.float64, device=X.device)
         floors.scatter_reduce_(0, segment, low, "amax")
         # an entry can hold its run's maximum when |screened| ≥ (floor - δ) in its row's units: the threshold
@@ -283,7 +307,7 @@ class MaxAbsProduct:
             for c in range(0, i.shape[0], 4096):
                 ic, jc = i[c:c + 4096], j[c:c + 4096]
                 maxima.scatter_reduce_(0, segment[ic], self._entries(X, ic, jc).abs(), "amax")
-        return maxima.tolist()
+        return maxima
 
     def _entries(self, X: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """``(X F)[i[t], j[t]]`` for each ``t``, each a dot product in float64."""

@@ -23,6 +23,7 @@ settle (every row, with ``exact``) is compared in full through the model's own m
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterator, NamedTuple
 
 import torch
@@ -33,7 +34,7 @@ from derivations.sources import Path
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.hook_paths import Recording, StopForward, frozen_hooks, run_blocks, run_frozen
 from numeric_check.model.hooks import block_hook
-from numeric_check.verification.evaluate import LogitTermValue
+from numeric_check.verification.evaluate import LogitTermValue, right_multiplier
 from numeric_check.verification.grouped import GroupEvaluator, PathGroup
 from numeric_check.verification.isolate import GROUP_BYTES, SourceHooks, head_final_inputs
 from numeric_check.verification.logit_isolation import HeadMaps, Settlement
@@ -168,6 +169,7 @@ class GroupedIsolation:
         self.grouped, self.maps, self.settlement = grouped, maps, settlement
         self.passes = PrefixPasses(self.model, self.rec, budget)
         self._gaps: dict[int, Tensor | None] = {}
+        self._stacks: dict[int, Tensor] = {}  # each layer's last factors before W_Uᵀ, stacked by head
 
     def check(self, group: PathGroup, first: int, y: Tensor, norms: Tensor | None = None) -> None:
         """Rows of ``group`` from expansion index ``first`` on, head-major (:meth:`GroupEvaluator.blocks`:
@@ -205,9 +207,26 @@ class GroupedIsolation:
             ks = open_[start:start + size]
             r, h = (torch.tensor(part, device=y.device) for part in zip(*(divmod(k, H) for k in ks)))
             x = head_final_inputs(self.model, self.rec, layer, h.tolist(), z[h, :, :, r].permute(1, 2, 0, 3))
-            settlement.compare([LogitTermValue(first + k, 1.0, row, self.grouped.left(layer, k % H))
-                                for k, row in zip(ks, y[h, :, :, r].unbind(0))], x, 0.0)
-            settlement.finish()
+            rows = y[h, :, :, r]  # [m, b, pos, e]
+            values = [LogitTermValue(first + k, 1.0, row, self.grouped.left(layer, k % H)) for k, row in zip(ks, rows.unbind(0))]
+            settlement.compare(values, x, 0.0, self._factors(layer, values, rows, h))
+            settlement.finish_when_full()  # (the caller finishes: see verify_logits)
+
+    def finish(self) -> float:
+        """The rows no bound settled, their exact errors (:meth:`Settlement.finish`); the seconds it took."""
+        start = time.perf_counter()
+        self.settlement.finish()
+        return time.perf_counter() - start
+
+    def _factors(self, layer: int, values: list, rows: Tensor, heads: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``(rows, R)``: the rows and each one's last factor before ``W_Uᵀ`` (its head's ``W_O^{h}ᵀ``), stacked from
+        the layer's factors stacked once (``None`` where the rows are not of that form: compared term by term)."""
+        if not all(len(v.left) == 2 for v in values):
+            return None
+        if layer not in self._stacks:
+            lefts = [self.grouped.left(layer, h)[0] for h in range(self.model.arch.heads_per_layer[layer])]
+            self._stacks[layer] = torch.stack([right_multiplier(self.grouped.binder, ref) for ref in lefts])
+        return rows, self._stacks[layer][heads]
 
     def _layer_gaps(self, layer: int) -> Tensor | None:
         """``‖M_h - R_h‖`` per head of ``layer`` (``R_h``: its terms' last factor, ``W_O^{h}ᵀ``), or ``None`` when

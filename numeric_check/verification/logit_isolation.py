@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,6 +42,9 @@ from numeric_check.verification.logit_space import LogitSpace
 from numeric_check.verification.results import TermTable
 
 
+SETTLE_BYTES = 1 << 26  # the terms' errors and inputs held for one exact pass (:meth:`Settlement.finish_when_full`)
+
+
 class Settlement:
     """Where check 2's terms get their verdicts: a term whose bound is within the tolerance passes on it;
     the others (every term, with ``exact``) wait for :meth:`finish`, which computes their largest
@@ -52,39 +56,62 @@ class Settlement:
         self.ev, self.space, self.results, self.exact = ev, space, results, exact
         self.atol, self.rtol, self.scale = tolerance
         self.tol = self.atol + self.rtol * self.scale
-        self.unsettled: list[tuple[int, Tensor, Tensor]] = []
+        self.unsettled: list[tuple[np.ndarray, Tensor, Tensor]] = []  # (indices, errors, ours), a batch of terms each
+        self.held = 0  # their bytes
 
-    def settle(self, v: LogitTermValue, error: Tensor, bound: float, ours: Callable[[], Tensor]) -> None:
-        self.results.set_bound(v.index, bound)
-        if not self.exact and bound <= self.tol:
-            self.results.passed[v.index] = 1  # certified: every entry of the error is at most the bound
-        else:
-            self.unsettled.append((v.index, self.space.widened(error), ours()))
+    def settle(self, indices: Sequence[int], errors: Tensor, bounds: Tensor, ours: Callable[[Tensor], Tensor]) -> None:
+        """Terms ``indices`` with their errors ``[n, batch, pos, w]`` and error bounds ``[n]``: those whose bound is
+        within the tolerance pass on it (certified: every entry of the error is at most the bound); the others wait
+        for :meth:`finish`, with ``ours(k)`` (``k``: a ``[m]`` tensor of their places in ``indices``), their own inputs."""
+        indices = np.asarray(indices, dtype=np.int64)
+        bound = bounds.double().cpu().numpy()
+        self.results.set_bound(indices, bound)
+        open_ = np.ones(len(indices), bool) if self.exact else ~(bound <= self.tol)  # a NaN bound stays open
+        self.results.passed[indices[~open_]] = 1
+        if open_.any():
+            k = torch.as_tensor(np.flatnonzero(open_), device=errors.device)
+            self.unsettled.append((indices[open_], self.space.widened(errors[k]), ours(k)))
+            self.held += 2 * self.unsettled[-1][1].numel() * errors.element_size()
 
-    def compare(self, group: list[LogitTermValue], x: Tensor, bias: float) -> None:
+    def finish_when_full(self) -> None:
+        """:meth:`finish` once the waiting terms hold ``SETTLE_BYTES`` (their exact errors in as few passes as memory
+        allows); the caller calls :meth:`finish` at the end."""
+        if self.held >= SETTLE_BYTES:
+            self.finish()
+
+    def compare(self, group: list[LogitTermValue], x: Tensor, bias: float, stacked: tuple[Tensor, Tensor] | None = None) -> None:
         """Each term of ``group`` against its unembedding input ``x[k]`` (``bias``: ``b_U``'s coefficient), in
-        full: the difference formed before the unembedding, settled on its bound."""
+        full: the difference formed before the unembedding, settled on its bound. ``stacked``: the terms' ``y`` and
+        last factors before ``W_Uᵀ``, already stacked (:meth:`LogitSpace.differences`)."""
         ev, space = self.ev, self.space
+        indices = [v.index for v in group]
         if bias or not all(space.ends_in_W_U(v) for v in group):  # b_U on a side: augmented inputs
-            for v, xi in zip(group, x.unbind(0)):
-                mine = space.aug(ev.parts(v))
-                error = mine - space.of(xi, bias)
-                self.settle(v, error, space.product.bound(error), lambda mine=mine: mine)
+            mine = torch.stack([space.aug(ev.parts(v)) for v in group])
+            errors = mine - space.of(x, bias)
+            self.settle(indices, errors, space.product.bound_each(errors), lambda k: mine[k])
             return
-        errors = space.differences(ev, group, x)  # [n, batch, pos, d_model]; b_U on neither side
-        for v, error, bound in zip(group, errors.unbind(0), space.product.bounds(errors)):
-            self.settle(v, error, bound, lambda v=v: space.aug(ev.parts(v)))
+        errors = space.differences(ev, group, x, stacked)  # [n, batch, pos, d_model]; b_U on neither side
+
+        def ours(k: Tensor) -> Tensor:
+            some = None if stacked is None else (stacked[0][k], stacked[1][k])
+            return space.widened(space.products(ev, [group[i] for i in k.tolist()], x.shape[1:], some))
+        self.settle(indices, errors, space.product.bound_each(errors), ours)
 
     def finish(self) -> None:
-        """The exact largest errors of the terms no bound settled, and their verdicts."""
+        """The exact largest errors of the terms no bound settled, and their verdicts: one screened pass for all of
+        them, the verdicts formed on the device and read once."""
         if not self.unsettled:
             return
-        maxima = self.space.product.max_abs([t for _, error, mine in self.unsettled for t in (error, mine)])
-        for j, (i, _, _) in enumerate(self.unsettled):
-            error, own = maxima[2 * j], maxima[2 * j + 1]
-            self.results.set_error(i, error)
-            self.results.passed[i] = error <= self.atol + self.rtol * max(self.scale, own)
+        indices = np.concatenate([i for i, _, _ in self.unsettled])
+        n = len(indices)
+        maxima = self.space.product.max_abs_each(torch.cat([e for _, e, _ in self.unsettled] + [m for _, _, m in self.unsettled]))
+        error, own = maxima[:n], maxima[n:]
+        passed = error <= self.atol + self.rtol * torch.fmax(own, own.new_tensor(self.scale))  # (a nan own: the scale)
+        error, passed = error.cpu().numpy(), passed.cpu().numpy()
+        self.results.set_error(indices, error)
+        self.results.passed[indices] = passed
         self.unsettled.clear()
+        self.held = 0
 
 
 def check_isolated(model: CircuitModel, rec: Recording, ev: LogitEvaluator, space: LogitSpace,

@@ -79,16 +79,17 @@ class LogitSpace:
         and ``x`` lacks it."""
         return x if x.shape[-1] == self.product.k else self.of(x, 0.0)
 
-    def differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
+    def differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor,
+                    stacked: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``ours - x`` before the unembedding for terms that end in ``W_Uᵀ`` (:meth:`ends_in_W_U`), ``ours``
         each term's input to it (its part, :meth:`~LogitEvaluator.parts`): ``x`` is ``[n, batch, pos,
         d_model]`` with ``x[k]`` for ``values[k]``. Each subtraction is fused into the term's last product
         (``c·y R - x`` as one ``addmm``), or is a subtraction when nothing is left to apply; terms with one
         product left of the same shape (a copy's paths through the heads of one layer, each ending in its
-        ``W_O^hᵀ``) in one batched product, their factors stacked once per set of factors."""
-        lefts = {v.left[:-1] for v in values}
-        if len(values) > 1 and all(len(inner) == 1 for inner in lefts) and len({v.y.shape for v in values}) == 1:
-            return self._batched_differences(ev, values, x)
+        ``W_O^hᵀ``) in one batched product, their factors stacked once per set of factors. ``stacked``: the
+        terms' ``y`` and last factors already stacked, ``([n, ..., e], [n, e, d_model])``, coefficients all 1."""
+        if stacked is not None or self._batched(values):
+            return self._batched_differences(ev, values, x, stacked)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         width = x.shape[-1]
         for k, v in enumerate(values):
@@ -104,8 +105,13 @@ class LogitSpace:
                         out=out[k].view(-1, width))
         return out
 
-    def _batched_differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor) -> Tensor:
-        """:meth:`differences` of terms with one product left each, ``c_k y_k R_k - x_k``, as one ``baddbmm``."""
+    def _batched(self, values: Sequence[LogitTermValue]) -> bool:
+        """Whether the terms have one product left each, of one shape (one batched product serves them)."""
+        lefts = {v.left[:-1] for v in values}
+        return len(values) > 1 and all(len(inner) == 1 for inner in lefts) and len({v.y.shape for v in values}) == 1
+
+    def _stacked(self, ev: LogitEvaluator, values: Sequence[LogitTermValue]) -> Tensor:
+        """The terms' last factors before ``W_Uᵀ``, stacked ``[n, e, d_model]`` (once per set of factors)."""
         refs = tuple(v.left[0] for v in values)
         stacked = self._stacks.get(refs)
         if stacked is None:
@@ -113,10 +119,38 @@ class LogitSpace:
             if sum(t.numel() for t in self._stacks.values()) + stacked.numel() > STACKS_LIMIT:
                 self._stacks.clear()  # (a model with more layers than fit: stacked again when met again)
             self._stacks[refs] = stacked
-        n, width = len(values), x.shape[-1]
-        y = torch.stack([v.y.expand(*x.shape[1:-1], v.y.shape[-1]) for v in values]).view(n, -1, stacked.shape[1])
+        return stacked
+
+    def _stacked_y(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], shape,
+                   stacked: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, float]:
+        """The terms' ``y`` ``[n, batch·pos, e]`` (expanded to ``shape``'s positions), their last factors (:meth:`_stacked`)
+        and their one coefficient (1.0 when they differ: then each ``y`` is scaled by its own); ``stacked``: the first two
+        given (see :meth:`differences`)."""
+        n = len(values)
+        if stacked is not None:
+            y, R = stacked
+            return y.expand(n, *shape[:-1], y.shape[-1]).reshape(n, -1, y.shape[-1]), R, 1.0
+        y = torch.stack([v.y.expand(*shape[:-1], v.y.shape[-1]) for v in values]).view(n, -1, values[0].y.shape[-1])
         coeffs = {v.coeff for v in values}
+        R = self._stacked(ev, values)
         if len(coeffs) > 1:
-            y = y * y.new_tensor([v.coeff for v in values]).view(n, 1, 1)
-        alpha = coeffs.pop() if len(coeffs) == 1 else 1.0
-        return torch.baddbmm(x.reshape(n, -1, width), y, stacked, beta=-1, alpha=alpha).view(x.shape)
+            return y * y.new_tensor([v.coeff for v in values]).view(n, 1, 1), R, 1.0
+        return y, R, coeffs.pop()
+
+    def _batched_differences(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], x: Tensor,
+                             stacked: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """:meth:`differences` of terms with one product left each, ``c_k y_k R_k - x_k``, as one ``baddbmm``."""
+        n, width = len(values), x.shape[-1]
+        y, R, alpha = self._stacked_y(ev, values, x.shape[1:], stacked)
+        return torch.baddbmm(x.reshape(n, -1, width), y, R, beta=-1, alpha=alpha).view(x.shape)
+
+    def products(self, ev: LogitEvaluator, values: Sequence[LogitTermValue], shape,
+                 stacked: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Each term's input to ``W_Uᵀ`` (its part, :meth:`~LogitEvaluator.parts`), ``[n, *shape]`` (``shape``:
+        ``[batch, pos, d_model]``), for terms that end in ``W_Uᵀ``; as one ``bmm`` where :meth:`differences` batches
+        (``stacked``: as there)."""
+        if stacked is not None or self._batched(values):
+            y, R, alpha = self._stacked_y(ev, values, shape, stacked)
+            out = torch.bmm(y, R)
+            return (out if alpha == 1 else out.mul_(alpha)).view(len(values), *shape)
+        return torch.stack([ev.parts(v)[v.left[-1]].expand(*shape) for v in values])
