@@ -167,7 +167,7 @@ def paper_latex(paper: Paper) -> str:
         lines += [r"\section{" + _t(section.title) + "}"]
         yours = paper.measurements.language_models if section.slug == "language" else None  # a model of one's own
         opening, replaces = formation_opening(paper.measurements) if section.slug == "formation" else ([], False)
-        lines += [_t(t) + "\n" for t in opening]  # a person's run, or why the chapter is not theirs
+        lines += ["-{}-".join(map(_t, t.split("--"))) + "\n" for t in opening]  # a person's run, or why not ("--" as typed)
         lines += ([prose_latex(p, index_from()) + "\n" for p in section.spec.paragraphs] if yours is None and not replaces
                   else [_t(yours_paragraph(yours)) + "\n"] if yours is not None else [])
         if yours is not None and paper.measurements.training_curve:
