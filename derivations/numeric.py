@@ -131,17 +131,22 @@ class RandomBindings:
         self.rng = rng
         self.dims = {**DEFAULT_DIMS, **numeric.dims}
         self.values: dict[Atom, np.ndarray] = {}
+        self.numbers: dict[sp.Expr, complex] = {}
         self.derived = {name: (lambda a, d=d: TensorSum([Term(1, (d.word(a.index),))]))
                         for name, d in STANDARD_DEFINITIONS.items()}
         self.derived.update(numeric.derived)
 
     def number(self, value) -> complex:
-        """A symbolic size or coefficient with the sizes substituted."""
+        """A symbolic size or coefficient with the sizes substituted (each once: a line of thousands of
+        terms asks for the same few sizes and coefficients again and again)."""
         value = sp.sympify(value)
-        value = value.subs({s: self.dims[s.name] for s in value.free_symbols if s.name in self.dims})
-        if not value.is_number:
-            raise DerivationError(f"no numeric value for {value}; {self.numeric.missing}")
-        return complex(value)
+        known = self.numbers.get(value)
+        if known is None:
+            number = value.subs({s: self.dims[s.name] for s in value.free_symbols if s.name in self.dims})
+            if not number.is_number:
+                raise DerivationError(f"no numeric value for {number}; {self.numeric.missing}")
+            known = self.numbers[value] = complex(number)
+        return known
 
     def size(self, dim) -> int:
         return int(self.number(dim).real)

@@ -7,7 +7,7 @@ activation with one row per position, since ``vec(A x Wᵀ) = (A ⊗ W) vec(x)``
 from __future__ import annotations
 
 import numbers
-from functools import reduce
+from functools import lru_cache, reduce
 from typing import Mapping
 
 import numpy as np
@@ -80,7 +80,7 @@ def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
     for name, value in (dims or {}).items():
         symbol = sp.Symbol(name) if isinstance(name, str) else name
         sizes[sp.sympify(symbol)] = _positive_int(value, f"dims[{str(name)!r}]")
-    by_name = {str(k): v for k, v in sizes.items()}
+    by_name = {_name(k): v for k, v in sizes.items()}
     bases = {a.base for t in expr for w in t.words for a in w}  # each atom checked once
     for base in sorted(bases, key=lambda a: a.key):
         value = _bound(bindings, base)
@@ -98,19 +98,31 @@ def infer_dims(expr, bindings: Mapping, dims: Mapping | None = None) -> dict:
     return sizes
 
 
-def _subs_sizes(value, sizes: dict):
+def _name(dim) -> str:
+    """A dimension's name without SymPy's printer (which was most of the time of a sum's check)."""
+    return dim.name if getattr(dim, "is_Symbol", False) else str(dim)
+
+
+def _subs_sizes(value, by_name: dict):
     """Substitute known sizes, matching symbols by name (a ``dims={"d_head": 4}`` entry
-    names a plain symbol, the atoms' ``d_head`` carries assumptions)."""
+    names a plain symbol, the atoms' ``d_head`` carries assumptions); ``by_name``: the sizes
+    keyed by their symbols' names, made once per operator."""
     value = sp.sympify(value)
     if not value.free_symbols:
         return value
-    by_name = {str(k): v for k, v in sizes.items()}
+    return _substituted(value, tuple(sorted((s.name, by_name[s.name]) for s in value.free_symbols if s.name in by_name)))
+
+
+@lru_cache(maxsize=4096)
+def _substituted(value: sp.Expr, sizes: tuple) -> sp.Expr:
+    """``value`` with the named sizes put in; kept, since every term of a sum asks again for its slots' sizes."""
+    by_name = dict(sizes)
     return value.subs({s: by_name[s.name] for s in value.free_symbols if s.name in by_name})
 
 
-def _size(dim, sizes: dict) -> int:
+def _size(dim, by_name: dict) -> int:
     dim = sp.sympify(dim)
-    value = _subs_sizes(dim, sizes)
+    value = _subs_sizes(dim, by_name)
     if not value.is_number:
         raise BindingError(f"the size of {dim} is unknown; bind an atom that has it or pass dims={{'{dim}': ...}}")
     return int(value)
@@ -130,6 +142,7 @@ def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: M
     """
     expr = expr.expand()
     sizes = infer_dims(expr, bindings, dims)
+    by_name = {_name(k): v for k, v in sizes.items()}
     slot_dims = []
     for i, shape in enumerate(expr.slot_shapes):
         if shape is None:
@@ -138,7 +151,7 @@ def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: M
             n = _positive_int(slot_sizes[i], f"slot_sizes[{i}]")
             slot_dims.append((n, n))
         else:
-            slot_dims.append((_size(shape[0], sizes), _size(shape[1], sizes)))
+            slot_dims.append((_size(shape[0], by_name), _size(shape[1], by_name)))
     cache: dict = {}
 
     def word_value(w, i):
@@ -155,12 +168,15 @@ def to_numpy(expr, bindings: Mapping, dims: Mapping | None = None, slot_sizes: M
     cols = reduce(lambda a, b: a * b, [c for _, c in slot_dims], 1)
     check_entries(rows, cols, "the operator")  # sized before it is made (Python ints: no overflow)
     total = np.zeros((rows, cols))
+    numbers: dict = {}  # a coefficient's value, once (most terms share a few: 1, 1/sqrt(d_head))
     for t in expr:
-        coeff = _subs_sizes(t.coeff, sizes)
-        if not coeff.is_number:
-            raise BindingError(f"coefficient {t.coeff} has unbound symbols {sorted(map(str, coeff.free_symbols))}")
-        c = complex(coeff)
-        c = c.real if c.imag == 0 else c
+        c = numbers.get(t.coeff)
+        if c is None:
+            coeff = _subs_sizes(t.coeff, by_name)
+            if not coeff.is_number:
+                raise BindingError(f"coefficient {t.coeff} has unbound symbols {sorted(map(str, coeff.free_symbols))}")
+            c = complex(coeff)
+            c = numbers[t.coeff] = c.real if c.imag == 0 else c
         if np.iscomplexobj(c) and not np.iscomplexobj(total):
             total = total.astype(complex)
         total = total + c * reduce(np.kron, [word_value(w, i) for i, w in enumerate(t.words)])

@@ -121,8 +121,10 @@ def test_analysis_page_renders_with_its_figures(tmp_path):
 
 
 def test_the_attention_page_draws_every_head_and_the_chosen_one_large(tmp_path):
-    """tcircuits attention's page (issue 46) in Chromium: a map per head, named as everywhere, the first head
-    large with its tokens, nothing off the page sideways, and ink on the screenshot."""
+    """tcircuits attention's page (issues 46 and 56) in Chromium: a map per head, named as everywhere, the first head
+    large with its tokens boxed and no blank band above it, a colour legend, the page titled by the model's file name,
+    and the token view: pointing at a token colours those before it by its weights in the head shown, and a click on
+    another head recolours them with that head's."""
     from derivations.cli import main
 
     out = tmp_path / "att.html"
@@ -131,15 +133,39 @@ def test_the_attention_page_draws_every_head_and_the_chosen_one_large(tmp_path):
     page = out.read_text(encoding="utf-8")
     probe = """<script>window.addEventListener('load', function () {
       const figs = [...document.querySelectorAll('.tc-grid figure')];
-      const big = document.querySelector('.tc-large canvas');
+      const big = document.querySelector('.tc-large canvas'), bar = document.querySelector('.tc-legend .tc-bar');
+      const spans = () => [...document.querySelectorAll('.tc-token')];
+      const weights = () => spans().map(s => s.dataset.weight === '' ? null : Number(s.dataset.weight));
+      const point = (k) => spans()[k].dispatchEvent(new MouseEvent('mouseenter'));
+      const title = document.querySelector('.tc-large h3').textContent;
+      point(5); const head0 = weights(), later0 = spans().map(s => s.classList.contains('tc-later'));
+      figs[3].click(); const head3 = weights(), title3 = document.querySelector('.tc-large h3').textContent;
+      point(spans().length - 1); const last3 = weights();
+      const legend = document.querySelector('.tc-legend');
       const p = document.createElement('pre'); p.id = 'heads'; p.style.display = 'none';
       p.textContent = JSON.stringify({n: figs.length, names: figs.map(f => f.innerText), big: [big.width, big.height],
-                                      title: document.querySelector('.tc-large h3').textContent});
+        title, h1: document.querySelector('h1').textContent,
+        gap: big.getBoundingClientRect().top - legend.getBoundingClientRect().bottom,
+        legend: legend.innerText, gradient: getComputedStyle(bar).backgroundImage, bar: bar.getBoundingClientRect().width,
+        tokens: spans().map(s => s.textContent), border: getComputedStyle(spans()[3]).borderTopStyle,
+        said: document.querySelector('.tc-said').textContent, head0, later0, head3, title3, last3});
       document.body.appendChild(p); });</script>"""
     measured = browse(tmp_path, page.replace("</body>", probe + "</body>"))
     dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'p2'}", "--virtual-time-budget=5000", "--dump-dom",
                           (tmp_path / "page.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
-    heads = json.loads(re.search(r'<pre id="heads"[^>]*>(.*?)</pre>', dom, re.DOTALL).group(1))
+    heads = json.loads(re.search(r'<pre id="heads"[^>]*>(.*?)</pre>', dom, re.DOTALL).group(1).replace("&amp;", "&")
+                       .replace("&lt;", "<").replace("&gt;", ">"))
     assert heads["n"] == 24 and heads["names"][:2] == ["L1H0", "L1H1"] and heads["names"][-1] == "L2H11"
     assert heads["title"] == "L1H0" and min(heads["big"]) > 200
+    assert heads["h1"] == "Attention patterns: kjv_2l.safetensors"  # the file's name, not the path to it
+    n = len(heads["tokens"])
+    assert heads["big"][1] - n * 24 < 100 and 0 <= heads["gap"] < 30  # labels as tall as the longest, no band above
+    assert "attention weight" in heads["legend"] and "0" in heads["legend"] and "1" in heads["legend"]
+    assert "linear-gradient" in heads["gradient"] and heads["bar"] > 100
+    assert heads["border"] == "solid" and "," in heads["tokens"] and any(t.startswith("\u2423") for t in heads["tokens"])
+    # position 5 attends to positions 0..5 only, its weights summing to 1; later tokens greyed
+    assert all(w is not None for w in heads["head0"][:6]) and heads["head0"][6:] == [None] * (n - 6)
+    assert heads["later0"] == [False] * 6 + [True] * (n - 6) and abs(sum(heads["head0"][:6]) - 1) < 1e-3
+    assert heads["title3"] == "L1H3" and heads["head3"] != heads["head0"] and abs(sum(heads["head3"][:6]) - 1) < 1e-3
+    assert None not in heads["last3"] and abs(sum(heads["last3"]) - 1) < 1e-3 and "L1H3" in heads["said"]
     assert measured["width"] <= 1200 and measured["ink"] > 0.01

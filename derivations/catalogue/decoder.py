@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import isqrt
+
 import sympy as sp
 
 from tensoralg import Product, atom, d_head, sandwich, term
@@ -9,7 +11,7 @@ from tensoralg import Product, atom, d_head, sandwich, term
 from derivations.architecture import Architecture
 from derivations.catalogue.common import NOTATION, SCORES, by_order, per_layer, scaled_scores, stream_product
 from derivations.catalogue.qk import by_composition
-from derivations.catalogue.registry import check_count, check_flag, entry
+from derivations.catalogue.registry import DOCUMENT_LIMIT, check_count, check_flag, check_terms, entry
 from derivations.derivation import Chain, Derivation, Rule
 from derivations.document import Math, math, prose
 from derivations.errors import DerivationError
@@ -88,6 +90,8 @@ def _one(coeff, middle=None):
 def post_norm(heads: int = 1, post_only: bool = False) -> Derivation:
     H = check_count("heads", heads, 1)
     sandwich_norms = not check_flag("post_only", post_only)
+    # two layers of H heads: (1 + H)² logit paths, each built and checked (about 1 ms a term), so counted first
+    check_terms(f"post-norm with {H:,} heads", (1 + H) ** 2, f"use at most {isqrt(DOCUMENT_LIMIT) - 1} heads")
     arch = Architecture(2, H, norm="rms_norm", sublayer_norm="both" if sandwich_norms else "post")
     N, M = atom("N", "L0"), atom("N", "L0,post")
     pre = (N,) if sandwich_norms else ()

@@ -12,9 +12,12 @@ DESCRIPTION = """\
 Show every head's attention pattern on a prompt: one self-contained HTML page (open it in a
 browser; it needs no network), tokens on both axes, one small map per head named as every
 other command names it (L0H3; --index-from 1 for the paper's numbering), and the head you
-click shown large with each weight on hover. The model is yours (--hf, --tl) or a tcircuits
---checkpoint, converted and checked against its source first, as verify does; the patterns
-are those of its own forward pass on your --text (or --text-file, or --tokens).
+click shown large with each weight on hover and a colour legend, and the prompt's tokens
+coloured by how much the token you point at attends to each (tokens boxed, a space shown as ␣
+and a new line as ⏎; the page is titled by the model's file name). The model is yours
+(--hf, --tl) or a tcircuits --checkpoint, converted and checked against its source first,
+as verify does; the patterns are those of its own forward pass on your --text (or
+--text-file, or --tokens).
 """
 
 EPILOG = """\
@@ -54,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     model, tokens, tokenizer = load_source(args)
     ids = tokens[0].tolist()
     strings = [tokenizer.decode([i]) for i in ids] if tokenizer is not None else None
-    name = args.hf or args.tl or args.checkpoint or "a random model"
+    source = args.hf or args.tl or args.checkpoint
+    # the file's name, not the path to it (/home/… on a shared page); a hub or TransformerLens name as given
+    name = (Path(source).name if Path(source).exists() else source) if source else "a random model"
     view = attention_patterns(model.to(dtype=getattr(torch, args.dtype)), ids, strings,  # a float16 checkpoint too
                               index_from=args.index_from, title=str(name))
     if getattr(model, "source_check", None) is not None:

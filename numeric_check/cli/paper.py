@@ -24,7 +24,10 @@ or your own â€” CHECKPOINT, --hf or --tl, attention-only with 0, 1 or 2 layers â
 give with --text (read whole, by the model's own tokenizer). Your model is measured at its own
 layer count; a two-layer model's induction control is the same model with its second layer
 removed (its learned first layer, on the same text). The page and the index name the model and
-the text. The derivations and the checks on planted data are built as without your model. A
+the text, and a CHECKPOINT's loss curve from the training record beside it; where train-toy kept
+its snapshots (--snapshots N: NAME.history/ beside it), the chapter on how induction heads form
+is measured on them instead of the shipped run (without them the chapter says how to keep
+them). The derivations and the checks on planted data are built as without your model. A
 model with MLPs or more than two layers is refused in one line: its algebra (tcircuits derive,
 expand) and its verification (tcircuits verify) still build.
 
@@ -127,6 +130,8 @@ def your_language(args: argparse.Namespace):
     """The language page's model and text from CHECKPOINT, --hf or --tl and --text
     (:class:`~numeric_check.reports.paper.your_model.LanguageModels`): the text read first, the model refused
     before its conversion where it can be (MLPs, more than two layers), then converted and checked."""
+    from dataclasses import replace
+
     from numeric_check.reports.paper.language import heldout_path
     from numeric_check.reports.paper.your_model import language_models, text_data, text_kind
     from numeric_check.training.text import read_texts
@@ -144,7 +149,8 @@ def your_language(args: argparse.Namespace):
     data = text_data(tokenizer, text, text_name, model.cfg.d_vocab, text_kind(text, record))
     if args.training_path is not None:
         data = data.trained_on(_training_text(args.training_path, record, name))
-    return language_models(model, data, name, record, verify=verify)
+    measured = language_models(model, data, name, record, verify=verify)
+    return replace(measured, checkpoint=str(args.checkpoint)) if args.checkpoint is not None else measured
 
 
 def _training_text(path: Path, record: dict | None, name: str) -> str:

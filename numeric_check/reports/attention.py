@@ -53,12 +53,22 @@ class AttentionPatterns:
         return json.dumps(data, ensure_ascii=True).replace("</", "<\\/")  # never ends the script element
 
     def fragment(self) -> str:
-        """The view as an HTML fragment (a ``div`` and its script), ids of its own so several can share a page."""
+        """The view as an HTML fragment (a ``div`` and its script), ids of its own so several can share a page:
+        the heads small, the chosen one large with a colour legend, and its tokens coloured by how much the
+        token you point at attends to each."""
         key = "att" + uuid.uuid4().hex[:8]
         notes = "".join(f"<p class='note'>{escape_text(n, 'html')}</p>" for n in self.notes)
+        legend = ("<div class='tc-legend'><span>attention weight</span><span class='tc-scale'>0</span>"
+                  "<span class='tc-bar' title='0 (white) to 1 (blue)'></span><span class='tc-scale'>1</span>"
+                  "<span class='tc-masked'></span><span>a later position (masked)</span></div>")
         return (f"<div id='{key}' class='tc-attention'>{notes}<div class='tc-grid'></div>"
-                f"<p class='tc-hint'>Click a head to see it large; hover a cell for its weight.</p>"
-                f"<div class='tc-large'><h3></h3><canvas width='10' height='10'></canvas><p class='tc-cell'>&nbsp;</p></div>"
+                f"<p class='tc-hint'>Click a head to see it large; hover a cell for its weight. Tokens are boxed, "
+                f"a space shown as ␣ and a new line as ⏎.</p>"
+                f"<div class='tc-large'><h3></h3>{legend}<canvas width='10' height='10'></canvas>"
+                f"<p class='tc-cell'>&nbsp;</p></div>"
+                f"<div class='tc-tokens'><h3>Tokens</h3><p class='tc-hint'>Point at (or click) a token: the tokens "
+                f"before it are coloured by how much it attends to each, in the head shown above.</p>"
+                f"<div class='tc-text'></div><p class='tc-said'>&nbsp;</p></div>"
                 f"<style>{_CSS}</style><script>({_SCRIPT})(document.getElementById('{key}'), {self._data()});</script></div>")
 
     def _repr_html_(self) -> str:
@@ -104,8 +114,18 @@ _CSS = """
 .tc-attention figure { margin: 0; text-align: center; cursor: pointer; font: 11px sans-serif; }
 .tc-attention figure.tc-on canvas { outline: 2px solid #d62728; }
 .tc-attention canvas { image-rendering: pixelated; border: 1px solid #ccc; }
-.tc-attention .tc-large canvas { border: none; }
-.tc-attention .tc-hint, .tc-attention .tc-cell { font: 12px sans-serif; color: #555; }
+.tc-attention .tc-large canvas { border: none; display: block; }
+.tc-attention .tc-hint, .tc-attention .tc-cell, .tc-attention .tc-said { font: 12px sans-serif; color: #555; }
+.tc-attention .tc-legend { display: flex; align-items: center; gap: 6px; font: 12px sans-serif; margin: 4px 0 8px; }
+.tc-attention .tc-bar { display: inline-block; width: 160px; height: 12px; border: 1px solid #999;
+  background: linear-gradient(to right, rgb(255,255,255), rgb(0,0,255)); }
+.tc-attention .tc-masked { display: inline-block; width: 12px; height: 12px; background: #f4f4f4; border: 1px solid #999;
+  margin-left: 12px; }
+.tc-attention .tc-text { line-height: 2.2; max-width: 60em; }
+.tc-attention .tc-token { font: 14px monospace; border: 1px solid #aaa; border-radius: 3px; padding: 1px 3px;
+  margin: 0 2px; cursor: pointer; white-space: pre; }
+.tc-attention .tc-token.tc-chosen { outline: 2px solid #d62728; }
+.tc-attention .tc-token.tc-later { color: #bbb; border-color: #e4e4e4; }
 """
 
 # draws each head small on a canvas, and the chosen head large with the tokens on both axes
@@ -113,26 +133,49 @@ _SCRIPT = """function (root, d) {
   const n = d.tokens.length, grid = root.querySelector('.tc-grid');
   grid.style.gridTemplateColumns = 'repeat(' + d.n_heads + ', auto)';
   const shade = (v) => { const c = Math.round(255 * (1 - (isNaN(v) ? 0 : v))); return 'rgb(' + c + ',' + c + ',255)'; };
+  // a token as a person can see it: spaces, tabs and new lines drawn, never an empty or invisible label
+  const visible = (t) => t.replace(/ /g, '\\u2423').replace(/\\t/g, '\\u21e5').replace(/\\r?\\n/g, '\\u23ce') || '\\u2205';
   function draw(canvas, p, cell, left, top) {
     const g = canvas.getContext('2d');
     for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
       g.fillStyle = j > i ? '#f4f4f4' : shade(p[i][j]); g.fillRect(left + j * cell, top + i * cell, cell, cell); }
   }
   const large = root.querySelector('.tc-large canvas'), info = root.querySelector('.tc-cell');
-  let chosen = 0;
+  const text = root.querySelector('.tc-text'), said = root.querySelector('.tc-said');
+  let chosen = 0, pointed = n - 1;
+  const spans = d.tokens.map((t, i) => {
+    const s = document.createElement('span'); s.className = 'tc-token'; s.textContent = visible(t);
+    s.dataset.position = i; s.onmouseenter = s.onclick = () => colour(i); text.append(s); return s; });
+  function colour(i) {  // the tokens before i coloured by how much i attends to each, in the chosen head
+    pointed = i;
+    spans.forEach((s, j) => {
+      const w = j <= i ? d.patterns[chosen][i][j] : NaN;
+      s.classList.toggle('tc-chosen', j === i); s.classList.toggle('tc-later', j > i);
+      s.style.background = j <= i ? shade(w) : ''; s.style.color = j <= i && w > 0.55 ? '#fff' : '';
+      s.dataset.weight = j <= i ? w.toFixed(4) : ''; s.title = j <= i ? w.toFixed(3) : 'later: masked'; });
+    const top = d.patterns[chosen][i].slice(0, i + 1).reduce((b, w, j) => w > d.patterns[chosen][i][b] ? j : b, 0);
+    said.textContent = d.heads[chosen] + ': ' + JSON.stringify(d.tokens[i]) + ' (position ' + i + ') attends most to ' +
+      JSON.stringify(d.tokens[top]) + ' (position ' + top + ', ' + d.patterns[chosen][i][top].toFixed(3) + ')';
+  }
   function show(h) {
     chosen = h; root.querySelectorAll('figure').forEach((f, k) => f.classList.toggle('tc-on', k === h));
     root.querySelector('.tc-large h3').textContent = d.heads[h];
-    const cell = Math.max(8, Math.min(24, Math.floor(640 / n))), label = 110;
+    const cell = Math.max(14, Math.min(24, Math.floor(640 / n))), font = '12px monospace', g = large.getContext('2d');
+    g.font = font;
+    const labels = d.tokens.map((t) => visible(t).slice(0, 14));
+    const label = Math.ceil(Math.max(...labels.map((s) => g.measureText(s).width), 8)) + 14;  // as wide as the longest
     large.width = label + n * cell; large.height = label + n * cell;
-    const g = large.getContext('2d'); g.clearRect(0, 0, large.width, large.height);
+    g.clearRect(0, 0, large.width, large.height);
     draw(large, d.patterns[h], cell, label, label);
-    g.fillStyle = '#222'; g.font = Math.min(12, cell) + 'px sans-serif'; g.textBaseline = 'middle';
-    d.tokens.forEach((t, i) => {
-      const s = t.replace(/\\n/g, '\\\\n').slice(0, 14);
-      g.textAlign = 'right'; g.fillText(s, label - 4, label + i * cell + cell / 2);
-      g.save(); g.translate(label + i * cell + cell / 2, label - 4); g.rotate(-Math.PI / 2);
-      g.textAlign = 'left'; g.fillText(s, 0, 0); g.restore(); });
+    g.font = font; g.textBaseline = 'middle';
+    labels.forEach((s, i) => {  // each token in a box, so a "," or a "." is seen as a token, not a speck
+      const w = g.measureText(s).width + 6, mid = label + i * cell + cell / 2;
+      g.strokeStyle = '#aaa'; g.fillStyle = '#fafafa';
+      g.fillRect(label - 4 - w, mid - 7, w, 14); g.strokeRect(label - 4 - w, mid - 7, w, 14);
+      g.fillStyle = '#111'; g.textAlign = 'right'; g.fillText(s, label - 7, mid);
+      g.save(); g.translate(mid, label - 4); g.rotate(-Math.PI / 2);
+      g.fillStyle = '#fafafa'; g.fillRect(0, -7, w, 14); g.strokeRect(0, -7, w, 14);
+      g.fillStyle = '#111'; g.textAlign = 'left'; g.fillText(s, 3, 0); g.restore(); });
     large.onmousemove = (e) => {
       const r = large.getBoundingClientRect(), j = Math.floor((e.clientX - r.left - label) / cell),
             i = Math.floor((e.clientY - r.top - label) / cell);
@@ -140,6 +183,7 @@ _SCRIPT = """function (root, d) {
         ' (position ' + i + ') attends to ' + JSON.stringify(d.tokens[j]) + ' (position ' + j + ') with ' +
         d.patterns[h][i][j].toFixed(3) : '\\u00a0';
     };
+    colour(pointed);
   }
   d.heads.forEach((name, h) => {
     const f = document.createElement('figure'), c = document.createElement('canvas'), cap = document.createElement('figcaption');

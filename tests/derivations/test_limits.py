@@ -35,6 +35,7 @@ from tests.strategies import LAYOUTS, products
     ("virtual-weights", dict(layers=3, heads=100, concrete=True), "1,030,301 terms"),
     ("multi-head", dict(heads=200), "40,000 terms"),
     ("bias-folding", dict(heads=10_000), "10,001 terms"),
+    ("post-norm", dict(heads=300), "90,601 terms"),  # (1 + H)² paths: 300 heads ran minutes before it counted
 ])
 def test_catalogue_entries_count_before_building(name, params, fragment):
     with quickly(1), pytest.raises(TooManyTerms, match=re.escape(fragment)):
@@ -185,9 +186,9 @@ def test_every_parameter_of_the_catalogue_has_an_option():
        st.one_of(st.integers(-3, 40), st.integers(-(2**70), 2**70), st.sampled_from(["1.5", "nan", "", "1e9", "2,3"])))
 def test_random_numbers_to_derive_give_a_result_or_a_clean_error(entry, flag, value):
     code = None
-    # a guard against runaways, not a timing: the slowest value found (post-norm --heads 173) takes 3.5 s
-    # alone, failed a 10 s bound twice on a 2-core machine under a full parallel load, and 30 s once with the
-    # suite on both cores beside a training run
+    # a guard against runaways, not a timing: the slowest value it draws (post-norm --heads 40, 1,681 terms
+    # checked on random bindings) takes 2.6 s of CPU alone (7.1 s before the check kept its sizes), and over
+    # 30 s of wall time on a 2-core machine beside two training runs
     with quickly(90):
         try:
             code = main(["derive", entry, flag, str(value)])

@@ -98,8 +98,8 @@ def test_the_companion_on_a_checkpoint_trained_on_text(capsys, tmp_path):
     model = tmp_path / "m.safetensors"
     code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text_file), "--layers", "2", "--heads", "2", "--d-model",
                            "16", "--d-head", "8", "--n-ctx", str(N_CTX), "--seg-min", "3", "--seg-max", "8",
-                           "--batch-size", "4", "--steps", "3", "--vocab", "300", "--quiet", "--threads", "1", "--out",
-                           str(model))
+                           "--batch-size", "4", "--steps", "6", "--vocab", "300", "--quiet", "--threads", "1", "--out",
+                           str(model), "--snapshots", "3")
     assert code == 0, err
     code, out, err = run_cli(capsys, "paper", "--checkpoint", str(model), "--text-file", str(text_file), "--out", str(tmp_path / "site"),
                              "--quiet", "--device", "cpu")
@@ -107,6 +107,12 @@ def test_the_companion_on_a_checkpoint_trained_on_text(capsys, tmp_path):
     assert out.splitlines()[1].startswith(f"  the language page: {model} (2 layers x 2 heads")
     page = (tmp_path / "site" / "language.html").read_text(encoding="utf-8")
     assert 'id="language-induction"' in page and 'id="language-term-importance"' in page
+    assert "Your model&#x27;s training" in page or "Your model's training" in page
+    assert 'src="figures/training-loss.svg"' in page and (tmp_path / "site" / "figures" / "training-loss.svg").is_file()
+    # issue 56: the formation chapter is the person's run, from the snapshots train-toy kept, not the shipped KJV run's
+    formation = (tmp_path / "site" / "formation.html").read_text(encoding="utf-8")
+    assert "m.safetensors snapshot by snapshot (measured from its history" in formation
+    assert "kjv_2l.dynamics.json" not in formation and "kept no snapshots" not in formation
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -215,6 +221,9 @@ def test_a_short_text_trains_with_a_smaller_held_out_part_and_the_companion_meas
     assert "short.safetensors (1 layer" in out and "its own training text" in out
     page = (tmp_path / "site" / "language.html").read_text(encoding="utf-8")
     assert "held-out" not in page.replace("held-out part", "") and "the training text" in page  # issue 45: not called held-out
+    assert 'src="figures/training-loss.svg"' in page  # issue 56: the person's loss curve, from the training record
+    formation = (tmp_path / "site" / "formation.html").read_text(encoding="utf-8")
+    assert "short.safetensors kept no snapshots" in formation and "--snapshots 32" in formation  # and how to keep them
 
 
 def test_bugs_are_counted_against_the_training_text_a_record_names(tmp_path, capsys):

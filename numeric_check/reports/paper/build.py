@@ -88,7 +88,8 @@ def _write(paper: Paper, measurements, out_dir: Path, pdf: bool, progress: Calla
     if pdf:
         source = paper_latex(paper)
         written.append(write_atomic(out_dir / "paper.tex", source))
-        resources = {f"figures/{name}.pdf": out_dir / "figures" / f"{name}.pdf" for name in CAPTIONS}
+        resources = {f"figures/{name}.pdf": out_dir / "figures" / f"{name}.pdf" for name in CAPTIONS
+                     if (out_dir / "figures" / f"{name}.pdf").is_file()}  # a person's loss curve only with their model
         document, _ = compile_latex(source, files=resources)
         written.append(write_atomic(out_dir / PDF_NAME, document))
         progress("PDF")

@@ -44,6 +44,8 @@ CAPTIONS = {
                    "mean over offsets of the first copy, and the range over offsets.",
     "importance": "Two-layer model, loss on repeated tokens: marginal loss by path order, of each head, and of the "
                   "largest virtual heads (patterns frozen).",
+    "training-loss": "Your model's training: the loss on the training batches (blue) and on their repeated spans (red) "
+                     "by step, as train-toy recorded them beside the checkpoint (its training record's curve).",
     **FORMATION_CAPTIONS,
 }
 
@@ -109,6 +111,19 @@ def repeat_loss_figure(m: Measurements) -> Figure:
     return fig
 
 
+def training_loss_figure(curve: list[dict]) -> Figure:
+    """A person's run's loss by step, from its training record's ``curve`` (points with step, loss, repeat_loss)."""
+    fig = Figure(figsize=(5.2, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    steps = [p["step"] for p in curve]
+    ax.plot(steps, [p["loss"] for p in curve], marker="o", ms=3, color="#1f77b4", label="training loss")
+    ax.plot(steps, [p["repeat_loss"] for p in curve], marker="o", ms=3, color="#d62728", label="loss on repeated spans")
+    top = max([p["loss"] for p in curve] + [p["repeat_loss"] for p in curve])
+    ax.set(xlabel="step", ylabel="loss (nats)", ylim=(0, 1.1 * top))  # room above the first steps' loss
+    ax.legend(frameon=False, fontsize=8, loc="lower left")
+    return fig
+
+
 def figures(m: Measurements) -> dict[str, Figure]:
     """Every figure of the companion by name (keys of :data:`CAPTIONS`), layers numbered as the paper does."""
     one, two = make_figures(m.analysis(1), index_from()), make_figures(m.analysis(2), index_from())
@@ -125,4 +140,6 @@ def figures(m: Measurements) -> dict[str, Figure]:
     }
     if m.formation is not None:
         out.update(formation_figures(m.formation))
+    if m.training_curve:
+        out["training-loss"] = training_loss_figure(m.training_curve)
     return {name: out[name] for name in CAPTIONS if name in out}

@@ -76,6 +76,7 @@ class Formation:
     others: tuple[tuple[int, int], ...]
     windows: int
     claims: tuple[Claim, ...]
+    yours: bool = False  # a person's own run, measured from its history when the page was built (not the shipped file)
 
     @property
     def hashes_match(self) -> bool:
@@ -128,3 +129,49 @@ def measure_formation(path: Path | str | None = None, *, ids: torch.Tensor | Non
         ablation = ablated_icl(model, heldout_windows(ids.long(), run.n_ctx, windows).to(model.device), heads, others)
     return Formation(run, control, str(source), hashes, prefix, copying, ablation, tuple(heads), tuple(others), windows,
                      tuple(judge(run, control, ablation=ablation)))
+
+
+#: How a person keeps the snapshots this chapter reads (said where their model kept none).
+SNAPSHOTS_COMMAND = "tcircuits train-toy --text-file FILE --snapshots 32 --out NAME.safetensors"
+
+
+def no_snapshots(name: str, why: str = "kept no snapshots") -> str:
+    """The chapter's note where a person's model has no history to read (the shipped run is shown instead)."""
+    return (f"Your model {name} {why}, so this chapter shows the run of the shipped two-layer model instead. To see how "
+            f"your own model's heads formed, train it keeping snapshots ({SNAPSHOTS_COMMAND}: a folder NAME.history/ "
+            "beside the checkpoint) and build the companion on it again.")
+
+
+@torch.no_grad()
+def your_formation(checkpoint: Path | str | None, name: str, ids: torch.Tensor, *, device=None,
+                   windows: int = HISTORY_WINDOWS) -> tuple[Formation, str | None]:
+    """The chapter on a person's run: every snapshot of ``checkpoint``'s history measured as ``tcircuits dynamics``
+    measures them, its last snapshot checked against the checkpoint, the ablation on ``windows`` windows of ``ids``
+    (the text the language page measures), the claims judged without a control. Where the model kept no history
+    (or is no checkpoint, or has no layers), the shipped run's chapter and a note saying why and how to keep one."""
+    from numeric_check.training.dynamics import measure
+
+    if checkpoint is None:
+        return measure_formation(device=device), no_snapshots(name, "is not a tcircuits checkpoint and kept no snapshots")
+    if not Path(checkpoint).with_suffix(".history").is_dir():
+        return measure_formation(device=device), no_snapshots(name)
+    try:
+        run = measure(checkpoint, device=device)
+    except CheckpointError as error:  # a history train-toy did not write, or changed since: said, not fatal
+        return measure_formation(device=device), no_snapshots(name, f"has a history that cannot be read ({error})")
+    if run.n_layers == 0:
+        return measure_formation(device=device), no_snapshots(name, "has no attention layer, so no head to form")
+    model = load_checkpoint(checkpoint, device=device, dtype=torch.float64)
+    last = run.snapshots[-1]
+    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED)
+    prefix, copying = _largest_difference(scores.induction, last.prefix_matching), \
+        _largest_difference(copying_scores(model), last.copying)
+    heads, others = ablation_heads(run)
+    ablation = None
+    if heads and len(ids) > run.n_ctx:
+        ablation = ablated_icl(model, heldout_windows(ids.long(), run.n_ctx, windows).to(model.device), heads, others)
+    hashes = (HashCheck(Path(checkpoint).name, last.sha256, stored_content_hash(checkpoint)),)
+    source = (f"train-toy kept {len(run.snapshots)} snapshots in {Path(checkpoint).with_suffix('.history').name}/ and "
+              "tcircuits dynamics' measures were taken on them when this page was built")
+    return Formation(run, None, source, hashes, prefix, copying, ablation, tuple(heads), tuple(others), windows,
+                     tuple(judge(run, None, ablation=ablation)), yours=True), None

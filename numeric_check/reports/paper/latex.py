@@ -16,7 +16,8 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import index_from, Equation, Paper
 from numeric_check.reports.paper.figures import CAPTIONS
-from numeric_check.reports.paper.formation_text import claims_table, figure_names, formation_texts, snapshots_table
+from numeric_check.reports.paper.formation_text import (claims_table, figure_names, formation_opening, formation_texts,
+                                                        snapshots_table)
 from numeric_check.reports.paper.language_claims import Table, language_tables, why_different
 from numeric_check.reports.paper.site import TITLE, TRIGRAM_HEADER, control_text, model_check_text, trigram_rows
 from numeric_check.reports.paper.your_model import YOURS_DIFFERENT, yours_paragraph
@@ -165,8 +166,12 @@ def paper_latex(paper: Paper) -> str:
     for section in paper.sections:
         lines += [r"\section{" + _t(section.title) + "}"]
         yours = paper.measurements.language_models if section.slug == "language" else None  # a model of one's own
-        lines += ([prose_latex(p, index_from()) + "\n" for p in section.spec.paragraphs] if yours is None
-                  else [_t(yours_paragraph(yours)) + "\n"])
+        opening, replaces = formation_opening(paper.measurements) if section.slug == "formation" else ([], False)
+        lines += ["-{}-".join(map(_t, t.split("--"))) + "\n" for t in opening]  # a person's run, or why not ("--" as typed)
+        lines += ([prose_latex(p, index_from()) + "\n" for p in section.spec.paragraphs] if yours is None and not replaces
+                  else [_t(yours_paragraph(yours)) + "\n"] if yours is not None else [])
+        if yours is not None and paper.measurements.training_curve:
+            lines += figure_latex("training-loss")
         if section.slug == "language" and paper.measurements.language is not None:
             note = why_different(paper.measurements.language) if yours is None else YOURS_DIFFERENT
             lines += [r"\subsection*{The paper's tables beside ours}", _t(note), ""]

@@ -29,7 +29,7 @@ from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.hooks import block_hook
 from numeric_check.reports.analysis import ModelAnalysis, analyze_model
-from numeric_check.reports.paper.formation import Formation, measure_formation
+from numeric_check.reports.paper.formation import Formation, measure_formation, your_formation
 from numeric_check.reports.paper.language import LanguageMeasurements, load_language_models, measure_language
 from numeric_check.training.toy import data_tables, next_token_losses, repeated_segment_batch, shipped_checkpoint, \
     training_record_for
@@ -129,7 +129,9 @@ class Measurements:
     random_partner_same: dict[tuple[int, int], float] = field(default_factory=dict)
     language: LanguageMeasurements | None = None
     language_models: str | None = None  # the model and text the language page measured, when not the shipped ones
-    formation: Formation | None = None  # the shipped language model's training run (the chapter "How induction heads form")
+    formation: Formation | None = None  # the language model's training run (the chapter "How induction heads form")
+    formation_note: str | None = None  # why the chapter shows the shipped run where a person's model was measured
+    training_curve: list[dict] | None = None  # a person's model's loss curve, from its training record
 
     def analysis(self, n_layers: int) -> ModelAnalysis:
         return self.analyses[n_layers]
@@ -417,7 +419,14 @@ def measure(progress: Callable[[str], None] = lambda step: None, *, n_sequences:
                                           control=language.control)
         found.language_models = language.describe()
     progress("the language models: the paper's tables")
-    found.formation = measure_formation(ids=heldout, device=device)
+    if language is None:
+        found.formation = measure_formation(ids=heldout, device=device)
+    else:  # the person's run: their loss curve, and their snapshots where they kept them
+        (record,) = language.records.values()
+        curve = record.get("curve") if isinstance(record, dict) else None
+        found.training_curve = curve or None
+        found.formation, found.formation_note = your_formation(language.checkpoint, language.name, language.data.ids,
+                                                               device=device)
     progress("the language model's training run: its stored measurements checked, the claims judged")
     return found
 

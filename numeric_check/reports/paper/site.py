@@ -20,7 +20,8 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.paper.claims import ANALYSIS_CHECKS_NOTE, PaperFinding, Part, analysis_checks, label, verdict_of
 from numeric_check.reports.paper.content import index_from, Equation, Paper, Section
 from numeric_check.reports.paper.figures import CAPTIONS
-from numeric_check.reports.paper.formation_text import claims_table, figure_names, formation_texts, snapshots_table
+from numeric_check.reports.paper.formation_text import (claims_table, figure_names, formation_opening, formation_texts,
+                                                        snapshots_table)
 from numeric_check.reports.paper.language_claims import Table, language_tables, why_different
 from numeric_check.reports.paper.your_model import YOURS_DIFFERENT, yours_paragraph
 from numeric_check.verification.results import VerifyReport
@@ -202,6 +203,14 @@ def language_html(paper: Paper) -> str:
             + "".join(table_html(t) for t in language_tables(m)))
 
 
+def training_html(paper: Paper) -> str:
+    """A person's model's training on the language page: its loss curve from its training record, or why none."""
+    if paper.measurements.training_curve:
+        return "<h2>Your model's training</h2>" + figure_html("training-loss")
+    return ("<h2>Your model's training</h2><p>No loss curve is drawn here: none was found in a training record beside the "
+            "model (the JSON tcircuits train-toy writes beside its checkpoint).</p>")
+
+
 def formation_html(paper: Paper) -> str:
     """The training run of the shipped language model: what was read, what was measured now, the claims judged,
     the figures and the snapshots."""
@@ -228,8 +237,12 @@ def analysis_checks_html(paper: Paper) -> str:
 def section_page(paper: Paper, section: Section) -> str:
     body = [_nav(paper, section.slug), f"<h1>{_h(section.title)}</h1>"]
     yours = paper.measurements.language_models if section.slug == "language" else None  # a model of one's own
-    body += ([f"<p>{prose_html(p, index_from())}</p>" for p in section.spec.paragraphs] if yours is None
-             else [f"<p>{_h(yours_paragraph(yours))}</p>"])
+    opening, replaces = formation_opening(paper.measurements) if section.slug == "formation" else ([], False)
+    if yours is not None:
+        body += [f"<p>{_h(yours_paragraph(yours))}</p>", training_html(paper)]
+    else:  # a person's run in the formation chapter: the shipped run's paragraphs do not describe it
+        body += [f"<p class='note'><strong>{_h(t)}</strong></p>" if not replaces else f"<p>{_h(t)}</p>" for t in opening]
+        body += [] if replaces else [f"<p>{prose_html(p, index_from())}</p>" for p in section.spec.paragraphs]
     if section.slug == "language" and paper.measurements.language is not None:
         body.append(language_html(paper))
     if section.slug == "formation" and paper.measurements.formation is not None:

@@ -102,13 +102,15 @@ def first_layer(model: CircuitModel) -> CircuitModel:
 class LanguageModels:
     """What the language page measures when it is not the shipped models: ``models`` by number of layers (one
     model, yours), their training ``records``, the text ``data``, induction's ``control`` (a two-layer model's
-    first layer alone, else ``None``), and ``name``: the model in words."""
+    first layer alone, else ``None``), ``name``: the model in words, and ``checkpoint``: its file, where it is a
+    tcircuits checkpoint (its training record and history sit beside it)."""
 
     models: dict[int, CircuitModel]
     records: dict[int, dict | None]
     data: LanguageData
     name: str
     control: CircuitModel | None = None
+    checkpoint: str | None = None  # the tcircuits checkpoint, where it is one: its training history sits beside it
 
     def describe(self) -> str:
         """Which model and text the page measured, one sentence.
