@@ -249,8 +249,19 @@ def trained_on(device) -> dict:
     import torch
 
     device = torch.device(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _processor() or platform.machine()
     return {"device": str(device), "name": name, "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def _processor() -> str | None:
+    """The CPU's model name as the system gives it (Linux's /proc/cpuinfo; elsewhere platform's), or None."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
 
 
 def _curve_png(record: dict, name: str) -> bytes:

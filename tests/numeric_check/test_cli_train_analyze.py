@@ -42,6 +42,9 @@ def test_train_toy_writes_checkpoint_and_record(tmp_path, capsys):
     assert record["train_config"]["steps"] == 5 and record["train_config"]["max_repeats"] == 2
     assert set(record["final"]) == {"loss", "repeat_loss", "other_loss"}
     assert record["curve"][-1]["step"] == 5
+    # where it was trained, and with what kernel: the record reproduces the run
+    assert record["trained_on"]["device"] == "cpu" and record["trained_on"]["torch"] == torch.__version__
+    assert record["trained_on"]["name"] and record["train_config"]["attention_kernel"] == "sdpa"
 
 
 def test_train_toy_records_the_data_structure_it_trained_on(tmp_path):
