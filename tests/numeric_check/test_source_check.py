@@ -141,7 +141,10 @@ def tl_has(*fields: str):
     scalings, ``use_logn_attn``, …)."""
     import dataclasses
 
-    known = {f.name for f in dataclasses.fields(tl.HookedTransformerConfig)}
+    try:
+        known = {f.name for f in dataclasses.fields(tl.HookedTransformerConfig)}
+    except ImportError:  # TransformerLens 4 removed it: the test is skipped when it runs (tests/conftest.py)
+        known = set(fields)
     missing = [f for f in fields if f not in known]
     return pytest.mark.skipif(bool(missing), reason=f"TransformerLens {getattr(tl, '__version__', '')} has no "
                                                     f"{', '.join(missing)}")
