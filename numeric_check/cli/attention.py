@@ -62,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
     name = (Path(source).name if Path(source).exists() else source) if source else "a random model"
     view = attention_patterns(model.to(dtype=getattr(torch, args.dtype)), ids, strings,  # a float16 checkpoint too
                               index_from=args.index_from, title=str(name))
-    if getattr(model, "source_check", None) is not None:
-        view.notes.append(str(model.source_check))
+    check = getattr(model, "source_check", None)
+    if check is not None:
+        view.notes.append(check.describe())
     if output is None:
         print(view.to_html())
     else:
         write_atomic(output, view.to_html())
         print(f"wrote {output}: {len(view.heads)} heads on {len(ids)} tokens")
+        if check is not None:
+            print(check.describe())
     return 0

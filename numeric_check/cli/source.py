@@ -213,9 +213,10 @@ def _load_transformer_lens(name: str, dtype: Any, device: Any, status: "Status")
     offline = not hub_reachable()
     if offline and not cache_holds_models():
         raise ModelLoadError(f"cannot load the TransformerLens model: {offline_message(name)}")
-    from transformer_lens import HookedTransformer
-
+    from numeric_check.conversion.tl_folder import tl_class
     from numeric_check.model.config import resolve_device, resolve_dtype
+
+    HookedTransformer = tl_class("HookedTransformer", f"--tl {name} loads")
 
     dtype, device = resolve_dtype(dtype), resolve_device(device)
     status.say(f"loading the TransformerLens model {name!r}")

@@ -21,12 +21,13 @@ from __future__ import annotations
 import copy
 import math
 import sys
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from numeric_check.errors import UnsupportedModel, WeightError
+from numeric_check.errors import SourceMismatch, UnsupportedModel, WeightError
 from numeric_check.conversion.build import (
     ACT_FN_ALIASES, LayerNormWeights, LayerWeights, SourceWeights, build, f64, on_one_device, unsupported,
 )
@@ -34,6 +35,8 @@ from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
 from numeric_check.model.rotary import tables_given, tables_rounded_to
 from numeric_check.conversion.options import check_tl_options
+from numeric_check.conversion.hf import check_hf, read_hf
+from numeric_check.conversion.source_calls import AsCalled, Call, additions, plain_calls
 from numeric_check.conversion.source_check import (
     changed_modules, check_against_source, fresh_on_meta, half_precision_reference, in_dtype, in_eval_mode, lowest_precision,
     probe_batches, unchecked, user_tokens,
@@ -60,15 +63,57 @@ def from_transformer_lens(model: Any, dtype: str | torch.dtype = torch.float64, 
     >>> model.source_check.describe()
     'converted from HookedTransformer (TransformerLens, float32): logits equal to the source within ...'
     """
+    if _is_instance(model, "transformer_lens.model_bridge", "TransformerBridge"):
+        return from_bridge(model, dtype, device, biases, check=check, check_tokens=check_tokens,
+                           accept_source_precision=accept_source_precision)
     if not _is_instance(model, "transformer_lens", "HookedTransformer"):
-        raise UnsupportedModel(
-            f"from_transformer_lens expects a transformer_lens.HookedTransformer, got {type(model).__name__}"
-        )
+        raise UnsupportedModel(f"from_transformer_lens expects a transformer_lens.HookedTransformer (TransformerLens 2 "
+                               f"and 3) or TransformerBridge (TransformerLens 4), got {type(model).__name__}")
     on_one_device(model, "the TransformerLens model")
     ours = build(_read_transformer_lens(model), torch.float64, device, biases)
     ours.source_check = (check_transformer_lens(model, ours, check_tokens, accept_source_precision=accept_source_precision)
                          if check else unchecked("HookedTransformer (TransformerLens)"))
     return in_dtype(ours, dtype)
+
+
+def from_bridge(bridge: Any, dtype: str | torch.dtype = torch.float64, device: str | torch.device | None = None,
+                biases: bool | None = None, *, check: bool = True, check_tokens: Tensor | None = None,
+                accept_source_precision: bool = False) -> CircuitModel:
+    """TransformerLens 4's ``TransformerBridge``: the Hugging Face model it wraps (``bridge.original_model``, its weights
+    as the bridge holds them: processed in place by ``enable_compatibility_mode``) read as :func:`from_hf` reads it,
+    and checked against that model and against the bridge's own forward ``bridge(tokens)``, which runs its hooks: a
+    bridge that computes otherwise than the model it wraps is refused by name."""
+    hf = getattr(bridge, "original_model", None)
+    if not isinstance(hf, torch.nn.Module) or getattr(hf, "config", None) is None:
+        raise UnsupportedModel(f"from_transformer_lens: this {type(bridge).__name__} wraps no Hugging Face model "
+                               "(original_model); boot it with TransformerBridge.boot_transformers")
+    ours = read_hf(hf, device, biases)
+    name = f"{type(hf).__name__} (TransformerLens {_version()} TransformerBridge over Hugging Face)"
+    if not check:
+        ours.source_check = unchecked(name)
+        return in_dtype(ours, dtype)
+    where = next(iter(hf.parameters())).device
+    through = Call("bridge(tokens), the TransformerBridge's own forward", lambda tokens: bridge(tokens.to(where)))
+    try:
+        ours.source_check = check_hf(hf, ours, check_tokens, accept_source_precision=accept_source_precision,
+                                     also=(through,), who="from_transformer_lens", library=name.partition(" (")[2][:-1])
+    except SourceMismatch as error:
+        if not getattr(bridge, "compatibility_mode", False):
+            raise
+        raise SourceMismatch(  # its weights processed in place for its own components (GPT-2's folded layer norms)
+            f"from_transformer_lens: a TransformerBridge after enable_compatibility_mode() is not read as it computes "
+            f"(logits {str(error).partition(' by ')[2].partition(' of ')[0]} off); convert one booted afresh, before that call",
+            error.detail) from None
+    return in_dtype(ours, dtype)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformer-lens")
+    except metadata.PackageNotFoundError:
+        return "4"
 
 
 def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *,
@@ -93,17 +138,21 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
 
     dtype = model.W_E.dtype
     held = str(dtype).removeprefix("torch.")
-    own, label = None, ""
+    added, training, own, label, accepted = additions(model), model.training, None, "", None
     if dtype.itemsize == 2:  # half precision: a float64 (else float32) copy is the reference, its own rounding apart
         probe = batches[0].to(model.W_E.device)
         ref = in_eval_mode(model, lambda: half_precision_reference(
             model, lambda source: source(probe), "from_transformer_lens", accept_source_precision, _exact_rotary_tables))
+        accepted = held if ref.own_rounding is None else None
         model, dtype, own, label = ref.model, ref.precision, ref.own_rounding, ref.label
     name = f"HookedTransformer (TransformerLens, {held}{label})"
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
-    return in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens",
-                                                            own, lambda: _its_rotary_tables(model)))
+    calls, notes = plain_calls(model, lambda tokens: model(tokens.to(model.W_E.device)), "model(tokens)", training)
+    as_called = AsCalled(calls, notes, added, "in run_with_cache")
+    check = in_eval_mode(model, lambda: check_against_source(ours, run, name, dtype, batches, suspects, "from_transformer_lens",
+                                                             own, lambda: _its_rotary_tables(model), as_called))
+    return replace(check, accepted_at=accepted)
 
 
 def _its_rotary_tables(model: Any):
@@ -161,7 +210,10 @@ def to_transformer_lens(model: CircuitModel, dtype: str | torch.dtype | None = N
     >>> torch.allclose(theirs(tokens), ours(tokens), atol=1e-5)
     True
     """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig  # optional dependency (tcircuits[tl])
+    from numeric_check.conversion.tl_folder import tl_class  # TransformerLens: an optional dependency (tcircuits[tl])
+
+    HookedTransformer = tl_class("HookedTransformer", "to_transformer_lens builds")
+    HookedTransformerConfig = tl_class("HookedTransformerConfig", "to_transformer_lens builds")
     from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
     arch, cfg = model.arch, model.cfg
@@ -229,8 +281,11 @@ def _tl_state_dict(model: CircuitModel) -> dict[str, Tensor]:
 def _is_instance(obj: Any, module: str, name: str) -> bool:
     """isinstance against an optional dependency's class, without importing it."""
     mod = sys.modules.get(module)
-    cls = getattr(mod, name, None) if mod is not None else None
-    return cls is not None and isinstance(obj, cls)
+    try:
+        cls = getattr(mod, name, None) if mod is not None else None
+    except ImportError:  # TransformerLens 4 raises ImportError for the names it removed (HookedTransformer)
+        return False
+    return isinstance(cls, type) and isinstance(obj, cls)
 
 
 # --- TransformerLens -------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from numeric_check.conversion.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.conversion.options import check_hf_options
 from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
+from numeric_check.conversion.source_calls import AsCalled, Call, additions, plain_calls
 from numeric_check.conversion.source_check import (
     changed_modules,
     check_against_source,
@@ -73,26 +74,33 @@ def from_hf(model: Any, dtype: str | torch.dtype = torch.float64, device: str | 
     True
     """
     name = type(model).__name__
-    family = BY_CLASS.get(name)
-    if family is None and type(model).__module__.startswith("transformer_lens"):
+    if BY_CLASS.get(name) is None and type(model).__module__.startswith("transformer_lens"):
         raise UnsupportedModel(f"from_hf reads Hugging Face models; {name} is a TransformerLens model: use from_transformer_lens")
+    ours = read_hf(model, device, biases)
+    ours.source_check = (check_hf(model, ours, check_tokens, accept_source_precision=accept_source_precision) if check
+                         else unchecked(f"{name} (Hugging Face)"))
+    return in_dtype(ours, dtype)
+
+
+def read_hf(model: Any, device: str | torch.device | None = None, biases: bool | None = None) -> CircuitModel:
+    """The float64 conversion of a Hugging Face ``model``, not yet checked against it: its family read by class, its
+    options by allow-list, its weights refused where they cannot run (:func:`from_hf` checks and casts it)."""
+    family = BY_CLASS.get(type(model).__name__)
     if family is None:
-        raise UnsupportedModel(not_read(name, getattr(model, "config", None)))
+        raise UnsupportedModel(not_read(type(model).__name__, getattr(model, "config", None)))
     source = f"the {family.name} model"
     check_hf_options(model.config, family.options, source, model)
     _refuse_bad_weights(model, source)
     on_one_device(model, source)
-    ours = build(family.read(model), torch.float64, device, biases)
-    ours.source_check = (check_hf(model, ours, check_tokens, accept_source_precision=accept_source_precision) if check
-                         else unchecked(f"{name} (Hugging Face)"))
-    return in_dtype(ours, dtype)
+    return build(family.read(model), torch.float64, device, biases)
 
 
 #: ``from_hf_gpt2`` reads every family now; the name stays for the code that used it
 from_hf_gpt2 = from_hf
 
 
-def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, accept_source_precision: bool = False):
+def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, accept_source_precision: bool = False,
+             also: tuple[Call, ...] = (), who: str = "from_hf", library: str = "Hugging Face"):
     """Run ``ours`` beside the Hugging Face ``model`` (:func:`~numeric_check.conversion.source_check.check_against_source`).
 
     A source held in half precision (bfloat16, float16) is run as a float64 copy of itself, else as a float32
@@ -102,7 +110,9 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
     rounding) is measured on the first probe and stated apart. One that runs as neither copy (a hook holding a
     bfloat16 tensor, a ``forward`` replaced on the instance, a copy too large) is refused unless
     ``accept_source_precision``: then it is compared as it is, at its own precision, which its source line names. A
-    float32 source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for."""
+    float32 source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for.
+    ``also``: more calls held to the same tolerance (a TransformerLens 4 bridge's own forward); ``who`` names the
+    conversion in a refusal, ``library`` where the source came from in its name."""
     cfg = ours.cfg
     batches = probe_batches(cfg.d_vocab, cfg.n_ctx, max(ours.arch.heads_per_layer, default=1))
     if tokens is not None:
@@ -125,17 +135,28 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
         return [] if fresh is None else changed_modules(model, fresh)
 
     held = str(dtype).removeprefix("torch.")
+    added, training = additions(model), model.training  # before the check puts it in eval mode and hooks its blocks
     reference, own, label, precision = model, None, "", lowest_precision(dtype, torch.float32)
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
         ref = in_eval_mode(model, lambda: half_precision_reference(
-            model, lambda source: runner(source)(batches[0])[0], "from_hf", accept_source_precision, _tables_made_again))
+            model, lambda source: runner(source)(batches[0])[0], who, accept_source_precision, _tables_made_again))
         reference, own, label = ref.model, ref.own_rounding, ref.label
         # its norms, rotary and softmax round through float32 whatever it is held in
         precision = lowest_precision(ref.precision, torch.float32)
-    name = f"{type(model).__name__} (Hugging Face, {held}{label})"
+    name = f"{type(model).__name__} ({library}, {held}{label})"
+    calls, notes = plain_calls(reference, lambda tokens: _plain(reference, family, tokens.to(device)), "model(input_ids)",
+                               training)
+    as_called = AsCalled(calls + list(also), notes, added, "with output_hidden_states=True")
     check = in_eval_mode(model, lambda: check_against_source(ours, runner(reference), name, precision, batches,
-                                                             suspects, "from_hf", own))
-    return replace(check, note=decoder.dropped_score_cap(model))
+                                                             suspects, who, own, as_called=as_called))
+    accepted = held if own is None and reference is model and dtype.itemsize == 2 else None
+    return replace(check, note=decoder.dropped_score_cap(model), accepted_at=accepted)
+
+
+def _plain(source: Any, family: Any, tokens: Tensor) -> Any:
+    """``source(tokens)``, as a person calls it: no flag passed (its config's ``use_cache`` and ``return_dict``)."""
+    with as_it_runs_in_float64(source, family):
+        return source(tokens)
 
 
 @contextmanager

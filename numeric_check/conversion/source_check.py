@@ -50,6 +50,7 @@ from torch import Tensor
 from numeric_check.errors import ModelInputError, SourceMismatch, SourcePrecisionError
 from numeric_check.model.hooks import block_hook
 from numeric_check.model.rotary import tables_rounded_to
+from numeric_check.conversion.source_calls import AsCalled
 
 PROBE_LENGTH = 64  # positions of each probe sequence at most (the source's context caps it)
 #: one more probe sequence runs through the whole context, so that what acts only at later positions (a patch on
@@ -160,6 +161,12 @@ class SourceCheck:
     #: a source that makes its position tables in float32 (rotary angles ``p · θ``, ALiBi's bias) is compared with the
     #: conversion run on such tables; this is how far those tables take the logits from exact ones, stated apart
     tables_rounding: float | None = None
+    #: what was added to the source after it was built and runs in it (a hook, a replaced ``forward``), named whether
+    #: the check passes or not (:func:`~numeric_check.conversion.source_calls.additions`)
+    added: tuple[str, ...] = ()
+    called: str | None = None  # how a plain call of the source was not compared, in words (dropout in training mode)
+    #: a half-precision source compared at its own precision, as the caller accepted (``accept_source_precision``)
+    accepted_at: str | None = None
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
@@ -175,6 +182,15 @@ class SourceCheck:
         if self.rounding is not None:
             own += (f"; checked in float64, the conversion run in {self.dtype} differs from it by {self.rounding:.2g} "
                     f"({self.dtype}'s rounding, not a difference from the source)")
+        if self.accepted_at:
+            own += (f"; compared at {self.accepted_at} as accepted: a conversion off by up to the tolerance "
+                    f"{self.tolerance:.2g} of the largest logit would pass too, a tamper of that size included")
+        if self.called:
+            own += f"; {self.called}"
+        if self.added:
+            shown = "; ".join(self.added[:4]) + (f"; and {len(self.added) - 4} more" if len(self.added) > 4 else "")
+            own += (f"; what was added to the source after it was built runs in it, compared as it runs (the conversion "
+                    f"reads its weights, not these): {shown}")
         note = f" ({self.note})" if self.note else ""
         return (f"converted from {self.source}{note}: logits equal to the source within {self.rel_diff:.2g} of their "
                 f"largest entry (tolerance {self.tolerance:.2g}) on {self.n_sequences} sequences, {self.n_tokens} "
@@ -188,6 +204,9 @@ class SourceCheck:
             return f" (every position of the {self.n_ctx:,}-position context)"
         return (f" (positions 0 to {self.positions - 1:,} of the {self.n_ctx:,}-position context: a longer probe's "
                 f"attention would pass {PROBE_BYTES / 2**30:.3g} GiB; pass check_tokens to reach further)")
+
+    def __str__(self) -> str:
+        return self.describe()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,17 +269,20 @@ RunSource = Callable[[Tensor], tuple[Tensor, list[Tensor] | None]]
 def check_against_source(ours: Any, run_source: RunSource, name: str, precision: torch.dtype,
                          token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str,
                          own_rounding: tuple[float, str, str] | None = None,
-                         source_tables: Callable[[], Any] = lambda: tables_rounded_to(torch.float32)) -> SourceCheck:
+                         source_tables: Callable[[], Any] = lambda: tables_rounded_to(torch.float32),
+                         as_called: AsCalled | None = None) -> SourceCheck:
     """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
     their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
     source computes in), else :class:`SourceMismatch` (``who`` names the conversion in its one line;
     ``suspects`` lists, in its ``detail``, what the model may use that it does not read).
     ``own_rounding``: ``(how far the source as held is from the copy run here, its precision, the copy's)``, recorded apart
     (:func:`half_precision_reference`). ``source_tables``: a context in which ``ours`` makes its position tables as
-    the source does (Hugging Face's float32 angles by default), tried where the exact comparison fails."""
+    the source does (Hugging Face's float32 angles by default), tried where the exact comparison fails. ``as_called``:
+    the other ways a person calls the source (:mod:`numeric_check.conversion.source_calls`), each held to the same
+    tolerance, and what was added to it, named in the result whether it passes or not."""
     tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
     worst_abs, worst_rel, worst_tol, n_seq, n_tok, tables = 0.0, 0.0, 0.0, 0, 0, None
-    for tokens in token_batches:
+    for index, tokens in enumerate(token_batches):
         with torch.no_grad():
             try:
                 theirs, streams = run_source(tokens)
@@ -280,6 +302,7 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
             if _gap(rounded, theirs)[1] <= tol:
                 diff, rel = _gap(rounded, theirs)
                 tables = max(tables or 0.0, relative(rounded, logits))
+                logits = rounded
         if not rel <= tol:  # NaN fails too
             first, where = _parting(cache, streams, ours, tol)
             raise SourceMismatch(
@@ -287,12 +310,17 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
                 f"tolerance {tol:.2g}{first}; --explain says why",
                 f"the converted model's logits differ from the source's ({name}) by {rel:.2g} of their largest entry, "
                 f"over the tolerance {tol:.2g} (max |difference| {diff:.2g}), on {tokens.shape[0]} x {tokens.shape[1]} "
-                f"tokens\n{where}\n{_listed(suspects())}")
+                f"tokens\n{where}\n{_listed(suspects())}" + (f"\nwhat runs in it: {'; '.join(as_called.added)}"
+                                                               if as_called is not None and as_called.added else ""))
+        if as_called is not None:
+            rel = max(rel, as_called.compare(tokens, index == 0, logits, tol, who, name))
         worst_abs, worst_rel, worst_tol = max(worst_abs, diff), max(worst_rel, rel), max(worst_tol, tol)
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
     rounding, held_in, copied_in = own_rounding if own_rounding is not None else (None, None, None)
     return SourceCheck(name, worst_abs, worst_rel, worst_tol, n_seq, n_tok, rounding, held_in, copied_in=copied_in,
-                       positions=max(t.shape[-1] for t in token_batches), n_ctx=ours.cfg.n_ctx, tables_rounding=tables)
+                       positions=max(t.shape[-1] for t in token_batches), n_ctx=ours.cfg.n_ctx, tables_rounding=tables,
+                       added=tuple(as_called.added) if as_called else (),
+                       called="; ".join(dict.fromkeys(as_called.notes)) or None if as_called else None)
 
 
 def in_dtype(exact: Any, dtype: Any) -> Any:

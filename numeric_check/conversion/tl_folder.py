@@ -66,9 +66,8 @@ def save_tl(model: Any, folder: str | Path) -> Path:
 
 def load_tl(folder: str | Path, dtype: torch.dtype, device: Any) -> Any:
     """The ``HookedTransformer`` saved in ``folder`` (see the module) in ``dtype`` on ``device``, in eval mode,
-    with the tokenizer saved beside it (or none)."""
-    from transformer_lens import HookedTransformer
-
+    with the tokenizer saved beside it (or none); TransformerLens 4, which has no ``HookedTransformer``, is refused."""
+    HookedTransformer = tl_class("HookedTransformer", "--tl reads a folder saved from")
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(f"{str(folder)!r} is not a folder; give the folder numeric_check.save_tl wrote "
@@ -100,7 +99,7 @@ def load_tl(folder: str | Path, dtype: torch.dtype, device: Any) -> Any:
 
 def _config(folder: Path, dtype: torch.dtype, device: Any) -> Any:
     """The folder's ``HookedTransformerConfig`` in ``dtype`` on ``device``; one line when it is not one."""
-    from transformer_lens import HookedTransformerConfig
+    HookedTransformerConfig = tl_class("HookedTransformerConfig", "--tl reads a folder saved from")
 
     from numeric_check.conversion.load import available_memory, json_object
 
@@ -155,3 +154,16 @@ def _state_dict(path: Path) -> dict:
         raise ModelLoadError(f"{path.name} holds a {type(state).__name__}, not a state dict of tensors; save it with "
                              "torch.save(model.state_dict(), 'model.pt')")
     return state
+
+
+def tl_class(name: str, what: str) -> Any:
+    """``transformer_lens.<name>``; TransformerLens 4 removed it (importing it raises ImportError): refused in one line
+    (:class:`ModelLoadError`) that starts with ``what`` (``"--tl reads a folder saved from"``) and says what to do."""
+    import transformer_lens
+
+    try:
+        return getattr(transformer_lens, name)
+    except ImportError:
+        raise ModelLoadError(f"{what} a TransformerLens 2 or 3 HookedTransformer; the installed TransformerLens 4 has no "
+                             f"{name}: install transformer-lens<4, or give the Hugging Face model (--hf; "
+                             "from_transformer_lens converts a TransformerBridge)") from None

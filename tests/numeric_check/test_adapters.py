@@ -208,7 +208,9 @@ def test_unsupported_wording_is_pinned():
     with pytest.raises(UnsupportedModel) as info:
         from_transformer_lens(_with(tl_model(), positional_embedding_type="relative_positional_bias"), device="cpu")
     assert str(info.value) == "the TransformerLens model uses relative positional bias, which CircuitModel cannot express"
-    with pytest.raises(UnsupportedModel, match=r"^from_transformer_lens expects a transformer_lens.HookedTransformer, got GPT2LMHeadModel$"):
+    with pytest.raises(UnsupportedModel, match=r"^from_transformer_lens expects a transformer_lens.HookedTransformer "
+                                               r"\(TransformerLens 2 and 3\) or TransformerBridge \(TransformerLens 4\), "
+                                               r"got GPT2LMHeadModel$"):
         from_transformer_lens(gpt2_model(), device="cpu")
 
 

@@ -691,10 +691,11 @@ def test_a_tampered_model_is_refused_in_200_characters_and_explained_under_expla
     code, out, explained = run_cli(capsys, *args, "--explain")
     first, *detail = explained.splitlines()
     assert code == 2 and out == "" and first == err.rstrip("\n"), explained
-    assert len(detail) == 3 and all(line.startswith("  ") for line in detail), explained
+    assert len(detail) == 4 and all(line.startswith("  ") for line in detail), explained
     assert detail[0].startswith("  the converted model's logits differ from the source's (") and " tokens" in detail[0]
     assert detail[1].startswith("  the residual streams agree at the input of block 0 and part at the input of block 1")
     assert "changed since it was built" in detail[2], explained
+    assert detail[3].startswith("  what runs in it: a forward hook on "), explained  # issue 54: the hook is named
 
 
 @pytest.mark.parametrize("command", ["verify", "attribute", "analyze", "attention", "paper"])
@@ -722,6 +723,21 @@ def test_a_half_precision_folder_too_large_to_copy_is_refused_unless_its_precisi
                              "bfloat16, as accepted: its float64 and float32 copies would pass 9.31e-07 GiB): logits "
                              "equal to the source within "), source
     assert float(source.split("(tolerance ")[1].split(")")[0]) > 1e-3, source  # bfloat16's, and the line shows it
+    tolerance = source.split("(tolerance ")[1].split(")")[0]
+    assert (f"; compared at bfloat16 as accepted: a conversion off by up to the tolerance {tolerance} of the largest "
+            "logit would pass too, a tamper of that size included") in source, source  # issue 54: said, not blamed
+
+
+def test_attention_prints_the_source_check_in_words_on_the_terminal_and_the_page(capsys, tmp_path, llama_dir):
+    """Issue 54: the page held the check's dataclass repr (``SourceCheck(source=...``), the terminal nothing."""
+    page = tmp_path / "att.html"
+    code, out, err = run_cli(capsys, "attention", "--hf", str(llama_dir), "--tokens", "1,2,3", "-o", str(page))
+    assert code == 0, err
+    wrote, source = out.splitlines()
+    assert wrote.startswith(f"wrote {page}: ") and source.startswith("converted from LlamaForCausalLM (Hugging Face, "
+                                                                      "float64): logits equal to the source within "), out
+    html = page.read_text(encoding="utf-8")
+    assert "SourceCheck(" not in html and "converted from LlamaForCausalLM (Hugging Face, float64)" in html
 
 
 @pytest.mark.parametrize("name", ["BertForMaskedLM", "T5ForConditionalGeneration", "LlavaForConditionalGeneration",
