@@ -16,7 +16,7 @@ import argparse
 
 from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, int_in, with_runtime
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
-from derivations.vocabulary import add_index_from, add_out, renumber
+from derivations.vocabulary import add_index_from, add_out, add_quiet, renumber
 from numeric_check.cli.source import add_model_arguments, add_text_arguments, parse_token
 from numeric_check.errors import AttributionError
 
@@ -75,6 +75,7 @@ def register(subparsers) -> None:
     add_out(out, dest="output", help="write there (atomically) instead of printing; - or /dev/stdout: standard output")
     out.add_argument("--force", action="store_true",
                      help="let -o replace a file this command reads, a checkpoint or a training record")
+    add_quiet(out)
     p.set_defaults(func=with_runtime(run))
 
 

@@ -71,7 +71,7 @@ on probe tokens and on your tokens must equal the source's; the report says by h
 or a random one (--layers, --heads, ...; seeded), or a checkpoint saved by tcircuits
 (--checkpoint). Tokens are your prompt (--text "..." or --text-file F, tokenized by the
 model's own tokenizer), ids (--tokens "1,2,3", sequences separated by ";"), or random
-(--batch, --seq-len, --token-seed). Prints a table of every term (its order,
+(--batch-size, --seq-len, --token-seed). Prints a table of every term (its order,
 the Frobenius norm of its contribution, its error against isolation) or --format json; exits 0
 when every check passes and 1 when one fails.
 """
@@ -351,7 +351,7 @@ def parse_heads(text: str) -> int | tuple[int, ...]:
 
 
 def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
-    """``--tokens`` parsed, or random tokens from ``--batch``, ``--seq-len``, ``--token-seed``."""
+    """``--tokens`` parsed, or random tokens from ``--batch-size``, ``--seq-len``, ``--token-seed``."""
     import torch
 
     cfg = model.cfg
