@@ -12,11 +12,12 @@ kept working for a release.
 ``--dtype``            the precision computed in: ``float64`` by default everywhere
 ``--batch-size``       how many sequences (``--batch`` is its old spelling)
 ``--seq-len``          a prompt's length; ``--n-ctx`` is a model's context (its longest prompt)
+``--max-terms``        how many terms a command shows (``--top``, ``--rows``, ``--max-rows`` its old spellings)
 =====================  ===================================================================
 
 ``tests/test_cli_vocabulary.py`` holds every subcommand to the table. An old spelling (``--output``,
-``--json``, ``--no-progress``, ``--formats``, ``--batch``, a positional CHECKPOINT, ``--text FILE``
-where a file is meant) still works and says once, on standard error, what to use instead.
+``--json``, ``--no-progress``, ``--formats``, ``--batch``, ``--top``, ``--rows``, ``--max-rows``, a positional
+CHECKPOINT) still works and says once, on standard error, what to use instead.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ def names_a_file(text: str) -> bool:
 def add_quiet(parser) -> None:
     """``--quiet`` (``dest`` ``quiet``): no progress bar or status line on standard error, in every command that shows one."""
     parser.add_argument("--quiet", action="store_true", help="no progress bar or status line on standard error")
+
+
+def add_max_terms(parser, *, dest: str, default, help: str, old: str, type) -> None:
+    """``--max-terms N``, how many terms (rows) a command shows, with the command's ``old`` name for it (``--top``,
+    ``--rows``, ``--max-rows``) kept as an old spelling; ``derive``, ``expand`` and ``check`` spell it alike."""
+    parser.add_argument("--max-terms", dest=dest, type=type, default=default, metavar="N", help=help)
+    old_spelling(parser, old, dest=dest, use="--max-terms N", type=type, metavar="N")
 
 
 def add_index_from(parser) -> None:

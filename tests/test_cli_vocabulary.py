@@ -26,8 +26,8 @@ def test_every_command_spells_its_options_as_the_others_do(name):
     parser = COMMANDS[name]
     options = _options(parser)
     assert parser.allow_abbrev is False
-    for old in ("--output", "--json", "--no-progress", "--formats"):
-        assert old not in options, f"{name} shows {old}"
+    for old in ("--output", "--json", "--no-progress", "--formats", "--top", "--rows", "--max-rows"):
+        assert old not in options, f"{name} shows {old}"  # issue 56: the terms shown are --max-terms everywhere
     for action in _visible(parser):
         if action.dest in ("out", "output"):
             assert action.option_strings == ["-o", "--out"], (name, action.option_strings)
@@ -98,6 +98,9 @@ def test_every_command_that_writes_a_file_takes_minus_o(name):
     (["analyze", "--formats", "png", "-o", "r"], "formats", "png", "use --figure-formats"),
     (["verify", "--batch", "3"], "batch_size", 3, "use --batch-size N"),
     (["demo", "--batch", "3"], "batch_size", 3, "use --batch-size N"),
+    (["demo", "--rows", "3"], "rows", 3, "--rows is an old spelling and goes in a later release; use --max-terms N"),
+    (["verify", "--max-rows", "3"], "max_rows", 3, "use --max-terms N"),
+    (["attribute", "--top", "3", "--target", "4"], "top", 3, "use --max-terms N"),
 ])
 def test_an_old_spelling_still_works_and_says_once_what_to_use(argv, dest, value, note, capsys):
     args = build_parser().parse_args(argv + argv[1:2] if argv[1] in ("--json", "--no-progress") else argv)
