@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import contextvars
 import difflib
 import os
 import re
@@ -54,8 +55,11 @@ examples:
   tcircuits expand "(Id + Σ_{h∈H_0} A^h ⊗ W_OV^h)(Id ⊗ W_E)"
   tcircuits expand "(A ⊗ W_O W_V)·x"
 
-'tcircuits COMMAND --help' explains each command, with more examples.
+'tcircuits help COMMAND' (or 'tcircuits COMMAND --help') explains each command, with more examples.
 """
+
+#: The command line being parsed, for the "did you mean" of a subcommand's parser that stops at a missing option.
+_ARGV: contextvars.ContextVar[list[str]] = contextvars.ContextVar("tcircuits_argv", default=[])
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -69,13 +73,24 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
-        namespace, extras = self.parse_known_args(args, namespace)
+        args = sys.argv[1:] if args is None else list(args)
+        token = _ARGV.set(args)
+        try:
+            namespace, extras = self.parse_known_args(args, namespace)
+        finally:
+            _ARGV.reset(token)
         if extras:
             where = _subparser(self, namespace) or self
             where.error(f"unrecognized arguments: {' '.join(extras)}" + _suggestion(extras, where))
         return namespace
 
     def error(self, message: str):
+        alone = re.fullmatch(r"one of the arguments (\S+) is required", message)  # -o/--out beside its hidden old spelling
+        message = f"the following arguments are required: {alone[1]}" if alone else message
+        if message.startswith("the following arguments are required") and self._subparsers is None:
+            unknown = [a for a in _ARGV.get() if a.startswith("--") and a.split("=")[0] not in self._option_string_actions]
+            if unknown:  # a mistyped option is why the required one is missing (--output for -o/--out): say both
+                message = f"{message}; unrecognized arguments: {' '.join(unknown)}{_suggestion(unknown, self)}"
         message = terminal_safe(" ".join(message.split()))  # argparse quotes bad values, newlines and all
         if message.endswith("expected one argument"):  # --tokens -1,2: the value reads as a flag
             flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
@@ -110,13 +125,23 @@ def _subparser(parser: argparse.ArgumentParser, namespace) -> argparse.ArgumentP
 
 
 def _suggestion(extras: list[str], parser: argparse.ArgumentParser) -> str:
-    """"; did you mean --format?" for the first unknown option close to one of ``parser``'s (hidden old spellings too)."""
-    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    """"; did you mean --format?" for the first unknown option close to one of ``parser``'s (hidden old spellings
+    too), named as ``--help`` names it (``-o/--out`` for ``--output``). An option that begins several (``--fo``:
+    ``--force``, ``--format``) or is as close to two names them all: no abbreviation is taken, none guessed."""
+    names = {s: getattr(a, "use", None) or "/".join(a.option_strings)  # an old spelling: the name it points to
+             for a in parser._actions for s in a.option_strings if s.startswith("--")}
     for extra in extras:
-        if extra.startswith("--"):
-            close = difflib.get_close_matches(extra.split("=")[0], options, n=1, cutoff=0.7)
-            if close:
-                return f"; did you mean {close[0]}?"
+        typed = extra.split("=")[0]
+        if not typed.startswith("--"):
+            continue
+        close = sorted(o for o in names if o.startswith(typed) and o != typed) or \
+            difflib.get_close_matches(typed, names, n=3, cutoff=0.7)
+        if close and not close[0].startswith(typed):  # by likeness: those as close as the closest
+            best = difflib.SequenceMatcher(None, typed, close[0]).ratio()
+            close = [o for o in close if difflib.SequenceMatcher(None, typed, o).ratio() >= best - 0.02]
+        said = list(dict.fromkeys(names[o] for o in close))
+        if said:
+            return f"; did you mean {' or '.join(said) if len(said) < 3 else ', '.join(said[:-1]) + ' or ' + said[-1]}?"
     return ""
 
 
@@ -127,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"tcircuits {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     commands.register(subparsers)
@@ -138,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         register(subparsers)
     return parser
+
+
+def version() -> str:
+    """The installed tcircuits' version (its package metadata), or 'unknown' where it runs uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("tcircuits")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,9 +228,12 @@ def _could_write(folder: Path) -> bool:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     argv = command_line() if argv is None else argv
-    if not argv:  # plain tcircuits: what it does and its commands
-        parser.print_help()
-        return 0
+    if not argv:  # plain tcircuits: a usage line and where help is, as git and pip do (exit 2: no command given)
+        _say(parser.format_usage().rstrip() + "\n" + "tcircuits: error: no command given; 'tcircuits --help' lists "
+             "the commands, 'tcircuits help COMMAND' explains one")
+        return 2
+    if argv[0] == "help":  # tcircuits help CMD is tcircuits CMD --help; plain help is --help
+        argv = [*argv[1:2], "--help"]
     args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)

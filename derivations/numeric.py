@@ -130,6 +130,7 @@ class RandomBindings:
         self.sums = tuple(sums)
         self.rng = rng
         self.dims = {**DEFAULT_DIMS, **numeric.dims}
+        self._fresh = 0  # sizes given to fresh shapes (rows_B) so far
         self.values: dict[Atom, np.ndarray] = {}
         self.numbers: dict[sp.Expr, complex] = {}
         self.derived = {name: (lambda a, d=d: TensorSum([Term(1, (d.word(a.index),))]))
@@ -149,7 +150,15 @@ class RandomBindings:
         return known
 
     def size(self, dim) -> int:
-        return int(self.number(dim).real)
+        """A dimension's size: the given or standard one, else (a fresh shape such as ``rows_B``, whose only
+        constraint is that the products chain, which the algebra checked) a small size of its own, 2 to 4,
+        fixed on first use, as :func:`tensoralg.check.check` sizes them."""
+        dim = sp.sympify(dim)
+        for s in sorted(dim.free_symbols, key=str):
+            if s.name not in self.dims:
+                self.dims[s.name] = 2 + self._fresh % 3
+                self._fresh += 1
+        return self.dims[dim.name] if dim.is_Symbol else int(dim) if dim.is_Integer else int(self.number(dim).real)
 
     def bind(self, a: Atom) -> np.ndarray:
         a = a.base

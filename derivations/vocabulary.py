@@ -12,11 +12,12 @@ kept working for a release.
 ``--dtype``            the precision computed in: ``float64`` by default everywhere
 ``--batch-size``       how many sequences (``--batch`` is its old spelling)
 ``--seq-len``          a prompt's length; ``--n-ctx`` is a model's context (its longest prompt)
+``--max-terms``        how many terms a command shows (``--top``, ``--rows``, ``--max-rows`` its old spellings)
 =====================  ===================================================================
 
 ``tests/test_cli_vocabulary.py`` holds every subcommand to the table. An old spelling (``--output``,
-``--json``, ``--no-progress``, ``--formats``, ``--batch``, a positional CHECKPOINT, ``--text FILE``
-where a file is meant) still works and says once, on standard error, what to use instead.
+``--json``, ``--no-progress``, ``--formats``, ``--batch``, ``--top``, ``--rows``, ``--max-rows``, a positional
+CHECKPOINT) still works and says once, on standard error, what to use instead.
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ def old_spelling(parser, old: str, *, dest: str, use: str, flag_value=None, **kw
                         default=argparse.SUPPRESS, **kwargs)
 
 
+def names_a_file(text: str) -> bool:
+    """Whether ``text``, given to ``--text`` as the text itself, also names a file (one line, no surrounding
+    blanks, shorter than a path can be): what the commands point to ``--text-file`` for."""
+    import os
+
+    if len(text) >= 4096 or "\n" in text or text.strip() != text:
+        return False
+    try:
+        return os.path.isfile(text)
+    except (OSError, ValueError):
+        return False
+
+
+def add_quiet(parser) -> None:
+    """``--quiet`` (``dest`` ``quiet``): no progress bar or status line on standard error, in every command that shows one."""
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or status line on standard error")
+
+
+def add_max_terms(parser, *, dest: str, default, help: str, old: str, type) -> None:
+    """``--max-terms N``, how many terms (rows) a command shows, with the command's ``old`` name for it (``--top``,
+    ``--rows``, ``--max-rows``) kept as an old spelling; ``derive``, ``expand`` and ``check`` spell it alike."""
+    parser.add_argument("--max-terms", dest=dest, type=type, default=default, metavar="N", help=help)
+    old_spelling(parser, old, dest=dest, use="--max-terms N", type=type, metavar="N")
+
+
 def add_index_from(parser) -> None:
     """``--index-from {0,1}`` (``dest`` ``index_from``), 0 by default in every command."""
     parser.add_argument("--index-from", type=int, choices=(0, 1), default=0, metavar="{0,1}",
@@ -93,10 +119,12 @@ def add_batch_size(parser, *, default: int, help: str, type=int) -> None:
 
 def add_out(parser, *, metavar: str = "FILE", help: str, required: bool = False, type=None, old: str | None = "--output",
             dest: str = "out") -> None:
-    """``-o/--out`` (``dest`` ``out``), with ``old`` (``--output`` by default) kept as an old spelling."""
-    parser.add_argument("-o", "--out", dest=dest, metavar=metavar, help=help, required=required, type=type)
+    """``-o/--out`` (``dest`` ``out``), with ``old`` (``--output`` by default) kept as an old spelling; where
+    ``-o`` is required, either spelling gives it (a required group of the two)."""
+    where = parser.add_mutually_exclusive_group(required=True) if required and old is not None else parser
+    where.add_argument("-o", "--out", dest=dest, metavar=metavar, help=help, required=required and where is parser, type=type)
     if old is not None:
-        old_spelling(parser, old, dest=dest, use="-o/--out", metavar=metavar, type=type)
+        old_spelling(where, old, dest=dest, use="-o/--out", metavar=metavar, type=type)
 
 
 def add_checkpoint(parser, *, help: str, positional_help: str | None = None) -> None:

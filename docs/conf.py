@@ -57,6 +57,11 @@ html_theme = "furo"
 html_title = "tcircuits"
 html_static_path = ["_static"]
 html_extra_path = ["_generated/html"]  # the pages the commands write (attention, attribution), framed by the how-tos
+# Sphinx checks html_extra_path when the configuration is read, before any hook of ours runs (the pictures are made at
+# builder-inited): in a fresh clone the folder (ignored by git) must exist by then, or the first `make docs` fails
+for _extra in html_extra_path:
+    (DOCS / _extra).mkdir(parents=True, exist_ok=True)
+del _extra
 html_css_files = ["tcircuits.css"]
 html_show_sourcelink = False
 html_math_renderer = "mathml"

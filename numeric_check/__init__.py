@@ -12,9 +12,6 @@ torch until something needs it.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import TYPE_CHECKING
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
@@ -70,52 +67,6 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-#: Kept for compatibility: modules that moved to a room of their own, by their old name. The
-#: conversion of other people's models left ``numeric_check.model`` for
-#: :mod:`numeric_check.conversion`, and the hook-path engine went to the verification that uses it;
-#: ``import numeric_check.model.hf`` (and every module under an old package, such as
-#: ``numeric_check.model.readers.llama``) still works and gives the very same module object as
-#: the new name, so patching through either name patches both. The table lives here, at the root,
-#: so that ``numeric_check.model`` itself never names the room above it.
-MOVED = {
-    **{f"numeric_check.model.{name}": f"numeric_check.conversion.{name}"
-       for name in ("adapters", "build", "hf", "hub", "load", "options", "readers", "source_check")},
-    "numeric_check.model.hook_paths": "numeric_check.verification.hook_paths",
-}
-
-
-def moved_to(name: str) -> str | None:
-    """The module's new name when ``name`` is an old one (or lies under an old package), else None.
-
-    >>> moved_to("numeric_check.model.readers.llama")
-    'numeric_check.conversion.readers.llama'
-    >>> moved_to("numeric_check.model.config") is None
-    True
-    """
-    for old, new in MOVED.items():
-        if name == old or name.startswith(old + "."):
-            return new + name[len(old):]
-    return None
-
-
-class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old module name and loads it as the new module itself (the loader puts the new
-    module in ``sys.modules`` under the old name, which the import system then returns)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        return importlib.util.spec_from_loader(fullname, self) if moved_to(fullname) else None
-
-    def create_module(self, spec):
-        return None  # a placeholder module, replaced in exec_module
-
-    def exec_module(self, module) -> None:
-        sys.modules[module.__name__] = importlib.import_module(moved_to(module.__name__))
-
-
-if not any(isinstance(finder, _OldNames) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _OldNames())
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily above

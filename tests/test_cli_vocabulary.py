@@ -26,11 +26,13 @@ def test_every_command_spells_its_options_as_the_others_do(name):
     parser = COMMANDS[name]
     options = _options(parser)
     assert parser.allow_abbrev is False
-    for old in ("--output", "--json", "--no-progress", "--formats"):
-        assert old not in options, f"{name} shows {old}"
+    for old in ("--output", "--json", "--no-progress", "--formats", "--top", "--rows", "--max-rows"):
+        assert old not in options, f"{name} shows {old}"  # issue 56: the terms shown are --max-terms everywhere
     for action in _visible(parser):
         if action.dest in ("out", "output"):
             assert action.option_strings == ["-o", "--out"], (name, action.option_strings)
+            # issue 56: the old --output works in every command with -o (it worked in 5 of 10)
+            assert "--output" in parser._option_string_actions, f"{name} refuses --output"
         if "progress" in (action.help or "") and action.option_strings:
             assert action.option_strings == ["--quiet"], (name, action.option_strings)
         if action.dest == "checkpoint" or action.metavar == "CHECKPOINT":
@@ -92,11 +94,13 @@ def test_every_command_that_writes_a_file_takes_minus_o(name):
     (["verify", "--no-progress"], "quiet", True, "use --quiet"),
     (["verify", "--output", "r.txt"], "output", "r.txt", "use -o/--out"),
     (["derive", "--output", "r.tex"], "output", "r.tex", "use -o/--out"),
+    (["attention", "--output", "a.html"], "out", "a.html", "use -o/--out"),  # -o is required: either spelling gives it
     (["analyze", "--formats", "png", "-o", "r"], "formats", "png", "use --figure-formats"),
-    (["train-toy", "--text", "a.txt", "-o", "m.safetensors"], "text", ["a.txt"], "use --text-file FILE"),
-    (["paper", "--text", "a.txt", "-o", "site"], "text_path", "a.txt", "use --text-file FILE"),
     (["verify", "--batch", "3"], "batch_size", 3, "use --batch-size N"),
     (["demo", "--batch", "3"], "batch_size", 3, "use --batch-size N"),
+    (["demo", "--rows", "3"], "rows", 3, "--rows is an old spelling and goes in a later release; use --max-terms N"),
+    (["verify", "--max-rows", "3"], "max_rows", 3, "use --max-terms N"),
+    (["attribute", "--top", "3", "--target", "4"], "top", 3, "use --max-terms N"),
 ])
 def test_an_old_spelling_still_works_and_says_once_what_to_use(argv, dest, value, note, capsys):
     args = build_parser().parse_args(argv + argv[1:2] if argv[1] in ("--json", "--no-progress") else argv)
@@ -120,6 +124,11 @@ def test_a_positional_checkpoint_still_works_with_a_note(tmp_path, capsys):
     (["derive", "two-layer-logits", "--formt", "html"], "did you mean --format?"),
     (["derive", "two-layer-logits", "--format", "htm"], "did you mean 'html'?"),
     (["verify", "--max-ordr", "1"], "did you mean --max-order?"),
+    # issue 56: a mistyped option is why a required one is missing: both said, with the suggestion
+    (["attention", "--checkpoint", "m.safetensors", "--ouput", "x.html"],
+     "the following arguments are required: -o/--out; unrecognized arguments: --ouput; did you mean -o/--out?"),
+    (["derive", "two-layer-logits", "--fo", "html"], "did you mean --force or --format?"),  # a prefix of two: both
+    (["verify", "--outpt", "r.txt"], "did you mean -o/--out?"),  # an old spelling: by what it points to
 ])
 def test_a_mistyped_command_option_or_choice_gets_a_suggestion(argv, suggestion, capsys):
     with pytest.raises(SystemExit) as info:
@@ -134,10 +143,32 @@ def test_no_option_is_taken_by_an_abbreviation(capsys):
     assert "unrecognized arguments: --form" in capsys.readouterr().err
 
 
-def test_plain_tcircuits_prints_the_help(capsys):
-    assert main([]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: tcircuits") and "verify" in out and "dynamics" in out
+def test_plain_tcircuits_prints_a_short_usage_and_exits_2(capsys):
+    """Issue 56: a bare tcircuits printed 48 lines and exited 0; as git and pip, a usage line, where help is, 2."""
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: tcircuits") and err.count("\n") == 2
+    assert "no command given; 'tcircuits --help' lists the commands, 'tcircuits help COMMAND' explains one" in err
+
+
+def test_version_and_help_command(capsys):
+    from derivations.cli import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == f"tcircuits {version()}\n" and version()[0].isdigit()
+    for argv in (["help", "derive"], ["derive", "--help"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 0
+        helped = capsys.readouterr().out
+        assert helped.startswith("usage: tcircuits derive")
+    with pytest.raises(SystemExit) as info:
+        main(["help"])
+    assert info.value.code == 0 and "train-toy" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["help", "verfy"])
+    assert info.value.code == 2 and "did you mean 'verify'?" in capsys.readouterr().err
 
 
 def test_a_file_given_as_text_is_read_as_text_with_a_note(tmp_path, capsys, monkeypatch):
@@ -149,3 +180,25 @@ def test_a_file_given_as_text_is_read_as_text_with_a_note(tmp_path, capsys, monk
     shipped = Path(__file__).resolve().parents[1] / "numeric_check" / "data" / "kjv_2l.safetensors"
     assert main(["verify", "--checkpoint", str(shipped), "--text", "prompt.txt", "--max-order", "0", "--quiet"]) == 0
     assert "to read the file, use --text-file prompt.txt" in capsys.readouterr().err
+
+
+def test_paper_refuses_text_in_one_line_pointing_to_the_file_option(tmp_path, capsys, monkeypatch):
+    """Issue 56: --text is text everywhere; paper measures on a whole file, so its --text (once a file) is refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("words")
+    for text, pointer in (("a.txt", "'a.txt' names a file: use --text-file a.txt"), ("hello", "use --text-file FILE")):
+        assert main(["paper", "--text", text, "-o", str(tmp_path / "site")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "paper measures your model on a whole text read from a file, not on --text" in err
+        assert err.rstrip().endswith(pointer) and not (tmp_path / "site").exists()
+
+
+#: The commands that show progress (a bar, or a status line while a model loads or a report is made).
+SHOWING_PROGRESS = ("analyze", "attention", "attribute", "dynamics", "paper", "train-toy", "verify")
+
+
+@pytest.mark.parametrize("name", SHOWING_PROGRESS)
+def test_every_command_that_shows_progress_takes_quiet(name):
+    """Issue 56: --quiet was missing in analyze, attention and attribute (and verify's status line ignored it)."""
+    action = COMMANDS[name]._option_string_actions.get("--quiet")
+    assert action is not None and action.dest == "quiet" and action.help is not argparse.SUPPRESS, name

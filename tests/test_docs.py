@@ -320,6 +320,21 @@ def test_make_docs_builds_the_site_with_warnings_as_errors(tmp_path):
     assert "<math" in start or "<math" in (tmp_path / "html" / "explanations" / "verification.html").read_text(encoding="utf-8")
 
 
+def test_the_docs_configuration_makes_the_folders_sphinx_checks_first(tmp_path, monkeypatch):
+    """Issue 56: in a fresh clone ``docs/_generated/`` (ignored by git) does not exist, and Sphinx checks
+    ``html_extra_path`` when it reads the configuration, before the hook that makes the pictures: the first
+    ``make docs`` failed. Reading the configuration on a copy of docs/ without that folder must make it."""
+    import runpy
+
+    docs = tmp_path / "docs"
+    shutil.copytree(DOCS, docs, ignore=shutil.ignore_patterns("_generated", "_build", "_notebooks"))
+    assert not (docs / "_generated").exists()
+    monkeypatch.setattr(sys, "path", list(sys.path))  # conf.py puts the repository and _ext first
+    conf = runpy.run_path(str(docs / "conf.py"))
+    for extra in conf["html_extra_path"] + conf["html_static_path"]:
+        assert (docs / extra).is_dir(), extra
+
+
 @pytest.mark.parametrize("package", generated.PACKAGES)
 def test_the_api_reference_puts_every_public_name_in_one_topic_with_its_summary(package):
     """Issue 46: the API reference is grouped by topic, each with a summary table; every name the package exports

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from derivations.vocabulary import add_index_from
-from derivations.vocabulary import add_out
+from derivations.vocabulary import add_out, add_quiet
 from numeric_check.reports.flags import add_runtime_arguments, with_runtime
 
 DESCRIPTION = """\
@@ -37,8 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"),
                    help="dtype of the computation, and of the --hf/--tl model as loaded (default float64)")
     add_index_from(p)
-    add_out(p, required=True, metavar="FILE.html", help="the page to write (atomically)", old=None)
+    add_out(p, required=True, metavar="FILE.html", help="the page to write (atomically)")
     p.add_argument("--force", action="store_true", help="let -o replace a file this command reads")
+    add_quiet(p)
     add_runtime_arguments(p)
     p.set_defaults(func=with_runtime(run))
 

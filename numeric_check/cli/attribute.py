@@ -16,7 +16,7 @@ import argparse
 
 from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, int_in, with_runtime
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS
-from derivations.vocabulary import add_index_from, add_out, renumber
+from derivations.vocabulary import add_index_from, add_max_terms, add_out, add_quiet, renumber
 from numeric_check.cli.source import add_model_arguments, add_text_arguments, parse_token
 from numeric_check.errors import AttributionError
 
@@ -34,7 +34,7 @@ terms are ranked by the size of their contribution and labelled as on the slides
   sum        the contributions, plus the remainder of every higher order (one line,
              computed by the model in an order-graded forward pass), equal the model's
              own logit (or difference);
-  isolation  each of the --top largest terms equals its path isolated through the
+  isolation  each of the --max-terms largest terms equals its path isolated through the
              model's hooks (only its source and heads on, patterns and scales frozen).
 
 A token is an id, or text that the model's tokenizer turns into exactly one token.
@@ -65,7 +65,8 @@ def register(subparsers) -> None:
     goal.add_argument("--logit-diff", nargs=2, metavar=("A", "B"), help="attribute logit[A] - logit[B]")
     what.add_argument("--position", type=int, default=-1, help="the prompt position (default -1: the last)")
     what.add_argument("--max-order", type=int, default=2, help="paths through at most 1 or 2 heads (default 2); the rest is one line")
-    what.add_argument("--top", type=int_in(0), default=30, help="terms shown and checked by isolation (default 30)")
+    add_max_terms(what, dest="top", default=30, type=int_in(0), old="--top",
+                  help="terms shown and checked by isolation, largest first (default 30)")
     add_index_from(what)
     what.add_argument("--dtype", default="float64", choices=DTYPES,
                       help="dtype of the computation, and of the --hf/--tl model as loaded (default float64)")
@@ -75,6 +76,7 @@ def register(subparsers) -> None:
     add_out(out, dest="output", help="write there (atomically) instead of printing; - or /dev/stdout: standard output")
     out.add_argument("--force", action="store_true",
                      help="let -o replace a file this command reads, a checkpoint or a training record")
+    add_quiet(out)
     p.set_defaults(func=with_runtime(run))
 
 

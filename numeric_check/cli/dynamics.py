@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from derivations.vocabulary import add_index_from, renumber
+from derivations.vocabulary import add_index_from, add_out, renumber
 from numeric_check.reports.flags import add_runtime_arguments, with_runtime
 
 DESCRIPTION = """\
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
                    help="a checkpoint trained with train-toy --text-file, with its NAME.history/ beside it")
     p.add_argument("--control", type=Path, metavar="CHECKPOINT",
                    help="a run trained alike with fewer layers (a one-layer control), with its history")
-    p.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="folder to write the page into (created)")
+    add_out(p, required=True, type=Path, metavar="DIR", help="folder to write the page into (created)")
     p.add_argument("--force", action="store_true", help="replace the files tcircuits wrote in DIR before")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_index_from(p)

@@ -43,7 +43,7 @@ import argparse
 import time
 from pathlib import Path
 
-from derivations.vocabulary import add_checkpoint, add_index_from, add_out, checkpoint_of, old_spelling
+from derivations.vocabulary import add_checkpoint, add_index_from, add_out, checkpoint_of, names_a_file
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import add_model_arguments
 from numeric_check.errors import VerifyCLIError
@@ -71,13 +71,13 @@ def register(subparsers) -> None:
     yours.add_argument("--text-file", type=Path, metavar="FILE", dest="text_path",
                        help="the UTF-8 text your model is measured on, read whole by its own tokenizer (needed with "
                             "--hf and --tl; a checkpoint is measured on the shipped held-out King James Bible without it)")
-    old_spelling(yours, "--text", dest="text_path", use="--text-file FILE", type=Path, metavar="FILE")
+    yours.add_argument("--text", dest="measured_text", metavar="TEXT", help=argparse.SUPPRESS)  # refused in run()
     yours.add_argument("--training-text-file", type=Path, metavar="FILE", dest="training_path",
                        help="the whole text a --checkpoint was trained on (its training record's SHA-256 must match): "
                             "the skip-trigram \"bugs\" are then combinations the model never saw in training, not "
                             "only ones absent from --text-file")
     parser.set_defaults(text=None, text_file=None)  # no prompt: --text-file here is the text measured on
-    add_out(parser, required=True, metavar="DIR", help="folder to write the site into (made if missing)", old=None)
+    add_out(parser, required=True, metavar="DIR", help="folder to write the site into (made if missing)")
     parser.add_argument("--pdf", action="store_true", help="also compile DIR/paper.pdf with pdflatex")
     parser.add_argument("--force", action="store_true",
                         help="replace files in DIR that tcircuits did not write (or that changed since) at the names it writes")
@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from numeric_check.cli.source import check_model_flags
     from numeric_check.reports.paper.build import check_outputs, step_count, write_paper
 
+    if args.measured_text is not None:
+        given = (f"{args.measured_text!r} names a file: use --text-file {args.measured_text}" if names_a_file(args.measured_text)
+                 else "use --text-file FILE")
+        raise VerifyCLIError(f"paper measures your model on a whole text read from a file, not on --text (the text itself, "
+                             f"a prompt in verify, attribute and attention): {given}")
     checkpoint_of(args)
     check_model_flags(args, [])
     yours = args.checkpoint is not None or args.hf is not None or args.tl is not None

@@ -140,7 +140,7 @@ def load_user_model(args: argparse.Namespace, dtype: Any, device: Any) -> UserMo
     from numeric_check.conversion.load import check_hub_environment
 
     check_hub_environment()  # before the Hugging Face libraries read it at import
-    status = Status(enabled=not getattr(args, "no_progress", False))
+    status = Status(enabled=not getattr(args, "quiet", False))  # --quiet (it read a dest no option had)
     try:
         user = (_load_transformer_lens(args.tl, dtype, device, status) if args.tl is not None
                 else _load_hugging_face(args, dtype, device, status))
@@ -537,16 +537,9 @@ def _loading(what: str, load):
 def _note_a_file_given_as_text(args) -> None:
     """``--text`` is the prompt itself; where it also names a file, say once how to read the file instead
     (``verify --text /tmp/prompt.txt`` tokenized the path)."""
-    import os
-
-    from derivations.vocabulary import note_once
+    from derivations.vocabulary import names_a_file, note_once
 
     text = args.text
-    if len(text) < 4096 and "\n" not in text and text.strip() == text:
-        try:
-            is_file = os.path.isfile(text)
-        except (OSError, ValueError):
-            is_file = False
-        if is_file:
-            note_once(f"tcircuits {args.command}", "--text FILE", f"--text is the prompt itself, so {text!r} is read as "
-                      f"text; it also names a file: to read the file, use --text-file {text}")
+    if names_a_file(text):
+        note_once(f"tcircuits {args.command}", "--text FILE", f"--text is the prompt itself, so {text!r} is read as "
+                  f"text; it also names a file: to read the file, use --text-file {text}")

@@ -21,7 +21,9 @@ from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.progress import StepBar
 from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
-from derivations.vocabulary import add_checkpoint, add_index_from, add_out, checkpoint_of, old_spelling, renumber
+from derivations.vocabulary import (
+    add_checkpoint, add_index_from, add_out, add_quiet, checkpoint_of, names_a_file, old_spelling, renumber,
+)
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import output_folder, writable_file, write_together
 from numeric_check.training.config import BLOCK_LINES, DEFAULT_SNAPSHOTS, HELDOUT_EVERY, tokenizer_path
@@ -72,6 +74,8 @@ context: no later query ever needed it there.
 
 TRAIN_EPILOG = """\
 examples:
+  # a first try, under a minute of CPU time: 20 steps on a short text, vocabulary and batch fitted to it
+  tcircuits train-toy --text-file /usr/share/common-licenses/GPL-3 --steps 20 --out gpl.safetensors
   tcircuits train-toy --layers 2 --out induction_2l.safetensors
   tcircuits train-toy --layers 1 --steps 4000 --seed 1 --out control_1l.safetensors
   tcircuits analyze --checkpoint induction_2l.safetensors --out report/
@@ -85,28 +89,31 @@ def register_train_toy(subparsers) -> None:
     d = TrainConfig()
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
                      TRAIN_DESCRIPTION, TRAIN_EPILOG)
-    add_out(p, required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write", old=None)
+    add_out(p, required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
     p.add_argument("--layers", type=int_in(0, 2), default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
     p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
     p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
     p.add_argument("--vocab", type=int, default=None,
-                   help=f"vocabulary size (default {d.d_vocab}; with --text the BPE's size, default {TEXT_VOCAB})")
+                   help=f"vocabulary size (default {d.d_vocab}; on text the BPE's size, default {TEXT_VOCAB} or the "
+                        "most the text supports, said when fewer)")
     p.add_argument("--n-ctx", type=int, default=None,
-                   help=f"sequence length (default {d.n_ctx}; with --text-file {TEXT_N_CTX}, the windows 'tcircuits paper' measures on)")
+                   help=f"sequence length (default {d.n_ctx}; on text {TEXT_N_CTX}, the windows 'tcircuits paper' measures on)")
     text = p.add_argument_group("training on text (the paper's kind of model) instead of the planted data")
-    text.add_argument("--text-file", nargs="+", type=Path, metavar="FILE", dest="text",
+    text.add_argument("--text-file", nargs="+", type=Path, metavar="FILE", dest="text_files",
                       help="UTF-8 text to train on (e.g. build/corpus/kjv.txt from 'make corpus'): a byte-level BPE "
                            "of --vocab tokens is trained on it and saved beside the checkpoint (NAME.tokenizer.json); "
                            f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines is held out for evaluation (of fewer "
                            f"lines in a text under {HELDOUT_EVERY * BLOCK_LINES:,} lines; none under {HELDOUT_EVERY}, and "
                            "the record says so)")
-    old_spelling(text, "--text", dest="text", use="--text-file FILE", nargs="+", type=Path, metavar="FILE")
+    text.add_argument("--text", metavar="TEXT", help="the text itself to train on, instead of --text-file (a few "
+                                                     "hundred characters at least: one sequence of --n-ctx tokens)")
     text.add_argument("--copy-share", type=finite_float, default=None, metavar="P",
-                      help=f"share of sequences that repeat a span of themselves (copy-augmentation), with --text "
-                           f"(default {TEXT_COPY_SHARE}); the span is --seg-min..--seg-max tokens")
+                      help=f"share of sequences that repeat a span of themselves (copy-augmentation, which plants "
+                           f"repeats for induction heads to learn), on text (default {TEXT_COPY_SHARE:g}: none); the "
+                           "span is --seg-min..--seg-max tokens")
     text.add_argument("--snapshots", type=int_in(0, 1000), default=None, metavar="N",
-                      help=f"with --text, keep N snapshots at log-spaced steps (the last among them) in NAME.history/, "
+                      help=f"on text, keep N snapshots at log-spaced steps (the last among them) in NAME.history/, "
                            f"each a checkpoint with its held-out loss at every position: what 'tcircuits dynamics' "
                            f"reads (default {DEFAULT_SNAPSHOTS}; 0: none)")
     p.add_argument("--seg-min", type=int, default=d.seg_min, help=f"shortest repeated segment (default {d.seg_min})")
@@ -128,7 +135,9 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
     p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
-    p.add_argument("--batch-size", type=int_in(1), default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
+    p.add_argument("--batch-size", type=int_in(1), default=None, metavar="N",
+                   help=f"sequences per step (default {d.batch_size}; on text at most a quarter of the text a step, said "
+                        "when fewer)")
     p.add_argument("--lr", type=finite_float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
     p.add_argument("--warmup-steps", type=int_in(0), default=None, metavar="N",
                    help=f"steps over which the learning rate rises linearly to --lr (default min(100, steps/10): {d.warmup_steps})")
@@ -152,13 +161,22 @@ def _run_train_toy(args) -> int:
     from numeric_check.training.history import HISTORY_INDEX, HISTORY_WINDOWS_FILE, snapshot_file
     from numeric_check.training.toy import TrainConfig, train_toy, training_record
 
+    on_text = args.text is not None or args.text_files is not None
+    if args.text is not None and args.text_files is not None:
+        raise NumericCheckError("give the text once: --text TEXT (the text itself) or --text-file FILE, not both")
     for flag, value in (("--copy-share", args.copy_share), ("--snapshots", args.snapshots)):
-        if args.text is None and value is not None:
-            raise NumericCheckError(f"{flag} applies to training on text: give --text-file FILE too")
-    args.vocab = args.vocab if args.vocab is not None else (TEXT_VOCAB if args.text else TrainConfig.d_vocab)
-    args.n_ctx = args.n_ctx if args.n_ctx is not None else (TEXT_N_CTX if args.text else TrainConfig.n_ctx)
+        if not on_text and value is not None:
+            raise NumericCheckError(f"{flag} applies to training on text: give --text-file FILE (or --text TEXT) too")
+    fit_vocab, fit_batch = on_text and args.vocab is None, on_text and args.batch_size is None
+    args.vocab = args.vocab if args.vocab is not None else (TEXT_VOCAB if on_text else TrainConfig.d_vocab)
+    args.n_ctx = args.n_ctx if args.n_ctx is not None else (TEXT_N_CTX if on_text else TrainConfig.n_ctx)
+    args.batch_size = args.batch_size if args.batch_size is not None else TrainConfig.batch_size
     check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)  # before TrainConfig's own, less specific check
-    data = text_data(args) if args.text else None
+    data = text_data(args, fit_vocab) if on_text else None
+    if data is not None and (fit_vocab or fit_batch):
+        fitted = fit_to_text(args, data, fit_vocab, fit_batch)
+        if fitted:
+            print(terminal_safe(fitted), flush=True)
     config = TrainConfig(
         n_layers=args.layers,
         n_heads=args.heads,
@@ -211,7 +229,7 @@ def _run_train_toy(args) -> int:
     info = training_record(config, losses, seconds)
     info["trained_on"] = trained_on(next(model.parameters()).device)
     if data is not None:
-        info["text"] = text_record(args.text, data, tokenizer_file)
+        info["text"] = text_record(args.text_files, data, tokenizer_file)
     try:  # strict JSON, checked before either file is written
         json.dumps(info, allow_nan=False)
     except ValueError:
@@ -289,21 +307,53 @@ def _history(args, config, data):
                    save_dtype=getattr(torch, args.save_dtype))
 
 
-#: With --text-file: the BPE's size, the share of copy-augmented sequences and the context, unless given.
-TEXT_VOCAB, TEXT_COPY_SHARE, TEXT_N_CTX = 2048, 0.5, 128
+#: On text: the BPE's size (at most: fewer where the text supports fewer), the share of copy-augmented sequences
+#: (none: planting is asked for by name) and the context, unless given.
+TEXT_VOCAB, TEXT_COPY_SHARE, TEXT_N_CTX = 2048, 0.0, 128
 
 
-def text_data(args):
-    """The text of ``--text`` read, split, tokenized (a BPE of ``--vocab`` tokens): refused in one line,
-    before any training, when a file is empty, binary or not UTF-8, or the text is too short."""
+def text_data(args, fit_vocab: bool = False):
+    """The text of ``--text-file`` read (or ``--text`` itself), split, tokenized (a BPE of ``--vocab`` tokens, or
+    of as many as the text supports with ``fit_vocab``): refused in one line, before any training, when a file
+    is empty, binary or not UTF-8, or the text is too short."""
+    from numeric_check.cli.source import check_utf8
     from numeric_check.training.text import TextData, read_texts
 
-    return TextData.build(read_texts(args.text), args.vocab, args.n_ctx)
+    if args.text_files is not None:
+        text = read_texts(args.text_files)
+    else:
+        text = args.text
+        if names_a_file(text):
+            raise NumericCheckError(f"--text is the text itself, and {text!r} names a file: to train on the file, use "
+                                    f"--text-file {text}")
+        if not text.strip():
+            raise NumericCheckError("--text is empty: expected the text to train on (or --text-file FILE)")
+        check_utf8(text, "--text")
+    return TextData.build(text, args.vocab, args.n_ctx, fit_vocab=fit_vocab)
+
+
+def fit_to_text(args, data, fit_vocab: bool, fit_batch: bool) -> str:
+    """``args.vocab`` and ``args.batch_size`` brought to a short text where they were not given (the tokens it
+    supports; at most a quarter of its training windows a step), and the line that says so ('' if neither moved)."""
+    said = []
+    supported = data.tokenizer.get_vocab_size()
+    if fit_vocab and supported < args.vocab:
+        said.append(f"--vocab {supported:,} (the most it supports; default {args.vocab:,})")
+        args.vocab = supported
+    quarter = max(1, len(data.train) // (4 * (args.n_ctx + 1)))
+    if fit_batch and quarter < args.batch_size:
+        said.append(f"--batch-size {quarter:,} (a quarter of its windows a step; default {args.batch_size})")
+        args.batch_size = quarter
+    if not said:
+        return ""
+    check_batch("--batch-size", args.batch_size, args.n_ctx, args.vocab)
+    return f"fitted to the text ({len(data.train):,} training tokens): " + ", ".join(said)
 
 
 def text_record(paths, data, tokenizer_file) -> dict:
-    """What a training record says of its text: the files, their SHA-256, the split and the tokenizer."""
-    return {"files": [Path(p).name for p in paths], "sha256": data.sha256,
+    """What a training record says of its text: the files (none for ``--text``), their SHA-256, the split and the
+    tokenizer."""
+    return {"files": [Path(p).name for p in paths or ()], "sha256": data.sha256,
             "train_tokens": len(data.train), "heldout_tokens": len(data.heldout),
             "heldout": data.split, "heldout_sha256": data.heldout_sha256,
             "tokenizer": tokenizer_file.name}
@@ -361,9 +411,10 @@ def register_analyze(subparsers) -> None:
                        help="dtype of the --hf/--tl model as loaded and analysed (default float64, as in every command; "
                             "float32 halves the memory of a large model)")
     p.set_defaults(text=None, text_file=None)
-    add_out(p, required=True, type=Path, metavar="DIR", help="folder to write the report into (created)", old=None)
+    add_out(p, required=True, type=Path, metavar="DIR", help="folder to write the report into (created)")
     p.add_argument("--force", action="store_true",
                    help="replace files in OUT that tcircuits did not write (or that changed since) at the names it writes")
+    add_quiet(p)
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
     p.add_argument("--vocab", type=Path, metavar="FILE",
                    help="token strings: a JSON list, or one token per line (d_vocab entries)")
@@ -490,7 +541,7 @@ def _run_analyze(args) -> int:
             data = data_config_for(m, r)
             check_batch("--sequences", args.sequences, data.n_ctx, m.cfg.d_vocab)
     settings = {"n_sequences": args.sequences, "seed": args.seed}
-    status = Status()  # a line on a terminal that each stage overwrites
+    status = Status(enabled=not args.quiet)  # a line on a terminal that each stage overwrites
     analysis = analyze_model(model, name=name, training=record, vocab=vocab,
                              progress=lambda step: status.say(f"analysing {name}: {step}"), **settings)
     control = None if control_model is None else analyze_model(

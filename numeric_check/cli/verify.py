@@ -14,7 +14,7 @@ from numeric_check.reports.flags import MAX_SEED, add_runtime_arguments, finite_
 from typing import TYPE_CHECKING, Iterable
 
 from derivations.architecture import MAX_LAYERS, POSITIONAL_KINDS, Architecture
-from derivations.vocabulary import add_batch_size, add_index_from, add_out, old_spelling, renumber
+from derivations.vocabulary import add_batch_size, add_index_from, add_max_terms, add_out, old_spelling, renumber
 from tensoralg.escape import terminal_safe
 
 from numeric_check.cli.source import (
@@ -71,7 +71,7 @@ on probe tokens and on your tokens must equal the source's; the report says by h
 or a random one (--layers, --heads, ...; seeded), or a checkpoint saved by tcircuits
 (--checkpoint). Tokens are your prompt (--text "..." or --text-file F, tokenized by the
 model's own tokenizer), ids (--tokens "1,2,3", sequences separated by ";"), or random
-(--batch, --seq-len, --token-seed). Prints a table of every term (its order,
+(--batch-size, --seq-len, --token-seed). Prints a table of every term (its order,
 the Frobenius norm of its contribution, its error against isolation) or --format json; exits 0
 when every check passes and 1 when one fails.
 """
@@ -153,7 +153,8 @@ def register(subparsers) -> None:
                                     "it; - or /dev/stdout: standard output")
     out.add_argument("--force", action="store_true",
                      help="let -o replace a file this command reads, a checkpoint or a training record")
-    out.add_argument("--max-rows", type=int_in(1), help="print at most this many terms in the table")
+    add_max_terms(out, dest="max_rows", default=None, type=int_in(1), old="--max-rows",
+                  help="print at most this many terms in the table (default: all)")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
     old_spelling(out, "--no-progress", dest="quiet", use="--quiet", flag_value=True)
     p.set_defaults(func=with_runtime(run))
@@ -351,7 +352,7 @@ def parse_heads(text: str) -> int | tuple[int, ...]:
 
 
 def build_tokens(args: argparse.Namespace, model: CircuitModel) -> torch.Tensor:
-    """``--tokens`` parsed, or random tokens from ``--batch``, ``--seq-len``, ``--token-seed``."""
+    """``--tokens`` parsed, or random tokens from ``--batch-size``, ``--seq-len``, ``--token-seed``."""
     import torch
 
     cfg = model.cfg

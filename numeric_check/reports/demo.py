@@ -21,7 +21,7 @@ import sys
 import time
 
 from numeric_check.reports.flags import add_runtime_arguments, check_batch, fit_threads, int_in, seed, with_runtime
-from derivations.vocabulary import add_batch_size, add_index_from, renumber
+from derivations.vocabulary import add_batch_size, add_index_from, add_max_terms, renumber
 from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
@@ -48,7 +48,8 @@ def register(subparsers) -> None:
     parser.add_argument("--checkpoint", metavar="PATH", help="a CircuitModel checkpoint (default: the shipped 2-layer model)")
     add_batch_size(parser, type=int_in(1, MAX_BATCH), default=4, help="sequences of repeated random tokens to verify on (default 4)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of those sequences (default 0)")
-    parser.add_argument("--rows", type=int_in(0), default=12, help="terms to list, largest first (default 12; 0: the summary only)")
+    add_max_terms(parser, dest="rows", default=12, type=int_in(0), old="--rows",
+                  help="terms to list, largest first (default 12; 0: the summary only)")
     add_index_from(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=with_runtime(run))

@@ -185,12 +185,13 @@ def tokenizer_sample(text: str, budget: int = TOKENIZER_SAMPLE_CHARS, stretches:
     return "\n".join(parts)
 
 
-def train_tokenizer(text: str, vocab_size: int):
+def train_tokenizer(text: str, vocab_size: int, fit: bool = False):
     """A byte-level BPE tokenizer (Hugging Face ``tokenizers``) of exactly ``vocab_size`` tokens
     trained on ``text`` (:func:`tokenizer_sample` of it): the 256 bytes and the most frequent merges.
     Deterministic for one text. The training runs in a child process, so Ctrl-C, SIGTERM and SIGHUP
     stop the command at once (native code holds the thread it runs on). A text too small to support
-    ``vocab_size`` tokens is a :class:`TrainConfigError` saying how many it does."""
+    ``vocab_size`` tokens is a :class:`TrainConfigError` saying how many it does; with ``fit``, the
+    tokenizer of the tokens it supports (at most ``vocab_size``) is returned instead."""
     from tokenizers import Tokenizer, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -198,7 +199,7 @@ def train_tokenizer(text: str, vocab_size: int):
         raise TrainConfigError(f"a byte-level tokenizer needs at least {len(alphabet)} tokens (one per byte); got --vocab {vocab_size}")
     tokenizer = Tokenizer.from_str(in_child(_trained_json, tokenizer_sample(text), vocab_size))
     size = tokenizer.get_vocab_size()
-    if size < vocab_size:
+    if size < vocab_size and not fit:
         raise TrainConfigError(f"the text supports only {size:,} tokens (every pair seen twice merged), fewer than "
                                f"--vocab {vocab_size:,}; lower --vocab to at most {size:,} or give more text")
     return tokenizer
@@ -355,10 +356,11 @@ class TextData:
     heldout_sha256: str | None = None  # of the held-out part as one text (trailing newlines aside); None: none held out
 
     @classmethod
-    def build(cls, text: str, vocab_size: int, n_ctx: int) -> "TextData":
+    def build(cls, text: str, vocab_size: int, n_ctx: int, fit_vocab: bool = False) -> "TextData":
         """Split ``text`` (:func:`split_text`; a text too short to hold out any is evaluated on itself, and
-        :attr:`split` says so), train the tokenizer on the training part, encode both parts; refuse a text
-        too short for one sequence of ``n_ctx + 1`` tokens in either part."""
+        :attr:`split` says so), train the tokenizer on the training part (of fewer than ``vocab_size`` tokens
+        where the text supports fewer and ``fit_vocab``), encode both parts; refuse a text too short for one
+        sequence of ``n_ctx + 1`` tokens in either part, saying about how many characters it needs."""
         n_lines = len(text.splitlines())
         train_text, held_text = split_text(text)
         split = split_rule(n_lines)
@@ -366,14 +368,17 @@ class TextData:
             held_text = train_text
             if heldout_block(n_lines) is not None:  # held-out blocks of blank lines only
                 split = f"none: the held-out blocks of its {n_lines:,} lines are blank; evaluated on the training text"
-        tokenizer = train_tokenizer(train_text, vocab_size)
+        tokenizer = train_tokenizer(train_text, vocab_size, fit=fit_vocab)
         held_sha = None if split.startswith("none") else text_sha256(held_text.rstrip("\n"))
         data = cls(tokenizer, encode_compact(tokenizer, train_text), encode_compact(tokenizer, held_text), text_sha256(text),
                    split, held_sha)
-        for name, ids in (("training", data.train), ("held-out", data.heldout)):
+        for name, ids, part in (("training", data.train, train_text), ("held-out", data.heldout, held_text)):
             if len(ids) < n_ctx + 1:
-                raise TrainConfigError(f"the {name} part of the text is {len(ids):,} tokens, shorter than one sequence "
-                                       f"of {n_ctx + 1}; give more text or a smaller --n-ctx")
+                per_token = len(part) / max(len(ids), 1)
+                raise TrainConfigError(f"the {name} part of the text is {len(ids):,} tokens ({len(part):,} characters), "
+                                       f"fewer than the {n_ctx + 1:,} of one sequence (--n-ctx {n_ctx}): give more text "
+                                       f"(at {per_token:.1f} characters a token, {round((n_ctx + 1) * per_token):,} or "
+                                       "more; a longer text packs more into a token) or a smaller --n-ctx")
         return data
 
 

@@ -15,6 +15,12 @@ def test_check_a_true_identity_prints_both_sides_meeting_and_exits_0(capsys):
     assert code == 0 and err == ""
     assert "The identity holds" in out and "LHS = (A ⊗ B) (C ⊗ D)" in out and "= A C ⊗ B D" in out
     assert "AC is read as the product A C" in out  # the reading is said, not silent
+    # issue 56: the README's example said "they differ by 0.0e+00" and then "Not checked numerically: no numeric
+    # value for rows_B": a fresh shape now gets a small size in the line-by-line check too, as in the identity's
+    assert "on random bindings they differ by 0.0e+00" in out and "Not checked numerically" not in out
+    assert "Checked numerically on random bindings: every line equals the first" in out
+    code, out, _ = run_cli(capsys, "expand", "(A ⊗ B)(C ⊗ D)")
+    assert code == 0 and "Checked numerically on random bindings: every line equals the first" in out
 
 
 def test_check_a_false_identity_shows_the_difference_and_a_counterexample_and_exits_1(capsys):

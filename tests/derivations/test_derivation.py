@@ -139,13 +139,18 @@ def test_causal_pattern_rows_sum_to_one():
     assert a[0, 1:].sum() == 0
 
 
-def test_verify_reports_missing_sizes():
+def test_verify_sizes_a_fresh_shape_and_reports_a_coefficient_without_a_value():
+    """Issue 56: a shape with no given size (q_dim, rows_B) gets a small one, 2 to 4, as tensoralg's check gives
+    it (``check`` printed "they differ by 0" and then "no numeric value for rows_B"); a given size is kept; a
+    coefficient with no value is still refused, with the hint."""
     k = sp.Symbol("q_dim", positive=True, integer=True)
     V = Atom("V", d_model, k)
     d = Derivation("x", "x", "", (Chain.start(None, term(None, V)),))
-    with pytest.raises(DerivationError, match="Numeric\\(dims"):
-        d.verify()
-    assert Derivation("x", "x", "", d.chains, numeric=Numeric(dims={"q_dim": 2})).verify().ok
+    assert d.verify().ok
+    bindings = RandomBindings(Numeric(dims={"q_dim": 7}), np.random.default_rng(0))
+    assert bindings.size(k) == 7 and 2 <= RandomBindings(Numeric(), np.random.default_rng(0)).size(k) <= 4
+    with pytest.raises(DerivationError, match="no numeric value for 2\*c; give its sizes in Numeric\\(dims"):
+        bindings.number(sp.Symbol("c") * 2)
 
 
 def test_repr_methods_for_jupyter():

@@ -41,12 +41,12 @@ def run(capsys, *args):
 def test_help_says_what_is_checked(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for phrase in ("--target", "--logit-diff", "--max-order", "--top", "isolation", "remainder", "tok→L0H1→L1H2"):
+    for phrase in ("--target", "--logit-diff", "--max-order", "--max-terms", "isolation", "remainder", "tok→L0H1→L1H2"):
         assert phrase in out
 
 
 def test_text_table_of_ranked_terms(capsys):
-    code, out, err = run(capsys, *SMALL, "--tokens", "1,2,3,4,5", "--target", "7", "--max-order", "1", "--top", "5")
+    code, out, err = run(capsys, *SMALL, "--tokens", "1,2,3,4,5", "--target", "7", "--max-order", "1", "--max-terms", "5")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "attribution of logit[7] at position 4 (token 5)"

@@ -122,7 +122,7 @@ def test_analyze_a_saved_hugging_face_folder(capsys, gpt2_dir, tmp_path):
 
 def test_attribute_on_a_saved_hugging_face_folder_with_a_text_prompt(capsys, gpt2_dir, tmp_path):
     code, out, err = run_cli(capsys, "attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
-                             "--target", " the", "--top", "5")
+                             "--target", " the", "--max-terms", "5")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "attribution of logit[263 ' the'] at position 8 (token 284 ' is')"

@@ -182,7 +182,7 @@ def test_verify_and_attribute_a_saved_folder_on_cuda(gpt2_dir):
     assert code == 0, err
     assert json.loads(out)["device"].startswith("cuda")
     code, out, err = run_on_cuda("attribute", "--hf", str(gpt2_dir), "--text", "The capital of France is",
-                                 "--target", " the", "--top", "5", "--format", "json")
+                                 "--target", " the", "--max-terms", "5", "--format", "json")
     assert code == 0, err
     assert json.loads(out)["device"].startswith("cuda")
 
@@ -271,7 +271,7 @@ def test_demo_and_the_companion_run_on_cuda(capsys, tmp_path):
     from tests.helpers import run_cli
 
     with cuda():
-        code, out, err = run_cli(capsys, "demo", "--rows", "0")
+        code, out, err = run_cli(capsys, "demo", "--max-terms", "0")
         assert code == 0 and "working at every position: yes" in out, err
         code, out, err = run_cli(capsys, "paper", "--out", str(tmp_path / "companion"), "--quiet")
     assert code == 0, err
@@ -313,7 +313,7 @@ def test_a_command_runs_a_narrow_model_on_one_thread_unless_told(capsys):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--quiet", "--max-rows", "1")
+        code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--quiet", "--max-terms", "1")
         assert code == 0, err
         assert torch.get_num_threads() == 1  # d_model 32: below the width where threads pay
         code, out, err = run_cli(capsys, "verify", "--layers", "1", "--heads", "1", "--threads", "2", "--quiet")

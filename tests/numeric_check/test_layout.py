@@ -17,8 +17,7 @@ inside a function counts as much as one at the top of a module. Layers, from the
 ========================  ==========================================================
 
 A module may import from its own layer and from layers below it, never from above. The package
-root (``numeric_check/__init__.py``) sits above every layer: it names the public API and the
-old names of moved modules (:data:`numeric_check.MOVED`).
+root (``numeric_check/__init__.py``) sits above every layer: it names the public API.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ def test_the_tokenizer_has_exactly_the_size_asked_and_is_deterministic():
     assert a.get_vocab_size() == 300 and a.to_str() == b.to_str()
     with pytest.raises(TrainConfigError, match="the text supports only .* lower --vocab to at most"):
         train_tokenizer(text, 5000)
+    fitted = train_tokenizer(text, 5000, fit=True)  # what train-toy does when --vocab is not given
+    assert 256 < fitted.get_vocab_size() < 5000 and fitted.to_str() == train_tokenizer(text, 5000, fit=True).to_str()
     with pytest.raises(TrainConfigError, match="at least 256 tokens"):
         train_tokenizer(text, 100)
 
@@ -76,7 +78,8 @@ def test_a_short_text_holds_out_less_and_a_tiny_one_none_and_says_so():
 
 
 def test_text_data_refuses_a_text_too_short_to_fill_a_sequence():
-    with pytest.raises(TrainConfigError, match="shorter than one sequence"):
+    with pytest.raises(TrainConfigError, match=r"tokens \([\d,]+ characters\), fewer than the 10,001 of one sequence "
+                                               r"\(--n-ctx 10000\): give more text \(at [\d.]+ characters a token"):
         TextData.build(small_text(2100), 300, 10_000)
 
 
@@ -130,7 +133,7 @@ def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_pat
     assert code == 0, stderr
     assert f"{tokenizer_path(out)}" in stdout and f"the loss curve {out.with_suffix('.loss.png')}" in stdout
     record = json.loads(out.with_suffix(".json").read_text())
-    assert record["train_config"]["copy_share"] == 0.5 and len(record["train_config"]["text_sha256"]) == 64
+    assert record["train_config"]["copy_share"] == 0.0 and len(record["train_config"]["text_sha256"]) == 64  # planting asked by name
     assert record["text"]["files"] == ["corpus.txt"] and record["text"]["tokenizer"] == "m.tokenizer.json"
     assert record["text"]["train_tokens"] > record["text"]["heldout_tokens"] > 0
     tokenizer = CheckpointTokenizer.beside(out)
@@ -144,6 +147,47 @@ def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_pat
                                    "--quiet")
     assert code == 0, stderr
     assert "' lord'" in stdout and "' said'" in stdout
+
+
+def test_train_toy_fits_its_vocabulary_and_batch_to_a_short_text_and_says_so(tmp_path, capsys):
+    """Issue 56: a short text with the defaults (GPL-3 wanted --vocab 1,807) trains: the vocabulary the text
+    supports and at most a quarter of it a step, said in one line; what a person gives is kept (and refused)."""
+    text = tmp_path / "short.txt"
+    text.write_text(small_text(300), encoding="utf-8")
+    tiny = [a for a in TINY if a not in ("--vocab", "300", "--batch-size", "4")]
+    out = tmp_path / "m.safetensors"
+    code, stdout, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *tiny, "--out", str(out))
+    assert code == 0, stderr
+    fitted = stdout.splitlines()[0]
+    assert fitted.startswith("fitted to the text (") and "--vocab " in fitted and "(the most it supports; default 2,048)" in fitted
+    assert "--batch-size " in fitted and "(a quarter of its windows a step; default 64)" in fitted
+    config = json.loads(out.with_suffix(".json").read_text())["train_config"]
+    assert 256 < config["d_vocab"] < 2048 and config["batch_size"] < 64
+    code, _, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *tiny, "--vocab", "5000", "--out", str(out), "--force")
+    assert code == 2 and "lower --vocab to at most" in stderr and stderr.count("\n") == 1
+
+
+def test_train_toy_text_is_the_text_itself(tmp_path, capsys, monkeypatch):
+    """Issue 56: --text is text everywhere (--text-file a file): train-toy trains on it, or refuses it in one
+    line for being short (saying how much is needed), never 'not a file'; a --text that names a file points
+    to --text-file."""
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "m.safetensors")
+    tiny = [a for a in TINY if a not in ("--vocab", "300")]
+    code, _, stderr = run_cli(capsys, "train-toy", "--text", "hello world", *tiny, "--out", out)
+    assert code == 2 and stderr.count("\n") == 1 and "not a file" not in stderr
+    assert "the training part of the text is 11 tokens (11 characters), fewer than the 33 of one sequence" in stderr
+    code, stdout, stderr = run_cli(capsys, "train-toy", "--text", small_text(20).replace("\n", " "), *tiny, "--out", out)
+    assert code == 0, stderr
+    assert json.loads((tmp_path / "m.json").read_text())["text"]["files"] == []
+    (tmp_path / "a.txt").write_text(small_text(20))
+    for argv, message in ((["--text", "a.txt"], "--text is the text itself, and 'a.txt' names a file: to train on the "
+                                                 "file, use --text-file a.txt"),
+                          (["--text", " "], "--text is empty"),
+                          (["--text", "x", "--text-file", "a.txt"], "give the text once: --text TEXT (the text itself) "
+                                                                    "or --text-file FILE, not both")):
+        code, _, stderr = run_cli(capsys, "train-toy", *argv, *tiny, "--out", out, "--force")
+        assert code == 2 and message in stderr and stderr.count("\n") == 1, stderr
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -54,7 +54,7 @@ def test_json_output(capsys):
 
 
 def test_qk_scores(capsys):
-    code, out, _ = run(capsys, *SMALL, "--qk", "1", "0", "--max-rows", "3", "--no-isolation")
+    code, out, _ = run(capsys, *SMALL, "--qk", "1", "0", "--max-terms", "3", "--no-isolation")
     assert code == 0 and "pre-softmax scores of L1H0" in out and "more terms" in out and "skipped" in out
 
 
