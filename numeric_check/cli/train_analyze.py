@@ -219,7 +219,7 @@ def _run_train_toy(args) -> int:
         def progress(step: int, record: dict) -> None:
             every = step % 50 == 0 or step == config.steps  # the losses beside the bar, refreshed now and then
             rate = step * tokens_per_step / max(time.perf_counter() - start, 1e-9)
-            bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": f"{record['repeat_loss']:.3f}",
+            bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": _nats(record["repeat_loss"]),
                          "tok/s": f"{rate:,.0f}"} if every else {}))
 
         model, losses = train_toy(config, progress, device=args.device, data=data, on_step=history)
@@ -252,12 +252,17 @@ def _run_train_toy(args) -> int:
     final = losses.final
     print(terminal_safe(
         f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
-        f"held-out loss {final['loss']:.3f} nats overall, {final['repeat_loss']:.3f} on repeated tokens, "
-        f"{final['other_loss']:.3f} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
+        f"held-out loss {final['loss']:.3f} nats overall, {_nats(final['repeat_loss'])} on repeated tokens, "
+        f"{_nats(final['other_loss'])} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
         f"wrote {out}, {sidecar}" + (f", {tokenizer_file}" if tokenizer_file else "") + f" and the loss curve {curve_file}"
         + (f"\nkept {counted(len(history.snapshots), 'snapshot')} in {history_folder.path}" if history_folder else "")
     ))
     return 0
+
+
+def _nats(value: float) -> str:
+    """A loss to 3 decimals, or 'none' where there were no such tokens (NaN)."""
+    return "none" if value != value else f"{value:.3f}"
 
 
 def trained_on(device) -> dict:

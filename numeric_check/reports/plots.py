@@ -12,6 +12,7 @@ Every function takes plain numbers (tensors or arrays) and returns the figure.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -263,7 +264,7 @@ def training_curve(curve: Sequence[dict], *, uniform_loss: float | None = None, 
     fig = Figure(figsize=(5.2, 3.4), layout="constrained")
     ax = fig.add_subplot()
     ax.plot(steps, [p["loss"] for p in curve], label="all tokens")
-    ax.plot(steps, [p["repeat_loss"] for p in curve], label="repeated tokens")
+    ax.plot(steps, [math.nan if p["repeat_loss"] is None else p["repeat_loss"] for p in curve], label="repeated tokens")
     if uniform_loss is not None:
         ax.axhline(uniform_loss, color="0.6", ls="--", lw=0.8, label="uniform")
     ax.set(xlabel="step", ylabel="loss (nats)")

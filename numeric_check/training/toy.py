@@ -220,12 +220,13 @@ class TrainHistory:
     def smoothed(self, name: str = "repeat_loss", window: int = 100) -> list[float]:
         """Running mean of a loss over ``window`` steps (for plots and summaries)."""
         values = getattr(self, name)
-        out, total = [], 0.0
-        for i, v in enumerate(values):
-            total += v
-            if i >= window:
-                total -= values[i - window]
-            out.append(total / min(i + 1, window))
+        out, total, count = [], 0.0, 0
+        for i, v in enumerate(values):  # a step with no such tokens (NaN: a batch of text without repeats) is skipped
+            if not math.isnan(v):
+                total, count = total + v, count + 1
+            if i >= window and not math.isnan(values[i - window]):
+                total, count = total - values[i - window], count - 1
+            out.append(total / count if count else math.nan)
         return out
 
     def to_dict(self) -> dict:
@@ -288,13 +289,15 @@ def evaluate(model: CircuitModel, config: TrainConfig, *, seed: int, n_batches: 
     text of ``data`` for a run on text)."""
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    totals: dict[str, float] = {}
+    totals: dict[str, list[float]] = {}
     count = n_batches if n_batches is not None else config.eval_batches
     for _ in range(count):
         batch = _to(training_batch(config, config.batch_size, generator, data, heldout=True), device)
         for name, value in next_token_losses(model(_inputs(config, batch)), batch).items():
-            totals[name] = totals.get(name, 0.0) + float(value) / count
-    return totals
+            totals.setdefault(name, []).append(float(value))
+    # a batch with no repeated tokens has no repeat loss (NaN): the mean of the batches that have one, else NaN
+    return {name: (sum(kept) / len(kept) if (kept := [v for v in values if not math.isnan(v)]) else math.nan)
+            for name, values in totals.items()}
 
 
 def train_toy(
@@ -359,13 +362,16 @@ def training_record(config: TrainConfig, history: TrainHistory, seconds: float) 
     smooth = history.smoothed("loss", 100)
     smooth_repeat = history.smoothed("repeat_loss", 100)
     every = max(1, len(smooth) // 40)
+    def number(value: float, digits: int | None = None):  # no such tokens (NaN): null in the record
+        return None if math.isnan(value) else (value if digits is None else round(value, digits))
+
     return {
         "train_config": config.to_dict(),
-        "final": history.final,
+        "final": {name: value if name == "loss" else number(value) for name, value in history.final.items()},
         "uniform_loss": math.log(config.d_vocab),
         "seconds": round(seconds, 1),
         "curve": [
-            {"step": i + 1, "loss": round(smooth[i], 4), "repeat_loss": round(smooth_repeat[i], 4)}
+            {"step": i + 1, "loss": round(smooth[i], 4), "repeat_loss": number(smooth_repeat[i], 4)}
             for i in range(every - 1, len(smooth), every)
         ],
     }
@@ -445,8 +451,9 @@ def check_training_record(record, where: str) -> None:
         TrainConfig.from_dict(record["train_config"])
     except (TrainConfigError, TypeError) as err:
         fail(f"has an unusable train_config: {err}")
-    final = record.get("final", {})
-    if not isinstance(final, dict) or not all(isinstance(k, str) and is_number(v) for k, v in final.items()):
+    final = record.get("final", {})  # a loss over tokens a run never saw (repeats in a text without any) is null
+    if not isinstance(final, dict) or not all(isinstance(k, str) and (is_number(v) or (v is None and k != "loss"))
+                                              for k, v in final.items()):
         fail("has 'final' that is not an object of losses by name")
     for key in ("uniform_loss", "seconds"):
         if key in record and not is_number(record[key]):
@@ -454,7 +461,8 @@ def check_training_record(record, where: str) -> None:
     curve = record.get("curve", [])
     point = {"step", "loss", "repeat_loss"}
     if not isinstance(curve, list) or not all(
-        isinstance(p, dict) and point <= set(p) and all(is_number(p[k]) for k in point) for p in curve
+        isinstance(p, dict) and point <= set(p) and is_number(p["step"]) and is_number(p["loss"])
+        and (is_number(p["repeat_loss"]) or p["repeat_loss"] is None) for p in curve
     ):
         fail("has a 'curve' that is not a list of points with step, loss and repeat_loss")
     if "checkpoint_sha256" in record and not isinstance(record["checkpoint_sha256"], str):

@@ -453,7 +453,7 @@ def test_a_name_an_ascii_locale_cannot_spell_is_one_line(tmp_path, trained, argv
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [["derive", "--list"], ["--help"], ["verify", "--help"], [],
+@pytest.mark.parametrize("argv", [["derive", "--list"], ["--help"], ["verify", "--help"], ["--version"],
                                   ["verify", "--layers", "1", "--heads", "1", "--d-model", "8", "--d-head", "4"]])
 def test_a_reader_gone_away_ends_the_command_quietly(argv):
     """``tcircuits … | head -c 10``, the reader gone before the first write: exit 141 as a shell reports a

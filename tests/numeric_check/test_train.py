@@ -394,3 +394,20 @@ def test_bad_data_structure_is_refused_with_the_numbers(kwargs, message):
     with pytest.raises(TrainConfigError) as info:
         TrainConfig(**kwargs)
     assert message in str(info.value)
+
+
+def test_a_loss_over_no_tokens_is_no_value_not_a_divergence():
+    """Text at copy share 0 in windows too short to repeat a pair of tokens: a batch without repeated tokens has no
+    repeat loss (NaN), which the running mean skips, the evaluation leaves out, and the record writes as null."""
+    from numeric_check.training.toy import TrainHistory
+
+    history = TrainHistory(loss=[3.0, 2.0, 1.0], repeat_loss=[math.nan, 2.0, math.nan])
+    assert history.smoothed("repeat_loss", 2)[0] != history.smoothed("repeat_loss", 2)[0]  # NaN: none yet
+    assert history.smoothed("repeat_loss", 2)[1:] == [2.0, 2.0]
+    history.final = {"loss": 1.5, "repeat_loss": math.nan, "other_loss": 1.5}
+    record = training_record(TrainConfig(**{**TINY, "steps": 3}), history, 1.0)
+    assert record["final"]["repeat_loss"] is None and record["curve"][0]["repeat_loss"] is None
+    json.dumps(record, allow_nan=False)  # strict JSON
+    history.loss[0] = math.nan  # a real divergence stays one: its loss is not a number
+    with pytest.raises(ValueError):
+        json.dumps(training_record(TrainConfig(**{**TINY, "steps": 3}), history, 1.0), allow_nan=False)
