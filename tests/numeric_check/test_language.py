@@ -188,7 +188,9 @@ def test_added_last_is_the_papers_quantity_and_the_paper_per_term_uses_the_paper
         importance = imp
         data = data_of(torch.arange(10), 10)
 
-    orders, _ = _importance_tables(M())
+    orders, by_layer = _importance_tables(M())
+    # rows named by position, whatever the numbering (the paper's layer 1 is the page's layer 0 by default)
+    assert [r[0] for r in by_layer.rows] == ["first layer"] * 3 + ["second layer"] * 3 + ["both layers"]
     heads = next(r for r in orders.rows if r[0] == "individual heads")
     assert heads[6] == f"{-5.2 / 24:+.3f}"  # not -5.2 / 8
     assert heads[7] == "71%" and heads[4] == f"{(3.2 - 5.0) / (3.0 - 7.0):.0%}"  # shares of each one's own gap

@@ -217,6 +217,9 @@ def induction_language(m: LanguageMeasurements) -> PaperFinding:
                                          "Mr D\u201d → \u201cursley\u201d)."), parts, note=note)
 
 
+#: The term-importance table's rows by position, not by number (the paper counts layers from 1, the page as
+#: --index-from says): the keys of Importance.by_layer and PAPER_LAYERS are the paper's.
+LAYER_NAMES = {"layer 1": "first layer", "layer 2": "second layer"}
 #: How much cheaper the second copy of repeated random tokens must be (nats, the lower end of its 95 % interval).
 RANDOM_DROP = 3.0
 def _random(r) -> str:
@@ -320,7 +323,7 @@ def _importance_tables(m: LanguageMeasurements) -> list[Table]:
                         f"over about 50,000), the model itself {imp.losses['model']:.3f}. A loss in nats depends on the "
                         "vocabulary; the shares do not."))
     layers = imp.by_layer()
-    layer_rows = [(row, col, _nats(layers[(row, col)]),
+    layer_rows = [(LAYER_NAMES.get(row, row), col, _nats(layers[(row, col)]),
                    f"{PAPER_LAYERS[(row, col)]:+.2f}" if (row, col) in PAPER_LAYERS else "—") for row, col in layers]
     tables.append(Table("term-importance-layers", "Two layers: each layer's individual heads, added to the direct path "
                         "and added last", ("heads", "added", "ours", "the paper"),
