@@ -20,9 +20,9 @@ Ratios are against the named baselines in ``BASELINES`` (figures measured on thi
 before the work they name, one thread): wall time and peak memory, baseline / now.
 
     python benchmarks/bench_scale.py [--orders 1 2 3] [--dtypes float64 float32] [--repeats N] [--device cpu|cuda]
-                                     [--d-model D --vocab V]
+                                     [--d-model D --d-vocab V]
 
-``--d-model 96 --vocab 512`` keeps GPT-2 small's shape (12 x 12 heads, 1,667,462 terms at order 3) at a
+``--d-model 96 --d-vocab 512`` keeps GPT-2 small's shape (12 x 12 heads, 1,667,462 terms at order 3) at a
 width whose arithmetic a CPU thread does in moments: what is left is the engine's work per group and per
 term, which is what a GPU waits on (its arithmetic at d_model 768 is milliseconds).
 
@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--d-model", type=int, default=768, help="the width (768: GPT-2 small; 96: its shape, narrow)")
-    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--d-vocab", dest="vocab", type=int, default=50257)
     parser.add_argument("--one", nargs=2, metavar=("ORDER", "DTYPE"), help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -196,7 +196,7 @@ def main() -> None:
         for dtype in args.dtypes:
             command = [sys.executable, __file__, "--one", str(order), dtype, "--repeats", str(args.repeats),
                        "--threads", str(args.threads), "--device", args.device, "--d-model", str(args.d_model),
-                       "--vocab", str(args.vocab)]
+                       "--d-vocab", str(args.vocab)]
             child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
             r = json.loads(child.stdout.strip().splitlines()[-1])
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())

@@ -21,8 +21,8 @@ from tensoralg.escape import terminal_safe
 from derivations import catalogue
 from derivations.catalogue.rotary import STYLES as ROTARY_STYLES
 from derivations.derivation import Derivation
-from derivations.vocabulary import add_index_from, add_out  # noqa: F401 - add_index_from: its old home
-from derivations.errors import DerivationError, LatexError, OutputError
+from derivations.vocabulary import add_index_from, add_max_terms, add_out, note_once  # noqa: F401 - add_index_from: its old home
+from derivations.errors import CommandLineError, DerivationError, LatexError, OutputError
 from derivations.checking import identity_document
 from derivations.files import output_file, writable_file, write_atomic
 from derivations.expansion import CLI_HINT, expansion
@@ -107,7 +107,14 @@ def emit(derivation: Derivation, args) -> int:
     if args.pdf and args.format not in (None, "latex"):
         raise DerivationError(f"--pdf compiles LaTeX; it cannot be combined with --format {args.format}")
     fmt = "latex" if args.pdf else (args.format or "text")
-    max_terms = None if args.max_terms == 0 else args.max_terms
+    max_terms = args.max_terms
+    if max_terms == 0:  # what derive's 0 meant before --max-terms had one meaning: every term
+        note_once("tcircuits derive", "--max-terms 0", "--max-terms 0 is an old spelling here and goes in a later "
+                  "release; use --max-terms all (0 means none elsewhere; a sum shows at least 3 terms)")
+        max_terms = None
+    if max_terms is not None and max_terms < 3:
+        raise CommandLineError(f"--max-terms {max_terms}: a sum keeps its first and last terms around the '…', so at "
+                               "least 3; all shows every term")
     force = getattr(args, "force", False)
     out = output_file(args.output, force=force)  # checked before the work; None: standard output (-o -)
     target = None
@@ -350,8 +357,8 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pdf", action="store_true",
                         help="compile the LaTeX with pdflatex; the PDF goes next to -o FILE (or NAME.pdf), "
                         "and an existing one is kept unless --force")
-    parser.add_argument("--max-terms", type=int, default=40, metavar="N",
-                        help="elide the middle of sums longer than N terms (0: show all; default 40)")
+    add_max_terms(parser, dest="max_terms", default=40, old=None,
+                  help="elide the middle of sums longer than N terms (at least 3; all: every term; default 40)")
 
 
 def register(subparsers) -> None:

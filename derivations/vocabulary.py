@@ -12,7 +12,10 @@ kept working for a release.
 ``--dtype``            the precision computed in: ``float64`` by default everywhere
 ``--batch-size``       how many sequences (``--batch`` is its old spelling)
 ``--seq-len``          a prompt's length; ``--n-ctx`` is a model's context (its longest prompt)
-``--max-terms``        how many terms a command shows (``--top``, ``--rows``, ``--max-rows`` its old spellings)
+``--max-terms``        how many terms a command shows: N (0: none, the summary only) or ``all``
+                       (``--top``, ``--rows``, ``--max-rows`` its old spellings)
+``--d-vocab``          a vocabulary's size, as TransformerLens names it (``--vocab`` its old spelling in
+                       ``train-toy``); ``--vocab-file FILE`` its token strings (``--vocab`` in ``analyze``)
 =====================  ===================================================================
 
 ``tests/test_cli_vocabulary.py`` holds every subcommand to the table. An old spelling (``--output``,
@@ -82,11 +85,26 @@ def add_quiet(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar or status line on standard error")
 
 
-def add_max_terms(parser, *, dest: str, default, help: str, old: str, type) -> None:
-    """``--max-terms N``, how many terms (rows) a command shows, with the command's ``old`` name for it (``--top``,
-    ``--rows``, ``--max-rows``) kept as an old spelling; ``derive``, ``expand`` and ``check`` spell it alike."""
-    parser.add_argument("--max-terms", dest=dest, type=type, default=default, metavar="N", help=help)
-    old_spelling(parser, old, dest=dest, use="--max-terms N", type=type, metavar="N")
+def terms_count(text: str) -> int | None:
+    """What ``--max-terms`` reads: a count of terms, 0 or more, or ``all`` (None: every term)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of terms (0 or more) or 'all', got {text!r}")
+    return value
+
+
+def add_max_terms(parser, *, dest: str, default, help: str, old: str | None) -> None:
+    """``--max-terms N`` (or ``all``), how many terms (rows) a command shows, with one meaning everywhere: at most N,
+    0 the summary only, ``all`` every term; the command's ``old`` name for it (``--top``, ``--rows``,
+    ``--max-rows``) kept as an old spelling."""
+    parser.add_argument("--max-terms", dest=dest, type=terms_count, default=default, metavar="N", help=help)
+    if old is not None:
+        old_spelling(parser, old, dest=dest, use="--max-terms N", type=terms_count, metavar="N")
 
 
 def add_index_from(parser) -> None:

@@ -8,6 +8,10 @@ import argparse
 import pytest
 
 from derivations.cli import build_parser, main
+from derivations.vocabulary import terms_count
+
+#: The names --format chooses among, one per format, in every command that has it.
+FORMAT_NAMES = ("text", "latex", "markdown", "json", "html")
 
 PARSER = build_parser()
 COMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -41,9 +45,16 @@ def test_every_command_spells_its_options_as_the_others_do(name):
         assert "--text-file" in options
         text = next(a for a in _visible(parser) if "--text" in a.option_strings)
         assert text.metavar == "TEXT" and text.type is None
-    if "--format" in options:
+    if "--format" in options:  # issue 56: one name per format, text first and the default
         fmt = next(a for a in _visible(parser) if "--format" in a.option_strings)
-        assert fmt.choices and "text" in fmt.choices or "json" in fmt.choices
+        assert set(fmt.choices) <= set(FORMAT_NAMES) and fmt.choices[0] == "text", (name, fmt.choices)
+        assert fmt.default in ("text", None), (name, fmt.default)
+    if "--max-terms" in options:  # issue 56: one meaning, N at most (0: the summary only) or all
+        terms = parser._option_string_actions["--max-terms"]
+        assert terms.type is terms_count and terms.metavar == "N", name
+        assert "all" in terms.help and ("0: the summary only" in terms.help or name in ("derive", "expand", "check")), name
+    # issue 56: a vocabulary's size is --d-vocab (TransformerLens's name), its strings --vocab-file; --vocab is old
+    assert "--vocab" not in options, name
     for action in _visible(parser):
         if not action.option_strings and action.dest not in ("help",):
             assert action.dest in ("name", "expression", "identity"), f"{name} takes a positional {action.dest}"
@@ -101,6 +112,9 @@ def test_every_command_that_writes_a_file_takes_minus_o(name):
     (["demo", "--rows", "3"], "rows", 3, "--rows is an old spelling and goes in a later release; use --max-terms N"),
     (["verify", "--max-rows", "3"], "max_rows", 3, "use --max-terms N"),
     (["attribute", "--top", "3", "--target", "4"], "top", 3, "use --max-terms N"),
+    (["train-toy", "--vocab", "300", "-o", "m.safetensors"], "vocab", 300, "--vocab is an old spelling and goes in a "
+     "later release; use --d-vocab N"),
+    (["analyze", "--vocab", "v.json", "-o", "r"], "vocab", "v.json", "use --vocab-file FILE"),
 ])
 def test_an_old_spelling_still_works_and_says_once_what_to_use(argv, dest, value, note, capsys):
     args = build_parser().parse_args(argv + argv[1:2] if argv[1] in ("--json", "--no-progress") else argv)
@@ -202,3 +216,30 @@ def test_every_command_that_shows_progress_takes_quiet(name):
     """Issue 56: --quiet was missing in analyze, attention and attribute (and verify's status line ignored it)."""
     action = COMMANDS[name]._option_string_actions.get("--quiet")
     assert action is not None and action.dest == "quiet" and action.help is not argparse.SUPPRESS, name
+
+
+@pytest.mark.parametrize("name, argv", [("verify", ["--layers", "1"]), ("attribute", ["--layers", "1", "--target", "3"]),
+                                        ("demo", [])])
+def test_max_terms_zero_is_the_summary_only_and_all_is_every_term(name, argv, capsys):
+    """Issue 56: --max-terms 0 showed every term in derive and none in demo; now 0 is the summary only and all
+    every term wherever terms are listed (derive's old 0 still shows all, with a note)."""
+    quiet = ["--quiet"] if name != "demo" else []
+    assert main([name, *argv, *quiet, "--max-terms", "0"]) == 0
+    summary = capsys.readouterr().out
+    assert main([name, *argv, *quiet, "--max-terms", "all"]) == 0
+    every = capsys.readouterr().out
+    assert len(every.splitlines()) > len(summary.splitlines())
+    assert ("tok→L0H0" in every) and ("tok→L0H0" not in summary)
+
+
+def test_max_terms_in_derive_reads_all_and_its_old_zero(capsys):
+    assert main(["derive", "two-layer-logits", "--max-terms", "all"]) == 0
+    every = capsys.readouterr().out
+    assert main(["derive", "two-layer-logits", "--max-terms", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out == every and "use --max-terms all" in err and err.count("\n") == 1
+    assert main(["derive", "two-layer-logits", "--max-terms", "2"]) == 2
+    assert "--max-terms 2: a sum keeps its first and last terms" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["derive", "two-layer-logits", "--max-terms", "many"])
+    assert "expected a number of terms (0 or more) or 'all', got 'many'" in capsys.readouterr().err

@@ -542,7 +542,7 @@ def test_files_written_together_are_all_new_or_all_old(tmp_path_factory, monkeyp
 def test_train_toy_force_replaces_the_checkpoint_and_its_record_together_or_not_at_all(tmp_path):
     """``ulimit -f`` between the checkpoint's size and its record's: the record cannot be written,
     so the old pair stays — never a new checkpoint beside the old record."""
-    args = ["train-toy", "--layers", "1", "--steps", "120", "--d-model", "8", "--heads", "1", "--d-head", "4", "--vocab", "16",
+    args = ["train-toy", "--layers", "1", "--steps", "120", "--d-model", "8", "--heads", "1", "--d-head", "4", "--d-vocab", "16",
             "--n-ctx", "16", "--seg-max", "4", "--seg-min", "2", "--batch-size", "2", "--out", str(tmp_path / "m.safetensors"),
             "--quiet", "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -469,7 +469,7 @@ def test_train_toy_keeps_an_existing_checkpoint_and_its_record_without_force(tmp
     checkpoint = tiny_checkpoint(tmp_path)
     (tmp_path / "m.json").write_text("{}")
     before = folder_state(tmp_path)
-    tiny = ["--vocab", "12", "--n-ctx", "16", "--seg-min", "2", "--seg-max", "6", "--d-model", "16", "--d-head", "8",
+    tiny = ["--d-vocab", "12", "--n-ctx", "16", "--seg-min", "2", "--seg-max", "6", "--d-model", "16", "--d-head", "8",
             "--heads", "2", "--steps", "1", "--quiet", "--layers", "1", "--device", "cpu"]
     code, err = run(["train-toy", "--out", str(checkpoint), *tiny])
     assert one_line_error(code, err) and "m.safetensors' is not replaced" in err and folder_state(tmp_path) == before

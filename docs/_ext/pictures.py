@@ -31,7 +31,7 @@ COMMANDS = {
     "attribution": ["attribute", "--checkpoint", "numeric_check/data/induction_2l.safetensors", "--tokens",
                     "5,1,2,3,4,5,1,2,3", "--target", "4", "--max-terms", "12", "--format", "html",
                     "-o", "{out}/html/attribution.html", "--force"],
-    "loss": ["train-toy", "--layers", "1", "--heads", "2", "--d-model", "32", "--d-head", "8", "--vocab", "32",
+    "loss": ["train-toy", "--layers", "1", "--heads", "2", "--d-model", "32", "--d-head", "8", "--d-vocab", "32",
              "--n-ctx", "32", "--seg-max", "12", "--steps", "300", "--threads", "1", "--quiet", "-o", "{out}/toy/toy1.safetensors",
              "--force"],
 }

@@ -222,7 +222,7 @@ def attribute(
     logit_diff: tuple[int | str, int | str] | None = None,
     position: int = -1,
     max_order: int | None = 2,
-    top: int = 50,
+    top: int | None = 50,
     tokenizer=None,
     dtype: str | torch.dtype = torch.float64,
     device: str | torch.device | None = None,
@@ -249,8 +249,8 @@ def attribute(
                                "Hugging Face or TransformerLens models with numeric_check.from_hf / from_transformer_lens")
     if max_order not in MAX_ORDERS or isinstance(max_order, bool):
         raise AttributionError(f"max_order must be 0, 1, 2 or None (every order), got {max_order!r}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise AttributionError(f"top must be an int >= 0 (the terms checked by isolation), got {top!r}")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+        raise AttributionError(f"top must be an int >= 0 or None (every term: the terms checked by isolation), got {top!r}")
     if max_order is not None:
         max_order = min(max_order, model.arch.n_layers)  # no path is deeper than the model
     goal = resolve_target(target, logit_diff, model.cfg.d_vocab, tokenizer)
@@ -269,7 +269,7 @@ def attribute(
     return result
 
 
-def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, max_order, top: int, tokenizer,
+def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, max_order, top: int | None, tokenizer,
                atol: float, rtol: float, limit: int, timings: dict[str, float]) -> Attribution:
     start = time.perf_counter()
     expansion = expand_logits(work.arch, max_order, limit=limit)  # refuses too many terms, suggesting an order
@@ -314,7 +314,7 @@ def _attribute(work: CircuitModel, rec: Recording, goal: Target, position: int, 
         n_omitted=n_omitted,
         sum_error=sum_error,
         tolerance=tolerance,
-        n_checked=min(top, len(terms)),
+        n_checked=len(terms) if top is None else min(top, len(terms)),
         timings=timings,
     )
 

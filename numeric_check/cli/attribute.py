@@ -65,8 +65,9 @@ def register(subparsers) -> None:
     goal.add_argument("--logit-diff", nargs=2, metavar=("A", "B"), help="attribute logit[A] - logit[B]")
     what.add_argument("--position", type=int, default=-1, help="the prompt position (default -1: the last)")
     what.add_argument("--max-order", type=int, default=2, help="paths through at most 1 or 2 heads (default 2); the rest is one line")
-    add_max_terms(what, dest="top", default=30, type=int_in(0), old="--top",
-                  help="terms shown and checked by isolation, largest first (default 30)")
+    add_max_terms(what, dest="top", default=30, old="--top",
+                  help="terms shown and checked by isolation, largest first (default 30; 0: the summary only; all: "
+                       "every term)")
     add_index_from(what)
     what.add_argument("--dtype", default="float64", choices=DTYPES,
                       help="dtype of the computation, and of the --hf/--tl model as loaded (default float64)")

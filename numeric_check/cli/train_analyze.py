@@ -94,15 +94,16 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--heads", type=int, default=d.n_heads, metavar="H", help=f"heads per layer (default {d.n_heads})")
     p.add_argument("--d-model", type=int, default=d.d_model, help=f"residual width (default {d.d_model})")
     p.add_argument("--d-head", type=int, default=d.d_head, help=f"head width (default {d.d_head})")
-    p.add_argument("--vocab", type=int, default=None,
+    p.add_argument("--d-vocab", dest="vocab", type=int, default=None, metavar="N",
                    help=f"vocabulary size (default {d.d_vocab}; on text the BPE's size, default {TEXT_VOCAB} or the "
                         "most the text supports, said when fewer)")
+    old_spelling(p, "--vocab", dest="vocab", use="--d-vocab N", type=int, metavar="N")
     p.add_argument("--n-ctx", type=int, default=None,
                    help=f"sequence length (default {d.n_ctx}; on text {TEXT_N_CTX}, the windows 'tcircuits paper' measures on)")
     text = p.add_argument_group("training on text (the paper's kind of model) instead of the planted data")
     text.add_argument("--text-file", nargs="+", type=Path, metavar="FILE", dest="text_files",
                       help="UTF-8 text to train on (e.g. build/corpus/kjv.txt from 'make corpus'): a byte-level BPE "
-                           "of --vocab tokens is trained on it and saved beside the checkpoint (NAME.tokenizer.json); "
+                           "of --d-vocab tokens is trained on it and saved beside the checkpoint (NAME.tokenizer.json); "
                            f"every {HELDOUT_EVERY}th block of {BLOCK_LINES} lines is held out for evaluation (of fewer "
                            f"lines in a text under {HELDOUT_EVERY * BLOCK_LINES:,} lines; none under {HELDOUT_EVERY}, and "
                            "the record says so)")
@@ -318,7 +319,7 @@ TEXT_VOCAB, TEXT_COPY_SHARE, TEXT_N_CTX = 2048, 0.0, 128
 
 
 def text_data(args, fit_vocab: bool = False):
-    """The text of ``--text-file`` read (or ``--text`` itself), split, tokenized (a BPE of ``--vocab`` tokens, or
+    """The text of ``--text-file`` read (or ``--text`` itself), split, tokenized (a BPE of ``--d-vocab`` tokens, or
     of as many as the text supports with ``fit_vocab``): refused in one line, before any training, when a file
     is empty, binary or not UTF-8, or the text is too short."""
     from numeric_check.cli.source import check_utf8
@@ -343,7 +344,7 @@ def fit_to_text(args, data, fit_vocab: bool, fit_batch: bool) -> str:
     said = []
     supported = data.tokenizer.get_vocab_size()
     if fit_vocab and supported < args.vocab:
-        said.append(f"--vocab {supported:,} (the most it supports; default {args.vocab:,})")
+        said.append(f"--d-vocab {supported:,} (the most it supports; default {args.vocab:,})")
         args.vocab = supported
     quarter = max(1, len(data.train) // (4 * (args.n_ctx + 1)))
     if fit_batch and quarter < args.batch_size:
@@ -421,8 +422,9 @@ def register_analyze(subparsers) -> None:
                    help="replace files in OUT that tcircuits did not write (or that changed since) at the names it writes")
     add_quiet(p)
     p.add_argument("--control", type=Path, metavar="CHECKPOINT", help="a 1-layer control model to compare with")
-    p.add_argument("--vocab", type=Path, metavar="FILE",
+    p.add_argument("--vocab-file", dest="vocab", type=Path, metavar="FILE",
                    help="token strings: a JSON list, or one token per line (d_vocab entries)")
+    old_spelling(p, "--vocab", dest="vocab", use="--vocab-file FILE", type=Path, metavar="FILE")
     p.add_argument("--sequences", type=int_in(1), default=64, metavar="N", help="repeated-segment sequences to evaluate on (default 64)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the evaluation data and the random baselines (default 0)")
     p.add_argument("--figure-formats", dest="formats", default="png,svg", metavar="FORMATS",
@@ -434,7 +436,7 @@ def register_analyze(subparsers) -> None:
 
 
 def _read_vocab(path: Path) -> list[str]:
-    """Token strings from ``--vocab``: a JSON list of strings, a JSON object of token ids
+    """Token strings from ``--vocab-file``: a JSON list of strings, a JSON object of token ids
     (Hugging Face's ``vocab.json``: token -> id, the ids 0..n-1), or one token per line (a
     BERT-style ``vocab.txt``, ``[PAD]`` first included). Lines end at ``\n`` or ``\r\n`` only —
     a token may hold any other character, form feeds and ``\u2028`` included — and a byte-order

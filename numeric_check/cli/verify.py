@@ -153,8 +153,8 @@ def register(subparsers) -> None:
                                     "it; - or /dev/stdout: standard output")
     out.add_argument("--force", action="store_true",
                      help="let -o replace a file this command reads, a checkpoint or a training record")
-    add_max_terms(out, dest="max_rows", default=None, type=int_in(1), old="--max-rows",
-                  help="print at most this many terms in the table (default: all)")
+    add_max_terms(out, dest="max_rows", default=None, old="--max-rows",
+                  help="print at most this many terms in the table (default: all; 0: the summary only)")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
     old_spelling(out, "--no-progress", dest="quiet", use="--quiet", flag_value=True)
     p.set_defaults(func=with_runtime(run))

@@ -48,8 +48,8 @@ def register(subparsers) -> None:
     parser.add_argument("--checkpoint", metavar="PATH", help="a CircuitModel checkpoint (default: the shipped 2-layer model)")
     add_batch_size(parser, type=int_in(1, MAX_BATCH), default=4, help="sequences of repeated random tokens to verify on (default 4)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of those sequences (default 0)")
-    add_max_terms(parser, dest="rows", default=12, type=int_in(0), old="--rows",
-                  help="terms to list, largest first (default 12; 0: the summary only)")
+    add_max_terms(parser, dest="rows", default=12, old="--rows",
+                  help="terms to list, largest first (default 12; 0: the summary only; all: every term)")
     add_index_from(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=with_runtime(run))
@@ -151,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if passed and found else 1
 
 
-def _largest_first(report, rows: int) -> str:
-    """The report's summary and its ``rows`` largest terms by norm."""
+def _largest_first(report, rows: int | None) -> str:
+    """The report's summary and its ``rows`` largest terms by norm (every term with None)."""
+    rows = len(report.terms) if rows is None else rows
     ranked = sorted(report.terms, key=lambda t: -t.norm)
     lines = report.summary_lines() + ["", f"{'term':<34} {'order':>5} {'norm':>10} {'vs isolated path':>17}"]
     for t in ranked[:rows]:

@@ -199,7 +199,7 @@ class TrainConfig:
                       + self.n_ctx * self.d_model)
         if parameters > MAX_PARAMETERS:
             raise TrainConfigError(f"the model would have {parameters:,} parameters, more than the {MAX_PARAMETERS:,} "
-                                   "of a toy run; use smaller --d-model, --d-head, --vocab or --n-ctx")
+                                   "of a toy run; use smaller --d-model, --d-head, --d-vocab or --n-ctx")
         # per position, the widest activation: the logits, or a layer's queries, keys and values
         width = max(self.d_vocab, 3 * self.n_heads * self.d_head, self.d_model)
         for batch, name in ((self.batch_size, "batch_size"), (self.eval_batches * self.batch_size, "eval_batches × batch_size")):

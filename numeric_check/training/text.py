@@ -196,12 +196,12 @@ def train_tokenizer(text: str, vocab_size: int, fit: bool = False):
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet):
-        raise TrainConfigError(f"a byte-level tokenizer needs at least {len(alphabet)} tokens (one per byte); got --vocab {vocab_size}")
+        raise TrainConfigError(f"a byte-level tokenizer needs at least {len(alphabet)} tokens (one per byte); got --d-vocab {vocab_size}")
     tokenizer = Tokenizer.from_str(in_child(_trained_json, tokenizer_sample(text), vocab_size))
     size = tokenizer.get_vocab_size()
     if size < vocab_size and not fit:
         raise TrainConfigError(f"the text supports only {size:,} tokens (every pair seen twice merged), fewer than "
-                               f"--vocab {vocab_size:,}; lower --vocab to at most {size:,} or give more text")
+                               f"--d-vocab {vocab_size:,}; lower --d-vocab to at most {size:,} or give more text")
     return tokenizer
 
 

@@ -274,6 +274,9 @@ class VerifyReport:
         def line(row: tuple[str, ...]) -> str:
             return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
 
+        if not n:  # the summary only (--max-terms 0): the terms counted, no empty table
+            yield "\n".join(self.summary_lines() + ["", f"({len(self.terms):,} terms not listed)"])
+            return
         yield "\n".join(self.summary_lines() + ["", line(header)])
         for rows in chunks():
             yield "".join("\n" + line(r) for r in rows)

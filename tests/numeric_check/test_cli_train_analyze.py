@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # training and analysing through the CLI: left ou
 
 torch.set_num_threads(1)
 
-TINY = ["--vocab", "12", "--n-ctx", "16", "--seg-min", "2", "--seg-max", "6", "--d-model", "16", "--d-head", "8", "--heads", "2"]
+TINY = ["--d-vocab", "12", "--n-ctx", "16", "--seg-min", "2", "--seg-max", "6", "--d-model", "16", "--d-head", "8", "--heads", "2"]
 
 
 def _subparser_help(name: str) -> str:
@@ -54,7 +54,7 @@ def test_train_toy_records_the_data_structure_it_trained_on(tmp_path):
     config = json.loads(out.with_suffix(".json").read_text())["train_config"]
     assert (config["bigram_successors"], config["bigram_follow"], config["skip_trigrams"]) == (3, 0.75, 0)  # vocab 12
     flat = tmp_path / "flat.safetensors"
-    assert main(["train-toy", "--layers", "0", "--steps", "2", "--quiet", "--out", str(flat), "--vocab", "40",
+    assert main(["train-toy", "--layers", "0", "--steps", "2", "--quiet", "--out", str(flat), "--d-vocab", "40",
                  "--bigram-successors", "0", "--skip-trigrams", "2", "--trigrams-per-sequence", "1",
                  *TINY[2:]]) == 0
     config = json.loads(flat.with_suffix(".json").read_text())["train_config"]
@@ -79,7 +79,7 @@ def test_train_toy_can_save_float16(tmp_path):
         (["--steps", "0"], "steps must be an int >= 1"),
         (["--threads", "0"], "argument --threads: expected an integer in 1.."),
         (["--bigram-follow", "2"], "bigram_follow must be a probability in [0, 1], got 2.0"),
-        (["--vocab", "32", "--skip-trigrams", "7"], "skip_trigrams=7 need 5 distinct tokens each"),
+        (["--d-vocab", "32", "--skip-trigrams", "7"], "skip_trigrams=7 need 5 distinct tokens each"),
     ],
 )
 def test_train_toy_bad_config_is_a_clear_error(tmp_path, capsys, argv, message):
@@ -170,7 +170,7 @@ def test_analyze_unwritable_out_and_bad_options(tmp_path, capsys, handmade_check
     assert "unknown figure format(s) ['jpg']" in capsys.readouterr().err
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("a\nb\n")
-    assert main(["analyze", "--checkpoint", str(model), "--out", str(tmp_path / "r"), "--vocab", str(vocab)]) == 2
+    assert main(["analyze", "--checkpoint", str(model), "--out", str(tmp_path / "r"), "--vocab-file", str(vocab)]) == 2
     assert "vocab has 2 entries but the model's d_vocab is 32" in capsys.readouterr().err
     assert main(["analyze", "--checkpoint", str(model), "--out", str(tmp_path / "r"), "--control", str(model)]) == 2
     assert "the control must be a 1-layer model" in capsys.readouterr().err

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
 
 TEXT = "\n".join(f"line {i % 97} of a text in which the words {i % 13} and {i % 7} come back" for i in range(2500))
-SMALL = ["--vocab", "300", "--n-ctx", "32", "--seg-min", "2", "--seg-max", "8", "--d-model", "16", "--d-head", "8",
+SMALL = ["--d-vocab", "300", "--n-ctx", "32", "--seg-min", "2", "--seg-max", "8", "--d-model", "16", "--d-head", "8",
          "--heads", "2", "--batch-size", "4", "--threads", "1", "--quiet"]
 
 

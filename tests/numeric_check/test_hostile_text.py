@@ -27,7 +27,7 @@ from tests.helpers import terminal_signals
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--vocab", "300", "--steps", "2", "--layers", "1", "--heads", "2", "--d-model", "16", "--d-head", "8",
+TINY = ["--d-vocab", "300", "--steps", "2", "--layers", "1", "--heads", "2", "--d-model", "16", "--d-head", "8",
         "--n-ctx", "32", "--seg-min", "2", "--seg-max", "8", "--batch-size", "4", "--quiet", "--threads", "1"]
 
 
@@ -136,7 +136,7 @@ def test_a_stopping_signal_during_tokenizer_training_stops_within_two_seconds(tm
     path.write_text(_prose(60_000))  # the tokenizer's training takes seconds
     out = tmp_path / "m.safetensors"
     out.write_bytes(b"an existing checkpoint")
-    child = _run(["train-toy", "--text-file", str(path), *TINY, "--vocab", "8000", "--force", "--out", str(out)],
+    child = _run(["train-toy", "--text-file", str(path), *TINY, "--d-vocab", "8000", "--force", "--out", str(out)],
                  start_new_session=group)
     assert _grandchild_started(child.pid), child.communicate()
     time.sleep(0.3)

@@ -98,7 +98,7 @@ def test_the_companion_on_a_checkpoint_trained_on_text(capsys, tmp_path):
     model = tmp_path / "m.safetensors"
     code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text_file), "--layers", "2", "--heads", "2", "--d-model",
                            "16", "--d-head", "8", "--n-ctx", str(N_CTX), "--seg-min", "3", "--seg-max", "8",
-                           "--batch-size", "4", "--steps", "6", "--vocab", "300", "--quiet", "--threads", "1", "--out",
+                           "--batch-size", "4", "--steps", "6", "--d-vocab", "300", "--quiet", "--threads", "1", "--out",
                            str(model), "--snapshots", "3")
     assert code == 0, err
     code, out, err = run_cli(capsys, "paper", "--checkpoint", str(model), "--text-file", str(text_file), "--out", str(tmp_path / "site"),
@@ -210,7 +210,7 @@ def test_a_short_text_trains_with_a_smaller_held_out_part_and_the_companion_meas
     text.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(674)) + "\n")
     model = tmp_path / "short.safetensors"
     code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text), "--layers", "1", "--heads", "2", "--d-model", "16",
-                           "--d-head", "8", "--vocab", "300", "--steps", "3", "--batch-size", "2", "--quiet", "--snapshots", "0",
+                           "--d-head", "8", "--d-vocab", "300", "--steps", "3", "--batch-size", "2", "--quiet", "--snapshots", "0",
                            "-o", str(model))
     assert code == 0, err
     record = json.loads(model.with_suffix(".json").read_text())
@@ -238,7 +238,7 @@ def test_bugs_are_counted_against_the_training_text_a_record_names(tmp_path, cap
     (held := tmp_path / "held.txt").write_text(split_text(whole)[1] + "\n")
     model = tmp_path / "m.safetensors"
     code, _, err = run_cli(capsys, "train-toy", "--text-file", str(text), "--layers", "1", "--heads", "2", "--d-model", "16",
-                           "--d-head", "8", "--vocab", "300", "--steps", "2", "--batch-size", "2", "--quiet", "--snapshots", "0",
+                           "--d-head", "8", "--d-vocab", "300", "--steps", "2", "--batch-size", "2", "--quiet", "--snapshots", "0",
                            "-o", str(model))
     assert code == 0, err
     base = ("paper", "--checkpoint", str(model), "--text-file", str(held), "--quiet")

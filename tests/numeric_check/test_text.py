@@ -61,9 +61,9 @@ def test_the_tokenizer_has_exactly_the_size_asked_and_is_deterministic():
     text = small_text(300)
     a, b = train_tokenizer(text, 300), train_tokenizer(text, 300)
     assert a.get_vocab_size() == 300 and a.to_str() == b.to_str()
-    with pytest.raises(TrainConfigError, match="the text supports only .* lower --vocab to at most"):
+    with pytest.raises(TrainConfigError, match="the text supports only .* lower --d-vocab to at most"):
         train_tokenizer(text, 5000)
-    fitted = train_tokenizer(text, 5000, fit=True)  # what train-toy does when --vocab is not given
+    fitted = train_tokenizer(text, 5000, fit=True)  # what train-toy does when --d-vocab is not given
     assert 256 < fitted.get_vocab_size() < 5000 and fitted.to_str() == train_tokenizer(text, 5000, fit=True).to_str()
     with pytest.raises(TrainConfigError, match="at least 256 tokens"):
         train_tokenizer(text, 100)
@@ -122,7 +122,7 @@ def test_the_config_of_a_run_on_text():
 
 
 TINY = ("--layers", "2", "--heads", "2", "--d-model", "16", "--d-head", "8", "--n-ctx", "32", "--seg-min", "3",
-        "--seg-max", "8", "--batch-size", "4", "--steps", "3", "--vocab", "300", "--quiet", "--threads", "1")
+        "--seg-max", "8", "--batch-size", "4", "--steps", "3", "--d-vocab", "300", "--quiet", "--threads", "1")
 
 
 def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_path, capsys):
@@ -150,21 +150,21 @@ def test_train_toy_on_text_writes_the_model_its_record_and_its_tokenizer(tmp_pat
 
 
 def test_train_toy_fits_its_vocabulary_and_batch_to_a_short_text_and_says_so(tmp_path, capsys):
-    """Issue 56: a short text with the defaults (GPL-3 wanted --vocab 1,807) trains: the vocabulary the text
+    """Issue 56: a short text with the defaults (GPL-3 wanted --d-vocab 1,807) trains: the vocabulary the text
     supports and at most a quarter of it a step, said in one line; what a person gives is kept (and refused)."""
     text = tmp_path / "short.txt"
     text.write_text(small_text(300), encoding="utf-8")
-    tiny = [a for a in TINY if a not in ("--vocab", "300", "--batch-size", "4")]
+    tiny = [a for a in TINY if a not in ("--d-vocab", "300", "--batch-size", "4")]
     out = tmp_path / "m.safetensors"
     code, stdout, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *tiny, "--out", str(out))
     assert code == 0, stderr
     fitted = stdout.splitlines()[0]
-    assert fitted.startswith("fitted to the text (") and "--vocab " in fitted and "(the most it supports; default 2,048)" in fitted
+    assert fitted.startswith("fitted to the text (") and "--d-vocab " in fitted and "(the most it supports; default 2,048)" in fitted
     assert "--batch-size " in fitted and "(a quarter of its windows a step; default 64)" in fitted
     config = json.loads(out.with_suffix(".json").read_text())["train_config"]
     assert 256 < config["d_vocab"] < 2048 and config["batch_size"] < 64
-    code, _, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *tiny, "--vocab", "5000", "--out", str(out), "--force")
-    assert code == 2 and "lower --vocab to at most" in stderr and stderr.count("\n") == 1
+    code, _, stderr = run_cli(capsys, "train-toy", "--text-file", str(text), *tiny, "--d-vocab", "5000", "--out", str(out), "--force")
+    assert code == 2 and "lower --d-vocab to at most" in stderr and stderr.count("\n") == 1
 
 
 def test_train_toy_text_is_the_text_itself(tmp_path, capsys, monkeypatch):
@@ -173,7 +173,7 @@ def test_train_toy_text_is_the_text_itself(tmp_path, capsys, monkeypatch):
     to --text-file."""
     monkeypatch.chdir(tmp_path)
     out = str(tmp_path / "m.safetensors")
-    tiny = [a for a in TINY if a not in ("--vocab", "300")]
+    tiny = [a for a in TINY if a not in ("--d-vocab", "300")]
     code, _, stderr = run_cli(capsys, "train-toy", "--text", "hello world", *tiny, "--out", out)
     assert code == 2 and stderr.count("\n") == 1 and "not a file" not in stderr
     assert "the training part of the text is 11 tokens (11 characters), fewer than the 33 of one sequence" in stderr
