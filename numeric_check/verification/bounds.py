@@ -203,12 +203,13 @@ class MaxAbsProduct:
         one = n == 1  # one item: no segments to reduce by
         segment = None if one else \
             torch.arange(n, device=X.device).repeat_interleave(torch.tensor(sizes, device=X.device), output_size=X.shape[0])
-        finite = self._finite(X)
-        if self._use_bf16(X) and finite:
+        bf16, screen = self._use_bf16(X), self.dtype == torch.float64 and X.dtype == torch.float64
+        finite = (bf16 or screen) and self._finite(X)  # (read only where a screen could run)
+        if bf16 and finite:
             found = self._bf16_maxima(X, sizes, torch.zeros(X.shape[0], dtype=torch.long, device=X.device) if one else segment)
             if found is not None:
                 return found
-        if not (self.dtype == torch.float64 and X.dtype == torch.float64) or not finite:
+        if not (screen and finite):
             return self._direct_rows(X, segment, n)
         self.screens["float32"] += 1
         estimate, slack = self._screened(X)

@@ -56,21 +56,23 @@ class Settlement:
         self.ev, self.space, self.results, self.exact = ev, space, results, exact
         self.atol, self.rtol, self.scale = tolerance
         self.tol = self.atol + self.rtol * self.scale
-        self.unsettled: list[tuple[np.ndarray, Tensor, Tensor]] = []  # (indices, errors, ours), a batch of terms each
+        self.unsettled: list[tuple[np.ndarray, Tensor, Callable[[], Tensor]]] = []  # (indices, errors, ours), a batch each
         self.held = 0  # their bytes
 
     def settle(self, indices: Sequence[int], errors: Tensor, bounds: Tensor, ours: Callable[[Tensor], Tensor]) -> None:
         """Terms ``indices`` with their errors ``[n, batch, pos, w]`` and error bounds ``[n]``: those whose bound is
         within the tolerance pass on it (certified: every entry of the error is at most the bound); the others wait
-        for :meth:`finish`, with ``ours(k)`` (``k``: a ``[m]`` tensor of their places in ``indices``), their own inputs."""
+        for :meth:`finish`, with ``ours(k)`` (``k``: a ``[m]`` tensor of their places in ``indices``), their own inputs
+        (made only for a term whose error exceeds the tolerance at ``scale``: see :meth:`finish`)."""
         indices = np.asarray(indices, dtype=np.int64)
         bound = bounds.double().cpu().numpy()
         self.results.set_bound(indices, bound)
         open_ = np.ones(len(indices), bool) if self.exact else ~(bound <= self.tol)  # a NaN bound stays open
         self.results.passed[indices[~open_]] = 1
         if open_.any():
+            every = bool(open_.all())
             k = torch.as_tensor(np.flatnonzero(open_), device=errors.device)
-            self.unsettled.append((indices[open_], self.space.widened(errors[k]), ours(k)))
+            self.unsettled.append((indices[open_], self.space.widened(errors if every else errors[k]), lambda: ours(k)))
             self.held += 2 * self.unsettled[-1][1].numel() * errors.element_size()
 
     def finish_when_full(self) -> None:
@@ -99,15 +101,25 @@ class Settlement:
 
     def finish(self) -> None:
         """The exact largest errors of the terms no bound settled, and their verdicts: one screened pass for all of
-        them, the verdicts formed on the device and read once."""
+        them, read once. A term's own largest logit matters only when its error exceeds the tolerance at the logits'
+        scale (``atol + rtol · max(scale, own)`` is at least that): only those terms' own inputs are made and unembedded,
+        in a second pass (none when every error is within it)."""
         if not self.unsettled:
             return
         indices = np.concatenate([i for i, _, _ in self.unsettled])
-        n = len(indices)
-        maxima = self.space.product.max_abs_each(torch.cat([e for _, e, _ in self.unsettled] + [m for _, _, m in self.unsettled]))
-        error, own = maxima[:n], maxima[n:]
-        passed = error <= self.atol + self.rtol * torch.fmax(own, own.new_tensor(self.scale))  # (a nan own: the scale)
-        error, passed = error.cpu().numpy(), passed.cpu().numpy()
+        error = self.space.product.max_abs_each(torch.cat([e for _, e, _ in self.unsettled])).cpu().numpy()
+        passed = error <= self.tol  # a NaN error is not
+        if not passed.all():
+            at, own = 0, []
+            for i, _, ours in self.unsettled:  # each batch's terms over the tolerance: their own inputs
+                k = np.flatnonzero(~passed[at:at + len(i)])
+                at += len(i)
+                if len(k):
+                    mine = ours()
+                    own.append((k + at - len(i), self.space.widened(mine[torch.as_tensor(k, device=mine.device)])))
+            where = np.concatenate([k for k, _ in own])
+            top = self.space.product.max_abs_each(torch.cat([m for _, m in own])).cpu().numpy()
+            passed[where] = error[where] <= self.atol + self.rtol * np.fmax(top, self.scale)  # (a nan own: the scale)
         self.results.set_error(indices, error)
         self.results.passed[indices] = passed
         self.unsettled.clear()
