@@ -35,6 +35,7 @@ from torch import Tensor
 from derivations.paths import Path
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.hook_paths import Recording
+from numeric_check.verification.constants import ModelConstants
 from numeric_check.model.hooks import Constant, block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 from numeric_check.verification.isolate import GROUP_BYTES, HeadGroup, head_final_inputs, isolate_final_parts
@@ -182,10 +183,11 @@ class HeadMaps:
     ``None`` for a layer whose map is not of this form (no bound is given then).
     """
 
-    def __init__(self, model: CircuitModel, rec: Recording):
+    def __init__(self, model: CircuitModel, rec: Recording, constants: ModelConstants | None = None):
         self.model, self.rec = model, rec
         self._layers: dict[int, tuple[Tensor, Tensor, Tensor, float] | None] = {}
-        self._gaps: dict[tuple, float] = {}
+        self._gaps: dict[tuple, float] = {} if constants is None else constants.get("head map gaps", dict)
+        self.constants = constants  # where M, its norms and the gaps are kept between verifications (the weights' alone)
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor, Tensor, float] | None:
         """``(M, norms of M (spectral), sigma, kappa)`` of ``layer``, or ``None``."""
@@ -196,19 +198,9 @@ class HeadMaps:
     @torch.no_grad()
     def _measure(self, layer: int):
         model, rec = self.model, self.rec
-        n, e = model.arch.heads_per_layer[layer], model.cfg.d_head
-        like = rec.final
-        heads = list(range(n))
-        # M: the basis e_i at "position" i of one sequence, every scale 1
-        basis = torch.eye(e, dtype=like.dtype, device=like.device)[None, :, None, :].expand(1, e, n, e)
-        post = None if rec.cache.get(block_hook(layer, "ln1_post.hook_scale")) is None else like.new_ones(1, e, 1)
-        unit = model.head_streams(layer, basis, heads, post).flatten(0, 1)  # [n, e, d_model]
-        if "ln_final.hook_scale" in rec.cache:
-            with model.hooks([("ln_final.hook_scale", Constant(like.new_ones(n, e, 1)))]):
-                unit = model.ln_final(unit)
-        else:
-            unit = model.ln_final(unit)
-        M = unit.view(n, e, -1)
+        e, like = model.cfg.d_head, rec.final
+        make = lambda: self._map(layer)  # noqa: E731
+        M, norms = make() if self.constants is None else self.constants.get(("head map", layer), make)
         # sigma: the recorded scales, on a random probe of one head (the head of largest M) at every
         # position: the scales are per position, the same for every head of the layer
         head = int(torch.linalg.matrix_norm(M).argmax())
@@ -225,7 +217,24 @@ class HeadMaps:
         kappa = 4 * max(float(miss.max()), torch.finfo(like.dtype).eps)
         if not kappa < 1e-2 or not bool(torch.isfinite(sigma).all()):
             return None
-        return M, _spectral_norms(M), sigma, kappa
+        return M, norms, sigma, kappa
+
+    def _map(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``M`` of ``layer`` (the model's own modules on a basis, every scale 1) and its spectral norms: the weights' alone."""
+        model, rec = self.model, self.rec
+        n, e = model.arch.heads_per_layer[layer], model.cfg.d_head
+        like = rec.final
+        # M: the basis e_i at "position" i of one sequence, every scale 1
+        basis = torch.eye(e, dtype=like.dtype, device=like.device)[None, :, None, :].expand(1, e, n, e)
+        post = None if rec.cache.get(block_hook(layer, "ln1_post.hook_scale")) is None else like.new_ones(1, e, 1)
+        unit = model.head_streams(layer, basis, list(range(n)), post).flatten(0, 1)  # [n, e, d_model]
+        if "ln_final.hook_scale" in rec.cache:
+            with model.hooks([("ln_final.hook_scale", Constant(like.new_ones(n, e, 1)))]):
+                unit = model.ln_final(unit)
+        else:
+            unit = model.ln_final(unit)
+        M = unit.view(n, e, -1)
+        return M, _spectral_norms(M)
 
     def gaps(self, ev: LogitEvaluator, layer: int, heads: Sequence[int], refs: Sequence) -> Tensor:
         """``‖M_h - R‖`` for each head ``heads[k]`` of ``layer`` and its term's last factor ``R`` (``refs[k]``;
