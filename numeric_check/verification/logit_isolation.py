@@ -94,10 +94,11 @@ class Settlement:
             self.settle(indices, errors, space.product.bound_each(errors), lambda k: mine[k])
             return
         errors = space.differences(ev, group, x, stacked)  # [n, batch, pos, d_model]; b_U on neither side
+        shape = x.shape[1:]  # (the closure holds no x while its terms wait)
 
         def ours(k: Tensor) -> Tensor:
             some = None if stacked is None else (stacked[0][k], stacked[1][k])
-            return space.widened(space.products(ev, [group[i] for i in k.tolist()], x.shape[1:], some))
+            return space.widened(space.products(ev, [group[i] for i in k.tolist()], shape, some))
         self.settle(indices, errors, space.product.bound_each(errors), ours)
 
     def finish(self) -> None:
