@@ -138,7 +138,7 @@ def run_one(order: int, dtype: str, repeats: int, device: str, d_model: int = 76
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
         peaks.append(memory.above_start / 2**20)
-    out = {"model": str(model), "terms": len(report.terms), "wall": statistics.median(walls), "walls": walls,
+    out = {"model": str(model), "terms": len(report.terms), "wall": statistics.median(walls), "walls": walls, "cpus": cpus,
            "cpu": statistics.median(cpus), "peak": peaks[0], "passed": report.passed, "rel": report.rel_error,
            "stages": {k: round(v, 2) for k, v in report.timings.items()}}
     if device.startswith("cuda"):
@@ -202,7 +202,9 @@ def main() -> None:
             stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
             print(f"{order:>5} {dtype:>8} {r['terms']:>7,} {r['wall']:>8.1f} {r['cpu']:>8.1f} {r['terms'] / r['wall']:>8,.0f} "
                   f"{r['peak']:>8.0f} {str(r['passed']):>6} {r['rel']:>10.2e}  {stages}; "
-                  f"{ratios(order, dtype, r['wall'], r['peak'], args.device, args.d_model, r['cpu'])}", flush=True)
+                  f"{ratios(order, dtype, r['wall'], r['peak'], args.device, args.d_model, r['cpu'])}"
+                  + (f"; CPU s of each run: {', '.join(f'{c:.2f}' for c in r['cpus'])} (the first makes the model's "
+                     "constants, kept for the next)" if len(r["cpus"]) > 1 else ""), flush=True)
             if not r["passed"]:
                 failed.append((order, dtype))
     print(f"model: {r['model']}")

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from derivations.paths import Source
 from numeric_check.errors import AtomBindingError
-from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.circuit_model import CircuitModel, token_columns
 from numeric_check.verification.hook_paths import Recording
 from numeric_check.model.hooks import block_hook
 from numeric_check.model.layers import alibi_bias
@@ -95,7 +95,7 @@ class SourceInput:
         """``X Fᵀ`` as ``[b, pos, rows of F]``."""
         b, p = self.n_batch, self.n_pos
         if self.kind == "token":
-            return F.T[self.tokens]  # [b, pos, r]: columns of F picked by token id
+            return token_columns(F, self.tokens)  # [b, pos, r]: columns of F picked by token id
         if self.kind == "position":
             return F[:, :p].T.expand(b, p, F.shape[0])
         if self.kind == "ones":

@@ -203,12 +203,13 @@ class MaxAbsProduct:
         one = n == 1  # one item: no segments to reduce by
         segment = None if one else \
             torch.arange(n, device=X.device).repeat_interleave(torch.tensor(sizes, device=X.device), output_size=X.shape[0])
-        finite = self._finite(X)
-        if self._use_bf16(X) and finite:
+        bf16, screen = self._use_bf16(X), self.dtype == torch.float64 and X.dtype == torch.float64
+        finite = (bf16 or screen) and self._finite(X)  # (read only where a screen could run)
+        if bf16 and finite:
             found = self._bf16_maxima(X, sizes, torch.zeros(X.shape[0], dtype=torch.long, device=X.device) if one else segment)
             if found is not None:
                 return found
-        if not (self.dtype == torch.float64 and X.dtype == torch.float64) or not finite:
+        if not (screen and finite):
             return self._direct_rows(X, segment, n)
         self.screens["float32"] += 1
         estimate, slack = self._screened(X)
@@ -236,14 +237,22 @@ class MaxAbsProduct:
         row_top = X.abs().amax(1)
         _, exponent = torch.frexp(row_top)
         row_scale = torch.where(row_top > 0, torch.ldexp(torch.ones_like(row_top), -exponent), torch.ones_like(row_top))
+        scaled = X * row_scale[:, None]  # entries below 1 in magnitude (exact: powers of two)
         X32 = torch.zeros(X.shape[0], Ft.shape[1], dtype=torch.float32, device=X.device)
-        X32[:, :self.k] = X * row_scale[:, None]  # entries below 1 in magnitude
-        best = torch.zeros(X.shape[0], dtype=torch.float32, device=X.device)
-        for start in range(0, self.m, self.chunk):
-            part = X32 @ Ft[start:start + self.chunk].T
-            best = torch.maximum(best, torch.maximum(part.amax(1), part.amin(1).neg_()))  # (amax, amin: faster than aminmax(dim))
+        X32[:, :self.k] = scaled
+        # on a CPU a block of rows at a time, so that the product stays in cache (10,816 x 128 rows against 1,000
+        # columns: 45 against 73 ms of products); a GPU takes them all at once
+        step, blocks = max(1, ROW_BLOCK // min(self.m, self.chunk) if X.device.type == "cpu" else X.shape[0]), []
+        for top in range(0, X.shape[0], step):
+            x, best = X32[top:top + step], None
+            for start in range(0, self.m, self.chunk):
+                part = x @ Ft[start:start + self.chunk].T
+                found = torch.maximum(part.amax(1), part.amin(1).neg_())  # (amax, amin: faster than aminmax(dim))
+                best = found if best is None else torch.maximum(best, found)
+            blocks.append(best)
+        best = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
         unscale = 1.0 / (row_scale * f_scale)
-        norms = torch.linalg.vector_norm(X * row_scale[:, None], dim=1)
+        norms = torch.linalg.vector_norm(scaled, dim=1)
         gamma = 2 * (self.k + 2) * _U32 / (1 - (self.k + 2) * _U32)
         slack = 2 * (gamma * norms * f_norm + (self.k + 4) * _TINY32)
         return best.double() * unscale, slack * unscale

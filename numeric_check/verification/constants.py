@@ -1,4 +1,5 @@
-"""What verification derives from a model's unembedding alone, kept between verifications of that model.
+"""What verification derives from a model's unembedding alone (and from its other weights), kept between
+verifications of that model.
 
 Two quantities cost a verification as much as an unembedding of the whole batch, and depend on
 nothing but ``W_U`` (and ``b_U``): the Gram matrix ``W_Uᵀ W_U`` that gives every term's norm, and
@@ -63,6 +64,31 @@ class UnembedConstants:
         if _bytes(value) <= KEEP_BYTES:  # a float32 copy of a 128k x 4096 W_U (2 GiB) is made again, not kept
             values[name] = value
         return value
+
+
+class ModelConstants(UnembedConstants):
+    """What verification derives from a whole model's weights, not from its tokens (each layer's kernels of the
+    term norms, the heads' maps after ``z`` and their distances to the terms' factors), kept like
+    :class:`UnembedConstants`: keyed by the user's model, stamped with every parameter and buffer (storage,
+    version counter, shape, dtype), the dtype and the device, so that a weight written in place or replaced
+    makes them again.
+
+    >>> from derivations.architecture import Architecture
+    >>> from numeric_check.model.circuit_model import CircuitModel
+    >>> m = CircuitModel.random(Architecture(1, 1), d_model=4, d_head=2, d_vocab=5, n_ctx=3)
+    >>> made = []
+    >>> _ = [ModelConstants(m, torch.float64, "cpu").get("k", lambda: made.append(1) or torch.ones(1)) for _ in range(2)]
+    >>> with torch.no_grad():
+    ...     _ = m.blocks[0].attn.W_O.mul_(2)
+    >>> _ = ModelConstants(m, torch.float64, "cpu").get("k", lambda: made.append(1) or torch.ones(1))
+    >>> len(made)
+    2
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, device: torch.device | str):
+        self.key = model
+        tensors = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if b is not None]
+        self.stamp = tuple((n, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for n, t in tensors) + (dtype, str(device))
 
 
 def _bytes(value) -> int:

@@ -53,6 +53,7 @@ from torch import Tensor
 from derivations.paths import LogitExpansion, StreamEntry, head_atom, layer_atom, ln_scale, post_scale, stream_entries
 from derivations.sources import Path, PathTerm
 from numeric_check.verification.bind import Binder
+from numeric_check.verification.constants import ModelConstants
 from numeric_check.verification.evaluate import FactorRef, LogitSum, LogitTermValue, flip, right_multiplier, word_factors
 
 #: entries of one chunk of rows up to which a group is evaluated at once (float64: 32 MiB)
@@ -206,8 +207,8 @@ class GroupEvaluator:
     ``k % H``); :meth:`left` gives a term's remaining multipliers from its last head.
     """
 
-    def __init__(self, binder: Binder, row_entries: int = DEFAULT_ROW_ENTRIES):
-        self.binder = binder
+    def __init__(self, binder: Binder, row_entries: int = DEFAULT_ROW_ENTRIES, constants: ModelConstants | None = None):
+        self.binder, self.constants = binder, constants  # constants: where kernels are kept between verifications
         self.row_entries = max(1, row_entries)
         self._layers: dict[int, _Layer] = {}
         self._fused: dict[tuple[int, int], Tensor] = {}
@@ -337,21 +338,25 @@ class GroupEvaluator:
         :meth:`~LogitEvaluator.gram`, which keeps them), and an upper bound on the largest eigenvalue of the
         second, ``[H]`` (``y W_O^{h}ᵀ W_O^{h} yᵀ ≤ top_h ‖y‖²``)."""
         if layer not in self._kernels:
-            n, dtype = self.binder.model.arch.heads_per_layer[layer], self.binder.model.dtype
-
-            def grams(k: int | None) -> Tensor:  # in float64, made so where the working dtype's overflow
-                kept = torch.stack([ev.gram(self.left(layer, h)[:k]) for h in range(n)])  # (float32 weights near 1e4)
-                return kept.double() if bool(torch.isfinite(kept).all()) else \
-                    torch.stack([ev.gram(self.left(layer, h)[:k], wide=True) for h in range(n)])
-
-            full, wide = grams(None), grams(1)
-            values, vectors = torch.linalg.eigh(full)  # K = V Λ Vᵀ, Λ ≥ 0 but for rounding
-            root = vectors * values.clamp_min(0).sqrt()[:, None, :]
-            slack = 4 * wide.shape[-1] * torch.finfo(dtype).eps * torch.linalg.matrix_norm(wide)
-            top = (torch.linalg.eigvalsh(wide)[:, -1].clamp_min(0) + slack).to(dtype)
-            fits = lambda x: x.to(dtype) if bool(torch.isfinite(x.to(dtype)).all()) else x  # noqa: E731 (else float64)
-            self._kernels[layer] = fits(root), fits(wide), top
+            make = lambda: self._make_kernels(layer, ev)  # noqa: E731
+            self._kernels[layer] = make() if self.constants is None else self.constants.get(("kernels", layer), make)
         return self._kernels[layer]
+
+    def _make_kernels(self, layer: int, ev) -> tuple[Tensor, Tensor, Tensor]:
+        n, dtype = self.binder.model.arch.heads_per_layer[layer], self.binder.model.dtype
+
+        def grams(k: int | None) -> Tensor:  # in float64, made so where the working dtype's overflow
+            kept = torch.stack([ev.gram(self.left(layer, h)[:k]) for h in range(n)])  # (float32 weights near 1e4)
+            return kept.double() if bool(torch.isfinite(kept).all()) else \
+                torch.stack([ev.gram(self.left(layer, h)[:k], wide=True) for h in range(n)])
+
+        full, wide = grams(None), grams(1)
+        values, vectors = torch.linalg.eigh(full)  # K = V Λ Vᵀ, Λ ≥ 0 but for rounding
+        root = vectors * values.clamp_min(0).sqrt()[:, None, :]
+        slack = 4 * wide.shape[-1] * torch.finfo(dtype).eps * torch.linalg.matrix_norm(wide)
+        top = (torch.linalg.eigvalsh(wide)[:, -1].clamp_min(0) + slack).to(dtype)
+        fits = lambda x: x.to(dtype) if bool(torch.isfinite(x.to(dtype)).all()) else x  # noqa: E731 (else float64)
+        return fits(root), fits(wide), top
 
     def unembedding_input(self, layer: int, by_head: Tensor) -> Tensor:
         """``Σ_h y_h W_O^{h}ᵀ`` for ``by_head`` ``[H, batch, pos, e]`` (the rows of each head of ``layer``

@@ -35,6 +35,7 @@ from torch import Tensor
 from derivations.paths import Path
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.verification.hook_paths import Recording
+from numeric_check.verification.constants import ModelConstants
 from numeric_check.model.hooks import Constant, block_hook
 from numeric_check.verification.evaluate import LogitEvaluator, LogitTermValue, right_multiplier
 from numeric_check.verification.isolate import GROUP_BYTES, HeadGroup, head_final_inputs, isolate_final_parts
@@ -56,21 +57,23 @@ class Settlement:
         self.ev, self.space, self.results, self.exact = ev, space, results, exact
         self.atol, self.rtol, self.scale = tolerance
         self.tol = self.atol + self.rtol * self.scale
-        self.unsettled: list[tuple[np.ndarray, Tensor, Tensor]] = []  # (indices, errors, ours), a batch of terms each
+        self.unsettled: list[tuple[np.ndarray, Tensor, Callable[[], Tensor]]] = []  # (indices, errors, ours), a batch each
         self.held = 0  # their bytes
 
     def settle(self, indices: Sequence[int], errors: Tensor, bounds: Tensor, ours: Callable[[Tensor], Tensor]) -> None:
         """Terms ``indices`` with their errors ``[n, batch, pos, w]`` and error bounds ``[n]``: those whose bound is
         within the tolerance pass on it (certified: every entry of the error is at most the bound); the others wait
-        for :meth:`finish`, with ``ours(k)`` (``k``: a ``[m]`` tensor of their places in ``indices``), their own inputs."""
+        for :meth:`finish`, with ``ours(k)`` (``k``: a ``[m]`` tensor of their places in ``indices``), their own inputs
+        (made only for a term whose error exceeds the tolerance at ``scale``: see :meth:`finish`)."""
         indices = np.asarray(indices, dtype=np.int64)
         bound = bounds.double().cpu().numpy()
         self.results.set_bound(indices, bound)
         open_ = np.ones(len(indices), bool) if self.exact else ~(bound <= self.tol)  # a NaN bound stays open
         self.results.passed[indices[~open_]] = 1
         if open_.any():
+            every = bool(open_.all())
             k = torch.as_tensor(np.flatnonzero(open_), device=errors.device)
-            self.unsettled.append((indices[open_], self.space.widened(errors[k]), ours(k)))
+            self.unsettled.append((indices[open_], self.space.widened(errors if every else errors[k]), lambda: ours(k)))
             self.held += 2 * self.unsettled[-1][1].numel() * errors.element_size()
 
     def finish_when_full(self) -> None:
@@ -91,23 +94,34 @@ class Settlement:
             self.settle(indices, errors, space.product.bound_each(errors), lambda k: mine[k])
             return
         errors = space.differences(ev, group, x, stacked)  # [n, batch, pos, d_model]; b_U on neither side
+        shape = x.shape[1:]  # (the closure holds no x while its terms wait)
 
         def ours(k: Tensor) -> Tensor:
             some = None if stacked is None else (stacked[0][k], stacked[1][k])
-            return space.widened(space.products(ev, [group[i] for i in k.tolist()], x.shape[1:], some))
+            return space.widened(space.products(ev, [group[i] for i in k.tolist()], shape, some))
         self.settle(indices, errors, space.product.bound_each(errors), ours)
 
     def finish(self) -> None:
         """The exact largest errors of the terms no bound settled, and their verdicts: one screened pass for all of
-        them, the verdicts formed on the device and read once."""
+        them, read once. A term's own largest logit matters only when its error exceeds the tolerance at the logits'
+        scale (``atol + rtol · max(scale, own)`` is at least that): only those terms' own inputs are made and unembedded,
+        in a second pass (none when every error is within it)."""
         if not self.unsettled:
             return
         indices = np.concatenate([i for i, _, _ in self.unsettled])
-        n = len(indices)
-        maxima = self.space.product.max_abs_each(torch.cat([e for _, e, _ in self.unsettled] + [m for _, _, m in self.unsettled]))
-        error, own = maxima[:n], maxima[n:]
-        passed = error <= self.atol + self.rtol * torch.fmax(own, own.new_tensor(self.scale))  # (a nan own: the scale)
-        error, passed = error.cpu().numpy(), passed.cpu().numpy()
+        error = self.space.product.max_abs_each(torch.cat([e for _, e, _ in self.unsettled])).cpu().numpy()
+        passed = error <= self.tol  # a NaN error is not
+        if not passed.all():
+            at, own = 0, []
+            for i, _, ours in self.unsettled:  # each batch's terms over the tolerance: their own inputs
+                k = np.flatnonzero(~passed[at:at + len(i)])
+                at += len(i)
+                if len(k):
+                    mine = ours()
+                    own.append((k + at - len(i), self.space.widened(mine[torch.as_tensor(k, device=mine.device)])))
+            where = np.concatenate([k for k, _ in own])
+            top = self.space.product.max_abs_each(torch.cat([m for _, m in own])).cpu().numpy()
+            passed[where] = error[where] <= self.atol + self.rtol * np.fmax(top, self.scale)  # (a nan own: the scale)
         self.results.set_error(indices, error)
         self.results.passed[indices] = passed
         self.unsettled.clear()
@@ -170,10 +184,11 @@ class HeadMaps:
     ``None`` for a layer whose map is not of this form (no bound is given then).
     """
 
-    def __init__(self, model: CircuitModel, rec: Recording):
+    def __init__(self, model: CircuitModel, rec: Recording, constants: ModelConstants | None = None):
         self.model, self.rec = model, rec
         self._layers: dict[int, tuple[Tensor, Tensor, Tensor, float] | None] = {}
-        self._gaps: dict[tuple, float] = {}
+        self._gaps: dict[tuple, float] = {} if constants is None else constants.get("head map gaps", dict)
+        self.constants = constants  # where M, its norms and the gaps are kept between verifications (the weights' alone)
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor, Tensor, float] | None:
         """``(M, norms of M (spectral), sigma, kappa)`` of ``layer``, or ``None``."""
@@ -184,19 +199,9 @@ class HeadMaps:
     @torch.no_grad()
     def _measure(self, layer: int):
         model, rec = self.model, self.rec
-        n, e = model.arch.heads_per_layer[layer], model.cfg.d_head
-        like = rec.final
-        heads = list(range(n))
-        # M: the basis e_i at "position" i of one sequence, every scale 1
-        basis = torch.eye(e, dtype=like.dtype, device=like.device)[None, :, None, :].expand(1, e, n, e)
-        post = None if rec.cache.get(block_hook(layer, "ln1_post.hook_scale")) is None else like.new_ones(1, e, 1)
-        unit = model.head_streams(layer, basis, heads, post).flatten(0, 1)  # [n, e, d_model]
-        if "ln_final.hook_scale" in rec.cache:
-            with model.hooks([("ln_final.hook_scale", Constant(like.new_ones(n, e, 1)))]):
-                unit = model.ln_final(unit)
-        else:
-            unit = model.ln_final(unit)
-        M = unit.view(n, e, -1)
+        e, like = model.cfg.d_head, rec.final
+        make = lambda: self._map(layer)  # noqa: E731
+        M, norms = make() if self.constants is None else self.constants.get(("head map", layer), make)
         # sigma: the recorded scales, on a random probe of one head (the head of largest M) at every
         # position: the scales are per position, the same for every head of the layer
         head = int(torch.linalg.matrix_norm(M).argmax())
@@ -213,7 +218,24 @@ class HeadMaps:
         kappa = 4 * max(float(miss.max()), torch.finfo(like.dtype).eps)
         if not kappa < 1e-2 or not bool(torch.isfinite(sigma).all()):
             return None
-        return M, _spectral_norms(M), sigma, kappa
+        return M, norms, sigma, kappa
+
+    def _map(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``M`` of ``layer`` (the model's own modules on a basis, every scale 1) and its spectral norms: the weights' alone."""
+        model, rec = self.model, self.rec
+        n, e = model.arch.heads_per_layer[layer], model.cfg.d_head
+        like = rec.final
+        # M: the basis e_i at "position" i of one sequence, every scale 1
+        basis = torch.eye(e, dtype=like.dtype, device=like.device)[None, :, None, :].expand(1, e, n, e)
+        post = None if rec.cache.get(block_hook(layer, "ln1_post.hook_scale")) is None else like.new_ones(1, e, 1)
+        unit = model.head_streams(layer, basis, list(range(n)), post).flatten(0, 1)  # [n, e, d_model]
+        if "ln_final.hook_scale" in rec.cache:
+            with model.hooks([("ln_final.hook_scale", Constant(like.new_ones(n, e, 1)))]):
+                unit = model.ln_final(unit)
+        else:
+            unit = model.ln_final(unit)
+        M = unit.view(n, e, -1)
+        return M, _spectral_norms(M)
 
     def gaps(self, ev: LogitEvaluator, layer: int, heads: Sequence[int], refs: Sequence) -> Tensor:
         """``‖M_h - R‖`` for each head ``heads[k]`` of ``layer`` and its term's last factor ``R`` (``refs[k]``;

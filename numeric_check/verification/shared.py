@@ -24,7 +24,7 @@ from numeric_check.verification.bind import Binder
 from numeric_check.model.hooks import block_hook, hooks_set_aside
 from numeric_check.verification.hook_paths import Recording, frozen_hooks, keep, record, run_frozen, unembedding_input
 from numeric_check.verification.isolate import DEFAULT_CHUNK_BYTES
-from numeric_check.verification.constants import UnembedConstants
+from numeric_check.verification.constants import ModelConstants, UnembedConstants
 from numeric_check.verification.results import CheckResult, TermResult, TermTable, VerifyReport
 
 
@@ -43,6 +43,7 @@ class _Setup:
     source: str | None = None  # how the model was converted and how closely it computes its source
     constants: UnembedConstants | None = None  # what the unembedding alone gives, kept with the user's model
     measure: bool = False  # half precision at the default tolerance: widened by the measured rounding (see widen)
+    weights: ModelConstants | None = None  # what the weights alone give (kernels, head maps), kept with the user's model
 
 
 def _check_tolerance(name: str, value, allow_none: bool) -> float:
@@ -139,7 +140,7 @@ def _setup(model, tokens, dtype, device, atol, rtol) -> _Setup:
     check = model.source_check
     constants = UnembedConstants(model.W_U, model.b_U, work.dtype, work.device)
     return _Setup(work, rec, Binder(work, rec), atol, rtol, timings, _centring_notes(work, rec),
-                  None if check is None else check.describe(), constants, measure)
+                  None if check is None else check.describe(), constants, measure, ModelConstants(model, work.dtype, work.device))
 
 
 def check_no_overflow(model: CircuitModel, rec: Recording, scale: float = 0.0, error: type = VerifyError) -> None:

@@ -226,7 +226,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
         shard.agree(n_kept + n_omitted, rec, scale)
     exact = _exact_by_default(rec, s.model, n_kept) if exact_errors is None else bool(exact_errors)
     pending: list = []  # terms to add (norms, sum) and check (the trie's, or the grouped engine's through no head)
-    maps = HeadMaps(s.model, rec)  # the model's map after each head's z, measured once per layer when needed
+    maps = HeadMaps(s.model, rec, s.weights)  # the model's map after each head's z, measured once per layer when needed
     spent = {"isolation": 0.0, "largest": 0.0}  # largest: the largest row of any term before the unembedding
 
     def flush() -> None:  # the pending terms: norms and sum by groups, then check 2
@@ -271,7 +271,7 @@ def _verify_logits(s: _Setup, expansion: LogitExpansion, build, isolation: bool,
             else:
                 arrived(v)
     else:
-        grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()))
+        grouped = GroupEvaluator(s.binder, chunk_bytes // (4 * rec.final.element_size()), s.weights)
         kept_rows, omitted_rows = GroupSum(grouped), GroupSum(grouped)
         settlement = Settlement(ev, space, results, (s.atol, s.rtol, scale), exact)
         checker = GroupedIsolation(grouped, maps, settlement, chunk_bytes // PASS_FRACTION) if isolation else None

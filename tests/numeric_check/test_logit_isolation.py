@@ -174,3 +174,44 @@ def test_head_maps_are_the_models_own_map_after_z():
         ours = sigma[None, ..., None] * torch.einsum("bpne,ned->nbpd", z, M)
         torch.testing.assert_close(ours, head_final_inputs(model, rec, layer, [0, 1, 2], z), rtol=1e-13, atol=1e-13)
         assert kappa < 1e-12 and norms.shape == (3,)
+
+
+def test_settlement_unembeds_a_terms_own_input_only_when_its_error_needs_its_scale():
+    """A term passes when its exact error is within ``atol + rtol · max(scale, own)``, ``own`` its own largest
+    logit: a term within the tolerance at the logits' scale passes without its own input being made; one over it
+    is judged with its own largest logit (passes when that is large enough, fails when not)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from numeric_check.verification.bounds import MaxAbsProduct
+    from numeric_check.verification.logit_isolation import Settlement
+
+    class Table:
+        def __init__(self, n):
+            self.passed, self.bound, self.error = np.full(n, -1, np.int8), np.full(n, np.nan), np.full(n, np.nan)
+
+        def set_bound(self, i, b):
+            self.bound[i] = b
+
+        def set_error(self, i, e):
+            self.error[i] = e
+
+    space = SimpleNamespace(product=MaxAbsProduct([torch.eye(2, dtype=torch.float64)]), widened=lambda x: x)
+    table, made = Table(4), []
+    settlement = Settlement(None, space, table, (0.0, 0.1, 1.0), exact=True)  # tolerance 0.1 at the scale 1
+    errors = torch.tensor([[[0.05, 0.0]], [[0.0, -0.3]], [[0.5, 0.0]], [[0.0, 0.1]]], dtype=torch.float64)
+    ours = torch.tensor([[[9.0, 0.0]], [[0.0, 5.0]], [[2.0, 0.0]], [[0.0, 1.0]]], dtype=torch.float64)
+
+    def own(k):
+        made.append(k.tolist())
+        return ours[k]
+    settlement.settle([0, 1], errors[:2], torch.ones(2, dtype=torch.float64), own)
+    settlement.settle([2, 3], errors[2:], torch.ones(2, dtype=torch.float64), lambda k: own(k + 2))
+    settlement.finish()
+    assert table.error.tolist() == [0.05, 0.3, 0.5, 0.1]
+    assert table.passed.tolist() == [1, 1, 0, 1]  # 0.3 ≤ 0.1 · 5 (its own); 0.5 > 0.1 · max(1, 2)
+    assert made == [[0, 1], [2, 3]]  # each batch's own inputs made once, unembedded only for terms 1 and 2
+    settlement.settle([0], errors[:1], torch.ones(1, dtype=torch.float64), own)
+    settlement.finish()
+    assert made == [[0, 1], [2, 3]]  # every error within the tolerance at the scale: no own input made

@@ -36,6 +36,22 @@ def test_equals_the_float64_maximum(seed, rows, k, m, row_exp, col_exp, chunk):
     assert got[2] == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rows_in_blocks_give_each_items_maximum(monkeypatch, dtype):
+    """With rows taken a block at a time (a few rows here: the screen's and the direct product's blocks both cut
+    inside items), each item's maximum is still its own product's."""
+    monkeypatch.setattr(bounds, "ROW_BLOCK", 7 * 50)  # 7 rows a block against 50 columns
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(6, 50, generator=gen, dtype=torch.float64)
+    xs = torch.randn(5, 9, 6, generator=gen, dtype=torch.float64) * torch.logspace(-3, 3, 5, dtype=torch.float64)[:, None, None]
+    product = MaxAbsProduct([W.to(dtype)], chunk=16, bf16=False)
+    got = product.max_abs_each(xs.to(dtype)).tolist()
+    for item, value in zip(xs.to(dtype), got):
+        assert math.isclose(value, direct(item.double(), [W.to(dtype).double()]), rel_tol=1e-13 if dtype == torch.float64 else 1e-5)
+    if dtype == torch.float64:
+        assert product.screens["float32"] == 1
+
+
 def test_near_ties_are_resolved_in_float64():
     # two rows whose maxima differ below float32 precision: the screen cannot tell them apart
     W = torch.randn(16, 500, dtype=torch.float64)
