@@ -18,6 +18,17 @@
 # 3.060 on its own held-out batches; no induction head formed (docs/how-to/train-on-text.md). The 1-layer control
 # was stopped at step 11,474 of 24,000 once the 2-layer run had shown none, and the 0-layer one never ran.
 #
+# The second try (2026-12-07, commit 508f037): the same settings on twice the text, the Bible and Jane Austen's six
+# novels (scripts/austen_corpus.py; 2.2 M training tokens, read 11 times instead of 22), the 2-layer model alone:
+#
+#   .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt build/corpus/austen.txt --layers 2 --heads 12 \
+#       --d-model 192 --d-head 16 --n-ctx 512 --seg-min 8 --seg-max 64 --batch-size 2 --steps 24000 --warmup-steps 100 \
+#       --decay-steps 2400 --copy-share 0 --lr 0.003 --init-std 0.02 --threads 1 --save-dtype float16 --snapshots 32 \
+#       -o build/plain2/ka_2l.safetensors
+#
+# 4,514 s of one thread (record: text_sha256 8f87f9ef…, trained_on cpu AMD EPYC); no induction head formed either
+# (docs/how-to/train-on-text.md).
+#
 # Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
 # loss curve and .history/)
 set -euo pipefail
