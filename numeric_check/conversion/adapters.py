@@ -36,6 +36,7 @@ from numeric_check.model.config import resolve_dtype
 from numeric_check.model.rotary import tables_given, tables_rounded_to
 from numeric_check.conversion.options import check_tl_options
 from numeric_check.conversion.hf import check_hf, read_hf
+from numeric_check.conversion.own_rounding import HeldSource
 from numeric_check.conversion.source_calls import AsCalled, Call, additions, plain_calls
 from numeric_check.conversion.source_check import (
     changed_modules, check_against_source, fresh_on_meta, half_precision_reference, in_dtype, in_eval_mode, lowest_precision,
@@ -136,15 +137,20 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
         fresh = fresh_on_meta(lambda: type(model)(cfg))
         return [] if fresh is None else changed_modules(model, fresh)
 
+    def as_held(source: Any, tokens: Tensor, first: bool) -> list[Tensor]:  # as a person calls it, and as checked
+        tokens = tokens.to(source.W_E.device)
+        return in_eval_mode(source, lambda: [source(tokens)] + ([source.run_with_cache(tokens)[0]] if first else []))
+
     dtype = model.W_E.dtype
     held = str(dtype).removeprefix("torch.")
     added, training, own, label, accepted = additions(model), model.training, None, "", None
     if dtype.itemsize == 2:  # half precision: a float64 (else float32) copy is the reference, its own rounding apart
-        probe = batches[0].to(model.W_E.device)
+        probe, source = batches[0].to(model.W_E.device), model
         ref = in_eval_mode(model, lambda: half_precision_reference(
             model, lambda source: source(probe), "from_transformer_lens", accept_source_precision, _exact_rotary_tables))
-        accepted = held if ref.own_rounding is None else None
-        model, dtype, own, label = ref.model, ref.precision, ref.own_rounding, ref.label
+        accepted = held if ref.copied_in is None else None
+        own = None if ref.copied_in is None else HeldSource(lambda t, first: as_held(source, t, first), dtype, ref.copied_in)
+        model, dtype, label = ref.model, ref.precision, ref.label
     name = f"HookedTransformer (TransformerLens, {held}{label})"
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype

@@ -30,7 +30,8 @@ from numeric_check.conversion.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.conversion.options import check_hf_options
 from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
-from numeric_check.conversion.source_calls import AsCalled, Call, additions, plain_calls
+from numeric_check.conversion.own_rounding import HeldSource
+from numeric_check.conversion.source_calls import AsCalled, Call, additions, logits_of, plain_calls
 from numeric_check.conversion.source_check import (
     changed_modules,
     check_against_source,
@@ -107,8 +108,8 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
     one (:func:`~numeric_check.conversion.source_check.half_precision_reference`): the conversion is held to that
     precision's tolerance (Hugging Face's own float32 round trips set it), so a half-precision model that is not
     what its weights say is refused like a float64 one; how far the source as held is from its copy (its own
-    rounding) is measured on the first probe and stated apart. One that runs as neither copy (a hook holding a
-    bfloat16 tensor, a ``forward`` replaced on the instance, a copy too large) is refused unless
+    rounding) is measured on every probe, bounded (:mod:`~numeric_check.conversion.own_rounding`) and stated apart.
+    One that runs as neither copy (a hook holding a bfloat16 tensor, a ``forward`` replaced on the instance, a copy too large) is refused unless
     ``accept_source_precision``: then it is compared as it is, at its own precision, which its source line names. A
     float32 source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for.
     ``also``: more calls held to the same tolerance (a TransformerLens 4 bridge's own forward); ``who`` names the
@@ -134,13 +135,18 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
         fresh = fresh_on_meta(lambda: type(model)(model.config))
         return [] if fresh is None else changed_modules(model, fresh)
 
+    def as_held(tokens: Tensor, first: bool) -> list[Tensor]:  # as a person calls it; on the first probe as checked too
+        out = [logits_of(_plain(model, family, tokens.to(device)))]
+        return out + [runner(model)(tokens)[0]] if first else out
+
     held = str(dtype).removeprefix("torch.")
     added, training = additions(model), model.training  # before the check puts it in eval mode and hooks its blocks
     reference, own, label, precision = model, None, "", lowest_precision(dtype, torch.float32)
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
         ref = in_eval_mode(model, lambda: half_precision_reference(
             model, lambda source: runner(source)(batches[0])[0], who, accept_source_precision, _tables_made_again))
-        reference, own, label = ref.model, ref.own_rounding, ref.label
+        reference, label = ref.model, ref.label
+        own = None if ref.copied_in is None else HeldSource(as_held, dtype, ref.copied_in)
         # its norms, rotary and softmax round through float32 whatever it is held in
         precision = lowest_precision(ref.precision, torch.float32)
     name = f"{type(model).__name__} ({library}, {held}{label})"
