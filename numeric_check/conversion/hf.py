@@ -28,6 +28,7 @@ from torch import Tensor
 from numeric_check.errors import UnsupportedModel, WeightError
 from numeric_check.conversion.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.rotary import table_excess
 from numeric_check.conversion.options import check_hf_options
 from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
 from numeric_check.conversion.own_rounding import HeldSource
@@ -144,7 +145,8 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
     reference, own, label, precision = model, None, "", lowest_precision(dtype, torch.float32)
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
         ref = in_eval_mode(model, lambda: half_precision_reference(
-            model, lambda source: runner(source)(batches[0])[0], who, accept_source_precision, _tables_made_again))
+            model, lambda source: runner(source)(batches[0])[0], who, accept_source_precision,
+            lambda copied: _tables_made_again(copied, dtype)))
         reference, label = ref.model, ref.label
         own = None if ref.copied_in is None else HeldSource(as_held, dtype, ref.copied_in)
         # its norms, rotary and softmax round through float32 whatever it is held in
@@ -212,18 +214,34 @@ def block_inputs(source: Any, n_layers: int):
         seen.clear()
 
 
-def _tables_made_again(copied: Any) -> Any:
+def _tables_made_again(copied: Any, held: torch.dtype) -> Any:
     """A float64 (or float32) copy whose sin/cos tables (GPT-J's and CodeGen's ``embed_positions``, a table per position that a
     half-precision cast rounds position by position: no frequency gives them, the rounding is the source's own)
-    are made again by its own code; a table it cannot make again is left as the cast left it."""
+    are made again by its own code; a table it cannot make again is left as the cast left it. The table as held (in
+    ``held``, the copy has it before it is made again) is held to the one its code makes, entry by entry, to its own
+    rounding (:func:`~numeric_check.model.rotary.table_excess`): one that is not is refused by name."""
     if copied is None:
         return None
-    for module in copied.modules():
+    for name, module in copied.named_modules():
         table = getattr(module, "embed_positions", None)
         make = getattr(sys.modules.get(type(module).__module__), "create_sinusoidal_positions", None)
         if isinstance(table, Tensor) and callable(make) and hasattr(module, "pos_embd_dim"):
-            module.embed_positions = make(module.max_positions, module.pos_embd_dim).to(table.device, table.dtype)
+            made = make(module.max_positions, module.pos_embd_dim).to(table.device, torch.float64)
+            _refuse_other_table(table.to(torch.float64), made, held, f"{name}.embed_positions")
+            module.embed_positions = made.to(table.dtype)
     return copied
+
+
+def _refuse_other_table(table: Tensor, made: Tensor, held: torch.dtype, where: str) -> None:
+    """A ``[pos, sin | cos]`` table held in ``held`` that differs from the one its code ``made`` past its own rounding
+    (each plane's angle ``θ_f`` read at position 1) is refused by name."""
+    half = made.shape[1] // 2
+    angles = torch.arange(made.shape[0], dtype=torch.float64, device=made.device)[:, None] * torch.atan2(
+        made[1, :half], made[1, half:]).abs().repeat(2)
+    worst, position, column = table_excess(table.cpu(), made.cpu(), angles.cpu(), held)
+    if worst > 1:
+        raise UnsupportedModel(f"from_hf: its sin/cos table {where} is not the one its code makes: {worst:.2g} times its "
+                               f"rounding in {str(held).removeprefix('torch.')} at position {position}, plane {column % half}")
 
 
 def _refuse_bad_weights(model: Any, source: str) -> None:

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from numeric_check import SourceMismatch, from_hf, from_transformer_lens
+from numeric_check import SourceMismatch, UnsupportedModel, from_hf, from_transformer_lens
 from numeric_check.conversion.own_rounding import OWN_MARGIN
 from tests.helpers import refused
 from tests.numeric_check.test_source_check import hooked, llama
@@ -96,3 +96,74 @@ def test_a_transformer_lens_tamper_only_in_half_precision_is_refused(tampered):
     with refused(SourceMismatch, r"^from_transformer_lens: held in bfloat16, HookedTransformer is \S+ of the largest "
                                  r"logit off its float64 copy on 1 x 96 tokens"):
         from_transformer_lens(model, device="cpu")
+
+
+# --- rotary tables: a bound per plane and position ------------------------------------------------------------------
+
+
+def _replaced_from(model, start, base=20000.0):
+    """Every layer's rotary tables from position ``start`` on replaced by those of another base, in the tables' dtype."""
+    for block in model.blocks:
+        attn = block.attn
+        sin, cos = attn.calculate_sin_cos_rotary(model.cfg.rotary_dim, attn.rotary_sin.shape[0], base=base,
+                                                 dtype=torch.float64)
+        attn.rotary_sin[start:] = sin[start:].to(attn.rotary_sin.dtype)
+        attn.rotary_cos[start:] = cos[start:].to(attn.rotary_cos.dtype)
+    return model
+
+
+@pytest.mark.parametrize("tampered", [False, True])
+def test_half_precision_transformer_lens_tables_replaced_from_position_64_are_refused(tampered):
+    """Issue 54: the allowance 8·eps·(1+p) passed 1 from p ≈ 16 in bfloat16, and the float64 copy's tables were made
+    again, so tables replaced from position 64 on were never compared; they are held to their config per plane now."""
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", n_ctx=96,
+                   rotary_base=10000).to(torch.bfloat16)
+    if not tampered:
+        check = from_transformer_lens(model, device="cpu").source_check
+        assert check.rel_diff <= check.tolerance and check.own_ratio <= OWN_MARGIN
+        return
+    with refused(UnsupportedModel, r"rotary tables that are not its config's \(blocks.0.attn.rotary_sin/rotary_cos "
+                                   r"differ from the tables rotary_base, rotary_dim and its scaling give, by \S+ times "
+                                   r"their rounding at position \d+, plane \d\)"):
+        from_transformer_lens(_replaced_from(model, 64), device="cpu")
+
+
+@pytest.mark.parametrize("nudge", [0.0, 6.0])
+def test_float32_transformer_lens_tables_nudged_by_six_ulps_per_position_are_refused(nudge):
+    """Issue 54: tables nudged by 6·eps·(1+p) at 2,048 positions were accepted (8.7e-4 off on fresh tokens): low
+    frequency planes round far less than 8·eps·p. The untampered twin is accepted."""
+    model = hooked(positional_embedding_type="rotary", rotary_dim=4, normalization_type="RMS", n_ctx=2048,
+                   dtype=torch.float32, n_layers=1)
+    eps = torch.finfo(torch.float32).eps
+    with torch.no_grad():
+        for block in model.blocks:
+            step = nudge * eps * (1 + torch.arange(block.attn.rotary_sin.shape[0], dtype=torch.float32))[:, None]
+            block.attn.rotary_sin += step
+            block.attn.rotary_cos -= step
+    if not nudge:
+        check = from_transformer_lens(model, device="cpu").source_check
+        assert check.rel_diff <= check.tolerance
+        return
+    with refused(UnsupportedModel, r"rotary tables that are not its config's"):
+        from_transformer_lens(model, device="cpu")
+
+
+@pytest.mark.parametrize("tampered", [False, True])
+def test_a_half_precision_gptj_whose_sin_cos_table_is_replaced_from_position_64_is_refused(tampered):
+    """GPT-J keeps one sin/cos table per position (``embed_positions``), which the float64 copy makes again: a table
+    replaced from position 64 on in bfloat16 showed only in the source as held, 0.026 of the largest logit there (3
+    times bfloat16's rounding, within the bound); the table as held is held to the one its code makes, per plane."""
+    from tests.hf_zoo import build
+
+    hf = build("gptj", 0, dtype=torch.bfloat16, n_positions=96, rotary_dim=4)
+    if tampered:  # transformers 4 keeps a table in each attention, transformers 5 one in transformer.rotary_emb
+        for module in hf.modules():
+            table = getattr(module, "embed_positions", None)
+            if isinstance(table, torch.Tensor):
+                module.embed_positions = torch.cat([table[:64], table[64:].flip(0)])
+        with refused(UnsupportedModel, r"^from_hf: its sin/cos table \S+embed_positions is not the one its code makes: "
+                                       r"\S+ times its rounding in bfloat16 at position (6[4-9]|[7-9]\d), plane \d$"):
+            from_hf(hf, device="cpu")
+        return
+    check = from_hf(hf, device="cpu").source_check
+    assert check.rel_diff <= check.tolerance and check.own_ratio <= OWN_MARGIN
