@@ -33,9 +33,10 @@ from numeric_check.conversion.build import (
 )
 from numeric_check.model.circuit_model import CircuitModel
 from numeric_check.model.config import resolve_dtype
-from numeric_check.model.rotary import tables_given, tables_rounded_to
+from numeric_check.model.rotary import table_excess, tables_given, tables_rounded_to
 from numeric_check.conversion.options import check_tl_options
 from numeric_check.conversion.hf import check_hf, read_hf
+from numeric_check.conversion.own_rounding import HeldSource
 from numeric_check.conversion.source_calls import AsCalled, Call, additions, plain_calls
 from numeric_check.conversion.source_check import (
     changed_modules, check_against_source, fresh_on_meta, half_precision_reference, in_dtype, in_eval_mode, lowest_precision,
@@ -136,15 +137,20 @@ def check_transformer_lens(model: Any, ours: CircuitModel, tokens: Tensor | None
         fresh = fresh_on_meta(lambda: type(model)(cfg))
         return [] if fresh is None else changed_modules(model, fresh)
 
+    def as_held(source: Any, tokens: Tensor, first: bool) -> list[Tensor]:  # as a person calls it, and as checked
+        tokens = tokens.to(source.W_E.device)
+        return in_eval_mode(source, lambda: [source(tokens)] + ([source.run_with_cache(tokens)[0]] if first else []))
+
     dtype = model.W_E.dtype
     held = str(dtype).removeprefix("torch.")
     added, training, own, label, accepted = additions(model), model.training, None, "", None
     if dtype.itemsize == 2:  # half precision: a float64 (else float32) copy is the reference, its own rounding apart
-        probe = batches[0].to(model.W_E.device)
+        probe, source = batches[0].to(model.W_E.device), model
         ref = in_eval_mode(model, lambda: half_precision_reference(
             model, lambda source: source(probe), "from_transformer_lens", accept_source_precision, _exact_rotary_tables))
-        accepted = held if ref.own_rounding is None else None
-        model, dtype, own, label = ref.model, ref.precision, ref.own_rounding, ref.label
+        accepted = held if ref.copied_in is None else None
+        own = None if ref.copied_in is None else HeldSource(lambda t, first: as_held(source, t, first), dtype, ref.copied_in)
+        model, dtype, label = ref.model, ref.precision, ref.label
     name = f"HookedTransformer (TransformerLens, {held}{label})"
     if model.cfg.positional_embedding_type == "alibi" or model.cfg.num_experts:
         dtype = lowest_precision(dtype, torch.float32)  # its ALiBi bias and its routing softmax are float32 whatever its dtype
@@ -402,22 +408,26 @@ def _tl_rope_scaling(model: Any, cfg: Any) -> dict[str, Any]:
     """``rotary_inv_freq`` and ``rotary_factor`` as the model's config gives them (``rotary_base``, ``rotary_dim``,
     NTK-by-parts, YaRN, a scaling factor: its tables made again in float64 by its own code, each ``θ_f`` the angle
     at position 1, below π, the factor ``cos`` at position 0), or nothing when they are ``rotary_base``'s. Each
-    layer's tables as held are checked against them, every position, to the tables' own rounding (``eps`` of their
-    dtype times the angle there: float32 angles ``p·θ`` are rounded before the sine); tables that are not the
-    config's, or frequencies that differ between layers, are refused."""
+    layer's tables as held (half precision too) are checked against them, every position and plane, to the tables' own
+    rounding there (:func:`~numeric_check.model.rotary.table_allowance`: that of the angle ``p·θ_f`` and of the sine
+    in float32, and of the cast to the tables' dtype); tables that are not the config's, or frequencies that differ
+    between layers, are refused."""
     half, rot = cfg.rotary_dim // 2, cfg.rotary_dim
     first = torch.arange(half, device="cpu") * 2 if cfg.rotary_adjacent_pairs else torch.arange(half, device="cpu")  # one column per plane
     found = set()
     for i, block in enumerate(model.blocks):
         held_sin, held_cos = f64(block.attn.rotary_sin), f64(block.attn.rotary_cos)
         sin, cos = (f64(t) for t in _tables_in_float64(block.attn, cfg, held_sin.shape[0]))
-        eps = torch.finfo(block.attn.rotary_sin.dtype).eps
-        angle = torch.arange(held_sin.shape[0], dtype=torch.float64, device=held_sin.device)[:, None] * torch.atan2(sin[1], cos[1]).abs().max()
-        tol = 8 * eps * (1 + angle) * cos[0].abs().max().clamp(min=1.0)
-        off = float(((held_sin - sin).abs() - tol).max().clamp(min=0) + ((held_cos - cos).abs() - tol).max().clamp(min=0))
-        if off > 0:
+        theta = torch.atan2(sin[1], cos[1]).abs()  # θ_f of each column, the angle at position 1
+        angles = torch.arange(held_sin.shape[0], dtype=torch.float64, device="cpu")[:, None] * theta
+        scale, dtype = float(cos[0].abs().max().clamp(min=1.0)), block.attn.rotary_sin.dtype
+        worst, position, column = max(table_excess(held, exact, angles, dtype, scale)
+                                      for held, exact in ((held_sin, sin), (held_cos, cos)))
+        if worst > 1:
+            plane = column // 2 if cfg.rotary_adjacent_pairs else column % half
             raise unsupported(f"rotary tables that are not its config's (blocks.{i}.attn.rotary_sin/rotary_cos differ from "
-                              "the tables rotary_base, rotary_dim and its scaling give)", "the TransformerLens model")
+                              f"the tables rotary_base, rotary_dim and its scaling give, by {worst:.2g} times "
+                              f"their rounding at position {position}, plane {plane})", "the TransformerLens model")
         found.add((tuple(torch.atan2(sin[1, first], cos[1, first]).tolist()), float(cos[0, first].mean())))
     if len(found) > 1:
         raise unsupported("rotary frequencies that differ between layers (rope scaling on some layers only)",

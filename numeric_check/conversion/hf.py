@@ -28,9 +28,11 @@ from torch import Tensor
 from numeric_check.errors import UnsupportedModel, WeightError
 from numeric_check.conversion.build import build, on_one_device
 from numeric_check.model.circuit_model import CircuitModel
+from numeric_check.model.rotary import table_excess
 from numeric_check.conversion.options import check_hf_options
 from numeric_check.conversion.readers import BY_CLASS, decoder, not_read
-from numeric_check.conversion.source_calls import AsCalled, Call, additions, plain_calls
+from numeric_check.conversion.own_rounding import HeldSource
+from numeric_check.conversion.source_calls import AsCalled, Call, additions, logits_of, plain_calls
 from numeric_check.conversion.source_check import (
     changed_modules,
     check_against_source,
@@ -107,8 +109,8 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
     one (:func:`~numeric_check.conversion.source_check.half_precision_reference`): the conversion is held to that
     precision's tolerance (Hugging Face's own float32 round trips set it), so a half-precision model that is not
     what its weights say is refused like a float64 one; how far the source as held is from its copy (its own
-    rounding) is measured on the first probe and stated apart. One that runs as neither copy (a hook holding a
-    bfloat16 tensor, a ``forward`` replaced on the instance, a copy too large) is refused unless
+    rounding) is measured on every probe, bounded (:mod:`~numeric_check.conversion.own_rounding`) and stated apart.
+    One that runs as neither copy (a hook holding a bfloat16 tensor, a ``forward`` replaced on the instance, a copy too large) is refused unless
     ``accept_source_precision``: then it is compared as it is, at its own precision, which its source line names. A
     float32 source is compared as it is: its rounding (~1e-7 of the largest logit) hides nothing the check is for.
     ``also``: more calls held to the same tolerance (a TransformerLens 4 bridge's own forward); ``who`` names the
@@ -134,13 +136,19 @@ def check_hf(model: Any, ours: CircuitModel, tokens: Tensor | None = None, *, ac
         fresh = fresh_on_meta(lambda: type(model)(model.config))
         return [] if fresh is None else changed_modules(model, fresh)
 
+    def as_held(tokens: Tensor, first: bool) -> list[Tensor]:  # as a person calls it; on the first probe as checked too
+        out = [logits_of(_plain(model, family, tokens.to(device)))]
+        return out + [runner(model)(tokens)[0]] if first else out
+
     held = str(dtype).removeprefix("torch.")
     added, training = additions(model), model.training  # before the check puts it in eval mode and hooks its blocks
     reference, own, label, precision = model, None, "", lowest_precision(dtype, torch.float32)
     if dtype.itemsize == 2:  # half precision: its own rounding would hide a wrong conversion of a few per cent
         ref = in_eval_mode(model, lambda: half_precision_reference(
-            model, lambda source: runner(source)(batches[0])[0], who, accept_source_precision, _tables_made_again))
-        reference, own, label = ref.model, ref.own_rounding, ref.label
+            model, lambda source: runner(source)(batches[0])[0], who, accept_source_precision,
+            lambda copied: _tables_made_again(copied, dtype)))
+        reference, label = ref.model, ref.label
+        own = None if ref.copied_in is None else HeldSource(as_held, dtype, ref.copied_in)
         # its norms, rotary and softmax round through float32 whatever it is held in
         precision = lowest_precision(ref.precision, torch.float32)
     name = f"{type(model).__name__} ({library}, {held}{label})"
@@ -206,18 +214,34 @@ def block_inputs(source: Any, n_layers: int):
         seen.clear()
 
 
-def _tables_made_again(copied: Any) -> Any:
+def _tables_made_again(copied: Any, held: torch.dtype) -> Any:
     """A float64 (or float32) copy whose sin/cos tables (GPT-J's and CodeGen's ``embed_positions``, a table per position that a
     half-precision cast rounds position by position: no frequency gives them, the rounding is the source's own)
-    are made again by its own code; a table it cannot make again is left as the cast left it."""
+    are made again by its own code; a table it cannot make again is left as the cast left it. The table as held (in
+    ``held``, the copy has it before it is made again) is held to the one its code makes, entry by entry, to its own
+    rounding (:func:`~numeric_check.model.rotary.table_excess`): one that is not is refused by name."""
     if copied is None:
         return None
-    for module in copied.modules():
+    for name, module in copied.named_modules():
         table = getattr(module, "embed_positions", None)
         make = getattr(sys.modules.get(type(module).__module__), "create_sinusoidal_positions", None)
         if isinstance(table, Tensor) and callable(make) and hasattr(module, "pos_embd_dim"):
-            module.embed_positions = make(module.max_positions, module.pos_embd_dim).to(table.device, table.dtype)
+            made = make(module.max_positions, module.pos_embd_dim).to(table.device, torch.float64)
+            _refuse_other_table(table.to(torch.float64), made, held, f"{name}.embed_positions")
+            module.embed_positions = made.to(table.dtype)
     return copied
+
+
+def _refuse_other_table(table: Tensor, made: Tensor, held: torch.dtype, where: str) -> None:
+    """A ``[pos, sin | cos]`` table held in ``held`` that differs from the one its code ``made`` past its own rounding
+    (each plane's angle ``θ_f`` read at position 1) is refused by name."""
+    half = made.shape[1] // 2
+    angles = torch.arange(made.shape[0], dtype=torch.float64, device=made.device)[:, None] * torch.atan2(
+        made[1, :half], made[1, half:]).abs().repeat(2)
+    worst, position, column = table_excess(table.cpu(), made.cpu(), angles.cpu(), held)
+    if worst > 1:
+        raise UnsupportedModel(f"from_hf: its sin/cos table {where} is not the one its code makes: {worst:.2g} times its "
+                               f"rounding in {str(held).removeprefix('torch.')} at position {position}, plane {column % half}")
 
 
 def _refuse_bad_weights(model: Any, source: str) -> None:

@@ -83,18 +83,18 @@ def plain_calls(source: Any, call: Callable[[Tensor], Any], how: str, held_train
 
     def plain(tokens: Tensor) -> Tensor:
         with torch.no_grad():
-            return _logits(call(tokens))
+            return logits_of(call(tokens))
 
     def with_grad(tokens: Tensor) -> Tensor:
         with torch.enable_grad():
-            return _logits(call(tokens)).detach()
+            return logits_of(call(tokens)).detach()
 
     def training(tokens: Tensor) -> Tensor | None:
         was = source.training
         source.train()
         try:
             with torch.random.fork_rng(devices=[]), torch.enable_grad():  # the caller's random state is left as it was
-                first, second = (_logits(call(tokens)).detach() for _ in range(2))
+                first, second = (logits_of(call(tokens)).detach() for _ in range(2))
         finally:
             source.train(was)
         if not torch.equal(first, second):
@@ -108,7 +108,7 @@ def plain_calls(source: Any, call: Callable[[Tensor], Any], how: str, held_train
     return calls, notes
 
 
-def _logits(out: Any) -> Tensor:
+def logits_of(out: Any) -> Tensor:
     """The logits of a call's output: ``out.logits``, the first entry of a tuple (``return_dict=False``), or ``out``."""
     if isinstance(out, Tensor):
         return out

@@ -23,9 +23,11 @@ to 4e-6 (Gemma, 3 layers) of the largest logit, where the float32 rounding of th
 1e-6 — while the wrong conversions this check exists for differ by 1e-3 to 1.
 
 A source held in half precision is compared as a copy of itself in float64, else in float32
-(:func:`half_precision_reference`), with that copy's tolerance and its own rounding stated apart; one that runs
-as neither is refused (:class:`~numeric_check.errors.SourcePrecisionError`) unless the caller accepts its
-precision (``accept_source_precision=True``), which its source line then names.
+(:func:`half_precision_reference`), with that copy's tolerance and its own rounding stated apart, measured on
+every probe and position and bounded by the conversion's own rounding in that dtype
+(:mod:`numeric_check.conversion.own_rounding`); one that runs as neither is refused
+(:class:`~numeric_check.errors.SourcePrecisionError`) unless the caller accepts its precision
+(``accept_source_precision=True``), which its source line then names.
 
 When they disagree, :class:`~numeric_check.errors.SourceMismatch` says in one line by how much, against
 what tolerance, and the first block that differs; its ``detail`` (``--explain`` on the command line) says
@@ -50,6 +52,7 @@ from torch import Tensor
 from numeric_check.errors import ModelInputError, SourceMismatch, SourcePrecisionError
 from numeric_check.model.hooks import block_hook
 from numeric_check.model.rotary import tables_rounded_to
+from numeric_check.conversion.own_rounding import HeldSource, OwnRounding, bounded, relative
 from numeric_check.conversion.source_calls import AsCalled
 
 PROBE_LENGTH = 64  # positions of each probe sequence at most (the source's context caps it)
@@ -107,16 +110,35 @@ class Tolerance:
         """The tolerance on ``tokens``; ``exact``: ``ours``' logits on them when ``ours`` is float64 (not run again)."""
         if self.precision == torch.float64:
             return FLOAT64_TOLERANCE
-        fixed = UNMEASURED_TOLERANCE.get(self.precision, HALF_TOLERANCE)
+        rounding = self.rounding(tokens, exact, self.precision)
+        if rounding is None:
+            return UNMEASURED_TOLERANCE.get(self.precision, HALF_TOLERANCE)
+        return max(FLOAT64_TOLERANCE, MARGIN * rounding) if rounding == rounding else HALF_TOLERANCE
+
+    def rounding(self, tokens: Tensor, exact: Tensor | None, dtype: torch.dtype) -> float | None:
+        """``ours`` run in ``dtype`` against ``ours`` in float64 on ``tokens`` (``exact``: its float64 logits there when
+        ``ours`` is float64), relative to the largest logit; ``None`` where ``dtype`` cannot run on the device."""
         try:
             with torch.no_grad():
                 tokens = tokens.to(self.ours.device)
                 exact = exact if exact is not None and self.ours.dtype == torch.float64 else self._copy(torch.float64)(tokens)
-                rounded = self._copy(self.precision)(tokens)
-            rounding = relative(rounded, exact)
+                return relative(self._copy(dtype)(tokens), exact)
         except (RuntimeError, NotImplementedError):  # a half-precision kernel missing on this device
-            return fixed
-        return max(FLOAT64_TOLERANCE, MARGIN * rounding) if rounding == rounding else HALF_TOLERANCE
+            return None
+
+
+def _as_made(tolerance: Tolerance, source_tables: Callable[[], Any] | None) -> Callable[..., float | None]:
+    """The conversion's own rounding in a dtype on tokens (:meth:`Tolerance.rounding`), the larger of it with exact
+    position tables and with tables made as the source makes them (``source_tables``, where it has tables: BLOOM adds
+    ALiBi's bias of key ``j``, large far into the context, in the model's dtype)."""
+    def rounding(tokens: Tensor, exact: Tensor, dtype: torch.dtype) -> float | None:
+        plain = tolerance.rounding(tokens, exact, dtype)
+        if source_tables is None or plain is None:
+            return plain
+        with source_tables():
+            made = tolerance.rounding(tokens, exact, dtype)
+        return plain if made is None else max(plain, made)
+    return rounding
 
 
 def has_tables(ours: Any) -> bool:
@@ -144,8 +166,9 @@ class SourceCheck:
     tolerance: float
     n_sequences: int
     n_tokens: int
-    #: a source held in half precision is compared as a float64 (else float32) copy of itself; this is how far
-    #: the source as held (bfloat16, float16) is from that copy: its own rounding, stated apart
+    #: a source held in half precision is compared as a float64 (else float32) copy of itself; this is how far the
+    #: source as held (bfloat16, float16) is from that copy, the largest over every probe and position: its own
+    #: rounding, stated apart and bounded (:mod:`~numeric_check.conversion.own_rounding`)
     source_rounding: float | None = None
     held_in: str | None = None  # the source's own precision then ("bfloat16")
     #: the conversion is checked in float64; wanted in another dtype, it is the float64 conversion cast, and this is
@@ -167,6 +190,9 @@ class SourceCheck:
     called: str | None = None  # how a plain call of the source was not compared, in words (dropout in training mode)
     #: a half-precision source compared at its own precision, as the caller accepted (``accept_source_precision``)
     accepted_at: str | None = None
+    #: the source's own rounding over the conversion's own rounding in its dtype, the largest over the probes (at most
+    #: :data:`~numeric_check.conversion.own_rounding.OWN_MARGIN`); None where that cannot be measured here
+    own_ratio: float | None = None
 
     def describe(self) -> str:
         """``converted from LlamaForCausalLM (Hugging Face, float64): logits equal to the source within 3e-16 …``"""
@@ -175,7 +201,7 @@ class SourceCheck:
         own = ""
         if self.source_rounding is not None:
             own = (f"; the source as held in {self.held_in} differs from its {self.copied_in or 'float64'} copy by "
-                   f"{self.source_rounding:.2g} (its own rounding, not the conversion's)")
+                   f"{self.source_rounding:.2g} {bounded(self.held_in, self.own_ratio)}")
         if self.tables_rounding is not None:
             own += (f"; compared on position tables made in float32 as the source makes them, which take the logits "
                     f"{self.tables_rounding:.2g} from exact ones (the source's rounding, not the conversion's)")
@@ -268,19 +294,22 @@ RunSource = Callable[[Tensor], tuple[Tensor, list[Tensor] | None]]
 
 def check_against_source(ours: Any, run_source: RunSource, name: str, precision: torch.dtype,
                          token_batches: list[Tensor], suspects: Callable[[], list[str]], who: str,
-                         own_rounding: tuple[float, str, str] | None = None,
+                         held: HeldSource | None = None,
                          source_tables: Callable[[], Any] = lambda: tables_rounded_to(torch.float32),
                          as_called: AsCalled | None = None) -> SourceCheck:
     """Run ``ours`` and the source on each batch of ``token_batches``; a :class:`SourceCheck` when
     their logits agree to :func:`measured_tolerance` at ``precision`` (the lowest precision the
     source computes in), else :class:`SourceMismatch` (``who`` names the conversion in its one line;
     ``suspects`` lists, in its ``detail``, what the model may use that it does not read).
-    ``own_rounding``: ``(how far the source as held is from the copy run here, its precision, the copy's)``, recorded apart
-    (:func:`half_precision_reference`). ``source_tables``: a context in which ``ours`` makes its position tables as
-    the source does (Hugging Face's float32 angles by default), tried where the exact comparison fails. ``as_called``:
+    ``held``: the source as held in half precision, where the source run here is a copy of it
+    (:func:`half_precision_reference`): its own rounding is measured on every probe and bounded
+    (:class:`~numeric_check.conversion.own_rounding.OwnRounding`), recorded apart. ``source_tables``: a context in
+    which ``ours`` makes its position tables as the source does (Hugging Face's float32 angles by default), tried
+    where the exact comparison fails. ``as_called``:
     the other ways a person calls the source (:mod:`numeric_check.conversion.source_calls`), each held to the same
     tolerance, and what was added to it, named in the result whether it passes or not."""
     tolerance = Tolerance(ours, lowest_precision(precision, ours.dtype))
+    own = None if held is None else OwnRounding(held, _as_made(tolerance, source_tables if has_tables(ours) else None))
     worst_abs, worst_rel, worst_tol, n_seq, n_tok, tables = 0.0, 0.0, 0.0, 0, 0, None
     for index, tokens in enumerate(token_batches):
         with torch.no_grad():
@@ -314,10 +343,13 @@ def check_against_source(ours: Any, run_source: RunSource, name: str, precision:
                                                                if as_called is not None and as_called.added else ""))
         if as_called is not None:
             rel = max(rel, as_called.compare(tokens, index == 0, logits, tol, who, name))
+        if own is not None:
+            own.measure(tokens, index == 0, theirs, logits, who, name, as_called.added if as_called else [])
         worst_abs, worst_rel, worst_tol = max(worst_abs, diff), max(worst_rel, rel), max(worst_tol, tol)
         n_seq, n_tok = n_seq + tokens.shape[0], n_tok + tokens.numel()
-    rounding, held_in, copied_in = own_rounding if own_rounding is not None else (None, None, None)
+    rounding, held_in, copied_in = (None, None, None) if own is None else (own.worst, _name(held.held), _name(held.copied_in))
     return SourceCheck(name, worst_abs, worst_rel, worst_tol, n_seq, n_tok, rounding, held_in, copied_in=copied_in,
+                       own_ratio=None if own is None else own.ratio,
                        positions=max(t.shape[-1] for t in token_batches), n_ctx=ours.cfg.n_ctx, tables_rounding=tables,
                        added=tuple(as_called.added) if as_called else (),
                        called="; ".join(dict.fromkeys(as_called.notes)) or None if as_called else None)
@@ -351,12 +383,13 @@ def in_dtype(exact: Any, dtype: Any) -> Any:
 @dataclass(frozen=True)
 class Reference:
     """What the conversion of a half-precision source is compared with: ``model`` (a copy of the source, or the
-    source as held), the ``precision`` it computes in, the source's own rounding against it (``None`` when it is
-    the source itself), and what the source's name adds (``", run as a float64 copy"``)."""
+    source as held), the ``precision`` it computes in, whether it is a copy (``None`` when it is the source itself,
+    else its precision: the source's own rounding is measured against it), and what the source's name adds
+    (``", run as a float64 copy"``)."""
 
     model: Any
     precision: torch.dtype
-    own_rounding: tuple[float, str, str] | None
+    copied_in: torch.dtype | None
     label: str
 
 
@@ -380,19 +413,19 @@ def half_precision_reference(model: Any, run: Callable[[Any], Tensor], who: str,
         copied.eval()
         try:
             with torch.no_grad():
-                exact = run(copied)
+                run(copied)
         except Exception as error:  # noqa: BLE001 - a hook or kernel that holds or wants the source's dtype
             failed[dtype] = f"fails to run ({type(error).__name__})"
             continue
-        try:  # the source's own rounding, stated apart
+        try:  # the source runs as it is held too (its own rounding is measured on every probe, and bounded)
             with torch.no_grad():
-                as_held = run(model)
+                run(model)
         except Exception as error:  # noqa: BLE001 - the model itself cannot run as it is held (transformers 4's CTRL
             raise SourceMismatch(  # in bfloat16: a float32 table beside bfloat16 weights), though its copy does
                 f"{who}: the source ({type(model).__name__}, {held_name}) fails to run on the probe tokens "
                 f"({type(error).__name__}: {' '.join(str(error).split())[:120]}), so the conversion cannot be checked "
                 "against it and is refused") from None
-        return Reference(copied, dtype, (relative(as_held, exact), held_name, _name(dtype)), f", run as a {_name(dtype)} copy")
+        return Reference(copied, dtype, dtype, f", run as a {_name(dtype)} copy")
     why = _why_not_copied(failed)
     if accept:
         return Reference(model, held, None, f", compared at its own precision {held_name}, as accepted: {why}")
@@ -438,12 +471,6 @@ def _too_large(model: Any, dtype: torch.dtype = torch.float64) -> bool:
     """Whether ``model``'s copy in ``dtype`` (parameters and buffers) would pass :data:`MEASURE_BYTES`."""
     n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
     return n * dtype.itemsize > MEASURE_BYTES
-
-
-def relative(a: Tensor, b: Tensor) -> float:
-    """``max |a − b| / max |b|`` in float64 on the CPU."""
-    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
-    return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-300)
 
 
 def _parting(cache: dict[str, Tensor], streams: list[Tensor] | None, ours: Any, tol: float) -> tuple[str, str]:

@@ -142,6 +142,8 @@ def alibi_bias(slopes: Tensor, n_pos: int, rounding: str | None = None, divisor:
         return slopes[:, None, None] * (i[None, None, :] - i[None, :, None])
     key = slopes.to(getattr(torch, rounding))[:, None] * torch.arange(n_pos, device=slopes.device)  # as Falcon: in that dtype
     key = key.to(slopes.dtype) / divisor
+    if tables_dtype() is not None:  # as the source adds it (BLOOM: b_h(j) alone, large far into the context, rounds so)
+        return key[:, None, :].expand(-1, n_pos, -1)
     return key[:, None, :] - key[:, :, None]
 
 

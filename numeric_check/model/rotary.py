@@ -102,3 +102,39 @@ def rotate(x: Tensor, rot_dims: int, style: str, base: float, inv_freq=None, fac
     out[..., a] = xa * cos - xb * sin
     out[..., b] = xb * cos + xa * sin
     return out
+
+
+#: how many units in the last place, of the angle ``p · θ_f`` and of the sine, a rotary table's entry may be off its exact
+#: value before the cast to the table's dtype: TransformerLens and Hugging Face make ``θ_f`` and ``p · θ_f`` in float32
+#: (float64 for a float64 table) with two or three roundings, then sin/cos there; measured on TransformerLens' tables
+#: (plain, adjacent pairs, NTK-by-parts, YaRN, linear scaling; 4 to 64 rotary dimensions, 4,096 positions, float32,
+#: bfloat16 and float16) the most is 1.34, so this is three times that
+TABLE_ULPS = 4
+
+
+def table_allowance(angles: Tensor, exact: Tensor, dtype: torch.dtype, scale: float = 1.0) -> Tensor:
+    """How far each entry of a rotary table held in ``dtype`` may be from its exact value ``exact`` (the sine or cosine
+    of ``angles``, ``p · θ_f`` per position and plane, times ``scale``) by its own rounding: :data:`TABLE_ULPS` units of
+    the precision it is computed in (float32, or float64 for a float64 table) of the angle and of the sine, times
+    ``scale``, and the cast to ``dtype`` (``eps`` of ``dtype`` times the value, twice half an ulp).
+
+    >>> allowed = table_allowance(torch.tensor([[0.0], [1000.0]]), torch.tensor([[1.0], [0.56]]), torch.float32)
+    >>> [f"{a:.2g}" for a in allowed[:, 0].tolist()]
+    ['6e-07', '0.00048']
+    """
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    return TABLE_ULPS * torch.finfo(compute).eps * scale * (1 + angles.abs()) + torch.finfo(dtype).eps * exact.abs()
+
+
+def table_excess(held: Tensor, exact: Tensor, angles: Tensor, dtype: torch.dtype, scale: float = 1.0) -> tuple[float, int, int]:
+    """How far a rotary table ``held`` (in ``dtype``, read into float64) is from ``exact`` in units of its own rounding
+    (:func:`table_allowance`, ``angles`` per entry): the largest ratio, and the position and column where it is.
+
+    >>> exact = torch.tensor([[0.0, 1.0], [0.84, 0.54]], dtype=torch.float64)
+    >>> table_excess(exact + torch.tensor([[0.0, 0.0], [0.0, 0.01]]), exact, torch.tensor([[0.0], [1.0]]).expand(2, 2),
+    ...              torch.bfloat16)
+    (2.3..., 1, 1)
+    """
+    off = (held - exact).abs() / table_allowance(angles, exact, dtype, scale)
+    position, column = divmod(int(off.argmax()), off.shape[1])
+    return float(off.max()), position, column
