@@ -232,7 +232,8 @@ def test_max_terms_zero_is_the_summary_only_and_all_is_every_term(name, argv, ca
     assert ("tok→L0H0" in every) and ("tok→L0H0" not in summary)
 
 
-def test_max_terms_in_derive_reads_all_and_its_old_zero(capsys):
+def test_max_terms_in_derive_reads_all_and_its_old_zero(capsys, monkeypatch):
+    monkeypatch.setattr("derivations.vocabulary._noted", set())  # the note is said once a process: not yet here
     assert main(["derive", "two-layer-logits", "--max-terms", "all"]) == 0
     every = capsys.readouterr().out
     assert main(["derive", "two-layer-logits", "--max-terms", "0"]) == 0

@@ -277,7 +277,7 @@ def test_a_report_folder_is_checked_before_the_analysis(tmp_path):
 @pytest.mark.parametrize("argv, fragment", [
     (["demo", "--seed", "18446744073709551616"], "argument --seed: expected an integer in 0..9223372036854775807"),
     (["demo", "--batch-size", "100000000"], "argument --batch-size: expected an integer in 1..1024"),
-    (["demo", "--max-terms", "-1"], "argument --max-terms: expected an integer >= 0"),
+    (["demo", "--max-terms", "-1"], "argument --max-terms: expected a number of terms (0 or more) or 'all'"),
     (["analyze", "--seed", "18446744073709551616", "--out", "x"], "argument --seed: expected an integer in 0.."),
     (["analyze", "--sequences", "100000000", "--out", "REPORT"], "--sequences 100,000,000 would need"),
     (["analyze", "--threads", "100000", "--out", "x"], "argument --threads: expected an integer in 1.."),
