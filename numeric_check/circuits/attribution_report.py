@@ -174,9 +174,9 @@ class Attribution:
         extra = [self._remainder_row()] if self.n_omitted else []
         widths = [max(len(r[i]) for r in [header] + rows) for i in range(6)]
         table = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-                 for r in [header] + rows]
+                 for r in [header] + rows] if rows or not self.terms else []  # --max-terms 0: no empty table
         if top is not None and len(self.terms) > top:
-            table.append(f"… {len(self.terms) - top:,} more terms")
+            table.append(f"… {len(self.terms) - top:,} more terms" if rows else f"({len(self.terms):,} terms not listed)")
         table += [f"{'':>{widths[0]}}  {r[1]}: {r[3]}" for r in extra]
         lines = self.summary_lines("text")
         return "\n".join(lines + [""] + table + ["", "PASSED" if self.passed else "FAILED"])
