@@ -149,7 +149,7 @@ def test_verify_sizes_a_fresh_shape_and_reports_a_coefficient_without_a_value():
     assert d.verify().ok
     bindings = RandomBindings(Numeric(dims={"q_dim": 7}), np.random.default_rng(0))
     assert bindings.size(k) == 7 and 2 <= RandomBindings(Numeric(), np.random.default_rng(0)).size(k) <= 4
-    with pytest.raises(DerivationError, match="no numeric value for 2\*c; give its sizes in Numeric\\(dims"):
+    with pytest.raises(DerivationError, match=r"no numeric value for 2\*c; give its sizes in Numeric\(dims"):
         bindings.number(sp.Symbol("c") * 2)
 
 
