@@ -84,7 +84,7 @@ examples:
 
 def register_train_toy(subparsers) -> None:
     """Add ``train-toy`` to the ``tcircuits`` parser."""
-    from numeric_check.training.config import TrainConfig  # torch-free: --help stays fast
+    from numeric_check.training.config import POS_INITS, TrainConfig  # torch-free: --help stays fast
 
     d = TrainConfig()
     p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
@@ -147,6 +147,10 @@ def register_train_toy(subparsers) -> None:
                         f"{d.decay_steps}; 0: constant to the end)")
     p.add_argument("--weight-decay", type=finite_float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay})")
     p.add_argument("--init-std", type=finite_float, default=d.init_std, help=f"std of the initial weights (default {d.init_std})")
+    p.add_argument("--pos-init", default=d.pos_init, choices=POS_INITS,
+                   help="how the positional embedding starts: drawn like the other weights (normal), or the sines and "
+                        "cosines of Vaswani et al. at 10 × --init-std, from which a previous-token head forms in a "
+                        f"fraction of the steps (sinusoidal); learnt either way (default {d.pos_init})")
     p.add_argument("--seed", type=seed, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
     add_runtime_arguments(p, device_help="auto (the default: CUDA when present, else the CPU), cpu, cuda or cuda:N; "
                           "the shipped weights are rebuilt bit for bit on the CPU")
@@ -203,6 +207,7 @@ def _run_train_toy(args) -> int:
         weight_decay=args.weight_decay,
         seed=args.seed,
         init_std=args.init_std,
+        pos_init=args.pos_init,
         text_sha256=None if data is None else data.sha256,
         copy_share=(TEXT_COPY_SHARE if args.copy_share is None else args.copy_share) if data is not None else 0.0,
     )

@@ -20,7 +20,7 @@ MAX_REPEATS = 1000  # repeats per sequence: far more than a toy context holds
 # fields added after records were first written, at the values those runs used
 LEGACY_FIELDS = {"warmup_steps": 0, "decay_steps": 0, "bigram_successors": 0, "skip_trigrams": 0,
                  "train_last_position": False, "text_sha256": None, "copy_share": 0.0,
-                 "attention_kernel": "einsum"}
+                 "attention_kernel": "einsum", "pos_init": "normal"}
 #: Training on text: lines per block of the held-out split, and which block is held out (every HELDOUT_EVERY-th).
 BLOCK_LINES, HELDOUT_EVERY = 100, 20
 #: Snapshots kept by ``train-toy --text-file`` unless ``--snapshots`` says otherwise (:mod:`numeric_check.training.history`).
@@ -28,6 +28,9 @@ DEFAULT_SNAPSHOTS = 32
 #: How training computes attention: ``"sdpa"`` torch's fused causal kernel (the pattern never formed; 4 to 6x faster
 #: at 512 positions on a CPU), ``"einsum"`` scores and pattern as analysis forms them (every run before 2026-12-06).
 ATTENTION_KERNELS = ("sdpa", "einsum")
+#: How the positional embedding starts: ``"normal"`` drawn like the other weights, ``"sinusoidal"`` the sines and cosines
+#: of Vaswani et al. (2017), still learnt (:func:`~numeric_check.training.toy.sinusoidal_positions`).
+POS_INITS = ("normal", "sinusoidal")
 MAX_ACTIVATIONS = 2**28  # batch × n_ctx × the widest activation (logits, or q, k and v): 1 GiB in float32
 
 
@@ -110,6 +113,7 @@ class TrainConfig:
     text_sha256: str | None = None
     copy_share: float = 0.0
     attention_kernel: str = "sdpa"
+    pos_init: str = "normal"
 
     def __post_init__(self) -> None:
         if self.text_sha256 is not None:  # real text: no planted structure, every position trained
@@ -161,6 +165,11 @@ class TrainConfig:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise TrainConfigError(f"unknown attention_kernel {self.attention_kernel!r}; expected one of "
                                    + ", ".join(repr(k) for k in ATTENTION_KERNELS))
+        if self.pos_init not in POS_INITS:
+            raise TrainConfigError(f"unknown pos_init {self.pos_init!r}; expected one of " + ", ".join(map(repr, POS_INITS)))
+        if self.pos_init != "normal" and self.positional == "none":
+            raise TrainConfigError(f"pos_init {self.pos_init!r} starts a positional embedding, and positional is 'none'; "
+                                   "use positional 'qk_only' or 'standard'")
         if self.positional not in POSITIONAL_KINDS:
             raise TrainConfigError(
                 f"unknown positional kind {self.positional!r}; expected one of "

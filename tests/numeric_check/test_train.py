@@ -136,6 +136,8 @@ def test_seeded_determinism():
         (dict(warmup_steps=-1), "warmup_steps must be an int >= 0, got -1"),
         (dict(steps=10, warmup_steps=6, decay_steps=5), "warmup_steps=6 and decay_steps=5 add up to more than steps=10"),
         (dict(attention_kernel="flash"), "unknown attention_kernel 'flash'; expected one of 'sdpa', 'einsum'"),
+        (dict(pos_init="rotary"), "unknown pos_init 'rotary'; expected one of 'normal', 'sinusoidal'"),
+        (dict(pos_init="sinusoidal", positional="none"), "positional is 'none'; use positional 'qk_only' or 'standard'"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_numbers(kwargs, message):
@@ -162,6 +164,31 @@ def test_records_from_before_the_fused_kernel_train_with_the_einsum():
     old = {k: v for k, v in TrainConfig(**TINY).to_dict().items() if k != "attention_kernel"}
     assert TrainConfig.from_dict(old).attention_kernel == "einsum"
     assert TrainConfig(**TINY).attention_kernel == "sdpa"
+
+
+def test_records_from_before_pos_init_started_positions_normal():
+    old = {k: v for k, v in TrainConfig(**TINY).to_dict().items() if k != "pos_init"}
+    assert TrainConfig.from_dict(old).pos_init == "normal"
+
+
+def test_a_sinusoidal_start_is_one_rotation_from_each_position_to_the_next_and_is_learnt():
+    """``W_pos`` from ``sinusoidal_positions``: of the asked size, the same rotation R maps every position's column to
+    the next one's (what lets one W_QK attend one token back everywhere), and training moves it like any weight."""
+    from numeric_check.training.toy import build_model, sinusoidal_positions
+
+    table = sinusoidal_positions(10, 40, rms=0.2).double()
+    assert table.shape == (10, 40) and abs(float(table.pow(2).mean().sqrt()) - 0.2) < 1e-6
+    earlier, later = table[:, :-1], table[:, 1:]
+    rotation = later @ torch.linalg.pinv(earlier)
+    torch.testing.assert_close(rotation @ earlier, later, atol=1e-6, rtol=0)  # the table is float32
+    assert float((table[:, :, None] - table[:, None, :]).abs().amax(0).fill_diagonal_(1).min()) > 1e-3  # all distinct
+
+    config = TrainConfig(**{**TINY, "pos_init": "sinusoidal", "steps": 5})
+    start = build_model(config).W_pos.detach().clone()
+    torch.testing.assert_close(start, sinusoidal_positions(config.d_model, config.n_ctx, 10 * config.init_std))
+    assert not torch.equal(build_model(TrainConfig(**TINY)).W_pos, start)
+    trained, _ = train_toy(config)
+    assert not torch.equal(trained.W_pos.detach(), start)
 
 
 def test_the_fused_kernel_trains_as_the_einsum_does_and_is_off_in_what_is_returned():
