@@ -54,7 +54,7 @@ def repeat_losses(model, *, kind: str = "uniform", seg_len: int | None = None, b
                   counts: torch.Tensor | None = None, frequent: int = FREQUENT) -> RepeatLoss:
     """:class:`RepeatLoss` of ``model`` on ``batch`` sequences of ``seg_len`` random tokens (default: half the
     context, at most 256) followed by the same tokens again. ``kind="frequent"`` draws them from the ``frequent``
-    most frequent tokens by ``counts`` (``[d_vocab]``, how often each occurs in a text). The first copy's loss
+    most frequent tokens by ``counts`` (``[d_vocab]``, how often each occurs in a text) that occur at all. The first copy's loss
     leaves out its first token (nothing precedes it); the second's covers every token of the copy but the
     first, which the first copy's last token cannot predict either."""
     if kind not in KINDS:
@@ -71,7 +71,11 @@ def repeat_losses(model, *, kind: str = "uniform", seg_len: int | None = None, b
     else:
         if counts is None or counts.shape != (d_vocab,):
             raise AnalysisError(f"frequent random tokens need counts of the model's {d_vocab:,} tokens in a text")
-        pool = counts.cpu().topk(min(frequent, d_vocab)).indices
+        top = counts.cpu().topk(min(frequent, d_vocab))
+        pool = top.indices[top.values > 0]  # a small vocabulary's bytes the text never holds are not "frequent"
+        if len(pool) < 2:
+            raise AnalysisError(f"the text holds {len(pool)} of the model's {d_vocab:,} tokens; frequent random tokens "
+                                "need at least 2 that occur")
         first = pool[torch.randint(0, len(pool), (batch, seg_len), generator=generator)]
     tokens = torch.cat([first, first], dim=1).to(model.device)
     logits = model(tokens)  # [batch, 2 · seg_len, d_vocab]

@@ -35,6 +35,11 @@ def test_frequent_tokens_come_from_the_counts_given():
     assert (few.kind, few.seg_len, few.batch) == ("frequent", 6, 8)
     assert few.first != uniform.first  # other tokens
     assert "8 sequences of 6 frequent random tokens repeated once" in few.describe()
+    # a vocabulary larger than the text (a byte-level BPE's unused bytes): only tokens that occur are drawn
+    assert repeat_losses(model, kind="frequent", counts=counts, frequent=50, batch=8, seg_len=6) == few
+    counts[[3, 5]] = 0
+    with pytest.raises(AnalysisError, match="the text holds 1 of the model's 128 tokens; frequent random tokens need"):
+        repeat_losses(model, kind="frequent", counts=counts, batch=8, seg_len=6)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
