@@ -29,6 +29,17 @@
 # 4,514 s of one thread (record: text_sha256 8f87f9ef…, trained_on cpu AMD EPYC); no induction head formed either
 # (docs/how-to/train-on-text.md).
 #
+# The third try (2026-12-07, commit 22386d2): the Bible alone, a BPE of 512 tokens (1.65 M training tokens, read 16 times), the
+# positional embedding started from sines and cosines (--pos-init sinusoidal: the two runs above never formed a
+# previous-token head), 26,000 steps (26.6 M tokens); the 2- and 1-layer runs at once, then the 0-layer one:
+#
+#   for layers in 2 1 0; do .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt --layers $layers \
+#       --heads 12 --d-model 192 --d-head 16 --n-ctx 512 --d-vocab 512 --seg-min 8 --seg-max 64 --batch-size 2 \
+#       --steps 26000 --warmup-steps 100 --decay-steps 2600 --copy-share 0 --lr 0.003 --init-std 0.02 \
+#       --pos-init sinusoidal --threads 1 --save-dtype float16 --snapshots 32 -o build/plain3/kjv_${layers}l_26k.safetensors; done
+#
+# (The same run stopped at 16,000 steps, --steps 16000 --decay-steps 1600, is identical to it up to step 14,400.)
+#
 # Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
 # loss curve and .history/)
 set -euo pipefail

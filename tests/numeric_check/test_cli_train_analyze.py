@@ -59,6 +59,10 @@ def test_train_toy_records_the_data_structure_it_trained_on(tmp_path):
                  *TINY[2:]]) == 0
     config = json.loads(flat.with_suffix(".json").read_text())["train_config"]
     assert (config["bigram_successors"], config["skip_trigrams"], config["trigrams_per_sequence"]) == (0, 2, 1)
+    assert config["pos_init"] == "normal"
+    sines = tmp_path / "sines.safetensors"
+    assert main(["train-toy", "--layers", "1", "--steps", "2", "--quiet", "--pos-init", "sinusoidal", "--out", str(sines), *TINY]) == 0
+    assert json.loads(sines.with_suffix(".json").read_text())["train_config"]["pos_init"] == "sinusoidal"
 
 
 def test_train_toy_shows_a_progress_bar_on_stderr(tmp_path, capsys):
@@ -80,6 +84,8 @@ def test_train_toy_can_save_float16(tmp_path):
         (["--threads", "0"], "argument --threads: expected an integer in 1.."),
         (["--bigram-follow", "2"], "bigram_follow must be a probability in [0, 1], got 2.0"),
         (["--d-vocab", "32", "--skip-trigrams", "7"], "skip_trigrams=7 need 5 distinct tokens each"),
+        (["--pos-init", "sinusoidal", "--positional", "none"], "positional is 'none'; use positional 'qk_only' or 'standard'"),
+        (["--pos-init", "rotary"], "argument --pos-init: invalid choice: 'rotary'"),
     ],
 )
 def test_train_toy_bad_config_is_a_clear_error(tmp_path, capsys, argv, message):
