@@ -86,7 +86,8 @@ def main(argv: list[str]) -> int:
 
     n = min(run["n_ctx"], 128)
     seg_len = max(2, min(8, n // 4))
-    tokens, starts = (x.numpy() for x in repeat_sweep(load_file(str(checkpoint))["W_U"].shape[0], n, seg_len, 32, 0))
+    tokens, starts = (x.numpy() for x in repeat_sweep(load_file(str(checkpoint))["W_U"].shape[0], n, seg_len, 32, 0,
+                                                       tokens=run.get("random_tokens")))  # as dynamics drew them
     worst_loss = worst_icl = worst_prefix = 0.0
     for snap in run["snapshots"]:
         weights = load_file(str(folder / f"step-{snap['step']:06d}.safetensors"))

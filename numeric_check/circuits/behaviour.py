@@ -69,8 +69,13 @@ def profile_length(model, n_positions: int | None = None) -> int:
     return n
 
 
-def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed: int = 0, *,
+                 tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``batch`` random sequences ``[batch, n_positions]``, each with a segment of ``seg_len`` tokens twice in a row.
+
+    The tokens are drawn uniformly from the ``d_vocab`` ids, or from the ids ``tokens`` lists (:func:`token_pool`:
+    those a text holds, so that a small vocabulary's bytes the text never holds are not drawn); the pool of all
+    ``d_vocab`` ids draws the same sequences as none.
 
     The second copies tile the positions ``seg_len .. n_positions - 1``: they start at ``seg_len``,
     ``2 seg_len``, … and, when those do not reach the end, at ``n_positions - seg_len``; sequence
@@ -92,8 +97,10 @@ def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed:
             f"two copies of seg_len={seg_len} tokens need {2 * seg_len} positions, but the sequences have "
             f"{n_positions}; use seg_len <= {n_positions // 2}"
         )
+    pool = token_pool(tokens, d_vocab)
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, d_vocab, (batch, n_positions), generator=gen)
+    drawn = torch.randint(0, d_vocab if pool is None else len(pool), (batch, n_positions), generator=gen)
+    drawn = drawn if pool is None else pool[drawn]
     tiles = list(range(0, n_positions - 2 * seg_len + 1, seg_len))  # first copies' starts
     if tiles[-1] != n_positions - 2 * seg_len:
         tiles.append(n_positions - 2 * seg_len)  # the last second copy ends at the last position
@@ -101,7 +108,38 @@ def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed:
     pos = torch.arange(n_positions)
     second = (pos >= (starts + seg_len)[:, None]) & (pos < (starts + 2 * seg_len)[:, None])  # [batch, pos]
     source = torch.where(second, pos - seg_len, pos)
-    return tokens.gather(1, source), starts
+    return drawn.gather(1, source), starts
+
+
+def token_pool(tokens, d_vocab: int) -> Tensor | None:
+    """``tokens`` (token ids to draw random tokens from: a tensor or a list) checked against a vocabulary of
+    ``d_vocab`` ids, as a sorted CPU tensor of distinct ids; None stays None (draw from every id). Fewer than two
+    ids, or an id outside ``0 .. d_vocab - 1``, is an :class:`AnalysisError`.
+
+    >>> token_pool([7, 3, 3], 10).tolist()
+    [3, 7]
+    """
+    if tokens is None:
+        return None
+    pool = torch.as_tensor(tokens).flatten().cpu()
+    if pool.numel() and (pool.dtype.is_floating_point or pool.dtype == torch.bool):
+        raise AnalysisError(f"random tokens are drawn from token ids (integers), got a {pool.dtype} tensor")
+    pool = pool.long().unique()
+    if len(pool) < 2 or int(pool[0]) < 0 or int(pool[-1]) >= d_vocab:
+        raise AnalysisError(f"random tokens need at least 2 distinct token ids from 0 to {d_vocab - 1} (the model's "
+                            f"vocabulary) to draw from, got {len(pool)}" + (f" from {int(pool[0])} to {int(pool[-1])}"
+                                                                            if len(pool) else ""))
+    return pool
+
+
+def occurring_tokens(ids: Tensor, d_vocab: int) -> Tensor:
+    """The distinct ids of ``d_vocab`` that occur in ``ids`` (a text's tokens), sorted: what random tokens are drawn
+    from for a model trained on text (:func:`repeat_sweep`), checked by :func:`token_pool`.
+
+    >>> occurring_tokens(torch.tensor([[4, 1], [4, 9]]), 10).tolist()
+    [1, 4, 9]
+    """
+    return token_pool(ids.detach().flatten().cpu().long().unique(), d_vocab)
 
 
 def induction_targets(tokens: Tensor) -> Tensor:
@@ -171,20 +209,22 @@ class PositionProfile:
 
 
 def position_profiles(
-    model, *, seg_len: int | None = None, batch: int = 64, seed: int = 0, n_positions: int | None = None
+    model, *, seg_len: int | None = None, batch: int = 64, seed: int = 0, n_positions: int | None = None,
+    tokens: Tensor | None = None,
 ) -> PositionProfile:
     """Previous-token and induction attention of every head at every query position.
 
     Measured on :func:`repeat_sweep` sequences of ``n_positions`` tokens (default
     ``min(n_ctx, PROFILE_N_CTX)``) with segments of ``seg_len`` tokens (default
     ``max(2, min(8, n_positions // 4))``), so that second copies cover every position from
-    ``seg_len`` on. See :class:`PositionProfile`.
+    ``seg_len`` on; their tokens drawn from every id, or from ``tokens`` (:func:`repeat_sweep`). See
+    :class:`PositionProfile`.
     """
     n = profile_length(model, n_positions)
     seg_len = max(2, min(8, n // 4)) if seg_len is None else seg_len
     if isinstance(seg_len, bool) or not isinstance(seg_len, int) or not 2 <= seg_len <= n // 2:
         raise AnalysisError(f"seg_len must be an int in 2..{n // 2} so that two copies fit {n} positions, got {seg_len!r}")
-    tokens, starts = repeat_sweep(model.cfg.d_vocab, n, seg_len, batch, seed)
+    tokens, starts = repeat_sweep(model.cfg.d_vocab, n, seg_len, batch, seed, tokens=tokens)
     names = [block_hook(layer, "attn.hook_pattern") for layer in range(model.arch.n_layers)]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens.to(model.device), names_filter=names)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from tensoralg.display import md_table
-from numeric_check.circuits.behaviour import PositionProfile, position_profiles, profile_length
+from numeric_check.circuits.behaviour import PositionProfile, position_profiles, profile_length, token_pool
 from numeric_check.errors import AnalysisError
 from numeric_check.circuits.ov_qk import (
     Head,
@@ -80,20 +80,25 @@ class HeadClasses:
 # --- behaviour ------------------------------------------------------------------------------------
 
 
-def repeated_tokens(model, seg_len: int, batch: int, seed: int = 0) -> Tensor:
-    """Random tokens ``[batch, 2 * seg_len]`` whose second half repeats the first (CPU generator, seeded)."""
+def repeated_tokens(model, seg_len: int, batch: int, seed: int = 0, *, tokens: Tensor | None = None) -> Tensor:
+    """Random tokens ``[batch, 2 * seg_len]`` whose second half repeats the first (CPU generator, seeded), drawn from
+    every id or from ``tokens`` (:func:`~numeric_check.circuits.behaviour.token_pool`; all ids: the same draw)."""
+    pool = token_pool(tokens, model.cfg.d_vocab)
     gen = torch.Generator().manual_seed(seed)
-    first = torch.randint(0, model.cfg.d_vocab, (batch, seg_len), generator=gen)
+    first = torch.randint(0, model.cfg.d_vocab if pool is None else len(pool), (batch, seg_len), generator=gen)
+    first = first if pool is None else pool[first]
     return torch.cat([first, first], dim=1).to(model.device)
 
 
 def behaviour_scores(
-    model, *, seg_len: int | None = None, batch: int = 64, seed: int = 0, n_positions: int | None = None
+    model, *, seg_len: int | None = None, batch: int = 64, seed: int = 0, n_positions: int | None = None,
+    tokens: Tensor | None = None,
 ) -> HeadScores:
     """Previous-token and induction scores from attention at every position of repeated random sequences.
 
     The scores are means over query positions of :func:`~numeric_check.circuits.behaviour.position_profiles`
-    (``seg_len``, ``batch``, ``seed`` and ``n_positions`` are passed on), which the result keeps.
+    (``seg_len``, ``batch``, ``seed``, ``n_positions`` and ``tokens``, the ids to draw from, are passed on), which
+    the result keeps.
 
     >>> from derivations import Architecture
     >>> from numeric_check.model.circuit_model import CircuitModel
@@ -104,7 +109,7 @@ def behaviour_scores(
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise AnalysisError(f"batch must be an int >= 1, got {batch!r}")
-    profile = position_profiles(model, seg_len=seg_len, batch=batch, seed=seed, n_positions=n_positions)
+    profile = position_profiles(model, seg_len=seg_len, batch=batch, seed=seed, n_positions=n_positions, tokens=tokens)
     return HeadScores(profile.mean("previous_token"), profile.mean("induction"), profile)
 
 

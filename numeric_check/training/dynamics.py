@@ -83,6 +83,16 @@ def icl_definition(n_ctx: int) -> str:
             "does not hold).")
 
 
+def random_tokens_definition(pool) -> str:
+    """What the heads' scores were measured on, in a sentence for a page (``pool``: :attr:`Dynamics.random_tokens`).
+
+    >>> print(random_tokens_definition([3, 5, 8]))
+    Heads' scores: 32 sequences of random tokens repeated (seed 0), drawn from the 3 token ids the held-out text holds.
+    """
+    drawn = "drawn from every token id" if pool is None else f"drawn from the {len(pool):,} token ids the held-out text holds"
+    return f"Heads' scores: {RANDOM_BATCH} sequences of random tokens repeated (seed {RANDOM_SEED}), {drawn}."
+
+
 def icl_score(position_loss, n_ctx: int) -> float:
     """The late band's mean loss minus the early band's (:func:`icl_positions`): negative when the model
     predicts later tokens better, using what came before them."""
@@ -148,6 +158,9 @@ class Dynamics:
     snapshots: list[SnapshotMeasures]
     training_loss: list[float] = field(default_factory=list)
     record: dict = field(default_factory=dict)
+    #: The token ids the heads' random sequences were drawn from: those the run's held-out text holds, where
+    #: that is fewer than the vocabulary; None where every id was drawn (and in files written before it was kept).
+    random_tokens: list[int] | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -172,7 +185,7 @@ class Dynamics:
             "icl_positions": {"early": list(icl_positions(self.n_ctx)[0]), "late": list(icl_positions(self.n_ctx)[1])},
             "induction_head": head(self.induction_head), "writer_head": head(self.writer_head),
             "snapshots": [s.__dict__ for s in self.snapshots],
-            "train_config": self.record.get("train_config"),
+            "train_config": self.record.get("train_config"), "random_tokens": self.random_tokens,
         }
 
     @classmethod
@@ -205,9 +218,13 @@ class Dynamics:
         config = data.get("train_config")
         if config is not None and not isinstance(config, dict):
             raise CheckpointError(f"{where}: train_config is not an object or null")
+        pool = data.get("random_tokens")
+        if pool is not None and not (isinstance(pool, list) and len(pool) >= 2 and all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 24 for t in pool) and pool == sorted(set(pool))):
+            raise CheckpointError(f"{where}: random_tokens is not null or a list of at least 2 distinct token ids, sorted")
         return cls(data["checkpoint"], n_layers, n_heads, n_ctx, _head(data["induction_head"], n_layers, n_heads, where),
                    _head(data["writer_head"], n_layers, n_heads, where), measures,
-                   record={} if config is None else {"train_config": config})
+                   record={} if config is None else {"train_config": config}, random_tokens=pool)
 
 
 def read_dynamics(path: Path | str) -> tuple[Dynamics, Dynamics | None]:
@@ -318,13 +335,15 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
     last = model_at(entries[-1])
     models[entries[-1]["step"]] = last
     n_layers, n_heads, n_ctx = last.arch.n_layers, max(last.arch.heads_per_layer, default=0), last.cfg.n_ctx
-    induction, writer, last_scores = _tracked_heads(last)
-    tokens = _repeated_random(last)
+    pool = random_pool(windows, last.cfg.d_vocab)
+    induction, writer, last_scores = _tracked_heads(last, pool)
+    tokens = _repeated_random(last, pool)
     measures = []
     for i, entry in enumerate(entries):
         model = models.pop(entry["step"], None) or model_at(entry)
         if n_layers:  # the last snapshot's were measured to pick the heads followed
-            scores = last_scores if entry is entries[-1] else behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED)
+            scores = last_scores if entry is entries[-1] else behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED,
+                                                                               tokens=pool)
             previous, prefix = scores.previous_token.tolist(), scores.induction.tolist()
             copying = copying_scores(model).tolist()
         else:
@@ -342,17 +361,34 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
             progress(i + 1, len(entries))
     record = training_record_for(checkpoint, last) or {}  # bounded, checked, and the checkpoint's own
     return Dynamics(Path(checkpoint).name, n_layers, n_heads, n_ctx, induction, writer, measures,
-                    [float(v) for v in history.get("training_loss", [])], record)
+                    [float(v) for v in history.get("training_loss", [])], record,
+                    None if pool is None else pool.tolist())
 
 
-def _tracked_heads(model):
+def random_pool(windows: torch.Tensor | None, d_vocab: int) -> torch.Tensor | None:
+    """The token ids the heads' random sequences are drawn from: those the held-out ``windows`` hold, or None
+    (every id) where there are no windows or they hold every id. A model trained on text with a small byte-level
+    vocabulary never saw most bytes; random sequences of them measure what it does on tokens it never read.
+
+    >>> random_pool(torch.tensor([[1, 4, 4]]), 6).tolist(), random_pool(torch.tensor([[0, 1]]), 2), random_pool(None, 6)
+    ([1, 4], None, None)
+    """
+    from numeric_check.circuits.behaviour import occurring_tokens
+
+    if windows is None:
+        return None
+    pool = occurring_tokens(windows, d_vocab)
+    return None if len(pool) == d_vocab else pool
+
+
+def _tracked_heads(model, pool=None):
     """The induction head the run ends with (the last layer's highest prefix-matching score, from layer 1 on),
     the layer-0 head that K-composes with it most (both None for a model of fewer than two layers), and the
     model's behaviour scores they were read from (None without layers)."""
     from numeric_check.circuits.composition import composition_scores
     from numeric_check.circuits.detect import behaviour_scores
 
-    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED) if model.arch.n_layers else None
+    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED, tokens=pool) if model.arch.n_layers else None
     if model.arch.n_layers < 2:
         return None, None, scores
     layer = model.arch.n_layers - 1
@@ -361,11 +397,11 @@ def _tracked_heads(model):
     return (layer, head), (0, int(torch.nan_to_num(k, nan=-1.0).argmax())), scores
 
 
-def _repeated_random(model) -> torch.Tensor:
-    """One sequence of random tokens repeated once, as long as the context allows (at most 64 tokens)."""
+def _repeated_random(model, pool=None) -> torch.Tensor:
+    """One sequence of random tokens (from ``pool``) repeated once, as long as the context allows (at most 64)."""
     from numeric_check.circuits.detect import repeated_tokens
 
-    return repeated_tokens(model, min(model.cfg.n_ctx, 64) // 2, 1, seed=RANDOM_SEED)
+    return repeated_tokens(model, min(model.cfg.n_ctx, 64) // 2, 1, seed=RANDOM_SEED, tokens=pool)
 
 
 def _k_term(model, tokens, induction, writer) -> tuple[float, bool]:

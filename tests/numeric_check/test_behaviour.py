@@ -15,6 +15,7 @@ from numeric_check.circuits.behaviour import (
     position_profiles,
     repeat_loss_grid,
     repeat_sweep,
+    token_pool,
 )
 from numeric_check.model.checkpoint import load_checkpoint
 from numeric_check.errors import AnalysisError
@@ -36,6 +37,26 @@ def test_repeat_sweep_spreads_offsets_and_repeats():
     assert torch.equal(tokens, again)
     with pytest.raises(AnalysisError, match="two copies of seg_len=11 tokens need 22 positions, but the sequences have 20"):
         repeat_sweep(30, 20, 11, 2)
+
+
+def test_a_pool_draws_only_its_ids_and_the_whole_vocabulary_draws_as_none():
+    tokens, starts = repeat_sweep(30, 20, 4, 7, seed=3, tokens=[5, 29, 11, 5])
+    assert set(tokens.unique().tolist()) == {5, 11, 29}
+    assert torch.equal(starts, repeat_sweep(30, 20, 4, 7, seed=3)[1])
+    for row, start in enumerate(starts.tolist()):
+        assert torch.equal(tokens[row, start : start + 4], tokens[row, start + 4 : start + 8])
+    every = repeat_sweep(30, 20, 4, 7, seed=3, tokens=torch.arange(30).flip(0))
+    assert torch.equal(every[0], repeat_sweep(30, 20, 4, 7, seed=3)[0])
+
+
+@pytest.mark.parametrize("pool, says", [([4], "at least 2 distinct token ids from 0 to 29"), ([3, 3], "got 1"),
+                                        ([2, 30], "from 2 to 30"), ([-1, 2], "from -1 to 2"), ([], "got 0"),
+                                        (torch.tensor([0.5, 2.0]), "integers")])
+def test_a_pool_outside_the_vocabulary_or_too_small_is_refused(pool, says):
+    with pytest.raises(AnalysisError, match=says):
+        token_pool(pool, 30)
+    with pytest.raises(AnalysisError, match=says):
+        repeat_sweep(30, 20, 4, 2, tokens=pool)
 
 
 @PROPERTY

@@ -134,7 +134,10 @@ def test_dynamics_writes_its_page_and_judges_the_control(runs, tmp_path, capsys)
     assert all(s["k_term_verified"] for s in data["run"]["snapshots"])
     assert data["run"]["induction_head"] == "L1H" + data["run"]["induction_head"][-1]
     assert len(data["claims"]) == 4
+    held = read_windows(runs["two"]).unique().tolist()  # a short text holds few of the 300 ids: those are drawn
+    assert data["run"]["random_tokens"] == held and len(held) < 300
     page = (out / "index.html").read_text()
+    assert f"drawn from the {len(held)} token ids the held-out text holds" in page
     assert "figures/heatmap.svg" in page and (out / "figures" / "heatmap.png").is_file()
 
 

@@ -37,6 +37,15 @@ def test_a_dynamics_record_reads_back_as_written(n_layers):
     assert json.dumps(again.to_dict()) == json.dumps(run.to_dict())
 
 
+def test_the_ids_random_tokens_were_drawn_from_read_back_and_older_files_draw_every_id():
+    run = _run()
+    run.random_tokens = [3, 9, 40]
+    assert Dynamics.from_dict(json.loads(json.dumps(run.to_dict()))).random_tokens == [3, 9, 40]
+    older = run.to_dict()
+    del older["random_tokens"]  # written before the pool was kept
+    assert Dynamics.from_dict(older).random_tokens is None
+
+
 def _broken(edit):
     data = copy.deepcopy(_run().to_dict())
     edit(data)
@@ -56,6 +65,11 @@ MALFORMED = {
     "steps out of order": _broken(lambda d: d["snapshots"].reverse()),
     "a step of 0": _broken(lambda d: d["snapshots"][0].update(step=0)),
     "a verified flag that is a number": _broken(lambda d: d["snapshots"][0].update(k_term_verified=1)),
+    "random tokens of one id": _broken(lambda d: d.update(random_tokens=[4])),
+    "random tokens unsorted": _broken(lambda d: d.update(random_tokens=[9, 4])),
+    "random tokens repeated": _broken(lambda d: d.update(random_tokens=[4, 4, 9])),
+    "random tokens that are text": _broken(lambda d: d.update(random_tokens=["4", "9"])),
+    "random tokens that are not a list": _broken(lambda d: d.update(random_tokens=12)),
 }
 
 

@@ -116,7 +116,7 @@ def measure_formation(path: Path | str | None = None, *, ids: torch.Tensor | Non
     hashes = tuple(HashCheck(c.name, d.snapshots[-1].sha256, stored_content_hash(c)) for c, d in shipped)
     model = load_checkpoint(language_checkpoint(run.n_layers), device=device, dtype=torch.float64)
     last = run.snapshots[-1]
-    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED)  # as tcircuits dynamics measures a snapshot
+    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED, tokens=run.random_tokens)  # as the file was measured
     prefix, copying = _largest_difference(scores.induction, last.prefix_matching), \
         _largest_difference(copying_scores(model), last.copying)
     heads, others = ablation_heads(run)
@@ -163,7 +163,7 @@ def your_formation(checkpoint: Path | str | None, name: str, ids: torch.Tensor, 
         return measure_formation(device=device), no_snapshots(name, "has no attention layer, so no head to form")
     model = load_checkpoint(checkpoint, device=device, dtype=torch.float64)
     last = run.snapshots[-1]
-    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED)
+    scores = behaviour_scores(model, batch=RANDOM_BATCH, seed=RANDOM_SEED, tokens=run.random_tokens)
     prefix, copying = _largest_difference(scores.induction, last.prefix_matching), \
         _largest_difference(copying_scores(model), last.copying)
     heads, others = ablation_heads(run)

@@ -66,11 +66,17 @@ def scores_text(f: Formation) -> str:
     """The last snapshot's stored scores against the same scores of the shipped model, measured now."""
     same = max(f.prefix_difference, f.copying_difference) <= SAME_SCORE
     return (f"Measured now on {_model(f)}, as tcircuits dynamics measures each snapshot "
-            f"(repeated random tokens, {RANDOM_BATCH} sequences of seed {RANDOM_SEED}, float64): every head's "
+            f"(repeated random tokens{_drawn_from(f.run)}, {RANDOM_BATCH} sequences of seed {RANDOM_SEED}, float64): every head's "
             f"prefix-matching score differs from the last snapshot's stored one by at most {f.prefix_difference:.1e}, "
             f"its copying score by at most {f.copying_difference:.1e}; "
             + (f"the same, to the file's 6 significant digits (at most {SAME_SCORE:.0e})." if same else
                f"more than the file's 6 significant digits allow ({SAME_SCORE:.0e}): the stored row is not this model's."))
+
+
+def _drawn_from(run) -> str:
+    """Where the random tokens came from, for a sentence: nothing where every id was drawn."""
+    pool = run.random_tokens
+    return "" if pool is None else f" drawn from the {len(pool):,} token ids the held-out text holds"
 
 
 def ablation_text(f: Formation) -> str:
