@@ -40,6 +40,14 @@
 #
 # (The same run stopped at 16,000 steps, --steps 16000 --decay-steps 1600, is identical to it up to step 14,400.)
 #
+# The fourth try (2026-12-07, commit 89ea4b2): the third's settings at batches of 8 (4,096 tokens a step; the law's
+# onset 32 M tokens, step ~7,800), 11,000 steps (45 M tokens); here the 2- and 1-layer runs at once, the control at nice 19:
+#
+#   for layers in 2 1; do .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt --layers $layers \
+#       --heads 12 --d-model 192 --d-head 16 --n-ctx 512 --d-vocab 512 --seg-min 8 --seg-max 64 --batch-size 8 \
+#       --steps 11000 --warmup-steps 100 --decay-steps 1100 --copy-share 0 --lr 0.003 --init-std 0.02 \
+#       --pos-init sinusoidal --threads 1 --save-dtype float16 --snapshots 32 -o build/plain4/kjv_${layers}l_b8.safetensors; done
+#
 # Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
 # loss curve and .history/)
 set -euo pipefail
