@@ -97,10 +97,7 @@ def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed:
             f"two copies of seg_len={seg_len} tokens need {2 * seg_len} positions, but the sequences have "
             f"{n_positions}; use seg_len <= {n_positions // 2}"
         )
-    pool = token_pool(tokens, d_vocab)
-    gen = torch.Generator().manual_seed(seed)
-    drawn = torch.randint(0, d_vocab if pool is None else len(pool), (batch, n_positions), generator=gen)
-    drawn = drawn if pool is None else pool[drawn]
+    drawn = random_tokens((batch, n_positions), d_vocab, seed, tokens=tokens)
     tiles = list(range(0, n_positions - 2 * seg_len + 1, seg_len))  # first copies' starts
     if tiles[-1] != n_positions - 2 * seg_len:
         tiles.append(n_positions - 2 * seg_len)  # the last second copy ends at the last position
@@ -109,6 +106,21 @@ def repeat_sweep(d_vocab: int, n_positions: int, seg_len: int, batch: int, seed:
     second = (pos >= (starts + seg_len)[:, None]) & (pos < (starts + 2 * seg_len)[:, None])  # [batch, pos]
     source = torch.where(second, pos - seg_len, pos)
     return drawn.gather(1, source), starts
+
+
+def random_tokens(shape: tuple[int, ...], d_vocab: int, seed: int = 0, *, tokens=None) -> Tensor:
+    """Token ids of ``shape`` (CPU, from a generator seeded by ``seed``), drawn uniformly from the ``d_vocab`` ids or
+    from the ids ``tokens`` lists (:func:`token_pool`); the pool of all ``d_vocab`` ids draws what none draws.
+
+    >>> bool((random_tokens((2, 5), 10, seed=1) == random_tokens((2, 5), 10, seed=1, tokens=range(10))).all())
+    True
+    >>> sorted(set(random_tokens((40,), 10, tokens=[2, 7]).tolist()))
+    [2, 7]
+    """
+    pool = token_pool(tokens, d_vocab)
+    gen = torch.Generator().manual_seed(seed)
+    drawn = torch.randint(0, d_vocab if pool is None else len(pool), shape, generator=gen)
+    return drawn if pool is None else pool[drawn]
 
 
 def token_pool(tokens, d_vocab: int) -> Tensor | None:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from derivations.architecture import head_label
 from tensoralg.display import md_table
-from numeric_check.circuits.behaviour import PositionProfile, position_profiles, profile_length, token_pool
+from numeric_check.circuits.behaviour import PositionProfile, position_profiles, profile_length, random_tokens
 from numeric_check.errors import AnalysisError
 from numeric_check.circuits.ov_qk import (
     Head,
@@ -82,11 +82,8 @@ class HeadClasses:
 
 def repeated_tokens(model, seg_len: int, batch: int, seed: int = 0, *, tokens: Tensor | None = None) -> Tensor:
     """Random tokens ``[batch, 2 * seg_len]`` whose second half repeats the first (CPU generator, seeded), drawn from
-    every id or from ``tokens`` (:func:`~numeric_check.circuits.behaviour.token_pool`; all ids: the same draw)."""
-    pool = token_pool(tokens, model.cfg.d_vocab)
-    gen = torch.Generator().manual_seed(seed)
-    first = torch.randint(0, model.cfg.d_vocab if pool is None else len(pool), (batch, seg_len), generator=gen)
-    first = first if pool is None else pool[first]
+    every id or from ``tokens`` (:func:`~numeric_check.circuits.behaviour.random_tokens`)."""
+    first = random_tokens((batch, seg_len), model.cfg.d_vocab, seed, tokens=tokens)
     return torch.cat([first, first], dim=1).to(model.device)
 
 

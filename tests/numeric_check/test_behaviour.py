@@ -15,6 +15,7 @@ from numeric_check.circuits.behaviour import (
     position_profiles,
     repeat_loss_grid,
     repeat_sweep,
+    random_tokens,
     token_pool,
 )
 from numeric_check.model.checkpoint import load_checkpoint
@@ -47,6 +48,14 @@ def test_a_pool_draws_only_its_ids_and_the_whole_vocabulary_draws_as_none():
         assert torch.equal(tokens[row, start : start + 4], tokens[row, start + 4 : start + 8])
     every = repeat_sweep(30, 20, 4, 7, seed=3, tokens=torch.arange(30).flip(0))
     assert torch.equal(every[0], repeat_sweep(30, 20, 4, 7, seed=3)[0])
+
+
+def test_random_tokens_are_uniform_over_their_pool():
+    drawn = random_tokens((20_000,), 30, seed=5, tokens=[2, 9, 17, 29])
+    counts = torch.bincount(drawn, minlength=30)
+    assert counts.nonzero().flatten().tolist() == [2, 9, 17, 29]
+    assert (counts[[2, 9, 17, 29]] - 5_000).abs().max() < 300  # 4.9 standard deviations of a binomial count (61)
+    assert drawn.device.type == "cpu" and drawn.dtype == torch.long
 
 
 @pytest.mark.parametrize("pool, says", [([4], "at least 2 distinct token ids from 0 to 29"), ([3, 3], "got 1"),

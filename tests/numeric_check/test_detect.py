@@ -17,6 +17,7 @@ from numeric_check.circuits.detect import (
     repeated_tokens,
     weight_scores,
 )
+from numeric_check.circuits.behaviour import random_tokens
 from numeric_check.model.circuit_model import CircuitModel
 from tests.helpers import NOISY_CONTEXT, NOISY_VOCAB, noisy_induction_model
 
@@ -37,6 +38,11 @@ def test_repeated_tokens_are_seeded_and_repeat():
     assert torch.equal(tokens[:, :5], tokens[:, 5:])
     assert torch.equal(tokens, repeated_tokens(m, 5, 3, seed=7))
     assert not torch.equal(tokens, repeated_tokens(m, 5, 3, seed=8))
+    pool = [3, V - 1, 0]  # drawn like the sweep: the same seeded draw from the same pool
+    pooled = repeated_tokens(m, 5, 3, seed=7, tokens=pool)
+    assert set(pooled.unique().tolist()) <= set(pool)
+    assert torch.equal(pooled[:, :5], random_tokens((3, 5), V, 7, tokens=pool))
+    assert torch.equal(tokens[:, :5], random_tokens((3, 5), V, 7))
 
 
 def test_behaviour_finds_the_built_heads(model):
