@@ -12,6 +12,10 @@ must both happen) waits until the block ends; one that arrives while the run is 
 (its clean-up under way) is let go, so the clean-up finishes. A signal the process was started
 ignoring (``nohup`` ignores SIGHUP) stays ignored.
 
+A long loop that can end early and keep its work (training) runs inside :func:`polled`: there the
+first signal is only noted, for the loop to read (:func:`requested`) where a step ends, and a second
+one stops the command at once as outside it.
+
 >>> with stoppable():
 ...     with held():
 ...         pass
@@ -28,7 +32,7 @@ from typing import Iterator
 STOPPING = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                  if s is not None)
 
-_state = {"held": 0, "pending": None, "stopping": False}
+_state = {"held": 0, "pending": None, "stopping": False, "polled": 0, "requested": None}
 
 
 class Stopped(KeyboardInterrupt):
@@ -44,6 +48,9 @@ class Stopped(KeyboardInterrupt):
 
 
 def _stop(signum: int, frame) -> None:
+    if _state["polled"] and _state["requested"] is None and not _state["held"]:  # the loop ends where a step does
+        _state["requested"] = signum
+        return
     if _state["held"] or _state["stopping"]:  # inside a swap, or already cleaning up: later, or not at all
         _state["pending"] = _state["pending"] or signum
         return
@@ -65,13 +72,31 @@ def stoppable() -> Iterator[None]:
             continue
         saved[signum] = current
         signal.signal(signum, _stop)
-    _state.update(held=0, pending=None, stopping=False)
+    _state.update(held=0, pending=None, stopping=False, polled=0, requested=None)
     try:
         yield
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-        _state.update(held=0, pending=None, stopping=False)
+        _state.update(held=0, pending=None, stopping=False, polled=0, requested=None)
+
+
+@contextlib.contextmanager
+def polled() -> Iterator[None]:
+    """A block that reads its stop when it can: the first stopping signal within it is noted
+    (:func:`requested` returns its number from then on, also after the block) instead of raised;
+    a second one raises :class:`Stopped` as anywhere else. Outside :func:`stoppable` (a library
+    call, another thread) nothing is caught and the block runs as it is."""
+    _state["polled"] += 1
+    try:
+        yield
+    finally:
+        _state["polled"] -= 1
+
+
+def requested() -> int | None:
+    """The number of the stopping signal a :func:`polled` block noted (SIGINT's 2 for Ctrl-C), or None."""
+    return _state["requested"]
 
 
 @contextlib.contextmanager
@@ -96,4 +121,4 @@ def stopping() -> bool:
     return bool(_state["stopping"] or _state["pending"] is not None)
 
 
-__all__ = ["STOPPING", "Stopped", "held", "stoppable", "stopping"]
+__all__ = ["STOPPING", "Stopped", "held", "polled", "requested", "stoppable", "stopping"]

@@ -10,19 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import time
-from numeric_check.reports.flags import (
-    add_runtime_arguments, check_batch, finite_float, fit_threads, int_in, seed, with_runtime,
-)
 from pathlib import Path
 
 from tensoralg.display import counted
 from tensoralg.escape import terminal_safe
 
-from numeric_check.cli.progress import StepBar
-from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
+from derivations.signals import polled, requested
 from derivations.vocabulary import (
     add_checkpoint, add_index_from, add_out, add_quiet, checkpoint_of, names_a_file, old_spelling, renumber,
+)
+from numeric_check.cli.progress import StepBar
+from numeric_check.cli.source import Status, add_model_arguments, check_model_flags, wants_user_model
+from numeric_check.reports.flags import (
+    add_runtime_arguments, check_batch, finite_float, fit_threads, int_in, seed, with_runtime,
 )
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import output_folder, writable_file, write_together
@@ -135,7 +137,10 @@ def register_train_toy(subparsers) -> None:
                         f"trained (default {'on' if d.train_last_position else 'off'})")
     p.add_argument("--positional", default=d.positional, choices=["none", "standard", "qk_only"], help=f"positional embedding (default {d.positional})")
     p.add_argument("--layer-norm", action="store_true", help="parameter-free layer norm before each layer (default: none)")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps (default {d.steps})")
+    p.add_argument("--steps", type=int, default=d.steps,
+                   help=f"optimiser steps (default {d.steps}); Ctrl-C (or SIGTERM, SIGHUP) ends the run where a step "
+                        "ends and saves the model of that step, its record (\"stopped\": the step) and its history so "
+                        "far, exiting 130 (128 + the signal); a second one abandons the run, nothing written")
     p.add_argument("--batch-size", type=int_in(1), default=None, metavar="N",
                    help=f"sequences per step (default {d.batch_size}; on text at most a quarter of the text a step, said "
                         "when fewer)")
@@ -221,19 +226,30 @@ def _run_train_toy(args) -> int:
         out.with_suffix(".history"), [snapshot_file(s) for s in history.steps] + [HISTORY_INDEX, HISTORY_WINDOWS_FILE], force=args.force).check()
     start = time.perf_counter()
     tokens_per_step = config.batch_size * config.n_ctx
-    with StepBar(config.steps, args.quiet) as bar:
+    with StepBar(config.steps, args.quiet) as bar, polled():  # Ctrl-C ends the run where a step ends, and keeps it
         def progress(step: int, record: dict) -> None:
             every = step % 50 == 0 or step == config.steps  # the losses beside the bar, refreshed now and then
             rate = step * tokens_per_step / max(time.perf_counter() - start, 1e-9)
             bar.tick(**({"loss": f"{record['loss']:.3f}", "repeat": _nats(record["repeat_loss"]),
                          "tok/s": f"{rate:,.0f}"} if every else {}))
 
-        model, losses = train_toy(config, progress, device=args.device, data=data, on_step=history)
+        model, losses = train_toy(config, progress, device=args.device, data=data, on_step=history,
+                                  stop=lambda: requested() is not None)
     seconds = time.perf_counter() - start
+    steps = config.steps if losses.stopped_at is None else losses.stopped_at
+    if losses.stopped_at is not None:
+        print(f"stopped by {_signal_name(requested())} after step {steps:,} of {config.steps:,}: saving the model of "
+              f"that step (a second {_signal_name(requested())} abandons it)", flush=True)
+        if history is not None:  # the model it stopped with is its history's last snapshot, as a finished run's is
+            history.take(steps, model)
+            history_folder = output_folder(history_folder.path, [snapshot_file(s) for s in history.steps + [steps]]
+                                           + [HISTORY_INDEX, HISTORY_WINDOWS_FILE], force=args.force)
     from numeric_check.model.checkpoint import checkpoint_bytes
 
     info = training_record(config, losses, seconds)
     info["trained_on"] = trained_on(next(model.parameters()).device)
+    if losses.stopped_at is not None:
+        info["stopped"]["signal"] = signal.Signals(requested()).name
     if data is not None:
         info["text"] = text_record(args.text_files, data, tokenizer_file)
     try:  # strict JSON, checked before either file is written
@@ -257,13 +273,19 @@ def _run_train_toy(args) -> int:
     write_together(outputs)  # the checkpoint, its record (and tokenizer) replaced together or not at all
     final = losses.final
     print(terminal_safe(
-        f"trained {config.arch.describe()} for {config.steps} steps in {seconds:.0f} s\n"
+        f"trained {config.arch.describe()} for {steps} steps"
+        + (f" (of {config.steps}, stopped early)" if losses.stopped_at is not None else "") + f" in {seconds:.0f} s\n"
         f"held-out loss {final['loss']:.3f} nats overall, {_nats(final['repeat_loss'])} on repeated tokens, "
         f"{_nats(final['other_loss'])} elsewhere (uniform: {info['uniform_loss']:.3f})\n"
         f"wrote {out}, {sidecar}" + (f", {tokenizer_file}" if tokenizer_file else "") + f" and the loss curve {curve_file}"
         + (f"\nkept {counted(len(history.snapshots), 'snapshot')} in {history_folder.path}" if history_folder else "")
     ))
-    return 0
+    return 0 if losses.stopped_at is None else 128 + requested()  # kept, but not the run asked for: as a shell reports it
+
+
+def _signal_name(signum: int) -> str:
+    """How a person names the signal that stopped a run: Ctrl-C, or SIGTERM and SIGHUP by name."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def _nats(value: float) -> str:

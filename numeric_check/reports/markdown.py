@@ -34,6 +34,9 @@ def _training(a: ModelAnalysis) -> list[str]:
     cfg, final = a.training.get("train_config", {}), a.training.get("final", {})
     keys = ("steps", "batch_size", "lr", "weight_decay", "init_std", "seed", "seg_min", "seg_max")
     lines = ["Trained by `tcircuits train-toy`: " + ", ".join(f"{k}={_md(cfg[k])}" for k in keys if k in cfg) + "."]
+    if stopped := a.training.get("stopped"):
+        lines.append(f"Stopped early, after step {stopped['step']:,} of {stopped['of']:,}: the model is the one of that "
+                     "step, its learning rate never brought down.")
     if final:
         lines.append(
             f"Held-out loss at the end of training: {final.get('loss', float('nan')):.3f} nats overall, "

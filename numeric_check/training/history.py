@@ -150,8 +150,12 @@ class History:
     snapshots: list[Snapshot] = field(default_factory=list)
 
     def __call__(self, step: int, model) -> None:
-        if step not in self.steps:
-            return
+        if step in self.steps:
+            self.take(step, model)
+
+    def take(self, step: int, model) -> None:
+        """Keep ``model`` as the snapshot of ``step``, whether or not :attr:`steps` lists it (a run stopped early
+        keeps the model it stopped with)."""
         from numeric_check.model.checkpoint import checkpoint_bytes
 
         was_training = model.training

@@ -216,6 +216,8 @@ class TrainHistory:
     loss: list[float] = field(default_factory=list)
     repeat_loss: list[float] = field(default_factory=list)
     final: dict[str, float] = field(default_factory=dict)
+    #: The step the run stopped after when told to stop early (``train_toy``'s ``stop``), else None.
+    stopped_at: int | None = None
 
     def smoothed(self, name: str = "repeat_loss", window: int = 100) -> list[float]:
         """Running mean of a loss over ``window`` steps (for plots and summaries)."""
@@ -230,7 +232,7 @@ class TrainHistory:
         return out
 
     def to_dict(self) -> dict:
-        return {"loss": self.loss, "repeat_loss": self.repeat_loss, "final": self.final}
+        return {"loss": self.loss, "repeat_loss": self.repeat_loss, "final": self.final, "stopped_at": self.stopped_at}
 
 
 ProgressFn = Callable[[int, dict[str, float]], None]
@@ -333,6 +335,7 @@ def train_toy(
     device: torch.device | str | None = None,
     data=None,
     on_step: Callable[[int, CircuitModel], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[CircuitModel, TrainHistory]:
     """Train a model by ``config``; return it and its :class:`TrainHistory`.
 
@@ -342,7 +345,9 @@ def train_toy(
     takes its sequences from ``data`` (:class:`~numeric_check.training.text.TextData`; evaluated on its
     held-out part). ``on_step(step, model)`` is called after every step, for what must see the model
     as training goes (:class:`~numeric_check.training.history.History` keeps snapshots); it must draw
-    nothing from torch's random streams. Thread count is the caller's choice (``torch.set_num_threads``).
+    nothing from torch's random streams. ``stop()`` is asked after every step: once it says True the run ends
+    there (``history.stopped_at``) and is evaluated as a finished one is (the command line's Ctrl-C). Thread count
+    is the caller's choice (``torch.set_num_threads``).
     """
     model = build_model(config, device)
     device = next(model.parameters()).device
@@ -366,6 +371,9 @@ def train_toy(
             on_step(step, model)
         if progress is not None:
             progress(step, record)
+        if stop is not None and step < config.steps and stop():
+            history.stopped_at = step
+            break
     model.eval()
     history.final = evaluate(model, config, seed=config.seed + 1_000_003, data=data)
     fuse_attention(model, False)  # what is returned is analysed: its patterns formed as always
@@ -391,8 +399,10 @@ def training_record(config: TrainConfig, history: TrainHistory, seconds: float) 
     def number(value: float, digits: int | None = None):  # no such tokens (NaN): null in the record
         return None if math.isnan(value) else (value if digits is None else round(value, digits))
 
+    stopped = {} if history.stopped_at is None else {"stopped": {"step": history.stopped_at, "of": config.steps}}
     return {
         "train_config": config.to_dict(),
+        **stopped,  # told to stop early: the model is the one after that step (its learning rate never brought down)
         "final": {name: value if name == "loss" else number(value) for name, value in history.final.items()},
         "uniform_loss": math.log(config.d_vocab),
         "seconds": round(seconds, 1),
@@ -491,6 +501,11 @@ def check_training_record(record, where: str) -> None:
         and (is_number(p["repeat_loss"]) or p["repeat_loss"] is None) for p in curve
     ):
         fail("has a 'curve' that is not a list of points with step, loss and repeat_loss")
+    stopped = record.get("stopped")
+    if stopped is not None and not (isinstance(stopped, dict) and all(
+            type(stopped.get(key)) is int for key in ("step", "of"))
+            and 1 <= stopped["step"] < stopped["of"] == record["train_config"].get("steps")):
+        fail(f"has stopped {stopped!r}, not the step a run stopped after ({{'step': N, 'of': its steps}}, N below them)")
     if "checkpoint_sha256" in record and not isinstance(record["checkpoint_sha256"], str):
         fail(f"has checkpoint_sha256 {record['checkpoint_sha256']!r}, not a string")
     text = record.get("text", {})  # the SHA-256s a text is known by (training or held-out)
