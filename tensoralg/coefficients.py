@@ -57,10 +57,11 @@ def canonical_coeff(coeff: sp.Expr) -> sp.Expr:
 
 NON_FINITE = (sp.zoo, sp.oo, -sp.oo, sp.nan)
 
-#: Terms a coefficient may multiply out to (:func:`expanded_size`; SymPy takes about 2 ms a term of a
-#: large power): ``(d_model + d_head)**999`` has 1,000, ``(d_model + d_head + d_vocab + d_mlp + n_ctx)**40``
-#: 135,751 and is refused before SymPy expands it.
-MAX_COEFFICIENT_TERMS = 1_000
+#: Terms a coefficient may multiply out to (:func:`expanded_size`; SymPy takes 2–4 ms a term of a large
+#: power, and printing its digits as much again): ``(d_model + d_head)**299`` has 300 (0.7 s to expand and
+#: print), ``(2 + d_vocab)**-871`` 872 (3.3 s; over 30 s on a busy machine) and
+#: ``(d_model + d_head + d_vocab + d_mlp + n_ctx)**40`` 135,751: both refused before SymPy expands them.
+MAX_COEFFICIENT_TERMS = 300
 
 
 def expanded_size(coeff: sp.Expr) -> int:
