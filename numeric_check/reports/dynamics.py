@@ -21,7 +21,7 @@ from tensoralg.display import md_table, md_text
 from tensoralg.escape import escape_text
 
 from numeric_check.reports.plots import LAYER_COLOURS, plain_title, save_figure
-from numeric_check.training.dynamics import icl_definition, random_tokens_definition
+from numeric_check.training.dynamics import icl_definition, random_tokens_definition, stopped_definition
 
 #: Positions averaged together in each row of the heat map (a position's mean over 256 windows varies by ~0.15 nats).
 HEATMAP_BIN = 4
@@ -134,6 +134,7 @@ def markdown(run, claims, control=None, window=None) -> str:
     if control is not None:
         lines += [f"Control: {control.checkpoint} ({control.n_layers} layer{'s' if control.n_layers != 1 else ''}, trained alike).", ""]
     lines += [md_text(icl_definition(run.n_ctx)), "", md_text(random_tokens_definition(run.random_tokens)), ""]
+    lines += [md_text(stopped), ""] if (stopped := stopped_definition(run.record)) else []
     lines.append(md_table(("claim", "rule", "the model", "its figures", "the control", "its figures"),
                           [(md_text(c.name), md_text(c.rule), f"**{_verdict(c.holds)}**", md_text(c.detail),
                             _verdict(c.control_holds), md_text(c.control_detail)) for c in claims]))
@@ -158,6 +159,7 @@ def html(run, claims, control=None, names: Sequence[str] = ()) -> str:
                     for s, b in zip(run.snapshots, best))
     control_line = "" if control is None else f"<p>Control: {_h(control.checkpoint)}, {control.n_layers} layer(s), trained alike.</p>"
     control_line += f"<p>{_h(icl_definition(run.n_ctx))}</p><p>{_h(random_tokens_definition(run.random_tokens))}</p>"
+    control_line += f"<p>{_h(stopped)}</p>" if (stopped := stopped_definition(run.record)) else ""
     figs = "".join(f'<figure><img src="figures/{name}.svg" alt="{_h(FIGURES[name])}"><figcaption>{_h(FIGURES[name])}'
                    f"</figcaption></figure>" for name in FIGURES if name in names)
     body = (f"<h1>How induction heads form in {_h(run.checkpoint)}</h1>{control_line}"

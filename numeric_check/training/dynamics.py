@@ -93,6 +93,19 @@ def random_tokens_definition(pool) -> str:
     return f"Heads' scores: {RANDOM_BATCH} sequences of random tokens repeated (seed {RANDOM_SEED}), {drawn}."
 
 
+def stopped_definition(record: dict) -> str:
+    """A sentence for a page when the run was stopped before its last step (``record``: its training record), else "".
+
+    >>> stopped_definition({"stopped": {"step": 9, "of": 40, "signal": "SIGINT"}})
+    'The run was stopped after step 9 of 40 (its learning rate never brought down); its last snapshot is that step.'
+    """
+    stopped = record.get("stopped")
+    if not stopped:
+        return ""
+    return (f"The run was stopped after step {stopped['step']:,} of {stopped['of']:,} (its learning rate never brought "
+            "down); its last snapshot is that step.")
+
+
 def icl_score(position_loss, n_ctx: int) -> float:
     """The late band's mean loss minus the early band's (:func:`icl_positions`): negative when the model
     predicts later tokens better, using what came before them."""
