@@ -6,6 +6,7 @@
 #   make corpus     the language models' corpus (build/corpus/kjv.txt) from Debian's bible-kjv
 #   make gpu-wheels   (with a network) the wheels a GPU machine lacks, into wheels/gpu
 #   make gpu-check    (on a GPU machine, offline) the suite with CUDA visible and the GPU benchmarks
+#                     (GPU_CHECK_ORDER3=1: order 3 too; GPU_CHECK_TRAIN=1: the plain-text runs on the card)
 # Both build .venv once from the lock (exact versions and their hashes: the same clone, the same environment,
 # next month too; torch is the CPU build) and reuse it afterwards.
 

@@ -6,7 +6,11 @@
 #      ATen operation counts beside run_with_cache, issue 55);
 #   3. run the whole suite with CUDA visible (in parallel with pytest-xdist where it is installed),
 #      printing each failure the moment it happens;
-#   4. print one summary. The whole log is written to gpu-check.log (GPU_CHECK_LOG=FILE to change).
+#   4. print one summary. The whole log is written to gpu-check.log (GPU_CHECK_LOG=FILE to change), and copied
+#      into $OUT where the device machine gives one.
+# With GPU_CHECK_TRAIN=1 the plain-text runs of issue 53 (scripts/gpu_plain.sh, GPU_PLAIN_S seconds, default 240)
+# train on the card while the suite runs (after the benchmarks, which they would disturb), into $OUT/gpu-plain
+# (build/gpu-plain without $OUT).
 # It uses the Python it finds (PYTHON=... to choose) and never builds a virtual environment: the GPU
 # machine's torch is the one to test.
 set -uo pipefail
@@ -50,6 +54,13 @@ fi
 timeout 120 "$PY" benchmarks/bench_verify.py --device cuda 2>&1 | grep -v -i "deprecat" | tail -24  # 0.: issue 55's operation counts first
 verify_rc=${PIPESTATUS[0]}
 
+train_pid=
+if [ -n "${GPU_CHECK_TRAIN:-}" ]; then
+  echo "== 2b. the plain-text runs (issue 53), on the card beside the suite: ${OUT:-build}/gpu-plain"
+  bash scripts/gpu_plain.sh "${OUT:-build}/gpu-plain" > .gpu-plain.out 2>&1 &
+  train_pid=$!
+fi
+
 echo "== 3. the suite with CUDA visible (limit ${SUITE_LIMIT} s; failures shown as they happen)"
 workers=()  # pytest-xdist where the machine has it: the suite in parallel on its cores
 "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${GPU_CHECK_WORKERS:-8}")
@@ -58,9 +69,17 @@ TCIRCUITS_INSTAFAIL=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} timeout "$SUITE_LIMI
 suite_rc=${PIPESTATUS[0]}
 suite_line=$(grep -E "(passed|failed|error)" .gpu-suite.out | tail -1)
 
+train_rc=
+if [ -n "$train_pid" ]; then
+  wait "$train_pid"; train_rc=$?
+  echo "== 2b. the plain-text runs"; cat .gpu-plain.out; rm -f .gpu-plain.out
+fi
+
 echo "== summary"
 echo "suite: ${suite_line:-no result} (exit ${suite_rc}$([ "$suite_rc" = 124 ] && echo ', cut at its time limit'))"
 echo "bench_scale: exit ${scale_rc}; bench_verify: exit ${verify_rc}"
+[ -n "$train_pid" ] && echo "plain-text runs: exit ${train_rc}"
 echo "took $(( $(date +%s) - started )) s; the whole log: $LOG"
 rm -f .gpu-suite.out
+[ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && cp "$LOG" "$OUT/"
 [ "$suite_rc" = 0 ] && [ "$scale_rc" = 0 ] && [ "$verify_rc" = 0 ]
