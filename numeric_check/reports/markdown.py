@@ -36,7 +36,7 @@ def _training(a: ModelAnalysis) -> list[str]:
     lines = ["Trained by `tcircuits train-toy`: " + ", ".join(f"{k}={_md(cfg[k])}" for k in keys if k in cfg) + "."]
     if stopped := a.training.get("stopped"):
         lines.append(f"Stopped early, after step {stopped['step']:,} of {stopped['of']:,}: the model is the one of that "
-                     "step, its learning rate never brought down.")
+                     "step, its learning rate where the schedule had it then.")
     if final:
         lines.append(
             f"Held-out loss at the end of training: {final.get('loss', float('nan')):.3f} nats overall, "

@@ -97,13 +97,13 @@ def stopped_definition(record: dict) -> str:
     """A sentence for a page when the run was stopped before its last step (``record``: its training record), else "".
 
     >>> stopped_definition({"stopped": {"step": 9, "of": 40, "signal": "SIGINT"}})
-    'The run was stopped after step 9 of 40 (its learning rate never brought down); its last snapshot is that step.'
+    'The run was stopped after step 9 of 40 (its learning rate where the schedule had it then); its last snapshot is that step.'
     """
     stopped = record.get("stopped")
     if not stopped:
         return ""
-    return (f"The run was stopped after step {stopped['step']:,} of {stopped['of']:,} (its learning rate never brought "
-            "down); its last snapshot is that step.")
+    return (f"The run was stopped after step {stopped['step']:,} of {stopped['of']:,} (its learning rate where the "
+            "schedule had it then); its last snapshot is that step.")
 
 
 def icl_score(position_loss, n_ctx: int) -> float:

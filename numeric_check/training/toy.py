@@ -402,7 +402,7 @@ def training_record(config: TrainConfig, history: TrainHistory, seconds: float) 
     stopped = {} if history.stopped_at is None else {"stopped": {"step": history.stopped_at, "of": config.steps}}
     return {
         "train_config": config.to_dict(),
-        **stopped,  # told to stop early: the model is the one after that step (its learning rate never brought down)
+        **stopped,  # told to stop early: the model is the one after that step (its learning rate where the schedule had it then)
         "final": {name: value if name == "loss" else number(value) for name, value in history.final.items()},
         "uniform_loss": math.log(config.d_vocab),
         "seconds": round(seconds, 1),

@@ -95,7 +95,11 @@ def test_a_signal_while_training_keeps_the_run_so_far(tmp_path, monkeypatch, cap
     model = load_checkpoint(out)
     assert all(torch.equal(a, b) for a, b in zip(last.state_dict().values(), model.state_dict().values()))
     assert main(["dynamics", "--checkpoint", str(out), "-o", str(tmp_path / "dyn"), "--quiet"]) == 0
-    said = "The run was stopped after step 20 of 40 (its learning rate never brought down); its last snapshot is that step."
+    assert main(["analyze", "--checkpoint", str(out), "-o", str(tmp_path / "report"), "--quiet", "--figure-formats",
+                 "png"]) == 0
+    report = " ".join((tmp_path / "report" / "report.md").read_text().split())
+    assert "Stopped early, after step 20 of 40: the model is the one of that step" in report
+    said = "The run was stopped after step 20 of 40 (its learning rate where the schedule had it then); its last snapshot is that step."
     assert said in (tmp_path / "dyn" / "dynamics.md").read_text() and said in (tmp_path / "dyn" / "index.html").read_text()
 
 
