@@ -48,6 +48,14 @@
 #       --steps 11000 --warmup-steps 100 --decay-steps 1100 --copy-share 0 --lr 0.003 --init-std 0.02 \
 #       --pos-init sinusoidal --threads 1 --save-dtype float16 --snapshots 32 -o build/plain4/kjv_${layers}l_b8.safetensors; done
 #
+# The fifth try (2026-12-07, commit d89de6c): the third's settings at a batch of 1 (the law's onset 11.3 M tokens,
+# step ~22,000), lr 0.002, 80,000 steps (41 M tokens, 3.6 x the onset), the 2-layer model alone (5,167 s of one thread):
+#
+#   .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt --layers 2 --heads 12 --d-model 192 --d-head 16 \
+#       --n-ctx 512 --d-vocab 512 --seg-min 8 --seg-max 64 --batch-size 1 --steps 80000 --warmup-steps 100 \
+#       --decay-steps 8000 --copy-share 0 --lr 0.002 --init-std 0.02 --pos-init sinusoidal --threads 1 \
+#       --save-dtype float16 --snapshots 32 -o build/plain5/kjv_2l_b1.safetensors
+#
 # Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
 # loss curve and .history/)
 set -euo pipefail
