@@ -263,3 +263,14 @@ def test_a_lazy_group_is_counted_before_the_reader_multiplies_it_out():
             parse(text)
     with quickly(5):  # a transpose and a product of groups stay lazy
         assert parse(f"({huge} ⊗ Id)ᵀ ({huge} ⊗ Id)").count(max_order=1) == 41
+
+
+def test_a_coefficient_of_300_terms_is_read_and_one_of_301_refused_before_it_is_expanded():
+    """MAX_COEFFICIENT_TERMS: (2 + d_vocab)**-299 multiplies out to 300 terms, **-300 to 301."""
+    from tensoralg.coefficients import MAX_COEFFICIENT_TERMS
+
+    assert MAX_COEFFICIENT_TERMS == 300
+    with quickly(30):
+        assert len(parse("(2 + d_vocab)**-299 A").terms) == 1
+    with quickly(5), pytest.raises(ParseError, match="multiplies out to 301 terms, more than the 300"):
+        parse("(2 + d_vocab)**-300 A")
