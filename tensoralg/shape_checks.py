@@ -14,6 +14,11 @@ from tensoralg.parts import _indices
 from tensoralg.reading import reindex
 
 
+#: What a student may type for the identity; the language reads it as a matrix of one slot named so.
+_IDENTITY_LOOKALIKES = {"I"}
+_IDENTITY_HINT = " (I is read here as a matrix of that name: the identity of every slot is written Id, or \\mathrm{Id})"
+
+
 class ShapeChecks:
     """Shape checks of the parser (needs ``self.shapes``, ``self.bound`` and ``self.located``)."""
 
@@ -84,6 +89,8 @@ class ShapeChecks:
         first = widened[0].n_slots
         for (pos, _), e in zip(items, widened):
             if e.n_slots != first:
+                hint = _IDENTITY_HINT if any(str(x) in _IDENTITY_LOOKALIKES and x.n_slots == 1 for x in exprs) else ""
                 raise self.located(
-                    SlotMismatch(f"cannot {verb} a {e.n_slots}-slot expression and a {first}-slot expression"), pos
+                    SlotMismatch(f"cannot {verb} a {e.n_slots}-slot expression and a {first}-slot expression{hint}"),
+                    pos,
                 )

@@ -180,8 +180,18 @@ def test_shape_mismatches_name_both_shapes_and_the_position():
         parse("W_E + W_U")
     with pytest.raises(SlotMismatch, match="at position 3"):
         parse("(A)(A ⊗ A)")
-    with pytest.raises(SlotMismatch):
+    with pytest.raises(SlotMismatch) as info:
         parse("A + A ⊗ A")
+    assert "Id" not in str(info.value)  # the hint below is for I alone
+
+
+def test_an_I_typed_for_the_identity_is_told_to_write_Id():
+    """The slides' I is a matrix named I here: a slot mismatch involving it says how the identity is written."""
+    for text in ("I + A^h ⊗ W_OV^h", r"(I \otimes W_U)(I + A^{h} \otimes W_{OV}^{h})"):
+        with pytest.raises(SlotMismatch, match=r"the identity of every slot is written Id"):
+            parse(text)
+    assert str(parse(r"(\mathrm{Id} \otimes W_U)(\mathrm{Id} + A^{h} \otimes W_{OV}^{h})").expand()) == \
+        "Id ⊗ W_U + A^{h} ⊗ W_U W_OV^{h}"
 
 
 def test_parse_takes_text():
