@@ -28,6 +28,7 @@ from numeric_check.reports.flags import (
 )
 from numeric_check.errors import InputFileError, NumericCheckError
 from numeric_check.files import output_folder, writable_file, write_together
+from numeric_check.cli.train_help import TRAIN_DESCRIPTION, TRAIN_EPILOG
 from numeric_check.training.config import BLOCK_LINES, DEFAULT_SNAPSHOTS, HELDOUT_EVERY, tokenizer_path
 
 
@@ -40,48 +41,6 @@ def _add_command(subparsers, name: str, summary: str, description: str, epilog: 
 
 # --- train-toy -------------------------------------------------------------------------
 
-TRAIN_DESCRIPTION = """\
-Train a small attention-only transformer on sequences that contain a repeated random
-segment, and save it as a safetensors checkpoint (plus a JSON file beside it with the
-training configuration and the final losses).
-
-Every sequence holds segments that recur anywhere in the context: up to
-MAX_REPEATS copies per sequence, each of SEG_MIN..SEG_MAX tokens (log-uniform, so short
-repeats are common), each copying a source that ends a varying distance before it
-(log-uniform, so sources and copies sit late in the context as often as early). On a
-copy each token (after the first) can be predicted by finding the previous occurrence of
-the current token and copying the token that followed it: a previous-token head in
-layer 0 composed (K-composition) with an induction head in layer 1. So:
-  --layers 2   learns induction heads: the loss on the repeated part drops far below
-               log(vocab) (the "phase change"), at every position of the context;
-  --layers 1   cannot: it can only copy tokens seen before, so its loss on repeats
-               stays far above (a control); it learns the planted skip-trigrams;
-  --layers 0   is the direct path only: it learns the bigram table.
-Between and inside the repeats the tokens follow a bigram table (each token has
---bigram-successors likely successors, followed with probability --bigram-follow) and
-hold planted skip-trigrams (--skip-trigrams sources A, each with two destination/out
-pairs: A earlier, then B, makes C next), all drawn from --seed; 0 and 0 give tokens
-uniformly at random.
-
-The defaults are a recipe measured on a shared 2-core CPU (one thread; the 2-layer
-model takes about 15 minutes of CPU time): vocab 128, context 64, up to 8 repeats of
-3-32 tokens per sequence, placed left to right in half of the sequences and right to
-left in the other half, d_model 128, 4 heads of 32, qk_only positions, no layer norm,
-weights N(0, 0.1^2), AdamW lr 1e-3 (reached over 100 steps, held, then brought down
-linearly to 0 over the last 4,500), batch 64, 14,000 steps: the loss on a repeat of
-4 tokens stays under 1 nat at every offset. With one repeat of 16-32
-tokens per sequence, the previous-token head learnt only the first half of the
-context: no later query ever needed it there.
-"""
-
-TRAIN_EPILOG = """\
-examples:
-  # a first try, under a minute of CPU time: 20 steps on a short text, vocabulary and batch fitted to it
-  tcircuits train-toy --text-file /usr/share/common-licenses/GPL-3 --steps 20 --out gpl.safetensors
-  tcircuits train-toy --layers 2 --out induction_2l.safetensors
-  tcircuits train-toy --layers 1 --steps 4000 --seed 1 --out control_1l.safetensors
-  tcircuits analyze --checkpoint induction_2l.safetensors --out report/
-"""
 
 
 def register_train_toy(subparsers) -> None:
@@ -89,7 +48,7 @@ def register_train_toy(subparsers) -> None:
     from numeric_check.training.config import POS_INITS, TrainConfig  # torch-free: --help stays fast
 
     d = TrainConfig()
-    p = _add_command(subparsers, "train-toy", "train a small attention-only model on repeated random segments (induction heads)",
+    p = _add_command(subparsers, "train-toy", "train a small attention-only model on your text (--text-file) or on planted repeats",
                      TRAIN_DESCRIPTION, TRAIN_EPILOG)
     add_out(p, required=True, type=Path, metavar="PATH.safetensors", help="checkpoint to write")
     p.add_argument("--layers", type=int_in(0, 2), default=d.n_layers, metavar="N", help=f"attention layers: 0, 1 or 2 (default {d.n_layers})")
