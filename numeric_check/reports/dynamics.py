@@ -23,6 +23,11 @@ from tensoralg.escape import escape_text
 from numeric_check.reports.plots import LAYER_COLOURS, plain_title, save_figure
 from numeric_check.training.dynamics import icl_definition, random_tokens_definition, stopped_definition
 
+#: What the snapshots table's headroom column is, for the page.
+HEADROOM_DEFINITION = ("Induction headroom: how much the held-out loss would fall (nats a token) if the model's "
+                       "prediction were mixed, at the best single weight, with the token that followed the current "
+                       "token's last earlier occurrence: what a perfect induction head could still add to the model "
+                       "as it is.")
 #: Positions averaged together in each row of the heat map (a position's mean over 256 windows varies by ~0.15 nats).
 HEATMAP_BIN = 4
 #: The page's figures, in order, with their captions.
@@ -124,6 +129,12 @@ def _h(text) -> str:
     return escape_text(str(text), "html")
 
 
+def _headroom(snapshot) -> str:
+    """A snapshot's induction headroom for a table: "—" where it was not measured."""
+    value = snapshot.induction_headroom
+    return "—" if math.isnan(value) else f"{value:.3f}"
+
+
 def _verdict(holds) -> str:
     return "—" if holds is None else ("holds" if holds else "does not hold")
 
@@ -133,17 +144,18 @@ def markdown(run, claims, control=None, window=None) -> str:
     lines = [f"# How induction heads form in {run.checkpoint}", ""]
     if control is not None:
         lines += [f"Control: {control.checkpoint} ({control.n_layers} layer{'s' if control.n_layers != 1 else ''}, trained alike).", ""]
-    lines += [md_text(icl_definition(run.n_ctx)), "", md_text(random_tokens_definition(run.random_tokens)), ""]
+    lines += [md_text(icl_definition(run.n_ctx)), "", md_text(HEADROOM_DEFINITION), "",
+              md_text(random_tokens_definition(run.random_tokens)), ""]
     lines += [md_text(stopped), ""] if (stopped := stopped_definition(run.record)) else []
     lines.append(md_table(("claim", "rule", "the model", "its figures", "the control", "its figures"),
                           [(md_text(c.name), md_text(c.rule), f"**{_verdict(c.holds)}**", md_text(c.detail),
                             _verdict(c.control_holds), md_text(c.control_detail)) for c in claims]))
     best = run.best("prefix_matching", run.n_layers - 1) if run.n_layers else [math.nan] * len(run.steps)
-    lines += ["", md_table(("step", "held-out loss", "ICL score", "best prefix matching (last layer)", "K-composition",
-                            "‖K term‖", "verified"),
-                           [(f"{s.step:,}", f"{s.heldout_loss:.3f}", f"{s.icl_score:+.3f}", f"{b:.3f}", f"{s.k_composition:.3f}",
-                             f"{s.k_term_norm:.3g}", "yes" if s.k_term_verified else "no")
-                            for s, b in zip(run.snapshots, best)], right=range(6)), ""]
+    lines += ["", md_table(("step", "held-out loss", "ICL score", "induction headroom", "best prefix matching (last layer)",
+                            "K-composition", "‖K term‖", "verified"),
+                           [(f"{s.step:,}", f"{s.heldout_loss:.3f}", f"{s.icl_score:+.3f}", _headroom(s), f"{b:.3f}",
+                             f"{s.k_composition:.3f}", f"{s.k_term_norm:.3g}", "yes" if s.k_term_verified else "no")
+                            for s, b in zip(run.snapshots, best)], right=range(7)), ""]
     for name, caption in FIGURES.items():
         lines += [f"![{caption}](figures/{name}.png)", "", f"*{caption}*", ""]
     return "\n".join(lines)
@@ -154,11 +166,12 @@ def html(run, claims, control=None, names: Sequence[str] = ()) -> str:
                    f"<td>{_verdict(c.control_holds)}</td><td>{_h(c.control_detail)}</td></tr>" for c in claims)
     best = run.best("prefix_matching", run.n_layers - 1) if run.n_layers else [math.nan] * len(run.steps)
     snaps = "".join(f'<tr><td class="num">{s.step:,}</td><td class="num">{s.heldout_loss:.3f}</td>'
-                    f'<td class="num">{s.icl_score:+.3f}</td><td class="num">{b:.3f}</td><td class="num">{s.k_composition:.3f}</td>'
+                    f'<td class="num">{s.icl_score:+.3f}</td><td class="num">{_headroom(s)}</td><td class="num">{b:.3f}</td><td class="num">{s.k_composition:.3f}</td>'
                     f'<td class="num">{s.k_term_norm:.3g}</td><td>{"yes" if s.k_term_verified else "no"}</td></tr>'
                     for s, b in zip(run.snapshots, best))
     control_line = "" if control is None else f"<p>Control: {_h(control.checkpoint)}, {control.n_layers} layer(s), trained alike.</p>"
-    control_line += f"<p>{_h(icl_definition(run.n_ctx))}</p><p>{_h(random_tokens_definition(run.random_tokens))}</p>"
+    control_line += (f"<p>{_h(icl_definition(run.n_ctx))}</p><p>{_h(HEADROOM_DEFINITION)}</p>"
+                     f"<p>{_h(random_tokens_definition(run.random_tokens))}</p>")
     control_line += f"<p>{_h(stopped)}</p>" if (stopped := stopped_definition(run.record)) else ""
     figs = "".join(f'<figure><img src="figures/{name}.svg" alt="{_h(FIGURES[name])}"><figcaption>{_h(FIGURES[name])}'
                    f"</figcaption></figure>" for name in FIGURES if name in names)
@@ -166,7 +179,7 @@ def html(run, claims, control=None, names: Sequence[str] = ()) -> str:
             "<h2>The follow-up paper's claims</h2><table><thead><tr><th>claim</th><th>rule</th><th>the model</th>"
             f"<th>its figures</th><th>the control</th><th>its figures</th></tr></thead><tbody>{rows}</tbody></table>"
             f"<h2>Figures</h2>{figs}<h2>Snapshots</h2><table><thead><tr><th>step</th><th>held-out loss</th><th>ICL score</th>"
-            "<th>best prefix matching</th><th>K-composition</th><th>‖K term‖</th><th>verified</th></tr></thead>"
+            "<th>induction headroom</th><th>best prefix matching</th><th>K-composition</th><th>‖K term‖</th><th>verified</th></tr></thead>"
             f"<tbody>{snaps}</tbody></table>")
     return page(f"Dynamics of {run.checkpoint}", body)
 

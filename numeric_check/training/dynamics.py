@@ -12,6 +12,9 @@ For every snapshot of ``NAME.history/``:
   and the early one a tenth of the way, which is not the paper's measure and is labelled so
   (:func:`icl_positions`). Each is averaged over five neighbouring positions, since a held-out text of
   a few ten thousand tokens gives one position's mean loss to about 0.15 nats only;
+- the **induction headroom** (:mod:`numeric_check.training.headroom`): how much a perfect token-level
+  induction guess, mixed in at its best single weight, would take off the held-out loss of the snapshot as
+  it is; where it has fallen near zero the text gives an induction head little left to learn;
 - every head's **prefix-matching** score (attention from a token in the second copy of repeated
   random tokens to the token that followed its earlier occurrence) and previous-token score, and its
   **copying** score (the positivity of its OV circuit's eigenvalues, the paper's measure);
@@ -129,12 +132,17 @@ class SnapshotMeasures:
     k_composition: float
     k_term_norm: float
     k_term_verified: bool
+    #: nats a token (:mod:`~numeric_check.training.headroom`); NaN where the history keeps no windows, and in
+    #: records written before it was measured
+    induction_headroom: float = math.nan
 
     @classmethod
     def from_dict(cls, data, n_layers: int, n_heads: int, n_ctx: int, where: str = "a dynamics record") -> "SnapshotMeasures":
         """One snapshot as :meth:`Dynamics.to_dict` writes it (a score a head lacks may be null: NaN), checked
         against the run's shape; anything else a one-line :class:`CheckpointError` naming ``where``."""
         expected = [f.name for f in fields(cls)]
+        if isinstance(data, dict) and "induction_headroom" not in data:  # a record from before it was measured
+            data = {**data, "induction_headroom": None}
         if not isinstance(data, dict) or set(data) != set(expected):
             found = set(data) if isinstance(data, dict) else set()
             odd = [f"without {k}" for k in expected if k not in found] + [f"with {str(k)[:40]!r}" for k in found - set(expected)]
@@ -152,10 +160,10 @@ class SnapshotMeasures:
         if not _losses(loss) or len(loss) != n_ctx:
             raise CheckpointError(f"{label}: position_loss is not a list of {n_ctx} finite numbers")
         values = {name: _number(data[name], f"{label}: {name}", finite=name in ("heldout_loss", "icl_score"))
-                  for name in ("heldout_loss", "icl_score", "k_composition", "k_term_norm")}
+                  for name in ("heldout_loss", "icl_score", "k_composition", "k_term_norm", "induction_headroom")}
         return cls(step, data["sha256"], values["heldout_loss"], values["icl_score"], [float(v) for v in loss],
                    heads["previous_token"], heads["prefix_matching"], heads["copying"], values["k_composition"],
-                   values["k_term_norm"], data["k_term_verified"])
+                   values["k_term_norm"], data["k_term_verified"], values["induction_headroom"])
 
 
 @dataclass
@@ -342,9 +350,11 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
             raise CheckpointError(f"{str(path)!r} is not the snapshot its history lists (another content hash)")
         return load_checkpoint(path, device=device, dtype=torch.float64)
 
-    from numeric_check.training.history import position_losses, read_windows
+    from numeric_check.training.headroom import induction_guesses, induction_headroom
+    from numeric_check.training.history import read_windows, window_losses
 
     windows = read_windows(checkpoint)  # the held-out windows: each snapshot's loss measured again from its file
+    guesses = None if windows is None else induction_guesses(windows)
     last = model_at(entries[-1])
     models[entries[-1]["step"]] = last
     n_layers, n_heads, n_ctx = last.arch.n_layers, max(last.arch.heads_per_layer, default=0), last.cfg.n_ctx
@@ -364,12 +374,14 @@ def measure(checkpoint: Path | str, *, device=None, progress=None) -> Dynamics:
         k_score, k_norm, verified = (composition_scores(model, "K")[writer + induction].item(), *_k_term(model, tokens, induction, writer)) \
             if induction is not None else (math.nan, math.nan, False)
         # the file's weights in float64 (the history's figure is the training model's, before the save's rounding)
-        loss = position_losses(model, windows).tolist() if windows is not None else [float(v) for v in entry["position_loss"]]
+        by_window = None if windows is None else window_losses(model, windows)
+        loss = by_window.mean(0).tolist() if by_window is not None else [float(v) for v in entry["position_loss"]]
+        headroom = math.nan if by_window is None else induction_headroom(by_window, windows, guesses).gain
         if len(loss) != n_ctx:
             raise CheckpointError(f"the history of {str(checkpoint)!r} gives {len(loss):,} position losses at step "
                                   f"{entry['step']}, where the model reads {n_ctx} positions; train again to remake it")
         measures.append(SnapshotMeasures(entry["step"], entry.get("sha256", ""), sum(loss) / len(loss), icl_score(loss, n_ctx), loss,
-                                         previous, prefix, copying, k_score, k_norm, verified))
+                                         previous, prefix, copying, k_score, k_norm, verified, headroom))
         if progress is not None:
             progress(i + 1, len(entries))
     record = training_record_for(checkpoint, last) or {}  # bounded, checked, and the checkpoint's own

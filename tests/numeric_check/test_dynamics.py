@@ -132,6 +132,7 @@ def test_dynamics_writes_its_page_and_judges_the_control(runs, tmp_path, capsys)
     data = json.loads((out / "dynamics.json").read_text())  # strict JSON: no NaN
     assert [s["step"] for s in data["run"]["snapshots"]] == snapshot_steps(40, 6)
     assert all(s["k_term_verified"] for s in data["run"]["snapshots"])
+    assert all(s["induction_headroom"] >= 0 for s in data["run"]["snapshots"])  # measured on the held-out windows
     assert data["run"]["induction_head"] == "L1H" + data["run"]["induction_head"][-1]
     assert len(data["claims"]) == 4
     held = read_windows(runs["two"]).unique().tolist()  # a short text holds few of the 300 ids: those are drawn
@@ -139,6 +140,7 @@ def test_dynamics_writes_its_page_and_judges_the_control(runs, tmp_path, capsys)
     page = (out / "index.html").read_text()
     assert f"drawn from the {len(held)} token ids the held-out text holds" in page
     assert "figures/heatmap.svg" in page and (out / "figures" / "heatmap.png").is_file()
+    assert "Induction headroom: how much the held-out loss would fall" in page and "<th>induction headroom</th>" in page
 
 
 def test_dynamics_of_a_checkpoint_without_history_is_one_line(runs, tmp_path, capsys):

@@ -11,7 +11,7 @@ import pytest
 
 from numeric_check.errors import CheckpointError
 from numeric_check.model.checkpoint import stored_content_hash
-from numeric_check.reports.dynamics import _finite
+from numeric_check.reports.dynamics import _finite, markdown
 from numeric_check.reports.paper.formation import dynamics_path
 from numeric_check.reports.paper.language import language_checkpoint
 from numeric_check.training.dynamics import Dynamics, SnapshotMeasures, read_dynamics
@@ -46,6 +46,18 @@ def test_the_ids_random_tokens_were_drawn_from_read_back_and_older_files_draw_ev
     assert Dynamics.from_dict(older).random_tokens is None
 
 
+def test_a_headroom_reads_back_and_files_written_before_it_read_as_not_measured():
+    run = _run()
+    run.snapshots[1].induction_headroom = 0.0125
+    back = Dynamics.from_dict(json.loads(json.dumps(_finite(run.to_dict()), allow_nan=False)))
+    assert back.snapshots[1].induction_headroom == 0.0125 and math.isnan(back.snapshots[0].induction_headroom)
+    older = run.to_dict()
+    for s in older["snapshots"]:
+        del s["induction_headroom"]
+    assert all(math.isnan(s.induction_headroom) for s in Dynamics.from_dict(older).snapshots)
+    assert markdown(Dynamics.from_dict(older), []).count("| — |") == 3  # shown as not measured
+
+
 def _broken(edit):
     data = copy.deepcopy(_run().to_dict())
     edit(data)
@@ -59,6 +71,7 @@ MALFORMED = {
     "a missing key": _broken(lambda d: d["snapshots"][1].pop("icl_score")),
     "a score grid of the wrong shape": _broken(lambda d: d["snapshots"][0]["copying"].pop()),
     "a loss that is text": _broken(lambda d: d["snapshots"][2].update(heldout_loss="3.2")),
+    "a headroom that is text": _broken(lambda d: d["snapshots"][2].update(induction_headroom="0.01")),
     "too few position losses": _broken(lambda d: d["snapshots"][0]["position_loss"].pop()),
     "a head beyond the model": _broken(lambda d: d.update(induction_head="L7H1")),
     "a head label that is not one": _broken(lambda d: d.update(writer_head="head 0")),
