@@ -7,7 +7,7 @@ the headroom is the most the held-out loss falls when that guess is mixed into t
 earlier occurrence keep ``p``). It is what a head that copies perfectly, trusted as much as it deserves on
 average, would add to the model as it is: where it is small the gradient has little reason to build one.
 A head that trusts its guess more where it is likelier right could gain more; this is the constant-trust
-figure, a floor on what induction is worth, not a ceiling.
+figure, a floor on what the guess is worth to the model, not a ceiling.
 
 >>> w = torch.tensor([[5, 7, 5, 7, 5]])
 >>> induction_guesses(w).tolist()   # position p guesses token p + 1
