@@ -13,9 +13,12 @@ Measure how a model trained with 'tcircuits train-toy --text-file' changed as it
 snapshots it kept (NAME.history/), as the follow-up paper does (Olsson et al., 2022): at each
 snapshot the held-out loss and its value at every token index, the in-context learning score
 (a late token's loss minus an early one's; the paper's 500th and 50th tokens, scaled to the
-context), every head's prefix-matching and copying scores on repeated random tokens (drawn from
+context), the induction headroom (how much the held-out loss would fall with the token after the
+current token's last earlier occurrence mixed into the prediction: what an induction head could
+still add), every head's prefix-matching and copying scores on repeated random tokens (drawn from
 the token ids the held-out text holds: a small byte-level vocabulary keeps bytes the text never
-uses, which the model never read), and the induction circuit's K-composition term from the algebra, verified against the snapshot model.
+uses, which the model never read), and the induction circuit's K-composition term from the
+algebra, verified against the snapshot model.
 
 Then the paper's claims, each a rule judged on the model and on --control (a one-layer run
 trained alike, which cannot form induction heads): induction heads form in a window; the
