@@ -56,6 +56,14 @@
 #       --decay-steps 8000 --copy-share 0 --lr 0.002 --init-std 0.02 --pos-init sinusoidal --threads 1 \
 #       --save-dtype float16 --snapshots 32 -o build/plain5/kjv_2l_b1.safetensors
 #
+# The sixth try (2026-12-07, commit 514d499): the fifth's settings with a BPE of 2,048 tokens (whole words and names
+# where 512 split them), 60,000 steps (30.7 M tokens, 2.7 x the onset), the 2-layer model alone (4,910 s of one thread; no induction head):
+#
+#   .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt --layers 2 --heads 12 --d-model 192 --d-head 16 \
+#       --n-ctx 512 --d-vocab 2048 --seg-min 8 --seg-max 64 --batch-size 1 --steps 60000 --warmup-steps 100 \
+#       --decay-steps 6000 --copy-share 0 --lr 0.002 --init-std 0.02 --pos-init sinusoidal --threads 1 \
+#       --save-dtype float16 --snapshots 32 -o build/plain6/kjv_2l_v2048.safetensors
+#
 # Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
 # loss curve and .history/)
 set -euo pipefail
