@@ -57,7 +57,8 @@
 #       --save-dtype float16 --snapshots 32 -o build/plain5/kjv_2l_b1.safetensors
 #
 # The sixth try (2026-12-07, commit 514d499): the fifth's settings with a BPE of 2,048 tokens (whole words and names
-# where 512 split them), 60,000 steps (30.7 M tokens, 2.7 x the onset), the 2-layer model alone (4,910 s of one thread; no induction head):
+# where 512 split them), 60,000 steps (30.7 M tokens, 2.7 x the onset), the 2-layer model alone (4,910 s of one thread; no induction head;
+# checkpoint content hash 128dd6c56e9092860cf7425a1f1f023a457e15a6a77267d8eac9716e3e267f5d, text a54f69ed...):
 #
 #   .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt --layers 2 --heads 12 --d-model 192 --d-head 16 \
 #       --n-ctx 512 --d-vocab 2048 --seg-min 8 --seg-max 64 --batch-size 1 --steps 60000 --warmup-steps 100 \
