@@ -51,6 +51,7 @@ FORMAT_VERSION = 1
 TORCH_SUFFIXES = (".pt", ".pth")
 #: The dtypes a checkpoint's weights may have (float8 and integer tensors cannot run the model).
 WEIGHT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # stored so, loaded as float32 unless a dtype is asked for
 
 
 def save_checkpoint(model: CircuitModel, path: str | os.PathLike) -> str:
@@ -104,7 +105,9 @@ def stored_content_hash(path: str | os.PathLike) -> str | None:
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> CircuitModel:
     """Read a checkpoint written by :func:`save_checkpoint` (or a ``.pt``/``.pth`` torch file).
 
-    ``dtype`` defaults to the stored one, ``device`` to CPU.
+    ``dtype`` defaults to the stored one, widened to float32 where that is half precision (float16,
+    bfloat16: a size to store, not to compute in; a CPU without half-precision arithmetic runs it several
+    times slower, and every result keeps three digits); ``device`` defaults to CPU.
     """
     path = Path(path)
     if not path.exists():
@@ -129,7 +132,8 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device | None =
     _check_tensors(expected_shapes(cfg), tensors, path, cfg)  # before the model is allocated
     _check_hash(stored_hash, tensors, config, path)
     stored_dtype = tensors["W_E"].dtype
-    model = CircuitModel(cfg, dtype=target_dtype or stored_dtype, device="cpu")
+    computed = torch.float32 if stored_dtype in HALF_DTYPES else stored_dtype
+    model = CircuitModel(cfg, dtype=target_dtype or computed, device="cpu")
     with torch.no_grad():
         for name, param in model.state_dict().items():
             param.copy_(tensors[name])

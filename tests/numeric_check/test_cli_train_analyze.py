@@ -74,7 +74,14 @@ def test_train_toy_shows_a_progress_bar_on_stderr(tmp_path, capsys):
 def test_train_toy_can_save_float16(tmp_path):
     out = tmp_path / "half.safetensors"
     assert main(["train-toy", "--layers", "1", "--steps", "1", "--quiet", "--save-dtype", "float16", "--out", str(out), *TINY]) == 0
-    assert load_checkpoint(out).dtype == torch.float16
+    from safetensors import safe_open
+
+    with safe_open(str(out), framework="pt") as f:
+        assert f.get_tensor("W_E").dtype == torch.float16  # stored in half precision
+    loaded = load_checkpoint(out)
+    assert loaded.dtype == torch.float32  # computed in float32 unless asked: the half is a size, not arithmetic
+    assert torch.equal(loaded.W_E, load_checkpoint(out, dtype="float16").W_E.float())
+    assert load_checkpoint(out, dtype="float16").dtype == torch.float16
 
 
 @pytest.mark.parametrize(
