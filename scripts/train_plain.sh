@@ -65,6 +65,16 @@
 #       --decay-steps 6000 --copy-share 0 --lr 0.002 --init-std 0.02 --pos-init sinusoidal --threads 1 \
 #       --save-dtype float16 --snapshots 32 -o build/plain6/kjv_2l_v2048.safetensors
 #
+# The seventh try (2026-12-07, commit 4b59871): the sixth's settings on the Bible and SymPy's source
+# (scripts/code_corpus.py: code defines a name and uses it again a few hundred tokens on, and most names are
+# rare across the corpus, so only the context predicts them), 30,000 steps (15.4 M tokens, 1.4 x the onset):
+#
+#   .venv/bin/python scripts/code_corpus.py build/corpus/sympy.txt
+#   .venv/bin/tcircuits train-toy --text-file build/corpus/kjv.txt build/corpus/sympy.txt --layers 2 --heads 12 \
+#       --d-model 192 --d-head 16 --n-ctx 512 --d-vocab 2048 --seg-min 8 --seg-max 64 --batch-size 1 --steps 30000 \
+#       --warmup-steps 100 --decay-steps 3000 --copy-share 0 --lr 0.002 --init-std 0.02 --pos-init sinusoidal \
+#       --threads 1 --save-dtype float16 --snapshots 32 -o build/plain7/mix_2l.safetensors
+#
 # Usage: scripts/train_plain.sh LAYERS  -> build/plain/kjv_{LAYERS}l.safetensors (and its record, tokenizer,
 # loss curve and .history/)
 set -euo pipefail
