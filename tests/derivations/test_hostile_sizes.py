@@ -26,6 +26,27 @@ from tests.strategies import long_digit_runs, scalar_texts, undeclared_products
 NON_ASCII_DIGITS = [chr(c) for c in range(0x80, 0x10000) if unicodedata.category(chr(c)) == "Nd"][:80]
 
 
+def test_the_time_bound_fails_work_that_exceeds_it_here_or_in_a_child():
+    """``quickly`` takes the lesser of wall and CPU time (a loaded machine stretches only the first): work over the
+    bound, in this process or in a child it waits for, still fails it."""
+    import subprocess
+    import sys
+    import time
+
+    def spin(seconds: float) -> None:
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+
+    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2):
+        spin(0.4)
+    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2):
+        subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+                        "while time.process_time() < end: pass"], check=True)
+    with quickly(5):
+        spin(0.05)
+
+
 @pytest.mark.slow  # seconds per example: shape inference at its bound
 @HEAVY
 @given(undeclared_products())

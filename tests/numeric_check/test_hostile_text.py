@@ -143,7 +143,8 @@ def test_a_stopping_signal_during_tokenizer_training_stops_within_two_seconds(tm
     start = time.monotonic()
     (os.killpg(child.pid, signum) if group else child.send_signal(signum))
     _, err = child.communicate(timeout=30)
-    assert time.monotonic() - start < 2.0 and child.returncode == code, (child.returncode, err)
+    bound = 2.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))  # 2 s on a machine not oversubscribed
+    assert time.monotonic() - start < bound and child.returncode == code, (child.returncode, err, bound)
     assert out.read_bytes() == b"an existing checkpoint"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "text.txt"]
 
