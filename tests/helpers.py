@@ -225,20 +225,23 @@ def _cpu_seconds() -> float:
 
 
 class quickly:
-    """Assert that the block ends within ``seconds`` (a bound of the "seconds, not hours"
-    kind for hostile input, never a timing) of wall time or of CPU time, whichever is less:
-    a machine shared with other jobs stretches the wall time but not the CPU time, and torch's
-    threads the CPU time but not the wall time; work that grows out of bounds exceeds both."""
+    """Assert that the block ends within ``seconds`` of wall time (a bound of the "seconds, not hours"
+    kind for hostile input, never a timing). ``work=True``: the block only computes (no sleep, network or
+    lock to wait on), so the bound takes the lesser of wall and CPU time (this process's threads and the
+    children it waited for): a machine shared with other jobs stretches the wall time but not the CPU
+    time, torch's threads the CPU time but not the wall time, and work out of bounds exceeds both. A
+    block that waits keeps the wall time alone: a wait that never ends costs no CPU."""
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    def __init__(self, seconds: float, work: bool = False):
+        self.seconds, self.work = seconds, work
 
     def __enter__(self):
         self.start, self.cpu = time.perf_counter(), _cpu_seconds()
 
     def __exit__(self, *exc):
         wall, cpu = time.perf_counter() - self.start, _cpu_seconds() - self.cpu
-        assert min(wall, cpu) < self.seconds, f"took more than {self.seconds} s ({wall:.1f} s wall, {cpu:.1f} s CPU)"
+        took = min(wall, cpu) if self.work else wall
+        assert took < self.seconds, f"took more than {self.seconds} s ({wall:.1f} s wall, {cpu:.1f} s CPU)"
         return False
 
 
@@ -334,11 +337,11 @@ def folder_state(folder) -> dict[str, tuple]:
 
 
 class bounded(quickly):
-    """:class:`quickly`, and the Python memory allocated within the block (its tracemalloc
-    peak) under ``megabytes``."""
+    """:class:`quickly` for a block that only computes (``work=True``), and the Python memory allocated
+    within the block (its tracemalloc peak) under ``megabytes``."""
 
     def __init__(self, seconds: float, megabytes: float):
-        super().__init__(seconds)
+        super().__init__(seconds, work=True)
         self.megabytes = megabytes
 
     def __enter__(self):

@@ -26,9 +26,10 @@ from tests.strategies import long_digit_runs, scalar_texts, undeclared_products
 NON_ASCII_DIGITS = [chr(c) for c in range(0x80, 0x10000) if unicodedata.category(chr(c)) == "Nd"][:80]
 
 
-def test_the_time_bound_fails_work_that_exceeds_it_here_or_in_a_child():
-    """``quickly`` takes the lesser of wall and CPU time (a loaded machine stretches only the first): work over the
-    bound, in this process or in a child it waits for, still fails it."""
+def test_the_time_bounds_fail_work_and_waits_that_exceed_them():
+    """``quickly(work=True)`` (and ``bounded``) takes the lesser of wall and CPU time (a loaded machine stretches
+    only the first): work over the bound, in this process or in a child it waits for, still fails it. A plain
+    ``quickly`` keeps the wall time: a wait over the bound fails it though it costs no CPU."""
     import subprocess
     import sys
     import time
@@ -38,12 +39,16 @@ def test_the_time_bound_fails_work_that_exceeds_it_here_or_in_a_child():
         while time.process_time() < end:
             pass
 
-    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2):
+    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2, work=True):
         spin(0.4)
-    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2):
+    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2, work=True):
         subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
                         "while time.process_time() < end: pass"], check=True)
-    with quickly(5):
+    with pytest.raises(AssertionError, match="took more than 0.2 s"), bounded(0.2, 200):
+        spin(0.4)
+    with pytest.raises(AssertionError, match="took more than 0.2 s"), quickly(0.2):
+        time.sleep(0.4)
+    with quickly(5, work=True):
         spin(0.05)
 
 
@@ -51,7 +56,7 @@ def test_the_time_bound_fails_work_that_exceeds_it_here_or_in_a_child():
 @HEAVY
 @given(undeclared_products())
 def test_undeclared_names_are_inferred_or_refused_within_bounds(text):
-    with quickly(15), contextlib.suppress(TensorAlgError):
+    with quickly(15, work=True), contextlib.suppress(TensorAlgError):
         parse(text)
 
 
