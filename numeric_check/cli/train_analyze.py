@@ -118,7 +118,9 @@ def register_train_toy(subparsers) -> None:
     p.add_argument("--seed", type=seed, default=d.seed, help=f"seed of the weights and the data (default {d.seed})")
     add_runtime_arguments(p, device_help="auto (the default: CUDA when present, else the CPU), cpu, cuda or cuda:N; "
                           "the shipped weights are rebuilt bit for bit on the CPU")
-    p.add_argument("--save-dtype", default="float32", choices=["float32", "float16"], help="dtype of the saved weights (default float32)")
+    p.add_argument("--save-dtype", default="float32", choices=["float32", "float16"],
+                   help="dtype of the saved weights (default float32; float16 halves the file, and every command "
+                        "loads it back as float32)")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out and its training record")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=with_runtime(_run_train_toy))
